@@ -1,0 +1,40 @@
+# The two commands a fresh machine needs: `make run` and `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.simmer-installed
+
+.PHONY: run test lint format bench docker-test clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# Install, fetch + convert + verify the default model (with progress), then serve it.
+run: $(STAMP)
+	$(BIN)/simmer pull
+	$(BIN)/simmer serve
+
+# Lint, then the whole test suite (installs Chromium for the browser tests when it can).
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	-bash tests/install_browser.sh
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+bench: $(STAMP)
+	$(BIN)/simmer bench engine --json bench-engine.json
+
+docker-test:
+	bash docker/test.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache

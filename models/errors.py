@@ -1,0 +1,78 @@
+"""One error vocabulary for everything below the web layer.
+
+Each error carries a stable machine `code`; the server maps codes to HTTP statuses and
+OpenAI-shaped bodies at the edge (server/errors.py), the CLI prints `str(err)`.
+"""
+
+from __future__ import annotations
+
+
+class SimmerError(Exception):
+    """Base class. `code` is stable and machine-readable; the message is for people."""
+
+    code = "simmer_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class ModelNotFound(SimmerError):
+    code = "model_not_found"
+
+
+class ModelNotInstalled(SimmerError):
+    code = "model_not_installed"
+
+
+class InvalidModelFile(SimmerError):
+    """Truncated, not a GGUF, corrupt."""
+
+    code = "invalid_model_file"
+
+
+class UnsupportedModel(SimmerError):
+    """Architecture or tensor type we cannot convert."""
+
+    code = "unsupported_model"
+
+
+class HashMismatch(SimmerError):
+    code = "hash_mismatch"
+
+
+class InsufficientDiskSpace(SimmerError):
+    code = "insufficient_disk_space"
+
+
+class InsufficientMemory(SimmerError):
+    code = "insufficient_memory"
+
+
+class SourceUnavailable(SimmerError):
+    """Network, hub or registry unreachable (for example offline)."""
+
+    code = "source_unavailable"
+
+
+class VerificationFailed(SimmerError):
+    code = "verification_failed"
+
+
+class ContextLengthExceeded(SimmerError):
+    code = "context_length_exceeded"
+
+
+class InvalidParameter(SimmerError):
+    code = "invalid_parameter"
+
+
+class Cancelled(SimmerError):
+    code = "cancelled"
+
+
+class DeviceOverheated(SimmerError):
+    """The (simulated) device killed the app at T_critical."""
+
+    code = "device_overheated"

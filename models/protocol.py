@@ -1,0 +1,67 @@
+"""The engine contract the server's worker relies on. The real engine is models/engine.py;
+tests/fakes.py has a scripted one that satisfies the same protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from models.types import CancelToken, FinishEvent, GenerationParams, TokenEvent
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What the governor asks of the engine; applied between tokens and prefill chunks.
+    None means "no limit / keep current"."""
+
+    threads: int | None = None
+    variant: str | None = None
+    context_cap: int | None = None
+    max_tokens: int | None = None
+    tokens_per_second: float | None = None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    truncated: bool = False
+
+
+StepHook = Callable[[], EngineLimits | None]
+"""Called by the engine between prefill chunks and between decode tokens, on the worker thread.
+It may block (a pause), raise models.errors.Cancelled, or return new limits (None = unchanged)."""
+
+
+class Engine(Protocol):
+    model_id: str
+    variant: str  # active variant name
+    variants: Sequence[str]  # installed variants, best quality first
+    context_length: int  # the context cap in force (tokens)
+    threads: int
+
+    def chat_prompt(self, messages: list[dict], *, truncate: bool = False,
+                    reserve: int = 0) -> Prompt:
+        """Render the chat template and tokenize. Raises ContextLengthExceeded when the prompt
+        plus `reserve` tokens does not fit and truncate is False; with truncate, a sliding window
+        keeps the system message and the newest turns (Prompt.truncated = True)."""
+        ...
+
+    def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
+        ...
+
+    def generate(self, prompt: Prompt, params: GenerationParams, *,
+                 cancel: CancelToken | None = None,
+                 step_hook: StepHook | None = None) -> Iterator[TokenEvent | FinishEvent]:
+        """Run on the worker thread. Yields TokenEvents then exactly one FinishEvent
+        (finish_reason "cancelled" when the cancel token fired)."""
+        ...
+
+    def apply_limits(self, limits: EngineLimits) -> None:
+        """Switch threads/variant/context cap outside a generation (inside one, return them from
+        the step hook instead)."""
+        ...
+
+    def unload(self) -> None:
+        """Free sessions and KV buffers (keep_alive expiry); the next generate() loads again."""
+        ...

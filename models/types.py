@@ -1,0 +1,116 @@
+"""Plain data shared by the engine and its callers (no web types, no onnxruntime)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What a request asks of the sampler. Defaults follow the OpenAI API."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off (llama.cpp/HF style, multiplicative)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    logprobs: int | None = None  # None = no logprobs; k >= 0 = chosen token + top-k alternatives
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None  # None = until EOS or the context cap
+    stop: tuple[str, ...] = ()
+    truncate: bool = False  # sliding-window truncation instead of context_length_exceeded
+
+
+@dataclass
+class Timings:
+    """Like llama.cpp's `timings` object. Milliseconds and tokens per second."""
+
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    prompt_per_second: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+    predicted_per_second: float = 0.0
+    ttft_ms: float = 0.0
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token. `text` is the UTF-8-safe delta (may be "" while bytes are held back)."""
+
+    token_id: int
+    text: str
+    index: int
+    logprob: float | None = None
+    top_logprobs: tuple[TopLogprob, ...] | None = None
+    token_text: str | None = None  # the token's own text, for logprobs
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """Always the last event of a generation."""
+
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    truncated: bool = False
+    variant: str | None = None
+    text: str = ""  # any text flushed at the end (held-back bytes)
+
+
+class CancelToken:
+    """Set from any thread; checked by the worker between tokens and prefill chunks."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._event.set()
+            callbacks = list(self._callbacks)
+        for cb in callbacks:
+            cb()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def on_cancel(self, cb: Callable[[], None]) -> None:
+        """Register a callback (e.g. RunOptions.terminate) run when cancelled."""
+        with self._lock:
+            self._callbacks.append(cb)
+            already = self._event.is_set()
+        if already:
+            cb()

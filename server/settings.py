@@ -1,0 +1,58 @@
+"""The one Settings object (environment prefix SIMMER_). Built once at the edge and passed down.
+
+Everything below `server/` receives plain values or small config objects, never reads the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_home() -> Path:
+    return Path.home() / ".cache" / "simmer"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SIMMER_", extra="ignore")
+
+    # model store
+    home: Path = Field(default_factory=default_home, description="Cache folder for models")
+    model: str = Field("smollm2-135m-instruct", description="Model id to serve")
+    variant: str | None = Field(None, description="Variant to start with (default: best that fits)")
+
+    # engine
+    threads: int | None = Field(None, description="Inference threads (default and cap: the CPUs we may use)")
+    context_length: int = Field(2048, description="Context cap in tokens (KV buffer size)")
+    prefill_chunk: int = Field(256, description="Prompt tokens per prefill chunk")
+    prefix_cache_slots: int = Field(2, description="KV slots kept for prefix reuse")
+    prefix_cache_mb: int = Field(256, description="Memory budget for prefix-reuse KV slots")
+    keep_alive_s: float = Field(300.0, description="Unload an idle model after this many seconds (0 = never)")
+
+    # HTTP server
+    host: str = Field("127.0.0.1", description="Bind address")
+    port: int = Field(8000, description="Bind port")
+    api_key: str | None = Field(None, description="Bearer key; required when binding a non-loopback address")
+    allowed_hosts: list[str] = Field(default_factory=list, description="Extra Host header names accepted")
+    cors_origins: list[str] = Field(default_factory=list, description="Origins allowed by CORS")
+    max_queue: int = Field(16, description="Requests waiting for the worker before 503")
+    max_body_bytes: int = Field(1_000_000, description="Largest request body")
+    stream_interval_ms: int = Field(50, description="SSE coalescing interval")
+    keepalive_ping_s: float = Field(5.0, description="SSE ping interval while queued")
+    log_json: bool = Field(False, description="One JSON object per log line")
+    log_level: str = Field("info", description="Log level")
+
+    # governor
+    thermal_source: str = Field("auto", description="auto | psutil | sysfs | file:PATH | sim:PROFILE | none")
+    thermal_sensor: str | None = Field(None, description="psutil sensor name or label to govern on")
+    sysfs_root: Path = Field(Path("/sys"), description="Root of sysfs (tests point it at a fixture tree)")
+    cgroup_root: Path = Field(Path("/sys/fs/cgroup"), description="Root of the cgroup filesystem")
+    proc_root: Path = Field(Path("/proc"), description="Root of procfs")
+    sim_time_scale: float = Field(1.0, description="Simulated seconds per wall second (sim: sources)")
+    governor: bool = Field(True, description="Apply governor limits (False: observe only)")
+    governor_poll_s: float = Field(1.0, description="Governor polling interval (wall seconds)")
+    background_action: str = Field("pause", description="pause | low_priority: what 'background' does")
+    memory_budget_mb: int | None = Field(None, description="Memory budget (default: the cgroup/system limit)")
+    pause_timeout_s: float = Field(60.0, description="How long queued requests wait out a pause before 503")
