@@ -1,0 +1,257 @@
+"""GGUF -> ONNX: every variant, the tokenizer, the chat template, genai_config.json, and a measured
+manifest fragment (sizes, quality against the fp32 numpy reference, decode speed, memory).
+
+numpy + onnx only (no torch). The governor orders its ladder of variants by the measured numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from models.errors import VerificationFailed
+from models.gguf import GGUFModel
+from models.llama_graph import VARIANTS, WeightFile, build_variant
+from models.reference import ReferenceForward
+from models.session import DecoderSession, KVCache, ModelShape
+from models.tokenizer import Tokenizer
+
+CONVERTER_VERSION = 1
+WEIGHTS_FILE = "weights.data"
+QUALITY_PROMPTS = (
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "The quick brown fox jumps over the lazy dog. In 1969, 3 astronauts flew to the Moon",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+)
+QUALITY_MAX_TOKENS = 24
+# a variant whose greedy choices disagree with the reference this often is broken, not just approximate
+MIN_TOP1_AGREEMENT = {"f32": 0.99, "q8": 0.85, "q4": 0.99, "q4-a8": 0.75}
+
+Progress = Callable[[str, float], None]
+
+
+def plan_variants(model: GGUFModel) -> list[str]:
+    """Best first. q8 only where the source has at least 8 bits in every matrix."""
+    types = {
+        model.tensor(n).type_name
+        for n in model.tensors
+        if n.startswith("blk.") and not n.endswith("norm.weight")
+    }
+    names = ["q4", "q4-a8"]
+    if types <= {"F32", "F16", "Q8_0"}:
+        names.insert(0, "q8")
+    return ["f32", *names]
+
+
+def convert(
+    gguf_path: Path,
+    out_dir: Path,
+    *,
+    variants: list[str] | None = None,
+    progress: Progress | None = None,
+    measure: bool = True,
+    threads: int = 2,
+) -> dict[str, Any]:
+    """Write the variants into `out_dir` (existing, empty) and return the manifest fragment."""
+    report = progress or (lambda stage, frac: None)
+    out_dir = Path(out_dir)
+    report("reading GGUF", 0.0)
+    model = GGUFModel(Path(gguf_path))
+    cfg = model.config
+    names = variants or plan_variants(model)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+
+    report("tokenizer", 0.05)
+    tokenizer = Tokenizer.from_gguf(Path(gguf_path))
+    tokenizer.save(out_dir)
+    (out_dir / "chat_template.jinja").write_text(tokenizer.chat_template or "")
+
+    weights = WeightFile(out_dir / WEIGHTS_FILE)
+    try:
+        for i, name in enumerate(names):
+            report(f"building {name}", 0.1 + 0.4 * i / len(names))
+            build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
+    finally:
+        weights.close()
+    default = "q4-a8" if "q4-a8" in names else names[-1]
+    write_genai_config(out_dir, model, default, tokenizer)
+
+    shape = ModelShape(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.vocab)
+    entries: dict[str, dict[str, Any]] = {}
+    for name in names:
+        onnx_file = out_dir / f"{name}.onnx"
+        entries[name] = {
+            "file": onnx_file.name,
+            "files": [onnx_file.name, WEIGHTS_FILE],
+            "weights_bytes": referenced_bytes(onnx_file),
+            "onnx_bytes": onnx_file.stat().st_size,
+        }
+    if measure:
+        report("measuring quality", 0.5)
+        prompts = [tokenizer.encode(p, add_special_tokens=False) for p in QUALITY_PROMPTS]
+        ref = ReferenceForward(model)
+        ref_logits = [ref.logits(ids[:QUALITY_MAX_TOKENS]) for ids in prompts]
+        del ref
+        for i, name in enumerate(names):
+            report(f"measuring {name}", 0.55 + 0.45 * i / len(names))
+            entries[name] |= measure_variant(out_dir / f"{name}.onnx", shape, prompts, ref_logits, threads)
+    report("done", 1.0)
+    return {
+        "converter_version": CONVERTER_VERSION,
+        "architecture": {"name": "llama", **cfg.to_dict()},
+        "context_length": cfg.context_length,
+        "source_tensor_types": model.tensor_types(),
+        "variants": entries,
+        "default_variant": default,
+        "tokenizer": "tokenizer.json",
+        "chat_template": "chat_template.jinja",
+        "kv_bytes_per_token": shape.kv_bytes_per_token(),
+    }
+
+
+def referenced_bytes(onnx_file: Path) -> int:
+    """Bytes of external data a variant really uses (several variants share one weights file)."""
+    import onnx
+
+    m = onnx.load(str(onnx_file), load_external_data=False)
+    total = 0
+    for t in m.graph.initializer:
+        ext = {e.key: e.value for e in t.external_data}
+        total += int(ext.get("length", 0)) if ext else len(t.raw_data)
+    return total
+
+
+def measure_variant(
+    path: Path, shape: ModelShape, prompts: list[list[int]], ref_logits: list[np.ndarray], threads: int
+) -> dict[str, Any]:
+    proc = psutil.Process()
+    rss0 = proc.memory_info().rss
+    t0 = time.perf_counter()
+    sess = DecoderSession(path, shape, threads)
+    load_s = time.perf_counter() - t0
+    kv = KVCache(shape, 256)
+    errors, agree, total = [], 0, 0
+    for ids, ref in zip(prompts, ref_logits, strict=True):
+        for pos in range(len(ref)):  # token by token: exercises the KV path too
+            logits = sess.run(np.array([ids[pos]]), kv, pos)
+            errors.append(float(np.abs(logits - ref[pos]).max()))
+            agree += int(logits.argmax() == ref[pos].argmax())
+            total += 1
+    # decode speed after a 128-token prompt, greedy feedback
+    prompt = np.resize(np.concatenate([np.asarray(p) for p in prompts]), 128)
+    logits = sess.run(prompt, kv, 0)
+    n = 48
+    c0, t1 = time.process_time(), time.perf_counter()
+    for i in range(n):
+        logits = sess.run(np.array([int(logits.argmax())]), kv, 128 + i)
+    wall, cpu = time.perf_counter() - t1, time.process_time() - c0
+    rss1 = proc.memory_info().rss
+    del sess, kv
+    return {
+        "quality": {
+            "max_logit_error": round(max(errors), 6),
+            "mean_logit_error": round(float(np.mean(errors)), 6),
+            "top1_agreement": round(agree / total, 4),
+            "positions": total,
+        },
+        "speed": {
+            "decode_tok_s": round(n / wall, 2),
+            "cpu_s_per_token": round(cpu / n, 5),
+            "threads": threads,
+            "context": 128 + n,
+            "load_s": round(load_s, 3),
+        },
+        "memory": {"load_rss_bytes": max(0, rss1 - rss0)},
+    }
+
+
+def write_genai_config(out_dir: Path, model: GGUFModel, variant: str, tokenizer: Any) -> None:
+    """onnxruntime-genai's decoder description, so the same files run under onnxruntime-genai too."""
+    c = model.config
+    cfg = {
+        "model": {
+            "bos_token_id": tokenizer.bos_id,
+            "context_length": c.context_length,
+            "decoder": {
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "filename": f"{variant}.onnx",
+                "head_size": c.head_dim,
+                "hidden_size": c.hidden,
+                "inputs": {
+                    "input_ids": "input_ids",
+                    "attention_mask": "attention_mask",
+                    "past_key_names": "past_key_values.%d.key",
+                    "past_value_names": "past_key_values.%d.value",
+                },
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value",
+                },
+                "num_attention_heads": c.n_heads,
+                "num_hidden_layers": c.n_layers,
+                "num_key_value_heads": c.n_kv_heads,
+            },
+            "eos_token_id": sorted(tokenizer.eos_ids),
+            "pad_token_id": tokenizer.eos_id,
+            "type": "llama",
+            "vocab_size": c.vocab,
+        },
+        "search": {
+            "do_sample": False,
+            "max_length": c.context_length,
+            "num_beams": 1,
+            "past_present_share_buffer": True,
+            "temperature": 1.0,
+            "top_k": 1,
+            "top_p": 1.0,
+        },
+    }
+    (out_dir / "genai_config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
+    """A new install must load and generate, and each variant must agree with the reference well enough."""
+    variants = manifest.get("variants", {})
+    if not variants:
+        raise VerificationFailed("the model has no variants")
+    for name, entry in variants.items():
+        agreement = entry.get("quality", {}).get("top1_agreement")
+        floor = MIN_TOP1_AGREEMENT.get(name, 0.5)
+        if agreement is not None and agreement < floor:
+            raise VerificationFailed(
+                f"variant {name} agrees with the fp32 reference on only {agreement:.0%} of greedy choices "
+                f"(at least {floor:.0%} expected): the conversion is wrong"
+            )
+    arch = manifest["architecture"]
+    shape = ModelShape(arch["n_layers"], arch["n_kv_heads"], arch["head_dim"], arch["vocab"])
+    name = manifest.get("default_variant") or next(iter(variants))
+    try:
+        sess = DecoderSession(Path(model_dir) / variants[name]["file"], shape, 1)
+        kv = KVCache(shape, 16)
+        logits = sess.run(np.array([1, 2, 3, 4]), kv, 0)
+        for pos in range(4, 8):
+            if not np.isfinite(logits).all():
+                raise VerificationFailed(f"variant {name} produced non-finite logits")
+            logits = sess.run(np.array([int(logits.argmax())]), kv, pos)
+    except VerificationFailed:
+        raise
+    except Exception as e:  # onnxruntime raises its own types for a broken file
+        raise VerificationFailed(f"variant {name} failed to run: {e}") from e
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,194 @@
+"""Choosing the next token from logits: pure numpy, the RNG passed in.
+
+The pipeline, in order (Hugging Face's order, which llama.cpp's default chain matches for these steps):
+
+1. penalties on a copy of the logits (only when any is active):
+   - repetition_penalty r (HF / llama.cpp / CTRL style) over every token in the history, prompt
+     included: a positive logit is divided by r, a negative one multiplied by r;
+   - presence_penalty and frequency_penalty (OpenAI style) over GENERATED tokens only, as vLLM does:
+     logit -= frequency * count + presence * (count > 0). Penalising the prompt would punish a reply
+     for quoting the question.
+2. temperature == 0: greedy, argmax of the penalised logits (OpenAI semantics). Otherwise:
+3. logits / temperature, then top_k, then top_p (nucleus over the distribution renormalised after
+   top_k), then min_p (keep p >= min_p * p_max), then one draw from the survivors.
+
+Logprobs follow OpenAI: the log-softmax of the raw model logits (before penalties and temperature),
+for the chosen token and the top `logprobs` alternatives.
+
+One Sampler per generation: `history` must only grow by appending between calls (penalty counts are
+updated incrementally). The history of the first call is taken as the prompt unless prompt_len is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from models.errors import InvalidParameter
+from models.types import SamplingParams
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+
+TopLogprobs = tuple[tuple[int, float], ...]
+
+
+def make_rng(seed: int | None) -> np.random.Generator:
+    """Same seed, same draws. None seeds from the OS."""
+    return np.random.default_rng(seed)
+
+
+def validate(params: SamplingParams) -> None:
+    """Raise InvalidParameter (naming the field) for values outside the OpenAI ranges."""
+    checks = [
+        ("temperature", 0.0 <= params.temperature <= 2.0, "between 0 and 2"),
+        ("top_p", 0.0 <= params.top_p <= 1.0, "between 0 and 1"),
+        ("top_k", params.top_k >= 0, "0 (off) or positive"),
+        ("min_p", 0.0 <= params.min_p <= 1.0, "between 0 and 1"),
+        ("repetition_penalty", params.repetition_penalty > 0.0, "positive"),
+        ("presence_penalty", -2.0 <= params.presence_penalty <= 2.0, "between -2 and 2"),
+        ("frequency_penalty", -2.0 <= params.frequency_penalty <= 2.0, "between -2 and 2"),
+        (
+            "logprobs",
+            params.logprobs is None or 0 <= params.logprobs <= MAX_TOP_LOGPROBS,
+            f"between 0 and {MAX_TOP_LOGPROBS}",
+        ),
+    ]
+    for name, ok, what in checks:
+        if not ok:
+            raise InvalidParameter(f"{name} must be {what}, got {getattr(params, name)!r}", param=name)
+
+
+class Sampler:
+    def __init__(
+        self, params: SamplingParams, rng: np.random.Generator, *, prompt_len: int | None = None
+    ) -> None:
+        validate(params)
+        self.params = params
+        self.rng = rng
+        self._prompt_len = prompt_len
+        self._seen_n = 0  # how much of the history has been counted
+        self._seen: set[int] = set()  # every token in the history (repetition penalty)
+        self._seen_arr = np.empty(0, dtype=np.int64)
+        self._counts: dict[int, int] = {}  # generated tokens only (presence / frequency)
+        self._count_ids = np.empty(0, dtype=np.int64)
+        self._count_vals = np.empty(0, dtype=np.float32)
+        self._repetition = params.repetition_penalty != 1.0
+        self._additive = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+
+    # -- penalties -----------------------------------------------------------------------------------
+
+    def _observe(self, history: Sequence[int]) -> None:
+        n = len(history)
+        if self._prompt_len is None:
+            self._prompt_len = n
+        if n < self._seen_n:  # not an append: start over rather than count wrongly
+            self._seen_n = 0
+            self._seen.clear()
+            self._counts.clear()
+        if n == self._seen_n:
+            return
+        new = history[self._seen_n : n]
+        if self._repetition:
+            before = len(self._seen)
+            self._seen.update(int(t) for t in new)
+            if len(self._seen) != before:
+                self._seen_arr = np.fromiter(self._seen, dtype=np.int64, count=len(self._seen))
+        if self._additive:
+            start = max(self._prompt_len - self._seen_n, 0)
+            for t in new[start:]:
+                self._counts[int(t)] = self._counts.get(int(t), 0) + 1
+            if self._counts:
+                self._count_ids = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
+                self._count_vals = np.fromiter(
+                    self._counts.values(), dtype=np.float32, count=len(self._counts)
+                )
+        self._seen_n = n
+
+    def penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """The logits after penalties: the input itself when none is active, else a new array."""
+        if not (self._repetition or self._additive):
+            return logits
+        self._observe(history)
+        out = np.array(logits, dtype=np.float32, copy=True)
+        if self._repetition and self._seen_arr.size:
+            r = np.float32(self.params.repetition_penalty)
+            sel = out[self._seen_arr]
+            out[self._seen_arr] = np.where(sel > 0, sel / r, sel * r)
+        if self._additive and self._count_ids.size:
+            p = self.params
+            out[self._count_ids] -= np.float32(p.frequency_penalty) * self._count_vals + np.float32(
+                p.presence_penalty
+            )
+        return out
+
+    # -- sampling ------------------------------------------------------------------------------------
+
+    def sample(self, logits: np.ndarray, history: Sequence[int]) -> tuple[int, float, TopLogprobs | None]:
+        """Pick the next token from 1-D float32 `logits` over the vocabulary.
+        Returns (token id, its logprob under the model, top alternatives or None); the alternatives
+        are (id, logprob) pairs, best first, present when params.logprobs is set."""
+        p = self.params
+        x = self.penalize(logits, history)
+        greedy = p.temperature == 0.0 or p.top_k == 1
+        token = int(np.argmax(x)) if greedy else self._draw(x)
+        logprob, top = self._logprobs(logits, token)
+        return token, logprob, top
+
+    def _draw(self, x: np.ndarray) -> int:
+        p = self.params
+        ids: np.ndarray | None = None  # None: candidates are the whole vocabulary
+        if 0 < p.top_k < x.shape[-1]:
+            ids = np.argpartition(x, -p.top_k)[-p.top_k :]
+            x = x[ids]
+        z = x * np.float32(1.0 / p.temperature)  # a new array: the caller's logits stay untouched
+        z -= z.max()
+        np.exp(z, out=z)
+        z /= z.sum()
+        probs = z
+        # Survivors of top_p and min_p are both prefixes of the tokens sorted by probability, so the
+        # result is the shorter prefix. min_p's threshold is relative to p_max, which the later
+        # renormalisation does not change, so both filters read the same distribution.
+        if p.min_p > 0.0:
+            keep = np.flatnonzero(probs >= p.min_p * probs.max())
+            ids = keep if ids is None else ids[keep]
+            probs = probs[keep]
+        if p.top_p < 1.0:
+            order = self._top_p_order(probs, p.top_p)
+            ids = order if ids is None else ids[order]
+            probs = probs[order]
+        cdf = np.cumsum(probs, dtype=np.float64)
+        i = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        i = min(i, len(cdf) - 1)  # guards against rounding at the very top
+        return int(i if ids is None else ids[i])
+
+    @staticmethod
+    def _top_p_order(probs: np.ndarray, top_p: float) -> np.ndarray:
+        """Indices of the smallest set of most likely tokens whose mass reaches top_p, best first.
+        Sorts only a growing head of the distribution (argpartition), not the whole vocabulary."""
+        n = probs.shape[0]
+        k = min(64, n)
+        while True:
+            head = np.argpartition(probs, n - k)[n - k :] if k < n else np.arange(n)
+            head = head[np.argsort(-probs[head], kind="stable")]
+            cum = np.cumsum(probs[head], dtype=np.float64)
+            # Keep tokens up to and including the one that reaches top_p (at least one). The epsilon
+            # lets float32 sums such as 0.5 + 0.3 count as reaching 0.8.
+            cut = int(np.searchsorted(cum, top_p - 1e-6, side="left")) + 1
+            if cut <= k or k == n:
+                return head[: min(cut, k)]
+            k = min(k * 4, n)
+
+    def _logprobs(self, logits: np.ndarray, token: int) -> tuple[float, TopLogprobs | None]:
+        x = logits
+        m = float(x.max())
+        lse = m + float(np.log(np.exp(x - m, dtype=np.float32).sum(dtype=np.float64)))
+        chosen = float(x[token]) - lse
+        k = self.params.logprobs
+        if k is None:
+            return chosen, None
+        if k == 0:
+            return chosen, ()
+        top = np.argpartition(x, -k)[-k:]
+        top = top[np.argsort(-x[top], kind="stable")]
+        return chosen, tuple((int(i), float(x[i]) - lse) for i in top)

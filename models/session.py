@@ -1,0 +1,139 @@
+"""One onnxruntime session per loaded variant, with a preallocated KV buffer shared by past and present.
+
+Decode binds the same KV buffers as GroupQueryAttention's past inputs and present outputs (its shared
+buffer mode), a preallocated attention mask and a preallocated logits buffer: a decode step allocates and
+copies nothing but the one-token input.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    vocab: int
+
+    def kv_bytes_per_token(self) -> int:
+        return self.n_layers * 2 * self.n_kv_heads * self.head_dim * 4
+
+
+def available_cpus() -> int:
+    """CPUs this process may really use: affinity, capped by a cgroup CPU quota (v2 or v1)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        n = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        n = min(n, max(1, int(quota)))
+    return max(1, n)
+
+
+def _cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    try:
+        parts = (root / "cpu.max").read_text().split()
+        if parts and parts[0] != "max":
+            return int(parts[0]) / int(parts[1])
+        return None
+    except (OSError, ValueError, IndexError):
+        pass
+    for d in (root / "cpu", root / "cpu,cpuacct", root / "cpuacct,cpu"):
+        try:
+            q = int((d / "cpu.cfs_quota_us").read_text())
+            p = int((d / "cpu.cfs_period_us").read_text())
+            return q / p if q > 0 else None
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+class KVCache:
+    """Per-layer key/value buffers [1, kv_heads, capacity, head_dim], wrapped once as OrtValues."""
+
+    def __init__(self, shape: ModelShape, capacity: int) -> None:
+        self.shape = shape
+        self.capacity = capacity
+        dims = (1, shape.n_kv_heads, capacity, shape.head_dim)
+        self.arrays = [
+            (np.zeros(dims, np.float32), np.zeros(dims, np.float32)) for _ in range(shape.n_layers)
+        ]
+        self.ortvalues = [
+            (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v)) for k, v in self.arrays
+        ]
+        self.tokens: list[int] = []  # the token ids whose keys/values fill positions 0..len-1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.arrays)
+
+    def copy_prefix_from(self, other: KVCache, n: int) -> None:
+        for (dk, dv), (sk, sv) in zip(self.arrays, other.arrays, strict=True):
+            dk[:, :, :n] = sk[:, :, :n]
+            dv[:, :, :n] = sv[:, :, :n]
+        self.tokens = list(other.tokens[:n])
+
+
+def session_options(threads: int, spinning: bool = False) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    # a spinning pool burns a core while idle: on a phone that is heat for nothing
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return so
+
+
+class DecoderSession:
+    def __init__(self, path: Path, shape: ModelShape, threads: int, *, spinning: bool = False) -> None:
+        self.path = Path(path)
+        self.shape = shape
+        self.threads = threads
+        self.sess = ort.InferenceSession(
+            str(path), session_options(threads, spinning), providers=["CPUExecutionProvider"]
+        )
+        self.logits = np.zeros((1, 1, shape.vocab), np.float32)
+        self._logits_ov = ort.OrtValue.ortvalue_from_numpy(self.logits)
+        self._mask = np.ones((1, 0), np.int64)
+        self.run_options = ort.RunOptions()
+
+    def _mask_view(self, total: int) -> np.ndarray:
+        if self._mask.shape[1] < total:
+            self._mask = np.ones((1, max(total, 2 * self._mask.shape[1], 64)), np.int64)
+        return self._mask[:, :total]
+
+    def run(self, ids: np.ndarray, kv: KVCache, past_len: int) -> np.ndarray:
+        """Feed `ids` at positions past_len.. (KV beyond past_len is overwritten). Returns the last
+        position's logits (a view into a buffer reused by the next call)."""
+        n = int(ids.shape[-1])
+        if past_len + n > kv.capacity:
+            raise ValueError(f"KV buffer holds {kv.capacity} tokens, asked for {past_len + n}")
+        b = self.sess.io_binding()
+        b.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64).reshape(1, n))
+        b.bind_cpu_input("attention_mask", self._mask_view(past_len + n))
+        for i, (k, v) in enumerate(kv.ortvalues):
+            b.bind_ortvalue_input(f"past_key_values.{i}.key", k)
+            b.bind_ortvalue_input(f"past_key_values.{i}.value", v)
+            b.bind_ortvalue_output(f"present.{i}.key", k)
+            b.bind_ortvalue_output(f"present.{i}.value", v)
+        b.bind_ortvalue_output("logits", self._logits_ov)
+        self.sess.run_with_iobinding(b, self.run_options)
+        return self.logits[0, 0]
+
+    def terminate(self) -> None:
+        """Stop a running Run between nodes (called from another thread on cancel)."""
+        self.run_options.terminate = True
+
+    def reset_terminate(self) -> None:
+        self.run_options.terminate = False

@@ -1,0 +1,227 @@
+"""Tokenizer and incremental detokenizer: a tiny synthetic vocabulary, then the real SmolLM2 GGUF."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.errors import InvalidModelFile, UnsupportedModel
+from models.tokenizer import (
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_USER_DEFINED,
+    IncrementalDetokenizer,
+    Tokenizer,
+    build_hf_tokenizer,
+    byte_decoder,
+    metadata_from_gguf,
+)
+
+KNOWN_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+KNOWN_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+STREAM_TEXTS = [
+    "你好，世界！今天天气很好。",
+    "Emoji: 🌍🎉👩‍👩‍👧 and flags 🇫🇷🇯🇵",
+    "Mixed: café naïve Ærøskøbing — “quotes” 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 2024-05-06",
+]
+
+
+def tiny_meta(*, pre: str = "smollm", add_bos: bool = False, **extra: object) -> dict:
+    """Three control tokens, one user-defined token, the 256 byte tokens, then a few merges."""
+    chars = sorted(byte_decoder(), key=lambda c: byte_decoder()[c])
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = [*specials, "<tool>", *chars, "Ġt", "he", "Ġthe", "12"]
+    types = [TOKEN_CONTROL] * 3 + [TOKEN_USER_DEFINED] + [TOKEN_NORMAL] * (len(tokens) - 4)
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": ["Ġ t", "h e", "Ġt he", "1 2"],
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.add_bos_token": add_bos,
+        "tokenizer.chat_template": "{{ messages[0]['content'] }}",
+    }
+    meta.update(extra)
+    return meta
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Tokenizer:
+    return Tokenizer.from_metadata(tiny_meta())
+
+
+def pieces(tok: Tokenizer, text: str) -> list[str]:
+    return [tok.hf.id_to_token(i) for i in tok.encode(text)]
+
+
+# -- tiny vocabulary ----------------------------------------------------------------------------------
+
+
+def test_encode_when_merges_exist_then_bpe_applies_them(tiny: Tokenizer) -> None:
+    assert pieces(tiny, "a the") == ["a", "Ġthe"]
+
+
+def test_encode_when_pre_is_smollm_then_digits_split_even_with_a_merge(tiny: Tokenizer) -> None:
+    assert pieces(tiny, "12") == ["1", "2"]
+    plain = Tokenizer.from_metadata(tiny_meta(pre="gpt2"))
+    assert pieces(plain, "12") == ["12"]
+
+
+def test_build_when_tokenizer_is_sentencepiece_then_unsupported_model() -> None:
+    with pytest.raises(UnsupportedModel, match="'llama'"):
+        build_hf_tokenizer(tiny_meta(**{"tokenizer.ggml.model": "llama"}))
+
+
+def test_build_when_pre_tokenizer_unknown_then_unsupported_model() -> None:
+    with pytest.raises(UnsupportedModel, match="'qwen2'"):
+        build_hf_tokenizer(tiny_meta(pre="qwen2"))
+
+
+def test_build_when_merge_malformed_then_invalid_model_file() -> None:
+    with pytest.raises(InvalidModelFile, match="merge"):
+        build_hf_tokenizer(tiny_meta(**{"tokenizer.ggml.merges": ["abc"]}))
+
+
+def test_encode_when_control_token_text_then_single_special_id(tiny: Tokenizer) -> None:
+    ids = tiny.encode("<|im_start|>the<|im_end|><tool>")
+    assert ids[0] == 1 and ids[-2] == 2 and ids[-1] == 3
+    assert tiny.special_ids == {0, 1, 2}
+    # Control tokens vanish from decoded text; user-defined ones stay, as llama.cpp renders them.
+    assert tiny.decode(ids) == "the<tool>"
+    assert tiny.decode(ids, skip_special_tokens=False) == "<|im_start|>the<|im_end|><tool>"
+
+
+def test_encode_when_add_bos_then_bos_first_unless_disabled() -> None:
+    tok = Tokenizer.from_metadata(tiny_meta(add_bos=True))
+    assert tok.encode("the")[0] == 1
+    assert tok.encode("the", add_special_tokens=False)[0] != 1
+    assert Tokenizer.from_metadata(tiny_meta()).encode("the")[0] != 1
+
+
+def test_eos_ids_when_gguf_names_eos_and_eot_then_both_plus_control_end_tokens() -> None:
+    tok = Tokenizer.from_metadata(tiny_meta(**{"tokenizer.ggml.eot_token_id": 3}))
+    # 2 = eos, 3 = eot, 0 = the control token <|endoftext|> (llama.cpp's end-of-generation list).
+    assert tok.eos_id == 2
+    assert tok.eos_ids == {0, 2, 3}
+    assert 1 not in tok.eos_ids
+
+
+def test_save_when_reloaded_then_same_ids_and_facts(tiny: Tokenizer, tmp_path) -> None:
+    tok = Tokenizer.from_metadata(tiny_meta(add_bos=True))
+    tok.save(tmp_path)
+    again = Tokenizer.load(tmp_path)
+    text = "<|im_start|>the 12 thé<|im_end|>"
+    assert again.encode(text) == tok.encode(text)
+    assert (again.bos_id, again.eos_id, again.eos_ids, again.add_bos) == (1, 2, tok.eos_ids, True)
+    assert again.chat_template == tok.chat_template
+    assert again.special_ids == tok.special_ids
+
+
+def test_load_when_folder_empty_then_invalid_model_file(tmp_path) -> None:
+    with pytest.raises(InvalidModelFile):
+        Tokenizer.load(tmp_path)
+
+
+def test_token_bytes_when_byte_token_then_raw_byte(tiny: Tokenizer) -> None:
+    ids = tiny.encode("é")  # no merge for it: one token per UTF-8 byte
+    assert [tiny.token_bytes(i) for i in ids] == [b"\xc3", b"\xa9"]
+    assert tiny.token_bytes(tiny.encode(" the")[0]) == b" the"
+    assert tiny.token_bytes(2) == b"<|im_end|>"
+
+
+def stream(tok: Tokenizer, ids: list[int]) -> list[str]:
+    detok = IncrementalDetokenizer(tok)
+    return [detok.feed(i) for i in ids] + [detok.flush()]
+
+
+@pytest.mark.parametrize("text", STREAM_TEXTS)
+def test_detokenizer_when_characters_split_over_tokens_then_no_replacement_char(
+    tiny: Tokenizer, text: str
+) -> None:
+    ids = tiny.encode(text)
+    deltas = stream(tiny, ids)
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == tiny.decode(ids) == text
+    assert "" in deltas[:-1]  # some bytes really were held back
+
+
+def test_detokenizer_when_special_tokens_then_skipped_like_decode(tiny: Tokenizer) -> None:
+    ids = tiny.encode("<|im_start|>你<|im_end|>")
+    assert "".join(stream(tiny, ids)) == tiny.decode(ids) == "你"
+
+
+def test_detokenizer_when_bytes_invalid_or_unfinished_then_same_as_decode(tiny: Tokenizer) -> None:
+    b = byte_decoder()
+    by_byte = {v: tiny.hf.token_to_id(k) for k, v in b.items()}
+    ids = [by_byte[0xFF], by_byte[ord("a")], by_byte[0xE4], by_byte[0xBD]]  # invalid byte, then a cut char
+    deltas = stream(tiny, ids)
+    assert "".join(deltas) == tiny.decode(ids) == "\ufffda\ufffd"
+
+
+# -- the real SmolLM2 tokenizer -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smol_meta(smollm2_gguf) -> dict:
+    return metadata_from_gguf(smollm2_gguf)
+
+
+@pytest.fixture(scope="module")
+def smol(smol_meta) -> Tokenizer:
+    return Tokenizer.from_metadata(smol_meta)
+
+
+@pytest.mark.slow
+def test_metadata_from_gguf_when_smollm2_then_vocab_and_facts(smol_meta: dict) -> None:
+    assert len(smol_meta["tokenizer.ggml.tokens"]) == 49152
+    assert len(smol_meta["tokenizer.ggml.merges"]) == 48900
+    assert smol_meta["tokenizer.ggml.pre"] == "smollm"
+    assert smol_meta["tokenizer.ggml.tokens"][2] == "<|im_end|>"
+    assert isinstance(smol_meta["tokenizer.chat_template"], str)
+
+
+@pytest.mark.slow
+def test_encode_when_known_prompt_then_known_ids(smol: Tokenizer) -> None:
+    assert smol.encode(KNOWN_PROMPT) == KNOWN_IDS
+    assert (smol.bos_id, smol.eos_id, smol.add_bos) == (1, 2, False)
+    assert smol.eos_ids == {0, 2}  # <|im_end|> (eos) and <|endoftext|>
+    assert smol.vocab_size == 49152
+
+
+@pytest.mark.slow
+def test_encode_when_real_model_then_digits_one_per_token(smol: Tokenizer) -> None:
+    ids = smol.encode("In 2024 there were 1234567 users")
+    digit_pieces = [smol.decode([i]) for i in ids if smol.decode([i]).strip().isdigit()]
+    assert "".join(digit_pieces) == "20241234567"
+    assert all(len(p) == 1 for p in digit_pieces)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", [*STREAM_TEXTS, "def f(x):\n    return x ** 2  # tabs\tand  spaces\n"])
+def test_decode_when_real_model_then_round_trips(smol: Tokenizer, text: str) -> None:
+    assert smol.decode(smol.encode(text)) == text
+
+
+@pytest.mark.slow
+def test_save_when_real_model_reloaded_then_same_ids(smol: Tokenizer, tmp_path) -> None:
+    smol.save(tmp_path)
+    again = Tokenizer.load(tmp_path)
+    for text in [KNOWN_PROMPT, *STREAM_TEXTS]:
+        assert again.encode(text) == smol.encode(text)
+    assert again.eos_ids == smol.eos_ids
+    assert again.chat_template == smol.chat_template
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", STREAM_TEXTS)
+def test_detokenizer_when_real_model_streams_cjk_and_emoji_then_equals_full_decode(
+    smol: Tokenizer, text: str
+) -> None:
+    ids = smol.encode(text)
+    deltas = stream(smol, ids)
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == smol.decode(ids) == text
+    # The real vocabulary does split some of these characters across tokens.
+    assert any("\ufffd" in smol.token_text(i) for i in ids)

@@ -1,0 +1,158 @@
+"""Write tiny synthetic Llama GGUFs with the `gguf` package: random weights, GQA, chosen tensor types,
+a small byte-level BPE vocabulary and a ChatML template. Q and K are permuted exactly as llama.cpp's
+converter does, so a wrong RoPE pairing in the converter shows up as wrong logits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+
+CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "a t", "e n"]
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def byte_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table."""
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+def tiny_vocab() -> list[str]:
+    table = byte_unicode()
+    tokens = CONTROL + [table[b] for b in range(256)] + ["".join(m.split()) for m in MERGES]
+    while len(tokens) % 32:
+        tokens.append(f"<|reserved_{len(tokens)}|>")
+    return tokens
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    n_layers: int = 2
+    hidden: int = 64
+    ffn: int = 128
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    rope_base: float = 10000.0
+    rms_eps: float = 1e-5
+    context_length: int = 256
+    tied: bool = True
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf.py's LlamaModel.permute (HF half-split -> interleaved pairs)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def hf_weights(spec: TinySpec, vocab: int, seed: int) -> dict[str, np.ndarray]:
+    """Random weights in Hugging Face layout (out, in)."""
+    rng = np.random.default_rng(seed)
+    hd = spec.hidden // spec.n_heads
+
+    def mat(rows: int, cols: int, scale: float = 0.08) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+
+    w = {
+        "token_embd.weight": mat(vocab, spec.hidden, 0.5),
+        "output_norm.weight": (1.0 + 0.1 * rng.standard_normal(spec.hidden)).astype(np.float32),
+    }
+    if not spec.tied:
+        w["output.weight"] = mat(vocab, spec.hidden, 0.2)
+    for i in range(spec.n_layers):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = (1.0 + 0.1 * rng.standard_normal(spec.hidden)).astype(np.float32)
+        w[p + "ffn_norm.weight"] = (1.0 + 0.1 * rng.standard_normal(spec.hidden)).astype(np.float32)
+        w[p + "attn_q.weight"] = mat(spec.n_heads * hd, spec.hidden, 0.3)
+        w[p + "attn_k.weight"] = mat(spec.n_kv_heads * hd, spec.hidden, 0.3)
+        w[p + "attn_v.weight"] = mat(spec.n_kv_heads * hd, spec.hidden)
+        w[p + "attn_output.weight"] = mat(spec.hidden, spec.n_heads * hd)
+        w[p + "ffn_gate.weight"] = mat(spec.ffn, spec.hidden)
+        w[p + "ffn_up.weight"] = mat(spec.ffn, spec.hidden)
+        w[p + "ffn_down.weight"] = mat(spec.hidden, spec.ffn)
+    return w
+
+
+TYPES = {
+    "F32": GGMLQuantizationType.F32,
+    "F16": GGMLQuantizationType.F16,
+    "Q8_0": GGMLQuantizationType.Q8_0,
+    "Q4_0": GGMLQuantizationType.Q4_0,
+    "Q4_1": GGMLQuantizationType.Q4_1,
+}
+
+
+def write_tiny_gguf(
+    path: Path,
+    *,
+    matrix_type: str = "F32",
+    embed_type: str | None = None,
+    spec: TinySpec = TinySpec(),
+    seed: int = 0,
+    architecture: str = "llama",
+) -> Path:
+    """Matrices stored as `matrix_type`, the embedding as `embed_type` (default: same), norms F32."""
+    tokens = tiny_vocab()
+    hf = hf_weights(spec, len(tokens), seed)
+    wr = GGUFWriter(str(path), architecture)
+    wr.add_name("tiny-llama")
+    wr.add_block_count(spec.n_layers)
+    wr.add_context_length(spec.context_length)
+    wr.add_embedding_length(spec.hidden)
+    wr.add_feed_forward_length(spec.ffn)
+    wr.add_head_count(spec.n_heads)
+    wr.add_head_count_kv(spec.n_kv_heads)
+    wr.add_rope_freq_base(spec.rope_base)
+    wr.add_layer_norm_rms_eps(spec.rms_eps)
+    wr.add_rope_dimension_count(spec.hidden // spec.n_heads)
+    wr.add_vocab_size(len(tokens))
+    wr.add_tokenizer_model("gpt2")
+    wr.add_tokenizer_pre("smollm")
+    wr.add_token_list(tokens)
+    wr.add_token_types([3 if t in CONTROL or t.startswith("<|reserved") else 1 for t in tokens])
+    wr.add_token_merges(MERGES)
+    wr.add_bos_token_id(1)
+    wr.add_eos_token_id(2)
+    wr.add_unk_token_id(0)
+    wr.add_pad_token_id(2)
+    wr.add_add_bos_token(False)
+    wr.add_chat_template(CHATML)
+    for name, w in hf.items():
+        if name.endswith("attn_q.weight"):
+            w = llama_cpp_permute(w, spec.n_heads)
+        elif name.endswith("attn_k.weight"):
+            w = llama_cpp_permute(w, spec.n_kv_heads)
+        if w.ndim == 1:
+            wr.add_tensor(name, w)
+            continue
+        tname = (embed_type or matrix_type) if name in ("token_embd.weight", "output.weight") else matrix_type
+        qtype = TYPES[tname]
+        if qtype == GGMLQuantizationType.F32:
+            wr.add_tensor(name, w)
+        elif qtype == GGMLQuantizationType.F16:
+            wr.add_tensor(name, w.astype(np.float16))
+        else:
+            wr.add_tensor(name, quantize(w, qtype), raw_dtype=qtype)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return path
