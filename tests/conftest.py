@@ -42,3 +42,50 @@ def smollm2_gguf() -> Path:
     tmp.write_bytes(data)
     tmp.replace(target)
     return target
+
+
+def _convert_into(gguf: Path, target: Path, **kwargs) -> Path:
+    """Convert once into `target` (atomically: a temp folder renamed at the end) and write a manifest."""
+    import json
+    import shutil
+    import tempfile
+
+    from models.convert import convert
+
+    if (target / "manifest.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        fragment = convert(gguf, tmp, **kwargs)
+        fragment["id"] = target.name
+        (tmp / "manifest.json").write_text(json.dumps(fragment, indent=1))
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """A tiny random Llama GGUF like SmolLM2's layout: Q4_1 matrices, Q8_0 tied embedding, GQA."""
+    from tests.tiny_gguf import write_tiny_gguf
+
+    return write_tiny_gguf(
+        tmp_path_factory.mktemp("tiny") / "tiny.gguf", matrix_type="Q4_1", embed_type="Q8_0"
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_gguf, tmp_path_factory) -> Path:
+    """The tiny GGUF converted (all variants, measured), with a manifest: a real model for fast tests."""
+    return _convert_into(tiny_gguf, tmp_path_factory.mktemp("tiny-converted") / "tiny-llama", threads=1)
+
+
+@pytest.fixture(scope="session")
+def smollm2_model_dir(smollm2_gguf) -> Path:
+    """The real model converted once per machine and converter version."""
+    from models.convert import CONVERTER_VERSION
+
+    target = test_cache_dir() / f"converted-v{CONVERTER_VERSION}" / "smollm2-135m-instruct"
+    return _convert_into(smollm2_gguf, target)

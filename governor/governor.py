@@ -1,0 +1,313 @@
+"""The governor loop: read sensors, decide(), publish a snapshot, tell subscribers. Decide first, act after.
+
+It runs in its own thread (start()/stop()), or a test calls tick() on a fake clock. With a simulated
+device the policy runs on simulated time and polls time_scale times as often, so the forecast and the
+dwell mean the same thing at any time_scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from governor.limits import DEFAULT_TABLE, LevelLimits, Limits, Rung, resolve_limits
+from governor.policy import GovernorState, Level, Lifecycle, PolicyConfig, Readings, Transition, decide
+from governor.sensors import (
+    BatteryReading,
+    MemoryReading,
+    NoThermalSource,
+    TemperatureReading,
+    ThermalSource,
+)
+
+log = logging.getLogger("simmer.governor")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything /v1/thermal shows; immutable, so it can be handed to any thread."""
+
+    time: float
+    level: Level
+    reason: str
+    cause: str
+    temperature: TemperatureReading | None
+    temperature_source: str
+    headroom: float | None
+    forecast_headroom: float | None
+    throttle_c: float | None
+    memory: MemoryReading | None
+    battery: BatteryReading | None
+    lifecycle: Lifecycle
+    limits: Limits
+    enforced: bool
+    device_killed: bool
+    transitions: tuple[Transition, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON body of GET /v1/thermal."""
+        t = self.temperature
+        m = self.memory
+        return {
+            "level": self.level,
+            "reason": self.reason,
+            "cause": self.cause,
+            "temperature": {
+                "celsius": _round(t.celsius) if t else None,
+                "source": self.temperature_source,
+                "sensor": t.sensor if t else None,
+                "throttle_c": _round(self.throttle_c),
+                "critical_c": _round(t.critical_c) if t else None,
+            },
+            "headroom": _round(self.headroom, 3),
+            "forecast": _round(self.forecast_headroom, 3),
+            "memory": None
+            if m is None
+            else {
+                "limit": m.limit_bytes,
+                "used": m.used_bytes,
+                "available": m.available_bytes,
+                "source": m.source,
+                "rss": m.rss_bytes,
+                "psi": None
+                if m.psi_some_avg10 is None
+                else {"some_avg10": m.psi_some_avg10, "full_avg10": m.psi_full_avg10},
+            },
+            "battery": None if self.battery is None else asdict(self.battery),
+            "lifecycle": self.lifecycle,
+            "limits": asdict(self.limits),
+            "enforced": self.enforced,
+            "device_killed": self.device_killed,
+            "transitions": [
+                {"time": round(tr.time, 3), "old": tr.old, "new": tr.new, "reason": tr.reason}
+                for tr in self.transitions
+            ],
+        }
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+Subscriber = Callable[[Snapshot], None]
+
+
+class Governor:
+    def __init__(
+        self,
+        *,
+        thermal: ThermalSource | None = None,
+        read_memory: Callable[[], MemoryReading | None] = lambda: None,
+        read_battery: Callable[[], BatteryReading | None] = lambda: None,
+        config: PolicyConfig | None = None,
+        usable_cpus: int = 1,
+        table: Mapping[Level, LevelLimits] = DEFAULT_TABLE,
+        ladder: Sequence[Rung] = (),
+        start_rung: int = 0,
+        poll_s: float = 1.0,
+        enforce: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.thermal: ThermalSource = thermal or NoThermalSource()
+        self._read_memory = read_memory
+        self._read_battery = read_battery
+        self.config = config or PolicyConfig()
+        self.usable_cpus = usable_cpus
+        self.table = table
+        self.ladder = list(ladder)
+        self.start_rung = start_rung
+        self.enforce = enforce
+        self._clock = clock
+        sim = self.thermal.simulator
+        # Poll in simulated seconds: poll_s of device time, however fast the simulation runs.
+        self.poll_interval_s = poll_s / sim.time_scale if sim else poll_s
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._subscribers: dict[int, Subscriber] = {}
+        self._next_id = 0
+        self._lifecycle: Lifecycle = "foreground"
+        self._state = GovernorState()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._snapshot = self._build_snapshot(self._now(), Readings(), self._state)
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self.tick()
+        self._thread = threading.Thread(target=self._run, name="simmer-governor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_interval_s):
+            try:
+                self.tick()
+            except Exception:  # a sensor bug must not kill governing; the next poll tries again
+                log.exception("governor poll failed")
+
+    def _now(self) -> float:
+        sim = self.thermal.simulator
+        return sim.sim_time if sim is not None else self._clock()
+
+    def tick(self) -> Snapshot:
+        """One poll: read, decide, publish. Returns the new snapshot."""
+        with self._lock:
+            readings = Readings(
+                temperature=self.thermal.read(),
+                memory=self._read_memory(),
+                battery=self._read_battery(),
+                lifecycle=self._lifecycle,
+            )
+            now = self._now()
+            old = self._state
+            self._state = decide(old, readings, self.config, now)
+            if self._state.level != old.level:
+                log.info("%s -> %s: %s", old.level, self._state.level, self._state.reason)
+            previous = self._snapshot
+            self._snapshot = snap = self._build_snapshot(now, readings, self._state)
+            changed = _differs(previous, snap)
+            if changed:
+                self._changed.notify_all()
+            subscribers = list(self._subscribers.values()) if changed else []
+        for callback in subscribers:
+            try:
+                callback(snap)
+            except Exception:
+                log.exception("governor subscriber failed")
+        return snap
+
+    def _build_snapshot(self, now: float, readings: Readings, state: GovernorState) -> Snapshot:
+        level: Level = state.level if self.enforce else "nominal"
+        limits = resolve_limits(
+            level,
+            usable_cpus=self.usable_cpus,
+            table=self.table,
+            ladder=self.ladder,
+            start_rung=self.start_rung,
+        )
+        return Snapshot(
+            time=now,
+            level=state.level,
+            reason=state.reason,
+            cause=state.cause,
+            temperature=readings.temperature,
+            temperature_source=self.thermal.source,
+            headroom=state.headroom,
+            forecast_headroom=state.forecast_headroom,
+            throttle_c=state.throttle_c,
+            memory=readings.memory,
+            battery=readings.battery,
+            lifecycle=readings.lifecycle,
+            limits=limits,
+            enforced=self.enforce,
+            device_killed=self.device_killed,
+            transitions=state.transitions,
+        )
+
+    # -- for the server ----------------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return self._snapshot
+
+    @property
+    def limits(self) -> Limits:
+        return self.snapshot().limits
+
+    def set_lifecycle(self, state: Lifecycle) -> Snapshot:
+        """foreground | background; takes effect at once (a fresh poll), not at the next tick."""
+        if state not in ("foreground", "background"):
+            raise ValueError(f"lifecycle must be foreground or background, not {state!r}")
+        with self._lock:
+            self._lifecycle = state
+        return self.tick()
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call `callback(snapshot)` on every change of level, limits, lifecycle or kill state. It runs on
+        the governor's thread and must not block. Returns an unsubscribe function."""
+        with self._lock:
+            key = self._next_id
+            self._next_id += 1
+            self._subscribers[key] = callback
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers.pop(key, None)
+
+        return unsubscribe
+
+    def subscribe_async(
+        self, loop: asyncio.AbstractEventLoop, maxsize: int = 16
+    ) -> tuple[asyncio.Queue[Snapshot], Callable[[], None]]:
+        """For an SSE endpoint: an asyncio.Queue on `loop` fed with changes. When a slow reader lets it
+        fill up, the oldest snapshot is dropped: only the latest state matters."""
+        queue: asyncio.Queue[Snapshot] = asyncio.Queue(maxsize=maxsize)
+
+        def put(snap: Snapshot) -> None:
+            if queue.full():
+                queue.get_nowait()
+            queue.put_nowait(snap)
+
+        def on_change(snap: Snapshot) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(put, snap)
+
+        return queue, self.subscribe(on_change)
+
+    # -- for the worker ----------------------------------------------------------------------------------
+    def wait_while_paused(
+        self,
+        cancel_check: Callable[[], bool] = lambda: False,
+        timeout: float | None = None,
+        *,
+        new: bool = False,
+    ) -> bool:
+        """Block while the running reply is paused (new=True: while new requests are held).
+        True when work may go on; False on timeout or when cancel_check() says so. Waits in wall time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while True:
+                limits = self._snapshot.limits
+                if not (limits.pause_new if new else limits.pause_running):
+                    return True
+                if cancel_check():
+                    return False
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                # Wake up now and then to look at cancel_check even if nothing changes.
+                self._changed.wait(0.1 if remaining is None else min(remaining, 0.1))
+
+    def throttle_delay(self, pass_seconds: float) -> float:
+        """Seconds to idle after a forward pass: the simulated device's own throttling (0 on real ones,
+        where the hardware does it)."""
+        sim = self.thermal.simulator
+        return sim.throttle_delay(pass_seconds) if sim is not None else 0.0
+
+    @property
+    def device_killed(self) -> bool:
+        """The simulated device killed the app (T >= T_critical) and it has not cooled below T_throttle."""
+        sim = self.thermal.simulator
+        return sim.killed if sim is not None else False
+
+
+def _differs(a: Snapshot, b: Snapshot) -> bool:
+    return (a.level, a.limits, a.lifecycle, a.device_killed, a.cause) != (
+        b.level,
+        b.limits,
+        b.lifecycle,
+        b.device_killed,
+        b.cause,
+    )

@@ -1,0 +1,284 @@
+"""The policy: a pure function from (previous state, readings, config, now) to the next state.
+
+No clock, no I/O, no logging: the governor loop reads sensors, calls decide(), then acts and logs. Tests
+drive it table by table with a fake clock.
+
+Levels follow Apple's ProcessInfo.ThermalState names. What they correspond to elsewhere (the temperature
+band is for a thermal cause; headroom as in Android's getThermalHeadroom, 1.0 = the throttling threshold):
+
+| simmer   | headroom (default) | Android PowerManager thermal status    | OpenHarmony ThermalLevel          |
+|----------|--------------------|----------------------------------------|-----------------------------------|
+| nominal  | < 0.80             | NONE, LIGHT                            | COOL, NORMAL                      |
+| fair     | 0.80 .. 0.95       | MODERATE                               | WARM                              |
+| serious  | 0.95 .. 1.00       | SEVERE (approaching)                   | HOT                               |
+| critical | >= 1.00            | SEVERE reached, CRITICAL, EMERGENCY,   | OVERHEATED, WARNING, EMERGENCY,   |
+|          |                    | SHUTDOWN                               | ESCAPE                            |
+
+simmer acts one band early on purpose: the device's own throttling starts at headroom 1.0, and by then
+simmer has already paused, so the device never has to throttle or kill it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from governor.sensors import BatteryReading, MemoryReading, TemperatureReading
+
+Level = Literal["nominal", "fair", "serious", "critical"]
+LEVELS: tuple[Level, ...] = ("nominal", "fair", "serious", "critical")
+Cause = Literal["none", "thermal", "memory", "battery", "lifecycle"]
+Lifecycle = Literal["foreground", "background"]
+
+ANDROID_THERMAL_STATUS: dict[str, tuple[str, ...]] = {
+    "nominal": ("NONE", "LIGHT"),
+    "fair": ("MODERATE",),
+    "serious": ("SEVERE",),
+    "critical": ("CRITICAL", "EMERGENCY", "SHUTDOWN"),
+}
+OPENHARMONY_THERMAL_LEVEL: dict[str, tuple[str, ...]] = {
+    "nominal": ("COOL", "NORMAL"),
+    "fair": ("WARM",),
+    "serious": ("HOT",),
+    "critical": ("OVERHEATED", "WARNING", "EMERGENCY", "ESCAPE"),
+}
+
+
+def level_index(level: str) -> int:
+    return LEVELS.index(level)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Readings:
+    """One poll's worth of inputs. Any sensor may be None (absent)."""
+
+    temperature: TemperatureReading | None = None
+    memory: MemoryReading | None = None
+    battery: BatteryReading | None = None
+    lifecycle: Lifecycle = "foreground"
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    # thermal
+    throttle_c: float | None = None  # overrides the sensor's trip point (headroom 1.0)
+    default_throttle_c: float = 85.0  # for sensors that report no trip point
+    headroom_span_c: float = 30.0  # headroom 0.0 is this far below the throttling threshold
+    forecast_s: float = 10.0
+    history_s: float = 30.0  # samples kept for the forecast regression
+    fair_headroom: float = 0.80
+    serious_headroom: float = 0.95
+    critical_headroom: float = 1.00
+    hysteresis_c: float = 2.0  # leave a level only this far below its entry threshold
+    min_dwell_s: float = 10.0  # time at a level before stepping down
+    # memory: fraction of the budget still available, and PSI avg10 percentages
+    memory_budget_bytes: int | None = None  # None: the effective (cgroup or host) limit
+    memory_fair_fraction: float = 0.20
+    memory_serious_fraction: float = 0.10
+    memory_critical_fraction: float = 0.05
+    psi_some_fair: float = 10.0
+    psi_full_serious: float = 5.0
+    psi_full_critical: float = 20.0
+    # battery and lifecycle
+    battery_low_percent: float = 20.0
+    background_action: Literal["pause", "low_priority"] = "pause"
+    max_transitions: int = 20
+
+    def __post_init__(self) -> None:
+        if not self.fair_headroom <= self.serious_headroom <= self.critical_headroom:
+            raise ValueError("headroom thresholds must be ordered fair <= serious <= critical")
+        if self.background_action not in ("pause", "low_priority"):
+            raise ValueError(f"background_action: pause or low_priority, not {self.background_action!r}")
+
+
+@dataclass(frozen=True)
+class Transition:
+    time: float
+    old: Level
+    new: Level
+    reason: str
+
+
+@dataclass(frozen=True)
+class GovernorState:
+    level: Level = "nominal"
+    reason: str = "no pressure"
+    cause: Cause = "none"
+    since: float = -math.inf  # when `level` was entered
+    thermal_level: Level = "nominal"
+    thermal_since: float = -math.inf
+    memory_level: Level = "nominal"
+    memory_since: float = -math.inf
+    samples: tuple[tuple[float, float], ...] = ()  # (time, C), the last history_s seconds
+    temperature_c: float | None = None
+    throttle_c: float | None = None
+    headroom: float | None = None
+    forecast_headroom: float | None = None
+    transitions: tuple[Transition, ...] = field(default=())
+
+
+def headroom(celsius: float, throttle_c: float, span_c: float) -> float:
+    """Android's getThermalHeadroom scale: 1.0 at the throttling threshold, 0.0 span_c below it."""
+    return 1.0 - (throttle_c - celsius) / span_c
+
+
+def forecast_c(samples: tuple[tuple[float, float], ...], now_c: float, seconds: float) -> float:
+    """Now plus the least-squares slope of the recent samples times `seconds`."""
+    if len(samples) < 2:
+        return now_c
+    n = len(samples)
+    mean_t = sum(t for t, _ in samples) / n
+    mean_c = sum(c for _, c in samples) / n
+    var = sum((t - mean_t) ** 2 for t, _ in samples)
+    if var <= 0:
+        return now_c
+    slope = sum((t - mean_t) * (c - mean_c) for t, c in samples) / var
+    return now_c + slope * seconds
+
+
+def _threshold_level(h: float, config: PolicyConfig) -> Level:
+    if h >= config.critical_headroom:
+        return "critical"
+    if h >= config.serious_headroom:
+        return "serious"
+    if h >= config.fair_headroom:
+        return "fair"
+    return "nominal"
+
+
+def _entry_c(level: Level, throttle_c: float, config: PolicyConfig) -> float:
+    """The temperature at which `level` is entered."""
+    h = {
+        "nominal": -math.inf,
+        "fair": config.fair_headroom,
+        "serious": config.serious_headroom,
+        "critical": config.critical_headroom,
+    }[level]
+    return throttle_c - config.headroom_span_c * (1.0 - h)
+
+
+def _step_down(level: Level) -> Level:
+    return LEVELS[max(0, level_index(level) - 1)]
+
+
+# The thermal rule table, applied to the previous thermal level L (after gov_step_wise.c):
+#
+#   trend: the worse of headroom now and headroom forecast_s ahead, mapped through the thresholds.
+#
+#   trend level >  L                                         -> that level, at once (may skip levels)
+#   T_now and T_forecast < entry(L) - hysteresis_c
+#                    and at L for at least min_dwell_s       -> L - 1 (one step at a time)
+#   otherwise                                                -> L
+#   no temperature reading                                   -> nominal (nothing to govern on)
+#
+# The other inputs give a floor each; the governing level is the worst of them:
+#   memory: available/budget < 20 % or PSI some avg10 >= 10 -> fair; < 10 % or PSI full >= 5 -> serious;
+#           < 5 % or PSI full >= 20 -> critical. Escalates at once, steps down one level per min_dwell_s.
+#   battery: not plugged in and <= battery_low_percent      -> fair
+#   lifecycle: background                                    -> critical (pause) or serious (low_priority)
+# Ties name the first cause in the order thermal, memory, battery, lifecycle.
+def decide(prev: GovernorState, readings: Readings, config: PolicyConfig, now: float) -> GovernorState:
+    state = prev
+    thermal_level, thermal_reason, state = _decide_thermal(state, readings.temperature, config, now)
+    memory_level, memory_reason = _decide_memory(prev, readings.memory, config, now)
+    if memory_level != prev.memory_level:
+        state = replace(state, memory_level=memory_level, memory_since=now)
+
+    candidates: list[tuple[Level, Cause, str]] = [(thermal_level, "thermal", thermal_reason)]
+    candidates.append((memory_level, "memory", memory_reason))
+    battery = readings.battery
+    if battery is not None and battery.plugged is False and battery.percent <= config.battery_low_percent:
+        candidates.append(("fair", "battery", f"battery: {battery.percent:.0f} %, not plugged in"))
+    if readings.lifecycle == "background":
+        lifecycle_level: Level = "critical" if config.background_action == "pause" else "serious"
+        action = "pause" if config.background_action == "pause" else "low priority"
+        candidates.append((lifecycle_level, "lifecycle", f"lifecycle: background ({action})"))
+
+    level, cause, reason = max(candidates, key=lambda c: level_index(c[0]))  # max keeps the first of ties
+    if level == "nominal":
+        cause = "none"
+        reason = thermal_reason if readings.temperature is not None else "no pressure"
+
+    transitions = prev.transitions
+    since = prev.since
+    if level != prev.level:
+        transitions = (*transitions, Transition(now, prev.level, level, reason))[-config.max_transitions :]
+        since = now
+    return replace(state, level=level, cause=cause, reason=reason, since=since, transitions=transitions)
+
+
+def _decide_thermal(
+    state: GovernorState, reading: TemperatureReading | None, config: PolicyConfig, now: float
+) -> tuple[Level, str, GovernorState]:
+    if reading is None:
+        state = replace(
+            state, temperature_c=None, headroom=None, forecast_headroom=None, throttle_c=None, samples=()
+        )
+        if state.thermal_level != "nominal":
+            state = replace(state, thermal_level="nominal", thermal_since=now)
+        return "nominal", "thermal: no sensor", state
+
+    t_now = reading.celsius
+    throttle_c = config.throttle_c or reading.throttle_c or config.default_throttle_c
+    samples = tuple(s for s in state.samples if s[0] > now - config.history_s and s[0] < now)
+    samples = (*samples, (now, t_now))
+    t_fc = forecast_c(samples, t_now, config.forecast_s)
+    h_now = headroom(t_now, throttle_c, config.headroom_span_c)
+    h_fc = headroom(t_fc, throttle_c, config.headroom_span_c)
+
+    prev_level = state.thermal_level
+    trend = _threshold_level(max(h_now, h_fc), config)
+    level = prev_level
+    if level_index(trend) > level_index(prev_level):
+        level = trend
+    elif (
+        max(t_now, t_fc) < _entry_c(prev_level, throttle_c, config) - config.hysteresis_c
+        and now - state.thermal_since >= config.min_dwell_s
+    ):
+        level = _step_down(prev_level)
+
+    reason = f"thermal: {t_now:.1f} C, headroom {h_now:.2f} (forecast {h_fc:.2f})"
+    state = replace(
+        state,
+        samples=samples,
+        temperature_c=t_now,
+        throttle_c=throttle_c,
+        headroom=h_now,
+        forecast_headroom=h_fc,
+    )
+    if level != prev_level:
+        state = replace(state, thermal_level=level, thermal_since=now)
+    return level, reason, state
+
+
+def _decide_memory(
+    prev: GovernorState, reading: MemoryReading | None, config: PolicyConfig, now: float
+) -> tuple[Level, str]:
+    if reading is None:
+        return "nominal", "memory: unknown"
+    budget = config.memory_budget_bytes or reading.limit_bytes
+    available = reading.available_bytes
+    if config.memory_budget_bytes is not None and reading.rss_bytes is not None:
+        available = min(available, config.memory_budget_bytes - reading.rss_bytes)
+    fraction = available / budget if budget > 0 else 1.0
+    some, full = reading.psi_some_avg10 or 0.0, reading.psi_full_avg10 or 0.0
+
+    raw: Level = "nominal"
+    if fraction < config.memory_critical_fraction or full >= config.psi_full_critical:
+        raw = "critical"
+    elif fraction < config.memory_serious_fraction or full >= config.psi_full_serious:
+        raw = "serious"
+    elif fraction < config.memory_fair_fraction or some >= config.psi_some_fair:
+        raw = "fair"
+
+    level = prev.memory_level
+    if level_index(raw) > level_index(level):
+        level = raw
+    elif level_index(raw) < level_index(level) and now - prev.memory_since >= config.min_dwell_s:
+        level = _step_down(level)
+    reason = (
+        f"memory: {max(available, 0) / 2**20:.0f} MiB available of {budget / 2**20:.0f} MiB "
+        f"({reading.source}), PSI some {some:.1f} % full {full:.1f} %"
+    )
+    return level, reason

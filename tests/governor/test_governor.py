@@ -1,0 +1,215 @@
+import asyncio
+import json
+import logging
+import threading
+
+import pytest
+
+from governor.governor import Governor
+from governor.limits import build_ladder
+from governor.policy import PolicyConfig
+from governor.sensors import BatteryReading, MemoryReading, SimulatedThermalSource
+from tests.governor.fakes import FakeClock, FakeSensor, make_sim
+
+LADDER = build_ladder([("m", "q4", 0.014, 1.0, 230_000_000), ("m", "q4-a8", 0.010, 0.95, 200_000_000)])
+
+
+def make_governor(sensor=None, **kw) -> tuple[Governor, FakeSensor, FakeClock]:
+    clock = FakeClock()
+    sensor = sensor or FakeSensor(30.0)
+    gov = Governor(thermal=sensor, clock=clock, usable_cpus=2, ladder=LADDER, **kw)
+    return gov, sensor, clock
+
+
+def test_tick_when_temperature_rises_then_level_limits_and_log_line(caplog):
+    gov, sensor, clock = make_governor()
+    assert gov.tick().level == "nominal"
+    assert gov.limits.threads == 2
+    sensor.celsius = 38.0
+    clock.advance(60)  # the 30 C sample has left the forecast window
+    with caplog.at_level(logging.INFO, logger="simmer.governor"):
+        snap = gov.tick()
+    assert snap.level == "fair" and snap.limits.threads == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "nominal -> fair: thermal: 38.0 C, headroom 0.83 (forecast 0.83)"
+    ]
+
+
+def test_set_lifecycle_when_background_then_paused_and_foreground_resumes():
+    gov, _, clock = make_governor()
+    gov.tick()
+    snap = gov.set_lifecycle("background")
+    assert (snap.level, snap.cause, snap.lifecycle) == ("critical", "lifecycle", "background")
+    assert snap.limits.pause_running and snap.limits.pause_new
+    assert not gov.wait_while_paused(timeout=0.0)
+    clock.advance(1)
+    snap = gov.set_lifecycle("foreground")
+    assert snap.level == "nominal" and not snap.limits.pause_running
+    assert gov.wait_while_paused(timeout=0.0)
+    with pytest.raises(ValueError):
+        gov.set_lifecycle("minimized")  # type: ignore[arg-type]
+
+
+def test_set_lifecycle_when_low_priority_then_serious_limits_without_pause():
+    gov, _, _ = make_governor(config=PolicyConfig(background_action="low_priority"))
+    snap = gov.set_lifecycle("background")
+    assert snap.level == "serious"
+    assert not snap.limits.pause_running and snap.limits.threads == 1
+    assert gov.wait_while_paused(timeout=0.0)
+
+
+def test_wait_while_paused_when_resumed_from_another_thread_then_returns_true():
+    gov, _, _ = make_governor()
+    gov.set_lifecycle("background")
+    waiting = threading.Event()
+
+    def resume_soon() -> None:
+        waiting.wait(5)
+        gov.set_lifecycle("foreground")
+
+    t = threading.Thread(target=resume_soon)
+    t.start()
+
+    def cancel_check() -> bool:
+        waiting.set()  # we are inside the wait now
+        return False
+
+    assert gov.wait_while_paused(cancel_check, timeout=5.0)
+    t.join()
+
+
+def test_wait_while_paused_when_cancelled_then_false():
+    gov, _, _ = make_governor()
+    gov.set_lifecycle("background")
+    assert not gov.wait_while_paused(lambda: True, timeout=5.0)
+
+
+def test_wait_while_paused_when_new_requests_then_waits_on_pause_new():
+    gov, _, _ = make_governor()
+    assert gov.wait_while_paused(timeout=0.0, new=True)
+    gov.set_lifecycle("background")
+    assert not gov.wait_while_paused(timeout=0.0, new=True)
+
+
+def test_subscribe_when_level_changes_then_called_once_per_change_and_unsubscribe_stops():
+    gov, sensor, clock = make_governor()
+    seen = []
+    unsubscribe = gov.subscribe(lambda snap: seen.append(snap.level))
+    gov.tick()
+    clock.advance(1)
+    gov.tick()  # same level: no event
+    sensor.celsius = 44.0
+    clock.advance(1)
+    gov.tick()
+    assert seen == ["critical"]
+    unsubscribe()
+    gov.set_lifecycle("background")
+    assert seen == ["critical"]
+
+
+def test_subscribe_async_when_change_then_snapshot_arrives_on_the_loop():
+    gov, sensor, clock = make_governor()
+
+    async def main() -> str:
+        queue, unsubscribe = gov.subscribe_async(asyncio.get_running_loop())
+        sensor.celsius = 44.0
+        clock.advance(1)
+        await asyncio.to_thread(gov.tick)  # a change published from another thread
+        snap = await asyncio.wait_for(queue.get(), timeout=5)
+        unsubscribe()
+        return snap.level
+
+    assert asyncio.run(main()) == "critical"
+
+
+def test_to_dict_when_simulated_then_json_body_with_source_and_limits():
+    sim, load, _ = make_sim(max_cores=2)
+    memory = MemoryReading(4 * 2**30, 2**30, 3 * 2**30, "cgroup-v2", 1.5, 0.0, 200 * 2**20)
+    gov = Governor(
+        thermal=SimulatedThermalSource(sim),
+        read_memory=lambda: memory,
+        read_battery=lambda: BatteryReading(80.0, True),
+        usable_cpus=2,
+        ladder=LADDER,
+    )
+    load.run(2, 30)
+    body = gov.tick().to_dict()
+    json.dumps(body)  # serializable as is
+    assert body["temperature"]["source"] == "simulated"
+    assert body["temperature"]["sensor"] == "sim:phone"
+    assert body["temperature"]["celsius"] == pytest.approx(sim.temperature_c, abs=0.01)
+    assert body["temperature"]["throttle_c"] == 43
+    assert body["headroom"] == pytest.approx(1 - (43 - sim.temperature_c) / 30, abs=0.001)
+    assert body["memory"] == {
+        "limit": 4 * 2**30,
+        "used": 2**30,
+        "available": 3 * 2**30,
+        "source": "cgroup-v2",
+        "rss": 200 * 2**20,
+        "psi": {"some_avg10": 1.5, "full_avg10": 0.0},
+    }
+    assert body["battery"] == {"percent": 80.0, "plugged": True}
+    assert body["lifecycle"] == "foreground"
+    assert body["limits"]["variant"] in ("q4", "q4-a8")
+    assert set(body) >= {"level", "reason", "forecast", "transitions", "device_killed"}
+    assert body["transitions"][-1]["new"] == body["level"]
+
+
+def test_to_dict_when_no_sensor_then_source_none_and_nulls():
+    gov = Governor(usable_cpus=1)
+    body = gov.tick().to_dict()
+    assert body["temperature"] == {
+        "celsius": None,
+        "source": "none",
+        "sensor": None,
+        "throttle_c": None,
+        "critical_c": None,
+    }
+    assert (body["level"], body["reason"], body["headroom"], body["memory"]) == (
+        "nominal",
+        "no pressure",
+        None,
+        None,
+    )
+
+
+def test_governor_when_simulated_then_policy_runs_on_simulated_time_and_polls_faster():
+    sim, load, _ = make_sim(time_scale=10)
+    gov = Governor(thermal=SimulatedThermalSource(sim), poll_s=1.0, usable_cpus=2)
+    assert gov.poll_interval_s == pytest.approx(0.1)
+    load.run(2, 3)
+    assert gov.tick().time == pytest.approx(30.0)
+
+
+def test_device_killed_and_throttle_delay_when_simulated_device_overheats():
+    sim, load, _ = make_sim(start_c=47.9)
+    gov = Governor(thermal=SimulatedThermalSource(sim), usable_cpus=2)
+    assert gov.throttle_delay(0.1) == pytest.approx(0.1 * 0.25 * 4.9)
+    load.run(2, 5)
+    assert gov.device_killed
+    assert gov.tick().to_dict()["device_killed"] is True
+    real = Governor(thermal=FakeSensor(90.0), usable_cpus=2)
+    assert real.throttle_delay(0.1) == 0.0 and not real.device_killed
+
+
+def test_enforce_false_when_hot_then_level_reported_but_nominal_limits():
+    gov, sensor, _ = make_governor(enforce=False)
+    sensor.celsius = 45.0
+    snap = gov.tick()
+    assert snap.level == "critical"
+    assert not snap.limits.pause_running and snap.limits.threads == 2
+    assert snap.to_dict()["enforced"] is False
+
+
+def test_start_stop_when_thread_runs_then_polls_and_stops_promptly():
+    sensor = FakeSensor(30.0)
+    gov = Governor(thermal=sensor, usable_cpus=2, poll_s=0.01)
+    seen = threading.Event()
+    gov.subscribe(lambda snap: seen.set() if snap.level == "critical" else None)
+    gov.start()
+    try:
+        sensor.celsius = 45.0
+        assert seen.wait(5)
+    finally:
+        gov.stop()
+    assert gov._thread is None

@@ -1,0 +1,287 @@
+import itertools
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+from governor.policy import (
+    LEVELS,
+    GovernorState,
+    PolicyConfig,
+    Readings,
+    decide,
+    forecast_c,
+    headroom,
+)
+from governor.sensors import BatteryReading, MemoryReading, TemperatureReading
+
+CFG = PolicyConfig()  # fair at 37 C, serious at 41.5 C, critical at 43 C for T_throttle 43
+GiB = 2**30
+
+
+def temp(celsius: float, throttle_c: float | None = 43.0) -> Readings:
+    return Readings(temperature=TemperatureReading(celsius, "psutil", "fake", throttle_c))
+
+
+def run(temps: list[float], config: PolicyConfig = CFG, dt: float = 1.0, start: float = 0.0):
+    """Feed a temperature series one sample per dt; return every state."""
+    state, states = GovernorState(), []
+    for i, c in enumerate(temps):
+        state = decide(state, temp(c), config, start + i * dt)
+        states.append(state)
+    return states
+
+
+def test_headroom_when_at_threshold_then_one_and_30_c_below_then_zero():
+    assert headroom(43, 43, 30) == 1.0
+    assert headroom(13, 43, 30) == 0.0
+    assert headroom(46, 43, 30) == pytest.approx(1.1)
+
+
+def test_forecast_when_linear_rise_then_extrapolates_slope():
+    samples = tuple((float(t), 30 + 0.2 * t) for t in range(30))
+    assert forecast_c(samples, 35.8, 10) == pytest.approx(37.8)
+    assert forecast_c(((0.0, 30.0),), 30.0, 10) == 30.0
+
+
+# One steady temperature from a fresh state: where each level starts (escalation needs no dwell).
+@pytest.mark.parametrize(
+    ("celsius", "level"),
+    [
+        (20.0, "nominal"),
+        (36.9, "nominal"),
+        (37.0, "fair"),
+        (41.4, "fair"),
+        (41.5, "serious"),
+        (42.9, "serious"),
+        (43.0, "critical"),
+        (50.0, "critical"),
+    ],
+)
+def test_decide_when_steady_temperature_then_level_from_headroom(celsius, level):
+    state = run([celsius] * 3)[-1]
+    assert state.level == level
+    assert state.cause == ("none" if level == "nominal" else "thermal")
+    assert state.headroom == pytest.approx(1 - (43 - celsius) / 30)
+
+
+def test_decide_when_throttle_threshold_from_config_then_it_overrides_the_sensor():
+    cfg = PolicyConfig(throttle_c=60.0)
+    assert run([50.0] * 3, cfg)[-1].level == "nominal"  # 10 C below 60: headroom 0.67
+    no_trip = GovernorState()
+    no_trip = decide(no_trip, temp(84.0, throttle_c=None), CFG, 0.0)
+    assert no_trip.throttle_c == 85.0 and no_trip.level == "serious"
+
+
+def test_decide_when_temperature_rises_fast_then_forecast_escalates_before_the_threshold():
+    # 0.5 C/s: at 34 C the forecast is 39 C -> fair while the headroom now is only 0.70.
+    states = run([29 + 0.5 * t for t in range(11)])
+    last = states[-1]
+    assert last.temperature_c == 34.0
+    assert last.headroom == pytest.approx(0.70)
+    assert last.forecast_headroom == pytest.approx(0.8667, abs=1e-3)
+    assert last.level == "fair"
+    assert "forecast 0.87" in last.reason and last.reason.startswith("thermal: 34.0 C")
+
+
+def test_decide_when_jump_then_escalates_at_once_skipping_levels():
+    states = run([30.0] * 20 + [44.0])
+    assert states[-2].level == "nominal"
+    assert states[-1].level == "critical"
+    assert [(t.old, t.new) for t in states[-1].transitions] == [("nominal", "critical")]
+
+
+def test_decide_when_cooling_then_steps_down_one_level_at_a_time_after_dwell():
+    hot = run([44.0] * 5)[-1]
+    assert hot.level == "critical"
+    state, levels = hot, []
+    for i in range(60):
+        state = decide(state, temp(20.0), CFG, 5 + i)
+        levels.append(state.level)
+    # each level is held for min_dwell_s, and no level is skipped on the way down
+    changes = [t for t in state.transitions if t.time >= 5]
+    assert [(t.old, t.new) for t in changes] == [
+        ("critical", "serious"),
+        ("serious", "fair"),
+        ("fair", "nominal"),
+    ]
+    gaps = [b.time - a.time for a, b in itertools.pairwise(changes)]
+    assert all(g >= CFG.min_dwell_s for g in gaps)
+    assert levels[-1] == "nominal"
+
+
+@pytest.mark.parametrize(
+    ("celsius", "stays"),
+    [
+        (41.1, True),  # below critical's 43 but not 2 C below it
+        (40.9, False),  # more than hysteresis_c below the entry threshold: step down
+    ],
+)
+def test_decide_when_slightly_below_entry_then_hysteresis_holds_the_level(celsius, stays):
+    state = run([43.5] * 3)[-1]
+    for i in range(40):  # well past the dwell, temperature flat so the forecast agrees
+        state = decide(state, temp(celsius), CFG, 3 + i)
+    assert (state.level == "critical") == stays
+
+
+def sawtooth(low: float, high: float, period: int, noise: float, seconds: int = 600) -> list[float]:
+    rng = random.Random(7)
+    return [low + (high - low) * ((t % period) / period) + rng.uniform(-noise, noise) for t in range(seconds)]
+
+
+def transitions(temps: list[float], config: PolicyConfig) -> int:
+    return len(run(temps, replace(config, max_transitions=10_000))[-1].transitions)
+
+
+NAIVE = PolicyConfig(hysteresis_c=0.0, min_dwell_s=0.0)
+
+
+def test_decide_when_noisy_sawtooth_inside_the_hysteresis_band_then_no_flapping():
+    # 42..44 C around the critical threshold (43) with +-0.5 C noise: the naive policy flaps on every
+    # crossing; hysteresis (leave critical only below 41 C) holds critical after entering it once.
+    temps = sawtooth(42.0, 44.0, period=8, noise=0.5)
+    assert transitions(temps, NAIVE) > 100
+    governed = run(temps)
+    assert len(governed[-1].transitions) <= 2
+    assert all(s.level == "critical" for s in governed[10:])
+
+
+def test_decide_when_noisy_sawtooth_wider_than_the_band_then_at_most_two_changes_per_period():
+    # 39..44 C, 30 s period, +-0.7 C noise: a real swing, so the level may follow it, but noise must not
+    # add changes: at most up once and down once per period, and never faster than the dwell on the way down.
+    period = 30
+    temps = sawtooth(39.0, 44.0, period=period, noise=0.7)
+    governed = run(temps, replace(CFG, max_transitions=10_000))[-1].transitions
+    assert transitions(temps, NAIVE) > 3 * len(governed)
+    assert len(governed) <= 2 * len(temps) // period
+    downs = [t for t in governed if LEVELS.index(t.new) < LEVELS.index(t.old)]
+    entered = {t.time: t for t in governed}
+    for down in downs:
+        previous = max(t for t in entered if t < down.time)
+        assert down.time - previous >= CFG.min_dwell_s
+
+
+def test_decide_when_transitions_exceed_bound_then_only_recent_kept():
+    cfg = PolicyConfig(hysteresis_c=0.0, min_dwell_s=0.0, max_transitions=5)
+    states = run([30.0, 44.0] * 20, cfg)
+    transitions = states[-1].transitions
+    assert len(transitions) == 5
+    assert transitions[-1].time == 39.0
+
+
+def test_decide_when_samples_older_than_history_then_dropped():
+    state = run([30.0] * 100)[-1]
+    assert len(state.samples) == 30
+    assert state.samples[0][0] == 70.0
+
+
+def test_decide_when_no_temperature_then_nominal_and_no_pressure():
+    state = decide(GovernorState(), Readings(), CFG, 0.0)
+    assert (state.level, state.cause, state.reason) == ("nominal", "none", "no pressure")
+    assert state.temperature_c is None and state.headroom is None
+
+
+def mem(available_gib: float, limit_gib: float = 4.0, some: float = 0.0, full: float = 0.0) -> MemoryReading:
+    return MemoryReading(
+        limit_bytes=int(limit_gib * GiB),
+        used_bytes=int((limit_gib - available_gib) * GiB),
+        available_bytes=int(available_gib * GiB),
+        source="cgroup-v2",
+        psi_some_avg10=some,
+        psi_full_avg10=full,
+        rss_bytes=GiB // 2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("reading", "level"),
+    [
+        (mem(2.0), "nominal"),
+        (mem(0.7), "fair"),  # 17.5 % of the limit available
+        (mem(0.3), "serious"),  # 7.5 %
+        (mem(0.1), "critical"),  # 2.5 %
+        (mem(3.0, some=15.0), "fair"),
+        (mem(3.0, full=8.0), "serious"),
+        (mem(3.0, full=25.0), "critical"),
+    ],
+)
+def test_decide_when_memory_pressure_then_level_and_cause_memory(reading, level):
+    state = decide(GovernorState(), Readings(memory=reading), CFG, 0.0)
+    assert state.level == level
+    if level != "nominal":
+        assert state.cause == "memory" and state.reason.startswith("memory: ")
+
+
+def test_decide_when_memory_budget_configured_then_rss_counts_against_it():
+    cfg = PolicyConfig(memory_budget_bytes=GiB)  # rss is 0.5 GiB: 50 % of the budget left
+    assert decide(GovernorState(), Readings(memory=mem(3.0)), cfg, 0.0).level == "nominal"
+    tight = PolicyConfig(memory_budget_bytes=int(0.55 * GiB))  # 0.05 GiB left of 0.55: 9 %
+    assert decide(GovernorState(), Readings(memory=mem(3.0)), tight, 0.0).level == "serious"
+
+
+def test_decide_when_memory_recovers_then_dwell_before_stepping_down():
+    state = decide(GovernorState(), Readings(memory=mem(0.1)), CFG, 0.0)
+    state = decide(state, Readings(memory=mem(3.0)), CFG, 5.0)
+    assert state.level == "critical"
+    state = decide(state, Readings(memory=mem(3.0)), CFG, 10.0)
+    assert state.level == "serious"
+
+
+@pytest.mark.parametrize(
+    ("battery", "level"),
+    [
+        (None, "nominal"),
+        (BatteryReading(15.0, plugged=False), "fair"),
+        (BatteryReading(20.0, plugged=False), "fair"),
+        (BatteryReading(21.0, plugged=False), "nominal"),
+        (BatteryReading(5.0, plugged=True), "nominal"),
+        (BatteryReading(5.0, plugged=None), "nominal"),
+    ],
+)
+def test_decide_when_battery_then_low_and_unplugged_is_at_least_fair(battery, level):
+    state = decide(GovernorState(), Readings(battery=battery), CFG, 0.0)
+    assert state.level == level
+    assert state.cause == ("battery" if level == "fair" else "none")
+
+
+@pytest.mark.parametrize(("action", "level"), [("pause", "critical"), ("low_priority", "serious")])
+def test_decide_when_background_then_lifecycle_sets_the_floor(action, level):
+    cfg = PolicyConfig(background_action=action)
+    state = decide(GovernorState(), Readings(lifecycle="background"), cfg, 0.0)
+    assert (state.level, state.cause) == (level, "lifecycle")
+    back = decide(state, Readings(lifecycle="foreground"), cfg, 1.0)
+    assert back.level == "nominal"  # returning to the foreground resumes at once, no dwell
+
+
+def test_decide_when_several_inputs_then_worst_wins_and_names_its_cause():
+    readings = Readings(
+        temperature=TemperatureReading(38.0, "psutil", "fake", 43.0),  # fair
+        memory=mem(0.3),  # serious
+        battery=BatteryReading(10.0, plugged=False),  # fair
+    )
+    state = decide(GovernorState(), readings, CFG, 0.0)
+    assert (state.level, state.cause) == ("serious", "memory")
+    tie = Readings(temperature=readings.temperature, battery=readings.battery)
+    assert decide(GovernorState(), tie, CFG, 0.0).cause == "thermal"
+
+
+def test_decide_is_pure_when_called_twice_then_same_result_and_prev_untouched():
+    prev = run([30.0, 31.0, 33.0])[-1]
+    before = (prev.level, prev.samples, prev.transitions)
+    a = decide(prev, temp(40.0), CFG, 3.0)
+    b = decide(prev, temp(40.0), CFG, 3.0)
+    assert a == b
+    assert (prev.level, prev.samples, prev.transitions) == before
+
+
+def test_policy_config_when_thresholds_unordered_then_value_error():
+    with pytest.raises(ValueError):
+        PolicyConfig(fair_headroom=0.99, serious_headroom=0.9)
+    with pytest.raises(ValueError):
+        PolicyConfig(background_action="sleep")  # type: ignore[arg-type]
+
+
+def test_levels_are_ordered_mildest_first():
+    assert LEVELS == ("nominal", "fair", "serious", "critical")
+    assert math.isinf(GovernorState().since)

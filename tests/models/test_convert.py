@@ -1,0 +1,183 @@
+"""The GGUF -> ONNX converter against an independent numpy reference (tests/reference_llama.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from gguf import GGMLQuantizationType
+
+from models.convert import convert, plan_variants, smoke_test
+from models.errors import InvalidModelFile, UnsupportedModel, VerificationFailed
+from models.gguf import GGUFModel
+from models.session import DecoderSession, KVCache, ModelShape
+from tests.reference_llama import ReferenceLlama
+from tests.tiny_gguf import TYPES, write_tiny_gguf
+
+IDS = [5, 40, 77, 100, 3, 9, 250, 12, 30, 31, 200, 7]
+TOL = 2e-4  # fp32 activations: the graph and the reference differ only by summation order
+
+
+def shape_of(path) -> ModelShape:
+    c = GGUFModel(path).config
+    return ModelShape(c.n_layers, c.n_kv_heads, c.head_dim, c.vocab)
+
+
+def run_steps(sess: DecoderSession, shape: ModelShape, ids: list[int], chunks: list[int]) -> list[np.ndarray]:
+    """Feed ids in the given chunk sizes; returns the last-position logits after each chunk."""
+    kv = KVCache(shape, 64)
+    out, pos = [], 0
+    for n in chunks:
+        out.append(sess.run(np.array(ids[pos : pos + n]), kv, pos).copy())
+        pos += n
+    return out
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """matrix type -> (gguf path, converted dir, fragment), converted without timing measurements."""
+    out = {}
+    for mtype, etype in (("F32", None), ("F16", None), ("Q8_0", None), ("Q4_1", "Q8_0"), ("Q4_0", "F32")):
+        root = tmp_path_factory.mktemp(f"conv-{mtype}")
+        g = write_tiny_gguf(root / "m.gguf", matrix_type=mtype, embed_type=etype, seed=3)
+        d = root / "onnx"
+        d.mkdir()
+        out[mtype] = (g, d, convert(g, d, measure=False))
+    return out
+
+
+EXACT = [  # (source matrix type, variant) pairs that must match the fp32 reference tightly
+    ("F32", "f32"),
+    ("F16", "f32"),
+    ("Q8_0", "f32"),
+    ("Q4_1", "f32"),
+    ("Q4_1", "q4"),
+    ("Q4_0", "f32"),
+    ("Q4_0", "q4"),
+]
+
+
+@pytest.mark.parametrize(("mtype", "variant"), EXACT)
+def test_convert_when_fp32_activations_then_logits_match_reference(converted, mtype, variant):
+    g, d, _ = converted[mtype]
+    ref = ReferenceLlama(g).logits(IDS)
+    shape = shape_of(g)
+    sess = DecoderSession(d / f"{variant}.onnx", shape, 1)
+    (full,) = run_steps(sess, shape, IDS, [len(IDS)])
+    assert np.abs(full - ref[-1]).max() < TOL
+
+
+@pytest.mark.parametrize("mtype", ["F32", "Q4_1"])
+def test_decode_when_kv_cache_then_equals_full_recompute(converted, mtype):
+    g, d, _ = converted[mtype]
+    ref = ReferenceLlama(g).logits(IDS)
+    shape = shape_of(g)
+    variant = "q4" if mtype == "Q4_1" else "f32"
+    sess = DecoderSession(d / f"{variant}.onnx", shape, 1)
+    steps = run_steps(sess, shape, IDS, [1] * len(IDS))
+    for pos, logits in enumerate(steps):
+        assert np.abs(logits - ref[pos]).max() < TOL, f"position {pos}"
+
+
+def test_prefill_when_chunked_then_equals_one_shot(converted):
+    g, d, _ = converted["Q4_1"]
+    shape = shape_of(g)
+    sess = DecoderSession(d / "q4.onnx", shape, 1)
+    (one,) = run_steps(sess, shape, IDS, [len(IDS)])
+    chunked = run_steps(sess, shape, IDS, [5, 4, 3])[-1]
+    assert np.abs(one - chunked).max() < 1e-5
+
+
+def test_rope_when_pairing_is_wrong_then_logits_disagree(converted, tmp_path):
+    """The test above would catch a converter that got the Q/K permutation wrong: flip the pairing."""
+    g, d, _ = converted["F32"]
+    model = onnx.load(str(d / "f32.onnx"), load_external_data=False)
+    for node in model.graph.node:
+        if node.op_type == "GroupQueryAttention":
+            for a in node.attribute:
+                if a.name == "rotary_interleaved":
+                    a.i = 0
+    (d / "f32-wrong-rope.onnx").write_bytes(model.SerializeToString())
+    shape = shape_of(g)
+    sess = DecoderSession(d / "f32-wrong-rope.onnx", shape, 1)
+    (full,) = run_steps(sess, shape, IDS, [len(IDS)])
+    ref = ReferenceLlama(g).logits(IDS)
+    assert np.abs(full - ref[-1]).max() > 100 * TOL
+
+
+@pytest.mark.parametrize(("mtype", "variant"), [("Q4_1", "q4-a8"), ("Q8_0", "q8")])
+def test_convert_when_int8_activations_then_close_and_same_top1(converted, mtype, variant):
+    g, d, _ = converted[mtype]
+    ref = ReferenceLlama(g).logits(IDS)
+    shape = shape_of(g)
+    sess = DecoderSession(d / f"{variant}.onnx", shape, 1)
+    (full,) = run_steps(sess, shape, IDS, [len(IDS)])
+    scale = np.abs(ref[-1]).max()
+    assert np.abs(full - ref[-1]).max() < 0.1 * scale
+    assert full.argmax() == ref[-1].argmax()
+
+
+def test_plan_when_4bit_source_then_no_q8_and_when_8bit_then_q8(converted):
+    assert plan_variants(GGUFModel(converted["Q4_1"][0])) == ["f32", "q4", "q4-a8"]
+    assert plan_variants(GGUFModel(converted["Q8_0"][0])) == ["f32", "q8", "q4", "q4-a8"]
+
+
+def test_convert_writes_genai_config_tokenizer_and_template(converted):
+    _, d, frag = converted["Q4_1"]
+    cfg = json.loads((d / "genai_config.json").read_text())
+    assert cfg["model"]["decoder"]["inputs"]["past_key_names"] == "past_key_values.%d.key"
+    assert cfg["model"]["decoder"]["filename"] in {f"{v}.onnx" for v in frag["variants"]}
+    assert (d / "tokenizer.json").exists()
+    assert "im_start" in (d / "chat_template.jinja").read_text()
+    for name, entry in frag["variants"].items():
+        assert entry["weights_bytes"] > 0, name
+
+
+def test_manifest_when_measured_then_quality_and_speed_recorded(tiny_model_dir):
+    manifest = json.loads((tiny_model_dir / "manifest.json").read_text())
+    for name, entry in manifest["variants"].items():
+        assert 0.0 <= entry["quality"]["top1_agreement"] <= 1.0, name
+        assert entry["speed"]["decode_tok_s"] > 0, name
+        assert entry["speed"]["cpu_s_per_token"] > 0, name
+    assert manifest["variants"]["q4"]["quality"]["max_logit_error"] < TOL
+    smoke_test(tiny_model_dir, manifest)
+
+
+def test_smoke_when_quality_too_low_then_verification_fails(tiny_model_dir):
+    manifest = json.loads((tiny_model_dir / "manifest.json").read_text())
+    manifest["variants"]["q4"]["quality"]["top1_agreement"] = 0.2
+    with pytest.raises(VerificationFailed, match="q4"):
+        smoke_test(tiny_model_dir, manifest)
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+
+
+def test_convert_when_not_gguf_then_clear_error(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"PK\x03\x04 this is a zip, not a model")
+    with pytest.raises(InvalidModelFile, match="not a GGUF"):
+        convert(bad, tmp_path / "out")
+
+
+def test_convert_when_truncated_then_clear_error(tmp_path):
+    g = write_tiny_gguf(tmp_path / "m.gguf")
+    data = g.read_bytes()
+    g.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(InvalidModelFile, match="truncated"):
+        convert(g, tmp_path / "out")
+
+
+def test_convert_when_unsupported_architecture_then_clear_error(tmp_path):
+    g = write_tiny_gguf(tmp_path / "m.gguf", architecture="mamba")
+    with pytest.raises(UnsupportedModel, match="architecture 'mamba'"):
+        convert(g, tmp_path / "out")
+
+
+def test_convert_when_unsupported_tensor_type_then_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(TYPES, "Q5_0", GGMLQuantizationType.Q5_0)
+    g = write_tiny_gguf(tmp_path / "m.gguf", matrix_type="Q5_0")
+    with pytest.raises(UnsupportedModel, match="Q5_0"):
+        convert(g, tmp_path / "out")

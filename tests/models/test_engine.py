@@ -1,0 +1,238 @@
+"""The generation engine on the tiny converted model (fast) and on the real SmolLM2 (marked slow)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from models.engine import LlamaEngine, load_engine
+from models.errors import ContextLengthExceeded
+from models.protocol import EngineLimits, Prompt
+from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams, TokenEvent
+from tests.reference_llama import ReferenceLlama
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def run(
+    engine: LlamaEngine, prompt: Prompt, params: GenerationParams, **kw
+) -> tuple[list[TokenEvent], FinishEvent]:
+    events = list(engine.generate(prompt, params, **kw))
+    assert isinstance(events[-1], FinishEvent)
+    assert all(isinstance(e, TokenEvent) for e in events[:-1])
+    return events[:-1], events[-1]
+
+
+def text_of(tokens: list[TokenEvent], fin: FinishEvent) -> str:
+    return "".join(t.text for t in tokens) + fin.text
+
+
+@pytest.fixture
+def tiny(tiny_model_dir) -> LlamaEngine:
+    return load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128, prefill_chunk=256)
+
+
+def test_greedy_when_tiny_model_then_matches_reference_argmax_chain(tiny, tiny_gguf):
+    ref = ReferenceLlama(tiny_gguf)
+    prompt = tiny.text_prompt("the cat sat on the mat")
+    tokens, fin = run(tiny, prompt, GenerationParams(GREEDY, max_tokens=12))
+    ids = list(prompt.ids)
+    expected = []
+    for _ in range(len(tokens)):
+        nxt = int(ref.logits(ids)[-1].argmax())
+        expected.append(nxt)
+        ids.append(nxt)
+    assert [t.token_id for t in tokens] == expected
+    assert fin.usage.completion_tokens == len(tokens)
+
+
+def test_generate_when_max_tokens_then_finish_length(tiny):
+    tokens, fin = run(
+        tiny,
+        tiny.text_prompt("hello"),
+        GenerationParams(SamplingParams(temperature=1.0, seed=1), max_tokens=5),
+    )
+    # a random tiny model may emit EOS early; it must never exceed the cap
+    assert len(tokens) <= 5
+    assert fin.finish_reason in ("length", "stop")
+
+
+def test_seed_when_same_then_same_text_and_when_different_then_differs(tiny):
+    p = tiny.text_prompt("once upon a time")
+
+    def sample(seed: int) -> list[int]:
+        tokens, _ = run(tiny, p, GenerationParams(SamplingParams(temperature=1.5, seed=seed), max_tokens=20))
+        return [t.token_id for t in tokens]
+
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8) or sample(7) != sample(9)
+
+
+def test_prefix_reuse_when_same_prompt_then_cached_and_same_output(tiny):
+    p = tiny.text_prompt("the quick brown fox jumps over the lazy dog")
+    a_tokens, a = run(tiny, p, GenerationParams(GREEDY, max_tokens=8))
+    b_tokens, b = run(tiny, p, GenerationParams(GREEDY, max_tokens=8))
+    assert a.usage.cached_tokens == 0
+    assert b.usage.cached_tokens == len(p.ids) - 1
+    assert [t.token_id for t in a_tokens] == [t.token_id for t in b_tokens]
+
+
+def test_prefix_reuse_when_follow_up_turn_then_only_new_tokens_prefilled(tiny):
+    first = [{"role": "user", "content": "hello there"}]
+    tokens, fin = run(tiny, tiny.chat_prompt(first), GenerationParams(GREEDY, max_tokens=6))
+    follow = [
+        *first,
+        {"role": "assistant", "content": text_of(tokens, fin)},
+        {"role": "user", "content": "more"},
+    ]
+    p2 = tiny.chat_prompt(follow)
+    _, fin2 = run(tiny, p2, GenerationParams(GREEDY, max_tokens=4))
+    assert fin2.usage.cached_tokens >= len(tiny.chat_prompt(first).ids)
+    assert fin2.timings.prompt_n == len(p2.ids) - fin2.usage.cached_tokens
+
+
+def test_prefill_when_chunked_then_same_tokens_as_one_shot(tiny_model_dir):
+    one = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128, prefill_chunk=256)
+    chunked = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128, prefill_chunk=3)
+    p = one.text_prompt("a long enough prompt to need several chunks of three tokens")
+    a, _ = run(one, p, GenerationParams(GREEDY, max_tokens=10))
+    b, _ = run(chunked, p, GenerationParams(GREEDY, max_tokens=10))
+    assert [t.token_id for t in a] == [t.token_id for t in b]
+
+
+def test_stop_when_sequence_spans_tokens_then_text_ends_before_it(tiny):
+    p = tiny.text_prompt("stop words")
+    tokens, fin = run(tiny, p, GenerationParams(GREEDY, max_tokens=30))
+    full = text_of(tokens, fin)
+    # choose a stop that straddles the boundary between two generated tokens' texts
+    texts = [t.text for t in tokens]
+    i = next((k for k in range(2, len(texts)) if texts[k - 1] and texts[k]), None)
+    if i is None:
+        pytest.skip("the random tiny model produced no two adjacent text tokens")
+    boundary = len("".join(texts[:i]))
+    stop = full[boundary - 1 : boundary + 1]
+    cut = full.find(stop)
+    tokens2, fin2 = run(tiny, p, GenerationParams(GREEDY, max_tokens=30, stop=(stop,)))
+    assert fin2.finish_reason == "stop"
+    assert text_of(tokens2, fin2) == full[:cut]
+
+
+def test_stream_when_deltas_joined_then_equal_full_decode(tiny):
+    tokens, fin = run(
+        tiny,
+        tiny.text_prompt("deltas"),
+        GenerationParams(SamplingParams(temperature=1.2, seed=3), max_tokens=40),
+    )
+    ids = [t.token_id for t in tokens]
+    assert text_of(tokens, fin) == tiny.tokenizer.decode(ids)
+    assert "\ufffd" not in "".join(t.text for t in tokens) or "\ufffd" in tiny.tokenizer.decode(ids)
+
+
+def test_cancel_when_set_mid_reply_then_stops_within_one_token(tiny):
+    cancel = CancelToken()
+    seen = []
+
+    def hook():
+        seen.append(1)
+        if len(seen) == 3:
+            cancel.cancel()
+        return None
+
+    tokens, fin = run(
+        tiny,
+        tiny.text_prompt("cancel me"),
+        GenerationParams(GREEDY, max_tokens=50),
+        cancel=cancel,
+        step_hook=hook,
+    )
+    assert fin.finish_reason == "cancelled"
+    assert len(tokens) <= len(seen)  # no token after the checkpoint that saw the cancel
+
+
+def test_cancel_when_set_between_prefill_chunks_then_no_token(tiny_model_dir):
+    eng = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128, prefill_chunk=2)
+    cancel = CancelToken()
+
+    def hook():
+        cancel.cancel()
+        return None
+
+    tokens, fin = run(
+        eng,
+        eng.text_prompt("a prompt of several chunks"),
+        GenerationParams(GREEDY),
+        cancel=cancel,
+        step_hook=hook,
+    )
+    assert tokens == [] and fin.finish_reason == "cancelled"
+
+
+def test_context_when_prompt_too_long_then_error_or_truncated(tiny):
+    long = "word " * 400
+    with pytest.raises(ContextLengthExceeded, match="context is 128 tokens"):
+        tiny.text_prompt(long)
+    p = tiny.text_prompt(long, truncate=True)
+    assert p.truncated and len(p.ids) < 128
+    msgs = (
+        [{"role": "system", "content": "be brief"}]
+        + [
+            {"role": r, "content": f"turn {i} " + "blah " * 10}
+            for i, r in enumerate(["user", "assistant"] * 6)
+        ]
+        + [{"role": "user", "content": "last question"}]
+    )
+    with pytest.raises(ContextLengthExceeded):
+        tiny.chat_prompt(msgs)
+    p = tiny.chat_prompt(msgs, truncate=True)
+    text = tiny.tokenizer.decode(p.ids)
+    assert p.truncated and "be brief" in text and "last question" in text and "turn 0" not in text
+
+
+def test_variant_switch_when_mid_reply_then_reply_continues_coherently(tiny):
+    p = tiny.text_prompt("switch variants")
+    plain, _ = run(tiny, p, GenerationParams(GREEDY, max_tokens=12))
+    calls = []
+
+    def hook():
+        calls.append(1)
+        return EngineLimits(variant="f32") if len(calls) == 4 else None
+
+    switched, fin = run(tiny, p, GenerationParams(GREEDY, max_tokens=12), step_hook=hook)
+    assert fin.variant == "f32"
+    # q4 and f32 are both exact on this model: the greedy reply must not change at the switch
+    assert [t.token_id for t in switched] == [t.token_id for t in plain]
+
+
+def test_logprobs_when_asked_then_chosen_and_top_alternatives(tiny):
+    tokens, _ = run(
+        tiny,
+        tiny.text_prompt("logprobs"),
+        GenerationParams(SamplingParams(temperature=0.0, logprobs=3), max_tokens=3),
+    )
+    for t in tokens:
+        assert t.logprob is not None and t.logprob <= 0
+        assert t.top_logprobs is not None and len(t.top_logprobs) == 3
+        assert np.isclose(t.top_logprobs[0].logprob, t.logprob, atol=1e-5)
+
+
+# -- the real model ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["q4", "q4-a8", "f32"])
+def test_real_model_when_greedy_then_paris(smollm2_model_dir, variant):
+    eng = load_engine(smollm2_model_dir, variant=variant, threads=2)
+    p = eng.chat_prompt([{"role": "user", "content": "What is the capital of France?"}])
+    tokens, fin = run(eng, p, GenerationParams(GREEDY, max_tokens=32))
+    assert text_of(tokens, fin) == "The capital of France is Paris."
+    assert fin.finish_reason == "stop"
+
+
+@pytest.mark.slow
+def test_real_model_when_chinese_and_emoji_streamed_then_no_replacement_chars(smollm2_model_dir):
+    eng = load_engine(smollm2_model_dir, threads=2)
+    p = eng.chat_prompt([{"role": "user", "content": "Write 你好世界 and 🙂🎉 five times."}])
+    tokens, fin = run(eng, p, GenerationParams(SamplingParams(temperature=0.0), max_tokens=40))
+    ids = [t.token_id for t in tokens]
+    assert "".join(t.text for t in tokens) + fin.text == eng.tokenizer.decode(ids)
+    assert all("\ufffd" not in t.text for t in tokens)
