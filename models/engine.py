@@ -198,6 +198,11 @@ class LlamaEngine:
         self._sessions.clear()
         self._slots.clear()
 
+    def reset_cache(self) -> None:
+        """Forget the prefix-reuse KV contents (keeps the buffers)."""
+        for slot in self._slots:
+            slot.cache.tokens = []
+
     # -- prompts -------------------------------------------------------------------------------------
     def _fit(self, ids: list[int], reserve: int) -> bool:
         return len(ids) + max(reserve, 1) <= self.context_length
@@ -383,7 +388,7 @@ class _Generation:
                     finish = "length"
                     break
                 token, logprob, top = sampler.sample(self.logits, self.history)
-                if token in e.tokenizer.eos_ids:
+                if token in e.tokenizer.eos_ids and not p.ignore_eos:
                     finish = "stop"
                     break
                 generated += 1

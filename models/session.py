@@ -7,7 +7,6 @@ copies nothing but the one-token input.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,36 +23,6 @@ class ModelShape:
 
     def kv_bytes_per_token(self) -> int:
         return self.n_layers * 2 * self.n_kv_heads * self.head_dim * 4
-
-
-def available_cpus() -> int:
-    """CPUs this process may really use: affinity, capped by a cgroup CPU quota (v2 or v1)."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        n = os.cpu_count() or 1
-    quota = _cgroup_cpu_quota()
-    if quota is not None:
-        n = min(n, max(1, int(quota)))
-    return max(1, n)
-
-
-def _cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    try:
-        parts = (root / "cpu.max").read_text().split()
-        if parts and parts[0] != "max":
-            return int(parts[0]) / int(parts[1])
-        return None
-    except (OSError, ValueError, IndexError):
-        pass
-    for d in (root / "cpu", root / "cpu,cpuacct", root / "cpuacct,cpu"):
-        try:
-            q = int((d / "cpu.cfs_quota_us").read_text())
-            p = int((d / "cpu.cfs_period_us").read_text())
-            return q / p if q > 0 else None
-        except (OSError, ValueError):
-            continue
-    return None
 
 
 class KVCache:

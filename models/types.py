@@ -31,6 +31,7 @@ class GenerationParams:
     max_tokens: int | None = None  # None = until EOS or the context cap
     stop: tuple[str, ...] = ()
     truncate: bool = False  # sliding-window truncation instead of context_length_exceeded
+    ignore_eos: bool = False  # benchmarks: generate exactly max_tokens (llama.cpp's ignore_eos)
 
 
 @dataclass

@@ -1,0 +1,80 @@
+"""`simmer bench engine | server | sustained`: benchmarks that print JSON and compare with a peer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from models.store import ModelStore
+from server.settings import Settings
+
+
+def _write(report: dict, path: str | None) -> None:
+    text = json.dumps(report, indent=2)
+    if path:
+        Path(path).write_text(text + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+    print(text)
+
+
+def _gguf_for(store: ModelStore, installed) -> Path:
+    """The source GGUF the model was converted from (kept in the store's downloads)."""
+    src = installed.manifest.get("source", {})
+    for key in ("gguf_path", "path", "local_path"):
+        if src.get(key) and Path(src[key]).exists():
+            return Path(src[key])
+    hits = sorted(store.downloads_dir.rglob("*.gguf"))
+    if not hits:
+        raise SystemExit("cannot find the source GGUF for the llama.cpp comparison; run `simmer pull` again")
+    return hits[0]
+
+
+def cli_bench(argv: list[str], settings: Settings) -> int:
+    p = argparse.ArgumentParser(prog="simmer bench")
+    sub = p.add_subparsers(dest="what", required=True)
+    e = sub.add_parser("engine", help="engine speed/memory per variant vs llama.cpp")
+    e.add_argument("--json", help="write the report here too")
+    e.add_argument("--model", default=None)
+    e.add_argument("--variants", default=None, help="comma-separated (default: all installed)")
+    e.add_argument("--threads", default="2,1")
+    e.add_argument("--reps", type=int, default=3)
+    e.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    s = sub.add_parser("server", help="HTTP streaming overhead vs the engine alone")
+    s.add_argument("--json")
+    s.add_argument("--reps", type=int, default=5)
+    u = sub.add_parser("sustained", help="governed vs ungoverned on a simulated device")
+    u.add_argument("--profile", default="phone")
+    u.add_argument("--minutes", type=float, default=10.0)
+    u.add_argument("--time-scale", type=float, default=10.0)
+    u.add_argument("--json")
+    u.add_argument("--plot")
+    args = p.parse_args(argv)
+    if args.what == "engine":
+        from bench.engine import bench_engine
+
+        store = ModelStore(settings.home)
+        installed = store.load(args.model or settings.model)
+        variants = args.variants.split(",") if args.variants else sorted(installed.variants)
+        threads = [int(t) for t in args.threads.split(",")]
+        report = bench_engine(
+            installed.path,
+            _gguf_for(store, installed),
+            variants,
+            threads,
+            args.reps,
+            with_llama=not args.no_peer,
+        )
+    elif args.what == "server":
+        from bench.server import bench_server
+
+        report = bench_server(settings, reps=args.reps)
+    else:
+        from bench.sustained import bench_sustained
+
+        report = bench_sustained(
+            settings, profile=args.profile, minutes=args.minutes, time_scale=args.time_scale, plot=args.plot
+        )
+    _write(report, args.json)
+    return 0

@@ -1,0 +1,138 @@
+"""`simmer bench engine`: every variant at 2 threads and 1 against llama.cpp on the same GGUF, interleaved.
+
+Each configuration runs in its own process (bench/engine_probe.py) so load time and RSS are its own; the
+configurations are interleaved round by round (this machine's speed drifts 15-20 % over minutes) and the
+medians are reported with simmer/llama.cpp ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+LLAMA_HOW = (
+    "llama-cpp-python is not installed, so there is no peer in this run. Install it (it compiles "
+    "llama.cpp from PyPI's sdist, about 5 minutes on 2 cores): .venv/bin/pip install llama-cpp-python==0.3.36"
+)
+NUMERIC = (
+    "cold_load_s",
+    "prompt_tok_s",
+    "decode_tok_s_ctx500",
+    "decode_tok_s_short",
+    "ttft_ms",
+    "followup_ttft_ms_reuse",
+    "followup_ttft_ms_no_reuse",
+    "followup_reuse_ratio",
+    "rss_after_1_mb",
+    "rss_after_10_mb",
+    "rss_growth_pct",
+    "peak_rss_mb",
+)
+
+
+def run_probe(cfg: dict[str, Any]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.engine_probe", json.dumps(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if out.returncode != 0:
+        return {"config": cfg, "error": out.stderr.strip().splitlines()[-1:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"error": runs[0].get("error"), "runs": 0}
+    out: dict[str, Any] = {"runs": len(ok)}
+    for key in NUMERIC:
+        vals = [r[key] for r in ok if key in r]
+        out[key] = round(statistics.median(vals), 3)
+        out[key + "_all"] = vals
+    out["greedy_known"] = ok[0]["greedy_known"]
+    return out
+
+
+def bench_engine(
+    model_dir: Path, gguf: Path, variants: list[str], threads: list[int], reps: int, with_llama: bool = True
+) -> dict[str, Any]:
+    configs = [
+        {"engine": "simmer", "model_dir": str(model_dir), "variant": v, "threads": t}
+        for v in variants
+        for t in threads
+    ]
+    peer = with_llama and find_spec("llama_cpp") is not None
+    if peer:
+        configs += [{"engine": "llama.cpp", "gguf": str(gguf), "threads": t} for t in threads]
+    results: dict[str, list[dict[str, Any]]] = {}
+    for rep in range(reps):
+        order = configs[rep % len(configs) :] + configs[: rep % len(configs)]  # rotate: no fixed position
+        for cfg in order:
+            name = f"{cfg['engine']}:{cfg.get('variant', 'Q4_1')}:t{cfg['threads']}"
+            print(f"[bench engine] round {rep + 1}/{reps} {name}", file=sys.stderr, flush=True)
+            results.setdefault(name, []).append(run_probe(cfg))
+    summary = {name: summarize(runs) for name, runs in results.items()}
+    report: dict[str, Any] = {
+        "bench": "engine",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": machine(),
+        "model_dir": str(model_dir),
+        "gguf": str(gguf),
+        "reps": reps,
+        "results": summary,
+    }
+    if peer:
+        report["ratios_vs_llama_cpp"] = ratios(summary, variants, threads)
+    else:
+        report["peer"] = LLAMA_HOW
+    return report
+
+
+def ratios(summary: dict[str, Any], variants: list[str], threads: list[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for t in threads:
+        peer = summary.get(f"llama.cpp:Q4_1:t{t}", {})
+        if "error" in peer or not peer:
+            continue
+        for v in variants:
+            ours = summary.get(f"simmer:{v}:t{t}", {})
+            if "error" in ours or not ours:
+                continue
+            out[f"{v}:t{t}"] = {
+                "prompt_tok_s": round(ours["prompt_tok_s"] / peer["prompt_tok_s"], 2),
+                "decode_tok_s_ctx500": round(ours["decode_tok_s_ctx500"] / peer["decode_tok_s_ctx500"], 2),
+                "decode_tok_s_short": round(ours["decode_tok_s_short"] / peer["decode_tok_s_short"], 2),
+                "ttft": round(ours["ttft_ms"] / peer["ttft_ms"], 2),
+                "peak_rss_mb_delta": round(ours["peak_rss_mb"] - peer["peak_rss_mb"], 1),
+                "same_greedy_text": ours["greedy_known"] == peer["greedy_known"],
+            }
+    return out
+
+
+def machine() -> dict[str, Any]:
+    import os
+    import platform
+
+    import onnxruntime
+
+    info = {
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+    try:
+        import llama_cpp
+
+        info["llama_cpp_python"] = llama_cpp.__version__
+    except ImportError:
+        pass
+    return info

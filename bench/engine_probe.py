@@ -1,0 +1,168 @@
+"""One benchmark run of one engine configuration, in its own process (so RSS and load time are its own).
+
+    python -m bench.engine_probe '{"engine": "simmer", "model_dir": ..., "variant": "q4-a8", "threads": 2}'
+    python -m bench.engine_probe '{"engine": "llama.cpp", "gguf": ..., "threads": 2}'
+prints one JSON object. Both engines are driven the same way from Python: greedy argmax per token.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+PROMPT_TOKENS = 500
+DECODE_TOKENS = 128
+KNOWN_CHAT = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+N_CTX = 2048
+
+
+def rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def long_ids(vocab_lo: int = 300, n: int = PROMPT_TOKENS, seed: int = 0) -> list[int]:
+    """Token ids of ordinary (non-control) tokens; the same list for both engines."""
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in rng.integers(vocab_lo, 40000, n)]
+
+
+class SimmerDriver:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        from models.engine import load_engine
+
+        t0 = time.perf_counter()
+        self.engine = load_engine(
+            Path(cfg["model_dir"]), variant=cfg["variant"], threads=cfg["threads"], context_length=N_CTX
+        )
+        self.load_s = time.perf_counter() - t0
+
+    def generate(self, ids: list[int], n: int, reuse: bool = True) -> tuple[list[int], float, float]:
+        """Returns (tokens, seconds to the first token, seconds for the rest)."""
+        from models.protocol import Prompt
+        from models.types import FinishEvent, GenerationParams, SamplingParams
+
+        if not reuse:
+            self.engine.reset_cache()
+        params = GenerationParams(SamplingParams(temperature=0.0), max_tokens=n, ignore_eos=True)
+        out: list[int] = []
+        t0 = time.perf_counter()
+        t_first = 0.0
+        for ev in self.engine.generate(Prompt(list(ids)), params):
+            if isinstance(ev, FinishEvent):
+                break
+            if not out:
+                t_first = time.perf_counter()
+            out.append(ev.token_id)
+        t_end = time.perf_counter()
+        return out, t_first - t0, t_end - t_first
+
+    def greedy_text(self, ids: list[int], n: int) -> str:
+        from models.protocol import Prompt
+        from models.types import FinishEvent, GenerationParams, SamplingParams
+
+        self.engine.reset_cache()
+        text = ""
+        for ev in self.engine.generate(
+            Prompt(list(ids)), GenerationParams(SamplingParams(temperature=0.0), max_tokens=n)
+        ):
+            text += ev.text
+            if isinstance(ev, FinishEvent):
+                break
+        return text
+
+
+class LlamaCppDriver:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        import llama_cpp
+
+        t0 = time.perf_counter()
+        self.llm = llama_cpp.Llama(
+            cfg["gguf"],
+            n_ctx=N_CTX,
+            n_threads=cfg["threads"],
+            n_threads_batch=cfg["threads"],
+            n_batch=512,
+            verbose=False,
+        )
+        self.load_s = time.perf_counter() - t0
+        self.eos = self.llm.token_eos()
+
+    def _next(self) -> int:
+        # the last evaluated position's logits, straight from llama.cpp (no copy into llm.scores)
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
+        return int(np.argmax(logits))
+
+    def generate(self, ids: list[int], n: int, reuse: bool = True) -> tuple[list[int], float, float]:
+        llm = self.llm
+        t0 = time.perf_counter()
+        # llama.cpp keeps its KV cache: reuse the common prefix exactly as llama-cpp-python's generate() does
+        common = 0
+        if reuse:
+            prev = list(llm._input_ids)
+            while common < min(len(prev), len(ids) - 1) and prev[common] == ids[common]:
+                common += 1
+        llm.n_tokens = common  # eval() drops the KV cache past n_tokens
+        llm.eval(ids[common:])
+        tok = self._next()
+        t_first = time.perf_counter()
+        out = [tok]
+        for _ in range(n - 1):
+            llm.eval([tok])
+            tok = self._next()
+            out.append(tok)
+        return out, t_first - t0, time.perf_counter() - t_first
+
+    def greedy_text(self, ids: list[int], n: int) -> str:
+        out, _, _ = self.generate(ids, n, reuse=False)
+        if self.eos in out:
+            out = out[: out.index(self.eos)]
+        return self.llm.detokenize(out).decode("utf-8", errors="replace")
+
+
+def probe(cfg: dict[str, Any]) -> dict[str, Any]:
+    rss0 = rss()
+    driver = SimmerDriver(cfg) if cfg["engine"] == "simmer" else LlamaCppDriver(cfg)
+    res: dict[str, Any] = {"config": cfg, "cold_load_s": round(driver.load_s, 4)}
+    long = long_ids()
+    driver.generate(long[:32], 2, reuse=False)  # warm-up
+    _, t_first, _ = driver.generate(long, 1, reuse=False)
+    res["prompt_tok_s"] = round(PROMPT_TOKENS / t_first, 1)
+    _, _, t_rest = driver.generate(long, DECODE_TOKENS + 1, reuse=False)
+    res["decode_tok_s_ctx500"] = round(DECODE_TOKENS / t_rest, 1)
+    _, _, t_rest = driver.generate(KNOWN_CHAT, DECODE_TOKENS + 1, reuse=False)
+    res["decode_tok_s_short"] = round(DECODE_TOKENS / t_rest, 1)
+    _, t_first, _ = driver.generate(KNOWN_CHAT, 1, reuse=False)
+    res["ttft_ms"] = round(t_first * 1000, 2)
+    # a follow-up turn: a 400-token conversation plus a reply, then 20 new tokens
+    convo = long_ids(n=400, seed=1)
+    reply, _, _ = driver.generate(convo, 32, reuse=False)
+    follow = convo + reply + long_ids(n=20, seed=2)
+    _, with_reuse, _ = driver.generate(follow, 1, reuse=True)
+    driver.generate(convo, 32, reuse=False)
+    _, without, _ = driver.generate(follow, 1, reuse=False)
+    res["followup_ttft_ms_reuse"] = round(with_reuse * 1000, 2)
+    res["followup_ttft_ms_no_reuse"] = round(without * 1000, 2)
+    res["followup_reuse_ratio"] = round(with_reuse / without, 3)
+    # memory over 10 consecutive requests
+    sizes = []
+    for i in range(10):
+        driver.generate(long_ids(n=100, seed=10 + i), 32, reuse=False)
+        sizes.append(rss())
+    res["rss_after_1_mb"] = round(sizes[0] / 1e6, 1)
+    res["rss_after_10_mb"] = round(sizes[-1] / 1e6, 1)
+    res["rss_growth_pct"] = round(100 * (sizes[-1] - sizes[0]) / sizes[0], 2)
+    res["rss_before_load_mb"] = round(rss0 / 1e6, 1)
+    res["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3, 1)
+    res["greedy_known"] = driver.greedy_text(KNOWN_CHAT, 16)
+    return res
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe(json.loads(sys.argv[1]))))

@@ -1,0 +1,7 @@
+"""`python -m server`: the same as `simmer serve`."""
+
+import sys
+
+from server.serve import main
+
+sys.exit(main())

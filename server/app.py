@@ -1,0 +1,112 @@
+"""`create_app`: wires settings, the worker, middleware, error handlers and routes into one FastAPI app."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from models.protocol import Engine
+from server.errors import install_handlers
+from server.metrics import Metrics, MetricsMiddleware
+from server.routes import ops, v1
+from server.security import SecurityMiddleware
+from server.settings import Settings
+from server.worker import Gate, NoGate, Worker
+
+SHUTDOWN_JOIN_S = 2.0  # how long shutdown waits for the worker to leave the engine
+
+
+@dataclass
+class Runtime:
+    """What handlers need, as plain values (handlers never read Settings)."""
+
+    model: str
+    worker: Worker
+    metrics: Metrics
+    gate: Gate
+    stream_interval_s: float
+    keepalive_ping_s: float
+    stream_start_wait_s: float
+    started: int
+
+    def model_id(self) -> str:
+        engine = self.worker.engine
+        return engine.model_id if engine is not None else self.model
+
+    def served_ids(self) -> set[str]:
+        return {self.model, self.model_id()}
+
+
+def create_app(
+    settings: Settings,
+    engine: Engine | None = None,
+    *,
+    engine_factory: Callable[[], Engine] | None = None,
+    governor: Gate | None = None,
+) -> FastAPI:
+    """Build the app. Pass a ready `engine`, or an `engine_factory` that the worker thread calls at
+    startup (GET /health answers 503 "loading" until it returns). `governor` is the worker's gate."""
+    if (engine is None) == (engine_factory is None):
+        raise ValueError("pass exactly one of engine or engine_factory")
+    load = engine_factory if engine_factory is not None else (lambda: engine)
+    gate = governor or NoGate()
+    worker_box: list[Worker] = []
+    metrics = Metrics(queue_depth=lambda: worker_box[0].queue_depth if worker_box else 0)
+    worker = Worker(
+        load,  # type: ignore[arg-type]
+        max_queue=settings.max_queue,
+        gate=gate,
+        metrics=metrics,
+        keep_alive_s=settings.keep_alive_s,
+    )
+    worker_box.append(worker)
+    subscribe = getattr(governor, "subscribe", None)
+    if callable(subscribe):
+        subscribe(worker.publish_governor)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        worker.start()  # loads the model in the background
+        try:
+            yield
+        finally:
+            worker.close()
+            worker.join(SHUTDOWN_JOIN_S)
+
+    app = FastAPI(title="simmer", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.runtime = Runtime(
+        model=settings.model,
+        worker=worker,
+        metrics=metrics,
+        gate=gate,
+        stream_interval_s=settings.stream_interval_ms / 1000,
+        keepalive_ping_s=settings.keepalive_ping_s,
+        stream_start_wait_s=settings.keepalive_ping_s,
+        started=int(time.time()),
+    )
+    install_handlers(app)
+    app.include_router(v1.router)
+    app.include_router(ops.router)
+
+    # Middleware: last added runs first. Security outermost, so refused requests cost nothing; metrics
+    # inside it count what reached the app; CORS answers preflights for configured origins only.
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(
+        SecurityMiddleware,
+        allowed_hosts=settings.allowed_hosts,
+        api_key=settings.api_key,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    return app

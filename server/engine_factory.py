@@ -1,0 +1,31 @@
+"""Settings -> a loaded engine. The one place that turns configuration into engine arguments."""
+
+from __future__ import annotations
+
+from governor.cgroup import usable_cpus
+from models.engine import LlamaEngine
+from models.store import ModelStore
+from server.settings import Settings
+
+
+def engine_threads(settings: Settings, requested: int | None = None) -> int:
+    """Requested threads, never above the CPUs this process may really use (affinity, cgroup quota)."""
+    cpus = usable_cpus(settings.cgroup_root, settings.proc_root)
+    return max(1, min(requested or settings.threads or cpus, cpus))
+
+
+def open_engine(
+    settings: Settings, *, model: str | None = None, variant: str | None = None, threads: int | None = None
+) -> LlamaEngine:
+    installed = ModelStore(settings.home).load(model or settings.model)
+    return LlamaEngine(
+        installed.path,
+        installed.manifest,
+        model_id=installed.id,
+        variant=variant or settings.variant,
+        threads=engine_threads(settings, threads),
+        context_length=settings.context_length,
+        prefill_chunk=settings.prefill_chunk,
+        prefix_slots=settings.prefix_cache_slots,
+        prefix_budget_bytes=settings.prefix_cache_mb << 20,
+    )

@@ -1,0 +1,64 @@
+"""Logging setup (plain or JSON lines) and the one line logged per completion request."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+log = logging.getLogger("simmer.request")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def setup_logging(level: str = "info", *, json_lines: bool = False) -> None:
+    """Configure the root logger once, at the edge (serve)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if json_lines:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+@dataclass
+class RequestRecord:
+    id: str
+    endpoint: str
+    model: str
+    variant: str | None
+    stream: bool
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_ms: float
+    tokens_per_s: float
+    outcome: str  # finish_reason, an error code, or "client_gone"
+    duration_ms: float
+
+
+def log_request(record: RequestRecord) -> None:
+    text = (
+        f"{record.id} {record.endpoint} model={record.model} variant={record.variant} "
+        f"stream={record.stream} prompt={record.prompt_tokens} completion={record.completion_tokens} "
+        f"ttft_ms={record.ttft_ms:.1f} tok_s={record.tokens_per_s:.1f} outcome={record.outcome} "
+        f"duration_ms={record.duration_ms:.0f}"
+    )
+    log.info(text, extra={"fields": asdict(record)})

@@ -1,0 +1,83 @@
+"""Prometheus metrics, one registry per app (so tests and several apps in one process do not collide)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self, queue_depth: Callable[[], float] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "simmer_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.completions = Counter(
+            "simmer_completions", "Completion requests by outcome", ["outcome"], registry=r
+        )
+        self.prompt_tokens = Counter("simmer_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generated_tokens = Counter("simmer_generated_tokens", "Tokens generated", registry=r)
+        self.ttft = Histogram(
+            "simmer_ttft_seconds", "Time to first token (queue included)", buckets=_TTFT_BUCKETS, registry=r
+        )
+        self.inter_token = Histogram(
+            "simmer_inter_token_seconds", "Time between generated tokens", buckets=_ITL_BUCKETS, registry=r
+        )
+        self.busy = Counter("simmer_busy_seconds", "Seconds the worker spent on requests", registry=r)
+        self.queue = Gauge("simmer_queue_depth", "Requests waiting for the worker", registry=r)
+        if queue_depth is not None:
+            self.queue.set_function(queue_depth)
+
+    # WorkerMetrics (called on the worker thread; prometheus-client is thread-safe)
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def observe_inter_token(self, seconds: float) -> None:
+        self.inter_token.observe(seconds)
+
+    def add_busy(self, seconds: float) -> None:
+        self.busy.inc(seconds)
+
+    def add_tokens(self, prompt: int, completion: int) -> None:
+        self.prompt_tokens.inc(prompt)
+        self.generated_tokens.inc(completion)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+_KNOWN_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/"}
+
+
+class MetricsMiddleware:
+    """Counts every HTTP response by route and status (unknown paths share one label)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        route = path if path in _KNOWN_ROUTES else "other"
+        counted = False
+
+        async def send_counted(message: Message) -> None:
+            nonlocal counted
+            if message["type"] == "http.response.start" and not counted:
+                counted = True
+                self.metrics.requests.labels(route=route, status=str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, send_counted)

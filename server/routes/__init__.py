@@ -1,0 +1,1 @@
+"""Thin HTTP handlers; the flow they share lives in `completion_flow`."""

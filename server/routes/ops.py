@@ -1,0 +1,47 @@
+"""Operational endpoints: /health (llama.cpp-style loading state) and /metrics (Prometheus)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from server.errors import RETRY_AFTER_S
+from server.metrics import CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from server.app import Runtime
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    rt: Runtime = request.app.state.runtime
+    worker = rt.worker
+    engine = worker.engine
+    if worker.state == "ready" and engine is not None:
+        body: dict = {
+            "status": "ok",
+            "model": engine.model_id,
+            "variant": engine.variant,
+            "queue_depth": worker.queue_depth,
+            "busy": worker.busy,
+        }
+        snapshot = getattr(rt.gate, "snapshot", None)
+        if callable(snapshot):
+            body["governor"] = snapshot()
+        return JSONResponse(body)
+    retry = {"Retry-After": str(RETRY_AFTER_S["model_loading"])}
+    if worker.state == "loading":
+        return JSONResponse({"status": "loading"}, status_code=503, headers=retry)
+    if worker.state == "failed":
+        return JSONResponse({"status": "error", "error": str(worker.load_error)}, status_code=503)
+    return JSONResponse({"status": "shutting_down"}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    rt: Runtime = request.app.state.runtime
+    return Response(rt.metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,339 @@
+"""OpenAI-shaped wire models. Requests convert themselves to engine params (`to_params`); responses and
+stream chunks are built by small functions so the route and the stream share one shape.
+
+Nothing below `server/` sees these types (the worker hands the engine GenerationParams and messages).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from models.types import FinishEvent, GenerationParams, SamplingParams, Timings, TokenEvent, Usage
+
+MAX_TOP_LOGPROBS = 20
+
+
+def _invalid(message: str) -> PydanticCustomError:
+    # A custom error keeps our exact wording (a ValueError would be prefixed "Value error, ").
+    return PydanticCustomError("invalid_parameter", message)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _GenerationRequest(BaseModel):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    # llama.cpp extras
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, gt=0.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)  # vLLM's name for the same thing
+    # simmer extras
+    truncate: bool = False  # sliding-window truncation instead of context_length_exceeded
+    ignore_eos: bool = False  # llama.cpp's: generate exactly max_tokens (benchmarks)
+    governor_events: bool = False  # opt in to `event: governor` SSE events (SDKs would choke on them)
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise _invalid("n must be 1: simmer generates one choice per request")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and any(s == "" for s in stop):
+            raise _invalid("stop strings must not be empty")
+        return stop
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _stop_tuple(self) -> tuple[str, ...]:
+        if self.stop is None or self.stop == "":
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def _params(self, max_tokens: int | None, logprobs: int | None) -> GenerationParams:
+        penalty = self.repeat_penalty or self.repetition_penalty or 1.0
+        sampling = SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=self.seed,
+            logprobs=logprobs,
+        )
+        return GenerationParams(
+            sampling=sampling,
+            max_tokens=max_tokens,
+            stop=self._stop_tuple(),
+            truncate=self.truncate,
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_dict(self) -> dict[str, str]:
+        if isinstance(self.content, list):
+            text = "".join(part.text for part in self.content)
+        else:
+            text = self.content or ""
+        # "developer" is the newer OpenAI name for the system role; chat templates know "system".
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": text}
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> ChatCompletionRequest:
+        if self.tools:
+            raise _invalid("tools are not supported by simmer")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise _invalid("only response_format type 'text' is supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise _invalid("top_logprobs requires logprobs to be true")
+        return self
+
+    def message_dicts(self) -> list[dict[str, str]]:
+        return [m.as_dict() for m in self.messages]
+
+    def to_params(self) -> GenerationParams:
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._params(self.max_completion_tokens or self.max_tokens, logprobs)
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | list[str]
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> CompletionRequest:
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise _invalid("prompt must be one string (batches are not supported)")
+        if self.echo:
+            raise _invalid("echo is not supported")
+        if self.suffix:
+            raise _invalid("suffix is not supported")
+        if self.best_of not in (None, 1):
+            raise _invalid("best_of must be 1")
+        return self
+
+    def prompt_text(self) -> str:
+        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+
+    def to_params(self) -> GenerationParams:
+        return self._params(self.max_tokens, self.logprobs)
+
+
+# ---- responses ---------------------------------------------------------------------------------
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage_dict(usage: Usage) -> dict:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def timings_dict(timings: Timings) -> dict:
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(timings).items()}
+
+
+def _token_text(ev: TokenEvent) -> str:
+    return ev.token_text if ev.token_text is not None else ev.text
+
+
+def chat_logprobs(events: list[TokenEvent]) -> dict | None:
+    if not events or all(ev.logprob is None for ev in events):
+        return None
+    content = []
+    for ev in events:
+        text = _token_text(ev)
+        tops = [
+            {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)} for t in ev.top_logprobs or ()
+        ]
+        content.append(
+            {"token": text, "logprob": ev.logprob, "bytes": list(text.encode()), "top_logprobs": tops}
+        )
+    return {"content": content}
+
+
+def completion_logprobs(events: list[TokenEvent], offset: int = 0) -> dict | None:
+    if not events or all(ev.logprob is None for ev in events):
+        return None
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for ev in events:
+        text = _token_text(ev)
+        tokens.append(text)
+        token_logprobs.append(ev.logprob)
+        tops.append({t.token: t.logprob for t in ev.top_logprobs or ()})
+        offsets.append(offset)
+        offset += len(ev.text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _extras(finish: FinishEvent) -> dict:
+    return {"timings": timings_dict(finish.timings), "truncated": finish.truncated}
+
+
+def _fingerprint(variant: str | None) -> str | None:
+    return f"simmer-{variant}" if variant else None
+
+
+def _finish_reason(finish: FinishEvent) -> str:
+    # OpenAI knows stop/length; a cancelled generation that still answers reports what it has.
+    return finish.finish_reason if finish.finish_reason in ("stop", "length") else "stop"
+
+
+def chat_completion(
+    rid: str, model: str, text: str, tokens: list[TokenEvent], finish: FinishEvent, variant: str | None
+) -> dict:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": now(),
+        "model": model,
+        "system_fingerprint": _fingerprint(variant),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": chat_logprobs(tokens),
+                "finish_reason": _finish_reason(finish),
+            }
+        ],
+        "usage": usage_dict(finish.usage),
+        **_extras(finish),
+    }
+
+
+def text_completion(
+    rid: str, model: str, text: str, tokens: list[TokenEvent], finish: FinishEvent, variant: str | None
+) -> dict:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": now(),
+        "model": model,
+        "system_fingerprint": _fingerprint(variant),
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": completion_logprobs(tokens),
+                "finish_reason": _finish_reason(finish),
+            }
+        ],
+        "usage": usage_dict(finish.usage),
+        **_extras(finish),
+    }
+
+
+class ChunkBuilder:
+    """Builds the stream chunks of one response (chat or text completion)."""
+
+    def __init__(self, kind: Literal["chat", "text"], rid: str, model: str) -> None:
+        self.kind = kind
+        self.rid = rid
+        self.model = model
+        self.created = now()
+        self._role_sent = False
+        self._offset = 0  # text offset for completion logprobs
+        self.variant: str | None = None  # known once the worker starts the job
+
+    def _chunk(self, choices: list[dict], variant: str | None = None) -> dict:
+        variant = variant or self.variant
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {
+            "id": self.rid,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": _fingerprint(variant),
+            "choices": choices,
+        }
+
+    def delta(self, text: str, tokens: list[TokenEvent], finish: FinishEvent | None = None) -> dict:
+        finish_reason = _finish_reason(finish) if finish else None
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"content": text}
+            if not self._role_sent:
+                delta = {"role": "assistant", **delta}
+                self._role_sent = True
+            choice = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": chat_logprobs(tokens),
+                "finish_reason": finish_reason,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": completion_logprobs(tokens, self._offset),
+                "finish_reason": finish_reason,
+            }
+            self._offset += len(text)
+        chunk = self._chunk([choice], finish.variant if finish else None)
+        if finish is not None:
+            chunk.update(_extras(finish))
+        return chunk
+
+    def usage(self, finish: FinishEvent) -> dict:
+        chunk = self._chunk([], finish.variant)
+        chunk["usage"] = usage_dict(finish.usage)
+        chunk.update(_extras(finish))
+        return chunk

@@ -1,0 +1,125 @@
+"""Safe by default: loopback Host names only (DNS rebinding), optional Bearer key, body size limit, and
+a refusal to bind a non-loopback address without a key."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from models.errors import InvalidParameter
+from server.errors import ApiError, error_payload
+
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+OPEN_PATHS = {"/health"}  # answered without an API key (liveness probes)
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_name(header: str) -> str:
+    """'example.com:8000' -> 'example.com', '[::1]:8000' -> '::1'."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """Refuse to expose the server beyond this machine without an API key."""
+    if not is_loopback(host) and not api_key:
+        raise InvalidParameter(
+            f"Refusing to bind {host}: a non-loopback address needs an API key "
+            "(set SIMMER_API_KEY, or bind 127.0.0.1)",
+            param="api_key",
+        )
+
+
+async def _send_error(send: Send, err: ApiError) -> None:
+    status, body, headers = error_payload(err)
+    raw = json.dumps(body).encode()
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    hdrs += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": raw})
+
+
+class SecurityMiddleware:
+    """Pure ASGI (no BaseHTTPMiddleware: it would break streaming disconnect detection)."""
+
+    def __init__(
+        self, app: ASGIApp, *, allowed_hosts: list[str], api_key: str | None, max_body_bytes: int
+    ) -> None:
+        self.app = app
+        self.allowed_hosts = {h.lower() for h in allowed_hosts}
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+
+    def _host_ok(self, header: str) -> bool:
+        name = host_name(header)
+        return is_loopback(name) or name in self.allowed_hosts or header.lower() in self.allowed_hosts
+
+    def _key_ok(self, header: str) -> bool:
+        scheme, _, token = header.partition(" ")
+        return (
+            scheme.lower() == "bearer"
+            and self.api_key is not None
+            and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if not self._host_ok(headers.get("host", "")):
+            await _send_error(send, ApiError(403, "host_not_allowed", "Host header not allowed"))
+            return
+        needs_key = self.api_key and scope.get("path") not in OPEN_PATHS and scope.get("method") != "OPTIONS"
+        if needs_key and not self._key_ok(headers.get("authorization", "")):
+            await _send_error(send, ApiError(401, "invalid_api_key", "Missing or invalid API key"))
+            return
+        limit_msg = f"Request body over {self.max_body_bytes} bytes"
+        too_large = ApiError(413, "request_too_large", limit_msg)
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            await _send_error(send, too_large)
+            return
+
+        # Chunked bodies carry no length: count as they arrive.
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    # An HTTPException, because FastAPI turns other errors while reading the body into 400.
+                    raise HTTPException(413, limit_msg)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except HTTPException as exc:
+            if started or exc.status_code != 413:
+                raise
+            else:
+                await _send_error(send, too_large)

@@ -1,0 +1,117 @@
+"""Run the server: `serve(settings)`, the `simmer serve` subcommand, and `python -m server`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from types import FrameType
+
+import uvicorn
+
+from models.errors import SimmerError
+from models.protocol import Engine
+from server.app import create_app
+from server.logs import setup_logging
+from server.security import check_bind
+from server.settings import Settings
+from server.worker import Gate
+
+log = logging.getLogger("simmer.server")
+
+# uvicorn waits this long for open connections after SIGTERM; our streams end at once (Worker.close), so
+# this only bounds stragglers. With the worker join (1 s) the process is gone within 5 s.
+GRACEFUL_SHUTDOWN_S = 3
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, plus: on SIGINT/SIGTERM, end open streams (error chunk + [DONE]) right away."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+def build_server(
+    settings: Settings,
+    *,
+    engine_factory: Callable[[], Engine] | None = None,
+    governor: Gate | None = None,
+) -> uvicorn.Server:
+    """Check the bind address, build the app and a uvicorn server for it (not started)."""
+    check_bind(settings.host, settings.api_key)
+    if engine_factory is None:
+
+        def engine_factory() -> Engine:
+            from server.engine_factory import open_engine  # lazy: heavy (onnxruntime)
+
+            return open_engine(settings)
+
+    app = create_app(settings, engine_factory=engine_factory, governor=governor)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,  # keep our logging setup (plain or JSON)
+        access_log=False,  # one line per request comes from server/logs.py instead
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        lifespan="on",
+    )
+    return _Server(config, on_exit=app.state.runtime.worker.close)
+
+
+def serve(
+    settings: Settings,
+    *,
+    engine_factory: Callable[[], Engine] | None = None,
+    governor: Gate | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM. The model loads in the background; /health says when it is ready."""
+    setup_logging(settings.log_level, json_lines=settings.log_json)
+    server = build_server(settings, engine_factory=engine_factory, governor=governor)
+    log.info("simmer listening on http://%s:%d (model %s)", settings.host, settings.port, settings.model)
+    server.run()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=None, help="Bind address (default 127.0.0.1, SIMMER_HOST)")
+    parser.add_argument("--port", type=int, default=None, help="Bind port (default 8000, SIMMER_PORT)")
+    parser.add_argument("--model", default=None, help="Model id to serve (SIMMER_MODEL)")
+    parser.add_argument("--variant", default=None, help="Variant to start with (SIMMER_VARIANT)")
+
+
+def apply_arguments(args: argparse.Namespace, settings: Settings) -> Settings:
+    overrides = {
+        name: getattr(args, name)
+        for name in ("host", "port", "model", "variant")
+        if getattr(args, name, None) is not None
+    }
+    return settings.model_copy(update=overrides)
+
+
+def parser(prog: str = "simmer serve") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Run the OpenAI-compatible HTTP server")
+    add_arguments(p)
+    return p
+
+
+def cli_serve(args: argparse.Namespace | list[str], settings: Settings) -> int:
+    """`simmer serve`: takes parsed arguments or the raw argv after "serve"; returns the exit code."""
+    if not isinstance(args, argparse.Namespace):
+        args = parser().parse_args(list(args))
+    settings = apply_arguments(args, settings)
+    try:
+        serve(settings)
+    except SimmerError as err:
+        print(f"simmer serve: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_serve(parser("python -m server").parse_args(argv), Settings())

@@ -1,0 +1,138 @@
+"""Token events -> SSE events.
+
+Two parts, kept apart as sse-starlette keeps its encoder apart from its transport:
+- `Coalescer`: pure, clock passed in. The first token goes out at once; after that, tokens are held and
+  flushed at most once per interval, and whatever is left goes out at the end.
+- `sse_stream`: the async generator handed to `EventSourceResponse`. It reads the job's event queue, asks
+  the coalescer what to send, and ends every stream the same way: a final chunk (or an error chunk), then
+  `data: [DONE]`.
+
+How a stream ends (each path sends [DONE] except the last):
+  FinishEvent           -> last text + finish_reason (+ usage chunk) -> [DONE]
+  Failed (engine error) -> pending text, error chunk -> [DONE]
+  Failed (shutdown)     -> pending text, error chunk server_shutting_down -> [DONE]
+  client gone           -> sse-starlette cancels us; `finally` fires the job's CancelToken (nothing sent)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from models.types import FinishEvent, TokenEvent
+from server.errors import error_payload
+from server.schemas import ChunkBuilder
+from server.worker import Failed, GovernorState, Job, Started
+
+DONE = "[DONE]"
+
+
+class Coalescer:
+    """Decides when held token text is flushed. Pure: the caller passes `now` (seconds)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._pending: list[TokenEvent] = []
+        self._last_flush: float | None = None  # None until the first visible text went out
+
+    def add(self, event: TokenEvent, now: float) -> list[TokenEvent] | None:
+        """Hold `event`; return the batch to send now, or None to keep holding."""
+        self._pending.append(event)
+        if self._last_flush is None:
+            # First token at once; an empty delta (bytes held back by the detokenizer) does not count.
+            return self._take(now) if any(ev.text for ev in self._pending) else None
+        if now >= self._last_flush + self.interval_s:
+            return self._take(now)
+        return None
+
+    def deadline(self) -> float | None:
+        """When held text must be flushed (None: nothing held, or nothing sent yet)."""
+        if not self._pending or self._last_flush is None:
+            return None
+        return self._last_flush + self.interval_s
+
+    def flush(self, now: float) -> list[TokenEvent]:
+        """Everything held (the timer fired, or the stream ends)."""
+        return self._take(now)
+
+    def _take(self, now: float) -> list[TokenEvent]:
+        batch, self._pending = self._pending, []
+        if batch:
+            self._last_flush = now
+        return batch
+
+
+def _data(obj: dict) -> dict:
+    return {"data": json.dumps(obj, separators=(",", ":"), ensure_ascii=False)}
+
+
+def error_chunk(err: BaseException) -> dict:
+    _, body, _ = error_payload(err)
+    return _data(body)
+
+
+async def sse_stream(
+    job: Job,
+    events: asyncio.Queue,
+    builder: ChunkBuilder,
+    *,
+    interval_s: float,
+    include_usage: bool,
+    on_end: Callable[[FinishEvent | None, BaseException | None, int], None],
+    clock: Callable[[], float] = time.monotonic,
+) -> AsyncIterator[dict[str, Any]]:
+    """Yield sse-starlette event dicts for one job until [DONE]."""
+    coalescer = Coalescer(interval_s)
+    finish: FinishEvent | None = None
+    failure: BaseException | None = None
+    sent_tokens = 0
+
+    def text_chunk(batch: list[TokenEvent]) -> dict:
+        return _data(builder.delta("".join(ev.text for ev in batch), batch))
+
+    try:
+        while True:
+            deadline = coalescer.deadline()
+            timeout = None if deadline is None else max(0.0, deadline - clock())
+            try:
+                item = await asyncio.wait_for(events.get(), timeout)
+            except TimeoutError:
+                batch = coalescer.flush(clock())
+                sent_tokens += len(batch)
+                yield text_chunk(batch)
+                continue
+            if isinstance(item, TokenEvent):
+                batch = coalescer.add(item, clock())
+                if batch:
+                    sent_tokens += len(batch)
+                    yield text_chunk(batch)
+            elif isinstance(item, FinishEvent):
+                finish = item
+                batch = coalescer.flush(clock())
+                text = "".join(ev.text for ev in batch) + item.text
+                yield _data(builder.delta(text, batch, item))
+                if include_usage:
+                    yield _data(builder.usage(item))
+                yield {"data": DONE}
+                return
+            elif isinstance(item, Failed):
+                failure = item.error
+                batch = coalescer.flush(clock())
+                if batch:
+                    yield text_chunk(batch)
+                yield error_chunk(item.error)
+                yield {"data": DONE}
+                return
+            elif isinstance(item, GovernorState):
+                if job.governor_events:
+                    yield {"event": "governor", "data": json.dumps(item.state, separators=(",", ":"))}
+            elif isinstance(item, Started):
+                builder.variant = item.variant
+    finally:
+        if finish is None:
+            # Client gone or error: free the worker (a no-op if the engine already finished).
+            job.cancel.cancel()
+        on_end(finish, failure, sent_tokens)

@@ -1,0 +1,114 @@
+"""A live uvicorn on a free port, in a thread, serving create_app() with a recorded engine."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from models.protocol import Engine
+from server.app import create_app
+from server.settings import Settings
+from tests.server.fakes import RecordingEngine, ScriptedEngine
+
+MODEL = "scripted-test"
+
+
+@dataclass
+class LiveServer:
+    url: str
+    app: FastAPI
+    server: uvicorn.Server
+    thread: threading.Thread
+    settings: Settings
+    engine: RecordingEngine | None
+
+    @property
+    def host_header(self) -> str:
+        return self.url.removeprefix("http://")
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=10, **kwargs)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def make_settings(tmp_path: Path, **overrides) -> Settings:
+    base = {"home": tmp_path, "model": MODEL, "stream_interval_ms": 50, "max_queue": 16, "keep_alive_s": 0}
+    return Settings(**{**base, **overrides})
+
+
+def start_server(
+    settings: Settings,
+    *,
+    engine: Engine | None = None,
+    engine_factory: Callable[[], Engine] | None = None,
+    governor=None,
+) -> LiveServer:
+    app = create_app(settings, engine=engine, engine_factory=engine_factory, governor=governor)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    started = threading.Event()
+    for _ in range(500):
+        if server.started:
+            started.set()
+            break
+        started.wait(0.01)
+    assert server.started, "uvicorn did not start"
+    recorder = engine if isinstance(engine, RecordingEngine) else None
+    return LiveServer(f"http://127.0.0.1:{port}", app, server, thread, settings, recorder)
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
+    """live(token_delay_s=..., **settings) -> LiveServer with a RecordingEngine(ScriptedEngine)."""
+    servers: list[LiveServer] = []
+
+    def make(
+        *,
+        engine: Engine | None = None,
+        engine_factory: Callable[[], Engine] | None = None,
+        token_delay_s: float = 0.0,
+        reply_tokens: int | None = None,
+        context_length: int = 512,
+        fail_after_tokens: int | None = None,
+        governor=None,
+        **settings_overrides,
+    ) -> LiveServer:
+        if engine is None and engine_factory is None:
+            inner = ScriptedEngine(
+                model_id=MODEL,
+                token_delay_s=token_delay_s,
+                reply_tokens=reply_tokens,
+                context_length=context_length,
+            )
+            engine = RecordingEngine(inner, fail_after_tokens=fail_after_tokens)
+        srv = start_server(
+            make_settings(tmp_path, **settings_overrides),
+            engine=engine,
+            engine_factory=engine_factory,
+            governor=governor,
+        )
+        servers.append(srv)
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.stop()

@@ -1,0 +1,277 @@
+"""Engines for server tests, through the real seam (models.protocol.Engine), no patching.
+
+- `ScriptedEngine`: a deterministic stand-in. Prompts tokenize one character per token; the reply is the
+  words of a fixed text, one word per token, with a configurable time per token.
+- `RecordingEngine`: wraps ANY engine (scripted or real) and records each generate() call using only what
+  the contract exposes, so the same assertions hold against the real ONNX engine.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from models.errors import Cancelled, ContextLengthExceeded
+from models.protocol import Engine, EngineLimits, Prompt, StepHook
+from models.types import (
+    CancelToken,
+    FinishEvent,
+    GenerationParams,
+    Timings,
+    TokenEvent,
+    TopLogprob,
+    Usage,
+)
+
+REPLY = "The quick brown fox jumps over the lazy dog and keeps running through the quiet field."
+
+
+class ScriptedEngine:
+    def __init__(
+        self,
+        *,
+        model_id: str = "scripted-test",
+        variant: str = "q4",
+        context_length: int = 512,
+        token_delay_s: float = 0.0,
+        reply: str = REPLY,
+        reply_tokens: int | None = None,
+    ) -> None:
+        self.model_id = model_id
+        self.variant = variant
+        self.variants: Sequence[str] = (variant,)
+        self.context_length = context_length
+        self.threads = 1
+        self.token_delay_s = token_delay_s
+        self._words = re.findall(r"\s*\S+", reply)
+        # Tokens before "EOS" (finish_reason stop); the reply's words are cycled to reach it.
+        self.reply_tokens = len(self._words) if reply_tokens is None else reply_tokens
+        self._last_prompt: list[int] = []
+        self.applied_limits: list[EngineLimits] = []
+
+    # ---- prompts: one character per token --------------------------------------------------------
+
+    @staticmethod
+    def _render(messages: list[dict]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+
+    def _fit(self, ids: list[int], reserve: int, truncate: bool) -> Prompt:
+        room = self.context_length - reserve
+        if len(ids) <= room:
+            return Prompt(ids)
+        if not truncate:
+            raise ContextLengthExceeded(
+                f"The prompt is {len(ids)} tokens; with {reserve} reserved it exceeds the context of "
+                f"{self.context_length} tokens",
+                param="messages",
+            )
+        return Prompt(ids[len(ids) - room :], truncated=True)
+
+    def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
+        ids = [ord(c) for c in self._render(messages)]
+        if truncate and len(ids) + reserve > self.context_length:
+            # Sliding window: keep system messages, drop the oldest other turns while it does not fit.
+            kept = list(messages)
+            while len(kept) > 1 and len(self._render(kept)) + reserve > self.context_length:
+                drop = next((i for i, m in enumerate(kept) if m["role"] != "system"), None)
+                if drop is None or drop == len(kept) - 1:
+                    break
+                kept.pop(drop)
+            prompt = self._fit([ord(c) for c in self._render(kept)], reserve, truncate)
+            return Prompt(prompt.ids, truncated=True)
+        return self._fit(ids, reserve, truncate)
+
+    def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
+        return self._fit([ord(c) for c in text], reserve, truncate)
+
+    # ---- generation ------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: Prompt,
+        params: GenerationParams,
+        *,
+        cancel: CancelToken | None = None,
+        step_hook: StepHook | None = None,
+    ) -> Iterator[TokenEvent | FinishEvent]:
+        cancel = cancel or CancelToken()
+        wake = threading.Event()
+        cancel.on_cancel(wake.set)  # so a per-token wait ends at once on cancel
+        cached = 0
+        for a, b in zip(prompt.ids, self._last_prompt, strict=False):
+            if a != b:
+                break
+            cached += 1
+        self._last_prompt = list(prompt.ids)
+        t0 = time.perf_counter()
+        max_tokens = params.max_tokens
+        room = self.context_length - len(prompt.ids)
+        text = ""
+        n = 0
+        first_at = None
+        reason = "stop"
+        final_text = ""
+        while True:
+            try:
+                limits = step_hook() if step_hook else None
+            except Cancelled:
+                reason = "cancelled"
+                break
+            if limits is not None:
+                self.applied_limits.append(limits)
+                if limits.max_tokens is not None:
+                    max_tokens = min(max_tokens or limits.max_tokens, limits.max_tokens)
+            if cancel.cancelled:
+                reason = "cancelled"
+                break
+            if n >= self.reply_tokens:
+                reason = "stop"
+                break
+            if (max_tokens is not None and n >= max_tokens) or n >= room:
+                reason = "length"
+                break
+            if self.token_delay_s > 0 and wake.wait(self.token_delay_s):
+                reason = "cancelled"
+                break
+            word = self._words[n % len(self._words)]
+            hit = next((s for s in params.stop if s in text + word), None)
+            if hit is not None:
+                # Emit only the text before the stop string.
+                final_text = (text + word)[: (text + word).index(hit)][len(text) :]
+                reason = "stop"
+                break
+            text += word
+            first_at = first_at or time.perf_counter()
+            yield self._token(n, word, params)
+            n += 1
+        elapsed = time.perf_counter() - t0
+        first = (first_at - t0) if first_at else elapsed
+        decode_s = max(elapsed - first, 1e-9)
+        timings = Timings(
+            prompt_n=len(prompt.ids) - cached,
+            prompt_ms=first * 1000,
+            prompt_per_second=(len(prompt.ids) - cached) / max(first, 1e-9),
+            predicted_n=n,
+            predicted_ms=decode_s * 1000,
+            predicted_per_second=n / decode_s if n > 1 else 0.0,
+            ttft_ms=first * 1000,
+        )
+        yield FinishEvent(
+            finish_reason=reason,  # type: ignore[arg-type]
+            usage=Usage(prompt_tokens=len(prompt.ids), completion_tokens=n, cached_tokens=cached),
+            timings=timings,
+            truncated=prompt.truncated,
+            variant=self.variant,
+            text=final_text,
+        )
+
+    def _token(self, n: int, word: str, params: GenerationParams) -> TokenEvent:
+        k = params.sampling.logprobs
+        if k is None:
+            return TokenEvent(token_id=1000 + n, text=word, index=n)
+        alternatives = [word, *(w for w in self._words if w != word)][:k]
+        tops = tuple(
+            TopLogprob(token=w, logprob=-0.1 - i, bytes=list(w.encode())) for i, w in enumerate(alternatives)
+        )
+        return TokenEvent(token_id=1000 + n, text=word, index=n, logprob=-0.1, top_logprobs=tops)
+
+    def apply_limits(self, limits: EngineLimits) -> None:
+        self.applied_limits.append(limits)
+
+    def unload(self) -> None:
+        self._last_prompt = []
+
+
+@dataclass
+class Generation:
+    params: GenerationParams
+    prompt: Prompt
+    tokens: int = 0
+    tokens_at_cancel: int | None = None
+    finish: FinishEvent | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class RecordingEngine:
+    """Delegates to `inner`; records each generation. `fail_after_tokens` injects an engine failure."""
+
+    inner: Engine
+    fail_after_tokens: int | None = None
+    generations: list[Generation] = field(default_factory=list)
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+
+    @property
+    def model_id(self) -> str:
+        return self.inner.model_id
+
+    @property
+    def variant(self) -> str:
+        return self.inner.variant
+
+    @property
+    def variants(self) -> Sequence[str]:
+        return self.inner.variants
+
+    @property
+    def context_length(self) -> int:
+        return self.inner.context_length
+
+    @property
+    def threads(self) -> int:
+        return self.inner.threads
+
+    def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
+        return self.inner.chat_prompt(messages, truncate=truncate, reserve=reserve)
+
+    def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
+        return self.inner.text_prompt(text, truncate=truncate, reserve=reserve)
+
+    def apply_limits(self, limits: EngineLimits) -> None:
+        self.inner.apply_limits(limits)
+
+    def unload(self) -> None:
+        self.inner.unload()
+
+    def generate(
+        self,
+        prompt: Prompt,
+        params: GenerationParams,
+        *,
+        cancel: CancelToken | None = None,
+        step_hook: StepHook | None = None,
+    ) -> Iterator[TokenEvent | FinishEvent]:
+        gen = Generation(params=params, prompt=prompt)
+        with self._cond:
+            self.generations.append(gen)
+            self._cond.notify_all()
+
+        def at_cancel() -> None:
+            if gen.tokens_at_cancel is None:
+                gen.tokens_at_cancel = gen.tokens
+
+        if cancel is not None:
+            cancel.on_cancel(at_cancel)
+        try:
+            for event in self.inner.generate(prompt, params, cancel=cancel, step_hook=step_hook):
+                if isinstance(event, TokenEvent):
+                    if self.fail_after_tokens is not None and gen.tokens >= self.fail_after_tokens:
+                        raise RuntimeError("injected engine failure")
+                    gen.tokens += 1
+                else:
+                    gen.finish = event
+                yield event
+        except BaseException as err:
+            gen.error = err
+            raise
+        finally:
+            with self._cond:
+                self._cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[list[Generation]], bool], timeout: float = 5.0) -> bool:
+        """Block until predicate(generations) holds (re-checked whenever a generation starts or ends)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate(self.generations), timeout)
