@@ -40,19 +40,22 @@ class Engine(Protocol):
     context_length: int  # the context cap in force (tokens)
     threads: int
 
-    def chat_prompt(self, messages: list[dict], *, truncate: bool = False,
-                    reserve: int = 0) -> Prompt:
+    def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
         """Render the chat template and tokenize. Raises ContextLengthExceeded when the prompt
         plus `reserve` tokens does not fit and truncate is False; with truncate, a sliding window
         keeps the system message and the newest turns (Prompt.truncated = True)."""
         ...
 
-    def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
-        ...
+    def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt: ...
 
-    def generate(self, prompt: Prompt, params: GenerationParams, *,
-                 cancel: CancelToken | None = None,
-                 step_hook: StepHook | None = None) -> Iterator[TokenEvent | FinishEvent]:
+    def generate(
+        self,
+        prompt: Prompt,
+        params: GenerationParams,
+        *,
+        cancel: CancelToken | None = None,
+        step_hook: StepHook | None = None,
+    ) -> Iterator[TokenEvent | FinishEvent]:
         """Run on the worker thread. Yields TokenEvents then exactly one FinishEvent
         (finish_reason "cancelled" when the cancel token fired)."""
         ...
