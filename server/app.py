@@ -13,7 +13,7 @@ from starlette.middleware.cors import CORSMiddleware
 from models.protocol import Engine
 from server.errors import install_handlers
 from server.metrics import Metrics, MetricsMiddleware
-from server.routes import ops, v1
+from server.routes import ops, thermal, ui, v1
 from server.security import SecurityMiddleware
 from server.settings import Settings
 from server.worker import Gate, NoGate, Worker
@@ -92,6 +92,9 @@ def create_app(
     install_handlers(app)
     app.include_router(v1.router)
     app.include_router(ops.router)
+    app.include_router(thermal.router)
+    app.include_router(ui.router)
+    ui.mount_static(app)
 
     # Middleware: last added runs first. Security outermost, so refused requests cost nothing; metrics
     # inside it count what reached the app; CORS answers preflights for configured origins only.

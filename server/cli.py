@@ -1,0 +1,204 @@
+"""`simmer`: the command line. Model management lives here; other commands plug in through EXTERNAL.
+
+Adding a subcommand from your own module: add `"name": ("package.module", "function", "one-line help")`
+to EXTERNAL. The function is imported only when that subcommand runs and is called as
+`function(argv: list[str], settings: Settings) -> int`, where argv holds the arguments after the
+subcommand name (parse them with your own argparse parser). A subcommand whose module does not exist
+yet is left out of the help and gives a clear message when called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from models.errors import SimmerError
+from models.store import Converter, ModelStore
+from server.settings import Settings
+
+EXTERNAL: dict[str, tuple[str, str, str]] = {
+    "serve": ("server.serve", "cli_serve", "run the OpenAI-compatible HTTP server"),
+    "run": ("models.cli_run", "cli_run", "generate from a prompt in the terminal"),
+    "chat": ("models.cli_chat", "cli_chat", "chat with a model in the terminal"),
+    "bench": ("bench.cli", "cli_bench", "benchmarks (JSON output)"),
+}
+
+
+class TqdmProgress:
+    """Maps (stage, fraction) progress reports onto one tqdm bar per stage. When stderr is not a
+    terminal (CI logs, pipes) it prints one line per stage instead of redrawing bars."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+        self._stage: str | None = None
+        self._tty = sys.stderr.isatty()
+
+    def __call__(self, stage: str, fraction: float) -> None:
+        if stage != self._stage:
+            self.close()
+            self._stage = stage
+            if self._tty:
+                from tqdm import tqdm
+
+                fmt = "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}"
+                self._bar = tqdm(total=100, desc=stage, file=sys.stderr, bar_format=fmt)
+            else:
+                print(f"{stage} ...", file=sys.stderr, flush=True)
+        if self._bar is not None:
+            self._bar.n = round(fraction * 100, 1)
+            self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        self._stage = None
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _store(settings: Settings, converter: Converter | None) -> ModelStore:
+    return ModelStore(settings.home, converter=converter, log=_print)
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+def cmd_pull(args: argparse.Namespace, settings: Settings, converter: Converter | None) -> int:
+    name = args.model or settings.model
+    progress = TqdmProgress()
+    try:
+        variants = [v for v in args.variants.split(",") if v] if args.variants else None
+        model = _store(settings, converter).pull(
+            name, progress, sha256=args.sha256, variants=variants, force=args.force
+        )
+    finally:
+        progress.close()
+    _print(
+        f"{model.id} {model.version}: variants {', '.join(sorted(model.variants))} ({_mb(model.size_bytes)})"
+    )
+    _print(f"  {model.path}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, settings: Settings, converter: Converter | None) -> int:
+    models = _store(settings, converter).list()
+    if not models:
+        _print("no models installed (run `simmer pull`)")
+        return 0
+    rows = [("ID", "VERSION", "VARIANTS", "SIZE", "CURRENT")]
+    for m in models:
+        current = "yes" if m.current else "previous"
+        if m.problem:
+            current += " (damaged)"
+        rows.append((m.id, m.version, ",".join(m.variants), _mb(m.size_bytes), current))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        _print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, settings: Settings, converter: Converter | None) -> int:
+    progress = TqdmProgress()
+    try:
+        model = _store(settings, converter).verify(args.model or settings.model, progress)
+    finally:
+        progress.close()
+    count = len(model.manifest["files"])
+    _print(f"ok: {model.id} {model.version}: {count} files, {_mb(model.size_bytes)}, sha256 verified")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace, settings: Settings, converter: Converter | None) -> int:
+    _store(settings, converter).remove(args.model)
+    _print(f"removed {args.model}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="simmer", description="Local inference server for small models.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("pull", help="download, convert and verify a model (default: settings' model)")
+    p.add_argument("model", nargs="?", help="model id, ./file.gguf or hf:owner/repo/file.gguf[@revision]")
+    p.add_argument("--sha256", help="expected sha256 of the GGUF (for file and hf: models)")
+    p.add_argument("--variants", help="comma-separated variants to build (default: all the converter offers)")
+    p.add_argument("--force", action="store_true", help="convert again even if installed")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("list", help="installed models")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("verify", help="check the sha256 of every file of a model")
+    p.add_argument("model", nargs="?")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("rm", help="remove a model (all its versions)")
+    p.add_argument("model")
+    p.set_defaults(func=cmd_rm)
+
+    for name, (module, _func, help_text) in EXTERNAL.items():
+        if _module_exists(module):
+            sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def _module_exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _run_external(name: str, argv: list[str], settings: Settings) -> int:
+    module, func_name, _help = EXTERNAL[name]
+    if not _module_exists(module):
+        print(
+            f"error: `simmer {name}` is not available in this build (module {module} is missing)",
+            file=sys.stderr,
+        )
+        return 2
+    func: Callable[[list[str], Settings], int] = getattr(importlib.import_module(module), func_name)
+    return func(argv, settings)
+
+
+def main(
+    argv: Sequence[str] | None = None, *, settings: Settings | None = None, converter: Converter | None = None
+) -> int:
+    """Entry point of the `simmer` console script. `settings` and `converter` are seams for tests."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if settings is None:
+            settings = Settings()
+    except ValueError as err:  # pydantic's ValidationError: a bad SIMMER_* variable
+        print(f"error: invalid settings: {err}", file=sys.stderr)
+        return 2
+    try:
+        if argv and argv[0] in EXTERNAL:
+            return _run_external(argv[0], argv[1:], settings)
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exit_:  # argparse: usage error (2) or --help (0)
+            return int(exit_.code or 0)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return 2
+        return int(args.func(args, settings, converter))
+    except SimmerError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
