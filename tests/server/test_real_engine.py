@@ -1,0 +1,104 @@
+"""The HTTP API over the real ONNX engine: the tiny converted model (fast) and SmolLM2 (slow)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import openai
+import pytest
+
+from models.engine import load_engine
+from models.protocol import EngineLimits
+from tests.server.fakes import RecordingEngine
+
+
+@pytest.fixture
+def tiny_server(live, tiny_model_dir):
+    engine = RecordingEngine(load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128))
+    return live(engine=engine, model=engine.model_id)
+
+
+def sdk(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def test_real_engine_when_streamed_then_same_text_as_non_streamed(tiny_server):
+    client = sdk(tiny_server)
+    kwargs = dict(
+        model=tiny_server.engine.model_id,
+        messages=[{"role": "user", "content": "the cat"}],
+        temperature=0,
+        max_tokens=20,
+    )
+    full = client.chat.completions.create(**kwargs)
+    chunks = list(
+        client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == full.choices[0].message.content
+    usage = chunks[-1].usage
+    assert usage.completion_tokens == full.usage.completion_tokens
+    # the second identical request reused the prompt's KV cache
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
+
+
+def test_real_engine_when_completions_with_seed_then_reproducible(tiny_server):
+    client = sdk(tiny_server)
+    kwargs = dict(
+        model=tiny_server.engine.model_id, prompt="once upon", temperature=1.3, max_tokens=16, seed=11
+    )
+    a = client.completions.create(**kwargs).choices[0].text
+    b = client.completions.create(**kwargs).choices[0].text
+    assert a == b
+
+
+def test_real_engine_when_client_disconnects_then_worker_free_for_next(tiny_server):
+    """A long streamed reply is dropped mid-way; the next request is served at once."""
+    # the tiny model is too fast to disconnect from in time: pace it (the governor's pacing lever)
+    tiny_server.engine.inner.apply_limits(EngineLimits(tokens_per_second=50))
+    client = sdk(tiny_server)
+    stream = client.chat.completions.create(
+        model=tiny_server.engine.model_id,
+        stream=True,
+        max_tokens=100,
+        temperature=1.0,
+        seed=1,
+        extra_body={"ignore_eos": True},
+        messages=[{"role": "user", "content": "go on"}],
+    )
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    done = threading.Event()
+
+    def follow_up():
+        client.chat.completions.create(
+            model=tiny_server.engine.model_id, max_tokens=2, messages=[{"role": "user", "content": "next"}]
+        )
+        done.set()
+
+    threading.Thread(target=follow_up, daemon=True).start()
+    assert done.wait(20)
+    first = tiny_server.engine.generations[0]
+    assert first.finish is not None and first.finish.finish_reason == "cancelled"
+    assert first.tokens_at_cancel is not None and first.tokens - first.tokens_at_cancel <= 1
+    assert first.finish.usage.completion_tokens < 100
+
+
+@pytest.mark.slow
+def test_real_model_when_openai_sdk_streams_then_paris(live, smollm2_model_dir):
+    engine = load_engine(smollm2_model_dir, threads=2)
+    srv = live(engine=engine, model=engine.model_id)
+    client = sdk(srv)
+    t0 = time.perf_counter()
+    stream = client.chat.completions.create(
+        model=engine.model_id,
+        stream=True,
+        temperature=0,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == "The capital of France is Paris."
+    assert time.perf_counter() - t0 < 30
