@@ -76,6 +76,8 @@ class DecoderSession:
         self._logits_ov = ort.OrtValue.ortvalue_from_numpy(self.logits)
         self._mask = np.ones((1, 0), np.int64)
         self.run_options = ort.RunOptions()
+        self._binding: ort.IOBinding | None = None
+        self._bound_kv: KVCache | None = None
 
     def _mask_view(self, total: int) -> np.ndarray:
         if self._mask.shape[1] < total:
@@ -88,17 +90,26 @@ class DecoderSession:
         n = int(ids.shape[-1])
         if past_len + n > kv.capacity:
             raise ValueError(f"KV buffer holds {kv.capacity} tokens, asked for {past_len + n}")
-        b = self.sess.io_binding()
+        b = self._binding_for(kv)
         b.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64).reshape(1, n))
         b.bind_cpu_input("attention_mask", self._mask_view(past_len + n))
-        for i, (k, v) in enumerate(kv.ortvalues):
-            b.bind_ortvalue_input(f"past_key_values.{i}.key", k)
-            b.bind_ortvalue_input(f"past_key_values.{i}.value", v)
-            b.bind_ortvalue_output(f"present.{i}.key", k)
-            b.bind_ortvalue_output(f"present.{i}.value", v)
-        b.bind_ortvalue_output("logits", self._logits_ov)
         self.sess.run_with_iobinding(b, self.run_options)
         return self.logits[0, 0]
+
+    def _binding_for(self, kv: KVCache) -> ort.IOBinding:
+        """The KV buffers and logits stay bound between calls: rebinding 60 OrtValues per token costs
+        about 0.1 ms, a percent of a decode step."""
+        if self._bound_kv is not kv:
+            b = self.sess.io_binding()
+            for i, (k, v) in enumerate(kv.ortvalues):
+                b.bind_ortvalue_input(f"past_key_values.{i}.key", k)
+                b.bind_ortvalue_input(f"past_key_values.{i}.value", v)
+                b.bind_ortvalue_output(f"present.{i}.key", k)
+                b.bind_ortvalue_output(f"present.{i}.value", v)
+            b.bind_ortvalue_output("logits", self._logits_ov)
+            self._binding, self._bound_kv = b, kv
+        assert self._binding is not None
+        return self._binding
 
     def terminate(self) -> None:
         """Stop a running Run between nodes (called from another thread on cancel)."""
