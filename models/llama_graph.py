@@ -148,13 +148,12 @@ class GraphBuilder:
         if p.correction is None:
             return y, blocksum
         if blocksum is None:
-            shape = self.const(f"blocks_{p.k}", np.array([0, 0, p.k // BLOCK, BLOCK], np.int64))
-            blocks = self.node("Reshape", [x, shape])[0]
-            blocksum = self.node(
-                "ReduceSum", [blocks, self.const("axis_last", np.array([-1], np.int64))], keepdims=0
-            )[0]
-        corr = self.node("MatMul", [blocksum, self.init(f"{key}.q41_correction", p.correction)])[0]
-        return self.node("Add", [y, corr])[0], blocksum
+            # block sums as one small MatMul with a 0/1 block-indicator matrix (no Reshape + ReduceSum)
+            ind = np.kron(np.eye(p.k // BLOCK, dtype=np.float32), np.ones((BLOCK, 1), np.float32))
+            blocksum = self.node("MatMul", [x, self.init(f"block_indicator_{p.k}", ind)])[0]
+        corr = self.init(f"{key}.q41_correction", p.correction)
+        # Gemm adds the correction to y in the same node (the graph is 2-D: [tokens, features])
+        return self.node("Gemm", [blocksum, corr, y])[0], blocksum
 
     def norm_weight(self, name: str) -> str:
         return self.init(name, self.tensor(name).dequantize().reshape(-1))
@@ -186,23 +185,27 @@ class GraphBuilder:
         if spec.embed_bits is None or embd.type_name in ("Q4_0", "Q4_1"):
             # a 4-bit table has no exact 8-bit form: keep it exact in fp32 (the LM head stays 4-bit, exact)
             table = self.init("token_embd.weight", embd.dequantize())
-            x = self.node("Gather", [table, "input_ids"], axis=0)[0]
+            rows = self.node("Gather", [table, "input_ids"], axis=0)[0]
+            x = self.node("Reshape", [rows, self.const("to_2d", np.array([-1, cfg.hidden], np.int64))])[0]
         else:
             embd_packed = pack_tensor(embd, spec.embed_bits)
+            # GatherBlockQuantized reads the same [vocab, blocks, 32] bytes the LM head's MatMulNBits uses,
+            # so the table is stored once (a Reshape of it would be constant-folded into a second copy)
             data = self.init("token_embd.qweight", embd_packed.packed)
-            scales = self.init("token_embd.scales", embd_packed.scales)
-            flat = self.const("embd_flat_shape", np.array([cfg.vocab, cfg.hidden], np.int64))
-            flat_data = self.node("Reshape", [data, flat])[0]
-            zp = self.init("token_embd.zero_points", np.full(embd_packed.scales.shape, 128, np.uint8))
-            x = self.node(
+            scales3d = embd_packed.scales[..., None]
+            scales = self.init("token_embd.scales_3d", scales3d)
+            zp = self.init("token_embd.zero_points_3d", np.full(scales3d.shape, 128, np.uint8))
+            rows = self.node(
                 "GatherBlockQuantized",
-                [flat_data, "input_ids", scales, zp],
+                [data, "input_ids", scales, zp],
                 domain=MS,
                 bits=8,
                 block_size=BLOCK,
                 gather_axis=0,
-                quantize_axis=1,
+                quantize_axis=2,
             )[0]
+            x = self.node("Reshape", [rows, self.const("to_2d", np.array([-1, cfg.hidden], np.int64))])[0]
+            self.init("token_embd.scales", embd_packed.scales)
 
         x_norm = self.node(
             "SimplifiedLayerNormalization",
@@ -232,9 +235,12 @@ class GraphBuilder:
             qkv, _ = self.linear(
                 x_norm, p + "attn_qkv", [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
             )
+            # GQA wants [batch, seq, features]; everything else runs on 2-D [tokens, features] (batch 1)
+            qkv_dim = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+            qkv3 = self.node("Reshape", [qkv, self.const("to_3d", np.array([1, -1, qkv_dim], np.int64))])[0]
             attn = self.node(
                 "GroupQueryAttention",
-                [qkv, "", "", past_k, past_v, seqlens_k, total_len, cos_name, sin_name],
+                [qkv3, "", "", past_k, past_v, seqlens_k, total_len, cos_name, sin_name],
                 n_out=1,
                 domain=MS,
                 num_heads=cfg.n_heads,
@@ -245,7 +251,10 @@ class GraphBuilder:
             )
             # GQA's outputs 1 and 2 are the presents: name them as graph outputs
             self.nodes[-1].output.extend([pres_k, pres_v])
-            o, _ = self.linear(attn[0], p + "attn_output", [p + "attn_output.weight"])
+            attn2 = self.node(
+                "Reshape", [attn[0], self.const("to_2d", np.array([-1, cfg.hidden], np.int64))]
+            )[0]
+            o, _ = self.linear(attn2, p + "attn_output", [p + "attn_output.weight"])
             x_norm, _, _, residual = self.node(
                 "SkipSimplifiedLayerNormalization",
                 [o, residual, self.norm_weight(p + "ffn_norm.weight")],
@@ -278,7 +287,7 @@ class GraphBuilder:
                 x_norm,
                 self.const("last_start", np.array([-1], np.int64)),
                 self.const("last_end", np.array([np.iinfo(np.int64).max], np.int64)),
-                self.const("axis1", np.array([1], np.int64)),
+                self.const("axis0", np.array([0], np.int64)),
             ],
         )[0]
         self._lm_head(last, embd_packed)
@@ -314,11 +323,10 @@ class GraphBuilder:
                 table = self.inits["token_embd.weight"].name
             else:
                 table = self.init("output.weight", head.dequantize())
-            flat = self.node("Reshape", [last, self.const("to_2d", np.array([-1, cfg.hidden], np.int64))])[0]
-            logits = self.node("Gemm", [flat, table], transB=1)[0]
+            logits = self.node("Gemm", [last, table], transB=1)[0]
         else:
             logits, _ = self.linear(last, "lm_head", [head_name], bits=spec.embed_bits)
-        self.node("Reshape", [logits, self.const("logits_shape", np.array([0, 1, cfg.vocab], np.int64))])
+        self.node("Reshape", [logits, self.const("logits_shape", np.array([1, 1, cfg.vocab], np.int64))])
         self.nodes[-1].output[0] = "logits"
 
 
