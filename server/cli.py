@@ -22,8 +22,8 @@ from server.settings import Settings
 
 EXTERNAL: dict[str, tuple[str, str, str]] = {
     "serve": ("server.serve", "cli_serve", "run the OpenAI-compatible HTTP server"),
-    "run": ("models.cli_run", "cli_run", "generate from a prompt in the terminal"),
-    "chat": ("models.cli_chat", "cli_chat", "chat with a model in the terminal"),
+    "run": ("server.cli_run", "cli_run", "generate from a prompt in the terminal"),
+    "chat": ("server.cli_run", "cli_chat", "chat with a model in the terminal"),
     "bench": ("bench.cli", "cli_bench", "benchmarks (JSON output)"),
 }
 
@@ -95,7 +95,7 @@ def cmd_list(args: argparse.Namespace, settings: Settings, converter: Converter 
         return 0
     rows = [("ID", "VERSION", "VARIANTS", "SIZE", "CURRENT")]
     for m in models:
-        current = "yes" if m.current else "previous"
+        current = "yes" if m.current else "no"
         if m.problem:
             current += " (damaged)"
         rows.append((m.id, m.version, ",".join(m.variants), _mb(m.size_bytes), current))
@@ -166,7 +166,10 @@ def _run_external(name: str, argv: list[str], settings: Settings) -> int:
         )
         return 2
     func: Callable[[list[str], Settings], int] = getattr(importlib.import_module(module), func_name)
-    return func(argv, settings)
+    try:
+        return int(func(argv, settings))
+    except SystemExit as exit_:  # their argparse: --help (0) or a usage error (2)
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
 
 
 def main(

@@ -1,0 +1,172 @@
+"""`simmer pull | list | verify | rm`: exit codes and messages through main([...]), fake converter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from models.errors import InvalidModelFile, UnsupportedModel
+from server import cli
+from server.settings import Settings
+from tests.models.test_store import FakeConverter, write_gguf
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path / "home", model="./default-model.gguf")
+
+
+@pytest.fixture
+def gguf(tmp_path: Path) -> Path:
+    return write_gguf(tmp_path / "Tiny-Llama.gguf")
+
+
+def last_line(text: str) -> str:
+    # Progress lines (one per stage when stderr is not a terminal) come before the error.
+    return text.splitlines()[-1] if text else ""
+
+
+def run(settings: Settings, *argv: str, fake: FakeConverter | None = None) -> int:
+    return cli.main(list(argv), settings=settings, converter=(fake or FakeConverter()).as_converter())
+
+
+def test_cli_pull_list_verify_rm_when_happy_path_then_exit_0(settings, gguf, capsys) -> None:
+    assert run(settings, "pull", str(gguf)) == 0
+    out = capsys.readouterr().out
+    assert "installed tiny-llama" in out and "variants f32, q4" in out
+
+    assert run(settings, "pull", str(gguf)) == 0
+    assert "already installed" in capsys.readouterr().out
+
+    assert run(settings, "list") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["ID", "VERSION", "VARIANTS", "SIZE", "CURRENT"]
+    assert (
+        lines[1].split()[0] == "tiny-llama" and lines[1].split()[2] == "f32,q4" and lines[1].endswith("yes")
+    )
+
+    assert run(settings, "verify", "tiny-llama") == 0
+    assert capsys.readouterr().out.startswith("ok: tiny-llama")
+
+    assert run(settings, "rm", "tiny-llama") == 0
+    assert run(settings, "list") == 0
+    assert "no models installed" in capsys.readouterr().out
+
+
+def test_cli_pull_when_no_model_then_settings_default(settings, tmp_path, capsys, monkeypatch) -> None:
+    write_gguf(tmp_path / "default-model.gguf")
+    monkeypatch.chdir(tmp_path)
+    assert run(settings, "pull") == 0
+    assert "installed default-model" in capsys.readouterr().out
+
+
+def test_cli_verify_when_file_corrupted_then_exit_1_naming_file(settings, gguf, capsys) -> None:
+    assert run(settings, "pull", str(gguf)) == 0
+    current = (settings.home / "models" / "tiny-llama" / "current").read_text().strip()
+    target = settings.home / "models" / "tiny-llama" / current / "tokenizer.json"
+    target.write_text(target.read_text().upper())
+    capsys.readouterr()
+    assert run(settings, "verify", "tiny-llama") == 1
+    err = last_line(capsys.readouterr().err)
+    assert err.startswith("error: ") and "tokenizer.json" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["pull", "nosuchmodel"], "error: unknown model 'nosuchmodel'; known models: smollm2-135m-instruct"),
+        (["rm", "tiny-llama"], "error: model 'tiny-llama' is not installed"),
+        (["verify", "tiny-llama"], "error: model 'tiny-llama' is not installed"),
+        (["pull", "--sha256", "xyz", "./a.gguf"], "error: --sha256 must be 64 hex digits"),
+    ],
+)
+def test_cli_when_user_error_then_exit_1_with_message(settings, capsys, argv, message) -> None:
+    assert run(settings, *argv) == 1
+    assert last_line(capsys.readouterr().err).startswith(message)
+
+
+@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["rm"], ["pull", "--bogus"]])
+def test_cli_when_bad_usage_then_exit_2(settings, argv, capsys) -> None:
+    assert run(settings, *argv) == 2
+    assert "usage: simmer" in capsys.readouterr().err
+
+
+def test_cli_pull_when_bad_hash_then_exit_1_and_nothing_installed(settings, gguf, capsys) -> None:
+    assert run(settings, "pull", str(gguf), "--sha256", "0" * 64) == 1
+    assert last_line(capsys.readouterr().err).startswith("error: sha256 mismatch for")
+    assert run(settings, "list") == 0
+    assert "no models installed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("content", "fail_with", "message"),
+    [
+        (b"<html>not found</html>", None, "is not a GGUF file"),
+        (b"GGUF\x03", None, "is truncated"),
+        (
+            None,
+            InvalidModelFile("Tiny-Llama.gguf is truncated: tensor blk.1 ends past the file"),
+            "tensor blk.1",
+        ),
+        (None, UnsupportedModel("unsupported architecture 'mamba'"), "unsupported architecture 'mamba'"),
+        (None, UnsupportedModel("unsupported tensor type IQ2_XS in blk.0.ffn_up"), "IQ2_XS"),
+    ],
+)
+def test_cli_pull_when_bad_input_then_exit_1_nothing_installed(
+    settings, gguf, capsys, content, fail_with, message
+) -> None:
+    if content is not None:
+        gguf.write_bytes(content)
+    assert run(settings, "pull", str(gguf), fake=FakeConverter(fail_with=fail_with)) == 1
+    err = last_line(capsys.readouterr().err)
+    assert err.startswith("error: ") and message in err
+    assert not (settings.home / "models" / "tiny-llama" / "current").exists()
+    assert not list((settings.home / "models" / "tiny-llama").glob(".tmp-*"))
+
+
+def test_cli_pull_when_smoke_test_fails_then_exit_1_and_previous_kept(settings, gguf, capsys) -> None:
+    assert run(settings, "pull", str(gguf)) == 0
+    manifest_before = json.loads(
+        next((settings.home / "models" / "tiny-llama").glob("*/manifest.json")).read_text()
+    )
+    capsys.readouterr()
+    assert run(settings, "pull", str(gguf), fake=FakeConverter(version=2, smoke_ok=False)) == 1
+    assert f"current version stays {manifest_before['version']}" in capsys.readouterr().err
+    assert run(settings, "verify", "tiny-llama") == 0
+    assert manifest_before["version"] in capsys.readouterr().out
+
+
+def test_cli_when_external_subcommand_missing_then_clear_message(settings, capsys, monkeypatch) -> None:
+    monkeypatch.setitem(cli.EXTERNAL, "dance", ("server.no_such_module", "cli_dance", "dance"))
+    assert run(settings, "dance", "--fast") == 2
+    assert "`simmer dance` is not available" in capsys.readouterr().err
+
+
+def test_cli_when_external_subcommand_exists_then_gets_argv_and_settings(settings, monkeypatch) -> None:
+    seen = {}
+
+    def fake_serve(argv: list[str], got: Settings) -> int:
+        seen.update(argv=argv, settings=got)
+        return 7
+
+    monkeypatch.setitem(cli.EXTERNAL, "serve-test", (__name__, "fake_entry", "test"))
+    monkeypatch.setitem(globals(), "fake_entry", fake_serve)
+    assert run(settings, "serve-test", "--port", "9000") == 7
+    assert seen == {"argv": ["--port", "9000"], "settings": settings}
+
+
+def test_cli_when_no_settings_given_then_built_from_environment(tmp_path, gguf, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("SIMMER_HOME", str(tmp_path / "envhome"))
+    assert cli.main(["pull", str(gguf)], converter=FakeConverter().as_converter()) == 0
+    assert (tmp_path / "envhome" / "models" / "tiny-llama" / "current").is_file()
+
+
+def test_cli_when_external_subcommand_exits_then_code_returned(settings, monkeypatch) -> None:
+    def fake_entry_exiting(argv: list[str], got: Settings) -> int:
+        raise SystemExit(2)  # what its own argparse does on a usage error
+
+    monkeypatch.setitem(cli.EXTERNAL, "exit-test", (__name__, "fake_entry_exiting", "test"))
+    monkeypatch.setitem(globals(), "fake_entry_exiting", fake_entry_exiting)
+    assert run(settings, "exit-test", "--bogus") == 2
