@@ -218,14 +218,28 @@ def test_logprobs_when_asked_then_chosen_and_top_alternatives(tiny):
 # -- the real model ----------------------------------------------------------------------------------
 
 
+KNOWN_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]  # MODEL_NOTES.md
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["q4", "q4-a8", "f32"])
-def test_real_model_when_greedy_then_paris(smollm2_model_dir, variant):
+def test_real_model_when_known_prompt_greedy_then_paris(smollm2_model_dir, variant):
+    eng = load_engine(smollm2_model_dir, variant=variant, threads=2)
+    tokens, fin = run(eng, Prompt(KNOWN_IDS), GenerationParams(GREEDY, max_tokens=32))
+    assert text_of(tokens, fin) == "The capital of France is Paris."
+    assert fin.finish_reason == "stop" and fin.usage.completion_tokens == 7
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["q4", "f32"])
+def test_real_model_when_chat_template_then_exact_variants_say_paris(smollm2_model_dir, variant):
+    """With the template's default system prompt the fp32 reference prefers "The" over "L" by only 0.08
+    logits, so int8-activation engines (q4-a8, and llama.cpp too) may start differently; the exact
+    variants must follow the reference."""
     eng = load_engine(smollm2_model_dir, variant=variant, threads=2)
     p = eng.chat_prompt([{"role": "user", "content": "What is the capital of France?"}])
     tokens, fin = run(eng, p, GenerationParams(GREEDY, max_tokens=32))
     assert text_of(tokens, fin) == "The capital of France is Paris."
-    assert fin.finish_reason == "stop"
 
 
 @pytest.mark.slow

@@ -87,18 +87,23 @@ def test_real_engine_when_client_disconnects_then_worker_free_for_next(tiny_serv
     assert first.finish.usage.completion_tokens < 100
 
 
+KNOWN_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
 @pytest.mark.slow
 def test_real_model_when_openai_sdk_streams_then_paris(live, smollm2_model_dir):
+    """The default variant (q4-a8) over HTTP, on MODEL_NOTES.md's known prompt."""
     engine = load_engine(smollm2_model_dir, threads=2)
     srv = live(engine=engine, model=engine.model_id)
     client = sdk(srv)
-    t0 = time.perf_counter()
-    stream = client.chat.completions.create(
+    stream = client.completions.create(
+        model=engine.model_id, stream=True, temperature=0, prompt=KNOWN_PROMPT, max_tokens=32
+    )
+    assert "".join(c.choices[0].text for c in stream if c.choices) == "The capital of France is Paris."
+    chat = client.chat.completions.create(
         model=engine.model_id,
-        stream=True,
         temperature=0,
+        max_tokens=32,
         messages=[{"role": "user", "content": "What is the capital of France?"}],
     )
-    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    assert text == "The capital of France is Paris."
-    assert time.perf_counter() - t0 < 30
+    assert "Paris" in chat.choices[0].message.content

@@ -1,0 +1,214 @@
+"""The worker's Gate over a real Governor: device throttling, kills, limits only when they change, and the
+memory plan that picks the start rung."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from governor.governor import Governor
+from governor.policy import PolicyConfig
+from governor.sensors import SimulatedThermalSource
+from governor.thermal_sim import ThermalSimulator, get_profile
+from models.errors import Cancelled, DeviceOverheated, InsufficientMemory
+from models.types import CancelToken
+from server.errors import DevicePaused
+from server.governor_gate import RUNTIME_BYTES, GovernorGate, governed_engine_factory, plan_start
+from tests.server.conftest import make_settings
+
+MiB = 2**20
+
+
+class FrozenClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def sim_gate(start_c: float, *, enforce: bool = False) -> tuple[GovernorGate, list[float], FrozenClock]:
+    """A gate on the phone-heatwave simulator held at start_c (its clock only moves when the test says)."""
+    clock = FrozenClock()
+    sim = ThermalSimulator(
+        get_profile("phone-heatwave"), clock=clock, cpu_time_fn=lambda: 0.0, max_cores=2, start_c=start_c
+    )
+    slept: list[float] = []
+    gate = GovernorGate(
+        Governor(thermal=SimulatedThermalSource(sim), enforce=enforce),
+        pause_timeout_s=0.2,
+        sleep=slept.append,
+    )
+    return gate, slept, clock
+
+
+def test_before_step_when_device_above_throttle_then_idles_a_multiple_of_the_pass():
+    gate, slept, _ = sim_gate(45.0)  # s = 1 + 0.25 * (45 - 43) = 1.5: idle half of each pass
+    cancel = CancelToken()
+    gate.before_job(cancel, time.monotonic())
+    gate.before_step(cancel)  # the first step has no pass before it
+    assert slept == []
+    t0 = time.monotonic()
+    time.sleep(0.02)  # "the forward pass"
+    gate.before_step(cancel)
+    pass_s = time.monotonic() - t0
+    assert len(slept) == 1
+    assert 0.5 * 0.02 <= slept[0] <= 0.5 * pass_s + 1e-6
+    assert gate.throttled_seconds == pytest.approx(slept[0])
+
+
+def test_before_step_when_device_cool_then_no_idle():
+    gate, slept, _ = sim_gate(38.0)
+    cancel = CancelToken()
+    gate.before_job(cancel, time.monotonic())
+    gate.before_step(cancel)
+    time.sleep(0.01)
+    gate.before_step(cancel)
+    assert slept == []
+
+
+def test_before_job_when_device_killed_then_device_overheated_until_it_cools():
+    gate, _, clock = sim_gate(48.5)
+    clock.now += 0.001  # one step of physics: T >= T_critical kills the app
+    assert gate.governor.device_killed
+    with pytest.raises(DeviceOverheated, match="overheated"):
+        gate.before_job(CancelToken(), time.monotonic())
+    with pytest.raises(DeviceOverheated):
+        gate.before_step(CancelToken())
+    clock.now += 600  # ten idle minutes: back below T_throttle
+    assert not gate.governor.device_killed
+    assert gate.before_job(CancelToken(), time.monotonic()) is not None
+
+
+def test_before_step_when_limits_unchanged_then_none_and_changed_then_new_limits():
+    gov = Governor(usable_cpus=4, config=PolicyConfig(background_action="low_priority"))
+    gate = GovernorGate(gov)
+    cancel = CancelToken()
+    first = gate.before_job(cancel, time.monotonic())
+    assert first is not None and first.threads == 4
+    assert gate.before_step(cancel) is None
+    gov.set_lifecycle("background")  # low priority: serious limits, no pause
+    changed = gate.before_step(cancel)
+    assert changed is not None and changed.threads == 1 and changed.max_tokens == 512
+    assert gate.before_step(cancel) is None
+
+
+def test_before_job_when_paused_then_times_out_from_enqueue_with_device_paused():
+    gov = Governor()
+    gov.set_lifecycle("background")
+    gate = GovernorGate(gov, pause_timeout_s=0.3)
+    enqueued = time.monotonic() - 0.2  # already waited 0.2 s in the queue
+    t0 = time.monotonic()
+    with pytest.raises(DevicePaused, match="did not resume"):
+        gate.before_job(CancelToken(), enqueued)
+    assert time.monotonic() - t0 < 0.25  # only the rest of its 0.3 s
+
+
+def test_before_step_when_paused_and_client_leaves_then_cancelled_at_once():
+    gov = Governor()
+    gate = GovernorGate(gov, pause_timeout_s=30)
+    cancel = CancelToken()
+    gate.before_job(cancel, time.monotonic())
+    gov.set_lifecycle("background")
+
+    threading.Timer(0.1, cancel.cancel).start()
+    t0 = time.monotonic()
+    with pytest.raises(Cancelled):
+        gate.before_step(cancel)
+    assert time.monotonic() - t0 < 2
+
+
+# -- memory: the start rung -------------------------------------------------------------------------------
+MANIFEST = {
+    "context_length": 8192,
+    "kv_bytes_per_token": 1000,
+    "variants": {
+        "f32": {
+            "weights_bytes": 500 * MiB,
+            "speed": {"cpu_s_per_token": 0.03},
+            "quality": {"top1_agreement": 1.0},
+        },
+        "q4": {
+            "weights_bytes": 200 * MiB,
+            "speed": {"cpu_s_per_token": 0.018},
+            "quality": {"top1_agreement": 1.0},
+        },
+        "q4-a8": {
+            "weights_bytes": 110 * MiB,
+            "speed": {"cpu_s_per_token": 0.012},
+            "quality": {"top1_agreement": 0.93},
+        },
+    },
+}
+
+
+def plan(budget: int | None, **kw):
+    args = {"context_length": 2048, "prefix_slots": 2, "prefix_budget_bytes": 256 * MiB, **kw}
+    return plan_start("m", MANIFEST, budget_bytes=budget, **args)
+
+
+def test_plan_start_when_budget_fits_best_then_best_rung_and_ladder_by_cost():
+    p = plan(1024 * MiB)
+    assert [r.variant for r in p.ladder] == ["q4", "q4-a8"]  # f32 is no cheaper than q4: not a rung
+    assert p.variant == "q4" and p.start_rung == 0
+    assert p.need_bytes == 200 * MiB + 2 * 2048 * 1000 + RUNTIME_BYTES
+
+
+def test_plan_start_when_budget_only_fits_cheaper_then_steps_down():
+    p = plan(110 * MiB + 2 * 2048 * 1000 + RUNTIME_BYTES)
+    assert p.variant == "q4-a8" and p.start_rung == 1
+
+
+def test_plan_start_when_nothing_fits_then_insufficient_memory_naming_needs():
+    with pytest.raises(InsufficientMemory, match="q4-a8 needs") as err:
+        plan(100 * MiB)
+    assert err.value.code == "insufficient_memory"
+
+
+def test_plan_start_when_variant_chosen_then_it_is_the_top_rung():
+    p = plan(None, preferred_variant="f32")
+    assert [r.variant for r in p.ladder] == ["f32", "q4", "q4-a8"]
+    assert p.variant == "f32"
+
+
+def test_engine_factory_when_budget_too_small_then_refuses_to_load_with_clear_error(
+    live, tmp_path, tiny_model_dir
+):
+    from server.governor_gate import build_gate
+
+    settings = make_settings(tmp_path, thermal_source="none", memory_budget_mb=8)
+    gate = build_gate(settings)
+    srv = live(
+        engine_factory=governed_engine_factory(settings, gate, model_dir=tiny_model_dir), governor=gate
+    )
+    with srv.client() as c:
+        for _ in range(200):
+            health = c.get("/health")
+            if health.json()["status"] != "loading":
+                break
+            time.sleep(0.02)
+        assert health.status_code == 503
+        assert "memory budget of 8 MiB" in health.json()["error"]
+
+
+def test_engine_factory_when_budget_fits_then_loads_start_rung_and_ladder(live, tmp_path, tiny_model_dir):
+    from server.governor_gate import build_gate
+
+    settings = make_settings(tmp_path, thermal_source="none", memory_budget_mb=1024, context_length=128)
+    gate = build_gate(settings)
+    srv = live(
+        engine_factory=governed_engine_factory(settings, gate, model_dir=tiny_model_dir), governor=gate
+    )
+    manifest = json.loads((tiny_model_dir / "manifest.json").read_text())
+    with srv.client() as c:
+        for _ in range(200):
+            if c.get("/health").json()["status"] == "ok":
+                break
+            time.sleep(0.02)
+        body = c.get("/v1/thermal").json()
+    assert body["variant"] == body["limits"]["variant"]
+    assert body["variant"] in manifest["variants"]
+    assert body["model"] == manifest["id"]
