@@ -100,10 +100,17 @@ def test_real_model_when_openai_sdk_streams_then_paris(live, smollm2_model_dir):
         model=engine.model_id, stream=True, temperature=0, prompt=KNOWN_PROMPT, max_tokens=32
     )
     assert "".join(c.choices[0].text for c in stream if c.choices) == "The capital of France is Paris."
+
+
+@pytest.mark.slow
+def test_real_model_when_chat_with_exact_variant_then_paris(live, smollm2_model_dir):
+    """Through the chat template (default system prompt) the exact q4 variant follows the fp32 reference."""
+    engine = load_engine(smollm2_model_dir, variant="q4", threads=2)
+    client = sdk(live(engine=engine, model=engine.model_id))
     chat = client.chat.completions.create(
         model=engine.model_id,
         temperature=0,
         max_tokens=32,
         messages=[{"role": "user", "content": "What is the capital of France?"}],
     )
-    assert "Paris" in chat.choices[0].message.content
+    assert chat.choices[0].message.content == "The capital of France is Paris."
