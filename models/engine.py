@@ -89,8 +89,8 @@ class LlamaEngine:
         prefill_chunk: int = 256,
         prefix_slots: int = 2,
         prefix_budget_bytes: int = 256 << 20,
-        spinning: bool = False,
-        max_sessions: int = 2,
+        spin: str = "auto",
+        max_sessions: int = 1,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.manifest = manifest
@@ -115,25 +115,27 @@ class LlamaEngine:
         self.prefill_chunk = max(1, prefill_chunk)
         self.prefix_slots = max(1, prefix_slots)
         self.prefix_budget_bytes = prefix_budget_bytes
-        self.spinning = spinning
+        if spin not in ("auto", "on", "off"):
+            raise InvalidParameter(f"spin must be auto, on or off, not {spin!r}", param="spin")
+        self.spin = spin
         self.max_sessions = max(1, max_sessions)
         self.max_tokens_limit: int | None = None
         self.tokens_per_second: float | None = None
         self.tokenizer = Tokenizer.load(self.model_dir)
         self.template = ChatTemplate.from_tokenizer(self.tokenizer)
-        self._sessions: dict[tuple[str, int], DecoderSession] = {}
+        self._sessions: dict[tuple[str, int, bool], DecoderSession] = {}
         self._slots: list[KVSlot] = []
         self._session()  # load now: a broken model fails at start, not at the first request
 
     # -- sessions and KV slots -----------------------------------------------------------------------
     def _session(self) -> DecoderSession:
-        key = (self.variant, self.threads)
+        key = self.session_key()
         sess = self._sessions.pop(key, None)
         if sess is None:
             t0 = time.perf_counter()
             entry = self.manifest["variants"][self.variant]
             sess = DecoderSession(
-                self.model_dir / entry["file"], self.shape, self.threads, spinning=self.spinning
+                self.model_dir / entry["file"], self.shape, self.threads, spinning=key[2]
             )
             log.info(
                 "loaded %s/%s with %d threads in %.2f s",
@@ -146,6 +148,12 @@ class LlamaEngine:
         while len(self._sessions) > self.max_sessions:
             self._sessions.pop(next(iter(self._sessions)))
         return sess
+
+    def session_key(self) -> tuple[str, int, bool]:
+        """Spinning thread pools decode about 40 % faster at the same CPU time per token when tokens come
+        back to back, but burn the gaps of a paced stream: "auto" spins only while unpaced."""
+        spinning = self.spin == "on" or (self.spin == "auto" and not self.tokens_per_second)
+        return (self.variant, self.threads, spinning)
 
     def _slot_for(self, ids: Sequence[int]) -> tuple[KVSlot, int]:
         """The slot sharing the longest prefix with `ids` (same variant, big enough), else a free or the
@@ -298,9 +306,9 @@ class _Generation:
             raise Cancelled("the request was cancelled")
         if limits is None:
             return
-        old = (self.e.variant, self.e.threads)
+        old = self.e.session_key()
         variant_changed = self.e.apply_limits(limits)
-        if (self.e.variant, self.e.threads) != old:
+        if self.e.session_key() != old:
             self.sess = self.e._session()
         if variant_changed:
             # the KV cache was computed by other weights: re-prefill what the model has seen so far

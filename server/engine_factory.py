@@ -26,6 +26,7 @@ def open_engine(
         threads=engine_threads(settings, threads),
         context_length=settings.context_length,
         prefill_chunk=settings.prefill_chunk,
+        spin=settings.spin,
         prefix_slots=settings.prefix_cache_slots,
         prefix_budget_bytes=settings.prefix_cache_mb << 20,
     )
