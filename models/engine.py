@@ -411,6 +411,7 @@ class _Generation:
                     logprob=logprob if p.sampling.logprobs is not None else None,
                     top_logprobs=self._top(top) if p.sampling.logprobs else None,
                     token_text=e.tokenizer.token_text(token) if p.sampling.logprobs is not None else None,
+                    elapsed_ms=(time.perf_counter() - t_start) * 1000,
                 )
                 if hit:
                     finish = "stop"

@@ -75,6 +75,7 @@ class TokenEvent:
     logprob: float | None = None
     top_logprobs: tuple[TopLogprob, ...] | None = None
     token_text: str | None = None  # the token's own text, for logprobs
+    elapsed_ms: float = 0.0  # since generate() was called: TTFT for the first token, pacing after
 
 
 @dataclass(frozen=True)

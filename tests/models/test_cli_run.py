@@ -1,0 +1,39 @@
+"""`simmer run` and `simmer chat` on a tiny model installed from a local GGUF through the real store."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from server.cli import main
+
+
+@pytest.fixture
+def installed_tiny(tiny_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("SIMMER_HOME", str(tmp_path / "home"))
+    assert main(["pull", str(tiny_gguf)]) == 0
+    return tiny_gguf.stem.lower()
+
+
+def test_run_when_prompt_then_reply_streamed_to_stdout(installed_tiny, capsys):
+    code = main(["run", "--model", installed_tiny, "--max-tokens", "8", "--stats", "hello", "there"])
+    out = capsys.readouterr()
+    assert code == 0
+    assert out.out.endswith("\n")
+    assert "tok/s decode" in out.err and "prompt tokens" in out.err
+
+
+def test_chat_when_two_turns_then_second_reuses_the_cache(installed_tiny, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("first question\nsecond question\n\n"))
+    code = main(["chat", "--model", installed_tiny, "--max-tokens", "6", "--stats"])
+    err = capsys.readouterr().err
+    assert code == 0
+    cached = [int(line.split("(")[1].split()[0]) for line in err.splitlines() if "cached)" in line]
+    assert len(cached) == 2 and cached[0] == 0 and cached[1] > 0
+
+
+def test_run_when_model_not_installed_then_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SIMMER_HOME", str(tmp_path / "empty"))
+    assert main(["run", "hi"]) == 1
+    assert "not installed" in capsys.readouterr().err
