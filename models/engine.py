@@ -87,7 +87,7 @@ class LlamaEngine:
         threads: int = 2,
         context_length: int = 2048,
         prefill_chunk: int = 256,
-        prefix_slots: int = 2,
+        prefix_slots: int = 1,
         prefix_budget_bytes: int = 256 << 20,
         spin: str = "auto",
         max_sessions: int = 1,

@@ -250,3 +250,20 @@ def test_real_model_when_chinese_and_emoji_streamed_then_no_replacement_chars(sm
     ids = [t.token_id for t in tokens]
     assert "".join(t.text for t in tokens) + fin.text == eng.tokenizer.decode(ids)
     assert all("\ufffd" not in t.text for t in tokens)
+
+
+def test_prefix_reuse_when_two_slots_then_two_conversations_alternate_cached(tiny_model_dir):
+    eng = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128, prefix_slots=2)
+    a = eng.text_prompt("the first conversation is about cats")
+    b = eng.text_prompt("a second one talks about dogs instead")
+    run(eng, a, GenerationParams(GREEDY, max_tokens=4))
+    run(eng, b, GenerationParams(GREEDY, max_tokens=4))
+    _, fa = run(eng, a, GenerationParams(GREEDY, max_tokens=4))
+    _, fb = run(eng, b, GenerationParams(GREEDY, max_tokens=4))
+    assert fa.usage.cached_tokens == len(a.ids) - 1
+    assert fb.usage.cached_tokens == len(b.ids) - 1
+    one = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128, prefix_slots=1)
+    run(one, a, GenerationParams(GREEDY, max_tokens=4))
+    run(one, b, GenerationParams(GREEDY, max_tokens=4))
+    _, fa1 = run(one, a, GenerationParams(GREEDY, max_tokens=4))
+    assert fa1.usage.cached_tokens < len(a.ids) - 1  # one slot: b evicted a
