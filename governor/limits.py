@@ -105,17 +105,19 @@ def build_ladder(rungs: Sequence[tuple[str, str, float, float, int]]) -> list[Ru
 
 def rungs_from_manifest(model_id: str, variants: Mapping[str, Mapping[str, Any]]) -> list[tuple]:
     """Manifest entries {"q4": {"speed": {"cpu_s_per_token": ..}, "quality": {"top1_agreement": ..},
-    "memory": {"total_bytes": ..}}, ...} -> build_ladder() tuples. Unmeasured variants are skipped."""
+    "weights_bytes": .. (or "memory": {"total_bytes": ..})}, ...} -> build_ladder() tuples. Unmeasured
+    variants are skipped."""
     out = []
     for variant, data in variants.items():
         try:
+            size = data["weights_bytes"] if "weights_bytes" in data else data["memory"]["total_bytes"]
             out.append(
                 (
                     model_id,
                     variant,
                     float(data["speed"]["cpu_s_per_token"]),
                     float(data["quality"]["top1_agreement"]),
-                    int(data["memory"]["total_bytes"]),
+                    int(size),
                 )
             )
         except (KeyError, TypeError, ValueError):

@@ -11,6 +11,8 @@ and a re-prefill of the token history, so the reply continues coherently.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import logging
 import time
@@ -50,6 +52,16 @@ class KVSlot:
     @property
     def tokens(self) -> list[int]:
         return self.cache.tokens
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS after dropping a session: glibc keeps them otherwise, and a
+    governor that switches variants would look like a leak (RSS only grows)."""
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -145,8 +157,12 @@ class LlamaEngine:
                 time.perf_counter() - t0,
             )
         self._sessions[key] = sess  # most recently used last
+        evicted = False
         while len(self._sessions) > self.max_sessions:
             self._sessions.pop(next(iter(self._sessions)))
+            evicted = True
+        if evicted:
+            release_freed_memory()
         return sess
 
     def session_key(self) -> tuple[str, int, bool]:
@@ -205,6 +221,7 @@ class LlamaEngine:
     def unload(self) -> None:
         self._sessions.clear()
         self._slots.clear()
+        release_freed_memory()
 
     def reset_cache(self) -> None:
         """Forget the prefix-reuse KV contents (keeps the buffers)."""

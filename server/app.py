@@ -68,15 +68,25 @@ def create_app(
     subscribe = getattr(governor, "subscribe", None)
     if callable(subscribe):
         subscribe(worker.publish_governor)
+    if hasattr(governor, "governor") and hasattr(governor, "snapshot"):  # a GovernorGate: export its state
+        metrics.watch_governor(governor, lambda: worker.engine.variant if worker.engine else None)
+
+    # A governor gate has its own polling thread; plain gates (NoGate, test fakes) do not.
+    gate_start = getattr(gate, "start", None)
+    gate_stop = getattr(gate, "stop", None)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if callable(gate_start):
+            gate_start()
         worker.start()  # loads the model in the background
         try:
             yield
         finally:
             worker.close()
             worker.join(SHUTDOWN_JOIN_S)
+            if callable(gate_stop):
+                gate_stop()
 
     app = FastAPI(title="simmer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.runtime = Runtime(

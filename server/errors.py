@@ -36,6 +36,12 @@ class ShuttingDown(SimmerError):
     code = "server_shutting_down"
 
 
+class DevicePaused(SimmerError):
+    """The governor paused work (device too hot, app in the background) longer than pause_timeout_s."""
+
+    code = "device_paused"
+
+
 class ApiError(SimmerError):
     """An error born at the HTTP edge (auth, host, body size, routing) with an explicit status."""
 
@@ -64,11 +70,18 @@ _STATUS: dict[str, tuple[int, str]] = {
     "server_shutting_down": (503, "server_error"),
     "insufficient_memory": (503, "server_error"),
     "device_overheated": (503, "server_error"),
+    "device_paused": (503, "server_error"),
     "cancelled": (499, "server_error"),
 }
 
 # Seconds a client should wait before retrying, for the statuses that invite a retry.
-RETRY_AFTER_S: dict[str, int] = {"server_busy": 1, "model_loading": 2, "server_shutting_down": 5}
+RETRY_AFTER_S: dict[str, int] = {
+    "server_busy": 1,
+    "model_loading": 2,
+    "server_shutting_down": 5,
+    "device_paused": 10,
+    "device_overheated": 30,
+}
 
 
 def error_body(code: str, message: str, *, param: str | None = None, err_type: str | None = None) -> dict:

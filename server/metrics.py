@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -51,8 +53,81 @@ class Metrics:
         self.prompt_tokens.inc(prompt)
         self.generated_tokens.inc(completion)
 
+    def watch_governor(self, gate: Any, variant: Callable[[], str | None]) -> None:
+        """Export the governor's state at scrape time (a GovernorGate; `variant` names what runs now)."""
+        self.registry.register(GovernorCollector(gate, variant))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+_LEVELS = ("nominal", "fair", "serious", "critical")
+
+
+class GovernorCollector:
+    """Temperature, headroom, level, variant and pauses, read from the governor's snapshot on each scrape."""
+
+    def __init__(self, gate: Any, variant: Callable[[], str | None]) -> None:
+        self.gate = gate
+        self.variant = variant
+
+    def describe(self) -> list[Metric]:
+        return []  # metrics come and go with the sensors; do not pre-register names
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.gate.snapshot()
+        if snap.temperature is not None:
+            temp = GaugeMetricFamily(
+                "simmer_temperature_celsius", "Governing temperature", labels=["source", "sensor"]
+            )
+            temp.add_metric([snap.temperature_source, snap.temperature.sensor], snap.temperature.celsius)
+            yield temp
+        if snap.headroom is not None:
+            yield GaugeMetricFamily(
+                "simmer_thermal_headroom", "Thermal headroom (1.0 = throttling)", snap.headroom
+            )
+        if snap.forecast_headroom is not None:
+            yield GaugeMetricFamily(
+                "simmer_thermal_headroom_forecast", "Thermal headroom forecast", snap.forecast_headroom
+            )
+        yield GaugeMetricFamily(
+            "simmer_governor_level",
+            "Governor level: 0 nominal, 1 fair, 2 serious, 3 critical",
+            _LEVELS.index(snap.level),
+        )
+        state = GaugeMetricFamily("simmer_governor_level_state", "1 for the current level", labels=["level"])
+        for level in _LEVELS:
+            state.add_metric([level], 1.0 if level == snap.level else 0.0)
+        yield state
+        variant = self.variant()
+        if variant is not None:
+            info = GaugeMetricFamily("simmer_variant", "1 for the variant that runs now", labels=["variant"])
+            info.add_metric([variant], 1.0)
+            yield info
+        if snap.limits.threads is not None:
+            yield GaugeMetricFamily(
+                "simmer_governor_threads", "Threads the governor allows", snap.limits.threads
+            )
+        paused = snap.limits.pause_running or snap.limits.pause_new
+        yield GaugeMetricFamily("simmer_governor_paused", "1 while work is paused", 1.0 if paused else 0.0)
+        yield CounterMetricFamily(
+            "simmer_governor_pauses", "Times the governor paused work", self.gate.pauses
+        )
+        yield CounterMetricFamily(
+            "simmer_governor_paused_seconds",
+            "Worker seconds spent waiting out pauses",
+            self.gate.paused_seconds,
+        )
+        yield CounterMetricFamily(
+            "simmer_device_throttled_seconds",
+            "Worker seconds idled by the (simulated) device's own throttling",
+            self.gate.throttled_seconds,
+        )
+        sim = self.gate.governor.thermal.simulator
+        if sim is not None:
+            yield CounterMetricFamily(
+                "simmer_device_kills", "Times the simulated device killed the app", sim.kills
+            )
 
 
 _KNOWN_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/"}

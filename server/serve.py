@@ -45,6 +45,14 @@ def build_server(
 ) -> uvicorn.Server:
     """Check the bind address, build the app and a uvicorn server for it (not started)."""
     check_bind(settings.host, settings.api_key)
+    if governor is None:
+        from server.governor_gate import build_gate, governed_engine_factory
+
+        gate = build_gate(settings)
+        governor = gate
+        if engine_factory is None:
+            # Picks the start rung that fits memory and tells the governor the variant ladder.
+            engine_factory = governed_engine_factory(settings, gate)
     if engine_factory is None:
 
         def engine_factory() -> Engine:

@@ -6,11 +6,14 @@ through `loop.call_soon_threadsafe`. Events, in order:
   Started(prompt_tokens, truncated)  -> TokenEvent* -> FinishEvent
 or Failed(error) at any point (prompt too long, engine error, shutdown). GovernorState may come anywhere.
 
-The governor seam (kept small on purpose):
-- `gate.before_step() -> EngineLimits | None` runs before every job and between every token / prefill
-  chunk (as the engine's step hook), on the worker thread. It may block while the device is paused (bound
-  that wait, e.g. by pause_timeout_s: a cancelled request cannot interrupt it) and returns new limits or
-  None for "unchanged".
+The governor seam (kept small on purpose), both called on the worker thread:
+- `gate.before_job(cancel, enqueued_at) -> EngineLimits | None` runs before a job starts. It may hold new
+  work while the governor pauses it (bounded: it raises once the job has waited too long) and returns new
+  limits or None for "unchanged".
+- `gate.before_step(cancel) -> EngineLimits | None` runs between every token / prefill chunk (as the
+  engine's step hook). It may idle (device throttling), block while the running reply is paused (the
+  job's CancelToken interrupts that wait when the client leaves), raise (device killed), and returns new
+  limits or None.
 - `worker.publish_governor(state)` (any thread) sends a JSON-able state to every open job; streams that
   asked for it (`governor_events: true`) forward it as SSE `event: governor`.
 """
@@ -36,13 +39,17 @@ log = logging.getLogger("simmer.server")
 
 
 class Gate(Protocol):
-    def before_step(self) -> EngineLimits | None: ...
+    def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None: ...
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None: ...
 
 
 class NoGate:
     """The default gate: never pauses, never changes limits."""
 
-    def before_step(self) -> EngineLimits | None:
+    def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
+        return None
+
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
         return None
 
 
@@ -221,9 +228,11 @@ class Worker:
 
     def _step_hook(self, job: Job) -> Callable[[], EngineLimits | None]:
         def hook() -> EngineLimits | None:
-            limits = self.gate.before_step()
+            limits = self.gate.before_step(job.cancel)
             if job.cancel.cancelled:
                 raise Cancelled("request cancelled")
+            if limits is not None:
+                log.info("%s: applying governor limits mid-reply: %s", job.id, _describe(limits))
             return limits
 
         return hook
@@ -233,8 +242,11 @@ class Worker:
             return  # the client left while queued
         started = time.monotonic()
         try:
-            limits = self.gate.before_step()
+            limits = self.gate.before_job(job.cancel, job.enqueued_at)
+            if job.cancel.cancelled:
+                return
             if limits is not None:
+                log.info("%s: applying governor limits: %s", job.id, _describe(limits))
                 engine.apply_limits(limits)
             prompt = self._prompt(engine, job)
             job.sink(Started(len(prompt.ids), prompt.truncated, engine.variant))
@@ -270,3 +282,9 @@ class Worker:
         if isinstance(job.payload, list):
             return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve)
         return engine.text_prompt(job.payload, truncate=truncate, reserve=reserve)
+
+
+def _describe(limits: EngineLimits) -> str:
+    """`threads=1 variant=q4-a8 ...`: the limits that are set, for one log line."""
+    fields = {k: v for k, v in vars(limits).items() if v is not None}
+    return " ".join(f"{k}={round(v, 1) if isinstance(v, float) else v}" for k, v in fields.items()) or "none"

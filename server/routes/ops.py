@@ -31,7 +31,14 @@ async def health(request: Request) -> JSONResponse:
         }
         snapshot = getattr(rt.gate, "snapshot", None)
         if callable(snapshot):
-            body["governor"] = snapshot()
+            snap = snapshot()
+            body["governor"] = {
+                "level": snap.level,
+                "reason": snap.reason,
+                "enforced": snap.enforced,
+                "paused": snap.limits.pause_running or snap.limits.pause_new,
+                "device_killed": snap.device_killed,
+            }
         return JSONResponse(body)
     retry = {"Retry-After": str(RETRY_AFTER_S["model_loading"])}
     if worker.state == "loading":

@@ -80,7 +80,10 @@ class FakeGovernor:
     def subscribe(self, callback: Callable[[dict], None]) -> None:
         self.publish = callback
 
-    def before_step(self) -> EngineLimits | None:
+    def before_job(self, cancel, enqueued_at) -> EngineLimits | None:
+        return None
+
+    def before_step(self, cancel=None) -> EngineLimits | None:
         self.steps += 1
         if self.steps == 3 and self.publish:
             self.publish({"level": "moderate", "reason": "test"})

@@ -1,0 +1,557 @@
+"""`simmer bench sustained`: back-to-back chat requests through the HTTP API on a simulated device, once
+governed and once ungoverned, each on the same device starting cold. Prints (and plots) both runs.
+
+The server runs as a child process (`simmer serve` as a user starts it), so the simulated device is heated
+by the server's CPU time alone, not by this client. Time axes are simulated seconds; tok/s is real tokens
+per wall second (the engine does not run faster because the device's heat capacity is scaled).
+
+Offline check: the child installs a Python audit hook (PEP 578) that records every socket bind, connect,
+sendto and getaddrinfo with its address; the report lists any that is not loopback. This client checks its
+own requests the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from server.settings import Settings
+
+PROMPTS = [
+    "Explain why the sky is blue in a few sentences.",
+    "Write a short story about a robot learning to cook.",
+    "What are three tips for staying focused while studying?",
+    "Describe a walk through a forest in autumn.",
+    "Why do cats like boxes?",
+    "Give me a recipe idea for a quick dinner.",
+    "What is the difference between weather and climate?",
+    "Write a haiku about the sea, then explain it.",
+]
+MAX_TOKENS = 160
+LEVEL_INDEX = {"nominal": 0, "fair": 1, "serious": 2, "critical": 3}
+
+
+# -- the server as a child process ------------------------------------------------------------------------
+def _child_main() -> None:
+    """Entry point of the child: audit hook, then `simmer serve` with the governed engine factory."""
+    audit_fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    model_dir = sys.argv[2] or None
+    install_socket_audit(lambda line: os.write(audit_fd, (line + "\n").encode()))
+    from server.governor_gate import build_gate, governed_engine_factory
+    from server.logs import setup_logging
+    from server.serve import build_server
+
+    settings = Settings()
+    setup_logging(settings.log_level, json_lines=False)
+    gate = build_gate(settings)
+    factory = governed_engine_factory(settings, gate, model_dir=Path(model_dir) if model_dir else None)
+    build_server(settings, engine_factory=factory, governor=gate).run()
+
+
+def install_socket_audit(record: Any) -> None:
+    """Record socket activity: `bind|connect|sendto|getaddrinfo <host> <port>` lines (PEP 578 events)."""
+
+    def hook(event: str, args: tuple) -> None:
+        if event in ("socket.bind", "socket.connect", "socket.sendto"):
+            address = args[1] if event != "socket.sendto" else args[-1]
+            if isinstance(address, tuple) and address:
+                record(f"{event.split('.')[1]} {address[0]} {address[1] if len(address) > 1 else ''}")
+            else:
+                record(f"{event.split('.')[1]} unix {address!r}")
+        elif event == "socket.getaddrinfo":
+            record(f"getaddrinfo {args[0]} {args[1]}")
+
+    sys.addaudithook(hook)
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "unix", "", "None"):
+        return True
+    if isinstance(host, bytes):
+        host = host.decode()
+    try:
+        return ipaddress.ip_address(str(host).split("%")[0]).is_loopback or str(host) in ("0.0.0.0", "::")
+    except ValueError:
+        return False
+
+
+def summarize_audit(lines: list[str]) -> dict[str, Any]:
+    events = [line.split(" ", 2) for line in lines if line.strip()]
+    outside = [" ".join(e) for e in events if len(e) > 1 and not is_loopback(e[1])]
+    return {
+        "socket_events": len(events),
+        "kinds": sorted({e[0] for e in events}),
+        "non_loopback": outside[:20],
+        "offline_ok": not outside,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Settings as SIMMER_* variables, so the child builds the same Settings object."""
+    env = {}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, list | dict):
+            text = json.dumps(value)
+        else:
+            text = str(value)
+        env[f"SIMMER_{name.upper()}"] = text
+    return env
+
+
+@dataclass
+class ServerProcess:
+    url: str
+    proc: subprocess.Popen
+    audit_path: Path
+    cold_start_s: float
+
+    @property
+    def rss(self) -> int:
+        try:
+            return psutil.Process(self.proc.pid).memory_info().rss
+        except psutil.Error:
+            return 0
+
+    def audit(self) -> list[str]:
+        return self.audit_path.read_text().splitlines() if self.audit_path.exists() else []
+
+
+@contextlib.contextmanager
+def server_process(
+    settings: Settings, *, model_dir: Path | None = None, ready_timeout_s: float = 120.0
+) -> Iterator[ServerProcess]:
+    """Start `simmer serve` (with a socket audit) on a free loopback port; wait until /health is ok."""
+    settings = settings.model_copy(update={"host": "127.0.0.1", "port": free_port()})
+    tmp = Path(tempfile.mkdtemp(prefix="simmer-bench-"))
+    audit_path = tmp / "audit.log"
+    env = {**os.environ, **settings_env(settings)}  # the child inherits PATH etc., plus our settings
+    code = "from bench.sustained import _child_main; _child_main()"
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(audit_path), str(model_dir or "")],
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp / "server.log").open("w"),
+    )
+    url = f"http://127.0.0.1:{settings.port}"
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {(tmp / 'server.log').read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                r = httpx.get(url + "/health", timeout=2)
+                if r.status_code == 200:
+                    break
+                if r.json().get("status") == "error":
+                    raise RuntimeError(f"the model failed to load: {r.json().get('error')}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not become ready")
+            time.sleep(0.05)
+        yield ServerProcess(url, proc, audit_path, time.monotonic() - t0)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- one run ---------------------------------------------------------------------------------------------
+@dataclass
+class RequestRecord:
+    start: float
+    ttft_s: float | None
+    tokens: int
+    ok: bool
+    error: str | None = None
+
+
+@dataclass
+class RunLog:
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    requests: list[RequestRecord] = field(default_factory=list)
+    rss_ready: int = 0
+    rss_after: dict[int, int] = field(default_factory=dict)
+    chars_per_token: list[float] = field(default_factory=list)
+
+
+def stream_request(client: httpx.Client, prompt: str, log: RunLog, end: float) -> RequestRecord:
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.7,
+        "seed": len(log.requests),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.monotonic()
+    rec = RequestRecord(start, None, 0, False)
+    arrivals: list[tuple[float, int]] = []  # (time, characters) of each content chunk
+    usage_tokens: int | None = None
+    try:
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                r.read()
+                rec.error = f"HTTP {r.status_code}: {r.text[:200]}"
+                return rec
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line.removeprefix("data: ")
+                if data == "[DONE]":
+                    rec.ok = rec.error is None
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    rec.error = chunk["error"].get("code")
+                    continue
+                now = time.monotonic()
+                if chunk.get("usage"):
+                    usage_tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", []):
+                    text = choice["delta"].get("content") or ""
+                    if text:
+                        if rec.ttft_s is None:
+                            rec.ttft_s = now - start
+                        arrivals.append((now, len(text)))
+                if now > end:
+                    rec.ok = rec.error is None  # the run is over: stop reading (not a failure)
+                    break
+    except httpx.HTTPError as err:
+        rec.error = f"{type(err).__name__}: {err}"
+    finally:
+        rec.tokens = _spread_tokens(arrivals, usage_tokens, log)
+    return rec
+
+
+def _spread_tokens(arrivals: list[tuple[float, int]], usage_tokens: int | None, log: RunLog) -> int:
+    """A chunk carries the tokens of one 50 ms coalescing window: give each chunk its share of the reply's
+    tokens (from usage) by its share of the characters. A reply cut at the end of the run has no usage:
+    use the characters-per-token of the replies before it."""
+    chars = sum(c for _, c in arrivals)
+    if not chars:
+        return 0
+    if usage_tokens is not None:
+        log.chars_per_token.append(chars / max(1, usage_tokens))
+        total = usage_tokens
+    else:
+        ratio = statistics.median(log.chars_per_token) if log.chars_per_token else 4.0
+        total = max(1, round(chars / ratio))
+    seen = given = 0
+    for t, c in arrivals:
+        seen += c
+        n = round(total * seen / chars) - given
+        log.token_times.extend([t] * n)
+        given += n
+    return total
+
+
+def run_once(
+    settings: Settings, *, minutes: float, time_scale: float, model_dir: Path | None
+) -> tuple[RunLog, dict[str, Any]]:
+    log = RunLog()
+    wall_s = minutes * 60.0 / time_scale
+    with server_process(settings, model_dir=model_dir) as srv:
+        log.rss_ready = srv.rss
+        client = httpx.Client(base_url=srv.url, timeout=settings.pause_timeout_s + 60)
+        stop = threading.Event()
+        t0 = time.monotonic()
+        end = t0 + wall_s
+
+        def sample() -> None:
+            period = 1.0 / time_scale  # one sample per simulated second
+            next_at = t0
+            with httpx.Client(base_url=srv.url, timeout=10) as c:
+                while not stop.is_set():
+                    with contextlib.suppress(httpx.HTTPError, ValueError):
+                        th = c.get("/v1/thermal").json()
+                        log.samples.append(
+                            {
+                                "t": round((time.monotonic() - t0) * time_scale, 2),
+                                "temperature": th["temperature"]["celsius"],
+                                "throttle_c": th["temperature"]["throttle_c"],
+                                "critical_c": th["temperature"]["critical_c"],
+                                "level": th["level"],
+                                "variant": th["variant"],
+                                "threads": th["threads"],
+                                "limit_threads": th["limits"]["threads"],
+                                "paused": th["limits"]["pause_running"],
+                                "device_killed": th["device_killed"],
+                            }
+                        )
+                    next_at += period
+                    stop.wait(max(0.0, next_at - time.monotonic()))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        i = 0
+        while time.monotonic() < end:
+            rec = stream_request(client, PROMPTS[i % len(PROMPTS)], log, end)
+            log.requests.append(rec)
+            i += 1
+            if i in (1, 10):
+                log.rss_after[i] = srv.rss
+            if not rec.ok:
+                time.sleep(0.1)  # an overheated device refuses at once: do not spin on it
+        stop.set()
+        sampler.join(5)
+        client.close()
+        metrics = ""
+        with contextlib.suppress(httpx.HTTPError):
+            metrics = httpx.get(srv.url + "/metrics", timeout=5).text
+        kills = _metric(metrics, "simmer_device_kills_total")
+        audit = srv.audit()
+        meta = {"cold_start_s": round(srv.cold_start_s, 2), "kills": kills, "audit": audit, "t0": t0}
+    return log, meta
+
+
+def _metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def _mb(value: int | None) -> float | None:
+    return None if value is None else round(value / 2**20, 1)
+
+
+def summarize(log: RunLog, meta: dict[str, Any], *, time_scale: float, minutes: float) -> dict[str, Any]:
+    t0 = meta["t0"]
+    total_s = int(minutes * 60)
+    # tokens per simulated second, as real tok/s (tokens in that 1/time_scale wall-second window)
+    per_s = [0] * total_s
+    for t in log.token_times:
+        i = int((t - t0) * time_scale)
+        if 0 <= i < total_s:
+            per_s[i] += 1
+    tok_s = [n * time_scale for n in per_s]
+    last5 = tok_s[-300:] if total_s >= 300 else tok_s
+    temps = [s["temperature"] for s in log.samples if s["temperature"] is not None]
+    throttle = next((s["throttle_c"] for s in log.samples if s["throttle_c"]), None)
+    critical = next((s["critical_c"] for s in log.samples if s["critical_c"]), None)
+    above = sum(1 for s in log.samples if throttle is not None and (s["temperature"] or 0) >= throttle)
+    ttfts = [r.ttft_s for r in log.requests if r.ttft_s is not None]
+    failed = [r for r in log.requests if not r.ok]
+    series = []
+    by_second: dict[int, dict] = {}
+    for s in log.samples:
+        by_second.setdefault(int(s["t"]), s)
+    for sec in range(total_s):
+        s = by_second.get(sec)
+        series.append(
+            {
+                "t": sec,
+                "temperature": s["temperature"] if s else None,
+                "level": s["level"] if s else None,
+                "variant": s["variant"] if s else None,
+                "threads": s["limit_threads"] if s else None,
+                "tok_s": tok_s[sec],
+            }
+        )
+    return {
+        "requests": len(log.requests),
+        "failed_requests": len(failed),
+        "failures": sorted({r.error or "?" for r in failed})[:5],
+        "total_tokens": sum(r.tokens for r in log.requests),
+        "tok_s_mean": round(sum(tok_s) / max(1, len(tok_s)), 2),
+        "tok_s_last_5min": round(sum(last5) / max(1, len(last5)), 2),
+        "peak_temperature_c": round(max(temps), 2) if temps else None,
+        "start_temperature_c": round(temps[0], 2) if temps else None,
+        "end_temperature_c": round(temps[-1], 2) if temps else None,
+        "throttle_c": throttle,
+        "critical_c": critical,
+        "seconds_above_throttle": above,
+        "device_kills": meta["kills"],
+        "reached_critical": bool(temps and critical is not None and max(temps) >= critical),
+        "ttft_ms_median": round(statistics.median(ttfts) * 1000, 1) if ttfts else None,
+        "ttft_ms_first": round(log.requests[0].ttft_s * 1000, 1)
+        if log.requests and log.requests[0].ttft_s
+        else None,
+        "cold_start_s": meta["cold_start_s"],
+        "rss_mb": {
+            "ready": round(log.rss_ready / 2**20, 1),
+            "after_1_request": _mb(log.rss_after.get(1)),
+            "after_10_requests": _mb(log.rss_after.get(10)),
+        },
+        "levels_seconds": {lv: sum(1 for s in series if s["level"] == lv) for lv in LEVEL_INDEX},
+        "variants_seconds": {
+            v: sum(1 for s in series if s["variant"] == v)
+            for v in sorted({s["variant"] for s in series if s["variant"]})
+        },
+        "series": series,
+    }
+
+
+# -- the benchmark --------------------------------------------------------------------------------------
+def bench_sustained(
+    settings: Settings,
+    *,
+    profile: str = "phone",
+    minutes: float = 10.0,
+    time_scale: float = 10.0,
+    plot: str | None = None,
+    model_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Governed vs ungoverned on `sim:profile`; returns the JSON report (series included per second)."""
+    client_audit: list[str] = []
+    install_socket_audit(client_audit.append)
+    base = settings.model_copy(
+        update={
+            "thermal_source": f"sim:{profile}",
+            "sim_time_scale": time_scale,
+            "keep_alive_s": 0.0,
+            "log_level": "warning",
+            "api_key": None,
+        }
+    )
+    runs: dict[str, dict[str, Any]] = {}
+    audits: list[str] = []
+    for name, governed in (("governed", True), ("ungoverned", False)):
+        log, meta = run_once(
+            base.model_copy(update={"governor": governed}),
+            minutes=minutes,
+            time_scale=time_scale,
+            model_dir=model_dir,
+        )
+        audits += meta.pop("audit")
+        runs[name] = summarize(log, meta, time_scale=time_scale, minutes=minutes)
+    g, u = runs["governed"], runs["ungoverned"]
+    ratio = g["tok_s_last_5min"] / u["tok_s_last_5min"] if u["tok_s_last_5min"] else None
+    throttle = g["throttle_c"]
+    rss = g["rss_mb"]
+    server_audit = summarize_audit(audits)
+    client_side = summarize_audit(client_audit)
+    report = {
+        "benchmark": "sustained",
+        "profile": profile,
+        "minutes": minutes,
+        "time_scale": time_scale,
+        "model": settings.model,
+        "max_tokens_per_request": MAX_TOKENS,
+        "targets": {
+            "governed_over_ungoverned_tok_s_last_5min": round(ratio, 3) if ratio else None,
+            "tok_s_ratio_ok (>= 1.2)": bool(ratio and ratio >= 1.2),
+            "governed_peak_below_throttle_plus_1": bool(
+                throttle is not None
+                and g["peak_temperature_c"] is not None
+                and g["peak_temperature_c"] < throttle + 1
+            ),
+            "governed_never_critical": not g["reached_critical"] and not g["device_kills"],
+            "governed_zero_failed": g["failed_requests"] == 0,
+        },
+        "acceptance": {
+            "cold_start_s (spawn to /health ok, imports included)": g["cold_start_s"],
+            "ttft_ms_first_request": g["ttft_ms_first"],
+            "ttft_ms_median": g["ttft_ms_median"],
+            "memory_growth_mb_after_10_requests (rss after 10 - after 1)": _growth(
+                rss["after_10_requests"], rss["after_1_request"]
+            ),
+            "memory_growth_mb_ready_to_10_requests": _growth(rss["after_10_requests"], rss["ready"]),
+            "temperature_rise_c_governed (peak - start)": _rise(g),
+            "temperature_rise_c_ungoverned (peak - start)": _rise(u),
+            "offline": {
+                "ok": server_audit["offline_ok"] and client_side["offline_ok"],
+                "how": "Python audit hooks (PEP 578) in the server process and in this client recorded every "
+                "socket bind/connect/sendto/getaddrinfo; none had a non-loopback address",
+                "server": server_audit,
+                "client": client_side,
+            },
+        },
+        "runs": {k: {kk: vv for kk, vv in v.items() if kk != "series"} for k, v in runs.items()},
+        "series": {k: v["series"] for k, v in runs.items()},
+    }
+    if plot:
+        plot_runs(runs, plot, profile=profile, time_scale=time_scale)
+        report["plot"] = plot
+    return report
+
+
+def _growth(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else round(after - before, 1)
+
+
+def _rise(run: dict[str, Any]) -> float | None:
+    if run["peak_temperature_c"] is None or run["start_temperature_c"] is None:
+        return None
+    return round(run["peak_temperature_c"] - run["start_temperature_c"], 2)
+
+
+def plot_runs(runs: dict[str, dict[str, Any]], path: str, *, profile: str, time_scale: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
+    colors = {"governed": "tab:blue", "ungoverned": "tab:red"}
+    for name, run in runs.items():
+        s = run["series"]
+        t = [p["t"] for p in s]
+        temp = [p["temperature"] for p in s]
+        axes[0].plot(t, temp, color=colors[name], label=name)
+        window = 10
+        raw = [p["tok_s"] for p in s]
+        smooth = [
+            sum(raw[max(0, i - window + 1) : i + 1]) / len(raw[max(0, i - window + 1) : i + 1])
+            for i in range(len(raw))
+        ]
+        axes[1].plot(
+            t, smooth, color=colors[name], label=f"{name} ({run['tok_s_last_5min']} tok/s last 5 min)"
+        )
+        axes[2].step(
+            t,
+            [LEVEL_INDEX.get(p["level"]) if p["level"] else None for p in s],
+            color=colors[name],
+            where="post",
+            label=name,
+        )
+        axes[3].step(t, [p["threads"] for p in s], color=colors[name], where="post", label=f"{name} threads")
+    first = next(iter(runs.values()))
+    if first["throttle_c"]:
+        axes[0].axhline(first["throttle_c"], color="orange", linestyle="--", label="T_throttle")
+    if first["critical_c"]:
+        axes[0].axhline(first["critical_c"], color="black", linestyle=":", label="T_critical")
+    axes[0].set_ylabel("skin temperature (C)")
+    axes[1].set_ylabel("tok/s (10 s mean)")
+    axes[2].set_ylabel("level")
+    axes[2].set_yticks(range(4), list(LEVEL_INDEX))
+    axes[3].set_ylabel("threads")
+    axes[3].set_xlabel(f"simulated seconds (time_scale {time_scale:g})")
+    for ax in axes:
+        ax.legend(loc="best", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"simmer sustained benchmark: sim:{profile}, governed vs ungoverned")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
