@@ -57,3 +57,20 @@ class Settings(BaseSettings):
     background_action: str = Field("pause", description="pause | low_priority: what 'background' does")
     memory_budget_mb: int | None = Field(None, description="Memory budget (default: the cgroup/system limit)")
     pause_timeout_s: float = Field(60.0, description="How long queued requests wait out a pause before 503")
+
+
+def settings_table() -> str:
+    """The README's settings table, generated so it cannot drift from this class."""
+    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = field.default_factory() if field.default_factory else field.default
+        shown = "unset" if default is None else f"`{default}`"
+        if name == "home":
+            shown = "`~/.cache/simmer`"
+        meaning = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `SIMMER_{name.upper()}` | {shown} | {meaning} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(settings_table())
