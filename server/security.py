@@ -14,7 +14,14 @@ from models.errors import InvalidParameter
 from server.errors import ApiError, error_payload
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
-OPEN_PATHS = {"/health"}  # answered without an API key (liveness probes)
+# Answered without an API key: liveness probes, and the browser UI's page and files (they hold no data;
+# the page asks for the key and sends it on every API call). The Host check still applies to them.
+OPEN_PATHS = {"/health", "/"}
+OPEN_PREFIXES = ("/static/",)
+
+
+def is_open_path(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 def is_loopback(host: str) -> bool:
@@ -85,7 +92,8 @@ class SecurityMiddleware:
         if not self._host_ok(headers.get("host", "")):
             await _send_error(send, ApiError(403, "host_not_allowed", "Host header not allowed"))
             return
-        needs_key = self.api_key and scope.get("path") not in OPEN_PATHS and scope.get("method") != "OPTIONS"
+        path = scope.get("path", "")
+        needs_key = self.api_key and not is_open_path(path) and scope.get("method") != "OPTIONS"
         if needs_key and not self._key_ok(headers.get("authorization", "")):
             await _send_error(send, ApiError(401, "invalid_api_key", "Missing or invalid API key"))
             return

@@ -66,9 +66,7 @@ def open_page(browser) -> Iterator[Callable[..., object]]:
         page.goto(server.url + "/")
         if wait_model:
             model = server.settings.model if server.engine is None else server.engine.model_id
-            page.wait_for_function(
-                "m => document.getElementById('model-name').textContent === m", arg=model
-            )
+            page.wait_for_function("m => document.getElementById('model-name').textContent === m", arg=model)
         return page
 
     yield make
@@ -79,7 +77,7 @@ def open_page(browser) -> Iterator[Callable[..., object]]:
 
 @pytest.fixture
 def ui_server(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
-    """ui_server(token_delay_s=..., reply_tokens=..., engine=..., gate_factory=..., **settings) -> LiveServer."""
+    """ui_server(token_delay_s=, reply_tokens=, engine=, gate_factory=, **settings) -> LiveServer."""
     servers: list[LiveServer] = []
 
     def make(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 
@@ -61,7 +62,7 @@ def test_chat_when_prompt_sent_then_reply_grows_in_steps_before_it_completes(ui_
     growing = [p for p in partial if p != final]
     assert len(growing) >= 3, f"the reply came in {len(growing)} steps: {growing}"
     assert all(final.startswith(p) for p in growing)  # each step extends the one before
-    assert all(len(a) < len(b) for a, b in zip(growing, growing[1:], strict=False))
+    assert all(len(a) < len(b) for a, b in itertools.pairwise(growing))
     assert "TTFT" in state["meta"] and "16 tokens" in state["meta"]
 
 
@@ -94,8 +95,10 @@ def test_chat_when_second_turn_then_whole_history_is_sent(ui_server, open_page):
     send(page, "second question")
     wait_reply_end(page)
     sent = prompt_text(srv.engine, 1)
-    assert sent.index("<user>first question") < sent.index(f"<assistant>{first}") < sent.index(
-        "<user>second question"
+    assert (
+        sent.index("<user>first question")
+        < sent.index(f"<assistant>{first}")
+        < sent.index("<user>second question")
     )
     assert page.locator(".msg").count() == 4
 

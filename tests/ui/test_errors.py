@@ -36,7 +36,9 @@ def test_error_when_key_missing_then_page_asks_for_it_and_works_once_given(ui_se
     page.press("#key-input", "Enter")
     page.wait_for_selector("#key-dialog", state="hidden")
     page.press("#prompt", "Enter")
-    page.wait_for_function("() => document.querySelector('.msg.assistant .meta')?.textContent.includes('3 tokens')")
+    page.wait_for_function(
+        "() => document.querySelector('.msg.assistant .meta')?.textContent.includes('3 tokens')"
+    )
     assert page.is_hidden("#chat-error")
     assert srv.engine.generations and len(srv.engine.generations) == 1
 
@@ -54,31 +56,40 @@ def test_error_when_conversation_too_long_then_explained_and_text_given_back(ui_
     # With "drop oldest turns" ticked the same text is answered (the server truncates).
     page.check("#truncate")
     page.press("#prompt", "Enter")
-    page.wait_for_function("() => document.querySelector('.msg.assistant .meta')?.textContent.includes('tokens')")
+    page.wait_for_function(
+        "() => document.querySelector('.msg.assistant .meta')?.textContent.includes('tokens')"
+    )
     assert "dropped" in page.inner_text(".msg.assistant .status")
 
 
 def test_error_when_server_busy_then_says_so(ui_server, open_page):
     srv = ui_server(token_delay_s=0.05, reply_tokens=2000, max_queue=1)
     release = threading.Event()
-    started = threading.Barrier(3)
+    statuses: list[int] = []
 
     def hold() -> None:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
-        with httpx.Client(base_url=srv.url, timeout=30) as c, c.stream("POST", "/v1/chat/completions", json=body):
-            started.wait()
+        with (
+            httpx.Client(base_url=srv.url, timeout=30) as c,
+            c.stream("POST", "/v1/chat/completions", json=body) as r,
+        ):
+            statuses.append(r.status_code)
             release.wait(20)
 
-    holders = [threading.Thread(target=hold, daemon=True) for _ in range(2)]  # one runs, one waits
+    def state() -> dict:
+        return httpx.get(srv.url + "/health").json()
+
+    holders = [threading.Thread(target=hold, daemon=True) for _ in range(2)]
     try:
-        for t in holders:
-            t.start()
-        started.wait(10)
-        assert wait_until(lambda: httpx.get(srv.url + "/health").json()["queue_depth"] == 1)
+        holders[0].start()  # one runs...
+        assert wait_until(lambda: state()["busy"])
+        holders[1].start()  # ...and one waits: the queue (max 1) is full
+        assert wait_until(lambda: state()["queue_depth"] == 1)
         page = open_page(srv)
         send(page, "are you there?")
         assert "busy" in error_text(page)
         assert page.get_attribute("#chat-error", "data-code") == "server_busy"
+        assert statuses[:1] == [200]  # the queued one gets its headers only when it starts
     finally:
         release.set()
         for t in holders:

@@ -1,0 +1,126 @@
+// simmer's browser UI: wires the chat, the device panel and the lifecycle reporting to the page.
+// Plain ES modules, no build step, nothing fetched from anywhere but this server.
+
+import { ApiError, getJSON, getKey, setKey } from "./js/api.js";
+import { Chat } from "./js/chat.js";
+import { DevicePanel } from "./js/device.js";
+import { Lifecycle } from "./js/lifecycle.js";
+
+const $ = (id) => document.getElementById(id);
+
+// ---- the API key: asked for once, when the server answers 401, kept for this tab's session ------------
+const keyDialog = $("key-dialog");
+let keyDismissedAt = 0;
+
+/** Background pollers ask quietly (not again soon after Cancel); a person's own action always asks. */
+function askForKey(force = false) {
+  if (keyDialog.open || (!force && Date.now() - keyDismissedAt < 60000)) return;
+  $("key-input").value = getKey();
+  keyDialog.returnValue = ""; // Escape keeps the last value; a stale "save" must not count
+  keyDialog.showModal();
+}
+
+$("key-cancel").addEventListener("click", () => keyDialog.close("cancel"));
+
+keyDialog.addEventListener("close", () => {
+  if (keyDialog.returnValue === "save") {
+    setKey($("key-input").value.trim());
+    refreshModel();
+  } else keyDismissedAt = Date.now();
+});
+$("key-button").addEventListener("click", () => askForKey(true));
+
+// ---- model and variant ----------------------------------------------------------------------------
+let modelTimer = null;
+
+async function refreshModel() {
+  clearTimeout(modelTimer);
+  let next = 5000; // cheap: /health reads counters
+  try {
+    const response = await fetch("/health"); // open: no key needed
+    const health = await response.json().catch(() => ({}));
+    if (health.status === "ok") {
+      $("model-name").textContent = health.model;
+      $("model-variant").textContent = health.variant || "–";
+      $("queue").textContent = health.busy ? `busy, ${health.queue_depth} waiting` : "idle";
+    } else if (health.status === "loading") {
+      $("model-name").textContent = "loading…";
+      next = 2000;
+    } else {
+      $("model-name").textContent = health.error ? "failed to load" : health.status || "unavailable";
+    }
+    const models = await getJSON("/v1/models");
+    const entry = models.data && models.data[0];
+    if (entry && entry.context_length) $("model-context").textContent = `${entry.context_length} tokens`;
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) askForKey();
+    else if (err instanceof ApiError && err.network) $("model-name").textContent = "server unreachable";
+    next = 10000;
+  }
+  modelTimer = setTimeout(refreshModel, next);
+}
+
+// ---- the three parts ------------------------------------------------------------------------------
+const panel = new DevicePanel(
+  {
+    panel: $("device"),
+    badge: $("level-badge"),
+    topBadge: $("top-level-badge"),
+    reason: $("level-reason"),
+    simNote: $("sim-note"),
+    notes: $("device-notes"),
+    chart: $("chart"),
+    temperature: $("d-temperature"),
+    headroom: $("d-headroom"),
+    memory: $("d-memory"),
+    memoryMeter: $("d-memory-meter"),
+    battery: $("d-battery"),
+    lifecycle: $("d-lifecycle"),
+    threads: $("d-threads"),
+    variant: $("d-variant"),
+    contextCap: $("d-context"),
+    maxTokens: $("d-max-tokens"),
+    pace: $("d-pace"),
+    paused: $("d-paused"),
+    pausedRow: $("d-paused-row"),
+    transitions: $("transitions"),
+    connection: $("device-connection"),
+  },
+  { onState: (state) => chat.applyGovernor(state), onAuthNeeded: askForKey },
+);
+
+const chat = new Chat(
+  {
+    list: $("messages"),
+    form: $("composer"),
+    prompt: $("prompt"),
+    send: $("send"),
+    stop: $("stop"),
+    temperature: $("temperature"),
+    maxTokens: $("max-tokens"),
+    truncate: $("truncate"),
+    newChat: $("new-chat"),
+    error: $("chat-error"),
+  },
+  {
+    onVariant: (variant) => ($("model-variant").textContent = variant),
+    onGovernor: (state) => panel.update(state),
+    onAuthNeeded: () => askForKey(true),
+    onReplyStart: refreshModel,
+    onReplyEnd: refreshModel,
+  },
+);
+
+const lifecycle = new Lifecycle($("background-toggle"), {
+  onState: (state) => panel.update(state),
+  onUnsupported: () => ($("background-toggle").disabled = true),
+});
+
+const temperature = $("temperature");
+temperature.addEventListener("input", () => ($("temperature-value").value = temperature.value));
+
+refreshModel();
+panel.start();
+lifecycle.start();
+$("prompt").focus();
+window.simmer = { chat, panel, lifecycle }; // for the browser tests and curious people
