@@ -146,9 +146,7 @@ class LlamaEngine:
         if sess is None:
             t0 = time.perf_counter()
             entry = self.manifest["variants"][self.variant]
-            sess = DecoderSession(
-                self.model_dir / entry["file"], self.shape, self.threads, spinning=key[2]
-            )
+            sess = DecoderSession(self.model_dir / entry["file"], self.shape, self.threads, spinning=key[2])
             log.info(
                 "loaded %s/%s with %d threads in %.2f s",
                 self.model_id,
