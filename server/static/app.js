@@ -22,11 +22,12 @@ function askForKey(force = false) {
 
 $("key-cancel").addEventListener("click", () => keyDialog.close("cancel"));
 
+// Store the key when the form is submitted, not on "close": that event comes a task later, and a send
+// made in between would still go out without the key.
+keyDialog.querySelector("form").addEventListener("submit", () => setKey($("key-input").value.trim()));
 keyDialog.addEventListener("close", () => {
-  if (keyDialog.returnValue === "save") {
-    setKey($("key-input").value.trim());
-    refreshModel();
-  } else keyDismissedAt = Date.now();
+  if (keyDialog.returnValue === "save") refreshModel();
+  else keyDismissedAt = Date.now();
 });
 $("key-button").addEventListener("click", () => askForKey(true));
 
