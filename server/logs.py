@@ -27,9 +27,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a record is emitted, not when the handler was made: a
+    worker thread that logs after stderr was swapped (tests, daemonizers) must not hit a closed file."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # type: ignore[no-untyped-def]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+
 def setup_logging(level: str = "info", *, json_lines: bool = False) -> None:
     """Configure the root logger once, at the edge (serve)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     if json_lines:
         handler.setFormatter(JsonFormatter())
     else:
