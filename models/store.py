@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from models import registry
+from models.durable import fsync_dir as _fsync_dir
 from models.errors import (
     InsufficientDiskSpace,
     InvalidModelFile,
@@ -546,11 +547,3 @@ def _write_json_durably(path: Path, data: dict[str, Any]) -> None:
         os.fsync(f.fileno())
     tmp.replace(path)
     _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -25,6 +25,7 @@ from governor.thermal_sim import ThermalSimulator, get_profile
 from models.engine import load_engine
 from models.types import GenerationParams, SamplingParams
 from server.governor_gate import GovernorGate, build_gate
+from tests.fakes import ScriptedCPU
 from tests.server.conftest import MODEL
 from tests.server.fakes import RecordingEngine
 
@@ -38,28 +39,6 @@ PACED_TABLE = {
     level: LevelLimits(**{**row.__dict__, "tokens_per_second": PACE, "cpu_budget_cores": None})
     for level, row in DEFAULT_TABLE.items()
 }
-
-
-class ScriptedCPU:
-    """A process CPU-time counter (the simulator's cpu_time_fn): `busy` cores working since the last
-    change, in wall time. The test switches the load; the simulator's physics do the rest."""
-
-    def __init__(self) -> None:
-        self.busy = 0.0
-        self._lock = threading.Lock()
-        self._t = time.monotonic()
-        self._cpu = 0.0
-
-    def __call__(self) -> float:
-        with self._lock:
-            now = time.monotonic()
-            self._cpu += self.busy * (now - self._t)
-            self._t = now
-            return self._cpu
-
-    def set(self, busy: float) -> None:
-        self()
-        self.busy = busy
 
 
 class ScriptedSensor:

@@ -6,7 +6,6 @@ where it can). Every page fails its test on an uncaught JavaScript error.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -106,28 +105,6 @@ def ui_server(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
     yield make
     for srv in servers:
         srv.stop()
-
-
-class ScriptedCPU:
-    """The simulator's cpu_time_fn seam: `busy` cores working since the last change, in wall time. The
-    test switches the load on and off; the simulated device's physics do the rest."""
-
-    def __init__(self) -> None:
-        self.busy = 0.0
-        self._lock = threading.Lock()
-        self._t = time.monotonic()
-        self._cpu = 0.0
-
-    def __call__(self) -> float:
-        with self._lock:
-            now = time.monotonic()
-            self._cpu += self.busy * (now - self._t)
-            self._t = now
-            return self._cpu
-
-    def set(self, busy: float) -> None:
-        self()
-        self.busy = busy
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, every: float = 0.05) -> bool:

@@ -7,7 +7,8 @@ import pytest
 
 from governor.sensors import make_thermal_source
 from server.governor_gate import build_gate
-from tests.ui.conftest import ScriptedCPU, screenshot
+from tests.fakes import ScriptedCPU
+from tests.ui.conftest import screenshot
 
 pytestmark = pytest.mark.browser
 
