@@ -267,3 +267,31 @@ def test_prefix_reuse_when_two_slots_then_two_conversations_alternate_cached(tin
     run(one, b, GenerationParams(GREEDY, max_tokens=4))
     _, fa1 = run(one, a, GenerationParams(GREEDY, max_tokens=4))
     assert fa1.usage.cached_tokens < len(a.ids) - 1  # one slot: b evicted a
+
+
+@pytest.mark.slow
+def test_cancel_when_inside_one_long_prefill_chunk_then_run_terminated(smollm2_model_dir):
+    """RunOptions.terminate stops a running onnxruntime Run between nodes: a 1500-token prompt in a single
+    chunk takes over a second to prefill here; a cancel 50 ms in must end it long before that."""
+    import threading
+    import time
+
+    eng = load_engine(smollm2_model_dir, variant="q4-a8", threads=2, prefill_chunk=4096)
+    prompt = Prompt([int(x) for x in np.random.default_rng(0).integers(300, 40000, 1500)])
+    t0 = time.perf_counter()
+    run(eng, Prompt(prompt.ids[:50]), GenerationParams(GREEDY, max_tokens=1))  # warm up
+    full_prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _, fin = run(eng, prompt, GenerationParams(GREEDY, max_tokens=1))
+    full_s = time.perf_counter() - t0
+    eng.reset_cache()
+    cancel = CancelToken()
+    threading.Timer(0.05, cancel.cancel).start()
+    t0 = time.perf_counter()
+    tokens, fin = run(eng, prompt, GenerationParams(GREEDY, max_tokens=5), cancel=cancel)
+    cancelled_s = time.perf_counter() - t0
+    assert fin.finish_reason == "cancelled" and tokens == []
+    assert cancelled_s < full_s / 2, (cancelled_s, full_s, full_prefill_s)
+    # the engine is usable at once, and the half-written KV slot is not reused
+    _, fin2 = run(eng, prompt, GenerationParams(GREEDY, max_tokens=1))
+    assert fin2.finish_reason == "length" and fin2.usage.cached_tokens == 0
