@@ -54,6 +54,7 @@ class Snapshot:
         t = self.temperature
         m = self.memory
         return {
+            "time": round(self.time, 3),  # the governor's clock, the same one transitions use
             "level": self.level,
             "reason": self.reason,
             "cause": self.cause,
