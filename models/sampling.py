@@ -124,14 +124,19 @@ class Sampler:
 
     # -- sampling ------------------------------------------------------------------------------------
 
-    def sample(self, logits: np.ndarray, history: Sequence[int]) -> tuple[int, float, TopLogprobs | None]:
+    def sample(
+        self, logits: np.ndarray, history: Sequence[int]
+    ) -> tuple[int, float | None, TopLogprobs | None]:
         """Pick the next token from 1-D float32 `logits` over the vocabulary.
-        Returns (token id, its logprob under the model, top alternatives or None); the alternatives
-        are (id, logprob) pairs, best first, present when params.logprobs is set."""
+        Returns (token id, its logprob under the model, top alternatives); both logprob parts are None
+        unless params.logprobs is set (a log-softmax over the vocabulary costs ~0.1 ms a token). The
+        alternatives are (id, logprob) pairs, best first."""
         p = self.params
         x = self.penalize(logits, history)
         greedy = p.temperature == 0.0 or p.top_k == 1
         token = int(np.argmax(x)) if greedy else self._draw(x)
+        if p.logprobs is None:
+            return token, None, None
         logprob, top = self._logprobs(logits, token)
         return token, logprob, top
 
