@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import openai
 import pytest
@@ -113,3 +114,22 @@ def test_real_model_when_chat_with_exact_variant_then_paris(live, smollm2_model_
         messages=[{"role": "user", "content": "What is the capital of France?"}],
     )
     assert chat.choices[0].message.content == "The capital of France is Paris."
+
+
+def test_keep_alive_when_idle_then_model_unloaded_and_loaded_again_on_next_request(live, tiny_model_dir):
+    """SIMMER_KEEP_ALIVE_S: an idle model frees its sessions and KV; the next request loads it again."""
+    engine = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128)
+    srv = live(engine=engine, model=engine.model_id, keep_alive_s=0.3)
+    client = sdk(srv)
+    ask = dict(
+        model=engine.model_id, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
+    )
+    first = client.chat.completions.create(**ask).choices[0].message.content
+    assert engine._sessions  # loaded
+    deadline = time.monotonic() + 5
+    while engine._sessions and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not engine._sessions and not engine._slots  # unloaded after the idle time
+    again = client.chat.completions.create(**ask)
+    assert again.choices[0].message.content == first
+    assert again.usage.prompt_tokens_details.cached_tokens == 0  # the KV cache went with it
