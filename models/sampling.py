@@ -45,7 +45,7 @@ def validate(params: SamplingParams) -> None:
         ("top_p", 0.0 <= params.top_p <= 1.0, "between 0 and 1"),
         ("top_k", params.top_k >= 0, "0 (off) or positive"),
         ("min_p", 0.0 <= params.min_p <= 1.0, "between 0 and 1"),
-        ("repetition_penalty", params.repetition_penalty > 0.0, "positive"),
+        ("repetition_penalty", 0.0 < params.repetition_penalty <= 100.0, "above 0 and at most 100"),
         ("presence_penalty", -2.0 <= params.presence_penalty <= 2.0, "between -2 and 2"),
         ("frequency_penalty", -2.0 <= params.frequency_penalty <= 2.0, "between -2 and 2"),
         (

@@ -195,3 +195,10 @@ def test_sampler_when_parameter_out_of_range_then_invalid_parameter_names_it(
     with pytest.raises(InvalidParameter) as err:
         Sampler(SamplingParams(**{field: value}), make_rng(0))
     assert err.value.param == field
+
+
+def test_validate_when_repetition_penalty_absurd_then_invalid_parameter() -> None:
+    from models.errors import InvalidParameter
+
+    with pytest.raises(InvalidParameter, match="repetition_penalty"):
+        Sampler(SamplingParams(repetition_penalty=1e308), make_rng(0))
