@@ -181,3 +181,18 @@ def test_convert_when_unsupported_tensor_type_then_clear_error(tmp_path, monkeyp
     g = write_tiny_gguf(tmp_path / "m.gguf", matrix_type="Q5_0")
     with pytest.raises(UnsupportedModel, match="Q5_0"):
         convert(g, tmp_path / "out")
+
+
+def test_prefix_reuse_when_kv_prefix_kept_then_same_logits_as_full_prefill(converted):
+    """What the engine's prefix cache relies on: keeping positions 0..n-1 of another sequence's KV and
+    prefilling only the rest gives the logits of a fresh full prefill."""
+    g, d, _ = converted["Q4_1"]
+    shape = shape_of(g)
+    sess = DecoderSession(d / "q4.onnx", shape, 1)
+    other = [*IDS[:7], 200, 201, 202, 203]
+    target = IDS
+    kv = KVCache(shape, 64)
+    sess.run(np.array(other), kv, 0)  # the cache now holds `other`
+    reused = sess.run(np.array(target[7:]), kv, 7).copy()  # keep the 7 shared positions
+    (fresh,) = run_steps(sess, shape, target, [len(target)])
+    assert np.abs(reused - fresh).max() < 1e-5
