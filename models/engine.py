@@ -305,10 +305,12 @@ class _Generation:
         self.truncated = prompt.truncated
         self.timings = Timings()
         self.usage = Usage(prompt_tokens=len(prompt.ids))
-        self.history: list[int] = list(prompt.ids)  # tokens the model has seen or produced
+        self.history: list[int] = list(prompt.ids)  # prompt + reply, append-only (the sampler's view)
+        self.ctx: list[int] = list(prompt.ids)  # what the model conditions on (a window of history)
         self.sess: DecoderSession | None = None
         self.slot: KVSlot | None = None
-        self.pos = 0  # tokens present in the KV slot
+        self.pos = 0  # ctx[:pos] is in the KV slot
+        self.stale = False  # the KV slot must be rebuilt from ctx (variant switch, sliding window)
 
     # step hook + cancel, between every chunk and token
     def _checkpoint(self) -> None:
@@ -322,57 +324,60 @@ class _Generation:
         if limits is None:
             return
         old = self.e.session_key()
-        variant_changed = self.e.apply_limits(limits)
+        if self.e.apply_limits(limits):
+            self.stale = True  # the KV cache was computed by other weights
         if self.e.session_key() != old:
             self.sess = self.e._session()
-        if variant_changed:
-            # the KV cache was computed by other weights: re-prefill what the model has seen so far
-            self._reprefill(self.history)
-        elif self.pos >= self.e.context_length:
-            self._slide()
+        if len(self.ctx) > self.e.context_length and self.params.truncate:
+            self._window()
+
+    def _window(self) -> None:
+        """Context full (or the cap lowered): keep the newest half of the context, a sliding window."""
+        log.info("context cap %d reached: sliding window", self.e.context_length)
+        self.ctx = self.ctx[-(self.e.context_length // 2) :]
+        self.truncated = True
+        self.stale = True
 
     def _run(self, ids: Sequence[int]) -> np.ndarray:
         assert self.sess is not None and self.slot is not None
-        sess = self.sess
-        sess.reset_terminate()
+        cache = self.slot.cache
+        if self.pos + len(ids) > cache.capacity:  # the cap was raised above this slot's buffer
+            bigger = KVCache(self.e.shape, max(self.e.context_length, self.pos + len(ids)))
+            bigger.copy_prefix_from(cache, self.pos)
+            self.slot.cache = cache = bigger
+        self.sess.reset_terminate()
         try:
-            logits = sess.run(np.asarray(ids, dtype=np.int64), self.slot.cache, self.pos)
+            logits = self.sess.run(np.asarray(ids, dtype=np.int64), cache, self.pos)
         except Exception as e:
-            self.slot.cache.tokens = []  # partially written: never reuse
+            cache.tokens = []  # partially written: never reuse
             if self.cancel.cancelled:
                 raise Cancelled("the request was cancelled") from e
             raise
+        del cache.tokens[self.pos :]
+        cache.tokens.extend(ids)
         self.pos += len(ids)
-        self.slot.cache.tokens = self.slot.cache.tokens[: self.pos - len(ids)] + list(ids)
         return logits
 
-    def _prefill(self, ids: Sequence[int]) -> np.ndarray:
+    def _sync(self) -> np.ndarray:
+        """Bring the KV slot up to all of ctx, in prefill chunks, and return the last position's logits.
+        Between chunks the step hook runs; a variant switch there restarts from position 0."""
         logits = None
-        chunk = self.e.prefill_chunk
-        for start in range(0, len(ids), chunk):
-            if start:
+        first = True
+        while True:
+            if self.stale:
+                assert self.slot is not None
+                self.stale = False
+                self.pos = 0
+                self.slot.cache.tokens = []
+                self.slot.variant = self.e.variant
+            if self.pos >= len(self.ctx) and logits is not None:
+                return logits
+            if not first:
                 self._checkpoint()
-            logits = self._run(ids[start : start + chunk])
-        assert logits is not None
-        return logits
-
-    def _reprefill(self, tokens: list[int]) -> None:
-        assert self.slot is not None
-        self.slot.variant = self.e.variant
-        if self.slot.cache.capacity < self.e.context_length:
-            self.slot.cache = KVCache(self.e.shape, self.e.context_length)
-        if len(tokens) >= self.e.context_length:
-            tokens = tokens[-(self.e.context_length // 2) :]
-            self.truncated = True
-        self.pos = 0
-        self.slot.cache.tokens = []
-        self.logits = self._prefill(tokens).copy()
-
-    def _slide(self) -> None:
-        """Context full mid-reply: keep the newest half of what the model has seen (a sliding window)."""
-        log.info("context cap %d reached: sliding window", self.e.context_length)
-        self.truncated = True
-        self._reprefill(self.history[-(self.e.context_length // 2) :])
+                if self.stale:
+                    continue
+            first = False
+            logits = self._run(self.ctx[self.pos : self.pos + self.e.prefill_chunk])
 
     def run(self) -> Iterator[TokenEvent | FinishEvent]:
         e, p = self.e, self.params
@@ -398,7 +403,7 @@ class _Generation:
             self.pos = cached
             self.usage.cached_tokens = cached
             t0 = time.perf_counter()
-            self.logits = self._prefill(ids[cached:]).copy()
+            self.logits = self._sync().copy()
             self.timings.prompt_n = len(ids) - cached
             self.timings.prompt_ms = (time.perf_counter() - t0) * 1000
             max_tokens = p.max_tokens
@@ -416,6 +421,7 @@ class _Generation:
                     break
                 generated += 1
                 self.history.append(token)
+                self.ctx.append(token)
                 delta, hit = stops.feed(detok.feed(token))
                 if generated == 1:
                     self.timings.ttft_ms = (time.perf_counter() - t_start) * 1000
@@ -435,12 +441,12 @@ class _Generation:
                     finish = "length"
                     break
                 self._checkpoint()
-                if self.pos >= e.context_length:
+                if len(self.ctx) > e.context_length:
                     if not p.truncate:
                         finish = "length"
                         break
-                    self._slide()
-                self.logits = self._run([token])
+                    self._window()
+                self.logits = self._sync()  # normally just the new token; all of ctx after a switch
                 if e.tokens_per_second:
                     # pacing: fewer tokens per second means less heat per second
                     wait = last_emit + 1.0 / e.tokens_per_second - time.perf_counter()

@@ -199,6 +199,9 @@ def test_variant_switch_when_mid_reply_then_reply_continues_coherently(tiny):
 
     switched, fin = run(tiny, p, GenerationParams(GREEDY, max_tokens=12), step_hook=hook)
     assert fin.variant == "f32"
+    # the KV cache was rebuilt from the history once: every token exactly once, the last one not yet fed
+    (slot,) = tiny._slots
+    assert slot.tokens == [*p.ids, *(t.token_id for t in switched[:-1])]
     # q4 and f32 are both exact on this model: the greedy reply must not change at the switch
     assert [t.token_id for t in switched] == [t.token_id for t in plain]
 
@@ -295,3 +298,50 @@ def test_cancel_when_inside_one_long_prefill_chunk_then_run_terminated(smollm2_m
     # the engine is usable at once, and the half-written KV slot is not reused
     _, fin2 = run(eng, prompt, GenerationParams(GREEDY, max_tokens=1))
     assert fin2.finish_reason == "length" and fin2.usage.cached_tokens == 0
+
+
+def test_variant_switch_when_during_prefill_then_prefill_restarts_and_matches(tiny_model_dir):
+    eng = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128, prefill_chunk=3)
+    p = eng.text_prompt("a prompt long enough for several chunks of three")
+    plain, _ = run(eng, p, GenerationParams(GREEDY, max_tokens=6))
+    eng.reset_cache()
+    calls = []
+
+    def hook():
+        calls.append(1)
+        return EngineLimits(variant="f32") if len(calls) == 3 else None  # between prefill chunks
+
+    switched, fin = run(eng, p, GenerationParams(GREEDY, max_tokens=6), step_hook=hook)
+    assert fin.variant == "f32"
+    assert [t.token_id for t in switched] == [t.token_id for t in plain]
+    assert eng._slots[0].tokens == [*p.ids, *(t.token_id for t in switched[:-1])]
+
+
+def test_context_cap_when_lowered_mid_reply_then_window_slides(tiny_model_dir):
+    eng = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128)
+    p = eng.text_prompt("shrink")
+    calls = []
+
+    def hook():
+        calls.append(1)
+        return EngineLimits(context_cap=24) if len(calls) == 2 else None
+
+    params = GenerationParams(GREEDY, max_tokens=60, truncate=True, ignore_eos=True)
+    tokens, fin = run(eng, p, params, step_hook=hook)
+    assert len(tokens) == 60 and fin.finish_reason == "length" and fin.truncated
+    assert len(eng._slots[0].tokens) <= 24
+
+
+def test_context_cap_when_raised_above_the_slot_buffer_then_buffer_grows(tiny_model_dir):
+    eng = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128)
+    eng.apply_limits(EngineLimits(context_cap=24))  # e.g. the governor at "serious": slots are small
+    p = eng.text_prompt("grow")
+    calls = []
+
+    def hook():
+        calls.append(1)
+        return EngineLimits(context_cap=128) if len(calls) == 2 else None  # cooled down mid-reply
+
+    tokens, fin = run(eng, p, GenerationParams(GREEDY, max_tokens=60, ignore_eos=True), step_hook=hook)
+    assert len(tokens) == 60 and not fin.truncated
+    assert eng._slots[0].cache.capacity >= len(p.ids) + 59

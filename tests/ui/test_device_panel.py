@@ -12,7 +12,7 @@ from tests.ui.conftest import screenshot
 
 pytestmark = pytest.mark.browser
 
-TIME_SCALE = 100  # simulated seconds per wall second: heat and cooling take about a second each
+TIME_SCALE = 30  # simulated seconds per wall second: slow enough for a loaded 2-core machine to react
 
 
 def badge(page) -> str:
