@@ -20,7 +20,7 @@ from models.gguf import GGUFModel
 from models.llama_graph import VARIANTS, WeightFile, build_variant
 from models.reference import ReferenceForward
 from models.session import DecoderSession, KVCache, ModelShape
-from models.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer, metadata_from_reader
 
 CONVERTER_VERSION = 2
 WEIGHTS_FILE = "weights.data"
@@ -70,7 +70,7 @@ def convert(
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
 
     report("tokenizer", 0.05)
-    tokenizer = Tokenizer.from_gguf(Path(gguf_path))
+    tokenizer = Tokenizer.from_metadata(metadata_from_reader(model.reader))  # no second parse of the file
     tokenizer.save(out_dir)
     (out_dir / "chat_template.jinja").write_text(tokenizer.chat_template or "")
 
