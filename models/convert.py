@@ -22,7 +22,7 @@ from models.reference import ReferenceForward
 from models.session import DecoderSession, KVCache, ModelShape
 from models.tokenizer import Tokenizer, metadata_from_reader
 
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 WEIGHTS_FILE = "weights.data"
 QUALITY_PROMPTS = (
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",

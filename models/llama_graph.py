@@ -75,6 +75,20 @@ class WeightFile:
         self._cache[name] = t
         return t
 
+    def alias(self, name: str, existing: str) -> TensorProto:
+        """A second initializer over the same bytes of the file (nothing is written twice).
+
+        onnxruntime maps each initializer on its own. Once a kernel has prepacked its weights (the LM
+        head), it unmaps that initializer; an alias read by a gather op keeps only its own mapping, of
+        which just the pages of the rows actually looked up become resident."""
+        if name in self._cache:
+            return self._cache[name]
+        t = TensorProto()
+        t.CopyFrom(self._cache[existing])
+        t.name = name
+        self._cache[name] = t
+        return t
+
     def close(self) -> None:
         self._f.flush()
         os.fsync(self._f.fileno())
@@ -113,6 +127,10 @@ class GraphBuilder:
 
     def init(self, name: str, array: np.ndarray) -> str:
         self.inits[name] = self.w.add(name, array)
+        return name
+
+    def alias(self, name: str, existing: str) -> str:
+        self.inits[name] = self.w.alias(name, existing)
         return name
 
     def const(self, name: str, array: np.ndarray) -> str:
@@ -179,20 +197,24 @@ class GraphBuilder:
         cos, sin = rope_cache(cfg)
         cos_name, sin_name = self.init("rope.cos", cos), self.init("rope.sin", sin)
 
-        # embeddings (tied to the LM head when the GGUF has no output.weight)
+        # embeddings (tied to the LM head when the GGUF has no output.weight). The lookup reads its own
+        # alias of the table: the head's copy is unmapped after prepacking, and the lookup's stays resident
+        # only where rows were read. Sharing one initializer kept the whole table resident twice.
         embd = self.tensor("token_embd.weight")
         embd_packed = None
-        if spec.embed_bits is None or embd.type_name in ("Q4_0", "Q4_1"):
-            # a 4-bit table has no exact 8-bit form: keep it exact in fp32 (the LM head stays 4-bit, exact)
-            table = self.init("token_embd.weight", embd.dequantize())
-            rows = self.node("Gather", [table, "input_ids"], axis=0)[0]
-            x = self.node("Reshape", [rows, self.const("to_2d", np.array([-1, cfg.hidden], np.int64))])[0]
-        else:
+        if cfg.tied_embeddings and spec.embed_bits is not None and embd.type_name not in ("Q4_0", "Q4_1"):
             embd_packed = pack_tensor(embd, spec.embed_bits)
-            # GatherBlockQuantized reads the same [vocab, blocks, 32] bytes the LM head's MatMulNBits uses,
-            # so the table is stored once (a Reshape of it would be constant-folded into a second copy)
-            data = self.init("token_embd.qweight", embd_packed.packed)
-            scales3d = embd_packed.scales[..., None]
+            self.init(f"token_embd.q{embd_packed.bits}weight", embd_packed.packed)
+            self.init(f"token_embd.q{embd_packed.bits}scales", embd_packed.scales)
+        if embd.type_name == "Q8_0":
+            # Q8_0 rows are exact as (q - 128) * scale in fp32, so every variant gathers from 8-bit rows:
+            # a quarter of the bytes an fp32 row takes
+            shared = embd_packed is not None and embd_packed.bits == 8
+            gather_packed = embd_packed if shared and embd_packed is not None else pack_tensor(embd, 8)
+            # the bytes go under the head's name whichever variant is built first: written once
+            self.init("token_embd.q8weight", gather_packed.packed)
+            data = self.alias("token_embd.gather_q8weight", "token_embd.q8weight")
+            scales3d = gather_packed.scales[..., None]
             scales = self.init("token_embd.scales_3d", scales3d)
             zp = self.init("token_embd.zero_points_3d", np.full(scales3d.shape, 128, np.uint8))
             rows = self.node(
@@ -204,8 +226,12 @@ class GraphBuilder:
                 gather_axis=0,
                 quantize_axis=2,
             )[0]
-            x = self.node("Reshape", [rows, self.const("to_2d", np.array([-1, cfg.hidden], np.int64))])[0]
-            self.init("token_embd.scales", embd_packed.scales)
+        else:
+            # other tables gather exact fp32 rows (a 4-bit table has no exact 8-bit form)
+            self.init("token_embd.weight", embd.dequantize())
+            table = self.alias("token_embd.gather_weight", "token_embd.weight")
+            rows = self.node("Gather", [table, "input_ids"], axis=0)[0]
+        x = self.node("Reshape", [rows, self.const("to_2d", np.array([-1, cfg.hidden], np.int64))])[0]
 
         x_norm = self.node(
             "SimplifiedLayerNormalization",
@@ -291,8 +317,11 @@ class GraphBuilder:
             ],
         )[0]
         self._lm_head(last, embd_packed)
+        # an initializer only aliased (the lookup's table when the head does not use it) is left out
+        used = {i for n in self.nodes for i in n.input}
+        inits = [t for t in self.inits.values() if t.name in used]
         model = helper.make_model(
-            helper.make_graph(self.nodes, f"simmer-{spec.name}", inputs, outputs, list(self.inits.values())),
+            helper.make_graph(self.nodes, f"simmer-{spec.name}", inputs, outputs, inits),
             opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
             producer_name="simmer",
         )
@@ -308,7 +337,7 @@ class GraphBuilder:
         if cfg.tied_embeddings and embd_packed is not None:
             logits = self.node(
                 "MatMulNBits",
-                [last, "token_embd.qweight", "token_embd.scales"],
+                [last, f"token_embd.q{embd_packed.bits}weight", f"token_embd.q{embd_packed.bits}scales"],
                 domain=MS,
                 K=embd_packed.k,
                 N=embd_packed.n,
@@ -320,7 +349,7 @@ class GraphBuilder:
             logits, _ = self.linear(last, "lm_head", [head_name], bits=4)
         elif spec.embed_bits is None:
             if cfg.tied_embeddings:
-                table = self.inits["token_embd.weight"].name
+                table = self.init("token_embd.weight", head.dequantize())
             else:
                 table = self.init("output.weight", head.dequantize())
             logits = self.node("Gemm", [last, table], transB=1)[0]

@@ -124,6 +124,39 @@ def test_plan_when_4bit_source_then_no_q8_and_when_8bit_then_q8(converted):
     assert plan_variants(GGUFModel(converted["Q8_0"][0])) == ["f32", "q8", "q4", "q4-a8"]
 
 
+def _external(t: onnx.TensorProto) -> tuple[str, str, str]:
+    info = {e.key: e.value for e in t.external_data}
+    return info["location"], info["offset"], info["length"]
+
+
+@pytest.mark.parametrize(
+    ("mtype", "variant", "head"),
+    [
+        ("Q4_1", "q4-a8", "token_embd.q8weight"),
+        ("Q8_0", "q8", "token_embd.q8weight"),
+        ("Q4_0", "f32", "token_embd.weight"),
+    ],
+)
+def test_embedding_lookup_when_tied_then_own_initializer_over_the_head_bytes(converted, mtype, variant, head):
+    """The lookup and the LM head must not share one initializer (the head's is unmapped after prepacking,
+    a shared one stays resident in full), yet the table must be written once."""
+    _, d, _ = converted[mtype]
+    m = onnx.load(d / f"{variant}.onnx", load_external_data=False)
+    inits = {t.name: t for t in m.graph.initializer}
+    lookup = next(n for n in m.graph.node if "input_ids" in n.input)
+    table = lookup.input[0]
+    assert table != head
+    readers = {n.op_type for n in m.graph.node if table in n.input}
+    assert readers == {lookup.op_type}
+    assert _external(inits[table]) == _external(inits[head])
+
+
+def test_embedding_lookup_when_q8_0_table_then_8bit_rows_for_fp32_variants_too(converted):
+    _, d, _ = converted["Q4_1"]  # Q4_1 matrices, Q8_0 embedding
+    m = onnx.load(d / "q4.onnx", load_external_data=False)
+    assert any(n.op_type == "GatherBlockQuantized" for n in m.graph.node)
+
+
 def test_convert_writes_genai_config_tokenizer_and_template(converted):
     _, d, frag = converted["Q4_1"]
     cfg = json.loads((d / "genai_config.json").read_text())
