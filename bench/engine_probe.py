@@ -159,7 +159,8 @@ def probe(cfg: dict[str, Any]) -> dict[str, Any]:
     res["rss_after_10_mb"] = round(sizes[-1] / 1e6, 1)
     res["rss_growth_pct"] = round(100 * (sizes[-1] - sizes[0]) / sizes[0], 2)
     res["rss_before_load_mb"] = round(rss0 / 1e6, 1)
-    res["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3, 1)
+    # ru_maxrss is in KiB on Linux; every other figure here is in MB (1e6 bytes)
+    res["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6, 1)
     res["greedy_known"] = driver.greedy_text(KNOWN_CHAT, 16)
     return res
 
