@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from models.gguf import GGUFModel, LlamaConfig, Tensor
-from models.quant import BLOCK, PackedNBits, concat_packed, pack_tensor
+from models.quant import BLOCK, PackedNBits, concat_packed, pack_tensor, q8_as_nibble_pair
 
 OPSET = 17
 MS = "com.microsoft"
@@ -347,6 +347,26 @@ class GraphBuilder:
             )[0]
         elif spec.matmul_bits == 4 and head.type_name in ("Q4_0", "Q4_1"):
             logits, _ = self.linear(last, "lm_head", [head_name], bits=4)
+        elif spec.matmul_bits == 4 and spec.accuracy_level < 4 and head.type_name == "Q8_0":
+            # exact, and a quarter of the memory of a fp32 head at the same speed
+            p = q8_as_nibble_pair(head)
+            assert p.zero_points is not None
+            twice = self.node("Concat", [last, last], axis=1)[0]
+            logits = self.node(
+                "MatMulNBits",
+                [
+                    twice,
+                    self.init(f"{head_name}.nibbles", p.packed),
+                    self.init(f"{head_name}.nibble_scales", p.scales),
+                    self.init(f"{head_name}.nibble_zero_points", p.zero_points),
+                ],
+                domain=MS,
+                K=p.k,
+                N=p.n,
+                bits=4,
+                block_size=BLOCK,
+                accuracy_level=spec.accuracy_level,
+            )[0]
         elif spec.embed_bits is None:
             if cfg.tied_embeddings:
                 table = self.init("token_embd.weight", head.dequantize())

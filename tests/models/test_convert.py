@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType
 from models.convert import convert, plan_variants, smoke_test
 from models.errors import InvalidModelFile, UnsupportedModel, VerificationFailed
 from models.gguf import GGUFModel
+from models.quant import q8_as_nibble_pair
 from models.session import DecoderSession, KVCache, ModelShape
 from tests.reference_llama import ReferenceLlama
 from tests.tiny_gguf import TYPES, write_tiny_gguf
@@ -155,6 +156,25 @@ def test_embedding_lookup_when_q8_0_table_then_8bit_rows_for_fp32_variants_too(c
     _, d, _ = converted["Q4_1"]  # Q4_1 matrices, Q8_0 embedding
     m = onnx.load(d / "q4.onnx", load_external_data=False)
     assert any(n.op_type == "GatherBlockQuantized" for n in m.graph.node)
+
+
+def test_q8_head_as_nibble_pair_when_dequantized_then_exactly_the_q8_values(converted):
+    g, _, _ = converted["Q4_1"]  # its embedding (the tied head) is Q8_0
+    t = GGUFModel(g).tensor("token_embd.weight")
+    p = q8_as_nibble_pair(t)
+    lo_nib = (p.packed & 15).astype(np.float32)
+    hi_nib = (p.packed >> 4).astype(np.float32)
+    q = np.stack([lo_nib, hi_nib], axis=-1).reshape(p.n, p.k // 32, 32)  # element 2i low, 2i+1 high
+    zp = np.stack([p.zero_points & 15, p.zero_points >> 4], axis=-1).reshape(p.n, -1)[:, : p.k // 32]
+    w = ((q - zp[..., None]) * p.scales[..., None]).reshape(p.n, 2, p.k // 2).sum(axis=1)
+    assert np.array_equal(w, t.dequantize())
+
+
+def test_q4_variant_when_q8_head_then_no_fp32_head_table(converted):
+    _, d, _ = converted["Q4_1"]
+    m = onnx.load(d / "q4.onnx", load_external_data=False)
+    names = {t.name for t in m.graph.initializer}
+    assert "token_embd.weight" not in names and "token_embd.weight.nibbles" in names
 
 
 def test_convert_writes_genai_config_tokenizer_and_template(converted):
