@@ -39,7 +39,8 @@ class VariantSpec:
 VARIANTS = {
     "f32": VariantSpec("f32", None, 0, None),
     "q8": VariantSpec("q8", 8, 4, 8),
-    # fp32 embedding/head: exact, and MatMulNBits' 8-bit kernel is slow with fp32 activations
+    # no 8-bit head: MatMulNBits' 8-bit kernel is slow with fp32 activations (a Q8_0 head becomes two exact
+    # 4-bit halves, any other a fp32 table)
     "q4": VariantSpec("q4", 4, 1, None),
     "q4-a8": VariantSpec("q4-a8", 4, 4, 8),
 }
