@@ -14,6 +14,7 @@ from models.protocol import Engine
 from server.errors import install_handlers
 from server.metrics import Metrics, MetricsMiddleware
 from server.routes import ops, thermal, ui, v1
+from server.schemas import OPENAI_DEFAULTS, SamplingDefaults
 from server.security import SecurityMiddleware
 from server.settings import Settings
 from server.worker import Gate, NoGate, Worker
@@ -33,6 +34,7 @@ class Runtime:
     keepalive_ping_s: float
     stream_start_wait_s: float
     started: int
+    sampling_defaults: SamplingDefaults = OPENAI_DEFAULTS
 
     def model_id(self) -> str:
         engine = self.worker.engine
@@ -98,6 +100,9 @@ def create_app(
         keepalive_ping_s=settings.keepalive_ping_s,
         stream_start_wait_s=settings.keepalive_ping_s,
         started=int(time.time()),
+        sampling_defaults=SamplingDefaults(
+            temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k, min_p=settings.min_p
+        ),
     )
     install_handlers(app)
     app.include_router(v1.router)

@@ -7,7 +7,7 @@ Nothing below `server/` sees these types (the worker hands the engine Generation
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -27,6 +27,21 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request that leaves a sampling field out gets. OpenAI's own defaults (temperature 1, no
+    truncation) let a small model wander into its long tail; llama.cpp's server and Ollama default to a
+    truncated distribution, and so does simmer (server/settings.py)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+
+OPENAI_DEFAULTS = SamplingDefaults()
+
+
 class _GenerationRequest(BaseModel):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
@@ -44,8 +59,8 @@ class _GenerationRequest(BaseModel):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     # llama.cpp extras
-    top_k: int = Field(0, ge=0)
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
     repeat_penalty: float | None = Field(None, gt=0.0)
     repetition_penalty: float | None = Field(None, gt=0.0)  # vLLM's name for the same thing
     # simmer extras
@@ -76,13 +91,15 @@ class _GenerationRequest(BaseModel):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
-    def _params(self, max_tokens: int | None, logprobs: int | None) -> GenerationParams:
+    def _params(
+        self, max_tokens: int | None, logprobs: int | None, defaults: SamplingDefaults
+    ) -> GenerationParams:
         penalty = self.repeat_penalty or self.repetition_penalty or 1.0
         sampling = SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            top_k=defaults.top_k if self.top_k is None else self.top_k,
+            min_p=defaults.min_p if self.min_p is None else self.min_p,
             repetition_penalty=penalty,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
@@ -141,9 +158,9 @@ class ChatCompletionRequest(_GenerationRequest):
     def message_dicts(self) -> list[dict[str, str]]:
         return [m.as_dict() for m in self.messages]
 
-    def to_params(self) -> GenerationParams:
+    def to_params(self, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> GenerationParams:
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._params(self.max_completion_tokens or self.max_tokens, logprobs)
+        return self._params(self.max_completion_tokens or self.max_tokens, logprobs, defaults)
 
 
 class CompletionRequest(_GenerationRequest):
@@ -168,8 +185,8 @@ class CompletionRequest(_GenerationRequest):
     def prompt_text(self) -> str:
         return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
 
-    def to_params(self) -> GenerationParams:
-        return self._params(self.max_tokens, self.logprobs)
+    def to_params(self, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> GenerationParams:
+        return self._params(self.max_tokens, self.logprobs, defaults)
 
 
 # ---- responses ---------------------------------------------------------------------------------

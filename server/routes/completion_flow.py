@@ -85,7 +85,7 @@ async def complete(
 ) -> Response:
     rt: Runtime = request.app.state.runtime
     model = resolve_model(rt, body.model)
-    params = body.to_params()
+    params = body.to_params(rt.sampling_defaults)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()

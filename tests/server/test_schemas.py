@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.schemas import ChatCompletionRequest, CompletionRequest, SamplingDefaults
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -81,3 +81,12 @@ def test_completion_request_when_list_prompt_and_logprobs_then_mapped() -> None:
 def test_completion_request_when_unsupported_then_validation_error(extra: dict) -> None:
     with pytest.raises(ValidationError):
         CompletionRequest(**{"prompt": "x", **extra})
+
+
+def test_request_when_sampling_fields_left_out_then_given_defaults_apply_and_sent_values_win() -> None:
+    llama = SamplingDefaults(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05)
+    s = ChatCompletionRequest(messages=MSG).to_params(llama).sampling
+    assert (s.temperature, s.top_p, s.top_k, s.min_p) == (0.8, 0.95, 40, 0.05)
+    sent = ChatCompletionRequest(messages=MSG, temperature=0, top_p=1, top_k=0, min_p=0)
+    s = sent.to_params(llama).sampling
+    assert (s.temperature, s.top_p, s.top_k, s.min_p) == (0.0, 1.0, 0, 0.0)

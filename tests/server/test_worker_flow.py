@@ -203,3 +203,14 @@ def test_metrics_when_requests_served_then_counters_and_histograms(live) -> None
     assert samples["simmer_inter_token_seconds_count"] == 2
     assert samples["simmer_queue_depth"] == 0
     assert samples["simmer_busy_seconds_total"] > 0
+
+
+def test_server_when_request_leaves_sampling_out_then_settings_defaults_reach_the_engine(live) -> None:
+    srv = live(temperature=0.7, top_k=20, top_p=0.9, min_p=0.1)
+    assert httpx.post(srv.url + "/v1/chat/completions", json=chat(2), timeout=5).status_code == 200
+    sent = {**chat(2), "temperature": 0.2, "top_k": 0}
+    assert httpx.post(srv.url + "/v1/chat/completions", json=sent, timeout=5).status_code == 200
+    assert srv.engine.wait_for(lambda gens: len(gens) == 2 and gens[1].finish is not None)
+    first, second = (g.params.sampling for g in srv.engine.generations)
+    assert (first.temperature, first.top_k, first.top_p, first.min_p) == (0.7, 20, 0.9, 0.1)
+    assert (second.temperature, second.top_k, second.top_p, second.min_p) == (0.2, 0, 0.9, 0.1)
