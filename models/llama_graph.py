@@ -217,10 +217,9 @@ class GraphBuilder:
             data = self.alias("token_embd.gather_q8weight", "token_embd.q8weight")
             scales3d = gather_packed.scales[..., None]
             scales = self.init("token_embd.scales_3d", scales3d)
-            zp = self.init("token_embd.zero_points_3d", np.full(scales3d.shape, 128, np.uint8))
             rows = self.node(
                 "GatherBlockQuantized",
-                [data, "input_ids", scales, zp],
+                [data, "input_ids", scales],  # no zero points: uint8 data defaults to 128, like ours
                 domain=MS,
                 bits=8,
                 block_size=BLOCK,
