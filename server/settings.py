@@ -33,10 +33,10 @@ class Settings(BaseSettings):
     keep_alive_s: float = Field(300.0, description="Unload an idle model after this many seconds (0 = never)")
 
     # sampling, for requests that leave a field out (llama.cpp's server defaults, not OpenAI's)
-    temperature: float = Field(0.8, description="Default sampling temperature")
-    top_k: int = Field(40, description="Default top_k (0 = off)")
-    top_p: float = Field(0.95, description="Default top_p (1 = off)")
-    min_p: float = Field(0.05, description="Default min_p (0 = off)")
+    temperature: float = Field(0.8, ge=0.0, le=2.0, description="Default sampling temperature")
+    top_k: int = Field(40, ge=0, description="Default top_k (0 = off)")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="Default top_p (1 = off)")
+    min_p: float = Field(0.05, ge=0.0, le=1.0, description="Default min_p (0 = off)")
 
     # HTTP server
     host: str = Field("127.0.0.1", description="Bind address")
