@@ -5,6 +5,9 @@ from __future__ import annotations
 import socket
 
 import httpx
+import pytest
+
+from server.governor_gate import build_gate
 
 
 def test_ui_when_api_key_set_then_page_and_static_open_but_api_closed(ui_server):
@@ -46,3 +49,16 @@ def test_ui_when_javascript_served_then_module_mime_type(ui_server):
     srv = ui_server()
     r = httpx.get(srv.url + "/static/js/chat.js", timeout=5)
     assert r.headers["content-type"].split(";")[0] in ("text/javascript", "application/javascript")
+
+
+@pytest.mark.browser
+def test_ui_when_page_opened_then_no_request_fails(ui_server, open_page):
+    """Browsers ask for /favicon.ico unless the page names an icon; a 404 shows as a console error."""
+    srv = ui_server(gate_factory=build_gate, thermal_source="none")  # the governor's endpoints, as served
+    failed: list[str] = []
+    page = open_page(srv, wait_model=False)
+    page.context.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    page.reload()
+    page.wait_for_function("() => document.getElementById('model-name').textContent !== ''")
+    page.wait_for_timeout(300)
+    assert failed == []
