@@ -112,6 +112,8 @@ class GraphBuilder:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, TensorProto] = {}
         self._n = 0
+        self._packed: dict[tuple[str, int], PackedNBits] = {}
+        self._dequantized: dict[str, np.ndarray] = {}
 
     # -- helpers --------------------------------------------------------------------------------------
     def _name(self, base: str) -> str:
@@ -133,6 +135,17 @@ class GraphBuilder:
     def alias(self, name: str, existing: str) -> str:
         self.inits[name] = self.w.alias(name, existing)
         return name
+
+    def packed(self, name: str, bits: int) -> PackedNBits:
+        """pack_tensor, once per tensor and width (the embedding table feeds the lookup and the head)."""
+        if (name, bits) not in self._packed:
+            self._packed[name, bits] = pack_tensor(self.tensor(name), bits)
+        return self._packed[name, bits]
+
+    def dequantized(self, name: str) -> np.ndarray:
+        if name not in self._dequantized:
+            self._dequantized[name] = self.tensor(name).dequantize()
+        return self._dequantized[name]
 
     def const(self, name: str, array: np.ndarray) -> str:
         """Small constants live inside the .onnx file."""
@@ -204,19 +217,18 @@ class GraphBuilder:
         embd = self.tensor("token_embd.weight")
         embd_packed = None
         if cfg.tied_embeddings and spec.embed_bits is not None and embd.type_name not in ("Q4_0", "Q4_1"):
-            embd_packed = pack_tensor(embd, spec.embed_bits)
+            embd_packed = self.packed("token_embd.weight", spec.embed_bits)
             self.init(f"token_embd.q{embd_packed.bits}weight", embd_packed.packed)
             self.init(f"token_embd.q{embd_packed.bits}scales", embd_packed.scales)
+        # The table's bytes are written under the head's name (whichever variant is built first: once);
+        # the graph only holds the lookup's alias unless the head uses the table too.
         if embd.type_name == "Q8_0":
             # Q8_0 rows are exact as (q - 128) * scale in fp32, so every variant gathers from 8-bit rows:
             # a quarter of the bytes an fp32 row takes
-            shared = embd_packed is not None and embd_packed.bits == 8
-            gather_packed = embd_packed if shared and embd_packed is not None else pack_tensor(embd, 8)
-            # the bytes go under the head's name whichever variant is built first: written once
-            self.init("token_embd.q8weight", gather_packed.packed)
+            q8 = self.packed("token_embd.weight", 8)
+            self.w.add("token_embd.q8weight", q8.packed)
             data = self.alias("token_embd.gather_q8weight", "token_embd.q8weight")
-            scales3d = gather_packed.scales[..., None]
-            scales = self.init("token_embd.scales_3d", scales3d)
+            scales = self.init("token_embd.scales_3d", q8.scales[..., None])
             rows = self.node(
                 "GatherBlockQuantized",
                 [data, "input_ids", scales],  # no zero points: uint8 data defaults to 128, like ours
@@ -228,7 +240,7 @@ class GraphBuilder:
             )[0]
         else:
             # other tables gather exact fp32 rows (a 4-bit table has no exact 8-bit form)
-            self.init("token_embd.weight", embd.dequantize())
+            self.w.add("token_embd.weight", self.dequantized("token_embd.weight"))
             table = self.alias("token_embd.gather_weight", "token_embd.weight")
             rows = self.node("Gather", [table, "input_ids"], axis=0)[0]
         x = self.node("Reshape", [rows, self.const("to_2d", np.array([-1, cfg.hidden], np.int64))])[0]
@@ -317,11 +329,8 @@ class GraphBuilder:
             ],
         )[0]
         self._lm_head(last, embd_packed)
-        # an initializer only aliased (the lookup's table when the head does not use it) is left out
-        used = {i for n in self.nodes for i in n.input}
-        inits = [t for t in self.inits.values() if t.name in used]
         model = helper.make_model(
-            helper.make_graph(self.nodes, f"simmer-{spec.name}", inputs, outputs, inits),
+            helper.make_graph(self.nodes, f"simmer-{spec.name}", inputs, outputs, list(self.inits.values())),
             opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
             producer_name="simmer",
         )
@@ -349,7 +358,7 @@ class GraphBuilder:
             logits, _ = self.linear(last, "lm_head", [head_name], bits=4)
         elif spec.matmul_bits == 4 and spec.accuracy_level < 4 and head.type_name == "Q8_0":
             # exact, and a quarter of the memory of a fp32 head at the same speed
-            p = q8_as_nibble_pair(head)
+            p = q8_as_nibble_pair(self.packed(head_name, 8))
             assert p.zero_points is not None
             twice = self.node("Concat", [last, last], axis=1)[0]
             logits = self.node(
@@ -369,7 +378,7 @@ class GraphBuilder:
             )[0]
         elif spec.embed_bits is None:
             if cfg.tied_embeddings:
-                table = self.init("token_embd.weight", head.dequantize())
+                table = self.init("token_embd.weight", self.dequantized("token_embd.weight"))
             else:
                 table = self.init("output.weight", head.dequantize())
             logits = self.node("Gemm", [last, table], transB=1)[0]

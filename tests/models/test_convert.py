@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 from models.convert import convert, plan_variants, smoke_test
 from models.errors import InvalidModelFile, UnsupportedModel, VerificationFailed
 from models.gguf import GGUFModel
-from models.quant import q8_as_nibble_pair
+from models.quant import pack_tensor, q8_as_nibble_pair
 from models.session import DecoderSession, KVCache, ModelShape
 from tests.reference_llama import ReferenceLlama
 from tests.tiny_gguf import TYPES, write_tiny_gguf
@@ -161,7 +161,7 @@ def test_embedding_lookup_when_q8_0_table_then_8bit_rows_for_fp32_variants_too(c
 def test_q8_head_as_nibble_pair_when_dequantized_then_exactly_the_q8_values(converted):
     g, _, _ = converted["Q4_1"]  # its embedding (the tied head) is Q8_0
     t = GGUFModel(g).tensor("token_embd.weight")
-    p = q8_as_nibble_pair(t)
+    p = q8_as_nibble_pair(pack_tensor(t, 8))
     lo_nib = (p.packed & 15).astype(np.float32)
     hi_nib = (p.packed >> 4).astype(np.float32)
     q = np.stack([lo_nib, hi_nib], axis=-1).reshape(p.n, p.k // 32, 32)  # element 2i low, 2i+1 high
