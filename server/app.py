@@ -14,7 +14,7 @@ from models.protocol import Engine
 from server.errors import install_handlers
 from server.metrics import Metrics, MetricsMiddleware
 from server.routes import ops, thermal, ui, v1
-from server.schemas import OPENAI_DEFAULTS, SamplingDefaults
+from server.schemas import SamplingDefaults
 from server.security import SecurityMiddleware
 from server.settings import Settings
 from server.worker import Gate, NoGate, Worker
@@ -34,7 +34,7 @@ class Runtime:
     keepalive_ping_s: float
     stream_start_wait_s: float
     started: int
-    sampling_defaults: SamplingDefaults = OPENAI_DEFAULTS
+    sampling_defaults: SamplingDefaults
 
     def model_id(self) -> str:
         engine = self.worker.engine
