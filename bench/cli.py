@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from models.store import ModelStore
+from models.store.store import ModelStore
 from server.settings import Settings
 
 

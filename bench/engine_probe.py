@@ -35,7 +35,7 @@ def long_ids(vocab_lo: int = 300, n: int = PROMPT_TOKENS, seed: int = 0) -> list
 
 class SimmerDriver:
     def __init__(self, cfg: dict[str, Any]) -> None:
-        from models.engine import load_engine
+        from models.runtime.engine import load_engine
 
         t0 = time.perf_counter()
         self.engine = load_engine(

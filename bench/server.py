@@ -78,8 +78,8 @@ def _engine_once(engine: Any, prompt: str) -> tuple[float, float, int]:
 
 
 def bench_server(settings: Settings, *, reps: int = 5, model_dir: Path | None = None) -> dict[str, Any]:
-    from models.engine import LlamaEngine
-    from models.store import ModelStore
+    from models.runtime.engine import LlamaEngine
+    from models.store.store import ModelStore
 
     # No governing: this measures the transport, not the device (thermal "none" keeps the level nominal).
     server_settings = settings.model_copy(

@@ -1,4 +1,4 @@
-"""The engine contract the server's worker relies on. The real engine is models/engine.py;
+"""The engine contract the server's worker relies on. The real engine is models/runtime/engine.py;
 tests/fakes.py has a scripted one that satisfies the same protocol."""
 
 from __future__ import annotations

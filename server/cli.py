@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from models.errors import SimmerError
-from models.store import Converter, ModelStore
+from models.store.store import Converter, ModelStore
 from server.settings import Settings
 
 EXTERNAL: dict[str, tuple[str, str, str]] = {

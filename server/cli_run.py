@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from models.engine import LlamaEngine
+from models.runtime.engine import LlamaEngine
 from models.types import FinishEvent, GenerationParams, SamplingParams
 from server.engine_factory import open_engine
 from server.settings import Settings

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from governor.cgroup import usable_cpus
-from models.engine import LlamaEngine
-from models.store import ModelStore
+from models.runtime.engine import LlamaEngine
+from models.store.store import ModelStore
 from server.settings import Settings
 
 

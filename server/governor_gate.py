@@ -183,8 +183,8 @@ def governed_engine_factory(
     def load() -> Engine:
         import json
 
-        from models.engine import LlamaEngine
-        from models.store import ModelStore
+        from models.runtime.engine import LlamaEngine
+        from models.store.store import ModelStore
 
         if model_dir is not None:
             manifest = json.loads((Path(model_dir) / "manifest.json").read_text())

@@ -50,7 +50,7 @@ def _convert_into(gguf: Path, target: Path, **kwargs) -> Path:
     import shutil
     import tempfile
 
-    from models.convert import convert
+    from models.convert.pipeline import convert
 
     if (target / "manifest.json").exists():
         return target
@@ -85,7 +85,7 @@ def tiny_model_dir(tiny_gguf, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_model_dir(smollm2_gguf) -> Path:
     """The real model converted once per machine and converter version."""
-    from models.convert import CONVERTER_VERSION
+    from models.convert.pipeline import CONVERTER_VERSION
 
     target = test_cache_dir() / f"converted-v{CONVERTER_VERSION}" / "smollm2-135m-instruct"
     return _convert_into(smollm2_gguf, target)

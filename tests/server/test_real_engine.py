@@ -8,8 +8,8 @@ import time
 import openai
 import pytest
 
-from models.engine import load_engine
 from models.protocol import EngineLimits
+from models.runtime.engine import load_engine
 from tests.server.fakes import RecordingEngine
 
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from models.engine import load_engine
+from models.runtime.engine import load_engine
 from tests.server.fakes import REPLY, RecordingEngine, ScriptedEngine
 from tests.ui.conftest import health, wait_until
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.gguf import BLOCK_BYTES, Tensor, unpack_q4_nibbles
+from models.gguf.reader import BLOCK_BYTES, Tensor, unpack_q4_nibbles
 
 BLOCK = 32
 

@@ -19,7 +19,7 @@ from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from models.errors import InvalidParameter, UnsupportedModel
-from models.tokenizer import Tokenizer
+from models.runtime.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant", "tool")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from models.errors import InvalidParameter, ModelNotFound
-from models.sources import HuggingFaceFile, LocalFile, PyPIWheel, Source
+from models.store.sources import HuggingFaceFile, LocalFile, PyPIWheel, Source
 
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")

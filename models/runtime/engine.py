@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from models.chat import ChatTemplate
 from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotInstalled
 from models.protocol import EngineLimits, Prompt, StepHook
-from models.sampling import Sampler, make_rng
-from models.session import DecoderSession, KVCache, ModelShape
-from models.stops import StopMatcher
-from models.tokenizer import IncrementalDetokenizer, Tokenizer
+from models.runtime.chat import ChatTemplate
+from models.runtime.sampling import Sampler, make_rng
+from models.runtime.session import DecoderSession, KVCache, ModelShape
+from models.runtime.stops import StopMatcher
+from models.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 from models.types import (
     CancelToken,
     FinishEvent,

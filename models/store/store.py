@@ -1,7 +1,7 @@
 """The model store: `<home>/models/<id>/<version>/` folders with a manifest, installed atomically.
 
 Layout:
-    <home>/downloads/                 cached source GGUFs (see models/sources.py)
+    <home>/downloads/                 cached source GGUFs (see models/store/sources.py)
     <home>/models/.locks/<id>.lock    one pull/remove of a model at a time (flock)
     <home>/models/<id>/current        names the current version: the commit point of an install
     <home>/models/<id>/<version>/     converted files + manifest.json (written last)
@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models import registry
-from models.durable import fsync_dir as _fsync_dir
 from models.errors import (
     InsufficientDiskSpace,
     InvalidModelFile,
@@ -35,7 +33,9 @@ from models.errors import (
     SimmerError,
     VerificationFailed,
 )
-from models.sources import FetchedFile, Progress, sha256_file
+from models.store import registry
+from models.store.durable import fsync_dir as _fsync_dir
+from models.store.sources import FetchedFile, Progress, sha256_file
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
@@ -46,7 +46,7 @@ MB = 1024 * 1024
 
 @dataclass(frozen=True)
 class Converter:
-    """The converter seam (models/convert.py in production, a fake in tests)."""
+    """The converter seam (models/convert/pipeline.py in production, a fake in tests)."""
 
     convert: Callable[..., dict]
     smoke_test: Callable[[Path, dict], None]
@@ -56,9 +56,9 @@ class Converter:
 def default_converter() -> Converter:
     """Import the real converter lazily: onnx and friends are only needed when converting."""
     try:
-        from models import convert as mod
+        from models.convert import pipeline as mod
     except ModuleNotFoundError as err:
-        if err.name not in ("models.convert", "models.gguf"):
+        if err.name not in ("models.convert.pipeline", "models.gguf.reader"):
             raise
         raise SimmerError(f"the GGUF converter is not available ({err})") from err
     return Converter(mod.convert, mod.smoke_test, int(getattr(mod, "CONVERTER_VERSION", 1)))

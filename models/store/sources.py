@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from models.durable import fsync_dir as _fsync_dir
 from models.errors import HashMismatch, InvalidModelFile, ModelNotFound, SourceUnavailable
+from models.store.durable import fsync_dir as _fsync_dir
 
 Progress = Callable[[str, float], None]
 

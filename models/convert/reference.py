@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.gguf import GGUFModel
+from models.gguf.reader import GGUFModel
 
 
 class ReferenceForward:

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import psutil
 
+from models.convert.graph import VARIANTS, WeightFile, build_variant
+from models.convert.reference import ReferenceForward
 from models.errors import VerificationFailed
-from models.gguf import GGUFModel
-from models.llama_graph import VARIANTS, WeightFile, build_variant
-from models.reference import ReferenceForward
-from models.session import DecoderSession, KVCache, ModelShape
-from models.tokenizer import Tokenizer, metadata_from_reader
+from models.gguf.reader import GGUFModel
+from models.runtime.session import DecoderSession, KVCache, ModelShape
+from models.runtime.tokenizer import Tokenizer, metadata_from_reader
 
 CONVERTER_VERSION = 3
 WEIGHTS_FILE = "weights.data"

@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from models.gguf import GGUFModel, LlamaConfig, Tensor
-from models.quant import BLOCK, PackedNBits, concat_packed, pack_tensor, q8_as_nibble_pair
+from models.gguf.quant import BLOCK, PackedNBits, concat_packed, pack_tensor, q8_as_nibble_pair
+from models.gguf.reader import GGUFModel, LlamaConfig, Tensor
 
 OPSET = 17
 MS = "com.microsoft"

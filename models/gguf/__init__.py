@@ -1,0 +1,1 @@
+"""GGUF files: the validated reader and the quantized block layouts."""

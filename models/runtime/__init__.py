@@ -1,0 +1,1 @@
+"""Running a converted model: session and KV buffers, the engine, sampling, stops, tokenizer, chat."""

@@ -1,0 +1,1 @@
+"""The model store: sources, the registry of known ids, atomic installs."""
