@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from models.convert.tokenizer_gguf import metadata_from_gguf, tokenizer_from_metadata
 from models.errors import InvalidParameter, UnsupportedModel
 from models.runtime.chat import CHATML_TEMPLATE, ChatTemplate, validate_messages
-from models.runtime.tokenizer import Tokenizer, metadata_from_gguf
+from models.runtime.tokenizer import Tokenizer
 
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 KNOWN_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
@@ -15,7 +16,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def smol(smollm2_gguf) -> Tokenizer:
-    return Tokenizer.from_metadata(metadata_from_gguf(smollm2_gguf))
+    return tokenizer_from_metadata(metadata_from_gguf(smollm2_gguf))
 
 
 @pytest.fixture(scope="module")
