@@ -465,7 +465,11 @@ def _byte_level_pre_tokenizer(pre: PreTokenizer) -> pre_tokenizers.PreTokenizer:
     steps: list[pre_tokenizers.PreTokenizer] = []
     if pre.digits:
         steps.append(pre_tokenizers.Digits(individual_digits=True))
-    steps += [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
+    for r in pre.regexes:
+        if r == r"\p{N}+":  # the same split; onnxruntime-genai's regex engine lacks \p{N}
+            steps.append(pre_tokenizers.Digits(individual_digits=False))
+        else:
+            steps.append(pre_tokenizers.Split(Regex(r), behavior="isolated"))
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     return pre_tokenizers.Sequence(steps)
 

@@ -115,13 +115,15 @@ class Tokenizer:
             "add_bos_token": self.add_bos,
             "add_eos_token": self.add_eos,
             "clean_up_tokenization_spaces": False,
-            # null when the model has none: it serves completions only (no silent stand-in template)
+            # absent when the model has none: it serves completions only (no silent stand-in template)
             "chat_template": self.chat_template,
             # Not Hugging Face keys: what load() needs without the GGUF.
             "tokenizer_kind": self.kind,
             "add_space_prefix": self.add_space_prefix,
             "eos_token_ids": sorted(self.eos_ids),
         }
+        # onnxruntime-genai refuses a null where it expects a string: absent keys say "none" instead
+        config = {k: v for k, v in config.items() if v is not None}
         (folder / TOKENIZER_CONFIG).write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n")
 
     @classmethod
