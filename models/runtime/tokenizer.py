@@ -13,6 +13,8 @@ way llama.cpp's token_to_piece does, so streamed text never splits a UTF-8 chara
 from __future__ import annotations
 
 import codecs
+import contextlib
+import ctypes
 import json
 import re
 import threading
@@ -134,6 +136,10 @@ class Tokenizer:
             config = json.loads((folder / TOKENIZER_CONFIG).read_text())
         except Exception as e:  # tokenizers raises a plain Exception on bad JSON
             raise InvalidModelFile(f"cannot load the tokenizer from {folder}: {e}") from e
+        # Parsing a big tokenizer.json leaves its transient heap with glibc: Gemma 3's 33 MB file holds
+        # ~100 MB loaded but ~350 MB of RSS until the freed pages go back to the OS.
+        with contextlib.suppress(OSError, AttributeError):  # not glibc
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
         def tid(key: str) -> int | None:
             t = config.get(key)
