@@ -2,8 +2,10 @@
 
 Besides the known ids, two explicit forms are accepted:
 - `hf:owner/repo/path/file.gguf[@revision]`: a file of a Hugging Face Hub repo;
-- a local path (`./x.gguf`, `../x.gguf`, `/abs/x.gguf`, `~/x.gguf`, or anything ending in `.gguf`).
-Their id is the file name's stem, lowercased (`./SmolLM2-135M.Q4_1.gguf` -> `smollm2-135m.q4_1`).
+- a local path (`./x.gguf`, `../x.gguf`, `/abs/x.gguf`, `~/x.gguf`, or anything ending in `.gguf`);
+- a local folder in onnxruntime-genai's layout (`./folder`), installed as is.
+Their id is the file name's stem, lowercased (`./SmolLM2-135M.Q4_1.gguf` -> `smollm2-135m.q4_1`), or the
+folder's name.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from models.errors import InvalidParameter, ModelNotFound
+from models.store.folder import FOLDER_INSTALLER, LocalFolder
 from models.store.hub import HubConfig, HuggingFaceFile
 from models.store.sources import (
     License,
@@ -32,6 +36,9 @@ class ModelSpec:
     id: str
     source: Source
     description: str = ""
+    # What turns the fetched source into an installed folder, when not the GGUF converter (a folder in
+    # onnxruntime-genai's layout is copied as is: models/store/folder.py).
+    installer: Any = None
 
 
 GEMMA_TERMS = License("gemma", "Gemma Terms of Use", "https://ai.google.dev/gemma/terms")
@@ -108,11 +115,17 @@ def known_ids() -> list[str]:
 
 
 def is_local_path(name: str) -> bool:
-    return name.startswith(("./", "../", "/", "~/")) or name.endswith(".gguf")
+    return name.startswith(("./", "../", "/", "~/")) or name in (".", "..") or name.endswith(".gguf")
+
+
+def _is_folder(name: str) -> bool:
+    return is_local_path(name) and Path(name).expanduser().is_dir()
 
 
 def id_from_filename(filename: str) -> str:
-    model_id = Path(filename).stem.lower()
+    """A file's stem, or a folder's whole name (`./phi-3.5-mini` -> `phi-3.5-mini`)."""
+    path = Path(filename).expanduser()
+    model_id = (path.resolve().name if path.is_dir() else path.stem).lower()
     if not ID_PATTERN.match(model_id):
         raise InvalidParameter(
             f"cannot derive a model id from {filename!r}: the file name stem must use only "
@@ -168,6 +181,9 @@ def resolve(name: str, *, sha256: str | None = None, hub: HubConfig | None = Non
     if name.startswith("hf:"):
         source = replace(_parse_hf(name, hub), sha256=sha256)
         return ModelSpec(id=id_from_filename(source.filename), source=source)
+    if _is_folder(name):
+        source = LocalFolder(Path(name), sha256=sha256)
+        return ModelSpec(id=id_from_filename(name), source=source, installer=FOLDER_INSTALLER)
     if is_local_path(name):
         return ModelSpec(id=id_from_filename(name), source=LocalFile(Path(name), sha256=sha256))
     raise ModelNotFound(

@@ -139,7 +139,7 @@ class ModelStore:
     ) -> InstalledModel:
         """Fetch, convert, verify and install `name`. Does nothing when it is already installed."""
         spec = registry.resolve(name, sha256=sha256, hub=self.hub)
-        conv = self._converter()
+        conv = spec.installer or self._converter()
         model_dir = self.models_dir / spec.id
         with self._lock(spec.id):
             model_dir.mkdir(parents=True, exist_ok=True)
