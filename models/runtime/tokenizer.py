@@ -54,6 +54,17 @@ def byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
+def infer_kind(hf: tokenizers.Tokenizer) -> str:
+    """The kind of a tokenizer.json made elsewhere (an onnxruntime-genai folder), from its decoder:
+    SentencePiece decodes U+2581 and <0xXX> byte tokens (Metaspace or ByteFallback), byte-level BPE maps
+    GPT-2's stand-ins back to bytes."""
+    decoder = hf.decoder
+    state = decoder.__getstate__() if decoder is not None else b""
+    if b'"ByteLevel"' not in state and (b'"ByteFallback"' in state or b'"Metaspace"' in state):
+        return KIND_SENTENCEPIECE
+    return KIND_BYTE_LEVEL
+
+
 def _overlaps(span: Span, spans: Sequence[Span]) -> bool:
     return any(span[0] < end and start < span[1] for start, end in spans)
 
@@ -73,9 +84,10 @@ class Tokenizer:
         add_bos: bool = False,
         add_eos: bool = False,
         add_space_prefix: bool = False,
-        kind: str = KIND_BYTE_LEVEL,
+        kind: str | None = None,
         chat_template: str | None = None,
     ) -> None:
+        kind = kind or infer_kind(hf)
         if kind not in KINDS:
             raise InvalidModelFile(f"unknown tokenizer kind {kind!r} (known: {', '.join(KINDS)})")
         self.hf = hf
@@ -155,8 +167,7 @@ class Tokenizer:
             add_bos=bool(config.get("add_bos_token", False)),
             add_eos=bool(config.get("add_eos_token", False)),
             add_space_prefix=bool(config.get("add_space_prefix", False)),
-            # folders converted before SentencePiece support hold byte-level BPE
-            kind=config.get("tokenizer_kind", KIND_BYTE_LEVEL),
+            kind=config.get("tokenizer_kind"),  # older folders: told by the decoder (byte-level BPE)
             chat_template=config.get("chat_template"),
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import tokenizers
 
 from models.convert.tokenizer_gguf import (
     TOKEN_CONTROL,
@@ -126,6 +127,23 @@ def test_load_when_folder_predates_sentencepiece_then_byte_level(tiny: Tokenizer
     again = Tokenizer.load(tmp_path)
     assert again.kind == "byte_level"
     assert again.token_bytes(again.encode(" the")[0]) == b" the"
+
+
+def test_tokenizer_when_kind_not_given_then_told_by_the_decoder() -> None:
+    """A foreign folder's tokenizer.json (onnxruntime-genai) says nothing of our kinds."""
+    for family, kind in (
+        ("llama2", "sentencepiece"),
+        ("spm-noprefix", "sentencepiece"),
+        ("llama3", "byte_level"),
+    ):
+        built = tokenizer_from_metadata(family_metadata(FAMILIES[family]))
+        foreign = Tokenizer(tokenizers.Tokenizer.from_str(built.hf.to_str()), bos_id=None, eos_id=None)
+        assert foreign.kind == kind
+        ids = built.encode(" ▁é 🦙", add_special_tokens=False)
+        assert [foreign.token_bytes(i) for i in ids] == [built.token_bytes(i) for i in ids]
+    metaspace = tokenizers.Tokenizer(tokenizers.models.BPE())
+    metaspace.decoder = tokenizers.decoders.Metaspace()
+    assert Tokenizer(metaspace, bos_id=None, eos_id=None).kind == "sentencepiece"
 
 
 def test_load_when_folder_empty_then_invalid_model_file(tmp_path) -> None:
