@@ -38,6 +38,20 @@ class UnsupportedModel(SimmerError):
     code = "unsupported_model"
 
 
+class ModelNotChat(SimmerError):
+    """The model has no chat template (a base model): it serves text completions only."""
+
+    code = "model_not_chat"
+
+    @classmethod
+    def for_model(cls, model_id: str) -> ModelNotChat:
+        return cls(
+            f"The model '{model_id}' has no chat template (it is a base model): use /v1/completions, or "
+            "start the server with SIMMER_CHAT_TEMPLATE naming a Jinja chat template file for it",
+            param="model",
+        )
+
+
 class HashMismatch(SimmerError):
     code = "hash_mismatch"
 

