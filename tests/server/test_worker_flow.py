@@ -21,7 +21,7 @@ def chat(max_tokens: int, stream: bool = False, **extra) -> dict:
     return {"model": MODEL, "messages": MSG, "max_tokens": max_tokens, "stream": stream, **extra}
 
 
-def wait_until(predicate, timeout: float = 5.0) -> bool:
+def wait_until(predicate, timeout: float = 20.0) -> bool:  # generous: CI machines can be loaded
     tick = threading.Event()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
