@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 import ssl
 from collections.abc import AsyncIterator
@@ -128,12 +129,17 @@ def classify(err: httpx.HTTPError) -> UpstreamFailure:
 
 
 def _root_os_error(err: BaseException) -> OSError | None:
+    """The OS error under httpx's ConnectError (through anyio's "All connection attempts failed")."""
     seen: BaseException | None = err
-    for _ in range(8):
+    for _ in range(10):
         if seen is None:
             return None
-        if isinstance(seen, OSError):
+        if isinstance(seen, socket.gaierror) or (isinstance(seen, OSError) and seen.errno is not None):
             return seen
+        group = getattr(seen, "exceptions", None)
+        if group:
+            seen = group[0]
+            continue
         seen = seen.__cause__ or seen.__context__
     return None
 
@@ -141,7 +147,9 @@ def _root_os_error(err: BaseException) -> OSError | None:
 def _os_text(err: OSError | None) -> str:
     if err is None:
         return "connect failed"
-    return err.strerror or str(err) or type(err).__name__
+    if isinstance(err, socket.gaierror):
+        return f"cannot resolve the host ({err.strerror or err})"
+    return os.strerror(err.errno) if err.errno else str(err) or type(err).__name__
 
 
 def retry_after(value: str | None) -> float | None:
