@@ -130,7 +130,8 @@ def create_app(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "X-Simmer-Route"],
+            expose_headers=["X-Simmer-Route"],  # so a web app can tell where a reply was served
         )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(

@@ -117,6 +117,7 @@ async def complete(
                 tokens_per_s=finish.timings.predicted_per_second if finish else 0.0,
                 outcome=outcome,
                 duration_ms=(time.monotonic() - started_at) * 1000,
+                route=f"{route.side}/{route.reason}",
             )
         )
 

@@ -135,3 +135,35 @@ def test_auto_when_device_cool_then_local_offline_first(local, proxy) -> None:
         r = c.post("/v1/chat/completions", json=CHAT)
     assert r.headers["x-simmer-route"] == "local; reason=offline_first"
     assert proxy.connections == 0
+
+
+def test_request_log_when_served_upstream_then_route_named_and_no_text(local, caplog) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="simmer.request")
+    srv = local()
+    with srv.client() as c:
+        reply = c.post("/v1/chat/completions", json={**CHAT, "route": "upstream"}).json()
+    lines = [r.getMessage() for r in caplog.records if r.name == "simmer.request"]
+    assert any(line.endswith("route=upstream/request") for line in lines), lines
+    text = reply["choices"][0]["message"]["content"]
+    assert len(text) >= 8  # long enough that finding it in a log line would mean it was logged
+    assert all("the cat sat" not in line and text not in line for line in lines)
+
+
+def test_cors_when_web_app_origin_then_route_header_allowed_and_exposed(local) -> None:
+    srv = local(cors_origins=["http://app.example"])
+    with srv.client() as c:
+        pre = c.options(
+            "/v1/chat/completions",
+            headers={
+                "Origin": "http://app.example",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type,x-simmer-route",
+            },
+        )
+        assert (
+            pre.status_code == 200 and "x-simmer-route" in pre.headers["access-control-allow-headers"].lower()
+        )
+        r = c.post("/v1/chat/completions", json=CHAT, headers={"Origin": "http://app.example"})
+        assert "x-simmer-route" in r.headers["access-control-expose-headers"].lower()
