@@ -322,10 +322,25 @@ class Router:
         probe = self.breaker.begin()
         self._count(route)
         request = forward_body(kind, body, payload, route.upstream_model)
-        task = asyncio.get_running_loop().create_task(self._run_upstream(route, job, kind, request, probe))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
         loop = asyncio.get_running_loop()
+        task = loop.create_task(self._run_upstream(route, job, kind, request, probe))
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            # Cancelled (the client left, or shutdown) or a bug: no verdict on the upstream, so free the
+            # probe slot. Here, not in the coroutine: a task cancelled before it ran never enters its try.
+            self._tasks.discard(t)
+            error = None if t.cancelled() else t.exception()
+            if not t.cancelled() and error is None:
+                return
+            self.breaker.abandon(probe)
+            if error is not None:
+                log.error("%s: upstream relay failed", job.id, exc_info=error)
+                job.sink(Failed(error))
+            elif self._closing:
+                job.sink(Failed(ShuttingDown("The server is shutting down")))
+
+        task.add_done_callback(done)
 
         def cancel_task() -> None:  # any thread: the client left or the server cancels the job
             with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to cancel
@@ -338,11 +353,6 @@ class Router:
         reader = ChunkReader(kind, time.monotonic())
         try:
             await relay(self.upstream, kind, request, job.sink, reader)
-        except asyncio.CancelledError:
-            self.breaker.abandon(probe)
-            if self._closing:
-                job.sink(Failed(ShuttingDown("The server is shutting down")))
-            raise
         except UpstreamFailure as failure:
             self._failed(failure, probe, job)
             if reader.started:
