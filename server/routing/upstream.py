@@ -82,6 +82,7 @@ def forward_body(kind: Endpoint, body: _GenerationRequest, payload: list[dict] |
 FailureKind = Literal[
     "offline",  # no route to the host, no DNS: the device is off the network
     "connect",  # refused, reset while connecting
+    "tls",  # the certificate did not verify (or another TLS failure)
     "timeout",  # connect, read, write or pool timeout
     "dropped",  # the connection ended mid-response
     "server_error",  # HTTP 5xx
@@ -120,6 +121,10 @@ def classify(err: httpx.HTTPError) -> UpstreamFailure:
         return UpstreamFailure("timeout", f"{type(err).__name__}")
     if isinstance(err, httpx.ConnectError):
         cause = _root_os_error(err)
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return UpstreamFailure("tls", f"certificate verify failed: {cause.verify_message}")
+        if isinstance(cause, ssl.SSLError):
+            return UpstreamFailure("tls", cause.reason or str(cause))
         if isinstance(cause, socket.gaierror) or (cause is not None and cause.errno in _OFFLINE_ERRNOS):
             return UpstreamFailure("offline", _os_text(cause))
         return UpstreamFailure("connect", _os_text(cause) if cause else str(err) or "connect failed")

@@ -32,7 +32,8 @@ def chat_chunk(text: str, finish: str | None = None) -> str:
 
 
 class ScriptedUpstream:
-    def __init__(self) -> None:
+    def __init__(self, *, certfile: str | None = None, keyfile: str | None = None) -> None:
+        self.scheme = "https" if certfile else "http"
         self.script = Script(events=[chat_chunk("hello"), chat_chunk(" world", "stop"), "[DONE]"])
         self.received: list[tuple[dict, dict[str, str]]] = []  # (json body, headers)
         app = Starlette(
@@ -44,14 +45,17 @@ class ScriptedUpstream:
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off"))
+        config = uvicorn.Config(
+            app, log_config=None, access_log=False, lifespan="off", ssl_certfile=certfile, ssl_keyfile=keyfile
+        )
+        self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self.scheme}://127.0.0.1:{self.port}/v1"
 
     def start(self) -> ScriptedUpstream:
         self._thread.start()

@@ -223,3 +223,83 @@ def test_logprobs_when_upstream_sends_them_then_relayed_per_token(via, scripted)
     assert content[0]["top_logprobs"] == [{"token": "he", "logprob": -0.5, "bytes": [104, 101]}]
     assert body["usage"]["prompt_tokens"] == 3 and body["usage"]["completion_tokens"] == 2
     assert scripted.received[-1][0]["logprobs"] is True and scripted.received[-1][0]["top_logprobs"] == 1
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    """A private CA and a certificate for 127.0.0.1 signed by it (openssl CLI)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+    d = tmp_path_factory.mktemp("tls")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=simmer test CA",
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    )
+    return d
+
+
+def test_tls_when_upstream_cert_from_private_ca_then_refused_unless_ca_bundle_set(live, tls_files) -> None:
+    up = ScriptedUpstream(
+        certfile=str(tls_files / "server.pem"), keyfile=str(tls_files / "server.key")
+    ).start()
+    try:
+        settings = {"route": "upstream", "upstream_url": up.url, "upstream_api_key": KEY}
+        strict = live(**settings)
+        r = post(strict, {**CHAT, "route": "upstream"})
+        assert r.status_code == 503 and "certificate verify failed" in r.json()["error"]["message"]
+        assert up.received == []  # no request (and no key) went over an unverified connection
+        trusting = live(**settings, upstream_ca_bundle=tls_files / "ca.pem")
+        r = post(trusting, {**CHAT, "route": "upstream"})
+        assert r.status_code == 200 and r.json()["route"] == {"served": "upstream", "reason": "request"}
+        assert r.json()["choices"][0]["message"]["content"] == "hello world"
+        assert up.received[0][1]["authorization"] == f"Bearer {KEY}"
+    finally:
+        up.stop()
