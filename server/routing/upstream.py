@@ -88,6 +88,7 @@ FailureKind = Literal[
     "server_error",  # HTTP 5xx
     "rate_limited",  # HTTP 429
     "auth",  # HTTP 401/403: simmer's key is wrong
+    "redirect",  # HTTP 3xx: not followed (it could carry the key elsewhere); the URL needs fixing
     "client_error",  # other HTTP 4xx: the request, not the upstream (does not count against it)
     "bad_response",  # not SSE, not JSON
     "error_event",  # an error chunk inside the stream
@@ -183,6 +184,10 @@ def failure_from_response(status: int, body: bytes, headers: httpx.Headers) -> U
         kind = "auth"
     elif status == 408 or status >= 500:
         kind = "server_error"
+    elif 300 <= status < 400:
+        kind = "redirect"
+        where = headers.get("location")
+        message = f"redirected{f' to {where}' if where else ''}; simmer does not follow redirects"
     else:
         kind = "client_error"
     return UpstreamFailure(kind, message or f"HTTP {status}", status=status, retry_after_s=after, code=code)
@@ -226,6 +231,8 @@ def to_simmer_error(failure: UpstreamFailure, *, mid_reply: bool, retry_in_s: fl
         return UpstreamError(
             f"The upstream refused simmer's credentials ({what}); check SIMMER_UPSTREAM_API_KEY."
         )
+    if failure.kind == "redirect":
+        return UpstreamError(f"The upstream answered with a redirect ({what}); fix SIMMER_UPSTREAM_URL.")
     wait = retry_in_s if retry_in_s else failure.retry_after_s
     return UpstreamUnavailable(f"The upstream is unavailable ({what}).", retry_after_s=wait)
 

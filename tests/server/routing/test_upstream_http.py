@@ -110,6 +110,12 @@ def test_forwarded_when_client_sends_everything_then_upstream_gets_only_what_it_
         ),
         (Script(422, {"detail": "bad field"}), 400, "invalid_parameter", "HTTP 422: bad field"),
         (Script(401, {"error": {"message": "bad key"}}), 502, "upstream_error", "HTTP 401: bad key"),
+        (
+            Script(307, "", headers={"Location": "https://elsewhere.example/v1/chat/completions"}),
+            502,
+            "upstream_error",
+            "HTTP 307: redirected to https://elsewhere.example",
+        ),
         (Script(500, "boom"), 503, "upstream_unavailable", "HTTP 500: boom"),
         (
             Script(503, {"error": {"message": "overloaded"}}),
