@@ -54,6 +54,9 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
         "--upstream",
         help="offload vs no offload: an OpenAI-compatible base URL, or 'spawn' (a second simmer here)",
     )
+    u.add_argument(
+        "--every", type=float, default=60.0, help="with --upstream: a request every N simulated seconds"
+    )
     args = p.parse_args(argv)
     if args.what == "engine":
         from bench.engine import bench_engine
@@ -84,6 +87,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             time_scale=args.time_scale,
             plot=args.plot,
             upstream=args.upstream,
+            arrival_every_s=args.every,
         )
     _write(report, args.json)
     return 0
