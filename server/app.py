@@ -14,6 +14,9 @@ from models.protocol import Engine
 from server.errors import install_handlers
 from server.metrics import Metrics, MetricsMiddleware
 from server.routes import ops, thermal, ui, v1
+from server.routing.breaker import Breaker
+from server.routing.metrics import RoutingCollector
+from server.routing.router import Router, build_router, device_view, local_side
 from server.schemas import SamplingDefaults
 from server.security import SecurityMiddleware
 from server.settings import Settings
@@ -35,6 +38,7 @@ class Runtime:
     stream_start_wait_s: float
     started: int
     sampling_defaults: SamplingDefaults
+    router: Router | None = None  # set by create_app; where each request is served (server/routing/)
 
     def model_id(self) -> str:
         engine = self.worker.engine
@@ -50,9 +54,11 @@ def create_app(
     *,
     engine_factory: Callable[[], Engine] | None = None,
     governor: Gate | None = None,
+    breaker: Breaker | None = None,
 ) -> FastAPI:
     """Build the app. Pass a ready `engine`, or an `engine_factory` that the worker thread calls at
-    startup (GET /health answers 503 "loading" until it returns). `governor` is the worker's gate."""
+    startup (GET /health answers 503 "loading" until it returns). `governor` is the worker's gate;
+    `breaker` replaces the upstream breaker built from settings (tests pass one on a fake clock)."""
     if (engine is None) == (engine_factory is None):
         raise ValueError("pass exactly one of engine or engine_factory")
     load = engine_factory if engine_factory is not None else (lambda: engine)
@@ -85,13 +91,14 @@ def create_app(
         try:
             yield
         finally:
+            await runtime.router.aclose()  # type: ignore[union-attr]
             worker.close()
             worker.join(SHUTDOWN_JOIN_S)
             if callable(gate_stop):
                 gate_stop()
 
     app = FastAPI(title="simmer", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.runtime = Runtime(
+    app.state.runtime = runtime = Runtime(
         model=settings.model,
         worker=worker,
         metrics=metrics,
@@ -104,6 +111,11 @@ def create_app(
             temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k, min_p=settings.min_p
         ),
     )
+    # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
+    runtime.router = build_router(
+        settings, local_side(worker, runtime.served_ids, runtime.model_id), device_view(gate), breaker=breaker
+    )
+    metrics.registry.register(RoutingCollector(runtime.router))
     install_handlers(app)
     app.include_router(v1.router)
     app.include_router(ops.router)
@@ -118,7 +130,8 @@ def create_app(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "X-Simmer-Route"],
+            expose_headers=["X-Simmer-Route"],  # so a web app can tell where a reply was served
         )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(

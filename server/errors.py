@@ -8,6 +8,7 @@ sure nothing leaves as a bare 500 or as FastAPI's 422 shape.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -42,6 +43,28 @@ class DevicePaused(SimmerError):
     code = "device_paused"
 
 
+class UpstreamUnavailable(SimmerError):
+    """The upstream cannot take the request (down, offline, busy, breaker open) and local is not allowed."""
+
+    code = "upstream_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class UpstreamError(SimmerError):
+    """The upstream failed in a way a retry will not fix by itself (credentials) or mid-reply."""
+
+    code = "upstream_error"
+
+
+class UpstreamNotAllowed(SimmerError):
+    """The request asked for upstream; the server's policy (SIMMER_ROUTE=local) keeps everything local."""
+
+    code = "upstream_not_allowed"
+
+
 class ApiError(SimmerError):
     """An error born at the HTTP edge (auth, host, body size, routing) with an explicit status."""
 
@@ -73,6 +96,9 @@ _STATUS: dict[str, tuple[int, str]] = {
     "device_overheated": (503, "server_error"),
     "device_paused": (503, "server_error"),
     "cancelled": (499, "server_error"),
+    "upstream_not_allowed": (403, "permission_error"),
+    "upstream_unavailable": (503, "server_error"),
+    "upstream_error": (502, "server_error"),
 }
 
 # Seconds a client should wait before retrying, for the statuses that invite a retry.
@@ -82,6 +108,7 @@ RETRY_AFTER_S: dict[str, int] = {
     "server_shutting_down": 5,
     "device_paused": 10,
     "device_overheated": 30,
+    "upstream_unavailable": 5,
 }
 
 
@@ -103,6 +130,9 @@ def error_payload(err: BaseException) -> tuple[int, dict, dict[str, str]]:
         headers = {}
         if err.code in RETRY_AFTER_S:
             headers["Retry-After"] = str(RETRY_AFTER_S[err.code])
+        told = getattr(err, "retry_after_s", None)  # an error that knows better (an open breaker)
+        if told:
+            headers["Retry-After"] = str(max(1, math.ceil(told)))
         return status_for(err), error_body(err.code, err.message, param=err.param, err_type=err_type), headers
     return 500, error_body("internal_error", "Internal server error"), {}
 

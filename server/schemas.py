@@ -7,6 +7,7 @@ Nothing below `server/` sees these types (the worker hands the engine Generation
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -67,6 +68,7 @@ class _GenerationRequest(BaseModel):
     truncate: bool = False  # sliding-window truncation instead of context_length_exceeded
     ignore_eos: bool = False  # llama.cpp's: generate exactly max_tokens (benchmarks)
     governor_events: bool = False  # opt in to `event: governor` SSE events (SDKs would choke on them)
+    route: Literal["local", "auto", "upstream"] | None = None  # where to serve it (or X-Simmer-Route)
 
     @field_validator("n")
     @classmethod
@@ -310,6 +312,8 @@ class ChunkBuilder:
         self._role_sent = False
         self._offset = 0  # text offset for completion logprobs
         self.variant: str | None = None  # known once the worker starts the job
+        # Fields of the final chunk (and the usage chunk) known only at the end: the route object.
+        self.final_fields: Callable[[], dict] = dict
 
     def _chunk(self, choices: list[dict], variant: str | None = None) -> dict:
         variant = variant or self.variant
@@ -347,10 +351,12 @@ class ChunkBuilder:
         chunk = self._chunk([choice], finish.variant if finish else None)
         if finish is not None:
             chunk.update(_extras(finish))
+            chunk.update(self.final_fields())
         return chunk
 
     def usage(self, finish: FinishEvent) -> dict:
         chunk = self._chunk([], finish.variant)
         chunk["usage"] = usage_dict(finish.usage)
         chunk.update(_extras(finish))
+        chunk.update(self.final_fields())
         return chunk
