@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
@@ -35,6 +36,7 @@ class Runtime:
     stream_start_wait_s: float
     started: int
     sampling_defaults: SamplingDefaults
+    store_home: Path | None = None  # the model store, for /health's model_problem (None: not from a store)
 
     def model_id(self) -> str:
         engine = self.worker.engine
@@ -103,6 +105,7 @@ def create_app(
         sampling_defaults=SamplingDefaults(
             temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k, min_p=settings.min_p
         ),
+        store_home=settings.home,
     )
     install_handlers(app)
     app.include_router(v1.router)

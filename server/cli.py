@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from models.errors import SimmerError
-from models.store.store import Converter, ModelStore
+from models.store.store import Converter, ModelInfo, ModelStore
 from server.settings import Settings
 
 EXTERNAL: dict[str, tuple[str, str, str]] = {
@@ -63,8 +63,12 @@ def _print(msg: str) -> None:
     print(msg, flush=True)
 
 
+def _warn(msg: str) -> None:
+    print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
 def _store(settings: Settings, converter: Converter | None) -> ModelStore:
-    return ModelStore(settings.home, converter=converter, log=_print)
+    return ModelStore(settings.home, converter=converter, log=_print, warn=_warn)
 
 
 def _mb(size: int) -> str:
@@ -93,16 +97,43 @@ def cmd_list(args: argparse.Namespace, settings: Settings, converter: Converter 
     if not models:
         _print("no models installed (run `simmer pull`)")
         return 0
-    rows = [("ID", "VERSION", "VARIANTS", "SIZE", "CURRENT")]
+    store = _store(settings, converter)
+    rows = [("ID", "VERSION", "VARIANTS", "SIZE", "CURRENT", "STATUS")]
+    fixes: list[str] = []
     for m in models:
-        current = "yes" if m.current else "no"
-        if m.problem:
-            current += " (damaged)"
-        rows.append((m.id, m.version, ",".join(m.variants), _mb(m.size_bytes), current))
+        rows.append(
+            (
+                m.id,
+                m.version,
+                ",".join(m.variants),
+                _mb(m.size_bytes),
+                "yes" if m.current else "no",
+                _status(m),
+            )
+        )
+        if m.current and m.problem:
+            problem = store.problem(m.id)
+            fix = problem["fix"] if problem else f"simmer pull --force {m.id}"
+            fixes.append(
+                f"{m.id}: the current version {m.version} is not served ({m.problem}); to fix: {fix}"
+            )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         _print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for line in fixes:
+        _print(line)
     return 0
+
+
+def _status(m: ModelInfo) -> str:
+    """What a load would do with this version (no hashing here: `simmer verify` hashes)."""
+    if m.bad:
+        return f"BAD: {m.problem}"
+    if m.problem:
+        return f"damaged: {m.problem}"
+    if m.serving:
+        return "serving" if m.current else "serving (the current version is bad)"
+    return "kept (previous)"
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings, converter: Converter | None) -> int:
