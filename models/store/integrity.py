@@ -72,7 +72,7 @@ def _check_one(
         detail = f"{rel} has {before['size']} bytes, expected {meta['size']}"
         result.problems.append(Problem(rel, detail, detail, True))
         return
-    if cached == {**before, "sha256": meta["sha256"]}:
+    if cached is not None and cached == {**before, "sha256": meta["sha256"]}:
         result.checked[rel] = cached
         return
     actual = sha256_file(path)

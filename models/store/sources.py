@@ -48,9 +48,15 @@ class FetchedFile:
 
 
 class Source(Protocol):
-    kind: str
-    sha256: str | None  # expected sha256 of the GGUF, when known in advance
-    size: int | None  # expected size of the GGUF, when known in advance
+    # Read-only members, so frozen dataclasses with narrower field types (sha256: str) satisfy it.
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def sha256(self) -> str | None: ...  # expected sha256 of the GGUF, when known in advance
+
+    @property
+    def size(self) -> int | None: ...  # expected size of the GGUF, when known in advance
 
     def fetch(self, downloads: Path, progress: Progress | None = None) -> FetchedFile: ...
 
