@@ -60,7 +60,7 @@ STORE_FILES = frozenset(
 )  # the store writes these; a converter must not
 CURRENT = "current"
 TMP_PREFIX = ".tmp-"
-MB = 1024 * 1024
+MB = 1000 * 1000  # decimal, as `simmer list` and `simmer pull` print sizes
 # Free space asked for beyond the plan: filesystem blocks and metadata, the manifest and verified.json, and
 # estimates that are bounds rather than exact (the .onnx files, the tokenizer).
 DISK_MARGIN_FRACTION = 0.05
@@ -153,7 +153,7 @@ class DiskNeed:
 
 
 def _mb(size: int) -> str:
-    return f"{size / MB:.0f} MB" if size >= MB else f"{size / MB:.1f} MB"
+    return f"{size / MB:.0f} MB" if size >= 10 * MB else f"{size / MB:.1f} MB"
 
 
 @dataclass

