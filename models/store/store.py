@@ -328,24 +328,27 @@ class ModelStore:
                 displaced.rename(final)  # the folder `current` may name goes back where it was
             raise
         try:
-            try:
-                model = self._check_version(spec.id, version, progress, full=True)
-            except SimmerError as err:
+            model = self._check_version(spec.id, version, progress, full=True)
+            watch.phase = f"switching {spec.id} to the new version"
+            self._write_current(spec.id, version)  # a no-op when it already names this version
+        except BaseException as err:
+            committed = previous != version and self._read_current(spec.id) == version  # fsync_dir failed
+            if not committed:
+                # Remove the new folder (no second copy left on a full disk) and put back the one it
+                # displaced (a forced reinstall of the current version keeps its old files).
                 shutil.rmtree(final, ignore_errors=True)
+                if displaced is not None:
+                    displaced.rename(final)
+                    displaced = None
+            if isinstance(err, SimmerError) and not isinstance(err, InsufficientDisk):
                 raise VerificationFailed(
                     f"{spec.id} {version} failed verification ({err.message}){keeping}"
                 ) from err
-            watch.phase = f"switching {spec.id} to the new version"
-            try:
-                self._write_current(spec.id, version)
-            except BaseException:
-                if previous != version:  # not committed: do not leave a second copy on a full disk
-                    shutil.rmtree(final, ignore_errors=True)
-                raise
-            self.checkpoint("current-written")
+            raise
         finally:
             if displaced is not None:
                 shutil.rmtree(displaced, ignore_errors=True)
+        self.checkpoint("current-written")
         # A reinstall of the current version keeps the other version it had (previous == version).
         keep = {version, previous} if previous != version else None
         self._prune(spec.id, keep=keep)

@@ -190,3 +190,20 @@ def test_load_when_size_changed_then_marked_bad_without_hashing(two_versions) ->
     assert store(home).load(MODEL).version == old
     summary = json.loads((home / "models" / MODEL / new / "bad.json").read_text())["summary"]
     assert re.fullmatch(r"f32/model\.onnx has \d+ bytes, expected \d+", summary)
+
+
+def test_pull_force_when_reinstall_fails_verification_then_old_files_back(tmp_path: Path, gguf: Path) -> None:
+    """A forced reinstall of the current version moves the old folder aside; if the new one fails, the old
+    one comes back (before, `current` named a folder that was gone)."""
+    home = tmp_path / "home"
+    model = make_store(home).pull(str(gguf))
+
+    def corrupt_new(stage: str) -> None:
+        if stage == "renamed":
+            (model.path / "tokenizer.json").write_text('{"model": "FAKE"}')
+
+    with pytest.raises(VerificationFailed, match="tokenizer.json"):
+        make_store(home, checkpoint=corrupt_new).pull(str(gguf), force=True)
+    assert store(home).load(MODEL).version == model.version
+    store(home).verify(MODEL)
+    assert not list((home / "models" / MODEL).glob(".tmp-*"))
