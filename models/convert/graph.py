@@ -20,11 +20,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from models.gguf.quant import BLOCK, PackedNBits, concat_packed, pack_tensor, q8_as_nibble_pair
+from models.convert.embedding import embed_tokens, lm_head
+from models.convert.linear import MS, linear
+from models.gguf.quant import PackedNBits, pack_tensor
 from models.gguf.reader import GGUFModel, LlamaConfig, Tensor
 
 OPSET = 17
-MS = "com.microsoft"
+
 ALIGN = 64
 
 
@@ -157,36 +159,6 @@ class GraphBuilder:
     def tensor(self, name: str) -> Tensor:
         return self.m.tensor(name)
 
-    def linear(
-        self, x: str, key: str, names: list[str], blocksum: str | None = None, bits: int | None = None
-    ) -> tuple[str, str | None]:
-        """y = x @ concat(W_names)^T. Returns (y, blocksum of x) so a caller can reuse the block sums."""
-        bits = bits or self.spec.matmul_bits
-        if bits is None:
-            w = np.concatenate([self.tensor(n).dequantize() for n in names], axis=0)
-            wt = self.init(f"{key}.weight_t", np.ascontiguousarray(w.T))
-            return self.node("MatMul", [x, wt])[0], None
-        p = concat_packed([pack_tensor(self.tensor(n), bits) for n in names])
-        y = self.node(
-            "MatMulNBits",
-            [x, self.init(f"{key}.qweight", p.packed), self.init(f"{key}.scales", p.scales)],
-            domain=MS,
-            K=p.k,
-            N=p.n,
-            bits=p.bits,
-            block_size=BLOCK,
-            accuracy_level=self.spec.accuracy_level,
-        )[0]
-        if p.correction is None:
-            return y, blocksum
-        if blocksum is None:
-            # block sums as one small MatMul with a 0/1 block-indicator matrix (no Reshape + ReduceSum)
-            ind = np.kron(np.eye(p.k // BLOCK, dtype=np.float32), np.ones((BLOCK, 1), np.float32))
-            blocksum = self.node("MatMul", [x, self.init(f"block_indicator_{p.k}", ind)])[0]
-        corr = self.init(f"{key}.q41_correction", p.correction)
-        # Gemm adds the correction to y in the same node (the graph is 2-D: [tokens, features])
-        return self.node("Gemm", [blocksum, corr, y])[0], blocksum
-
     def norm_weight(self, name: str) -> str:
         return self.init(name, self.tensor(name).dequantize().reshape(-1))
 
@@ -211,38 +183,7 @@ class GraphBuilder:
         cos, sin = rope_cache(cfg)
         cos_name, sin_name = self.init("rope.cos", cos), self.init("rope.sin", sin)
 
-        # embeddings (tied to the LM head when the GGUF has no output.weight). The lookup reads its own
-        # alias of the table: the head's copy is unmapped after prepacking, and the lookup's stays resident
-        # only where rows were read. Sharing one initializer kept the whole table resident twice.
-        embd = self.tensor("token_embd.weight")
-        embd_packed = None
-        if cfg.tied_embeddings and spec.embed_bits is not None and embd.type_name not in ("Q4_0", "Q4_1"):
-            embd_packed = self.packed("token_embd.weight", spec.embed_bits)
-            self.init(f"token_embd.q{embd_packed.bits}weight", embd_packed.packed)
-            self.init(f"token_embd.q{embd_packed.bits}scales", embd_packed.scales)
-        # The table's bytes are written under the head's name (whichever variant is built first: once);
-        # the graph only holds the lookup's alias unless the head uses the table too.
-        if embd.type_name == "Q8_0":
-            # Q8_0 rows are exact as (q - 128) * scale in fp32, so every variant gathers from 8-bit rows:
-            # a quarter of the bytes an fp32 row takes
-            q8 = self.packed("token_embd.weight", 8)
-            self.w.add("token_embd.q8weight", q8.packed)
-            data = self.alias("token_embd.gather_q8weight", "token_embd.q8weight")
-            scales = self.init("token_embd.scales_3d", q8.scales[..., None])
-            rows = self.node(
-                "GatherBlockQuantized",
-                [data, "input_ids", scales],  # no zero points: uint8 data defaults to 128, like ours
-                domain=MS,
-                bits=8,
-                block_size=BLOCK,
-                gather_axis=0,
-                quantize_axis=2,
-            )[0]
-        else:
-            # other tables gather exact fp32 rows (a 4-bit table has no exact 8-bit form)
-            self.w.add("token_embd.weight", self.dequantized("token_embd.weight"))
-            table = self.alias("token_embd.gather_weight", "token_embd.weight")
-            rows = self.node("Gather", [table, "input_ids"], axis=0)[0]
+        rows, embd_packed = embed_tokens(self)
         x = self.node("Reshape", [rows, self.const("to_2d", np.array([-1, cfg.hidden], np.int64))])[0]
 
         x_norm = self.node(
@@ -270,8 +211,8 @@ class GraphBuilder:
                     )
                 )
 
-            qkv, _ = self.linear(
-                x_norm, p + "attn_qkv", [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+            qkv, _ = linear(
+                self, x_norm, p + "attn_qkv", [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
             )
             # GQA wants [batch, seq, features]; everything else runs on 2-D [tokens, features] (batch 1)
             qkv_dim = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
@@ -292,7 +233,7 @@ class GraphBuilder:
             attn2 = self.node(
                 "Reshape", [attn[0], self.const("to_2d", np.array([-1, cfg.hidden], np.int64))]
             )[0]
-            o, _ = self.linear(attn2, p + "attn_output", [p + "attn_output.weight"])
+            o, _ = linear(self, attn2, p + "attn_output", [p + "attn_output.weight"])
             x_norm, _, _, residual = self.node(
                 "SkipSimplifiedLayerNormalization",
                 [o, residual, self.norm_weight(p + "ffn_norm.weight")],
@@ -300,7 +241,7 @@ class GraphBuilder:
                 domain=MS,
                 epsilon=cfg.rms_eps,
             )
-            gate_up, _ = self.linear(x_norm, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"])
+            gate_up, _ = linear(self, x_norm, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"])
             gate, up = self.node(
                 "Split",
                 [gate_up, self.const("split_ffn", np.array([cfg.ffn, cfg.ffn], np.int64))],
@@ -308,7 +249,7 @@ class GraphBuilder:
                 axis=-1,
             )
             act = self.node("Mul", [gate, self.node("Sigmoid", [gate])[0]])[0]
-            down, _ = self.linear(self.node("Mul", [act, up])[0], p + "ffn_down", [p + "ffn_down.weight"])
+            down, _ = linear(self, self.node("Mul", [act, up])[0], p + "ffn_down", [p + "ffn_down.weight"])
             next_norm = f"blk.{i + 1}.attn_norm.weight" if i + 1 < cfg.n_layers else "output_norm.weight"
             x_norm, _, _, residual = self.node(
                 "SkipSimplifiedLayerNormalization",
@@ -328,7 +269,7 @@ class GraphBuilder:
                 self.const("axis0", np.array([0], np.int64)),
             ],
         )[0]
-        self._lm_head(last, embd_packed)
+        lm_head(self, last, embd_packed)
         model = helper.make_model(
             helper.make_graph(self.nodes, f"simmer-{spec.name}", inputs, outputs, list(self.inits.values())),
             opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
@@ -336,56 +277,6 @@ class GraphBuilder:
         )
         model.ir_version = 8
         return model
-
-    def _lm_head(self, last: str, embd_packed: PackedNBits | None) -> None:
-        """Tied heads reuse the embedding's initializers. A Q4 head stays exact at 4 bits; an fp32-activation
-        variant keeps any other head in fp32 (MatMulNBits' 8-bit kernel has no fast fp32-activation path)."""
-        cfg, spec = self.cfg, self.spec
-        head_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
-        head = self.tensor(head_name)
-        if cfg.tied_embeddings and embd_packed is not None:
-            logits = self.node(
-                "MatMulNBits",
-                [last, f"token_embd.q{embd_packed.bits}weight", f"token_embd.q{embd_packed.bits}scales"],
-                domain=MS,
-                K=embd_packed.k,
-                N=embd_packed.n,
-                bits=embd_packed.bits,
-                block_size=BLOCK,
-                accuracy_level=spec.accuracy_level,
-            )[0]
-        elif spec.matmul_bits == 4 and head.type_name in ("Q4_0", "Q4_1"):
-            logits, _ = self.linear(last, "lm_head", [head_name], bits=4)
-        elif spec.matmul_bits == 4 and spec.accuracy_level < 4 and head.type_name == "Q8_0":
-            # exact, and a quarter of the memory of a fp32 head at the same speed
-            p = q8_as_nibble_pair(self.packed(head_name, 8))
-            assert p.zero_points is not None
-            twice = self.node("Concat", [last, last], axis=1)[0]
-            logits = self.node(
-                "MatMulNBits",
-                [
-                    twice,
-                    self.init(f"{head_name}.nibbles", p.packed),
-                    self.init(f"{head_name}.nibble_scales", p.scales),
-                    self.init(f"{head_name}.nibble_zero_points", p.zero_points),
-                ],
-                domain=MS,
-                K=p.k,
-                N=p.n,
-                bits=4,
-                block_size=BLOCK,
-                accuracy_level=spec.accuracy_level,
-            )[0]
-        elif spec.embed_bits is None:
-            if cfg.tied_embeddings:
-                table = self.init("token_embd.weight", self.dequantized("token_embd.weight"))
-            else:
-                table = self.init("output.weight", head.dequantize())
-            logits = self.node("Gemm", [last, table], transB=1)[0]
-        else:
-            logits, _ = self.linear(last, "lm_head", [head_name], bits=spec.embed_bits)
-        self.node("Reshape", [logits, self.const("logits_shape", np.array([1, 1, cfg.vocab], np.int64))])
-        self.nodes[-1].output[0] = "logits"
 
 
 def build_variant(model: GGUFModel, spec: VariantSpec, weights: WeightFile, out: Path) -> None:

@@ -51,6 +51,7 @@ from models.errors import (
 from models.store import integrity, registry
 from models.store.durable import disk_full_error
 from models.store.durable import fsync_dir as _fsync_dir
+from models.store.hub import HubConfig
 from models.store.sources import FetchedFile, Progress, sha256_file
 
 SCHEMA = 1
@@ -170,6 +171,7 @@ class ModelStore:
     warn: Callable[[str], None] = field(default=lambda msg: _log.warning(msg))
     # Called with a stage name at each step of an install; tests use it to kill -9 at exact points.
     checkpoint: Callable[[str], None] = field(default=lambda stage: None)
+    hub: HubConfig | None = None  # the Hugging Face Hub for hf: models (endpoint, token, offline)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
@@ -199,8 +201,8 @@ class ModelStore:
         force: bool = False,
     ) -> InstalledModel:
         """Fetch, convert, verify and install `name`. Does nothing when it is already installed."""
-        spec = registry.resolve(name, sha256=sha256)
-        conv = self._converter()
+        spec = registry.resolve(name, sha256=sha256, hub=self.hub)
+        conv = spec.installer or self._converter()
         model_dir = self.models_dir / spec.id
         watch = _DiskWatch(retry=f"simmer pull {name}" + (" --force" if force else ""))
         with self._disk_full_as_error(watch), self._lock(spec.id):
@@ -226,7 +228,7 @@ class ModelStore:
                     done = self._reuse_kept_version(spec.id, version, variants, progress)
                 if done is not None:
                     return done
-            if not conv.plans_disk:
+            if not getattr(conv, "plans_disk", False):
                 rule = int(fetched.size * self.disk_factor) + self.disk_extra_mb * MB
                 self._check_disk(DiskNeed("conversion", {"converted files": rule}, margin=0), watch)
             return self._install(spec, fetched, version, conv, progress, variants, watch)
@@ -288,7 +290,7 @@ class ModelStore:
         try:
             self.checkpoint("converting")
             watch.phase = f"converting {spec.id}"
-            if conv.plans_disk:
+            if getattr(conv, "plans_disk", False):
 
                 def check_plan(files: dict[str, int]) -> None:
                     self._check_disk(DiskNeed("conversion", files), watch)
