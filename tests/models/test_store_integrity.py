@@ -202,7 +202,7 @@ def test_pull_force_when_reinstall_fails_verification_then_old_files_back(tmp_pa
         if stage == "renamed":
             (model.path / "tokenizer.json").write_text('{"model": "FAKE"}')
 
-    with pytest.raises(VerificationFailed, match="tokenizer.json"):
+    with pytest.raises(VerificationFailed, match=r"tokenizer\.json"):
         make_store(home, checkpoint=corrupt_new).pull(str(gguf), force=True)
     assert store(home).load(MODEL).version == model.version
     store(home).verify(MODEL)
