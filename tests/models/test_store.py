@@ -211,7 +211,7 @@ def test_pull_when_new_version_then_one_previous_kept(tmp_path: Path, gguf: Path
 def test_pull_when_not_enough_disk_then_refused_and_nothing_installed(tmp_path: Path, gguf: Path) -> None:
     fake = FakeConverter()
     store = make_store(tmp_path / "home", fake, free_bytes=lambda p: 150 * 10**6)
-    with pytest.raises(InsufficientDisk, match=r"conversion needs about 200 MB .*, 150 MB free"):
+    with pytest.raises(InsufficientDisk, match=r"install needs about 200 MB .*, 150 MB free"):
         store.pull(str(gguf))
     assert fake.calls == 0
     with pytest.raises(ModelNotInstalled):

@@ -91,7 +91,7 @@ def test_pull_when_less_free_than_plan_then_refused_before_writing(home, tiny_gg
         converter=Converter(plan_then_convert, pipeline.smoke_test, 2, plans_disk=True),
         free_bytes=lambda p: 16 * 10**6,  # the plan (~0.9 MB) plus the 16 MB margin does not fit
     )
-    refused = r"conversion needs about 17 MB \(conversion: weights\.data 0\.5 MB, .*\), 16 MB free"
+    refused = r"install needs about 17 MB \(install: weights\.data 0\.5 MB, .*\), 16 MB free"
     with pytest.raises(InsufficientDisk, match=refused) as e:
         store.pull(str(tiny_gguf))
     assert e.value.code == "insufficient_disk"
