@@ -97,7 +97,8 @@ def cmd_pull(args: argparse.Namespace, settings: Settings, converter: Converter 
     progress = TqdmProgress()
     store = _store(settings, converter)
     spec = registry.resolve(name, sha256=args.sha256, hub=store.hub)
-    notice = license_notice(spec.source, store.downloads_dir)
+    with store.disk_full_as_error(f"simmer pull {name}", f"reading the license notice of {spec.id}"):
+        notice = license_notice(spec.source, store.downloads_dir)
     if notice:
         _print(notice)
     try:

@@ -658,6 +658,12 @@ class ModelStore:
             )
 
     @contextlib.contextmanager
+    def disk_full_as_error(self, retry: str, phase: str) -> Iterator[None]:
+        """The same for writes made outside pull() (the CLI's license notice may download a meta wheel)."""
+        with self._disk_full_as_error(_DiskWatch(retry=retry, phase=phase)):
+            yield
+
+    @contextlib.contextmanager
     def _disk_full_as_error(self, watch: _DiskWatch) -> Iterator[None]:
         """ENOSPC/EDQUOT anywhere inside (even wrapped by another error) -> InsufficientDisk with the
         numbers. By the time it gets here the temporary files are gone, so `free` is what a retry has."""

