@@ -56,8 +56,17 @@ class HashMismatch(SimmerError):
     code = "hash_mismatch"
 
 
-class InsufficientDiskSpace(SimmerError):
-    code = "insufficient_disk_space"
+class InsufficientDisk(SimmerError):
+    """Not enough free disk space to download or convert a model (before starting, or ENOSPC/EDQUOT on
+    the way). Carries the numbers: bytes needed, bytes free, and the folder (or file) concerned."""
+
+    code = "insufficient_disk"
+
+    def __init__(self, message: str, *, needed_bytes: int | None, free_bytes: int | None, where: str) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+        self.where = where
 
 
 class InsufficientMemory(SimmerError):

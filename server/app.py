@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
@@ -39,6 +40,7 @@ class Runtime:
     started: int
     sampling_defaults: SamplingDefaults
     router: Router | None = None  # set by create_app; where each request is served (server/routing/)
+    store_home: Path | None = None  # the model store, for /health's model_problem (None: not from a store)
 
     def model_id(self) -> str:
         engine = self.worker.engine
@@ -110,6 +112,7 @@ def create_app(
         sampling_defaults=SamplingDefaults(
             temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k, min_p=settings.min_p
         ),
+        store_home=settings.home,
     )
     # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
     runtime.router = build_router(

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from models.convert.disk_plan import estimate_output
 from models.convert.graph import VARIANTS, WeightFile, build_variant
 from models.convert.reference import ReferenceForward
 from models.convert.tokenizer_gguf import metadata_from_reader, tokenizer_from_metadata
@@ -58,8 +59,12 @@ def convert(
     progress: Progress | None = None,
     measure: bool = True,
     threads: int = 2,
+    disk_plan: Callable[[dict[str, int]], None] | None = None,
 ) -> dict[str, Any]:
-    """Write the variants into `out_dir` (existing, empty) and return the manifest fragment."""
+    """Write the variants into `out_dir` (existing, empty) and return the manifest fragment.
+
+    `disk_plan`, when given, gets the bytes each output file will take (models/convert/disk_plan.py) once
+    the GGUF is read and before anything is written: the store checks free space there (and may raise)."""
     report = progress or (lambda stage, frac: None)
     out_dir = Path(out_dir)
     report("reading GGUF", 0.0)
@@ -69,6 +74,8 @@ def convert(
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    if disk_plan is not None:
+        disk_plan(estimate_output(model, names))
 
     report("tokenizer", 0.05)
     tokenizer = tokenizer_from_metadata(metadata_from_reader(model.reader))  # no second parse of the file

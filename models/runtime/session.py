@@ -218,8 +218,8 @@ class GeneralDecoderSession:
         self.mask_name = io.attention_mask if io.attention_mask in ins else None
         positions = io.position_ids or "position_ids"
         self.positions_name = positions if positions in ins else None
-        self.mask_dtype = _ORT_INT_DTYPES.get(ins.get(self.mask_name or ""), np.int64)
-        self.positions_dtype = _ORT_INT_DTYPES.get(ins.get(self.positions_name or ""), np.int64)
+        self.mask_dtype = _ORT_INT_DTYPES.get(ins.get(self.mask_name or "", ""), np.int64)
+        self.positions_dtype = _ORT_INT_DTYPES.get(ins.get(self.positions_name or "", ""), np.int64)
         self.run_options = ort.RunOptions()
 
     def new_cache(self, capacity: int) -> SharedKV | GrowingKV:
