@@ -451,7 +451,7 @@ def merges_from_scores(tokens: Sequence[str], scores: Sequence[float]) -> list[t
             if right is not None:
                 found.append((-scores[i], i, -scores[left], -scores[right], k))
     found.sort()
-    return [(tokens[i][:k], tokens[i][k:]) for _, i, _, _, k in found]
+    return [(str(tokens[i][:k]), str(tokens[i][k:])) for _, i, _, _, k in found]
 
 
 def _byte_level_pre_tokenizer(pre: PreTokenizer) -> pre_tokenizers.PreTokenizer:
