@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from models.protocol import Engine
-from server.errors import install_handlers
+from server.errors import ErrorMiddleware, install_handlers
 from server.metrics import Metrics, MetricsMiddleware
 from server.routes import ops, thermal, ui, v1
 from server.schemas import SamplingDefaults
@@ -111,8 +111,11 @@ def create_app(
     app.include_router(ui.router)
     ui.mount_static(app)
 
-    # Middleware: last added runs first. Security outermost, so refused requests cost nothing; metrics
-    # inside it count what reached the app; CORS answers preflights for configured origins only.
+    # Middleware: last added runs first. From the outside in:
+    #   Metrics  counts every response by status, refusals and 500s included;
+    #   Errors   turns any exception that escapes into an OpenAI-shaped answer (never a dropped connection);
+    #   Security refuses foreign Hosts, missing keys and big bodies before any work;
+    #   CORS     answers preflights for configured origins only.
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -120,11 +123,12 @@ def create_app(
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type"],
         )
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(
         SecurityMiddleware,
         allowed_hosts=settings.allowed_hosts,
         api_key=settings.api_key,
         max_body_bytes=settings.max_body_bytes,
     )
+    app.add_middleware(ErrorMiddleware)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

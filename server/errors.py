@@ -2,11 +2,13 @@
 
 Every error the server sends, as a JSON response or as a chunk inside a stream, is built here:
 `{"error": {"message", "type", "code", "param"}}`. Handlers registered by `install_handlers` make
-sure nothing leaves as a bare 500 or as FastAPI's 422 shape.
+sure nothing leaves as FastAPI's 422 shape; `ErrorMiddleware` makes sure no exception leaves the app.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 from typing import Any
 
@@ -14,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models.errors import SimmerError
 
@@ -111,6 +114,55 @@ def error_response(err: BaseException) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+async def send_error(send: Send, err: BaseException) -> None:
+    """Answer with the error's JSON body, from pure ASGI code (before any other response message)."""
+    status, body, headers = error_payload(err)
+    raw = json.dumps(body).encode()
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    hdrs += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": raw})
+
+
+class ErrorMiddleware:
+    """Pure ASGI: whatever exception escapes the app becomes an OpenAI-shaped answer here.
+
+    Starlette's own ServerErrorMiddleware answers too, but then re-raises, so uvicorn logs "Exception in
+    ASGI application" and drops the keep-alive connection without `Connection: close`; a pooled client's
+    next request then fails. Here the exception ends with the answer:
+    - response not started: the error's JSON (500 internal_error for anything that is not ours);
+    - response started (a stream): the body is ended, so a chunked response finishes cleanly; one with a
+      Content-Length left short makes uvicorn close the connection, the only honest ending left.
+    The traceback goes to our log either way."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = finished = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started, finished
+            if message["type"] == "http.response.start":
+                started = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                finished = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            log.error("unhandled error on %s %s", scope.get("method"), scope.get("path"), exc_info=exc)
+            if not started:
+                await send_error(send, exc)
+            elif not finished:
+                with contextlib.suppress(Exception):  # the client may be gone already
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 def _param_from_loc(loc: tuple[Any, ...]) -> str | None:
     # loc looks like ("body", "messages", 0, "role"); drop the "body" root, join the rest.
     parts = [str(p) for p in loc if p != "body"]
@@ -147,11 +199,8 @@ def install_handlers(app: FastAPI) -> None:
         body = error_body(code, str(exc.detail), err_type=kind)
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
-    async def on_any(request: Request, exc: Exception) -> JSONResponse:
-        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(exc)
-
     app.add_exception_handler(SimmerError, on_simmer)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(Exception, on_any)
+    # No handler for Exception: Starlette would give it to ServerErrorMiddleware, which re-raises after
+    # answering. Unexpected exceptions end in ErrorMiddleware instead.
