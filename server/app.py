@@ -8,14 +8,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI
-from starlette.middleware.cors import CORSMiddleware
 
 from models.protocol import Engine
 from server.errors import ErrorMiddleware, install_handlers
 from server.metrics import Metrics, MetricsMiddleware
 from server.routes import ops, thermal, ui, v1
 from server.schemas import SamplingDefaults
-from server.security import SecurityMiddleware
+from server.security import CorsMiddleware, SecurityMiddleware
 from server.settings import Settings
 from server.worker import Gate, NoGate, Worker
 
@@ -118,7 +117,7 @@ def create_app(
     #   CORS     answers preflights for configured origins only.
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            CorsMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type"],

@@ -61,6 +61,8 @@ class ApiError(SimmerError):
 _STATUS: dict[str, tuple[int, str]] = {
     "invalid_parameter": (400, "invalid_request_error"),
     "invalid_json": (400, "invalid_request_error"),
+    "unsupported_content_type": (415, "invalid_request_error"),
+    "method_not_allowed": (405, "invalid_request_error"),
     "model_not_found": (404, "invalid_request_error"),
     "not_found": (404, "invalid_request_error"),
     "model_not_installed": (404, "invalid_request_error"),
@@ -68,6 +70,7 @@ _STATUS: dict[str, tuple[int, str]] = {
     "request_too_large": (413, "invalid_request_error"),
     "invalid_api_key": (401, "authentication_error"),
     "host_not_allowed": (403, "permission_error"),
+    "cors_not_allowed": (403, "permission_error"),
     "server_busy": (503, "server_error"),
     "model_loading": (503, "server_error"),
     "server_shutting_down": (503, "server_error"),
@@ -163,41 +166,100 @@ class ErrorMiddleware:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _param_from_loc(loc: tuple[Any, ...]) -> str | None:
-    # loc looks like ("body", "messages", 0, "role"); drop the "body" root, join the rest.
-    parts = [str(p) for p in loc if p != "body"]
-    return ".".join(parts) or None
+def _is_type_tag(part: str) -> bool:
+    # pydantic names the member of a union it tried: "str", "list[TextPart]", "function-after[...]".
+    return "[" in part or "-" in part or part[:1].isupper() or part in {"str", "int", "float", "bool", "none"}
 
 
-def validation_error(exc: RequestValidationError) -> ApiError:
+def param_path(loc: tuple[Any, ...], body: Any) -> str | None:
+    """pydantic's error location as the JSON path a client wrote: ("body", "messages", 0, "str") ->
+    "messages[0]". Walks the request body alongside, so union-member tags and "[key]" markers (which
+    are no part of the body) drop out while real keys, indexes and missing fields stay."""
+    out = ""
+    node = body
+    for part in loc[1:] if loc[:1] == ("body",) else loc:
+        if isinstance(part, int) and isinstance(node, list):
+            out += f"[{part}]"
+            node = node[part] if 0 <= part < len(node) else None
+        elif isinstance(part, str) and isinstance(node, dict) and part in node:
+            out += f".{part}" if out else part
+            node = node[part]
+        elif isinstance(part, str) and isinstance(node, dict) and not _is_type_tag(part):
+            out += f".{part}" if out else part  # a missing field
+            node = None
+    return out or None
+
+
+def _json_content_type(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def validation_error(exc: RequestValidationError, content_type: str | None = "application/json") -> ApiError:
+    """The 400 (or 415) for a request FastAPI could not turn into its model."""
     errors = exc.errors()
-    first = errors[0] if errors else {}
+    if isinstance(exc.body, (bytes, bytearray)) and not _json_content_type(content_type or ""):
+        # FastAPI parses the body as JSON only under a JSON Content-Type; anything else stays bytes. OpenAI
+        # answers unsupported_content_type; 415 is HTTP's status for it. Requiring it also keeps a web page
+        # from posting to the server without a CORS preflight (text/plain is a "simple" request).
+        shown = f"'{content_type}'" if content_type else "none"
+        return ApiError(
+            415,
+            "unsupported_content_type",
+            f"Content-Type must be application/json (got {shown})",
+        )
+    if not errors:
+        return ApiError(400, "invalid_parameter", "Invalid request")
+    first = max(errors, key=lambda e: len(e.get("loc", ())))  # the deepest error is the most specific
     if first.get("type") == "json_invalid":
         return ApiError(400, "invalid_json", "Request body is not valid JSON")
-    param = _param_from_loc(tuple(first.get("loc", ())))
-    msg = first.get("msg", "Invalid request")
-    # Our own validators raise InvalidParameter inside pydantic; keep their wording.
-    ctx_err = (first.get("ctx") or {}).get("error")
+    loc = tuple(first.get("loc", ()))
+    if loc == ("body",) and first.get("type") == "missing":
+        return ApiError(400, "invalid_json", "Request body is empty: send a JSON object")
+    ctx = first.get("ctx") or {}
+    # Our own validators raise InvalidParameter or a custom error with `param`; keep their wording.
+    ctx_err = ctx.get("error")
     if isinstance(ctx_err, SimmerError):
-        return ApiError(400, "invalid_parameter", ctx_err.message, param=ctx_err.param or param)
-    message = f"{param}: {msg}" if param else msg
+        return ApiError(400, "invalid_parameter", ctx_err.message, param=ctx_err.param)
+    param = ctx.get("param") if first.get("type") == "invalid_parameter" else None
+    param = param or param_path(loc, exc.body)
+    msg = first.get("msg", "Invalid request")
+    if param is None and loc == ("body",):
+        msg = f"Request body must be a JSON object: {msg}"
+    message = msg if first.get("type") == "invalid_parameter" or not param else f"{param}: {msg}"
     return ApiError(400, "invalid_parameter", message, param=param)
+
+
+# FastAPI answers a body it cannot parse with HTTPException(400) chained to the cause; these causes are
+# JSON problems that json.JSONDecodeError does not cover.
+_JSON_CAUSES: dict[type[BaseException], str] = {
+    UnicodeDecodeError: "Request body is not valid UTF-8",
+    RecursionError: "Request body is nested too deeply",
+}
+
+
+def http_error(exc: StarletteHTTPException) -> ApiError:
+    for cause, message in _JSON_CAUSES.items():
+        if exc.status_code == 400 and isinstance(exc.__cause__, cause):
+            return ApiError(400, "invalid_json", message)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return ApiError(exc.status_code, code, str(exc.detail), err_type=kind)
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
 def install_handlers(app: FastAPI) -> None:
     async def on_simmer(_: Request, exc: Exception) -> JSONResponse:
         return error_response(exc)
 
-    async def on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(validation_error(exc))
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(exc, request.headers.get("content-type")))
 
     async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
-            exc.status_code, "http_error"
-        )
-        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        body = error_body(code, str(exc.detail), err_type=kind)
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        status, body, _headers = error_payload(http_error(exc))
+        return JSONResponse(body, status_code=status, headers=exc.headers)
 
     app.add_exception_handler(SimmerError, on_simmer)
     app.add_exception_handler(RequestValidationError, on_validation)

@@ -6,11 +6,14 @@ from __future__ import annotations
 import hmac
 import ipaddress
 
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models.errors import InvalidParameter
-from server.errors import ApiError, send_error
+from server.errors import ApiError, error_payload, send_error
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 # Answered without an API key: liveness probes, and the browser UI's page and files (they hold no data;
@@ -121,3 +124,17 @@ class SecurityMiddleware:
                 raise
             else:
                 await send_error(send, too_large)
+
+
+class CorsMiddleware(CORSMiddleware):
+    """Starlette's CORS, with a refused preflight (foreign origin, method or header) answered in the OpenAI
+    error shape, 403 `cors_not_allowed`, instead of a plain-text 400. No Allow-Origin header either way."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code == 200:
+            return response
+        reason = bytes(response.body).decode()  # "Disallowed CORS origin, method"
+        status, body, _ = error_payload(ApiError(403, "cors_not_allowed", f"{reason} for this server"))
+        headers = {k: v for k, v in response.headers.items() if k.lower().startswith("access-control-")}
+        return JSONResponse(body, status_code=status, headers=headers)

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from models.errors import ModelNotFound
+from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
 from server.logs import RequestRecord, log_request
 from server.schemas import ChunkBuilder, _GenerationRequest, chat_completion, text_completion
@@ -86,6 +87,8 @@ async def complete(
     rt: Runtime = request.app.state.runtime
     model = resolve_model(rt, body.model)
     params = body.to_params(rt.sampling_defaults)
+    if rt.worker.engine is not None:  # logit_bias ids against the vocabulary: a 400 before any work
+        validate_sampling(params.sampling, rt.worker.engine.vocab_size)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
