@@ -347,3 +347,42 @@ def test_hostile_cases_cover_every_error_code_the_request_path_can_send() -> Non
     }
     covered = {c.code for c in CASES}
     assert set(_STATUS) - elsewhere <= covered, set(_STATUS) - elsewhere - covered
+
+
+# ---- the accepted values do what they say, over HTTP on the real model ----
+
+
+def post(srv: LiveServer, path: str, body: dict) -> dict:
+    with srv.client() as client:
+        response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def token_texts(srv: LiveServer, **fields: Any) -> list[str]:
+    body = {"prompt": "the cat", "max_tokens": 6, "logprobs": 0, "ignore_eos": True, **fields}
+    return post(srv, TEXT, body)["choices"][0]["logprobs"]["tokens"]
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0, 2.0])
+def test_logit_bias_when_plus_100_then_every_token_is_the_forced_one(hostile_server, temperature) -> None:
+    srv, engine = hostile_server
+    forced = engine.tokenizer.encode("a", add_special_tokens=False)[0]
+    texts = token_texts(srv, temperature=temperature, seed=3, logit_bias={str(forced): 100})
+    assert texts == [engine.tokenizer.token_text(forced)] * 6
+
+
+def test_logit_bias_when_minus_100_then_the_greedy_tokens_never_come(hostile_server) -> None:
+    srv, engine = hostile_server
+    greedy = set(token_texts(srv, temperature=0))
+    ids = [i for i in range(engine.vocab_size) if engine.tokenizer.token_text(i) in greedy]
+    banned = token_texts(srv, temperature=0, logit_bias={str(i): -100 for i in ids})
+    assert not set(banned) & greedy
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**63 - 1])
+def test_seed_when_negative_or_extreme_then_same_seed_same_reply(hostile_server, seed: int) -> None:
+    srv, _ = hostile_server
+    body = {"prompt": "once upon", "max_tokens": 12, "temperature": 1.5, "ignore_eos": True, "seed": seed}
+    first = post(srv, TEXT, body)["choices"][0]["text"]
+    assert post(srv, TEXT, body)["choices"][0]["text"] == first
