@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from models.protocol import Engine
 from server.errors import ErrorMiddleware, install_handlers
 from server.metrics import Metrics, MetricsMiddleware
+from server.openapi import install_openapi
 from server.routes import ops, thermal, ui, v1
 from server.schemas import SamplingDefaults
 from server.security import CorsMiddleware, SecurityMiddleware
@@ -104,6 +105,7 @@ def create_app(
         ),
     )
     install_handlers(app)
+    install_openapi(app, api_key=bool(settings.api_key))
     app.include_router(v1.router)
     app.include_router(ops.router)
     app.include_router(thermal.router)

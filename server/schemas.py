@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -33,9 +34,25 @@ from models.types import FinishEvent, GenerationParams, SamplingParams, Timings,
 MAX_TOP_LOGPROBS = 20
 
 # As strict as OpenAI's API: no coercion ("5" is not an integer, 0 is not a boolean; an integer is still a
-# number), no NaN or Infinity (Python's JSON parser reads them, and 1e400 becomes inf), unknown fields
-# ignored (clients send fields of newer API versions).
+# number, and a whole float is an integer, as JSON Schema has it), no NaN or Infinity (Python's JSON parser
+# reads them, and 1e400 becomes inf), unknown fields ignored (clients send fields of newer API versions).
 STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+def _whole(value: Any) -> Any:
+    # JSON Schema's "integer" is a number with no fractional part, so 5.0 is one (and the published schema
+    # promises it); "5", true and 5.5 still are not.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def integer(**bounds: int) -> Any:
+    """An int field that takes whole floats, with its bounds (in this order, or the schema loses them)."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_whole)]
+
+
+AnyInteger = Annotated[int, BeforeValidator(_whole)]
 
 
 def _invalid(message: str, param: str | None = None) -> PydanticCustomError:
@@ -124,15 +141,16 @@ class _GenerationRequest(_Request):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: integer(ge=1) | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
-    n: Annotated[int, WithJsonSchema({"type": "integer", "enum": [1], "default": 1})] = 1
+    n: Annotated[AnyInteger, WithJsonSchema({"type": "integer", "enum": [1], "default": 1})] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[NonEmpty] | None = None
     # Any int64, negative included: -1 is an ordinary, reproducible seed (models/runtime/sampling.py).
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    # (lt 2**63 rather than le 2**63 - 1: the same bound, and exact in the float64 JSON tools parse it to)
+    seed: integer(ge=SEED_MIN, lt=SEED_MAX + 1) | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     # Token id (a string, as JSON keys are) -> -100..100 added to its logit; ids beyond the vocabulary
@@ -141,7 +159,7 @@ class _GenerationRequest(_Request):
     # Refused until tools exist (OpenAI also refuses tool_choice without tools).
     tool_choice: Annotated[Any, WithJsonSchema({"type": "null", "description": _UNSUPPORTED})] = None
     # llama.cpp extras
-    top_k: int | None = Field(None, ge=0)
+    top_k: integer(ge=0) | None = None
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repeat_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
     # vLLM's name for the same thing
@@ -224,7 +242,7 @@ class ChatMessage(BaseModel):
 
 
 _NO_TOOLS = {"type": ["array", "null"], "maxItems": 0, "description": _UNSUPPORTED}
-_TEXT_FORMAT = {"type": "object", "properties": {"type": {"type": "string", "enum": ["text"]}}}
+_TEXT_FORMAT = {"type": ["object", "null"], "properties": {"type": {"type": "string", "enum": ["text"]}}}
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -237,9 +255,9 @@ class ChatCompletionRequest(_GenerationRequest):
     )
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: integer(ge=1) | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
     tools: Annotated[list[Any] | None, WithJsonSchema(_NO_TOOLS)] = None
     response_format: Annotated[dict[str, Any] | None, WithJsonSchema(_TEXT_FORMAT)] = None
 
@@ -267,10 +285,12 @@ _ONE_PROMPT = {"anyOf": [{"type": "string"}, _ONE_STRING_LIST]}
 
 class CompletionRequest(_GenerationRequest):
     prompt: Annotated[str | list[str], WithJsonSchema(_ONE_PROMPT)]
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
     echo: Annotated[bool, WithJsonSchema({"type": "boolean", "enum": [False], "default": False})] = False
     suffix: Annotated[str | None, WithJsonSchema({"type": ["string", "null"], "maxLength": 0})] = None
-    best_of: Annotated[int | None, WithJsonSchema({"type": ["integer", "null"], "enum": [1, None]})] = None
+    best_of: Annotated[
+        AnyInteger | None, WithJsonSchema({"type": ["integer", "null"], "enum": [1, None]})
+    ] = None
 
     @model_validator(mode="after")
     def _supported(self) -> CompletionRequest:
