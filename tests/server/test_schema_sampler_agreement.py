@@ -87,7 +87,7 @@ logits = hnp.arrays(
 def test_schema_when_field_in_its_published_range_then_sampler_takes_it_and_returns_a_token(
     name: str,
 ) -> None:
-    @settings(max_examples=150, deadline=None)
+    @settings(max_examples=80, deadline=None)
     @given(accepted(name), logits)
     def check(value, x: np.ndarray) -> None:
         params = ChatCompletionRequest(messages=MSG, **{name: value}).to_params().sampling
