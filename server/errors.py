@@ -217,12 +217,14 @@ def validation_error(exc: RequestValidationError, content_type: str | None = "ap
     if loc == ("body",) and first.get("type") == "missing":
         return ApiError(400, "invalid_json", "Request body is empty: send a JSON object")
     ctx = first.get("ctx") or {}
-    # Our own validators raise InvalidParameter or a custom error with `param`; keep their wording.
+    # Our own validators raise a custom error, with `param` when it is not where pydantic was; keep their
+    # wording (and that of an InvalidParameter raised inside pydantic).
+    param = (ctx.get("param") if first.get("type") == "invalid_parameter" else None) or param_path(
+        loc, exc.body
+    )
     ctx_err = ctx.get("error")
     if isinstance(ctx_err, SimmerError):
-        return ApiError(400, "invalid_parameter", ctx_err.message, param=ctx_err.param)
-    param = ctx.get("param") if first.get("type") == "invalid_parameter" else None
-    param = param or param_path(loc, exc.body)
+        return ApiError(400, "invalid_parameter", ctx_err.message, param=ctx_err.param or param)
     msg = first.get("msg", "Invalid request")
     if param is None and loc == ("body",):
         msg = f"Request body must be a JSON object: {msg}"
@@ -238,6 +240,9 @@ _JSON_CAUSES: dict[type[BaseException], str] = {
 }
 
 
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
 def http_error(exc: StarletteHTTPException) -> ApiError:
     for cause, message in _JSON_CAUSES.items():
         if exc.status_code == 400 and isinstance(exc.__cause__, cause):
@@ -245,9 +250,6 @@ def http_error(exc: StarletteHTTPException) -> ApiError:
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     return ApiError(exc.status_code, code, str(exc.detail), err_type=kind)
-
-
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -25,13 +25,12 @@ from pydantic_core import PydanticCustomError
 from models.runtime.sampling import (
     MAX_LOGIT_BIAS,
     MAX_REPETITION_PENALTY,
+    MAX_TOP_LOGPROBS,
     MIN_REPETITION_PENALTY,
     SEED_MAX,
     SEED_MIN,
 )
 from models.types import FinishEvent, GenerationParams, SamplingParams, Timings, TokenEvent, Usage
-
-MAX_TOP_LOGPROBS = 20
 
 # As strict as OpenAI's API: no coercion ("5" is not an integer, 0 is not a boolean; an integer is still a
 # number, and a whole float is an integer, as JSON Schema has it), no NaN or Infinity (Python's JSON parser

@@ -261,7 +261,7 @@ def params_and_logits(draw) -> tuple[SamplingParams, np.ndarray, list[int]]:
     return params, logits, history
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(params_and_logits(), st.integers(1, 4))
 def test_sample_when_any_accepted_params_and_any_logits_then_valid_token_and_finite_logprobs(
     case: tuple[SamplingParams, np.ndarray, list[int]], steps: int
@@ -284,7 +284,7 @@ def test_sample_when_any_accepted_params_and_any_logits_then_valid_token_and_fin
     np.testing.assert_array_equal(logits, before)  # NaN compares equal here: the input is untouched
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     hnp.arrays(np.float32, st.integers(2, 64), elements=finite32, unique=True),
     st.floats(0.0, GREEDY_BELOW, exclude_max=True) | tiny_floats.filter(lambda t: t < GREEDY_BELOW),
@@ -360,9 +360,9 @@ def test_sample_when_logit_bias_minus_100_then_token_banned_and_plus_100_forced(
 
 def test_sample_when_small_logit_bias_then_added_to_the_logit() -> None:
     logits = probs_logits([0.5, 0.5])
-    n = 20000
+    n = 4000
     seen = draws(SamplingParams(temperature=1.0, logit_bias=((1, float(np.log(3.0))),)), logits, n, seed=5)
-    assert seen[1] / n == pytest.approx(0.75, abs=0.015)  # odds 1:3
+    assert seen[1] / n == pytest.approx(0.75, abs=0.03)  # odds 1:3 (0.03 is over 4 standard deviations)
 
 
 def test_logprobs_when_logit_bias_then_still_the_raw_model_distribution() -> None:
