@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models.errors import SimmerError
+from server.schemas import MAX_JSON_DEPTH
 
 log = logging.getLogger("simmer.server")
 
@@ -213,6 +214,8 @@ def validation_error(exc: RequestValidationError, content_type: str | None = "ap
     first = max(errors, key=lambda e: len(e.get("loc", ())))  # the deepest error is the most specific
     if first.get("type") == "json_invalid":
         return ApiError(400, "invalid_json", "Request body is not valid JSON")
+    if first.get("type") == "invalid_json":  # raised by our own validators (server/schemas.py)
+        return ApiError(400, "invalid_json", first.get("msg", "Request body is not valid JSON"))
     loc = tuple(first.get("loc", ()))
     if loc == ("body",) and first.get("type") == "missing":
         return ApiError(400, "invalid_json", "Request body is empty: send a JSON object")
@@ -236,7 +239,7 @@ def validation_error(exc: RequestValidationError, content_type: str | None = "ap
 # JSON problems that json.JSONDecodeError does not cover.
 _JSON_CAUSES: dict[type[BaseException], str] = {
     UnicodeDecodeError: "Request body is not valid UTF-8",
-    RecursionError: "Request body is nested too deeply",
+    RecursionError: f"Request body is nested deeper than {MAX_JSON_DEPTH} levels",
 }
 
 

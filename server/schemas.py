@@ -70,25 +70,38 @@ def _is_text(s: str) -> bool:
     return True
 
 
-def _lone_surrogate(data: Any) -> str | None:
-    """The JSON path of the first string (key or value) holding a lone surrogate, else None. JSON allows
-    "\\ud800", but that is no Unicode text: it cannot be encoded, tokenized or sent back. Iterative, so
-    deep nesting costs no recursion."""
-    stack: list[tuple[str, Any]] = [("", data)]
+# Deeper JSON is refused as invalid_json, at one documented depth rather than wherever Python's parser
+# runs out of stack (about 990 levels, depending on the call stack). OpenAI requests nest about 6 deep.
+MAX_JSON_DEPTH = 64
+
+
+def _check_text_and_depth(data: Any) -> None:
+    """Raise for the first string (key or value) holding a lone surrogate, naming its JSON path: JSON
+    allows "\\ud800", but that is no Unicode text (it cannot be encoded, tokenized or sent back). Raise
+    invalid_json for nesting deeper than MAX_JSON_DEPTH. Iterative, so deep input costs no recursion."""
+    stack: list[tuple[str, Any, int]] = [("", data, 0)]
     while stack:
-        path, value = stack.pop()
+        path, value, depth = stack.pop()  # depth: the containers around `value`
+        if isinstance(value, (dict, list)) and depth >= MAX_JSON_DEPTH:
+            raise PydanticCustomError(
+                "invalid_json", "Request body is nested deeper than {depth} levels", {"depth": MAX_JSON_DEPTH}
+            )
         if isinstance(value, str):
             if not _is_text(value):
-                return path or "body"
+                _surrogate(path or "body")
         elif isinstance(value, dict):
             for key, item in reversed(value.items()):
                 sub = f"{path}.{key}" if path else str(key)
                 if isinstance(key, str) and not _is_text(key):
-                    return sub.encode("utf-8", "backslashreplace").decode()
-                stack.append((sub, item))
+                    _surrogate(sub.encode("utf-8", "backslashreplace").decode())
+                stack.append((sub, item, depth + 1))
         elif isinstance(value, list):
-            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(value))))
-    return None
+            stack.extend((f"{path}[{i}]", item, depth + 1) for i, item in reversed(list(enumerate(value))))
+
+
+def _surrogate(path: str) -> None:
+    # {param} is filled in by pydantic from the context: the path itself may hold braces.
+    raise _invalid("{param}: the string contains a lone surrogate (not valid Unicode)", path)
 
 
 class _Request(BaseModel):
@@ -96,11 +109,8 @@ class _Request(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        where = _lone_surrogate(data)
-        if where is not None:
-            # {param} is filled in by pydantic from the context: the path itself may hold braces.
-            raise _invalid("{param}: the string contains a lone surrogate (not valid Unicode)", where)
+    def _valid_text(cls, data: Any) -> Any:
+        _check_text_and_depth(data)
         return data
 
 

@@ -57,6 +57,14 @@ def nested(depth: int) -> bytes:
     return b'{"messages": ' + b"[" * depth + b"]" * depth + b"}"
 
 
+def deep(levels: int) -> list:
+    """A value `levels` lists deep, inside a body that adds one more level."""
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 BAD = 400
 IP = "invalid_parameter"
 HI_JSON = '{"messages": [{"role": "user", "content": "hi"}], '
@@ -161,6 +169,8 @@ CASES = [
     Case("completions logprobs 21", text(logprobs=21), BAD, IP, "logprobs", TEXT),
     Case("prompt batch", text(prompt=["a", "b"]), BAD, IP, "prompt", TEXT),
     Case("10k-level nesting", nested(10_000), BAD, "invalid_json"),
+    Case("65 levels in an ignored field", chat(x=deep(64)), BAD, "invalid_json"),
+    Case("64 levels in an ignored field", chat(x=deep(63)), 200),
     Case("10k-level nesting, top level", b"[" * 10_000 + b"]" * 10_000, BAD, "invalid_json"),
     Case("invalid UTF-8", b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', BAD, "invalid_json"),
     Case("truncated JSON", b'{"messages": [', BAD, "invalid_json"),
