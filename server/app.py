@@ -9,17 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI
-from starlette.middleware.cors import CORSMiddleware
 
 from models.protocol import Engine
-from server.errors import install_handlers
+from server.errors import ErrorMiddleware, install_handlers
 from server.metrics import Metrics, MetricsMiddleware
+from server.openapi import install_openapi
 from server.routes import ops, thermal, ui, v1
 from server.routing.breaker import Breaker
 from server.routing.metrics import RoutingCollector
 from server.routing.router import Router, build_router, device_view, local_side
 from server.schemas import SamplingDefaults
-from server.security import SecurityMiddleware
+from server.security import CorsMiddleware, SecurityMiddleware
 from server.settings import Settings
 from server.worker import Gate, NoGate, Worker
 
@@ -120,27 +120,32 @@ def create_app(
     )
     metrics.registry.register(RoutingCollector(runtime.router))
     install_handlers(app)
+    install_openapi(app, api_key=bool(settings.api_key))
     app.include_router(v1.router)
     app.include_router(ops.router)
     app.include_router(thermal.router)
     app.include_router(ui.router)
     ui.mount_static(app)
 
-    # Middleware: last added runs first. Security outermost, so refused requests cost nothing; metrics
-    # inside it count what reached the app; CORS answers preflights for configured origins only.
+    # Middleware: last added runs first. From the outside in:
+    #   Metrics  counts every response by status, refusals and 500s included;
+    #   Errors   turns any exception that escapes into an OpenAI-shaped answer (never a dropped connection);
+    #   Security refuses foreign Hosts, missing keys and big bodies before any work;
+    #   CORS     answers preflights for configured origins only.
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            CorsMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Simmer-Route"],
             expose_headers=["X-Simmer-Route"],  # so a web app can tell where a reply was served
         )
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(
         SecurityMiddleware,
         allowed_hosts=settings.allowed_hosts,
         api_key=settings.api_key,
         max_body_bytes=settings.max_body_bytes,
     )
+    app.add_middleware(ErrorMiddleware)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

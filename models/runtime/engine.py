@@ -122,6 +122,7 @@ class LlamaEngine:
         self.variant = chosen
         arch = manifest["architecture"]
         self.shape = ModelShape(arch["n_layers"], arch["n_kv_heads"], arch["head_dim"], arch["vocab"])
+        self.vocab_size: int = arch["vocab"]
         self.max_context = int(manifest.get("context_length", arch.get("context_length", context_length)))
         self.configured_context = min(context_length, self.max_context)
         self.context_length = self.configured_context

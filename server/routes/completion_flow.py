@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from models.errors import ModelNotChat
+from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
 from server.logs import RequestRecord, log_request
 from server.routing.router import HEADER as ROUTE_HEADER
@@ -85,6 +86,8 @@ async def complete(
     if route.side == "local" and kind == "chat" and engine is not None and not engine.can_chat:
         raise ModelNotChat.for_model(model)  # at once (the worker would say it too, maybe after a queue)
     params = body.to_params(rt.sampling_defaults)
+    if rt.worker.engine is not None:  # logit_bias ids against the vocabulary: a 400 before any work
+        validate_sampling(params.sampling, rt.worker.engine.vocab_size)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
