@@ -229,6 +229,8 @@ class RecordingEngine:
     @property
     def can_chat(self) -> bool:
         return self.inner.can_chat
+
+    @property
     def vocab_size(self) -> int:
         return self.inner.vocab_size
 
