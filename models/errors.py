@@ -38,6 +38,12 @@ class UnsupportedModel(SimmerError):
     code = "unsupported_model"
 
 
+class UnsupportedArchitecture(UnsupportedModel):
+    """A GGUF whose `general.architecture` has no family in models/convert/families."""
+
+    code = "unsupported_architecture"
+
+
 class HashMismatch(SimmerError):
     code = "hash_mismatch"
 
