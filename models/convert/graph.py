@@ -26,7 +26,7 @@ from models.convert.block import attention, mlp, rms_norm, skip_norm
 from models.convert.embedding import embed_tokens, lm_head
 from models.convert.linear import MS
 from models.gguf.quant import PackedNBits, pack_tensor
-from models.gguf.reader import GGUFModel, Tensor
+from models.gguf.reader import GGUFModel, Tensor, dequantize_chunked
 
 OPSET = 17
 
@@ -68,14 +68,13 @@ class WeightFile:
         if pad:
             self._f.write(b"\0" * pad)
             pos += pad
-        data = array.tobytes()
-        self._f.write(data)
+        self._f.write(memoryview(array).cast("B"))  # no bytes copy: a head table is hundreds of MB
         t = TensorProto()
         t.name = name
         t.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
         t.dims.extend(array.shape)
         t.data_location = TensorProto.EXTERNAL
-        for k, v in (("location", self.path.name), ("offset", str(pos)), ("length", str(len(data)))):
+        for k, v in (("location", self.path.name), ("offset", str(pos)), ("length", str(array.nbytes))):
             entry = t.external_data.add()
             entry.key, entry.value = k, v
         self._cache[name] = t
@@ -143,7 +142,7 @@ class GraphBuilder:
 
     def dequantized(self, name: str) -> np.ndarray:
         if name not in self._dequantized:
-            self._dequantized[name] = self.tensor(name).dequantize()
+            self._dequantized[name] = dequantize_chunked(self.tensor(name))
         return self._dequantized[name]
 
     def const(self, name: str, array: np.ndarray) -> str:

@@ -10,19 +10,11 @@ runs over row chunks.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
-from models.gguf.reader import GGUFModel, Tensor
+from models.gguf.reader import GGUFModel, dequantize_rows
 
 HEAD_CHUNK = 16384  # rows of the LM head dequantized at a time
-
-
-def rows_of(t: Tensor, idx: np.ndarray | slice) -> np.ndarray:
-    """Some rows of a tensor in fp32, without dequantizing the rest (rows are whole blocks in GGUF)."""
-    data = np.asarray(t.data)[idx]
-    return replace(t, rows=int(data.shape[0]), data=data).dequantize()
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -86,7 +78,7 @@ class ReferenceForward:
         """(len(ids), hidden): the final-normed hidden states of one sequence."""
         c, fam = self.cfg, self.family
         s = len(ids)
-        x = rows_of(self.m.tensor("token_embd.weight"), np.asarray(ids)) * np.float32(c.embed_scale)
+        x = dequantize_rows(self.m.tensor("token_embd.weight"), np.asarray(ids)) * np.float32(c.embed_scale)
         pos = np.arange(s)
         group = c.n_heads // c.n_kv_heads
         act = gelu_tanh if fam.activation == "gelu_tanh" else silu
@@ -117,12 +109,14 @@ class ReferenceForward:
             x = x + f
         return self._rms(x, self.output_norm)
 
-    def logits(self, ids: list[int]) -> np.ndarray:
-        """(len(ids), vocab) float32 logits for every position of one sequence."""
+    def logits(self, ids: list[int], positions: list[int] | None = None) -> np.ndarray:
+        """(len(positions), vocab) float32 logits of one sequence, every position by default."""
         h = self.hidden(ids)
+        if positions is not None:
+            h = h[np.asarray(positions)]
         head = self.m.tensor("token_embd.weight" if self.cfg.tied_embeddings else "output.weight")
-        out = np.empty((len(ids), self.cfg.vocab), np.float32)
+        out = np.empty((len(h), self.cfg.vocab), np.float32)
         for start in range(0, self.cfg.vocab, HEAD_CHUNK):
             chunk = slice(start, min(start + HEAD_CHUNK, self.cfg.vocab))
-            out[:, chunk] = h @ rows_of(head, chunk).T
+            out[:, chunk] = h @ dequantize_rows(head, chunk).T
         return out

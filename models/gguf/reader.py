@@ -7,7 +7,7 @@ so the converter below can assume a well-formed GGUF of a known family (models/c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,23 @@ class Tensor:
             return dequantize(np.asarray(self.data), qtype).astype(np.float32).reshape(self.rows, self.cols)
         blocks = self.data.reshape(self.rows, -1, BLOCK_BYTES[self.type_name])
         return dequantize_blocks(self.type_name, blocks).reshape(self.rows, self.cols)
+
+
+def dequantize_rows(t: Tensor, rows: np.ndarray | slice) -> np.ndarray:
+    """Some rows of a tensor in fp32, without dequantizing the rest (a GGUF row is whole blocks)."""
+    data = np.asarray(t.data)[rows]
+    return replace(t, rows=int(data.shape[0]), data=data).dequantize()
+
+
+def dequantize_chunked(t: Tensor, chunk_rows: int = 16384) -> np.ndarray:
+    """Tensor.dequantize into one preallocated array, a row chunk at a time: the temporaries of a
+    vocabulary-sized table (Gemma 3: 262,144 x 640) stay a chunk's size, not the table's."""
+    if t.rows <= chunk_rows:  # also every 1-D tensor, whose data has no row axis
+        return t.dequantize()
+    out = np.empty((t.rows, t.cols), np.float32)
+    for start in range(0, t.rows, chunk_rows):
+        out[start : start + chunk_rows] = dequantize_rows(t, slice(start, start + chunk_rows))
+    return out
 
 
 BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
