@@ -21,7 +21,8 @@ from models.convert.pipeline import CONVERTER_VERSION
 from models.convert.reference import ReferenceForward
 from models.gguf.reader import GGUFModel
 from models.runtime.session import DecoderSession, KVCache, ModelShape
-from tests.conftest import GEMMA3_SHA256, test_cache_dir
+from tests.conftest import GEMMA3_SHA256
+from tests.conftest import test_cache_dir as cache_dir
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,7 @@ def gemma3_model(gemma3_gguf) -> GGUFModel:
 @pytest.fixture(scope="session")
 def gemma3_dir(gemma3_model) -> Path:
     """The exact variant, built once per machine and converter version."""
-    target = test_cache_dir() / f"converted-v{CONVERTER_VERSION}" / "gemma3-270m-graph"
+    target = cache_dir() / f"converted-v{CONVERTER_VERSION}" / "gemma3-270m-graph"
     if (target / f"{EXACT_VARIANT}.onnx").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -58,6 +59,11 @@ def gemma3_dir(gemma3_model) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+@pytest.fixture(scope="session")
+def gemma3_reference(gemma3_model) -> ReferenceForward:
+    return ReferenceForward(gemma3_model)  # keeps its dequantized layers between tests
 
 
 @pytest.fixture(scope="session")
@@ -101,11 +107,11 @@ def test_gemma3_when_greedy_then_llama_cpp_ids_up_to_a_near_tie(gemma3_session, 
         logits = sess.run(np.array([ours]), kv, len(ids) + i)
 
 
-def test_gemma3_when_decoding_then_logits_match_reference(gemma3_model, gemma3_session):
+def test_gemma3_when_decoding_then_logits_match_reference(gemma3_reference, gemma3_session):
     sess, shape = gemma3_session
     case = FIXTURE["cases"][0]
     ids = case["prompt_ids"] + case["greedy_ids"][:10]
-    ref = ReferenceForward(gemma3_model).logits(ids)
+    ref = gemma3_reference.logits(ids)
     kv = KVCache(shape, 64)
     n = len(case["prompt_ids"])
     errors = [float(np.abs(sess.run(np.array(ids[:n]), kv, 0) - ref[n - 1]).max())]
@@ -115,13 +121,13 @@ def test_gemma3_when_decoding_then_logits_match_reference(gemma3_model, gemma3_s
 
 
 def test_gemma3_when_context_passes_the_sliding_window_then_logits_match_reference(
-    gemma3_model, gemma3_session
+    gemma3_reference, gemma3_session
 ):
     """600 positions: the sliding layers see only the last 512 keys; prefill, then decode through the
     shared KV buffer."""
     sess, shape = gemma3_session
     ids = [2, *(int(x) for x in np.random.default_rng(7).integers(300, 40000, 599))]
-    ref = ReferenceForward(gemma3_model).logits(ids, positions=[589, 599])
+    ref = gemma3_reference.logits(ids, positions=[589, 599])
     kv = KVCache(shape, 640)
     prefill = sess.run(np.array(ids[:590]), kv, 0).copy()
     for pos in range(590, 600):
