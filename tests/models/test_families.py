@@ -232,3 +232,32 @@ def test_reader_when_a_tensor_the_family_would_ignore_then_unsupported(tmp_path)
     g = write_tiny_gguf(tmp_path / "m.gguf", family="qwen2", architecture="llama")
     with pytest.raises(UnsupportedModel, match=r"attn_k\.bias.*not part of the llama family"):
         GGUFModel(g)
+
+
+# -- onnxruntime-genai --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_genai_when_folder_loaded_then_same_greedy_ids_as_our_session(tiny, family):
+    """Our folders stay runnable by onnxruntime-genai (genai_config.json's `type` per family)."""
+    og = pytest.importorskip("onnxruntime_genai")
+    g, d, _ = tiny[family]
+    shape = shape_of(GGUFModel(g))
+    sess, kv = DecoderSession(d / "q4.onnx", shape, 1), KVCache(shape, 48)
+    cfg = json.loads((d / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["filename"] = "q4.onnx"
+    (d / "genai_config.json").write_text(json.dumps(cfg))
+    logits, ours = sess.run(np.array(IDS[:8]), kv, 0), []
+    for pos in range(8, 16):
+        ours.append(int(logits.argmax()))
+        logits = sess.run(np.array([ours[-1]]), kv, pos)
+    model = og.Model(str(d))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=32)
+    gen = og.Generator(model, params)
+    gen.append_tokens(IDS[:8])
+    theirs = []
+    for _ in range(8):
+        gen.generate_next_token()
+        theirs.append(int(gen.get_next_tokens()[0]))
+    assert theirs == ours

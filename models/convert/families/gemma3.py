@@ -39,7 +39,7 @@ def configure(cfg: ModelConfig, meta: Metadata, tensors: Collection[str]) -> Mod
 
 GEMMA3 = Family(
     "gemma3",
-    genai_type="gemma3_text",
+    genai_type="gemma3_text",  # onnxruntime-genai 0.18: "gemma3" is the multimodal package, not a decoder
     rope_interleaved=False,
     qk_norm=True,
     sandwich_norms=True,
