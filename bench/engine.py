@@ -55,13 +55,17 @@ def known_prompt(model_dir: Path) -> list[int]:
     return tokenizer.encode(KNOWN_COMPLETION, add_special_tokens=True)
 
 
-def run_probe(cfg: dict[str, Any]) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.engine_probe", json.dumps(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def run_probe(cfg: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+    """One probe in its own process; a failed or stuck one is an error in the report, not the end of it."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.engine_probe", json.dumps(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"config": cfg, "error": [f"no result within {timeout:g} s"]}
     if out.returncode != 0:
         return {"config": cfg, "error": out.stderr.strip().splitlines()[-1:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
