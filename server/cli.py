@@ -14,9 +14,12 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from models.errors import SimmerError
+from models.store import registry
+from models.store.hub import HubConfig
 from models.store.store import Converter, ModelStore
 from server.settings import Settings
 
@@ -63,22 +66,39 @@ def _print(msg: str) -> None:
     print(msg, flush=True)
 
 
+def hub_config(settings: Settings) -> HubConfig:
+    return HubConfig(endpoint=settings.hf_endpoint, token=settings.hf_token, offline=settings.hf_offline)
+
+
 def _store(settings: Settings, converter: Converter | None) -> ModelStore:
-    return ModelStore(settings.home, converter=converter, log=_print)
+    return ModelStore(settings.home, converter=converter, log=_print, hub=hub_config(settings))
 
 
 def _mb(size: int) -> str:
     return f"{size / 1e6:.1f} MB"
 
 
+def license_notice(source: Any, downloads: Path) -> str | None:
+    """The terms a model comes under, printed before it is downloaded: the source's own notice (which may
+    read the upstream NOTICE from a small download) or its license line."""
+    notice = getattr(source, "notice", None)
+    if notice is not None:
+        return notice(downloads)
+    lic = getattr(source, "license", None)
+    return f"License: {lic.name} ({lic.url})" if lic is not None else None
+
+
 def cmd_pull(args: argparse.Namespace, settings: Settings, converter: Converter | None) -> int:
     name = args.model or settings.model
     progress = TqdmProgress()
+    store = _store(settings, converter)
+    spec = registry.resolve(name, sha256=args.sha256, hub=store.hub)
+    notice = license_notice(spec.source, store.downloads_dir)
+    if notice:
+        _print(notice)
     try:
         variants = [v for v in args.variants.split(",") if v] if args.variants else None
-        model = _store(settings, converter).pull(
-            name, progress, sha256=args.sha256, variants=variants, force=args.force
-        )
+        model = store.pull(name, progress, sha256=args.sha256, variants=variants, force=args.force)
     finally:
         progress.close()
     _print(

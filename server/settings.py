@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -16,12 +16,28 @@ def default_home() -> Path:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SIMMER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="SIMMER_", extra="ignore", populate_by_name=True)
 
     # model store
     home: Path = Field(default_factory=default_home, description="Cache folder for models")
     model: str = Field("smollm2-135m-instruct", description="Model id to serve")
     variant: str | None = Field(None, description="Variant to start with (default: best that fits)")
+    # The Hugging Face Hub (hf: models). Hugging Face's own variable names work too.
+    hf_endpoint: str = Field(
+        "https://huggingface.co",
+        validation_alias=AliasChoices("SIMMER_HF_ENDPOINT", "HF_ENDPOINT", "hf_endpoint"),
+        description="Hugging Face Hub URL for hf: models (or HF_ENDPOINT)",
+    )
+    hf_token: str | None = Field(
+        None,
+        validation_alias=AliasChoices("SIMMER_HF_TOKEN", "HF_TOKEN", "hf_token"),
+        description="Hub token for gated/private repos (or HF_TOKEN; default: huggingface-cli login's)",
+    )
+    hf_offline: bool = Field(
+        False,
+        validation_alias=AliasChoices("SIMMER_HF_OFFLINE", "HF_HUB_OFFLINE", "hf_offline"),
+        description="Never contact the Hub; use downloaded files only (or HF_HUB_OFFLINE)",
+    )
 
     # engine
     threads: int | None = Field(None, description="Inference threads (default and cap: the CPUs we may use)")

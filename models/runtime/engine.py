@@ -26,8 +26,9 @@ import numpy as np
 from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotInstalled
 from models.protocol import EngineLimits, Prompt, StepHook
 from models.runtime.chat import ChatTemplate
+from models.runtime.genai_config import DecoderIO, load_tokenizer
 from models.runtime.sampling import Sampler, make_rng
-from models.runtime.session import DecoderSession, KVCache, ModelShape
+from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape
 from models.runtime.stops import StopMatcher
 from models.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 from models.types import (
@@ -45,7 +46,7 @@ log = logging.getLogger("simmer.engine")
 
 @dataclass
 class KVSlot:
-    cache: KVCache
+    cache: Any  # KVCache, or for a foreign decoder SharedKV / GrowingKV
     variant: str
     last_used: float = field(default_factory=time.monotonic)
 
@@ -133,20 +134,33 @@ class LlamaEngine:
         self.max_sessions = max(1, max_sessions)
         self.max_tokens_limit: int | None = None
         self.tokens_per_second: float | None = None
-        self.tokenizer = Tokenizer.load(self.model_dir)
+        # A folder installed as is (onnxruntime-genai layout) runs on the general path; ours on the fast one.
+        genai = manifest["variants"][self.variant].get("genai")
+        self.io = DecoderIO.from_dict(genai) if genai else None
+        if self.io is not None:
+            self.tokenizer = load_tokenizer(self.model_dir, self.io)
+        else:
+            self.tokenizer = Tokenizer.load(self.model_dir)
         self.template = ChatTemplate.from_tokenizer(self.tokenizer)
-        self._sessions: dict[tuple[str, int, bool], DecoderSession] = {}
+        self._sessions: dict[tuple[str, int, bool], DecoderSession | GeneralDecoderSession] = {}
         self._slots: list[KVSlot] = []
         self._session()  # load now: a broken model fails at start, not at the first request
 
     # -- sessions and KV slots -----------------------------------------------------------------------
-    def _session(self) -> DecoderSession:
+    def _session(self) -> DecoderSession | GeneralDecoderSession:
         key = self.session_key()
         sess = self._sessions.pop(key, None)
         if sess is None:
             t0 = time.perf_counter()
             entry = self.manifest["variants"][self.variant]
-            sess = DecoderSession(self.model_dir / entry["file"], self.shape, self.threads, spinning=key[2])
+            if self.io is not None:
+                sess = GeneralDecoderSession(
+                    self.model_dir / entry["file"], self.io, self.threads, spinning=key[2]
+                )
+            else:
+                sess = DecoderSession(
+                    self.model_dir / entry["file"], self.shape, self.threads, spinning=key[2]
+                )
             log.info(
                 "loaded %s/%s with %d threads in %.2f s",
                 self.model_id,
@@ -162,6 +176,12 @@ class LlamaEngine:
         if evicted:
             release_freed_memory()
         return sess
+
+    def new_cache(self, capacity: int) -> Any:
+        """A KV cache of the layout the model needs (ours: one shared fp32 buffer)."""
+        if self.io is None:
+            return KVCache(self.shape, capacity)
+        return self._session().new_cache(capacity)
 
     def session_key(self) -> tuple[str, int, bool]:
         """Spinning thread pools decode about 40 % faster at the same CPU time per token when tokens come
@@ -185,13 +205,13 @@ class LlamaEngine:
         )
         if best is None or (best_n == 0 and fits_another):
             if fits_another:
-                best = KVSlot(KVCache(self.shape, self.context_length), self.variant)
+                best = KVSlot(self.new_cache(self.context_length), self.variant)
                 self._slots.append(best)
             else:
                 best = min(self._slots, key=lambda s: s.last_used)
                 if best.cache.capacity < self.context_length:
                     self._slots.remove(best)
-                    best = KVSlot(KVCache(self.shape, self.context_length), self.variant)
+                    best = KVSlot(self.new_cache(self.context_length), self.variant)
                     self._slots.append(best)
             best_n = 0
         best.variant = self.variant
@@ -307,7 +327,7 @@ class _Generation:
         self.usage = Usage(prompt_tokens=len(prompt.ids))
         self.history: list[int] = list(prompt.ids)  # prompt + reply, append-only (the sampler's view)
         self.ctx: list[int] = list(prompt.ids)  # what the model conditions on (a window of history)
-        self.sess: DecoderSession | None = None
+        self.sess: DecoderSession | GeneralDecoderSession | None = None
         self.slot: KVSlot | None = None
         self.pos = 0  # ctx[:pos] is in the KV slot
         self.stale = False  # the KV slot must be rebuilt from ctx (variant switch, sliding window)
@@ -342,7 +362,7 @@ class _Generation:
         assert self.sess is not None and self.slot is not None
         cache = self.slot.cache
         if self.pos + len(ids) > cache.capacity:  # the cap was raised above this slot's buffer
-            bigger = KVCache(self.e.shape, max(self.e.context_length, self.pos + len(ids)))
+            bigger = self.e.new_cache(max(self.e.context_length, self.pos + len(ids)))
             bigger.copy_prefix_from(cache, self.pos)
             self.slot.cache = cache = bigger
         self.sess.reset_terminate()

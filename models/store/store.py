@@ -36,6 +36,7 @@ from models.errors import (
 from models.runtime.session import kv_bytes_per_token
 from models.store import registry
 from models.store.durable import fsync_dir as _fsync_dir
+from models.store.hub import HubConfig
 from models.store.sources import FetchedFile, Progress, sha256_file
 
 SCHEMA = 1
@@ -108,6 +109,7 @@ class ModelStore:
     log: Callable[[str], None] = field(default=lambda msg: None)
     # Called with a stage name at each step of an install; tests use it to kill -9 at exact points.
     checkpoint: Callable[[str], None] = field(default=lambda stage: None)
+    hub: HubConfig | None = None  # the Hugging Face Hub for hf: models (endpoint, token, offline)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
@@ -137,8 +139,8 @@ class ModelStore:
         force: bool = False,
     ) -> InstalledModel:
         """Fetch, convert, verify and install `name`. Does nothing when it is already installed."""
-        spec = registry.resolve(name, sha256=sha256)
-        conv = self._converter()
+        spec = registry.resolve(name, sha256=sha256, hub=self.hub)
+        conv = spec.installer or self._converter()
         model_dir = self.models_dir / spec.id
         with self._lock(spec.id):
             model_dir.mkdir(parents=True, exist_ok=True)
