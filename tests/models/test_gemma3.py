@@ -30,7 +30,9 @@ FIXTURE = json.loads((Path(__file__).parents[1] / "fixtures" / "gemma3_270m_llam
 # fp32 activations over the dequantized weights: exact for every GGUF type. The exactly mapped quantized
 # variant replaces it here once every type maps exactly.
 EXACT_VARIANT = "f32"
-TOL = 2e-4  # against the fp32 reference: summation order only
+# against the fp32 reference, summation order only: the converter's own measurement over its 67 quality
+# positions found 5.6e-4 at most (logits up to ~30; 18 layers whose post-norms rescale every branch)
+TOL = 1e-3
 # llama.cpp quantizes activations to 8 bits in its K-quant matmuls (its logits differ from fp32 by ~0.3 on
 # average here): where our exact top-2 are closer than this, its greedy pick may be the other one
 NEAR_TIE = 0.05
