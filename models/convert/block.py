@@ -7,7 +7,7 @@ The graph is 2-D ([tokens, features], batch 1) except where GroupQueryAttention 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -89,7 +89,7 @@ def attention(g: GraphBuilder, i: int, x: str, seqlens_k: str, total_len: str) -
         ]
         qkv_inputs = [packed, "", ""]
     cos, sin = rope_cache(g, cfg.layer_rope(i))
-    window = {"local_window_size": cfg.sliding_window} if cfg.is_sliding(i) else {}
+    window: dict[str, Any] = {"local_window_size": cfg.sliding_window} if cfg.is_sliding(i) else {}
     attn = g.node(
         "GroupQueryAttention",
         [

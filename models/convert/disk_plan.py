@@ -10,9 +10,10 @@ builder changes what it writes, that test says so.
 
 from __future__ import annotations
 
+from models.convert.families import ModelConfig
 from models.convert.graph import ALIGN, VARIANTS, VariantSpec
 from models.gguf.quant import BLOCK
-from models.gguf.reader import SUPPORTED_TYPES, GGUFModel, LlamaConfig
+from models.gguf.reader import SUPPORTED_TYPES, GGUFModel
 
 WEIGHTS_FILE = "weights.data"  # pipeline.WEIGHTS_FILE (the pipeline imports this module)
 # Graph nodes and per-initializer external-data records of one .onnx file; measured ~1.6 KB per layer and
@@ -62,7 +63,7 @@ def _linear(w: _Weights, model: GGUFModel, key: str, names: list[str], bits: int
         w.add(f"{key}.q41_correction", (k // BLOCK) * n * 4)
 
 
-def _variant(w: _Weights, model: GGUFModel, cfg: LlamaConfig, spec: VariantSpec) -> None:
+def _variant(w: _Weights, model: GGUFModel, cfg: ModelConfig, spec: VariantSpec) -> None:
     half = cfg.head_dim // 2
     w.add("rope.cos", cfg.context_length * half * 4)
     w.add("rope.sin", cfg.context_length * half * 4)

@@ -68,7 +68,7 @@ class WeightFile:
         if pad:
             self._f.write(b"\0" * pad)
             pos += pad
-        self._f.write(memoryview(array).cast("B"))  # no bytes copy: a head table is hundreds of MB
+        self._f.write(array.data.cast("B"))  # no bytes copy: a head table is hundreds of MB
         t = TensorProto()
         t.name = name
         t.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)

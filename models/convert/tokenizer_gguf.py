@@ -19,13 +19,13 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-import numpy as np
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
 from models.errors import InvalidModelFile, UnsupportedModel
+from models.gguf.reader import read_kv_section
 from models.runtime.tokenizer import KIND_BYTE_LEVEL, KIND_SENTENCEPIECE, Tokenizer
 
 GGUF_TOKENIZER_KEYS = (
@@ -166,58 +166,9 @@ def metadata_from_gguf(path: str | Path) -> dict[str, Any]:
     seconds on a 262,144-token vocabulary file."""
     try:
         with open(path, "rb") as f:
-            return _read_kv(f, set(GGUF_TOKENIZER_KEYS))
+            return read_kv_section(f, set(GGUF_TOKENIZER_KEYS))
     except (OSError, ValueError, struct.error, UnicodeDecodeError) as e:
         raise InvalidModelFile(f"cannot read GGUF metadata from {path}: {e}") from e
-
-
-# GGUF value types: struct format of the scalars (8 = string, 9 = array)
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-
-def _read_kv(f: BinaryIO, wanted: set[str]) -> dict[str, Any]:
-    def unpack(fmt: str) -> Any:
-        size = struct.calcsize("<" + fmt)
-        data = f.read(size)
-        if len(data) != size:
-            raise ValueError("the file ends inside its metadata")
-        return struct.unpack("<" + fmt, data)[0]
-
-    def string() -> str:
-        n = unpack("Q")
-        data = f.read(n)
-        if len(data) != n:
-            raise ValueError("the file ends inside its metadata")
-        return data.decode("utf-8")
-
-    def value(vtype: int) -> Any:
-        if vtype == 8:
-            return string()
-        if vtype == 9:
-            itype, n = unpack("I"), unpack("Q")
-            if itype == 8:
-                return [string() for _ in range(n)]
-            if itype not in _GGUF_SCALARS:
-                return [value(itype) for _ in range(n)]
-            fmt = _GGUF_SCALARS[itype]
-            data = f.read(n * struct.calcsize(fmt))
-            return np.frombuffer(data, dtype=np.dtype("<" + fmt if fmt != "?" else "?"), count=n).tolist()
-        if vtype in _GGUF_SCALARS:
-            return unpack(_GGUF_SCALARS[vtype])
-        raise ValueError(f"unknown GGUF value type {vtype}")
-
-    if f.read(4) != b"GGUF":
-        raise ValueError("not a GGUF file")
-    if unpack("I") not in (2, 3):
-        raise ValueError("unsupported GGUF version")
-    unpack("Q")  # tensor count
-    meta: dict[str, Any] = {}
-    for _ in range(unpack("Q")):
-        key = string()
-        v = value(unpack("I"))
-        if key in wanted:
-            meta[key] = v
-    return meta
 
 
 def metadata_from_reader(reader: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
@@ -260,7 +260,7 @@ class FastGGUFReader(GGUFReader):
         parts: list[np.ndarray] = [raw_itype, alen]
         if itype == GGUFValueType.STRING:
             plain, u64 = self._plain, np.dtype(np.uint64)
-            buf = memoryview(plain)
+            buf = plain.data
             for _ in range(n):
                 (slen,) = struct.unpack_from("<Q", buf, offs)
                 parts.append(plain[offs : offs + 8].view(u64))
@@ -310,3 +310,54 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
         except Exception:  # an odd field we do not need must not stop the load
             continue
     return out
+
+
+# GGUF value types: struct format of the scalars (8 = string, 9 = array)
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def read_kv_section(f: BinaryIO, wanted: set[str]) -> dict[str, Any]:
+    """The values of the `wanted` keys, reading only the key-value section (no tensor is mapped)."""
+
+    def unpack(fmt: str) -> Any:
+        size = struct.calcsize("<" + fmt)
+        data = f.read(size)
+        if len(data) != size:
+            raise ValueError("the file ends inside its metadata")
+        return struct.unpack("<" + fmt, data)[0]
+
+    def string() -> str:
+        n = unpack("Q")
+        data = f.read(n)
+        if len(data) != n:
+            raise ValueError("the file ends inside its metadata")
+        return data.decode("utf-8")
+
+    def value(vtype: int) -> Any:
+        if vtype == 8:
+            return string()
+        if vtype == 9:
+            itype, n = unpack("I"), unpack("Q")
+            if itype == 8:
+                return [string() for _ in range(n)]
+            if itype not in _GGUF_SCALARS:
+                return [value(itype) for _ in range(n)]
+            fmt = _GGUF_SCALARS[itype]
+            data = f.read(n * struct.calcsize(fmt))
+            return np.frombuffer(data, dtype=np.dtype("<" + fmt if fmt != "?" else "?"), count=n).tolist()
+        if vtype in _GGUF_SCALARS:
+            return unpack(_GGUF_SCALARS[vtype])
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+    if f.read(4) != b"GGUF":
+        raise ValueError("not a GGUF file")
+    if unpack("I") not in (2, 3):
+        raise ValueError("unsupported GGUF version")
+    unpack("Q")  # tensor count
+    meta: dict[str, Any] = {}
+    for _ in range(unpack("Q")):
+        key = string()
+        v = value(unpack("I"))
+        if key in wanted:
+            meta[key] = v
+    return meta
