@@ -61,6 +61,8 @@ _STATUS: dict[str, tuple[int, str]] = {
     "model_not_found": (404, "invalid_request_error"),
     "not_found": (404, "invalid_request_error"),
     "model_not_installed": (404, "invalid_request_error"),
+    # a GGUF whose tensor types cannot be converted exactly: the file is understood, and refused
+    "unsupported_quantization": (422, "invalid_request_error"),
     "context_length_exceeded": (413, "invalid_request_error"),
     "request_too_large": (413, "invalid_request_error"),
     "invalid_api_key": (401, "authentication_error"),

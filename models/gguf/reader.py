@@ -13,17 +13,25 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 
-from models.errors import InvalidModelFile, UnsupportedModel
+from models.errors import InvalidModelFile, UnsupportedModel, UnsupportedQuantization
+from models.gguf.blocks import decode
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_ARCHITECTURES = ("llama",)
+# every type the converter maps exactly (models/gguf/blocks.py has the block formats)
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPPORTED_TYPES = {
-    GGMLQuantizationType.F32: "F32",
-    GGMLQuantizationType.F16: "F16",
-    GGMLQuantizationType.Q8_0: "Q8_0",
-    GGMLQuantizationType.Q4_0: "Q4_0",
-    GGMLQuantizationType.Q4_1: "Q4_1",
+    GGMLQuantizationType[name]: name
+    for name in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", *K_QUANTS)
 }
+
+
+def unsupported_quantization(file: str, tensor: str, qtype: GGMLQuantizationType) -> UnsupportedQuantization:
+    return UnsupportedQuantization(
+        f"{file}: tensor {tensor} is quantized as {qtype.name}, which simmer cannot convert exactly "
+        f"(supported: {', '.join(SUPPORTED_TYPES.values())}); pick a GGUF of another quantization, "
+        "such as Q4_K_M or Q8_0"
+    )
 
 
 @dataclass(frozen=True)
@@ -52,42 +60,18 @@ class Tensor:
     type_name: str
     rows: int
     cols: int
-    data: np.ndarray  # F32/F16: (rows, cols) floats; quantized: (rows, bytes_per_row) uint8
+    data: np.ndarray  # F32/F16: (rows, cols) floats; BF16 and block formats: (rows, bytes_per_row) uint8
 
     def dequantize(self) -> np.ndarray:
-        """(rows, cols) float32."""
+        """(rows, cols) float32, bit-for-bit GGML's dequantization."""
         if self.type_name == "F32":
             return np.asarray(self.data, dtype=np.float32).reshape(self.rows, self.cols)
         if self.type_name == "F16":
             return np.asarray(self.data, dtype=np.float16).reshape(self.rows, self.cols).astype(np.float32)
-        blocks = self.data.reshape(self.rows, -1, BLOCK_BYTES[self.type_name])
-        return dequantize_blocks(self.type_name, blocks).reshape(self.rows, self.cols)
-
-
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
-
-
-def dequantize_blocks(type_name: str, blocks: np.ndarray) -> np.ndarray:
-    """blocks: (..., block_bytes) uint8 -> (..., 32) float32, GGML's exact formulas."""
-    if type_name == "Q8_0":
-        d = blocks[..., :2].copy().view(np.float16).astype(np.float32)
-        q = blocks[..., 2:].copy().view(np.int8).astype(np.float32)
-        return d * q
-    if type_name == "Q4_0":
-        d = blocks[..., :2].copy().view(np.float16).astype(np.float32)
-        q = unpack_q4_nibbles(blocks[..., 2:]).astype(np.float32)
-        return d * (q - 8.0)
-    if type_name == "Q4_1":
-        d = blocks[..., :2].copy().view(np.float16).astype(np.float32)
-        m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
-        q = unpack_q4_nibbles(blocks[..., 4:]).astype(np.float32)
-        return d * q + m
-    raise UnsupportedModel(f"tensor type {type_name} is not supported")
-
-
-def unpack_q4_nibbles(qs: np.ndarray) -> np.ndarray:
-    """GGML layout: byte j holds element j (low nibble) and element j+16 (high nibble)."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+        if self.type_name == "BF16":
+            bits = np.ascontiguousarray(self.data).view(np.uint16).astype(np.uint32) << 16
+            return bits.view(np.float32).reshape(self.rows, self.cols)
+        return decode(self.type_name, self.data, self.rows).dequantize()
 
 
 class GGUFModel:
@@ -170,10 +154,7 @@ class GGUFModel:
             if t is None:
                 raise InvalidModelFile(f"{self.path.name}: missing tensor {name}")
             if t.tensor_type not in SUPPORTED_TYPES:
-                raise UnsupportedModel(
-                    f"{self.path.name}: tensor {name} has type {t.tensor_type.name}; supported types: "
-                    f"{', '.join(SUPPORTED_TYPES.values())}"
-                )
+                raise unsupported_quantization(self.path.name, name, t.tensor_type)
             shape = tuple(int(x) for x in t.shape)  # GGUF order: (cols, rows) or (n,)
             got = (shape[1], shape[0]) if len(shape) == 2 else (1, shape[0])
             if got != (rows, cols):
@@ -183,6 +164,8 @@ class GGUFModel:
 
     def tensor(self, name: str) -> Tensor:
         t = self.tensors[name]
+        if t.tensor_type not in SUPPORTED_TYPES:
+            raise unsupported_quantization(self.path.name, name, t.tensor_type)
         shape = [int(x) for x in t.shape]
         rows, cols = (shape[1], shape[0]) if len(shape) == 2 else (1, shape[0])
         return Tensor(name, SUPPORTED_TYPES[t.tensor_type], rows, cols, np.asarray(t.data))
