@@ -3,6 +3,8 @@ how close each is to x @ W^T in float64 over GGML's dequantized weights, and its
 (decode) and at 256 (prefill), rounds interleaved.
 
     python -m bench.gguf_linears GGUF [--layers 0 2] [--threads 2] [--rounds 5]
+    python -m bench.gguf_linears GGUF --memory     # every layer's projections in one graph per variant:
+                                                   # resident memory after loading it and after one run
 
 Made for Gemma 3 270M's Q4_K_M file (Q5_0 / Q8_0 / Q4_K / Q6_K projections) before its architecture was
 supported: only the tensors are read.
@@ -53,6 +55,74 @@ def build(model: GGUFTensors, variant: str, layer: int, proj: str, weights: Weig
     return path
 
 
+def all_layers(model: GGUFTensors, variant: str, weights: WeightFile, out: Path) -> Path:
+    """Every projection of every layer in one graph, each fed by an input of its width."""
+    g = GraphBuilder(model, VARIANTS[variant], weights)
+    widths, outs = set(), []
+    layers = sorted({int(n.split(".")[1]) for n in model.tensors if n.startswith("blk.")})
+    for layer in layers:
+        for proj, parts in PROJECTIONS.items():
+            names = [f"blk.{layer}.{p}" for p in parts]
+            k = model.tensor(names[0]).cols
+            widths.add(k)
+            outs.append(linear(g, f"x{k}", f"blk.{layer}.{proj}", names)[0])
+    graph = helper.make_graph(
+        g.nodes,
+        "layers",
+        [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, k]) for k in sorted(widths)],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+        list(g.inits.values()),
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)])
+    m.ir_version = 8
+    path = out / f"layers-{variant}.onnx"
+    path.write_bytes(m.SerializeToString())
+    return path
+
+
+def probe_memory(path: Path, threads: int) -> dict:
+    import psutil
+
+    proc = psutil.Process()
+    rss0 = proc.memory_info().rss
+    sess = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
+    rss1 = proc.memory_info().rss
+    feeds = {i.name: np.ones((1, i.shape[1]), np.float32) for i in sess.get_inputs()}
+    sess.run(None, feeds)
+    rss2 = proc.memory_info().rss
+    return {"load_mb": round((rss1 - rss0) / 2**20, 1), "after_run_mb": round((rss2 - rss0) / 2**20, 1)}
+
+
+def memory(a: argparse.Namespace) -> None:
+    import json
+    import subprocess
+    import sys
+
+    model = GGUFTensors(a.gguf)
+    with tempfile.TemporaryDirectory(prefix="layers-") as tmp:
+        weights = WeightFile(Path(tmp) / "weights.data")
+        paths = {v: all_layers(model, v, weights, Path(tmp)) for v in a.variants}
+        weights.close()
+        results: dict[str, list[dict]] = {v: [] for v in paths}
+        for _ in range(a.rounds):
+            for v, p in paths.items():
+                cmd = [sys.executable, "-m", "bench.gguf_linears", str(a.gguf), "--probe", str(p)]
+                out = subprocess.run(
+                    [*cmd, "--threads", str(a.threads)], check=True, capture_output=True, text=True
+                )
+                results[v].append(json.loads(out.stdout))
+        print(f"{a.gguf.name}: all layers' projections, medians of {a.rounds} processes")
+        print("| variant | weights referenced (MB) | RSS at load (MB) | after one run (MB) |")
+        print("|---|---|---|---|")
+        for v, rs in results.items():
+            from models.convert.pipeline import referenced_bytes
+
+            ref = referenced_bytes(paths[v]) / 2**20
+            load = statistics.median(r["load_mb"] for r in rs)
+            run = statistics.median(r["after_run_mb"] for r in rs)
+            print(f"| {v} | {ref:.0f} | {load:.0f} | {run:.0f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf", type=Path)
@@ -60,7 +130,17 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", default=["q4", "q4-a8"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--probe", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.probe:
+        import json
+
+        print(json.dumps(probe_memory(a.probe, a.threads)))
+        return
+    if a.memory:
+        memory(a)
+        return
     model = GGUFTensors(a.gguf)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="linears-") as tmp:

@@ -11,17 +11,25 @@ How one tensor runs, by variant (`form`):
 | F32 F16 BF16 | fp32 MatMul | fp32 MatMul | 4-bit symmetric (a head: 8) | 8-bit symmetric |
 Formats with a min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) add blocksum(x) @ offsets^T, exactly (quant.py).
 
-Why fp32 MatMul for the 8-bit formats of the exact variant (bench/quant_routes.py, group route8, 2 threads,
-Gemma-3-270M shapes, 18 distinct matrices per call so the weights stream from memory as in a decode step):
-MatMulNBits' 8-bit kernel with fp32 activations is 10-50x slower than anything else, the nibble pair
-(as_nibble_pair: two 4-bit halves over the input twice) is exact but 2-4x slower than fp32 MatMul at one
-token and at 256, and fp32 MatMul is the fastest exact route at both, for 4x the bytes of 8-bit codes. A
-vocabulary-sized head is where those bytes hurt (Gemma 3: 671 MB in fp32 against 215 MB as a nibble pair),
-so a head takes the nibble pair (`small=True`).
+Why fp32 MatMul for the 8-bit formats of the exact variant (bench/quant_routes.py, group route8: Gemma 3
+270M's qkv / gate_up / down shapes, 18 distinct matrices per call so the weights stream from memory as in a
+decode step, 2 threads, interleaved rounds on a shared machine; times relative to 8-bit, int8 activations):
+| route | 1 token | 256 tokens |
+|---|---|---|
+| MatMulNBits 8-bit, fp32 activations | 32-48x | 0.55-0.66x |
+| nibble pair (as_nibble_pair: two 4-bit halves over the input twice) | 6.4-11.9x | 0.82-0.92x |
+| fp32 MatMul on the dequantized weights | 1.7-3.4x | 0.34-0.40x |
+All three are exact; fp32 MatMul is the fastest at both sizes (2.9-3.7x faster than the nibble pair at one
+token), for 4x the bytes of the 8-bit codes. A vocabulary-sized head is where those bytes hurt: Gemma 3's
+tied 262,144 x 640 table as an fp32 head is 649 MB resident against 231 MB as a nibble pair (bench/
+table_memory.py), though 3.4x slower there (169 against 577 ms a token on the loaded machine); a head takes
+the nibble pair (`small=True`).
 
-Fusion (bench/quant_routes.py, group mixed): projections that share a layout (bits, block) are one
-MatMulNBits; where they do not (Q4_K_M: attn_q/attn_k Q4_K with attn_v Q6_K), each run of one layout gets its
-own node and a Concat joins them. Widening the 4-bit part to 8 bits instead made prefill 1.5-1.7x slower.
+Fusion (group mixed, llama.cpp Q4_K_M's attn_q/attn_k Q4_K with attn_v Q6_K): projections that share a
+layout (bits, block) are one MatMulNBits; where they do not, each run of one layout gets its own node and a
+Concat joins them. With int8 activations, widening the 4-bit part to 8 bits instead was 1.2-1.5x slower
+(1.3-4.3x at one token); with fp32 ones, promoting everything to fp32 MatMul was 10-30 % faster but costs 8x
+the bytes of the 4-bit part, so the 4-bit part stays 4-bit.
 """
 
 from __future__ import annotations
