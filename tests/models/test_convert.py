@@ -109,7 +109,7 @@ def test_rope_when_pairing_is_wrong_then_logits_disagree(converted, tmp_path):
     assert np.abs(full - ref[-1]).max() > 100 * TOL
 
 
-@pytest.mark.parametrize(("mtype", "variant"), [("Q4_1", "q4-a8"), ("Q8_0", "q8")])
+@pytest.mark.parametrize(("mtype", "variant"), [("Q4_1", "q4-a8"), ("Q8_0", "q8"), ("Q4_1", "q8")])
 def test_convert_when_int8_activations_then_close_and_same_top1(converted, mtype, variant):
     g, d, _ = converted[mtype]
     ref = ReferenceLlama(g).logits(IDS)
