@@ -67,10 +67,10 @@ def attention(g: GraphBuilder, i: int, x: str, seqlens_k: str, total_len: str) -
     cfg, fam = g.cfg, g.family
     p = f"blk.{i}."
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    qkv, _ = linear(g, x, p + "attn_qkv", [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
-    if fam.qkv_bias:
-        bias = np.concatenate([g.dequantized(p + f"attn_{n}.bias").reshape(-1) for n in "qkv"])
-        qkv = g.node("Add", [qkv, g.init(p + "attn_qkv.bias", bias)])[0]
+    bias = [p + f"attn_{n}.bias" for n in "qkv"] if fam.qkv_bias else None
+    qkv, _ = linear(
+        g, x, p + "attn_qkv", [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], bias=bias
+    )
     if fam.qk_norm:
         q, k, v = g.node(
             "Split",

@@ -35,19 +35,21 @@ ALIGN = 64
 
 @dataclass(frozen=True)
 class VariantSpec:
+    """How a variant maps tensors (the rule table is in convert/linear.py)."""
+
     name: str
-    matmul_bits: int | None  # None = fp32 MatMul
-    accuracy_level: int  # MatMulNBits: 0/1 = fp32 activations, 4 = int8 activations
-    embed_bits: int | None  # None = fp32 table
+    accuracy_level: int  # MatMulNBits: 1 = fp32 activations, 4 = int8 activations
+    exact_blocks: bool  # block formats at their own width (exact); False: everything dequantized to fp32
+    min_bits: int = 4  # block formats narrower than this are widened (exactly)
+    float_bits: int | None = None  # float matrices quantized symmetrically to this width; None: kept fp32
 
 
 VARIANTS = {
-    "f32": VariantSpec("f32", None, 0, None),
-    "q8": VariantSpec("q8", 8, 4, 8),
-    # no 8-bit head: MatMulNBits' 8-bit kernel is slow with fp32 activations (a Q8_0 head becomes two exact
-    # 4-bit halves, any other a fp32 table)
-    "q4": VariantSpec("q4", 4, 1, None),
-    "q4-a8": VariantSpec("q4-a8", 4, 4, 8),
+    "f32": VariantSpec("f32", 1, exact_blocks=False),
+    "q8": VariantSpec("q8", 4, exact_blocks=True, min_bits=8, float_bits=8),
+    # the exact variant: GGUF blocks as they are, fp32 activations
+    "q4": VariantSpec("q4", 1, exact_blocks=True),
+    "q4-a8": VariantSpec("q4-a8", 4, exact_blocks=True, float_bits=4),
 }
 
 
@@ -80,8 +82,9 @@ class WeightFile:
         self._cache[name] = t
         return t
 
-    def alias(self, name: str, existing: str) -> TensorProto:
-        """A second initializer over the same bytes of the file (nothing is written twice).
+    def alias(self, name: str, existing: str, dims: tuple[int, ...] | None = None) -> TensorProto:
+        """A second initializer over the same bytes of the file (nothing is written twice), optionally seen
+        with other `dims` of the same element count.
 
         onnxruntime maps each initializer on its own. Once a kernel has prepacked its weights (the LM
         head), it unmaps that initializer; an alias read by a gather op keeps only its own mapping, of
@@ -91,6 +94,11 @@ class WeightFile:
         t = TensorProto()
         t.CopyFrom(self._cache[existing])
         t.name = name
+        if dims is not None:
+            if int(np.prod(dims)) != int(np.prod(t.dims)):
+                raise ValueError(f"{name}: dims {dims} do not match {tuple(t.dims)}")
+            del t.dims[:]
+            t.dims.extend(dims)
         self._cache[name] = t
         return t
 
@@ -110,8 +118,9 @@ class GraphBuilder:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, TensorProto] = {}
         self._n = 0
-        self._packed: dict[tuple[str, int], PackedNBits] = {}
+        self._packed: dict[str, PackedNBits] = {}
         self._dequantized: dict[str, np.ndarray] = {}
+        self.quant_map: dict[str, list[str]] = {}  # source tensor type -> how it was mapped (manifest)
 
     # -- helpers --------------------------------------------------------------------------------------
     def _name(self, base: str) -> str:
@@ -130,15 +139,16 @@ class GraphBuilder:
         self.inits[name] = self.w.add(name, array)
         return name
 
-    def alias(self, name: str, existing: str) -> str:
-        self.inits[name] = self.w.alias(name, existing)
+    def alias(self, name: str, existing: str, dims: tuple[int, ...] | None = None) -> str:
+        self.inits[name] = self.w.alias(name, existing, dims)
         return name
 
-    def packed(self, name: str, bits: int) -> PackedNBits:
-        """pack_tensor, once per tensor and width (the embedding table feeds the lookup and the head)."""
-        if (name, bits) not in self._packed:
-            self._packed[name, bits] = pack_tensor(self.tensor(name), bits)
-        return self._packed[name, bits]
+    def packed(self, name: str) -> PackedNBits:
+        """pack_tensor at the format's own width, once per tensor (the embedding table feeds the lookup and
+        the head)."""
+        if name not in self._packed:
+            self._packed[name] = pack_tensor(self.tensor(name))
+        return self._packed[name]
 
     def dequantized(self, name: str) -> np.ndarray:
         if name not in self._dequantized:
@@ -219,9 +229,11 @@ class GraphBuilder:
         return model
 
 
-def build_variant(model: GGUFModel, spec: VariantSpec, weights: WeightFile, out: Path) -> None:
-    """Write `out` (an .onnx file) whose initializers live in `weights`."""
-    graph = GraphBuilder(model, spec, weights).build()
+def build_variant(model: GGUFModel, spec: VariantSpec, weights: WeightFile, out: Path) -> dict[str, str]:
+    """Write `out` (an .onnx file) whose initializers live in `weights`; returns the variant's quant map."""
+    builder = GraphBuilder(model, spec, weights)
+    graph = builder.build()
     out.write_bytes(graph.SerializeToString())
     with open(out, "rb+") as f:
         os.fsync(f.fileno())
+    return {t: "; ".join(ways) for t, ways in sorted(builder.quant_map.items())}

@@ -16,33 +16,25 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from models.convert.families import FAMILIES, Family, ModelConfig, family_for
-from models.errors import InvalidModelFile, UnsupportedModel
+from models.errors import InvalidModelFile, UnsupportedModel, UnsupportedQuantization
+from models.gguf.blocks import decode
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+# every type the converter maps exactly (models/gguf/blocks.py has the block formats)
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPPORTED_TYPES = {
-    GGMLQuantizationType.F32: "F32",
-    GGMLQuantizationType.F16: "F16",
-    GGMLQuantizationType.Q8_0: "Q8_0",
-    GGMLQuantizationType.Q4_0: "Q4_0",
-    GGMLQuantizationType.Q4_1: "Q4_1",
+    GGMLQuantizationType[name]: name
+    for name in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", *K_QUANTS)
 }
-# TEMPORARY (h-arch, until the exact mapping of every GGUF type lands from h-quant): these types are read
-# through gguf.quants.dequantize, so the architecture work (Gemma 3: Q5_0, Q4_K, Q6_K) can be checked in
-# fp32. Their 4/8-bit variants are re-quantized (pack_tensor's fallback), not exact.
-FALLBACK_TYPES = {
-    t: t.name
-    for t in (
-        GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1,
-        GGMLQuantizationType.Q2_K,
-        GGMLQuantizationType.Q3_K,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q6_K,
-        GGMLQuantizationType.BF16,
+
+
+def unsupported_quantization(file: str, tensor: str, qtype: GGMLQuantizationType) -> UnsupportedQuantization:
+    return UnsupportedQuantization(
+        f"{file}: tensor {tensor} is quantized as {qtype.name}, which simmer cannot convert exactly "
+        f"(supported: {', '.join(SUPPORTED_TYPES.values())}); pick a GGUF of another quantization, "
+        "such as Q4_K_M or Q8_0"
     )
-}
 
 
 @dataclass(frozen=True)
@@ -53,21 +45,18 @@ class Tensor:
     type_name: str
     rows: int
     cols: int
-    data: np.ndarray  # F32/F16: (rows, cols) floats; quantized: (rows, bytes_per_row) uint8
+    data: np.ndarray  # F32/F16: (rows, cols) floats; BF16 and block formats: (rows, bytes_per_row) uint8
 
     def dequantize(self) -> np.ndarray:
-        """(rows, cols) float32."""
+        """(rows, cols) float32, bit-for-bit GGML's dequantization."""
         if self.type_name == "F32":
             return np.asarray(self.data, dtype=np.float32).reshape(self.rows, self.cols)
         if self.type_name == "F16":
             return np.asarray(self.data, dtype=np.float16).reshape(self.rows, self.cols).astype(np.float32)
-        if self.type_name in FALLBACK_TYPES.values():  # TEMPORARY, see FALLBACK_TYPES
-            from gguf.quants import dequantize
-
-            qtype = GGMLQuantizationType[self.type_name]
-            return dequantize(np.asarray(self.data), qtype).astype(np.float32).reshape(self.rows, self.cols)
-        blocks = self.data.reshape(self.rows, -1, BLOCK_BYTES[self.type_name])
-        return dequantize_blocks(self.type_name, blocks).reshape(self.rows, self.cols)
+        if self.type_name == "BF16":
+            bits = np.ascontiguousarray(self.data).view(np.uint16).astype(np.uint32) << 16
+            return bits.view(np.float32).reshape(self.rows, self.cols)
+        return decode(self.type_name, self.data, self.rows).dequantize()
 
 
 def dequantize_rows(t: Tensor, rows: np.ndarray | slice) -> np.ndarray:
@@ -85,32 +74,6 @@ def dequantize_chunked(t: Tensor, chunk_rows: int = 16384) -> np.ndarray:
     for start in range(0, t.rows, chunk_rows):
         out[start : start + chunk_rows] = dequantize_rows(t, slice(start, start + chunk_rows))
     return out
-
-
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
-
-
-def dequantize_blocks(type_name: str, blocks: np.ndarray) -> np.ndarray:
-    """blocks: (..., block_bytes) uint8 -> (..., 32) float32, GGML's exact formulas."""
-    if type_name == "Q8_0":
-        d = blocks[..., :2].copy().view(np.float16).astype(np.float32)
-        q = blocks[..., 2:].copy().view(np.int8).astype(np.float32)
-        return d * q
-    if type_name == "Q4_0":
-        d = blocks[..., :2].copy().view(np.float16).astype(np.float32)
-        q = unpack_q4_nibbles(blocks[..., 2:]).astype(np.float32)
-        return d * (q - 8.0)
-    if type_name == "Q4_1":
-        d = blocks[..., :2].copy().view(np.float16).astype(np.float32)
-        m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
-        q = unpack_q4_nibbles(blocks[..., 4:]).astype(np.float32)
-        return d * q + m
-    raise UnsupportedModel(f"tensor type {type_name} is not supported")
-
-
-def unpack_q4_nibbles(qs: np.ndarray) -> np.ndarray:
-    """GGML layout: byte j holds element j (low nibble) and element j+16 (high nibble)."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
 class GGUFModel:
@@ -202,11 +165,8 @@ class GGUFModel:
             t = self.tensors.get(name)
             if t is None:
                 raise InvalidModelFile(f"{self.path.name}: missing tensor {name}")
-            if t.tensor_type not in SUPPORTED_TYPES and t.tensor_type not in FALLBACK_TYPES:
-                raise UnsupportedModel(
-                    f"{self.path.name}: tensor {name} has type {t.tensor_type.name}; supported types: "
-                    f"{', '.join([*SUPPORTED_TYPES.values(), *FALLBACK_TYPES.values()])}"
-                )
+            if t.tensor_type not in SUPPORTED_TYPES:
+                raise unsupported_quantization(self.path.name, name, t.tensor_type)
             shape = tuple(int(x) for x in t.shape)  # GGUF order: (cols, rows) or (n,)
             got = (shape[1], shape[0]) if len(shape) == 2 else (1, shape[0])
             if got != (rows, cols):
@@ -216,10 +176,11 @@ class GGUFModel:
 
     def tensor(self, name: str) -> Tensor:
         t = self.tensors[name]
+        if t.tensor_type not in SUPPORTED_TYPES:
+            raise unsupported_quantization(self.path.name, name, t.tensor_type)
         shape = [int(x) for x in t.shape]
         rows, cols = (shape[1], shape[0]) if len(shape) == 2 else (1, shape[0])
-        type_name = SUPPORTED_TYPES.get(t.tensor_type) or FALLBACK_TYPES[t.tensor_type]
-        return Tensor(name, type_name, rows, cols, np.asarray(t.data))
+        return Tensor(name, SUPPORTED_TYPES[t.tensor_type], rows, cols, np.asarray(t.data))
 
     def tensor_types(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -41,7 +41,8 @@ def tiny(tmp_path_factory):
         g = write_tiny_gguf(root / "m.gguf", family=fam, matrix_type="Q4_0", embed_type="Q8_0", seed=3)
         d = root / "onnx"
         d.mkdir()
-        out[fam] = (g, d, convert(g, d, measure=False))
+        # f32 too (a quantized source's plan has q4 as its exact variant): both exact routes are checked
+        out[fam] = (g, d, convert(g, d, measure=False, variants=["f32", "q4", "q4-a8"]))
     return out
 
 
