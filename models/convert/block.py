@@ -43,10 +43,15 @@ def rope_cache(g: GraphBuilder, kind: RopeKind) -> tuple[str, str]:
     if f"{name}.cos" in g.inits:
         return f"{name}.cos", f"{name}.sin"
     factors = g.dequantized("rope_freqs.weight") if kind.uses_freq_factors else None
-    ang = np.outer(np.arange(cfg.context_length, dtype=np.float64), kind.inv_freq(cfg.head_dim, factors))
+
+    def angles() -> np.ndarray:
+        inv = kind.inv_freq(cfg.head_dim, None if factors is None else factors.make())
+        return np.outer(np.arange(cfg.context_length, dtype=np.float64), inv)
+
+    shape = (cfg.context_length, cfg.head_dim // 2)
     return (
-        g.init(f"{name}.cos", np.cos(ang).astype(np.float32)),
-        g.init(f"{name}.sin", np.sin(ang).astype(np.float32)),
+        g.init(f"{name}.cos", g.planned(shape, lambda: np.cos(angles()).astype(np.float32))),
+        g.init(f"{name}.sin", g.planned(shape, lambda: np.sin(angles()).astype(np.float32))),
     )
 
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.convert.linear import FLOAT_TYPES, MS, form, linear, matmul_nbits, note
-from models.gguf.quant import DEFAULT_ZP, PackedNBits
+from models.convert.linear import FLOAT_TYPES, MS, form, linear, matmul_nbits, note, planned_array
+from models.gguf.quant import DEFAULT_ZP, Packing
 
 if TYPE_CHECKING:
     from models.convert.graph import GraphBuilder
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 TABLE = "token_embd.weight"
 
 
-def embed_tokens(g: GraphBuilder) -> tuple[str, PackedNBits | None]:
+def embed_tokens(g: GraphBuilder) -> tuple[str, Packing | None]:
     """Rows of the embedding table for `input_ids` ([tokens, hidden] after a reshape by the caller), and the
     table's packed codes when the LM head can run on them."""
     table = g.tensor(TABLE)
@@ -41,37 +41,43 @@ def embed_tokens(g: GraphBuilder) -> tuple[str, PackedNBits | None]:
         rows = g.node("Gather", [g.alias("token_embd.gather_weight", TABLE), "input_ids"], axis=0)[0]
         return rows, None
     p = g.packed(TABLE)
+    lay = p.layout
     note(
-        g,
-        TABLE,
-        f"lookup: {p.bits}-bit rows gathered" + (" + offsets" if p.offsets is not None else "") + ", exact",
+        g, TABLE, f"lookup: {lay.bits}-bit rows gathered" + (" + offsets" if lay.offsets else "") + ", exact"
     )
-    g.w.add("token_embd.qweight", p.packed)
-    g.w.add("token_embd.scales", p.scales)
+    g.w.add("token_embd.qweight", g.planned(lay.packed_shape, lambda: p.get().packed, np.uint8))
+    g.w.add("token_embd.scales", g.planned(lay.scales_shape, lambda: p.get().scales))
     inputs = [
         g.alias("token_embd.gather_qweight", "token_embd.qweight"),
         "input_ids",
-        g.alias("token_embd.gather_scales", "token_embd.scales", dims=(p.n, p.nb, 1)),
+        g.alias("token_embd.gather_scales", "token_embd.scales", dims=(lay.n, lay.nb, 1)),
     ]
-    if p.shift is not None:  # codes sit `shift` above the default zero point: gather (u - zp) * s exactly
-        zp = (DEFAULT_ZP[p.bits] - p.shift[:, None, None] + np.zeros((1, p.nb, 1), np.uint8)).astype(np.uint8)
+    if lay.shift:  # codes sit `shift` above the default zero point: gather (u - zp) * s exactly
+
+        def zero_points() -> np.ndarray:
+            shift = planned_array(p.get().shift)
+            zp = DEFAULT_ZP[lay.bits] - shift[:, None, None] + np.zeros((1, lay.nb, 1), np.uint8)
+            return zp.astype(np.uint8)
+
+        zp = g.planned((lay.n, lay.nb, 1), zero_points, np.uint8)
         inputs.append(g.init("token_embd.gather_zero_points", zp))
     rows = g.node(
         "GatherBlockQuantized",
         inputs,
         domain=MS,
-        bits=p.bits,
-        block_size=p.block,
+        bits=lay.bits,
+        block_size=lay.block,
         gather_axis=0,
         quantize_axis=2,
     )[0]
-    if p.offsets is not None:
-        offsets = g.init("token_embd.offsets", p.offsets[..., None])
-        rows = g.node("Add", [rows, g.node("Gather", [offsets, "input_ids"], axis=0)[0]])[0]
+    if lay.offsets:
+        offsets = g.planned((lay.n, lay.nb, 1), lambda: planned_array(p.get().offsets)[..., None])
+        table_offsets = g.init("token_embd.offsets", offsets)
+        rows = g.node("Add", [rows, g.node("Gather", [table_offsets, "input_ids"], axis=0)[0]])[0]
     return rows, p
 
 
-def lm_head(g: GraphBuilder, last: str, embd_packed: PackedNBits | None) -> None:
+def lm_head(g: GraphBuilder, last: str, embd_packed: Packing | None) -> None:
     """logits [1, 1, vocab] for the last position. A tied head runs on the lookup's table where the kernel
     takes its codes as they are (MatMulNBits at any width with int8 activations, 4 bits with fp32 ones)."""
     cfg = g.cfg
@@ -88,9 +94,13 @@ def lm_head(g: GraphBuilder, last: str, embd_packed: PackedNBits | None) -> None
         f = form(g, TABLE, small=True, packed=embd_packed)
         if f.packed is not None and f.packed is embd_packed and not f.pair:
             note(g, TABLE, "head: " + f.describe() + " on the lookup's codes")
+            lay = embd_packed.layout
             names = (
-                g.init("token_embd.qweight", f.packed.packed),
-                g.init("token_embd.scales", f.packed.scales),
+                g.init(
+                    "token_embd.qweight",
+                    g.planned(lay.packed_shape, lambda: embd_packed.get().packed, np.uint8),
+                ),
+                g.init("token_embd.scales", g.planned(lay.scales_shape, lambda: embd_packed.get().scales)),
             )
             logits = matmul_nbits(g, last, f.packed, "token_embd", weight_names=names)
         else:

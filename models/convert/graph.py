@@ -15,6 +15,7 @@ SkipSimplifiedLayerNormalization into the next layer's attention norm.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +26,9 @@ from onnx import TensorProto, helper
 from models.convert.block import attention, mlp, rms_norm, skip_norm
 from models.convert.embedding import embed_tokens, lm_head
 from models.convert.linear import MS
-from models.gguf.quant import PackedNBits, pack_tensor
-from models.gguf.reader import GGUFModel, Tensor, dequantize_chunked
+from models.convert.model import GGUFModel
+from models.gguf.quant import Packing, packing
+from models.gguf.reader import Tensor, dequantize_chunked
 
 OPSET = 17
 
@@ -53,30 +55,56 @@ VARIANTS = {
 }
 
 
+@dataclass(frozen=True)
+class Planned:
+    """An initializer known by shape and type before its values exist. The builder declares every weight
+    this way, so the same build with a dry WeightFile sizes a conversion from the GGUF header alone
+    (models/convert/disk_plan.py), and a real one checks each computed array against its declaration."""
+
+    shape: tuple[int, ...]
+    dtype: type
+    make: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
 class WeightFile:
-    """Writes initializers into one external-data file that several graphs may reference."""
+    """Writes initializers into one external-data file that several graphs may reference. `dry`: nothing is
+    computed or written, every offset is the same as in a real build (`size` is the file's length)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, dry: bool = False) -> None:
         self.path = path
-        self._f = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.dry = dry
+        self._f = None if dry else open(path, "wb")  # noqa: SIM115 - closed in close()
         self._cache: dict[str, TensorProto] = {}
+        self.size = 0
 
-    def add(self, name: str, array: np.ndarray) -> TensorProto:
+    def add(self, name: str, value: np.ndarray | Planned) -> TensorProto:
         if name in self._cache:
             return self._cache[name]
-        array = np.ascontiguousarray(array)
-        pos = self._f.tell()
-        pad = (-pos) % ALIGN
-        if pad:
-            self._f.write(b"\0" * pad)
-            pos += pad
-        self._f.write(array.data.cast("B"))  # no bytes copy: a head table is hundreds of MB
+        if isinstance(value, Planned):
+            shape, dtype, nbytes = value.shape, np.dtype(value.dtype), value.nbytes
+        else:
+            shape, dtype, nbytes = value.shape, value.dtype, value.nbytes
+        pos = self.size + (-self.size) % ALIGN
+        if self._f is not None:
+            array = np.ascontiguousarray(value.make() if isinstance(value, Planned) else value)
+            if array.shape != tuple(shape) or array.dtype != dtype:
+                raise RuntimeError(
+                    f"converter bug: {name} planned as {tuple(shape)} {dtype}, computed {array.shape} "
+                    f"{array.dtype}"
+                )
+            self._f.write(b"\0" * (pos - self.size))
+            self._f.write(array.data.cast("B"))  # no bytes copy: a head table is hundreds of MB
+        self.size = pos + nbytes
         t = TensorProto()
         t.name = name
-        t.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
-        t.dims.extend(array.shape)
+        t.data_type = helper.np_dtype_to_tensor_dtype(dtype)
+        t.dims.extend(shape)
         t.data_location = TensorProto.EXTERNAL
-        for k, v in (("location", self.path.name), ("offset", str(pos)), ("length", str(array.nbytes))):
+        for k, v in (("location", self.path.name), ("offset", str(pos)), ("length", str(nbytes))):
             entry = t.external_data.add()
             entry.key, entry.value = k, v
         self._cache[name] = t
@@ -103,9 +131,10 @@ class WeightFile:
         return t
 
     def close(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
+        if self._f is not None:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
 
 
 class GraphBuilder:
@@ -118,7 +147,7 @@ class GraphBuilder:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, TensorProto] = {}
         self._n = 0
-        self._packed: dict[str, PackedNBits] = {}
+        self._packed: dict[str, Packing] = {}
         self._dequantized: dict[str, np.ndarray] = {}
         self.quant_map: dict[str, list[str]] = {}  # source tensor type -> how it was mapped (manifest)
 
@@ -135,25 +164,36 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op, inputs, outs, name=self._name(base), domain=domain, **attrs))
         return outs
 
-    def init(self, name: str, array: np.ndarray) -> str:
-        self.inits[name] = self.w.add(name, array)
+    def init(self, name: str, value: np.ndarray | Planned) -> str:
+        self.inits[name] = self.w.add(name, value)
         return name
+
+    def planned(
+        self, shape: tuple[int, ...], make: Callable[[], np.ndarray], dtype: type = np.float32
+    ) -> Planned:
+        return Planned(tuple(int(d) for d in shape), dtype, make)
 
     def alias(self, name: str, existing: str, dims: tuple[int, ...] | None = None) -> str:
         self.inits[name] = self.w.alias(name, existing, dims)
         return name
 
-    def packed(self, name: str) -> PackedNBits:
-        """pack_tensor at the format's own width, once per tensor (the embedding table feeds the lookup and
-        the head)."""
+    def packed(self, name: str) -> Packing:
+        """pack_tensor at the format's own width, planned, and computed once per tensor (the embedding table
+        feeds the lookup and the head)."""
         if name not in self._packed:
-            self._packed[name] = pack_tensor(self.tensor(name))
+            self._packed[name] = packing(self.tensor(name))
         return self._packed[name]
 
-    def dequantized(self, name: str) -> np.ndarray:
-        if name not in self._dequantized:
-            self._dequantized[name] = dequantize_chunked(self.tensor(name))
-        return self._dequantized[name]
+    def dequantized(self, name: str) -> Planned:
+        """The tensor in fp32, (rows, cols) ((1, n) for 1-D), computed once per tensor when first written."""
+        t = self.tensor(name)
+
+        def make() -> np.ndarray:
+            if name not in self._dequantized:
+                self._dequantized[name] = dequantize_chunked(t)
+            return self._dequantized[name]
+
+        return self.planned((t.rows, t.cols), make)
 
     def const(self, name: str, array: np.ndarray) -> str:
         """Small constants live inside the .onnx file."""
@@ -166,7 +206,8 @@ class GraphBuilder:
         return self.m.tensor(name)
 
     def norm_weight(self, name: str) -> str:
-        return self.init(name, self.tensor(name).dequantize().reshape(-1))
+        t = self.tensor(name)
+        return self.init(name, self.planned((t.cols,), lambda: t.dequantize().reshape(-1)))
 
     # -- graph ----------------------------------------------------------------------------------------
     def build(self) -> onnx.ModelProto:

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.gguf.quant import BLOCK, PackedNBits, as_nibble_pair, concat_packed, pack_tensor, widen
+from models.gguf.quant import BLOCK, Layout, Packing, as_nibble_pair, packing, widen
 
 if TYPE_CHECKING:
-    from models.convert.graph import GraphBuilder
+    from models.convert.graph import GraphBuilder, Planned
 
 MS = "com.microsoft"
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -50,22 +50,23 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 
 @dataclass
 class Form:
-    """How one tensor runs: `packed` on MatMulNBits (as a nibble pair when `pair`), else fp32 `weight`."""
+    """How one tensor runs: `packed` on MatMulNBits (as a nibble pair when `pair`), else fp32 `weight`.
+    Both are planned (known by shape before any value is computed)."""
 
-    packed: PackedNBits | None = None
+    packed: Packing | None = None
     pair: bool = False
-    weight: np.ndarray | None = None
+    weight: Planned | None = None
     exact: bool = True
 
     def describe(self) -> str:
         if self.packed is None:
             return "fp32 MatMul on the dequantized weights, exact"
-        p = self.packed
+        p = self.packed.layout
         if self.pair:
             how = f"nibble pair (8-bit codes as two 4-bit halves over the input twice), block {p.block}"
         else:
             how = f"{p.bits}-bit block {p.block}"
-        if p.offsets is not None:
+        if p.offsets:
             how += " + offset correction"
         return how + (", exact" if self.exact else ", re-quantized symmetrically (not exact)")
 
@@ -73,26 +74,34 @@ class Form:
     def layout(self) -> tuple:
         if self.packed is None:
             return ("fp32",)
-        return ("pair" if self.pair else "nbits", self.packed.bits, self.packed.block)
+        return ("pair" if self.pair else "nbits", self.packed.layout.bits, self.packed.layout.block)
 
 
-def form(g: GraphBuilder, name: str, small: bool = False, packed: PackedNBits | None = None) -> Form:
-    """The rule table in the module docstring, for one tensor of this variant. `packed`: the tensor already
-    packed at its own width (nothing is cached here: a layer's arrays are freed once written)."""
+def form(g: GraphBuilder, name: str, small: bool = False, packed: Packing | None = None) -> Form:
+    """The rule table in the module docstring, for one tensor of this variant, decided from the tensor's
+    type alone. `packed`: the tensor already planned at its own width (the embedding table's)."""
     spec, t = g.spec, g.tensor(name)
+    fp32 = Form(weight=g.planned((t.rows, t.cols), t.dequantize))
     if not spec.exact_blocks:
-        return Form(weight=t.dequantize())
+        return fp32
     if t.type_name in FLOAT_TYPES:
         if spec.float_bits is None:
-            return Form(weight=t.dequantize())
+            return fp32
         bits = max(spec.float_bits, 8) if small else spec.float_bits
-        return Form(packed=pack_tensor(t, bits), exact=False)
-    p = packed if packed is not None else pack_tensor(t)
-    if spec.min_bits == 8:
-        p = widen(p)
-    if p.bits == 8 and spec.accuracy_level < 4:
-        return Form(packed=p, pair=True) if small else Form(weight=t.dequantize())
+        return Form(packed=packing(t, bits), exact=False)
+    p = packed if packed is not None else packing(t)
+    if spec.min_bits == 8 and p.layout.bits == 4:
+        p = p.then(p.layout.widened(), widen)
+    if p.layout.bits == 8 and spec.accuracy_level < 4:
+        return Form(packed=p, pair=True) if small else fp32
     return Form(packed=p)
+
+
+def planned_array(a: np.ndarray | None) -> np.ndarray:
+    """An optional array the layout said would be there."""
+    if a is None:
+        raise RuntimeError("converter bug: the layout planned an array the packing does not have")
+    return a
 
 
 def note(g: GraphBuilder, name: str, how: str) -> None:
@@ -119,28 +128,35 @@ def linear(
         note(g, n, ("head: " if small else "") + f.describe())
     outs: list[str] = []
     sums: dict[int, str] = {BLOCK: blocksum} if blocksum else {}
-    runs: list[tuple[list[str], list[Form]]] = []
-    for n, f in zip(names, forms, strict=True):
-        if runs and runs[-1][1][0].layout == f.layout:
-            runs[-1][0].append(n)
-            runs[-1][1].append(f)
+    runs: list[list[Form]] = []
+    for f in forms:
+        if runs and runs[-1][0].layout == f.layout:
+            runs[-1].append(f)
         else:
-            runs.append(([n], [f]))
+            runs.append([f])
     start = 0
-    for _, fs in runs:
+    for fs in runs:
         # a run's initializers are named after its tensors and layout: variants that map them alike share
         # the bytes in the weights file, and ones that do not never collide
         k = key if len(runs) == 1 else f"{key}.{start}_{start + len(fs)}"
         start += len(fs)
         if fs[0].packed is None:
-            w = np.concatenate([f.weight for f in fs], axis=0)
-            outs.append(g.node("MatMul", [x, g.init(f"{k}.weight_t", np.ascontiguousarray(w.T))])[0])
+            ws = [f.weight for f in fs if f.weight is not None]
+            shape = (ws[0].shape[1], sum(w.shape[0] for w in ws))
+            wt = g.planned(
+                shape, lambda ws=ws: np.ascontiguousarray(np.concatenate([w.make() for w in ws]).T)
+            )
+            outs.append(g.node("MatMul", [x, g.init(f"{k}.weight_t", wt)])[0])
         else:
-            p = concat_packed([f.packed for f in fs])
+            p = Packing.concat([f.packed for f in fs if f.packed is not None])
             outs.append(matmul_nbits(g, x, p, k, sums, pair=fs[0].pair))
     y = outs[0] if len(outs) == 1 else g.node("Concat", outs, axis=-1)[0]
     if bias:
-        b = np.concatenate([g.dequantized(n).reshape(-1) for n in bias])
+        parts = [g.dequantized(n) for n in bias]
+        b = g.planned(
+            (sum(pt.shape[1] for pt in parts),),
+            lambda: np.concatenate([pt.make().reshape(-1) for pt in parts]),
+        )
         y = g.node("Add", [y, g.init(f"{key}.bias", b)])[0]
     return y, sums.get(BLOCK)
 
@@ -148,7 +164,7 @@ def linear(
 def matmul_nbits(
     g: GraphBuilder,
     x: str,
-    p: PackedNBits,
+    p: Packing,
     key: str,
     sums: dict[int, str] | None = None,
     *,
@@ -156,34 +172,42 @@ def matmul_nbits(
     weight_names: tuple[str, str] | None = None,
 ) -> str:
     """One MatMulNBits node (+ the per-block correction). `weight_names`: existing initializers holding
-    p.packed and p.scales (a tied table shares them with the lookup)."""
+    the packed codes and scales (a tied table shares them with the lookup)."""
     sums = {} if sums is None else sums
-    q = as_nibble_pair(p) if pair else p
-    key = f"{key}.q{p.bits}" + ("" if p.block == BLOCK else f"b{p.block}") + ("pair" if pair else "")
+    lay: Layout = p.layout
+    q = p.then(lay.nibble_pair(), as_nibble_pair) if pair else p
+    ql = q.layout
+    key = f"{key}.q{lay.bits}" + ("" if lay.block == BLOCK else f"b{lay.block}") + ("pair" if pair else "")
     if weight_names is None:
-        inputs = [g.init(f"{key}.qweight", q.packed), g.init(f"{key}.scales", q.scales)]
+        inputs = [
+            g.init(f"{key}.qweight", g.planned(ql.packed_shape, lambda: q.get().packed, np.uint8)),
+            g.init(f"{key}.scales", g.planned(ql.scales_shape, lambda: q.get().scales)),
+        ]
     else:
         inputs = list(weight_names)
-    if q.zero_points is not None:
-        inputs.append(g.init(f"{key}.zero_points", q.zero_points))
+    if ql.zero_points:
+        zp = g.planned(ql.zero_points_shape, lambda: planned_array(q.get().zero_points), np.uint8)
+        inputs.append(g.init(f"{key}.zero_points", zp))
     xin = g.node("Concat", [x, x], axis=-1)[0] if pair else x
     y = g.node(
         "MatMulNBits",
         [xin, *inputs],
         domain=MS,
-        K=q.k,
-        N=q.n,
-        bits=q.bits,
-        block_size=q.block,
+        K=ql.k,
+        N=ql.n,
+        bits=ql.bits,
+        block_size=ql.block,
         accuracy_level=g.spec.accuracy_level,
     )[0]
-    corr = p.correction
-    if corr is None:
+    if not lay.correction:
         return y
-    if p.block not in sums:
+    if lay.block not in sums:
         # block sums as one small MatMul with a 0/1 block-indicator matrix (no Reshape + ReduceSum)
-        ind = np.kron(np.eye(p.nb, dtype=np.float32), np.ones((p.block, 1), np.float32))
-        name = f"block_indicator_{p.k}" if p.block == BLOCK else f"block_indicator_{p.k}_{p.block}"
-        sums[p.block] = g.node("MatMul", [x, g.init(name, ind)])[0]
+        def indicator() -> np.ndarray:
+            return np.kron(np.eye(lay.nb, dtype=np.float32), np.ones((lay.block, 1), np.float32))
+
+        name = f"block_indicator_{lay.k}" if lay.block == BLOCK else f"block_indicator_{lay.k}_{lay.block}"
+        sums[lay.block] = g.node("MatMul", [x, g.init(name, g.planned((lay.k, lay.nb), indicator))])[0]
+    corr = g.planned(lay.correction_shape, lambda: planned_array(p.get().correction))
     # Gemm adds the correction to y in the same node (the graph is 2-D: [tokens, features])
-    return g.node("Gemm", [sums[p.block], g.init(f"{key}.correction", corr), y])[0]
+    return g.node("Gemm", [sums[lay.block], g.init(f"{key}.correction", corr), y])[0]

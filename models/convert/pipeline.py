@@ -18,10 +18,11 @@ import psutil
 from models.convert.disk_plan import estimate_output
 from models.convert.graph import VARIANTS, WeightFile, build_variant
 from models.convert.linear import FLOAT_TYPES
+from models.convert.model import GGUFModel
 from models.convert.reference import ReferenceForward
 from models.convert.tokenizer_gguf import metadata_from_reader, tokenizer_from_metadata
 from models.errors import VerificationFailed
-from models.gguf.reader import SUPPORTED_TYPES, GGUFModel
+from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 
 CONVERTER_VERSION = 6

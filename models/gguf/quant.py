@@ -17,15 +17,117 @@ with the same scale; both let tensors of different formats share one fused MatMu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from models.gguf.blocks import Blocks, decode
+from models.gguf.blocks import FORMATS, Blocks, decode
 from models.gguf.reader import Tensor
 
 BLOCK = 32
 DEFAULT_ZP = {4: 8, 8: 128}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a packed matrix looks like, known from the GGUF header alone: its width, size, block, and which
+    of the optional arrays it carries. Every packing below has its counterpart here, so the converter can
+    name and size its initializers before computing any (models/convert/disk_plan.py sizes a conversion
+    that way), and `Packing.get` checks that the codes computed have the layout that was planned."""
+
+    bits: int
+    n: int
+    k: int
+    block: int = BLOCK
+    offsets: bool = False
+    shift: bool = False
+    zero_points: bool = False
+
+    @property
+    def nb(self) -> int:
+        return self.k // self.block
+
+    @property
+    def correction(self) -> bool:
+        return self.offsets or self.shift
+
+    # shapes of MatMulNBits' inputs (uint8 codes and zero points, float32 scales) and the correction
+    @property
+    def packed_shape(self) -> tuple[int, int, int]:
+        return (self.n, self.nb, self.block * self.bits // 8)
+
+    @property
+    def scales_shape(self) -> tuple[int, int]:
+        return (self.n, self.nb)
+
+    @property
+    def zero_points_shape(self) -> tuple[int, int]:
+        return (self.n, (self.nb + 1) // 2 if self.bits == 4 else self.nb)
+
+    @property
+    def correction_shape(self) -> tuple[int, int]:
+        return (self.nb, self.n)
+
+    @staticmethod
+    def of(type_name: str, n: int, k: int, bits: int | None = None, block: int | None = None) -> Layout:
+        """pack_blocks' layout for a tensor of this block format."""
+        f = FORMATS[type_name]
+        lay = Layout(bits or f.bits, n, k, f.block, offsets=f.has_offset, shift=f.center != 0)
+        return lay.split(block) if block else lay
+
+    @staticmethod
+    def symmetric(bits: int, n: int, k: int) -> Layout:
+        return Layout(bits, n, k)
+
+    def widened(self) -> Layout:
+        return replace(self, bits=8)
+
+    def split(self, block: int) -> Layout:
+        return replace(self, block=block)
+
+    def nibble_pair(self) -> Layout:
+        return Layout(4, self.n, 2 * self.k, self.block, zero_points=True)
+
+    @staticmethod
+    def concat(parts: list[Layout]) -> Layout:
+        p0 = parts[0]
+        return replace(
+            p0,
+            n=sum(p.n for p in parts),
+            offsets=any(p.offsets for p in parts),
+            shift=any(p.shift for p in parts),
+        )
+
+
+class Packing:
+    """A packed matrix known by its Layout before its codes exist: `get()` computes them once and checks
+    them against the layout (a mismatch is a converter bug, never a file problem)."""
+
+    def __init__(self, layout: Layout, make: Callable[[], PackedNBits]) -> None:
+        self.layout = layout
+        self._make: Callable[[], PackedNBits] | None = make
+        self._packed: PackedNBits | None = None
+
+    def get(self) -> PackedNBits:
+        if self._packed is None:
+            assert self._make is not None
+            p = self._make()
+            if p.layout != self.layout:
+                raise RuntimeError(f"converter bug: planned {self.layout}, packed {p.layout}")
+            self._packed, self._make = p, None
+        return self._packed
+
+    def then(self, layout: Layout, fn: Callable[[PackedNBits], PackedNBits]) -> Packing:
+        return Packing(layout, lambda: fn(self.get()))
+
+    @staticmethod
+    def concat(parts: list[Packing]) -> Packing:
+        if len(parts) == 1:
+            return parts[0]
+        return Packing(
+            Layout.concat([p.layout for p in parts]), lambda: concat_packed([p.get() for p in parts])
+        )
 
 
 @dataclass
@@ -61,6 +163,18 @@ class PackedNBits:
     def nbytes(self) -> int:
         extra = sum(a.nbytes for a in (self.offsets, self.zero_points) if a is not None)
         return self.packed.nbytes + self.scales.nbytes + extra
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(
+            self.bits,
+            self.n,
+            self.k,
+            self.block,
+            offsets=self.offsets is not None,
+            shift=self.shift is not None,
+            zero_points=self.zero_points is not None,
+        )
 
     def codes(self) -> np.ndarray:
         """(n, k/block, block) uint8 codes u."""
@@ -129,6 +243,17 @@ def pack_tensor(t: Tensor, bits: int | None = None, block: int | None = None) ->
             raise ValueError(f"{t.name}: a float tensor needs an explicit width")
         return quantize_symmetric(t.dequantize(), bits)
     return pack_blocks(decode(t.type_name, t.data, t.rows), bits, block)
+
+
+def packing(t: Tensor, bits: int | None = None) -> Packing:
+    """pack_tensor(t, bits), planned from the tensor's type and shape and computed on first use."""
+    if t.type_name in ("F32", "F16", "BF16"):
+        if bits is None:
+            raise ValueError(f"{t.name}: a float tensor needs an explicit width")
+        lay = Layout.symmetric(bits, t.rows, t.cols)
+    else:
+        lay = Layout.of(t.type_name, t.rows, t.cols, bits)
+    return Packing(lay, lambda: pack_tensor(t, bits))
 
 
 def widen(p: PackedNBits) -> PackedNBits:

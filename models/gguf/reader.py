@@ -1,8 +1,8 @@
-"""Read a GGUF file: validated metadata, the hyper-parameters of its architecture family, and tensors as raw
-blocks.
+"""Read a GGUF file: its metadata as Python values and its tensors as raw blocks.
 
-Everything that can be wrong with an input file is turned into InvalidModelFile / UnsupportedModel here,
-so the converter below can assume a well-formed GGUF of a known family (models/convert/families).
+What can be wrong with the file itself (not a GGUF, truncated, a tensor type with no exact mapping) is
+InvalidModelFile / UnsupportedQuantization here. This layer knows no architecture: the converter reads the
+metadata against its families (models/convert/model.py), and nothing here imports from models.convert.
 """
 
 from __future__ import annotations
@@ -15,12 +15,10 @@ from typing import Any, BinaryIO
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
-from models.convert.families import FAMILIES, Family, ModelConfig, family_for
-from models.errors import InvalidModelFile, UnsupportedModel, UnsupportedQuantization
+from models.errors import InvalidModelFile, UnsupportedQuantization
 from models.gguf.blocks import decode
 
 GGUF_MAGIC = b"GGUF"
-SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 # every type the converter maps exactly (models/gguf/blocks.py has the block formats)
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPPORTED_TYPES = {
@@ -76,111 +74,40 @@ def dequantize_chunked(t: Tensor, chunk_rows: int = 16384) -> np.ndarray:
     return out
 
 
-class GGUFModel:
-    """An opened, validated GGUF of a supported architecture family."""
+class GGUFFile:
+    """An opened GGUF: its metadata as Python values and its tensors by name, validated as a file (magic,
+    every tensor inside the file, types with an exact mapping). What the file means (architecture family,
+    hyper-parameters, which tensors a model needs) is the converter's business (models/convert/model.py)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.reader = open_reader(self.path)
         self.metadata = read_metadata(self.reader)
-        self.family: Family = family_for(self.metadata.get("general.architecture"), self.path.name)
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        self.config = self._config()
-        self._check_tensors()
+        self._tensors = {t.name: t for t in self.reader.tensors}
 
-    def _get(self, key: str, default: Any = None) -> Any:
-        value = self.metadata.get(key, default)
-        if value is None:
-            raise InvalidModelFile(f"{self.path.name}: missing metadata key {key}")
-        return value
+    def names(self) -> list[str]:
+        return list(self._tensors)
 
-    def _int(self, key: str, default: Any = None) -> int:
-        value = self._get(key, default)
-        if isinstance(value, list) or not isinstance(value, (int, float)):
-            # per-layer arrays (OpenELM-style head counts) have no family here
-            raise UnsupportedModel(
-                f"{self.path.name}: {key} = {value!r} is not supported (one value expected)"
-            )
-        return int(value)
+    def shape(self, name: str) -> tuple[int, int] | None:
+        """(rows, cols) in the torch-Linear sense, (1, n) for a 1-D tensor; None when the file has none."""
+        t = self._tensors.get(name)
+        if t is None:
+            return None
+        shape = [int(x) for x in t.shape]  # GGUF order: (cols, rows) or (n,)
+        return (shape[1], shape[0]) if len(shape) == 2 else (1, shape[0])
 
-    def _config(self) -> ModelConfig:
-        """The generic `{arch}.*` keys (as llama.cpp's hparams loader reads them); the family's `configure`
-        adds what is its own."""
-        a = self.family.name
-        hidden = self._int(f"{a}.embedding_length")
-        n_heads = self._int(f"{a}.attention.head_count")
-        head_dim = self._int(f"{a}.attention.key_length", hidden // n_heads)
-        value_dim = self._int(f"{a}.attention.value_length", head_dim)
-        if value_dim != head_dim:
-            raise UnsupportedModel(
-                f"{self.path.name}: key length {head_dim} != value length {value_dim} is not supported"
-            )
-        rope_dim = self._int(f"{a}.rope.dimension_count", head_dim)
-        if rope_dim != head_dim:
-            raise UnsupportedModel(
-                f"{self.path.name}: partial RoPE ({rope_dim} of {head_dim}) is not supported"
-            )
-        scaling = self.metadata.get(f"{a}.rope.scaling.type")
-        rope_scale = 1.0
-        if scaling == "linear":
-            rope_scale = 1.0 / float(self._get(f"{a}.rope.scaling.factor"))
-        elif scaling not in (None, "none"):
-            raise UnsupportedModel(f"{self.path.name}: RoPE scaling {scaling!r} is not supported (linear is)")
-        embd = self.tensors.get("token_embd.weight")
-        if embd is None:
-            raise InvalidModelFile(f"{self.path.name}: missing tensor token_embd.weight")
-        cfg = ModelConfig(
-            architecture=a,
-            n_layers=self._int(f"{a}.block_count"),
-            hidden=hidden,
-            ffn=self._int(f"{a}.feed_forward_length"),
-            n_heads=n_heads,
-            n_kv_heads=self._int(f"{a}.attention.head_count_kv", n_heads),
-            head_dim=head_dim,
-            rope_base=float(self.metadata.get(f"{a}.rope.freq_base", 10000.0)),
-            rms_eps=float(self._get(f"{a}.attention.layer_norm_rms_epsilon")),
-            context_length=self._int(f"{a}.context_length"),
-            vocab=self._int(f"{a}.vocab_size", int(embd.shape[1])),
-            tied_embeddings="output.weight" not in self.tensors,
-            rope_scale=rope_scale,
-        )
-        if cfg.n_kv_heads <= 0 or cfg.n_heads % cfg.n_kv_heads:
-            raise InvalidModelFile(
-                f"{self.path.name}: {cfg.n_heads} heads cannot share {cfg.n_kv_heads} KV heads"
-            )
-        return self.family.configure(cfg, self.metadata, self.tensors.keys())
-
-    def _check_tensors(self) -> None:
-        """Every tensor the family needs, with its shape; none it would silently ignore (a bias or norm we
-        do not apply would give fluent nonsense)."""
-        expected = self.family.tensor_shapes(self.config)
-        unused = sorted(set(self.tensors) - set(expected))
-        if unused:
-            more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
-            raise UnsupportedModel(
-                f"{self.path.name}: tensors {', '.join(unused[:3])}{more} are not part of the "
-                f"{self.family.name} family as supported here"
-            )
-        for name, (rows, cols) in expected.items():
-            t = self.tensors.get(name)
-            if t is None:
-                raise InvalidModelFile(f"{self.path.name}: missing tensor {name}")
-            if t.tensor_type not in SUPPORTED_TYPES:
-                raise unsupported_quantization(self.path.name, name, t.tensor_type)
-            shape = tuple(int(x) for x in t.shape)  # GGUF order: (cols, rows) or (n,)
-            got = (shape[1], shape[0]) if len(shape) == 2 else (1, shape[0])
-            if got != (rows, cols):
-                raise InvalidModelFile(
-                    f"{self.path.name}: tensor {name} has shape {got}, expected {(rows, cols)}"
-                )
-
-    def tensor(self, name: str) -> Tensor:
-        t = self.tensors[name]
+    def type_name(self, name: str) -> str:
+        """The tensor's type, or UnsupportedQuantization when the converter has no exact mapping for it."""
+        t = self._tensors[name]
         if t.tensor_type not in SUPPORTED_TYPES:
             raise unsupported_quantization(self.path.name, name, t.tensor_type)
-        shape = [int(x) for x in t.shape]
-        rows, cols = (shape[1], shape[0]) if len(shape) == 2 else (1, shape[0])
-        return Tensor(name, SUPPORTED_TYPES[t.tensor_type], rows, cols, np.asarray(t.data))
+        return SUPPORTED_TYPES[t.tensor_type]
+
+    def tensor(self, name: str) -> Tensor:
+        """The tensor over the file's memory map (nothing is read until its data is used)."""
+        type_name = self.type_name(name)
+        rows, cols = self.shape(name) or (0, 0)
+        return Tensor(name, type_name, rows, cols, np.asarray(self._tensors[name].data))
 
     def tensor_types(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -9,10 +9,10 @@ import onnx
 import pytest
 
 from models.convert.graph import VARIANTS
+from models.convert.model import GGUFModel
 from models.convert.pipeline import convert, plan_variants, smoke_test
 from models.errors import InvalidModelFile, UnsupportedModel, UnsupportedQuantization, VerificationFailed
 from models.gguf.quant import pack_tensor, q8_as_nibble_pair
-from models.gguf.reader import GGUFModel
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 from tests.reference_llama import ReferenceLlama
 from tests.tiny_gguf import write_tiny_gguf

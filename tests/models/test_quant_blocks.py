@@ -13,8 +13,19 @@ from gguf import GGMLQuantizationType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
+from models.convert.graph import Planned, WeightFile
 from models.gguf.blocks import FORMATS
-from models.gguf.quant import as_nibble_pair, concat_packed, pack_tensor, split_blocks, widen
+from models.gguf.quant import (
+    Layout,
+    PackedNBits,
+    Packing,
+    as_nibble_pair,
+    concat_packed,
+    pack_tensor,
+    packing,
+    split_blocks,
+    widen,
+)
 from models.gguf.reader import SUPPORTED_TYPES, Tensor
 from tests.ggml_quantize import K_QUANTIZERS, quantize
 
@@ -149,3 +160,73 @@ def test_k_quantizer_port_when_compared_with_libggml_then_identical_blocks(type_
     out = np.zeros(x.size // 256 * size, np.uint8)
     fn(x.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(x.size))
     assert np.array_equal(K_QUANTIZERS[type_name](x).reshape(-1), out)
+
+
+# -- layouts: what the converter plans from the header is what packing produces ----------------------------
+
+
+def _arrays(p: PackedNBits) -> dict[str, tuple]:
+    shapes = {"packed": p.packed.shape, "scales": p.scales.shape}
+    if p.zero_points is not None:
+        shapes["zero_points"] = p.zero_points.shape
+    if p.correction is not None:
+        shapes["correction"] = p.correction.shape
+    return shapes
+
+
+def _planned(lay: Layout) -> dict[str, tuple]:
+    shapes = {"packed": lay.packed_shape, "scales": lay.scales_shape}
+    if lay.zero_points:
+        shapes["zero_points"] = lay.zero_points_shape
+    if lay.correction:
+        shapes["correction"] = lay.correction_shape
+    return shapes
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("type_name", ALL_TYPES)
+def test_layout_when_planned_from_type_and_shape_then_every_packing_matches(type_name):
+    """Layout (from the header) against PackedNBits (from the bytes), through each transformation the
+    converter applies: the disk plan's sizes and the graph's shapes rest on this."""
+    t = random_tensor(type_name, blocks_per_row=16 if type_name in FORMATS else 64)
+    floats = type_name not in FORMATS
+    cases = []
+    for bits in (4, 8) if floats else (None,):
+        pl = packing(t, bits)
+        p = pl.get()
+        cases.append((pl.layout, p))
+        if not floats:
+            cases += [(pl.layout.widened(), widen(p)), (pl.layout.split(16), split_blocks(p, 16))]
+        if p.bits == 8 or not floats:
+            p8 = widen(p)
+            cases.append((pl.layout.widened().nibble_pair(), as_nibble_pair(p8)))
+        cases.append((Layout.concat([pl.layout, pl.layout]), concat_packed([p, p])))
+    for lay, p in cases:
+        assert p.layout == lay
+        assert _arrays(p) == _planned(lay)
+
+
+def test_packing_when_computed_codes_differ_from_the_plan_then_converter_bug(tmp_path):
+    t = random_tensor("Q4_K", blocks_per_row=1)
+    wrong = Packing(Layout.of("Q4_K", t.rows, t.cols).widened(), lambda: pack_tensor(t))
+    with pytest.raises(RuntimeError, match="converter bug"):
+        wrong.get()
+
+
+def test_weight_file_when_computed_array_differs_from_the_plan_then_converter_bug(tmp_path):
+    w = WeightFile(tmp_path / "w.data")
+    w.add("ok", Planned((2, 3), np.float32, lambda: np.zeros((2, 3), np.float32)))
+    with pytest.raises(RuntimeError, match="converter bug: bad planned as"):
+        w.add("bad", Planned((2, 3), np.float32, lambda: np.zeros((3, 2), np.float32)))
+    w.close()
+
+
+def test_weight_file_when_dry_then_same_offsets_as_a_real_one(tmp_path):
+    arrays = {"a": np.ones(5, np.uint8), "b": np.ones((3, 7), np.float32), "c": np.ones(1, np.float32)}
+    real, dry = WeightFile(tmp_path / "w.data"), WeightFile(tmp_path / "w.data", dry=True)
+    for name, a in arrays.items():
+        planned = Planned(a.shape, a.dtype.type, lambda a=a: a)
+        assert real.add(name, planned) == dry.add(name, planned)
+    real.close()
+    dry.close()
+    assert dry.size == real.size == (tmp_path / "w.data").stat().st_size

@@ -15,10 +15,11 @@ import pytest
 from gguf import GGUFReader
 
 from models.convert.graph import VARIANTS
+from models.convert.model import GGUFModel
 from models.convert.pipeline import convert
 from models.convert.reference import ReferenceForward
 from models.errors import UnsupportedQuantization
-from models.gguf.reader import K_QUANTS, SUPPORTED_TYPES, GGUFModel
+from models.gguf.reader import K_QUANTS, SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 from models.store.store import ModelStore, default_converter
 from server import cli
