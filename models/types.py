@@ -33,6 +33,26 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     truncate: bool = False  # sliding-window truncation instead of context_length_exceeded
     ignore_eos: bool = False  # benchmarks: generate exactly max_tokens (llama.cpp's ignore_eos)
+    # Constrained decoding (models/runtime/constraint.py): an llguidance grammar the reply must follow
+    # (structured output); a constrained reply ends at the grammar's end, ignore_eos or not.
+    grammar: str | None = None
+    tools: ToolUse | None = None  # tool calling: the engine renders the tools and builds the call grammar
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call (OpenAI's tools[].function)."""
+
+    name: str
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments object (None: any object)
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    tools: tuple[Tool, ...]
+    choice: str = "auto"  # "none", "auto", "required", or the name of the one function to call
+    parallel: bool = True  # more than one call in a reply
 
 
 @dataclass

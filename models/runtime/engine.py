@@ -26,6 +26,7 @@ import numpy as np
 from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotChat, ModelNotInstalled
 from models.protocol import EngineLimits, Prompt, StepHook
 from models.runtime.chat import ChatTemplate, encode_chat
+from models.runtime.constraint import Constraint, ConstraintVocabulary
 from models.runtime.genai_config import DecoderIO, load_tokenizer
 from models.runtime.sampling import Sampler, make_rng
 from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape
@@ -105,6 +106,7 @@ class LlamaEngine:
         spin: str = "auto",
         max_sessions: int = 1,
         chat_template: str | None = None,
+        mask_prefetch: bool = True,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.manifest = manifest
@@ -134,6 +136,7 @@ class LlamaEngine:
             raise InvalidParameter(f"spin must be auto, on or off, not {spin!r}", param="spin")
         self.spin = spin
         self.max_sessions = max(1, max_sessions)
+        self.mask_prefetch = mask_prefetch  # constrained decoding: next mask during the forward pass
         self.max_tokens_limit: int | None = None
         self.tokens_per_second: float | None = None
         # A folder installed as is (onnxruntime-genai layout) runs on the general path; ours on the fast one.
@@ -307,6 +310,16 @@ class LlamaEngine:
         return Prompt(ids[-(self.context_length - max(reserve, 1)) :], truncated=True)
 
     # -- generation ----------------------------------------------------------------------------------
+    def constraint(self, params: GenerationParams) -> Constraint | None:
+        """The grammar state a reply starts with (None: unconstrained). The tokenizer's llguidance
+        vocabulary is built on first use (about a second per 50k tokens) and kept."""
+        grammar = params.grammar
+        if grammar is None:
+            return None
+        return Constraint(
+            grammar, ConstraintVocabulary.for_tokenizer(self.tokenizer), prefetch=self.mask_prefetch
+        )
+
     def generate(
         self,
         prompt: Prompt,
@@ -417,11 +430,15 @@ class _Generation:
         detok = IncrementalDetokenizer(e.tokenizer)
         stops = StopMatcher(p.stop)
         sampler = Sampler(p.sampling, make_rng(p.sampling.seed), prompt_len=len(self.prompt.ids))
+        constraint: Constraint | None = None
         finish = "length"
         generated = 0
         held_text = ""
         try:
             self._checkpoint()
+            constraint = e.constraint(p)
+            if constraint is not None:
+                constraint.prefetch()  # the first mask, during the prefill
             self.sess = e._session()
             # a long prefill chunk is stopped between graph nodes (RunOptions.terminate)
             self.cancel.on_cancel(lambda: self.sess.terminate() if self.sess else None)
@@ -447,10 +464,16 @@ class _Generation:
                 if generated >= cap:
                     finish = "length"
                     break
-                token, logprob, top = sampler.sample(self.logits, self.history)
-                if token in e.tokenizer.eos_ids and not p.ignore_eos:
+                allowed = constraint.allowed() if constraint is not None else None
+                token, logprob, top = sampler.sample(self.logits, self.history, allowed)
+                if token in e.tokenizer.eos_ids and (not p.ignore_eos or constraint is not None):
                     finish = "stop"
                     break
+                if constraint is not None:
+                    # The state moves on emitted tokens only (a variant switch re-prefills the same ones);
+                    # the next mask is computed while the model runs its forward pass.
+                    constraint.advance(token)
+                    constraint.prefetch()
                 generated += 1
                 self.history.append(token)
                 self.ctx.append(token)
@@ -492,6 +515,9 @@ class _Generation:
             self.timings.predicted_ms = (time.perf_counter() - t_decode) * 1000
         except Cancelled:
             finish = "cancelled"
+        finally:
+            if constraint is not None:
+                constraint.close()
         t = self.timings
         t.prompt_per_second = t.prompt_n / (t.prompt_ms / 1000) if t.prompt_ms > 0 else 0.0
         t.predicted_per_second = t.predicted_n / (t.predicted_ms / 1000) if t.predicted_ms > 0 else 0.0
