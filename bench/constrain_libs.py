@@ -21,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 
 from models.convert.tokenizer_gguf import tokenizer_from_gguf
@@ -109,9 +108,9 @@ class Llguidance:
         self.n = tok.vocab_size
 
     def compile(self, schema: dict):
-        from models.runtime.constraint import json_schema_grammar
-
         import llguidance as llg
+
+        from models.runtime.constraint import json_schema_grammar
 
         return llg.LLMatcher(self.vocab.llg, json_schema_grammar(schema))
 
@@ -204,7 +203,6 @@ def main(argv: list[str] | None = None) -> int:
     results = [measure(args.lib, g, args.repeats) for g in args.gguf]
     json.dump({"lib": args.lib, "results": results}, sys.stdout, indent=1)
     print()
-    _ = np  # numpy is what both bitmask helpers use
     return 0
 
 

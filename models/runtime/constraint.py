@@ -48,9 +48,6 @@ class ConstraintVocabulary:
     llguidance's 0xFF prefix, so grammar text never matches them), the end-of-generation ids, and the
     tokenizer's own encoder for re-tokenizing text (`rebind`)."""
 
-    _cache: weakref.WeakKeyDictionary[Tokenizer, ConstraintVocabulary] = weakref.WeakKeyDictionary()
-    _lock = threading.Lock()
-
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
@@ -60,11 +57,15 @@ class ConstraintVocabulary:
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer) -> ConstraintVocabulary:
-        with cls._lock:
-            vocab = cls._cache.get(tokenizer)
+        with _VOCAB_LOCK:
+            vocab = _VOCABS.get(tokenizer)
             if vocab is None:
-                vocab = cls._cache[tokenizer] = cls(tokenizer)
+                vocab = _VOCABS[tokenizer] = cls(tokenizer)
             return vocab
+
+
+_VOCABS: weakref.WeakKeyDictionary[Tokenizer, ConstraintVocabulary] = weakref.WeakKeyDictionary()
+_VOCAB_LOCK = threading.Lock()
 
 
 class _Wrapped:
