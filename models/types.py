@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,17 @@ class TopLogprob:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call as it streams: the first delta of call `index` has its id and name, later
+    ones add to its arguments (JSON text, complete once the call is)."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """One generated token. `text` is the UTF-8-safe delta (may be "" while bytes are held back)."""
 
@@ -97,6 +108,7 @@ class TokenEvent:
     top_logprobs: tuple[TopLogprob, ...] | None = None
     token_text: str | None = None  # the token's own text, for logprobs
     elapsed_ms: float = 0.0  # since generate() was called: TTFT for the first token, pacing after
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # with tools: call text goes here instead of `text`
 
 
 @dataclass(frozen=True)
@@ -109,6 +121,7 @@ class FinishEvent:
     truncated: bool = False
     variant: str | None = None
     text: str = ""  # any text flushed at the end (held-back bytes)
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # call deltas flushed at the end
 
 
 class CancelToken:

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,15 @@ from models.runtime.sampling import Sampler, make_rng
 from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape
 from models.runtime.stops import StopMatcher
 from models.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from models.runtime.tools import CallFormat, CallReader, detect_format, prepare_messages, tool_grammar
 from models.types import (
     CancelToken,
     FinishEvent,
     GenerationParams,
     Timings,
     TokenEvent,
+    ToolCallDelta,
+    ToolUse,
     TopLogprob,
     Usage,
 )
@@ -266,8 +270,10 @@ class LlamaEngine:
             param="messages",
         )
 
-    def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
-        ids = self._encode_chat(messages)
+    def chat_prompt(
+        self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None
+    ) -> Prompt:
+        ids = self._encode_chat(messages, tools)
         if self._fit(ids, reserve):
             return Prompt(ids)
         if not truncate:
@@ -280,7 +286,7 @@ class LlamaEngine:
             # a window should start with a user turn, as chats do
             while len(rest) > 1 and rest[0].get("role") != "user":
                 rest = rest[1:]
-            ids = self._encode_chat(system + rest)
+            ids = self._encode_chat(system + rest, tools)
             if self._fit(ids, reserve):
                 return Prompt(ids, truncated=True)
         # even the last turn alone is too long: keep its end
@@ -294,10 +300,18 @@ class LlamaEngine:
         """False for a model without a chat template: /v1/chat/completions answers model_not_chat."""
         return self.template is not None
 
-    def _encode_chat(self, messages: list[dict]) -> list[int]:
+    def _encode_chat(self, messages: list[dict], tools: ToolUse | None = None) -> list[int]:
         if self.template is None:
             raise ModelNotChat.for_model(self.model_id)
-        return encode_chat(self.template, self.tokenizer, messages)
+        messages, shown = prepare_messages(messages, tools, self.tool_format)
+        if shown is None:
+            return encode_chat(self.template, self.tokenizer, messages)
+        return encode_chat(self.template, self.tokenizer, messages, tools=shown)
+
+    @cached_property
+    def tool_format(self) -> CallFormat:
+        """How this model calls tools (models/runtime/tools.py), read from its chat template."""
+        return detect_format(self.template.source if self.template else None)
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         ids = self.tokenizer.encode(text)
@@ -314,6 +328,10 @@ class LlamaEngine:
         """The grammar state a reply starts with (None: unconstrained). The tokenizer's llguidance
         vocabulary is built on first use (about a second per 50k tokens) and kept."""
         grammar = params.grammar
+        if params.tools is not None:
+            if grammar is not None:
+                raise InvalidParameter("a grammar and tools cannot be used together", param="tools")
+            grammar = tool_grammar(params.tools, self.tool_format)
         if grammar is None:
             return None
         return Constraint(
@@ -431,6 +449,9 @@ class _Generation:
         stops = StopMatcher(p.stop)
         sampler = Sampler(p.sampling, make_rng(p.sampling.seed), prompt_len=len(self.prompt.ids))
         constraint: Constraint | None = None
+        calling = p.tools is not None and p.tools.choice != "none"
+        reader = CallReader(e.tool_format) if calling else None
+        end_calls: tuple[ToolCallDelta, ...] = ()
         finish = "length"
         generated = 0
         held_text = ""
@@ -478,6 +499,10 @@ class _Generation:
                 self.history.append(token)
                 self.ctx.append(token)
                 delta, hit = stops.feed(detok.feed(token))
+                calls: tuple[ToolCallDelta, ...] = ()
+                if reader is not None:
+                    delta, found = reader.feed(delta)
+                    calls = tuple(found)
                 if generated == 1:
                     self.timings.ttft_ms = (time.perf_counter() - t_start) * 1000
                 yield TokenEvent(
@@ -488,6 +513,7 @@ class _Generation:
                     top_logprobs=self._top(top) if p.sampling.logprobs else None,
                     token_text=e.tokenizer.token_text(token) if p.sampling.logprobs is not None else None,
                     elapsed_ms=(time.perf_counter() - t_start) * 1000,
+                    tool_calls=calls,
                 )
                 if hit:
                     finish = "stop"
@@ -511,6 +537,13 @@ class _Generation:
             if not stops.stopped:  # bytes and text held back for a possible stop are the reply's end
                 tail, _ = stops.feed(detok.flush())
                 held_text = tail + stops.flush()
+            if reader is not None:
+                held_text, found = reader.feed(held_text)
+                rest, more = reader.flush()
+                held_text += rest
+                end_calls = tuple(found + more)
+                if reader.calls and finish == "stop":
+                    finish = "tool_calls"
             self.timings.predicted_n = generated
             self.timings.predicted_ms = (time.perf_counter() - t_decode) * 1000
         except Cancelled:
@@ -529,6 +562,7 @@ class _Generation:
             truncated=self.truncated,
             variant=e.variant,
             text=held_text,
+            tool_calls=end_calls,
         )
 
     def _top(self, top: Any) -> tuple[TopLogprob, ...] | None:
