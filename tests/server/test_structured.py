@@ -164,7 +164,16 @@ def test_llama_cpp_extras_when_grammar_or_json_schema_then_followed(srv, extra, 
 @pytest.mark.parametrize(
     ("extra", "param", "says"),
     [
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": {"type": "array", "uniqueItems": True}}}}, "response_format", "uniqueItems"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "u", "schema": {"type": "array", "uniqueItems": True}},
+                }
+            },
+            "response_format",
+            "uniqueItems",
+        ),
         ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema is required"),
         ({"response_format": {"type": "yaml"}}, "response_format.type", ""),
         ({"json_schema": {"$ref": "#/nowhere"}}, "json_schema", "nowhere"),
@@ -172,13 +181,38 @@ def test_llama_cpp_extras_when_grammar_or_json_schema_then_followed(srv, extra, 
         ({"grammar": 'root ::= "a"', "json_schema": {"type": "object"}}, "grammar", "cannot be combined"),
         ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format", "tool calls"),
         ({"tool_choice": "auto"}, "tool_choice", "only allowed when tools"),
-        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+            "nope",
+        ),
         ({"tools": [WEATHER, WEATHER]}, "tools", "unique"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]}, "tools[0].function.parameters", "object"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}}}]}, "tools[0].function.parameters", "uniqueItems"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+            "tools[0].function.parameters",
+            "object",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"a": {"type": "array", "uniqueItems": True}},
+                            },
+                        },
+                    }
+                ]
+            },
+            "tools[0].function.parameters",
+            "uniqueItems",
+        ),
         ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name", ""),
     ],
-)  # fmt: skip
+)
 def test_constraint_when_unsupported_or_invalid_then_400_naming_it_and_no_job(srv, extra, param, says):
     with srv.client() as c:
         r = c.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 5, **extra})
