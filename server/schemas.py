@@ -163,6 +163,11 @@ _SCHEMA_OBJECT = {
     "type": ["object", "null"],
     "description": "a JSON Schema (docs/structured.md lists what is supported)",
 }
+_PARAMETERS = {
+    "type": ["object", "null"],
+    "properties": {"type": {"const": "object"}},
+    "description": "a JSON Schema of the arguments object (docs/structured.md lists what is supported)",
+}
 _JSON_SCHEMA_EXTRA = {
     "type": ["object", "null"],
     "description": "llama.cpp's extra: the reply is JSON valid against this JSON Schema",
@@ -360,7 +365,7 @@ class FunctionSpec(BaseModel):
     name: FunctionName
     description: str | None = None
     # A JSON schema of the arguments object (absent: any object). Unsupported keywords: 400.
-    parameters: Annotated[dict[str, Any] | None, WithJsonSchema(_SCHEMA_OBJECT)] = None
+    parameters: Annotated[dict[str, Any] | None, WithJsonSchema(_PARAMETERS)] = None
     strict: bool | None = None  # calls always follow the schema (simmer constrains them)
 
 
@@ -386,10 +391,25 @@ class NamedToolChoice(BaseModel):
 
 class ChatCompletionRequest(_GenerationRequest):
     # top_logprobs (a number) needs logprobs: true, as OpenAI has it.
+    # and tool_choice needs tools.
     model_config = ConfigDict(
         json_schema_extra={
-            "if": {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]},
-            "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+            "allOf": [
+                {
+                    "if": {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]},
+                    "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+                },
+                {
+                    "if": {
+                        "properties": {"tool_choice": {"not": {"type": "null"}}},
+                        "required": ["tool_choice"],
+                    },
+                    "then": {
+                        "properties": {"tools": {"type": "array", "minItems": 1}},
+                        "required": ["tools"],
+                    },
+                },
+            ]
         }
     )
 
