@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for mode in ("constrained_prefetch", "constrained_inline"):
             engine.mask_prefetch = mode == "constrained_prefetch"
-            ms, tokens = per_token_ms(engine, prompt, GenerationParams(sampling, args.max_tokens, grammar=grammar))
+            ms, tokens = per_token_ms(
+                engine, prompt, GenerationParams(sampling, args.max_tokens, grammar=grammar)
+            )
             results[mode].append(ms)
         free = GenerationParams(sampling, max_tokens=tokens, ignore_eos=True)
         results["free"].append(per_token_ms(engine, prompt, free)[0])

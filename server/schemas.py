@@ -261,7 +261,7 @@ class _GenerationRequest(_Request):
                 (json_schema_grammar(spec.schema_ if spec.schema_ is not None else {}), "response_format")
             )
         if self.json_schema is not None:
-            asked.append((json_schema_grammar(self.json_schema), "json_schema"))
+            asked.append((json_schema_grammar(self.json_schema, "json_schema"), "json_schema"))
         if self.grammar:
             asked.append((gbnf_grammar(self.grammar), "grammar"))
         if len(asked) > 1:
@@ -468,7 +468,7 @@ class ChatCompletionRequest(_GenerationRequest):
         for i, tool in enumerate(self.tools or ()):
             if self.tool_choice != "none" and tool.function.parameters is not None:
                 param = f"tools[{i}].function.parameters"
-                checks.append((json_schema_grammar(tool.function.parameters), param))
+                checks.append((json_schema_grammar(tool.function.parameters, param), param))
         return checks
 
     def to_params(self, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> GenerationParams:

@@ -96,9 +96,13 @@ def _with_layout(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "x-guidance": JSON_LAYOUT}
 
 
-def json_schema_grammar(schema: dict[str, Any] | None) -> str:
-    """The grammar of JSON text valid against `schema` (None: any JSON object, OpenAI's json_object)."""
-    return llg.LLMatcher.grammar_from_json_schema(_with_layout(schema or ANY_JSON_OBJECT))
+def json_schema_grammar(schema: dict[str, Any] | None, param: str = "response_format") -> str:
+    """The grammar of JSON text valid against `schema` (None: any JSON object, OpenAI's json_object).
+    Raises InvalidParameter(param) for a schema llguidance cannot even read (an integer beyond 64 bits)."""
+    try:
+        return llg.LLMatcher.grammar_from_json_schema(json.dumps(_with_layout(schema or ANY_JSON_OBJECT)))
+    except ValueError as e:
+        raise InvalidParameter(f"{param}: the schema cannot be read: {_short(str(e))}", param=param) from e
 
 
 def lark_grammar(lark: str) -> str:

@@ -187,6 +187,18 @@ CASES = [
         IP,
         "parallel_tool_calls",
     ),
+    # an integer beyond 64 bits in a schema is read (it was a 500); the prompt with tools is then too long
+    Case(
+        "parameters with 2**80",
+        chat(tools=[fn(parameters={"type": "object", "x": 2**80})], tool_choice="required"),
+        413,
+        "context_length_exceeded",
+    ),
+    Case(
+        "schema with 2**80",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": {"enum": [2**80]}}}),
+        200,
+    ),
     Case(
         "tool turn",
         {"messages": [*HI, {"role": "tool", "tool_call_id": "c", "content": "1"}], "max_tokens": 2},
