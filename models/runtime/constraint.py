@@ -55,6 +55,32 @@ class ConstraintVocabulary:
         self.llg = llg.LLTokenizer(llg.TokenizerWrapper(_Wrapped(tokenizer)), eos_token=self.eos_ids)
         self.words = (self.vocab_size + 31) // 32
 
+    def spell(self, data: bytes) -> list[int]:
+        """Ids whose bytes are exactly `data`: the tokenizer's own encoding when it gives those bytes, else
+        (an encoder that adds a prefix space, SentencePiece's add_space_prefix) the longest-match spelling
+        over the vocabulary, with single-byte tokens for an unfinished UTF-8 character at the end."""
+        ids = self.llg.tokenize_bytes(data)
+        if self.llg.decode_bytes(ids) == data:
+            return ids
+        cut = len(data)
+        while cut > 0:
+            try:
+                text = data[:cut].decode("utf-8")
+                break
+            except UnicodeDecodeError:
+                cut -= 1
+        else:
+            text = ""
+        ids = list(self.llg.greedy_tokenize(text)) if text else []
+        if cut < len(data):
+            single = {
+                self.tokenizer.token_bytes(i): i
+                for i in range(self.vocab_size)
+                if i not in self.tokenizer.special_ids
+            }
+            ids += [single[bytes([b])] for b in data[cut:]]
+        return ids
+
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer) -> ConstraintVocabulary:
         with _VOCAB_LOCK:
@@ -219,7 +245,7 @@ class Constraint:
         self._wait()
         other = Constraint(self.grammar, vocab, prefetch=self.use_prefetch)
         if self.emitted:
-            ids = vocab.llg.tokenize_bytes(bytes(self.emitted))
+            ids = vocab.spell(bytes(self.emitted))
             if not other._matcher.consume_tokens(ids):
                 raise RuntimeError(
                     f"rebind: the new tokenizer's ids were refused: {other._matcher.get_error()}"

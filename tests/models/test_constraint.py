@@ -197,6 +197,34 @@ def test_rebind_when_other_tokenizer_then_continues_from_the_text_so_far(tiny, t
     jsonschema.validate(json.loads(text), PERSON)
 
 
+@pytest.mark.parametrize("direction", ["to sentencepiece", "from sentencepiece"])
+def test_rebind_when_sentencepiece_with_prefix_space_then_bytes_kept_exactly(tiny, direction):
+    """A SentencePiece tokenizer that adds a prefix space when encoding (Llama 2 style): the rebound
+    constraint continues from exactly the emitted bytes, an unfinished UTF-8 character included."""
+    from models.convert.tokenizer_gguf import tokenizer_from_metadata
+    from tests.tiny_vocab import FAMILIES, family_metadata
+
+    spm = tokenizer_from_metadata(family_metadata(FAMILIES["llama2"]))
+    assert spm.add_space_prefix
+    a, b = (tiny.tokenizer, spm) if direction == "to sentencepiece" else (spm, tiny.tokenizer)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    first = Constraint(json_schema_grammar(schema), ConstraintVocabulary.for_tokenizer(a))
+    so_far = '{"name": "thé'.encode()[:-1]  # ends inside the two bytes of "é"
+    for t in ConstraintVocabulary.for_tokenizer(a).spell(so_far):
+        first.advance(t)
+    assert bytes(first.emitted) == so_far
+    second = first.rebind(ConstraintVocabulary.for_tokenizer(b))
+    rng = np.random.default_rng(1)
+    while not second.finished:
+        token = int(rng.choice(np.flatnonzero(second.allowed())))
+        if token in b.eos_ids:
+            break
+        second.advance(token)
+    text = bytes(second.emitted)
+    assert text.startswith(so_far)
+    jsonschema.validate(json.loads(text), schema)
+
+
 @pytest.mark.parametrize(
     ("schema", "what"),
     [
