@@ -78,6 +78,7 @@ def filter_case(context, case) -> bool:
     Negative cases are all kept.
     - logit_bias ids at or past the model's vocabulary size (the document is per server, not per model;
       the server answers 400 naming logit_bias, as the hostile-input table checks);
+    - route "upstream" on a server whose policy keeps every request local (403 upstream_not_allowed);
     - seeds past the document's own int64 bounds: the generator canonicalises bounds beyond 2**53 through
       float64 (jsonschema_rs) and then draws seeds such as 2**63 + 190 as valid ones."""
     body = case.body
@@ -86,6 +87,8 @@ def filter_case(context, case) -> bool:
     seed = body.get("seed")
     if isinstance(seed, int) and not -(2**63) <= seed < 2**63:
         return False
+    if body.get("route") == "upstream":
+        return False  # this server keeps requests local (SIMMER_ROUTE=local): 403, tests/server/routing/
     bias = body.get("logit_bias")
     if isinstance(bias, dict) and VOCAB and any(int(k) >= VOCAB[0] for k in bias):
         return False

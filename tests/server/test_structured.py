@@ -363,3 +363,14 @@ def test_openapi_when_served_then_documents_the_new_fields(srv):
         "json_schema",
         "grammar",
     } <= set(chat)
+
+
+def test_openapi_when_tool_call_reply_then_it_matches_the_documented_reply(srv):
+    """content null, tool_calls and finish_reason "tool_calls" are in the document the campaign checks."""
+    doc = httpx.get(srv.url + "/openapi.json").json()
+    body = {"messages": ASK, "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False}
+    body.update(seed=15, max_tokens=200)
+    reply = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert reply["choices"][0]["finish_reason"] == "tool_calls"
+    root = {"$ref": "#/components/schemas/ChatCompletion", "components": doc["components"]}
+    jsonschema.validate(reply, root)
