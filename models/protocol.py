@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from models.types import CancelToken, FinishEvent, GenerationParams, TokenEvent
+from models.types import CancelToken, FinishEvent, GenerationParams, TokenEvent, ToolUse
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,14 @@ class Engine(Protocol):
     can_chat: bool  # False without a chat template: chat_prompt raises ModelNotChat
     vocab_size: int  # logits per position; token ids are 0..vocab_size-1 (logit_bias is checked against it)
 
-    def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
+    def chat_prompt(
+        self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None
+    ) -> Prompt:
         """Render the chat template and tokenize. Raises ContextLengthExceeded when the prompt
         plus `reserve` tokens does not fit and truncate is False; with truncate, a sliding window
-        keeps the system message and the newest turns (Prompt.truncated = True)."""
+        keeps the system message and the newest turns (Prompt.truncated = True). `tools` are shown to
+        the model in its own format (models/runtime/tools.py); messages may carry tool_calls and
+        role "tool" turns."""
         ...
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt: ...

@@ -82,17 +82,35 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                             "required": ["role", "content"],
                             "properties": {
                                 "role": {"type": "string", "enum": ["assistant"]},
-                                "content": {"type": "string"},
+                                # null when the reply is tool calls only
+                                "content": {"type": ["string", "null"]},
+                                "tool_calls": {"type": "array", "items": {"$ref": _REF + "ToolCall"}},
                             },
                         },
                         "logprobs": {"type": ["object", "null"]},
-                        "finish_reason": {"type": "string", "enum": ["stop", "length"]},
+                        "finish_reason": {"type": "string", "enum": ["stop", "length", "tool_calls"]},
                     },
                 },
             },
             "usage": {"$ref": _REF + "Usage"},
             "timings": {"type": "object"},
             "truncated": {"type": "boolean"},
+        },
+    },
+    "ToolCall": {
+        "type": "object",
+        "required": ["id", "type", "function"],
+        "properties": {
+            "id": {"type": "string", "pattern": "^call_"},
+            "type": {"type": "string", "enum": ["function"]},
+            "function": {
+                "type": "object",
+                "required": ["name", "arguments"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "arguments": {"type": "string", "description": "JSON text (incomplete if cut by length)"},
+                },
+            },
         },
     },
     "TextCompletion": {

@@ -42,8 +42,9 @@ class Coalescer:
         """Hold `event`; return the batch to send now, or None to keep holding."""
         self._pending.append(event)
         if self._last_flush is None:
-            # First token at once; an empty delta (bytes held back by the detokenizer) does not count.
-            return self._take(now) if any(ev.text for ev in self._pending) else None
+            # First token at once; an empty delta (bytes held back by the detokenizer) does not count,
+            # a tool-call delta does.
+            return self._take(now) if any(ev.text or ev.tool_calls for ev in self._pending) else None
         if now >= self._last_flush + self.interval_s:
             return self._take(now)
         return None

@@ -280,7 +280,10 @@ class Worker:
         # finish_reason "length"); with it, make room for the answer, up to half the context.
         reserve = min(job.params.max_tokens or 256, engine.context_length // 2) if truncate else 1
         if isinstance(job.payload, list):
-            return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve)
+            tools = job.params.tools
+            if tools is None:  # engines without tool support keep their two-keyword signature
+                return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve)
+            return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve, tools=tools)
         return engine.text_prompt(job.payload, truncate=truncate, reserve=reserve)
 
 

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from models.errors import ModelNotChat
+from models.runtime.constraint import check_grammar
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
 from server.logs import RequestRecord, log_request
@@ -86,6 +87,9 @@ async def complete(
     if route.side == "local" and kind == "chat" and engine is not None and not engine.can_chat:
         raise ModelNotChat.for_model(model)  # at once (the worker would say it too, maybe after a queue)
     params = body.to_params(rt.sampling_defaults)
+    checks = body.constraint_checks()
+    if checks:  # a schema llguidance cannot compile: a 400 naming it, before any work (off the event loop)
+        await asyncio.to_thread(lambda: [check_grammar(grammar, param) for grammar, param in checks])
     if rt.worker.engine is not None:  # logit_bias ids against the vocabulary: a 400 before any work
         validate_sampling(params.sampling, rt.worker.engine.vocab_size)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]

@@ -22,6 +22,7 @@ from models.types import (
     GenerationParams,
     Timings,
     TokenEvent,
+    ToolUse,
     TopLogprob,
     Usage,
 )
@@ -53,6 +54,7 @@ class ScriptedEngine:
         self.reply_tokens = len(self._words) if reply_tokens is None else reply_tokens
         self._last_prompt: list[int] = []
         self.applied_limits: list[EngineLimits] = []
+        self.last_tools: ToolUse | None = None
 
     # ---- prompts: one character per token --------------------------------------------------------
 
@@ -72,7 +74,10 @@ class ScriptedEngine:
             )
         return Prompt(ids[len(ids) - room :], truncated=True)
 
-    def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
+    def chat_prompt(
+        self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None
+    ) -> Prompt:
+        self.last_tools = tools
         ids = [ord(c) for c in self._render(messages)]
         if truncate and len(ids) + reserve > self.context_length:
             # Sliding window: keep system messages, drop the oldest other turns while it does not fit.
@@ -234,8 +239,12 @@ class RecordingEngine:
     def vocab_size(self) -> int:
         return self.inner.vocab_size
 
-    def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
-        return self.inner.chat_prompt(messages, truncate=truncate, reserve=reserve)
+    def chat_prompt(
+        self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None
+    ) -> Prompt:
+        if tools is None:
+            return self.inner.chat_prompt(messages, truncate=truncate, reserve=reserve)
+        return self.inner.chat_prompt(messages, truncate=truncate, reserve=reserve, tools=tools)
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         return self.inner.text_prompt(text, truncate=truncate, reserve=reserve)

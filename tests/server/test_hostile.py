@@ -65,6 +65,13 @@ def deep(levels: int) -> list:
     return value
 
 
+FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def fn(**function: Any) -> dict:
+    return {"type": "function", "function": {**FN["function"], **function}}
+
+
 BAD = 400
 IP = "invalid_parameter"
 HI_JSON = '{"messages": [{"role": "user", "content": "hi"}], '
@@ -138,7 +145,72 @@ CASES = [
     ),
     Case("tool_choice", chat(tool_choice="auto"), BAD, IP, "tool_choice"),
     Case("tool_choice none", chat(tool_choice="none"), BAD, IP, "tool_choice"),
-    Case("tools", chat(tools=[{"type": "function", "function": {"name": "f"}}]), BAD, IP, "tools"),
+    # tools (issue 15); the tiny model's 128 tokens hold no tools description, so the 200s use "none"
+    Case("tools, choice none", chat(tools=[FN], tool_choice="none"), 200),
+    Case("tools not a list", chat(tools={"type": "function"}), BAD, IP, "tools"),
+    Case(
+        "tool type not function",
+        chat(tools=[{"type": "web", "function": FN["function"]}]),
+        BAD,
+        IP,
+        "tools[0].type",
+    ),
+    Case("function name with a space", chat(tools=[fn(name="a b")]), BAD, IP, "tools[0].function.name"),
+    Case("function name 65 chars", chat(tools=[fn(name="a" * 65)]), BAD, IP, "tools[0].function.name"),
+    Case("parameters a string", chat(tools=[fn(parameters="{}")]), BAD, IP, "tools[0].function.parameters"),
+    Case(
+        "parameters type array",
+        chat(tools=[fn(parameters={"type": "array"})]),
+        BAD,
+        IP,
+        "tools[0].function.parameters",
+    ),
+    Case(
+        "parameters uniqueItems",
+        chat(tools=[fn(parameters={"type": "object", "uniqueItems": True})]),
+        BAD,
+        IP,
+        "tools[0].function.parameters",
+    ),
+    Case(
+        "tool_choice unknown function",
+        chat(tools=[FN], tool_choice={"type": "function", "function": {"name": "g"}}),
+        BAD,
+        IP,
+        "tool_choice",
+    ),
+    Case("tool_choice 'always'", chat(tools=[FN], tool_choice="always"), BAD, IP, "tool_choice"),
+    Case(
+        "parallel_tool_calls 'yes'",
+        chat(tools=[FN], parallel_tool_calls="yes"),
+        BAD,
+        IP,
+        "parallel_tool_calls",
+    ),
+    # an integer beyond 64 bits in a schema is read (it was a 500); the prompt with tools is then too long
+    Case(
+        "parameters with 2**80",
+        chat(tools=[fn(parameters={"type": "object", "x": 2**80})], tool_choice="required"),
+        413,
+        "context_length_exceeded",
+    ),
+    Case(
+        "schema with 2**80",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": {"enum": [2**80]}}}),
+        200,
+    ),
+    Case(
+        "tool turn",
+        {"messages": [*HI, {"role": "tool", "tool_call_id": "c", "content": "1"}], "max_tokens": 2},
+        200,
+    ),
+    Case(
+        "tool_calls arguments an object",
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]},
+        BAD,
+        IP,
+        "messages[0].tool_calls[0].function.arguments",
+    ),
     Case("echo 0", text(echo=0), BAD, IP, "echo", TEXT),
     Case("max_tokens '5'", chat(max_tokens="5"), BAD, IP, "max_tokens"),
     Case("stream 'true'", chat(stream="true"), BAD, IP, "stream"),
@@ -165,7 +237,52 @@ CASES = [
     ),
     Case("role missing", {"messages": [{"content": "x"}]}, BAD, IP, "messages[0].role"),
     Case("messages empty", {"messages": []}, BAD, IP, "messages"),
-    Case("response_format json", chat(response_format={"type": "json_object"}), BAD, IP, "response_format"),
+    # structured output (issue 15)
+    Case("response_format json_object", chat(response_format={"type": "json_object"}), 200),
+    Case(
+        "response_format json_schema",
+        chat(
+            response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": {"enum": ["a"]}}}
+        ),
+        200,
+    ),
+    Case(
+        "response_format type yaml", chat(response_format={"type": "yaml"}), BAD, IP, "response_format.type"
+    ),
+    Case("response_format a string", chat(response_format="json"), BAD, IP, "response_format"),
+    Case("json_schema missing", chat(response_format={"type": "json_schema"}), BAD, IP, "response_format"),
+    Case(
+        "schema not an object",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": True}}),
+        BAD,
+        IP,
+        "response_format.json_schema.schema",
+    ),
+    Case(
+        "schema with a bad $ref",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": {"$ref": "#/x"}}}),
+        BAD,
+        IP,
+        "response_format",
+    ),
+    Case(
+        "schema type 5",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": {"type": 5}}}),
+        BAD,
+        IP,
+        "response_format",
+    ),
+    Case(
+        "schema minimum > maximum",
+        text(json_schema={"type": "integer", "minimum": 3, "maximum": 1}),
+        BAD,
+        IP,
+        "json_schema",
+        TEXT,
+    ),
+    Case("grammar that does not parse", text(grammar="root ::= ("), BAD, IP, "grammar", TEXT),
+    Case("grammar and json_schema", text(grammar='root ::= "a"', json_schema={}), BAD, IP, "grammar", TEXT),
+    Case("grammar streamed", text(grammar='root ::= "a"', stream=True), 200, path=TEXT),
     Case("completions logprobs 21", text(logprobs=21), BAD, IP, "logprobs", TEXT),
     Case("prompt batch", text(prompt=["a", "b"]), BAD, IP, "prompt", TEXT),
     Case("10k-level nesting", nested(10_000), BAD, "invalid_json"),

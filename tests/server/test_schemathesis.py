@@ -90,7 +90,40 @@ def filter_case(context, case) -> bool:
     if body.get("route") == "upstream":
         return False  # this server keeps requests local (SIMMER_ROUTE=local): 403, tests/server/routing/
     bias = body.get("logit_bias")
-    return not (isinstance(bias, dict) and VOCAB and any(int(k) >= VOCAB[0] for k in bias))
+    if isinstance(bias, dict) and VOCAB and any(int(k) >= VOCAB[0] for k in bias):
+        return False
+    return not refused_tools_or_schema(body)
+
+
+def refused_tools_or_schema(body: dict) -> bool:
+    """Tools whose names repeat or that a named tool_choice does not list, and JSON schemas (in
+    response_format, json_schema, tools[].function.parameters) the constraint library cannot compile
+    (an unimplemented keyword, a $ref to nowhere): the server answers 400 naming the field, as the
+    hostile-input table and tests/server/test_structured.py check."""
+    from pydantic import ValidationError
+
+    from models.errors import InvalidParameter
+    from models.runtime.constraint import check_grammar
+    from server.schemas import ChatCompletionRequest, CompletionRequest
+
+    def ours(param: object) -> bool:  # only refusals about these fields are dropped; others still fail
+        return str(param).split("[")[0].split(".")[0] in ("tools", "tool_choice", *CONSTRAINTS)
+
+    model = ChatCompletionRequest if "messages" in body else CompletionRequest
+    try:
+        request = model.model_validate(body)
+        for grammar, param in request.constraint_checks():
+            check_grammar(grammar, param)
+    except InvalidParameter as e:
+        return ours(e.param)
+    except ValidationError as e:
+        return all(
+            ours(err["loc"][0] if err["loc"] else (err.get("ctx") or {}).get("param")) for err in e.errors()
+        )
+    return False
+
+
+CONSTRAINTS = ("response_format", "json_schema", "grammar")
 
 
 class Counter:
