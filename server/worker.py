@@ -100,6 +100,9 @@ class Job:
     cancel: CancelToken = field(default_factory=CancelToken)
     governor_events: bool = False
     enqueued_at: float = field(default_factory=time.monotonic)
+    # The request's keep_alive (server/keep_alive.py: seconds, inf = for ever, 0 = unload after it; None =
+    # the server's default). Parsed and carried; the model pool acts on it (the worker does not yet).
+    keep_alive_s: float | None = None
 
 
 State = Literal["loading", "ready", "failed", "closed"]

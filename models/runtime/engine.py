@@ -296,6 +296,19 @@ class LlamaEngine:
             raise ModelNotChat.for_model(self.model_id)
         return encode_chat(self.template, self.tokenizer, messages)
 
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.tokenizer.vocab_size:
+            raise IndexError(f"token id {token_id} is outside the vocabulary ({self.tokenizer.vocab_size})")
+        return self.tokenizer.token_bytes(token_id)
+
+    def chat_text(self, messages: list[dict]) -> str:
+        if self.template is None:
+            raise ModelNotChat.for_model(self.model_id)
+        return self.template.render(messages)
+
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         ids = self.tokenizer.encode(text)
         if not ids:
