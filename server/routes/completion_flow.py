@@ -204,7 +204,7 @@ async def collect(request: Request, gen: Generation) -> tuple[list[TokenEvent], 
         return None
 
 
-async def wait_started(request: Request, gen: Generation) -> Started | None | Literal[False]:
+async def wait_started(request: Request, gen: Generation) -> Started | Literal[False] | None:
     """Hold the response headers until the prompt is built (usually milliseconds), so a prompt that is too
     long still gets a real 413 instead of an error in the stream. If the job waits in the queue longer than
     the ping interval, start the stream anyway (None): pings keep the client and proxies from timing out.
