@@ -21,11 +21,14 @@ FOREVER = math.inf
 # Go's time.Duration holds at most 2**63 - 1 ns (about 292 years); a longer wish is "for ever" here.
 MAX_FINITE_S = (2**63 - 1) / 1e9
 
+# One pattern for the parser and the published schema (JSON Schema regexes are ECMA's; this one is both).
+_DIGITS = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+_UNITS = "ns|us|µs|μs|ms|s|m|h"
+NUMBER = rf"[+-]?{_DIGITS}"
+DURATION = rf"[+-]?(?:{_DIGITS}(?:{_UNITS}))+"
+PATTERN = rf"^\s*(?:{NUMBER}|{DURATION})\s*$"
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h)"
-_DURATION = re.compile(rf"([+-]?)((?:{_PART})+)")
-_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
-_PIECES = re.compile(r"([0-9]*\.?[0-9]*)(ns|us|µs|μs|ms|s|m|h)")
+_PIECES = re.compile(rf"({_DIGITS})({_UNITS})")
 
 
 def _clamp(seconds: float) -> float:
@@ -41,22 +44,23 @@ def parse_keep_alive(value: float | int | str | None, *, param: str = "keep_aliv
         return None
     if isinstance(value, bool):  # JSON true is no duration (bool is an int to Python)
         raise InvalidParameter(f'{param} must be a duration such as "5m" or a number of seconds', param=param)
+    if isinstance(value, int) and abs(value) > MAX_FINITE_S:  # beyond a float's range too, maybe
+        return FOREVER
     if isinstance(value, int | float):
         if not math.isfinite(value):
             raise InvalidParameter(f"{param} must be a finite number of seconds", param=param)
         return _clamp(float(value))
     text = value.strip()
-    if _NUMBER.fullmatch(text):
+    if re.fullmatch(NUMBER, text):
         return _clamp(float(text))
-    match = _DURATION.fullmatch(text)
-    if match is None:
+    if not re.fullmatch(DURATION, text):
         raise InvalidParameter(
             f'{param} must be a duration such as "5m", "1h30m" or "-1" (for ever), or a number of seconds; '
             f"got {value!r}",
             param=param,
         )
-    seconds = sum(float(n) * _UNIT_S[unit] for n, unit in _PIECES.findall(match.group(2)))
-    return _clamp(-seconds if match.group(1) == "-" and seconds > 0 else seconds)
+    seconds = sum(float(n) * _UNIT_S[unit] for n, unit in _PIECES.findall(text))
+    return _clamp(-seconds if text.startswith("-") and seconds > 0 else seconds)
 
 
 def describe(seconds: float | None) -> str:

@@ -110,6 +110,10 @@ class Error:
     events: list[TokenEvent]
     error: BaseException
 
+    @property
+    def text(self) -> str:
+        return "".join(ev.text for ev in self.events)
+
 
 Item = Batch | End | Error | GovernorState | Started
 
