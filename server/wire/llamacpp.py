@@ -16,12 +16,14 @@ from typing import Any
 
 from pydantic import Field
 
-from server.schemas import AnyInteger, ChatMessage, _Request
+from server.schemas import ChatMessage, _Request, integer
+
+TokenId = integer(ge=0)  # and below the model's vocabulary size (a 400 naming the position otherwise)
 
 
 class TokenizeRequest(_Request):
     model: str | None = None
-    content: str | list[str | AnyInteger] = ""
+    content: str | list[str | TokenId] = ""
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False
@@ -29,7 +31,7 @@ class TokenizeRequest(_Request):
 
 class DetokenizeRequest(_Request):
     model: str | None = None
-    tokens: list[AnyInteger] = Field(default_factory=list)
+    tokens: list[TokenId] = Field(default_factory=list)
 
 
 class ApplyTemplateRequest(_Request):

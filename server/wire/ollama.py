@@ -129,8 +129,20 @@ _KEEP_ALIVE = {
 }
 
 
+def _model_required(**extra: Any) -> ConfigDict:
+    """`model` is required (the published schema says so; a missing one is Ollama's "model is required")."""
+
+    def schema(doc: dict[str, Any]) -> None:
+        doc["required"] = sorted({*doc.get("required", []), "model"})
+        doc.update(extra)
+
+    return ConfigDict(json_schema_extra=schema)
+
+
 class _Generation(_Request):
     """Fields /api/chat and /api/generate share."""
+
+    model_config = _model_required()
 
     model: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})] = ""
     stream: bool = True  # Ollama streams unless told not to
@@ -138,7 +150,7 @@ class _Generation(_Request):
         None
     )
     options: OllamaOptions | None = None
-    keep_alive: Annotated[float | str | None, WithJsonSchema(_KEEP_ALIVE)] = None
+    keep_alive: Annotated[int | float | str | None, WithJsonSchema(_KEEP_ALIVE)] = None
     think: Annotated[Think | None, _refused({"enum": [False, None]}, "the served model does not think")] = (
         None
     )
@@ -150,7 +162,7 @@ class _Generation(_Request):
 
     @field_validator("keep_alive")
     @classmethod
-    def _keep_alive(cls, value: float | str | None) -> float | str | None:
+    def _keep_alive(cls, value: float | str | None) -> float | str | None:  # int | float: any JSON number
         try:
             parse_keep_alive(value)
         except InvalidParameter as err:
@@ -246,8 +258,8 @@ _EMPTY = {"type": "string", "maxLength": 0}
 
 class OllamaGenerateRequest(_Generation):
     # raw mode takes no system message (the prompt is sent as written), as in Ollama
-    model_config = ConfigDict(
-        json_schema_extra={
+    model_config = _model_required(
+        **{
             "if": {"properties": {"raw": {"const": True}}, "required": ["raw"]},
             "then": {"properties": {"system": {"maxLength": 0}}},
         }
@@ -350,6 +362,8 @@ class PullRequest(ModelRequest):
 
 class EmbedRequest(_Request):
     """/api/embed and /api/embeddings: answered with an error (simmer serves no embedding model)."""
+
+    model_config = _model_required()
 
     model: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})] = ""
     input: str | list[str] | None = None

@@ -40,6 +40,7 @@ _INPUT = {
         {"type": "string"},
         {
             "type": "array",
+            "minItems": 1,
             "items": {
                 "type": "object",
                 "required": ["role", "content"],
@@ -115,7 +116,10 @@ class ResponsesRequest(_Request):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     top_logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
-    include: list[str] | None = None
+    include: Annotated[
+        list[str] | None,
+        WithJsonSchema({"type": ["array", "null"], "items": {"enum": ["message.output_text.logprobs"]}}),
+    ] = None
     stream: bool = False
     truncation: Literal["auto", "disabled"] | None = None
     store: bool | None = None
@@ -140,14 +144,20 @@ class ResponsesRequest(_Request):
             {
                 "type": ["object", "null"],
                 "properties": {
-                    "format": {"type": "object", "properties": {"type": {"type": "string", "enum": ["text"]}}}
+                    "format": {
+                        "type": ["object", "null"],
+                        "properties": {"type": {"type": "string", "enum": ["text"]}},
+                    }
                 },
             }
         ),
     ] = None
     tools: Annotated[list[Any] | None, WithJsonSchema({"type": ["array", "null"], "maxItems": 0})] = None
     tool_choice: Annotated[Any, WithJsonSchema({"enum": ["none", "auto", None]})] = None
-    reasoning: Annotated[dict[str, Any] | None, WithJsonSchema({"type": ["object", "null"]})] = None
+    reasoning: Annotated[
+        dict[str, Any] | None,
+        WithJsonSchema({"type": ["object", "null"], "properties": {"effort": {"enum": [None, "none"]}}}),
+    ] = None
     # simmer's (llama.cpp's) extras
     seed: integer(ge=SEED_MIN, lt=SEED_MAX + 1) | None = None
     top_k: integer(ge=0) | None = None
