@@ -111,6 +111,12 @@ _STATUS: dict[str, tuple[int, str]] = {
     "upstream_not_allowed": (403, "permission_error"),
     "upstream_unavailable": (503, "server_error"),
     "upstream_error": (502, "server_error"),
+    # installing a model (Ollama's /api/pull): the file or the source is the problem, not the server
+    "invalid_model_file": (400, "invalid_request_error"),
+    "unsupported_model": (400, "invalid_request_error"),
+    "unsupported_architecture": (400, "invalid_request_error"),
+    "hash_mismatch": (400, "invalid_request_error"),
+    "source_unavailable": (502, "server_error"),
 }
 
 # Seconds a client should wait before retrying, for the statuses that invite a retry.

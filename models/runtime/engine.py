@@ -43,6 +43,10 @@ from models.types import (
 
 log = logging.getLogger("simmer.engine")
 
+# A reply with no max_tokens under a sliding window (truncate) stops after this many contexts' worth of
+# tokens if no EOS or stop string ends it first: Ollama's bound for open-ended generation (10 x num_ctx).
+OPEN_ENDED_CONTEXTS = 10
+
 
 @dataclass
 class KVSlot:
@@ -452,6 +456,9 @@ class _Generation:
             self.timings.prompt_n = len(ids) - cached
             self.timings.prompt_ms = (time.perf_counter() - t0) * 1000
             max_tokens = p.max_tokens
+            if max_tokens is None and p.truncate:
+                # A sliding window never runs out of context: bound the open-ended reply (as Ollama does).
+                max_tokens = OPEN_ENDED_CONTEXTS * e.context_length
             t_decode = time.perf_counter()
             last_emit = t_decode
             while True:
