@@ -26,6 +26,7 @@ from models.errors import ModelNotFound, SimmerError
 from models.store import registry
 from models.types import FinishEvent, TokenEvent
 from server import model_catalog
+from server.cli import license_notice
 from server.errors import ApiError, ModelLoading, error_payload
 from server.keep_alive import FOREVER
 from server.routes.completion_flow import Generation, respond, start
@@ -304,7 +305,8 @@ async def delete(body: wire.ModelRequest, request: Request) -> Response:
             f"model '{body.given}' is being served: serve another model (SIMMER_MODEL) before deleting it",
             param="model",
         )
-    if rt.model_store is None or not any(m.id == model for m in model_catalog.installed(rt.model_store)):
+    installed = await asyncio.to_thread(model_catalog.installed, rt.model_store)
+    if rt.model_store is None or not any(m.id == model for m in installed):
         raise ModelNotFound(f"model '{body.given}' not found", param="model")
     await asyncio.to_thread(rt.model_store.remove, model)
     return Response(status_code=200)
@@ -319,11 +321,32 @@ async def pull(body: wire.PullRequest, request: Request) -> Response:
     name = body.model_id
     spec = await asyncio.to_thread(registry.resolve, name, hub=store.hub)  # an unknown name: 404 at once
     progress = PullProgress(asyncio.get_running_loop())
-    task = asyncio.ensure_future(asyncio.to_thread(store.pull, name, progress))
+
+    def install() -> Any:
+        # The terms the model comes under first, as `simmer pull` prints them (one status line).
+        with store.disk_full_as_error(f"simmer pull {name}", f"reading the license notice of {spec.id}"):
+            notice = license_notice(spec.source, store.downloads_dir)
+        if notice:
+            progress.note(notice)
+        return store.pull(name, progress)
+
+    task = asyncio.ensure_future(asyncio.to_thread(install))
+    task.add_done_callback(lambda t: _pulled(spec.id, t))
     if not body.stream:
         await asyncio.shield(task)  # a client that leaves does not stop the install (as Ollama resumes)
         return JSONResponse({"status": "success"})
-    return StreamingResponse(progress.lines(spec.id, task), media_type=NDJSON)
+    return StreamingResponse(progress.lines(task), media_type=NDJSON)
+
+
+def _pulled(model: str, task: asyncio.Future) -> None:
+    """The install's outcome, in the log, also when its client left before it ended."""
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is None:
+        log.info("pulled %s", model)
+    else:
+        log.warning("pull of %s failed: %s", model, error)
 
 
 class PullProgress:
@@ -338,6 +361,10 @@ class PullProgress:
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._last: tuple[str, int] | None = None
 
+    def note(self, text: str) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, {"status": text})
+
     def __call__(self, stage: str, fraction: float) -> None:
         done = round(max(0.0, min(1.0, fraction)) * self.TOTAL)
         if (stage, done) == self._last:
@@ -347,7 +374,7 @@ class PullProgress:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
-    async def lines(self, model: str, task: asyncio.Future) -> AsyncIterator[bytes]:
+    async def lines(self, task: asyncio.Future) -> AsyncIterator[bytes]:
         yield _line({"status": "pulling manifest"})
         while not (task.done() and self.queue.empty()):
             getter = asyncio.ensure_future(self.queue.get())
@@ -359,7 +386,6 @@ class PullProgress:
         try:
             installed = task.result()
         except Exception as err:  # the stream has started: the error is its last line
-            log.warning("pull of %s failed: %s", model, err)
             yield _line(error_payload(err, router.prefix + "/")[1])
             return
         yield _line({"status": "verifying sha256 digest"})
