@@ -66,6 +66,22 @@ class Engine(Protocol):
         (finish_reason "cancelled" when the cancel token fired)."""
         ...
 
+    # The tokenizer side (llama.cpp's /tokenize, /detokenize, /apply-template): read-only, so any thread may
+    # call these while the worker generates.
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """The ids of `text`, as llama.cpp's tokenize(text, add_special, parse_special) gives them."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """A token's raw bytes (part of a UTF-8 character, maybe). Ids outside 0..vocab_size-1 raise
+        IndexError."""
+        ...
+
+    def chat_text(self, messages: list[dict]) -> str:
+        """The chat template rendered for `messages`, with the generation prompt: the text chat_prompt
+        tokenizes. Raises ModelNotChat without a template."""
+        ...
+
     def apply_limits(self, limits: EngineLimits) -> None:
         """Switch threads/variant/context cap outside a generation (inside one, return them from
         the step hook instead)."""

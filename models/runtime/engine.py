@@ -48,6 +48,10 @@ from models.types import (
 
 log = logging.getLogger("simmer.engine")
 
+# A reply with no max_tokens under a sliding window (truncate) stops after this many contexts' worth of
+# tokens if no EOS or stop string ends it first: Ollama's bound for open-ended generation (10 x num_ctx).
+OPEN_ENDED_CONTEXTS = 10
+
 
 @dataclass
 class KVSlot:
@@ -313,6 +317,19 @@ class LlamaEngine:
         """How this model calls tools (models/runtime/tools.py), read from its chat template."""
         return detect_format(self.template.source if self.template else None)
 
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.tokenizer.vocab_size:
+            raise IndexError(f"token id {token_id} is outside the vocabulary ({self.tokenizer.vocab_size})")
+        return self.tokenizer.token_bytes(token_id)
+
+    def chat_text(self, messages: list[dict]) -> str:
+        if self.template is None:
+            raise ModelNotChat.for_model(self.model_id)
+        return self.template.render(messages)
+
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         ids = self.tokenizer.encode(text)
         if not ids:
@@ -477,6 +494,9 @@ class _Generation:
             self.timings.prompt_n = len(ids) - cached
             self.timings.prompt_ms = (time.perf_counter() - t0) * 1000
             max_tokens = p.max_tokens
+            if max_tokens is None and p.truncate:
+                # A sliding window never runs out of context: bound the open-ended reply (as Ollama does).
+                max_tokens = OPEN_ENDED_CONTEXTS * e.context_length
             t_decode = time.perf_counter()
             last_emit = t_decode
             while True:

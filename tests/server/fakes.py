@@ -94,6 +94,20 @@ class ScriptedEngine:
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         return self._fit([ord(c) for c in text], reserve, truncate)
 
+    # ---- the tokenizer side: code points are the ids --------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.vocab_size:
+            raise IndexError(f"token id {token_id} is outside the vocabulary")
+        # A surrogate code point stands for bytes that are no UTF-8 text (a partial character's piece).
+        return chr(token_id).encode("utf-8", "surrogatepass")
+
+    def chat_text(self, messages: list[dict]) -> str:
+        return self._render(messages)
+
     # ---- generation ------------------------------------------------------------------------------
 
     def generate(
@@ -248,6 +262,15 @@ class RecordingEngine:
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         return self.inner.text_prompt(text, truncate=truncate, reserve=reserve)
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        return self.inner.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.inner.token_bytes(token_id)
+
+    def chat_text(self, messages: list[dict]) -> str:
+        return self.inner.chat_text(messages)
 
     def apply_limits(self, limits: EngineLimits) -> None:
         self.inner.apply_limits(limits)
