@@ -115,6 +115,7 @@ _STATUS: dict[str, tuple[int, str]] = {
     "invalid_model_file": (400, "invalid_request_error"),
     "unsupported_model": (400, "invalid_request_error"),
     "unsupported_architecture": (400, "invalid_request_error"),
+    "unsupported_quantization": (400, "invalid_request_error"),
     "hash_mismatch": (400, "invalid_request_error"),
     "source_unavailable": (502, "server_error"),
 }
