@@ -8,6 +8,7 @@ Two parts, kept apart as sse-starlette keeps its encoder apart from its transpor
   `data: [DONE]`.
 
 How a stream ends (each path sends [DONE] except the last):
+  Switched              -> held text goes out; later chunks name the new model (+ `event: governor`)
   FinishEvent           -> last text + finish_reason (+ usage chunk) -> [DONE]
   Failed (engine error) -> pending text, error chunk -> [DONE]
   Failed (shutdown)     -> pending text, error chunk server_shutting_down -> [DONE]
@@ -25,7 +26,7 @@ from typing import Any
 from models.types import FinishEvent, TokenEvent
 from server.errors import error_payload
 from server.schemas import ChunkBuilder
-from server.worker import Failed, GovernorState, Job, Started
+from server.worker import Failed, GovernorState, Job, Started, Switched
 
 DONE = "[DONE]"
 
@@ -130,7 +131,22 @@ async def sse_stream(
                 if job.governor_events:
                     yield {"event": "governor", "data": json.dumps(item.state, separators=(",", ":"))}
             elif isinstance(item, Started):
-                builder.variant = item.variant
+                builder.started(item.model_id, item.variant)
+            elif isinstance(item, Switched):
+                # the reply goes on on another model: text held so far leaves under the old name
+                batch = coalescer.flush(clock())
+                if batch:
+                    sent_tokens += len(batch)
+                    yield text_chunk(batch)
+                builder.started(item.model_id, item.variant)
+                if job.governor_events:
+                    switch = {
+                        "old": item.old,
+                        "new": f"{item.model_id}/{item.variant}",
+                        "reason": item.reason,
+                    }
+                    switch["tokens_before"] = item.tokens
+                    yield {"event": "governor", "data": json.dumps({"switch": switch}, separators=(",", ":"))}
     finally:
         if finish is None:
             # Client gone or error: free the worker (a no-op if the engine already finished).

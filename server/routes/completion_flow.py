@@ -25,7 +25,7 @@ from server.streaming import sse_stream
 from server.worker import Failed, Job, Started, loop_sink
 
 if TYPE_CHECKING:
-    from server.app import Runtime
+    from server.runtime import Runtime
 
 DISCONNECT_POLL_S = 0.05  # how often a waiting non-stream request checks that its client is still there
 
@@ -82,12 +82,14 @@ async def complete(
     # routing: where this request is served and why (refuses an unknown model or a forbidden upstream)
     route = rt.router.plan(body.model, body.route, request.headers.get(ROUTE_HEADER), truncate=body.truncate)
     model = route.model
-    engine = rt.worker.engine
-    if route.side == "local" and kind == "chat" and engine is not None and not engine.can_chat:
-        raise ModelNotChat.for_model(model)  # at once (the worker would say it too, maybe after a queue)
     params = body.to_params(rt.sampling_defaults)
-    if rt.worker.engine is not None:  # logit_bias ids against the vocabulary: a 400 before any work
-        validate_sampling(params.sampling, rt.worker.engine.vocab_size)
+    if route.side == "local":
+        # at once, before any queue: a chat request needs a model (or a ladder rung below it) that chats
+        if kind == "chat" and not rt.served.serves_chat(model):
+            raise ModelNotChat.for_model(model)
+        entry = rt.served.entry(model)
+        if entry is not None and entry.vocab_size is not None:  # logit_bias ids against the vocabulary
+            validate_sampling(params.sampling, entry.vocab_size)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
@@ -98,6 +100,8 @@ async def complete(
         params=params,
         sink=loop_sink(loop, events),
         governor_events=body.governor_events,
+        model=model,
+        keep_alive_s=body.keep_alive_seconds(),
     )
     started_at = time.monotonic()
     endpoint = "chat" if kind == "chat" else "completions"
@@ -115,7 +119,7 @@ async def complete(
             RequestRecord(
                 id=rid,
                 endpoint=endpoint,
-                model=model,
+                model=(finish.model_id if finish else None) or model,
                 variant=finish.variant if finish else None,
                 stream=body.stream,
                 prompt_tokens=finish.usage.prompt_tokens if finish else 0,
@@ -155,7 +159,7 @@ async def complete(
     on_end(finish, None)
     text = "".join(ev.text for ev in tokens) + finish.text
     build = chat_completion if kind == "chat" else text_completion
-    reply = build(rid, model, text, tokens, finish, finish.variant)
+    reply = build(rid, finish.model_id or model, text, tokens, finish, finish.variant)
     reply["route"] = route.as_dict()
     return JSONResponse(reply, headers={ROUTE_HEADER: route.header()})
 
@@ -182,8 +186,9 @@ async def _stream(
                     on_end(None, item.error)
                     raise item.error
                 if isinstance(item, Started):
-                    builder.variant = item.variant
+                    builder.started(item.model_id, item.variant)
                     break
+
     except ClientGone:
         on_end(None, None)
         return Response(status_code=499)

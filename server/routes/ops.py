@@ -13,7 +13,7 @@ from server.errors import RETRY_AFTER_S
 from server.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
-    from server.app import Runtime
+    from server.runtime import Runtime
 
 router = APIRouter()
 
@@ -43,9 +43,8 @@ async def health(request: Request) -> JSONResponse:
             "busy": worker.busy,
             "model_problem": model_problem(rt),
         }
-        snapshot = getattr(rt.gate, "snapshot", None)
-        if callable(snapshot):
-            snap = snapshot()
+        if rt.governor is not None:
+            snap = rt.governor.snapshot()
             body["governor"] = {
                 "level": snap.level,
                 "reason": snap.reason,

@@ -79,12 +79,16 @@ def filter_case(context, case) -> bool:
     - logit_bias ids at or past the model's vocabulary size (the document is per server, not per model;
       the server answers 400 naming logit_bias, as the hostile-input table checks);
     - seeds past the document's own int64 bounds: the generator canonicalises bounds beyond 2**53 through
-      float64 (jsonschema_rs) and then draws seeds such as 2**63 + 190 as valid ones."""
+      float64 (jsonschema_rs) and then draws seeds such as 2**63 + 190 as valid ones;
+    - route "upstream" on a server that keeps everything local (403 upstream_not_allowed: the document
+      cannot say which routes the server's settings allow)."""
     body = case.body
     if case.meta is None or not case.meta.generation.mode.is_positive or not isinstance(body, dict):
         return True
     seed = body.get("seed")
     if isinstance(seed, int) and not -(2**63) <= seed < 2**63:
+        return False
+    if body.get("route") == "upstream":
         return False
     bias = body.get("logit_bias")
     return not (isinstance(bias, dict) and VOCAB and any(int(k) >= VOCAB[0] for k in bias))
