@@ -34,11 +34,12 @@ async def health(request: Request) -> JSONResponse:
     rt: Runtime = request.app.state.runtime
     worker = rt.worker
     engine = worker.engine
-    if worker.state == "ready" and engine is not None:
+    if worker.state == "ready":  # models load on demand: none loaded (keep_alive ran out) is fine too
         body: dict = {
             "status": "ok",
-            "model": engine.model_id,
-            "variant": engine.variant,
+            "model": engine.model_id if engine is not None else rt.model,
+            "variant": engine.variant if engine is not None else None,
+            "loaded": sorted(rt.served.pool.loaded()),
             "queue_depth": worker.queue_depth,
             "busy": worker.busy,
             "model_problem": model_problem(rt),
