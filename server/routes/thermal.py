@@ -46,7 +46,7 @@ def thermal_state(rt: Runtime, snap: Snapshot) -> dict[str, Any]:
     rung = (snap.limits.model_id, snap.limits.variant)
     body["ladder"] = [
         {"model": r.model_id, "variant": r.variant, "current": (r.model_id, r.variant) == rung}
-        for r in rt.served.ladder
+        for r in gate.ladder
     ]
     body["routing"] = rt.router.state() if rt.router else None  # where new work goes (server/routing/)
     return body
