@@ -192,3 +192,13 @@ def tiny_spm_dir(tmp_path_factory) -> Path:
         name="tiny-spm",
     )
     return _convert_into(gguf, tmp_path_factory.mktemp("tiny-spm-converted") / "tiny-spm", threads=1)
+
+
+@pytest.fixture(scope="session")
+def gemma3_served_dir(gemma3_gguf) -> Path:
+    """Gemma 3 270M converted as the server runs it (q4-a8, the nominal variant; not measured: the ladder
+    then has its one rung), once per machine and converter version."""
+    from models.convert.pipeline import CONVERTER_VERSION
+
+    target = test_cache_dir() / f"converted-v{CONVERTER_VERSION}" / "gemma3-270m"
+    return _convert_into(gemma3_gguf, target, variants=["q4-a8"], measure=False)
