@@ -40,8 +40,9 @@ class ScriptedSensor:
 
 
 def test_ladder_when_device_heats_mid_reply_then_reply_moves_to_smollm2_and_back_and_completes(
-    live, tmp_path, gemma3_served_dir, smollm2_model_dir
+    live, tmp_path, gemma3_served_dir, smollm2_model_dir, caplog
 ):
+    caplog.set_level("INFO", logger="simmer.governor")
     overrides = {
         "model": GEMMA,
         "ladder": f"{GEMMA},{SMOL}",
@@ -131,3 +132,8 @@ def test_ladder_when_device_heats_mid_reply_then_reply_moves_to_smollm2_and_back
     text = {m: "".join(t for n, t in chunks if n == m) for m in (GEMMA, SMOL)}
     assert text[GEMMA].strip() and text[SMOL].strip()
     assert governor.snapshot().level == "nominal"
+    # every move of the governor's rung is logged as `old -> new: reason`
+    gemma_rung, smol_rung = (f"{r.model_id}/{r.variant}" for r in served.ladder[:2])
+    rung_moves = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rung ")]
+    assert rung_moves[0].startswith(f"rung {gemma_rung} -> {smol_rung}: serious"), rung_moves
+    assert any(m.startswith(f"rung {smol_rung} -> {gemma_rung}: ") for m in rung_moves[1:]), rung_moves

@@ -262,3 +262,22 @@ def test_switch_when_governor_moves_the_rung_mid_reply_then_model_field_changes_
     assert text == reference(
         tiny_pair_dirs[0], second_dir, n_first, 24, same_tokenizer=second == "tiny-small"
     )
+
+
+class PressedGate(SwitchingGate):
+    """The governing level comes from memory (the gate's memory_pressure)."""
+
+    memory_pressure = True
+
+
+@pytest.mark.parametrize("pressed", [False, True])
+def test_switch_when_memory_pressure_moves_the_reply_then_the_bigger_model_unloaded(
+    several, tiny_pair_dirs, pressed
+):
+    gate = (PressedGate if pressed else SwitchingGate)("tiny-small", after=8)
+    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    _, names, switches, _ = stream(srv, "tiny-big", 16)
+    assert names[0] == "tiny-big" and names[-1] == "tiny-small" and len(switches) == 1
+    loaded = {m for m, e in models(srv).items() if e["loaded"]}
+    # keep_alive is forever here: only memory pressure unloads the model the reply left
+    assert loaded == ({"tiny-small"} if pressed else {"tiny-big", "tiny-small"})
