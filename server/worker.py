@@ -365,6 +365,7 @@ class Worker:
             target = self._place(job, self._governed, blocked)
             engine = self.pool.acquire(target.model_id, target.variant)
             self._sync_limits(engine, target)
+            self._relieve_memory(engine)
             prompt: Prompt | None = self._prompt(engine, job)
             assert prompt is not None
             job.sink(Started(len(prompt.ids), prompt.truncated, engine.variant, engine.model_id))
@@ -427,8 +428,7 @@ class Worker:
             return engine, None if engine.tokenizer_key == handover.tokenizer_key else self._continuation(
                 engine, job, handover
             )
-        if self.gate.memory_pressure and engine is not old:
-            self.pool.unload(old.model_id, f"memory pressure: the reply moved to {engine.model_id}")
+        self._relieve_memory(engine)
         target = self._place(job, self._governed, blocked)
         if target.model_id != engine.model_id:  # moved on again meanwhile: the next step hands over again
             target = Target(engine.model_id, handover.variant, "handover")
@@ -446,6 +446,15 @@ class Worker:
         log.info("%s: %s -> %s/%s: %s", job.id, old_name, engine.model_id, engine.variant, reason)
         job.sink(Switched(old_name, engine.model_id, engine.variant, reason, handover.generated))
         return engine, prompt
+
+    def _relieve_memory(self, engine: Engine) -> None:
+        """Under memory pressure only the model that serves stays loaded: the governor's smaller rung
+        frees the room of the bigger ones (idle: the worker runs one job at a time)."""
+        if not self.gate.memory_pressure:
+            return
+        for model_id in self.pool.loaded():
+            if model_id != engine.model_id:
+                self.pool.unload(model_id, f"memory pressure: {engine.model_id} serves")
 
     @staticmethod
     def _continuation(engine: Engine, job: Job, handover: Handover) -> Prompt:

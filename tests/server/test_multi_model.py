@@ -281,3 +281,13 @@ def test_switch_when_memory_pressure_moves_the_reply_then_the_bigger_model_unloa
     loaded = {m for m, e in models(srv).items() if e["loaded"]}
     # keep_alive is forever here: only memory pressure unloads the model the reply left
     assert loaded == ({"tiny-small"} if pressed else {"tiny-big", "tiny-small"})
+
+
+@pytest.mark.parametrize("pressed", [False, True])
+def test_request_when_memory_pressure_then_only_the_model_that_serves_stays_loaded(several, pressed):
+    gate = (PressedGate if pressed else SwitchingGate)("tiny-small", after=10**9)  # never moves the rung
+    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    assert {m for m, e in models(srv).items() if e["loaded"]} == {"tiny-big"}  # loaded at start
+    assert complete(srv, "tiny-small").status_code == 200
+    loaded = {m for m, e in models(srv).items() if e["loaded"]}
+    assert loaded == ({"tiny-small"} if pressed else {"tiny-big", "tiny-small"})
