@@ -29,8 +29,8 @@ class Settings(BaseSettings):
     variant: str | None = Field(
         None, description="Variant each model opens on when it has it (default: the manifest's, q4-a8)"
     )
-    ladder: str = Field(
-        "",
+    ladder: str | None = Field(
+        None,
         description="Models the governor steps down through, best first: id or id:variant, comma-separated "
         "(default: the served model's variants)",
     )
