@@ -12,6 +12,10 @@ How a stream ends (each path sends [DONE] except the last):
   Failed (engine error) -> pending text, error chunk -> [DONE]
   Failed (shutdown)     -> pending text, error chunk server_shutting_down -> [DONE]
   client gone           -> sse-starlette cancels us; `finally` fires the job's CancelToken (nothing sent)
+
+`on_end(finish, failure, sent_tokens)` runs once at the end, whichever way; `sent_tokens` counts the tokens
+whose chunk went out (the generator resumes after a yield only once the chunk was sent). `JobEventSource`
+adds a last resort for a response cancelled before its generator ever ran.
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
+
+from sse_starlette import EventSourceResponse
+from starlette.types import Receive, Scope, Send
 
 from models.types import FinishEvent, TokenEvent
 from server.errors import error_payload
@@ -83,12 +91,15 @@ async def sse_stream(
     include_usage: bool,
     on_end: Callable[[FinishEvent | None, BaseException | None, int], None],
     clock: Callable[[], float] = time.monotonic,
+    first: Iterable[object] = (),
 ) -> AsyncIterator[dict[str, Any]]:
-    """Yield sse-starlette event dicts for one job until [DONE]."""
+    """Yield sse-starlette event dicts for one job until [DONE]. `first`: events already taken off the
+    queue (by the route, while it held the headers), handled before the queue."""
     coalescer = Coalescer(interval_s)
     finish: FinishEvent | None = None
     failure: BaseException | None = None
     sent_tokens = 0
+    held = deque(first)
 
     def text_chunk(batch: list[TokenEvent]) -> dict:
         return _data(builder.delta("".join(ev.text for ev in batch), batch))
@@ -98,22 +109,23 @@ async def sse_stream(
             deadline = coalescer.deadline()
             timeout = None if deadline is None else max(0.0, deadline - clock())
             try:
-                item = await asyncio.wait_for(events.get(), timeout)
+                item = held.popleft() if held else await asyncio.wait_for(events.get(), timeout)
             except TimeoutError:
                 batch = coalescer.flush(clock())
-                sent_tokens += len(batch)
                 yield text_chunk(batch)
+                sent_tokens += len(batch)
                 continue
             if isinstance(item, TokenEvent):
                 batch = coalescer.add(item, clock())
                 if batch:
-                    sent_tokens += len(batch)
                     yield text_chunk(batch)
+                    sent_tokens += len(batch)
             elif isinstance(item, FinishEvent):
                 finish = item
                 batch = coalescer.flush(clock())
                 text = "".join(ev.text for ev in batch) + item.text
                 yield _data(builder.delta(text, batch, item))
+                sent_tokens += len(batch)
                 if include_usage:
                     yield _data(builder.usage(item))
                 yield {"data": DONE}
@@ -123,6 +135,7 @@ async def sse_stream(
                 batch = coalescer.flush(clock())
                 if batch:
                     yield text_chunk(batch)
+                    sent_tokens += len(batch)
                 yield error_chunk(item.error)
                 yield {"data": DONE}
                 return
@@ -136,3 +149,19 @@ async def sse_stream(
             # Client gone or error: free the worker (a no-op if the engine already finished).
             job.cancel.cancel()
         on_end(finish, failure, sent_tokens)
+
+
+class JobEventSource(EventSourceResponse):
+    """An EventSourceResponse that calls `on_close()` however the response ends. A generator's own `finally`
+    does not run when the response is cancelled before the generator first ran (the client left, or the
+    server shut down, while the headers were being sent): the job would run on for nobody, unaccounted."""
+
+    def __init__(self, *args: Any, on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()

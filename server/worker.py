@@ -16,6 +16,9 @@ The governor seam (kept small on purpose), both called on the worker thread:
   limits or None.
 - `worker.publish_governor(state)` (any thread) sends a JSON-able state to every open job; streams that
   asked for it (`governor_events: true`) forward it as SSE `event: governor`.
+
+A job's `account` (server/accounting.py) hears what the engine did and, exactly once, that the worker is
+done with the job: after generating, or when it leaves the queue unstarted (`withdraw`, `close`).
 """
 
 from __future__ import annotations
@@ -28,12 +31,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from models.errors import Cancelled, SimmerError
 from models.protocol import Engine, EngineLimits, Prompt
 from models.types import CancelToken, FinishEvent, GenerationParams, TokenEvent
 from server.errors import ModelLoading, ServerBusy, ShuttingDown
+
+if TYPE_CHECKING:
+    from server.accounting import RequestAccount
 
 log = logging.getLogger("simmer.server")
 
@@ -57,7 +63,6 @@ class WorkerMetrics(Protocol):
     def observe_ttft(self, seconds: float) -> None: ...
     def observe_inter_token(self, seconds: float) -> None: ...
     def add_busy(self, seconds: float) -> None: ...
-    def add_tokens(self, prompt: int, completion: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,11 @@ class Job:
     cancel: CancelToken = field(default_factory=CancelToken)
     governor_events: bool = False
     enqueued_at: float = field(default_factory=time.monotonic)
+    account: RequestAccount | None = None
+
+    def worker_done(self) -> None:
+        if self.account is not None:
+            self.account.worker_done()
 
 
 State = Literal["loading", "ready", "failed", "closed"]
@@ -162,16 +172,30 @@ class Worker:
         for job in jobs:
             job.sink(GovernorState(dict(state)))
 
+    def withdraw(self, job: Job) -> bool:
+        """Take a job whose client left out of the queue at once (not when the worker reaches it), so its
+        account closes now. False when the worker already has it: then the worker ends it."""
+        with self._cond:
+            try:
+                self._queue.remove(job)
+            except ValueError:
+                return False
+        job.worker_done()
+        return True
+
     def close(self) -> None:
         """Stop taking work; fail every open job with server_shutting_down and cancel it. Any thread."""
         with self._cond:
             self.state = "closed"
-            jobs = list(self._queue) + ([self._current] if self._current else [])
+            queued = list(self._queue)
+            jobs = queued + ([self._current] if self._current else [])
             self._queue.clear()
             self._cond.notify_all()
         for job in jobs:
             job.sink(Failed(ShuttingDown("The server is shutting down")))
             job.cancel.cancel()
+        for job in queued:  # never started; the running one is ended by the worker thread
+            job.worker_done()
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread.is_alive():
@@ -238,10 +262,11 @@ class Worker:
         return hook
 
     def _run_job(self, engine: Engine, job: Job) -> None:
-        if job.cancel.cancelled:
-            return  # the client left while queued
         started = time.monotonic()
+        account = job.account
         try:
+            if job.cancel.cancelled:
+                return  # the client left while queued
             limits = self.gate.before_job(job.cancel, job.enqueued_at)
             if job.cancel.cancelled:
                 return
@@ -249,11 +274,18 @@ class Worker:
                 log.info("%s: applying governor limits: %s", job.id, _describe(limits))
                 engine.apply_limits(limits)
             prompt = self._prompt(engine, job)
+            if account is not None:
+                account.started(len(prompt.ids), engine.variant)
             job.sink(Started(len(prompt.ids), prompt.truncated, engine.variant))
             last = None
             for event in engine.generate(
                 prompt, job.params, cancel=job.cancel, step_hook=self._step_hook(job)
             ):
+                if account is not None:
+                    if isinstance(event, TokenEvent):
+                        account.token(event)
+                    elif isinstance(event, FinishEvent):
+                        account.finished(event)
                 job.sink(event)
                 if isinstance(event, TokenEvent) and self._metrics:
                     t = time.monotonic()
@@ -262,8 +294,6 @@ class Worker:
                     else:
                         self._metrics.observe_inter_token(t - last)
                     last = t
-                elif isinstance(event, FinishEvent) and self._metrics:
-                    self._metrics.add_tokens(event.usage.prompt_tokens, event.usage.completion_tokens)
         except SimmerError as err:
             job.sink(Failed(err))
         except Exception as err:
@@ -272,6 +302,7 @@ class Worker:
         finally:
             if self._metrics:
                 self._metrics.add_busy(time.monotonic() - started)
+            job.worker_done()
 
     @staticmethod
     def _prompt(engine: Engine, job: Job) -> Prompt:

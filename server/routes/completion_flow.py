@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse
 
 from models.errors import ModelNotFound
 from models.types import FinishEvent, TokenEvent
+from server.accounting import RequestAccount
+from server.errors import ShuttingDown
 from server.logs import RequestRecord, log_request
 from server.schemas import ChunkBuilder, _GenerationRequest, chat_completion, text_completion
-from server.streaming import sse_stream
+from server.streaming import JobEventSource, sse_stream
 from server.worker import Failed, Job, Started, loop_sink
 
 if TYPE_CHECKING:
@@ -89,6 +90,13 @@ async def complete(
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
+    account = RequestAccount(
+        id=rid,
+        endpoint="chat" if kind == "chat" else "completions",
+        model=model,
+        stream=body.stream,
+        emit=lambda record: write_record(rt, record),
+    )
     job = Job(
         id=rid,
         kind=kind,
@@ -96,39 +104,12 @@ async def complete(
         params=params,
         sink=loop_sink(loop, events),
         governor_events=body.governor_events,
+        account=account,
     )
-    started_at = time.monotonic()
-    endpoint = "chat" if kind == "chat" else "completions"
-
-    def on_end(finish: FinishEvent | None, error: BaseException | None) -> None:
-        outcome = (
-            finish.finish_reason
-            if finish
-            else getattr(error, "code", "internal_error")
-            if error
-            else "client_gone"
-        )
-        rt.metrics.completions.labels(outcome=outcome).inc()
-        log_request(
-            RequestRecord(
-                id=rid,
-                endpoint=endpoint,
-                model=model,
-                variant=finish.variant if finish else None,
-                stream=body.stream,
-                prompt_tokens=finish.usage.prompt_tokens if finish else 0,
-                completion_tokens=finish.usage.completion_tokens if finish else 0,
-                ttft_ms=finish.timings.ttft_ms if finish else 0.0,
-                tokens_per_s=finish.timings.predicted_per_second if finish else 0.0,
-                outcome=outcome,
-                duration_ms=(time.monotonic() - started_at) * 1000,
-            )
-        )
-
     rt.worker.submit(job)  # busy / loading / closing raise here, before any work
 
     if body.stream:
-        return await _stream(request, rt, job, events, ChunkBuilder(kind, rid, model), body, on_end)
+        return await _stream(request, rt, job, events, ChunkBuilder(kind, rid, model), body)
 
     tokens: list[TokenEvent] = []
     try:
@@ -138,18 +119,41 @@ async def complete(
                 if isinstance(item, TokenEvent):
                     tokens.append(item)
                 elif isinstance(item, Failed):
-                    on_end(None, item.error)
+                    account.route_done(_error_code(item.error), 0)
                     raise item.error
                 elif isinstance(item, FinishEvent):
                     finish = item
                     break
     except ClientGone:
-        on_end(None, None)
+        _abandon(rt, job)
         return Response(status_code=499)  # nobody reads it; uvicorn needs an answer
-    on_end(finish, None)
+    except asyncio.CancelledError:  # from outside: the server is going away
+        _abandon(rt, job)
+        raise
+    account.route_done(finish.finish_reason, finish.usage.completion_tokens)
     text = "".join(ev.text for ev in tokens) + finish.text
     build = chat_completion if kind == "chat" else text_completion
     return JSONResponse(build(rid, model, text, tokens, finish, finish.variant))
+
+
+def write_record(rt: Runtime, record: RequestRecord) -> None:
+    """The request's log line and its share of the token metrics, from the same record (any thread)."""
+    rt.metrics.add_tokens(record.prompt_tokens, record.completion_tokens)
+    rt.metrics.completions.labels(outcome=record.outcome).inc()
+    log_request(record)
+
+
+def _error_code(error: BaseException) -> str:
+    return getattr(error, "code", None) or "internal_error"
+
+
+def _abandon(rt: Runtime, job: Job) -> None:
+    """The client is gone: stop the job, take it out of the queue if it never started, close the route's
+    half of its account (the worker closes the other once it lets go of the job)."""
+    job.cancel.cancel()
+    rt.worker.withdraw(job)
+    if job.account is not None:
+        job.account.route_done("client_gone", 0)
 
 
 async def _stream(
@@ -159,32 +163,42 @@ async def _stream(
     events: asyncio.Queue,
     builder: ChunkBuilder,
     body: _GenerationRequest,
-    on_end,
 ) -> Response:
     # Hold the response headers until the prompt is built (usually milliseconds), so a prompt that is too
     # long still gets a real 413 instead of an error chunk. If the job waits in the queue longer than the
-    # ping interval, start the stream anyway: pings keep the client (and proxies) from timing out.
+    # ping interval, start the stream anyway: pings keep the client (and proxies) from timing out. A
+    # shutdown while holding starts the stream too: an open stream ends with an error event and [DONE].
+    account = job.account
+    assert account is not None
+    first: list[object] = []
     deadline = time.monotonic() + rt.stream_start_wait_s
     try:
         async with disconnect_watch(request, job) as gone:
             while True:
                 item = await _next_event(events, gone, until=deadline)
                 if isinstance(item, Failed):
-                    on_end(None, item.error)
+                    if isinstance(item.error, ShuttingDown):
+                        first.append(item)
+                        break
+                    account.route_done(_error_code(item.error), 0)
                     raise item.error
                 if isinstance(item, Started):
                     builder.variant = item.variant
                     break
     except ClientGone:
-        on_end(None, None)
+        _abandon(rt, job)
         return Response(status_code=499)
     except TimeoutError:
         pass
+    except asyncio.CancelledError:
+        _abandon(rt, job)
+        raise
 
-    def stream_end(finish: FinishEvent | None, error: BaseException | None, _sent: int) -> None:
-        on_end(finish, error)
+    def stream_end(finish: FinishEvent | None, error: BaseException | None, sent: int) -> None:
+        outcome = finish.finish_reason if finish else _error_code(error) if error else "client_gone"
+        account.route_done(outcome, sent)
 
-    return EventSourceResponse(
+    return JobEventSource(
         sse_stream(
             job,
             events,
@@ -192,8 +206,10 @@ async def _stream(
             interval_s=rt.stream_interval_s,
             include_usage=body.include_usage,
             on_end=stream_end,
+            first=first,
         ),
         ping=rt.keepalive_ping_s,
         # Our own shutdown path (Worker.close) ends streams first; this only bounds sse-starlette's.
         shutdown_grace_period=2.0,
+        on_close=lambda: _abandon(rt, job),  # a no-op unless the generator never ran
     )
