@@ -61,6 +61,7 @@ def build_governor(
     config = PolicyConfig(
         memory_budget_bytes=_mb(settings.memory_budget_mb),
         background_action=settings.background_action,  # type: ignore[arg-type]
+        lifecycle_ttl_s=settings.lifecycle_ttl_s,
     )
     return Governor(
         thermal=thermal,
@@ -292,8 +293,8 @@ class GovernorGate:
         """`callback(state_dict)` on every change (the worker forwards it to streams that opted in)."""
         return self.governor.subscribe(lambda snap: callback(snap.to_dict()))
 
-    def set_lifecycle(self, state: str) -> Snapshot:
-        return self.governor.set_lifecycle(state)  # type: ignore[arg-type]
+    def set_lifecycle(self, state: str, client: str = "anonymous", ttl_s: float | None = None) -> Snapshot:
+        return self.governor.set_lifecycle(state, client, ttl_s)  # type: ignore[arg-type]
 
     def _count_pauses(self, snap: Snapshot) -> None:
         paused = snap.limits.pause_running or snap.limits.pause_new
