@@ -27,7 +27,7 @@ from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, Mo
 from models.protocol import EngineLimits, Prompt, StepHook
 from models.runtime.chat import ChatTemplate
 from models.runtime.sampling import Sampler, make_rng
-from models.runtime.session import DecoderSession, KVCache, ModelShape
+from models.runtime.session import DecoderSession, KVCache, ModelShape, new_run_options
 from models.runtime.stops import StopMatcher
 from models.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 from models.types import (
@@ -308,6 +308,7 @@ class _Generation:
         self.history: list[int] = list(prompt.ids)  # prompt + reply, append-only (the sampler's view)
         self.ctx: list[int] = list(prompt.ids)  # what the model conditions on (a window of history)
         self.sess: DecoderSession | None = None
+        self.run_options = new_run_options()
         self.slot: KVSlot | None = None
         self.pos = 0  # ctx[:pos] is in the KV slot
         self.stale = False  # the KV slot must be rebuilt from ctx (variant switch, sliding window)
@@ -338,6 +339,9 @@ class _Generation:
         self.truncated = True
         self.stale = True
 
+    def _terminate(self) -> None:
+        self.run_options.terminate = True
+
     def _run(self, ids: Sequence[int]) -> np.ndarray:
         assert self.sess is not None and self.slot is not None
         cache = self.slot.cache
@@ -345,9 +349,8 @@ class _Generation:
             bigger = KVCache(self.e.shape, max(self.e.context_length, self.pos + len(ids)))
             bigger.copy_prefix_from(cache, self.pos)
             self.slot.cache = cache = bigger
-        self.sess.reset_terminate()
         try:
-            logits = self.sess.run(np.asarray(ids, dtype=np.int64), cache, self.pos)
+            logits = self.sess.run(np.asarray(ids, dtype=np.int64), cache, self.pos, self.run_options)
         except Exception as e:
             cache.tokens = []  # partially written: never reuse
             if self.cancel.cancelled:
@@ -391,8 +394,10 @@ class _Generation:
         try:
             self._checkpoint()
             self.sess = e._session()
-            # a long prefill chunk is stopped between graph nodes (RunOptions.terminate)
-            self.cancel.on_cancel(lambda: self.sess.terminate() if self.sess else None)
+            # A long prefill chunk is stopped between graph nodes (RunOptions.terminate). The options are
+            # this generation's own: the token may be cancelled long after it ended (a client that leaves
+            # late), and a flag on the shared session would then stop whichever request runs at that moment.
+            self.cancel.on_cancel(self._terminate)
             ids = self.prompt.ids
             if len(ids) >= e.context_length:
                 raise ContextLengthExceeded(

@@ -51,6 +51,10 @@ class KVCache:
         self.tokens = list(other.tokens[:n])
 
 
+def new_run_options() -> ort.RunOptions:
+    return ort.RunOptions()
+
+
 def session_options(threads: int, spinning: bool = False) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -84,16 +88,19 @@ class DecoderSession:
             self._mask = np.ones((1, max(total, 2 * self._mask.shape[1], 64)), np.int64)
         return self._mask[:, :total]
 
-    def run(self, ids: np.ndarray, kv: KVCache, past_len: int) -> np.ndarray:
+    def run(
+        self, ids: np.ndarray, kv: KVCache, past_len: int, run_options: ort.RunOptions | None = None
+    ) -> np.ndarray:
         """Feed `ids` at positions past_len.. (KV beyond past_len is overwritten). Returns the last
-        position's logits (a view into a buffer reused by the next call)."""
+        position's logits (a view into a buffer reused by the next call). `run_options`: the caller's own
+        (one per generation, so a late cancel of one generation cannot stop the next)."""
         n = int(ids.shape[-1])
         if past_len + n > kv.capacity:
             raise ValueError(f"KV buffer holds {kv.capacity} tokens, asked for {past_len + n}")
         b = self._binding_for(kv)
         b.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64).reshape(1, n))
         b.bind_cpu_input("attention_mask", self._mask_view(past_len + n))
-        self.sess.run_with_iobinding(b, self.run_options)
+        self.sess.run_with_iobinding(b, run_options or self.run_options)
         return self.logits[0, 0]
 
     def _binding_for(self, kv: KVCache) -> ort.IOBinding:

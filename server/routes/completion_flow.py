@@ -149,7 +149,10 @@ def _error_code(error: BaseException) -> str:
 
 def _abandon(rt: Runtime, job: Job) -> None:
     """The client is gone: stop the job, take it out of the queue if it never started, close the route's
-    half of its account (the worker closes the other once it lets go of the job)."""
+    half of its account (the worker closes the other once it lets go of the job). A no-op for a request
+    whose route already ended (the stream's own end got there first)."""
+    if job.account is not None and job.account.route_ended:
+        return
     job.cancel.cancel()
     rt.worker.withdraw(job)
     if job.account is not None:
