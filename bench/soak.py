@@ -126,9 +126,12 @@ def _stream(client: httpx.Client, body: dict, cut: bool, kind: str, log: SoakLog
 
 def sample(proc: psutil.Process, t0: float) -> dict[str, float]:
     with proc.oneshot():
+        mem = proc.memory_info()
         return {
             "t_s": round(time.monotonic() - t0, 1),
-            "rss_mib": round(proc.memory_info().rss / 2**20, 2),
+            "rss_mib": round(mem.rss / 2**20, 2),
+            # of which pages of mapped files (weights read in place): clean, shared, not a leak's kind
+            "rss_file_mib": round(getattr(mem, "shared", 0) / 2**20, 2),
             "threads": proc.num_threads(),
             "fds": proc.num_fds(),
         }
