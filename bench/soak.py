@@ -137,6 +137,23 @@ def sample(proc: psutil.Process, t0: float) -> dict[str, float]:
         }
 
 
+def smaps_summary(pid: int, top: int = 12) -> dict[str, float]:
+    """Resident MiB by mapping (file name, [heap], [anon], ...): where the memory is (Linux; else empty)."""
+    totals: Counter = Counter()
+    name = "[anon]"
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                    parts = line.split(maxsplit=5)
+                    name = parts[5].strip().rsplit("/", 1)[-1] if len(parts) > 5 else "[anon]"
+                elif line.startswith("Rss:"):
+                    totals[name] += int(line.split()[1])
+    except OSError:
+        return {}
+    return {k: round(v / 1024, 2) for k, v in totals.most_common(top)}
+
+
 def growth(samples: list[dict[str, float]], warmup_s: float) -> dict[str, Any]:
     """Growth after warm-up: median RSS of the last minute against the minute after warm-up, and the slope."""
     after = [s for s in samples if s["t_s"] >= warmup_s]
@@ -194,6 +211,7 @@ def bench_soak(
         threads = [threading.Thread(target=client_loop, args=(i,), daemon=True) for i in range(clients)]
         for t in threads:
             t.start()
+        maps_at_warmup: dict[str, float] = {}
         try:
             next_at = t0 + sample_s
             while time.monotonic() < end:
@@ -201,7 +219,10 @@ def bench_soak(
                 if srv.proc.poll() is not None:
                     raise RuntimeError("the server exited during the soak")
                 log.samples.append(sample(proc, t0))
+                if not maps_at_warmup and time.monotonic() - t0 >= warmup:
+                    maps_at_warmup = smaps_summary(proc.pid)
                 next_at += sample_s
+            maps_at_end = smaps_summary(proc.pid)
         finally:
             stop.set()
             for t in threads:
@@ -233,6 +254,9 @@ def bench_soak(
         },
         "ready": ready,
         "final": final,
+        # resident MiB per mapping after warm-up and at the end: where any growth went
+        "mappings_after_warmup_mib": maps_at_warmup,
+        "mappings_end_mib": maps_at_end,
         "server_completions": _completions(metrics),
         "samples": log.samples,
     }
