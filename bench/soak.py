@@ -204,7 +204,8 @@ def bench_soak(
 
         def client_loop(i: int) -> None:
             rng = random.Random(seed * 1000 + i)
-            with httpx.Client(base_url=srv.url, timeout=120) as client:
+            # generous: a non-streamed request may wait behind three others on a slow device
+            with httpx.Client(base_url=srv.url, timeout=600) as client:
                 while time.monotonic() < end and not stop.is_set():
                     one_request(client, rng, log)
 
@@ -226,7 +227,7 @@ def bench_soak(
         finally:
             stop.set()
             for t in threads:
-                t.join(150)
+                t.join(620)
         with httpx.Client(base_url=srv.url, timeout=30) as c:
             metrics = c.get("/metrics").text
         final = sample(proc, t0)
