@@ -50,6 +50,13 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     u.add_argument("--time-scale", type=float, default=10.0)
     u.add_argument("--json")
     u.add_argument("--plot")
+    u.add_argument(
+        "--upstream",
+        help="offload vs no offload: an OpenAI-compatible base URL, or 'spawn' (a second simmer here)",
+    )
+    u.add_argument(
+        "--every", type=float, default=60.0, help="with --upstream: a request every N simulated seconds"
+    )
     k = sub.add_parser("soak", help="RSS over a long mixed load (4 clients, 20 %% cut early)")
     k.add_argument("--minutes", type=float, default=10.0)
     k.add_argument("--model", default=None, help="installed model id (default: SIMMER_MODEL)")
@@ -93,7 +100,13 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
         from bench.sustained import bench_sustained
 
         report = bench_sustained(
-            settings, profile=args.profile, minutes=args.minutes, time_scale=args.time_scale, plot=args.plot
+            settings,
+            profile=args.profile,
+            minutes=args.minutes,
+            time_scale=args.time_scale,
+            plot=args.plot,
+            upstream=args.upstream,
+            arrival_every_s=args.every,
         )
     _write(report, args.json)
     return 0

@@ -3,6 +3,9 @@
 Each configuration runs in its own process (bench/engine_probe.py) so load time and RSS are its own; the
 configurations are interleaved round by round (this machine's speed drifts 15-20 % over minutes) and the
 medians are reported with simmer/llama.cpp ratios.
+
+Both engines get the same token ids. The known prompt is what a user of this model sends: a chat model's
+template rendered around a question, a base model (no template, e.g. Gemma 3 270M) a raw completion prompt.
 """
 
 from __future__ import annotations
@@ -36,13 +39,33 @@ NUMERIC = (
 )
 
 
-def run_probe(cfg: dict[str, Any]) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.engine_probe", json.dumps(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+KNOWN_QUESTION = "What is the capital of France?"
+KNOWN_COMPLETION = "def fibonacci(n):\n"
+PEER = "gguf"  # llama.cpp's configuration label: it runs the GGUF as it is
+
+
+def known_prompt(model_dir: Path) -> list[int]:
+    from models.runtime.chat import ChatTemplate
+    from models.runtime.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.load(model_dir)
+    if tokenizer.chat_template:
+        text = ChatTemplate.from_tokenizer(tokenizer).render([{"role": "user", "content": KNOWN_QUESTION}])
+        return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(KNOWN_COMPLETION, add_special_tokens=True)
+
+
+def run_probe(cfg: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+    """One probe in its own process; a failed or stuck one is an error in the report, not the end of it."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.engine_probe", json.dumps(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"config": cfg, "error": [f"no result within {timeout:g} s"]}
     if out.returncode != 0:
         return {"config": cfg, "error": out.stderr.strip().splitlines()[-1:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -64,19 +87,22 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def bench_engine(
     model_dir: Path, gguf: Path, variants: list[str], threads: list[int], reps: int, with_llama: bool = True
 ) -> dict[str, Any]:
+    known = known_prompt(model_dir)
     configs = [
-        {"engine": "simmer", "model_dir": str(model_dir), "variant": v, "threads": t}
+        {"engine": "simmer", "model_dir": str(model_dir), "variant": v, "threads": t, "known_ids": known}
         for v in variants
         for t in threads
     ]
     peer = with_llama and find_spec("llama_cpp") is not None
     if peer:
-        configs += [{"engine": "llama.cpp", "gguf": str(gguf), "threads": t} for t in threads]
+        configs += [
+            {"engine": "llama.cpp", "gguf": str(gguf), "threads": t, "known_ids": known} for t in threads
+        ]
     results: dict[str, list[dict[str, Any]]] = {}
     for rep in range(reps):
         order = configs[rep % len(configs) :] + configs[: rep % len(configs)]  # rotate: no fixed position
         for cfg in order:
-            name = f"{cfg['engine']}:{cfg.get('variant', 'Q4_1')}:t{cfg['threads']}"
+            name = f"{cfg['engine']}:{cfg.get('variant', PEER)}:t{cfg['threads']}"
             print(f"[bench engine] round {rep + 1}/{reps} {name}", file=sys.stderr, flush=True)
             results.setdefault(name, []).append(run_probe(cfg))
     summary = {name: summarize(runs) for name, runs in results.items()}
@@ -87,6 +113,7 @@ def bench_engine(
         "model_dir": str(model_dir),
         "gguf": str(gguf),
         "reps": reps,
+        "known_prompt_ids": known,
         "results": summary,
     }
     if peer:
@@ -99,7 +126,7 @@ def bench_engine(
 def ratios(summary: dict[str, Any], variants: list[str], threads: list[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for t in threads:
-        peer = summary.get(f"llama.cpp:Q4_1:t{t}", {})
+        peer = summary.get(f"llama.cpp:{PEER}:t{t}", {})
         if "error" in peer or not peer:
             continue
         for v in variants:

@@ -2,7 +2,8 @@
 
     python -m bench.engine_probe '{"engine": "simmer", "model_dir": ..., "variant": "q4-a8", "threads": 2}'
     python -m bench.engine_probe '{"engine": "llama.cpp", "gguf": ..., "threads": 2}'
-prints one JSON object. Both engines are driven the same way from Python: greedy argmax per token.
+prints one JSON object. Both engines are driven the same way from Python: greedy argmax per token, on the
+same token ids (`known_ids` in the config: the model's own known prompt, see bench/engine.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import psutil
 
 PROMPT_TOKENS = 500
 DECODE_TOKENS = 128
+# SmolLM2's ChatML question without a system prompt (MODEL_NOTES.md), when the config names none
 KNOWN_CHAT = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 N_CTX = 2048
 
@@ -130,15 +132,16 @@ def probe(cfg: dict[str, Any]) -> dict[str, Any]:
     rss0 = rss()
     driver = SimmerDriver(cfg) if cfg["engine"] == "simmer" else LlamaCppDriver(cfg)
     res: dict[str, Any] = {"config": cfg, "cold_load_s": round(driver.load_s, 4)}
+    known = cfg.get("known_ids") or KNOWN_CHAT
     long = long_ids()
     driver.generate(long[:32], 2, reuse=False)  # warm-up
     _, t_first, _ = driver.generate(long, 1, reuse=False)
     res["prompt_tok_s"] = round(PROMPT_TOKENS / t_first, 1)
     _, _, t_rest = driver.generate(long, DECODE_TOKENS + 1, reuse=False)
     res["decode_tok_s_ctx500"] = round(DECODE_TOKENS / t_rest, 1)
-    _, _, t_rest = driver.generate(KNOWN_CHAT, DECODE_TOKENS + 1, reuse=False)
+    _, _, t_rest = driver.generate(known, DECODE_TOKENS + 1, reuse=False)
     res["decode_tok_s_short"] = round(DECODE_TOKENS / t_rest, 1)
-    _, t_first, _ = driver.generate(KNOWN_CHAT, 1, reuse=False)
+    _, t_first, _ = driver.generate(known, 1, reuse=False)
     res["ttft_ms"] = round(t_first * 1000, 2)
     # a follow-up turn: a 400-token conversation plus a reply, then 20 new tokens
     convo = long_ids(n=400, seed=1)
@@ -161,7 +164,7 @@ def probe(cfg: dict[str, Any]) -> dict[str, Any]:
     res["rss_before_load_mb"] = round(rss0 / 1e6, 1)
     # ru_maxrss is in KiB on Linux; every other figure here is in MB (1e6 bytes)
     res["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6, 1)
-    res["greedy_known"] = driver.greedy_text(KNOWN_CHAT, 16)
+    res["greedy_known"] = driver.greedy_text(known, 16)
     return res
 
 

@@ -7,7 +7,10 @@ written when both halves are in, from one set of numbers, so the token totals of
 sum of the log lines, whatever ended the request. Neither half carries any prompt or completion text.
 
 Every job ends on the worker side exactly once: after generating (whatever happened), or when it leaves the
-queue unstarted (withdrawn by its route, or dropped by Worker.close).
+queue unstarted (withdrawn by its route, or dropped by Worker.close). A job served upstream
+(server/routing/) has the relay for its worker: the relay feeds the same half and ends it. When one side
+passes a job to the other before its first token (the router's fallback and reroute), the side that lets go
+either does not end the half, or announces the hand-over first (`handing_over`), so the half ends once.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class RequestAccount:
         model: str,
         stream: bool,
         emit: Callable[[RequestRecord], None],
+        route: Callable[[], str | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.id = id
@@ -36,6 +40,7 @@ class RequestAccount:
         self.model = model
         self.stream = stream
         self._emit = emit
+        self._route = route  # where it was served, read when the record is written
         self._clock = clock
         self._started_at = clock()
         self._lock = threading.Lock()
@@ -47,6 +52,7 @@ class RequestAccount:
         self._last_ms: float | None = None
         self._finish: FinishEvent | None = None
         self._worker_done = False
+        self._handovers = 0
         # the route's half
         self._outcome: str | None = None
         self._sent = 0
@@ -69,8 +75,19 @@ class RequestAccount:
         self.completion_tokens = event.usage.completion_tokens
         self.variant = event.variant or self.variant
 
+    def handing_over(self) -> None:
+        """The serving side lets go of the job before it started and another takes it: the next
+        worker_done (the old side's) does not end the worker's half; the new side's will."""
+        with self._lock:
+            self._handovers += 1
+
     def worker_done(self) -> None:
         with self._lock:
+            if self._handovers:
+                self._handovers -= 1
+                return
+            if self._worker_done:
+                return
             self._worker_done = True
             ready = self._outcome is not None
         if ready:
@@ -121,4 +138,5 @@ class RequestAccount:
             tokens_per_s=tok_s,
             outcome=self._outcome or "unknown",
             duration_ms=(self._clock() - self._started_at) * 1000,
+            route=self._route() if self._route else None,
         )

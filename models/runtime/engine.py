@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotInstalled
+from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotChat, ModelNotInstalled
 from models.protocol import EngineLimits, Prompt, StepHook
-from models.runtime.chat import ChatTemplate
+from models.runtime.chat import ChatTemplate, encode_chat
+from models.runtime.genai_config import DecoderIO, load_tokenizer
 from models.runtime.sampling import Sampler, make_rng
-from models.runtime.session import DecoderSession, KVCache, ModelShape, new_run_options
+from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape, new_run_options
 from models.runtime.stops import StopMatcher
 from models.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 from models.types import (
@@ -45,7 +46,7 @@ log = logging.getLogger("simmer.engine")
 
 @dataclass
 class KVSlot:
-    cache: KVCache
+    cache: Any  # KVCache, or for a foreign decoder SharedKV / GrowingKV
     variant: str
     last_used: float = field(default_factory=time.monotonic)
 
@@ -103,6 +104,7 @@ class LlamaEngine:
         prefix_budget_bytes: int = 256 << 20,
         spin: str = "auto",
         max_sessions: int = 1,
+        chat_template: str | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.manifest = manifest
@@ -120,6 +122,7 @@ class LlamaEngine:
         self.variant = chosen
         arch = manifest["architecture"]
         self.shape = ModelShape(arch["n_layers"], arch["n_kv_heads"], arch["head_dim"], arch["vocab"])
+        self.vocab_size: int = arch["vocab"]
         self.max_context = int(manifest.get("context_length", arch.get("context_length", context_length)))
         self.configured_context = min(context_length, self.max_context)
         self.context_length = self.configured_context
@@ -133,20 +136,34 @@ class LlamaEngine:
         self.max_sessions = max(1, max_sessions)
         self.max_tokens_limit: int | None = None
         self.tokens_per_second: float | None = None
-        self.tokenizer = Tokenizer.load(self.model_dir)
-        self.template = ChatTemplate.from_tokenizer(self.tokenizer)
-        self._sessions: dict[tuple[str, int, bool], DecoderSession] = {}
+        # A folder installed as is (onnxruntime-genai layout) runs on the general path; ours on the fast one.
+        genai = manifest["variants"][self.variant].get("genai")
+        self.io = DecoderIO.from_dict(genai) if genai else None
+        if self.io is not None:
+            self.tokenizer = load_tokenizer(self.model_dir, self.io)
+        else:
+            self.tokenizer = Tokenizer.load(self.model_dir)
+        # `chat_template` (the operator's, SIMMER_CHAT_TEMPLATE) replaces the model's; None: no chat
+        self.template = ChatTemplate.from_tokenizer(self.tokenizer, chat_template)
+        self._sessions: dict[tuple[str, int, bool], DecoderSession | GeneralDecoderSession] = {}
         self._slots: list[KVSlot] = []
         self._session()  # load now: a broken model fails at start, not at the first request
 
     # -- sessions and KV slots -----------------------------------------------------------------------
-    def _session(self) -> DecoderSession:
+    def _session(self) -> DecoderSession | GeneralDecoderSession:
         key = self.session_key()
         sess = self._sessions.pop(key, None)
         if sess is None:
             t0 = time.perf_counter()
             entry = self.manifest["variants"][self.variant]
-            sess = DecoderSession(self.model_dir / entry["file"], self.shape, self.threads, spinning=key[2])
+            if self.io is not None:
+                sess = GeneralDecoderSession(
+                    self.model_dir / entry["file"], self.io, self.threads, spinning=key[2]
+                )
+            else:
+                sess = DecoderSession(
+                    self.model_dir / entry["file"], self.shape, self.threads, spinning=key[2]
+                )
             log.info(
                 "loaded %s/%s with %d threads in %.2f s",
                 self.model_id,
@@ -162,6 +179,14 @@ class LlamaEngine:
         if evicted:
             release_freed_memory()
         return sess
+
+    def new_cache(self, capacity: int) -> Any:
+        """A KV cache of the layout the model needs (ours: one shared fp32 buffer)."""
+        if self.io is None:
+            return KVCache(self.shape, capacity)
+        sess = self._session()
+        assert isinstance(sess, GeneralDecoderSession)  # a folder's decoder I/O: the general path
+        return sess.new_cache(capacity)
 
     def session_key(self) -> tuple[str, int, bool]:
         """Spinning thread pools decode about 40 % faster at the same CPU time per token when tokens come
@@ -185,13 +210,13 @@ class LlamaEngine:
         )
         if best is None or (best_n == 0 and fits_another):
             if fits_another:
-                best = KVSlot(KVCache(self.shape, self.context_length), self.variant)
+                best = KVSlot(self.new_cache(self.context_length), self.variant)
                 self._slots.append(best)
             else:
                 best = min(self._slots, key=lambda s: s.last_used)
                 if best.cache.capacity < self.context_length:
                     self._slots.remove(best)
-                    best = KVSlot(KVCache(self.shape, self.context_length), self.variant)
+                    best = KVSlot(self.new_cache(self.context_length), self.variant)
                     self._slots.append(best)
             best_n = 0
         best.variant = self.variant
@@ -261,8 +286,15 @@ class LlamaEngine:
             raise self._too_long(len(ids), reserve)
         return Prompt(ids[-budget:], truncated=True)
 
+    @property
+    def can_chat(self) -> bool:
+        """False for a model without a chat template: /v1/chat/completions answers model_not_chat."""
+        return self.template is not None
+
     def _encode_chat(self, messages: list[dict]) -> list[int]:
-        return self.tokenizer.encode(self.template.render(messages), add_special_tokens=False)
+        if self.template is None:
+            raise ModelNotChat.for_model(self.model_id)
+        return encode_chat(self.template, self.tokenizer, messages)
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         ids = self.tokenizer.encode(text)
@@ -307,7 +339,7 @@ class _Generation:
         self.usage = Usage(prompt_tokens=len(prompt.ids))
         self.history: list[int] = list(prompt.ids)  # prompt + reply, append-only (the sampler's view)
         self.ctx: list[int] = list(prompt.ids)  # what the model conditions on (a window of history)
-        self.sess: DecoderSession | None = None
+        self.sess: DecoderSession | GeneralDecoderSession | None = None
         self.run_options = new_run_options()
         self.slot: KVSlot | None = None
         self.pos = 0  # ctx[:pos] is in the KV slot
@@ -346,7 +378,7 @@ class _Generation:
         assert self.sess is not None and self.slot is not None
         cache = self.slot.cache
         if self.pos + len(ids) > cache.capacity:  # the cap was raised above this slot's buffer
-            bigger = KVCache(self.e.shape, max(self.e.context_length, self.pos + len(ids)))
+            bigger = self.e.new_cache(max(self.e.context_length, self.pos + len(ids)))
             bigger.copy_prefix_from(cache, self.pos)
             self.slot.cache = cache = bigger
         try:

@@ -9,11 +9,24 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+
+from models.errors import InvalidModelFile
+
+KV_DTYPE = np.dtype(np.float32)
+
+
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int) -> int:
+    """The one KV-size formula (memory planning, manifests, the engine's slots): a key and a value of
+    head_dim fp32 per KV head per layer, exactly what KVCache allocates. Sliding-window layers keep the full
+    context too (as llama.cpp's "full-size SWA cache"): GroupQueryAttention masks by position."""
+    return 2 * n_layers * n_kv_heads * head_dim * KV_DTYPE.itemsize
 
 
 @dataclass(frozen=True)
@@ -23,8 +36,13 @@ class ModelShape:
     head_dim: int
     vocab: int
 
+    @classmethod
+    def from_architecture(cls, arch: Mapping[str, Any]) -> ModelShape:
+        """From a manifest's `architecture` (or ModelConfig.to_dict())."""
+        return cls(int(arch["n_layers"]), int(arch["n_kv_heads"]), int(arch["head_dim"]), int(arch["vocab"]))
+
     def kv_bytes_per_token(self) -> int:
-        return self.n_layers * 2 * self.n_kv_heads * self.head_dim * 4
+        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim)
 
 
 class KVCache:
@@ -34,9 +52,7 @@ class KVCache:
         self.shape = shape
         self.capacity = capacity
         dims = (1, shape.n_kv_heads, capacity, shape.head_dim)
-        self.arrays = [
-            (np.zeros(dims, np.float32), np.zeros(dims, np.float32)) for _ in range(shape.n_layers)
-        ]
+        self.arrays = [(np.zeros(dims, KV_DTYPE), np.zeros(dims, KV_DTYPE)) for _ in range(shape.n_layers)]
         self.ortvalues = [
             (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v)) for k, v in self.arrays
         ]
@@ -72,7 +88,7 @@ def prefault_mappings(folder: Path, maps: Path = Path("/proc/self/maps")) -> int
         if len(parts) < 6 or not parts[5].startswith(root) or "r" not in parts[1]:
             continue
         start, end = (int(x, 16) for x in parts[0].split("-"))
-        view = np.frombuffer((ctypes.c_ubyte * (end - start)).from_address(start), np.uint8)
+        view = np.frombuffer(memoryview((ctypes.c_ubyte * (end - start)).from_address(start)), np.uint8)
         int(view[:: mmap.PAGESIZE].sum())  # the read is the point
         total += end - start
     return total
@@ -148,6 +164,154 @@ class DecoderSession:
 
     def terminate(self) -> None:
         """Stop a running Run between nodes (called from another thread on cancel)."""
+        self.run_options.terminate = True
+
+    def reset_terminate(self) -> None:
+        self.run_options.terminate = False
+
+
+# ---- the general path: decoders in onnxruntime-genai's layout that we did not build ------------------------
+#
+# Our own folders keep the fast path above (one shared fp32 buffer, last-position logits, a binding kept
+# between calls). A foreign decoder says in its genai_config.json whether past and present share a buffer; its
+# KV and logits dtype come from the session's own inputs and outputs (fp32 or fp16), and its logits may cover
+# every position ([batch, seq, vocab]) or the last one ([batch, 1, vocab]): the last row is what we use.
+
+_ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+_ORT_INT_DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+
+
+class SharedKV(KVCache):
+    """KVCache in the decoder's own dtype: past and present are one buffer per layer."""
+
+    def __init__(self, shape: ModelShape, capacity: int, dtype: type = np.float32) -> None:
+        self.shape = shape
+        self.capacity = capacity
+        dims = (1, shape.n_kv_heads, capacity, shape.head_dim)
+        self.arrays = [(np.zeros(dims, dtype), np.zeros(dims, dtype)) for _ in range(shape.n_layers)]
+        self.ortvalues = [
+            (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v)) for k, v in self.arrays
+        ]
+        self.tokens = []
+
+
+class GrowingKV:
+    """Separate past and present: the presents of one run ([1, kv_heads, length, head_dim], allocated by
+    onnxruntime) are the pasts of the next, passed back without a copy."""
+
+    def __init__(self, shape: ModelShape, capacity: int, dtype: type = np.float32) -> None:
+        self.shape = shape
+        self.capacity = capacity
+        self.dtype = dtype
+        empty = np.zeros((1, shape.n_kv_heads, 0, shape.head_dim), dtype)
+        self.values = [
+            (ort.OrtValue.ortvalue_from_numpy(empty), ort.OrtValue.ortvalue_from_numpy(empty))
+            for _ in range(shape.n_layers)
+        ]
+        self.length = 0
+        self.tokens: list[int] = []
+
+    @property
+    def nbytes(self) -> int:
+        per_token = self.shape.n_kv_heads * self.shape.head_dim * np.dtype(self.dtype).itemsize
+        return 2 * self.shape.n_layers * self.length * per_token
+
+    def past(self, n: int) -> list[tuple[ort.OrtValue, ort.OrtValue]]:
+        """The first n positions. Reusing a shorter prefix than we hold (another prompt) copies them."""
+        if n == self.length:
+            return self.values
+        if n > self.length:
+            raise ValueError(f"the KV cache holds {self.length} positions, asked to continue at {n}")
+
+        def cut(v: ort.OrtValue) -> ort.OrtValue:
+            return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v.numpy()[:, :, :n]))
+
+        return [(cut(k), cut(v)) for k, v in self.values]
+
+    def copy_prefix_from(self, other: GrowingKV, n: int) -> None:
+        self.values, self.length = other.past(n), n
+        self.tokens = list(other.tokens[:n])
+
+
+class GeneralDecoderSession:
+    """Runs a decoder described by a DecoderIO (models/runtime/genai_config.py); same interface as
+    DecoderSession, plus `new_cache` for the KV layout it needs."""
+
+    def __init__(self, path: Path, io: Any, threads: int, *, spinning: bool = False) -> None:
+        self.path = Path(path)
+        self.io = io
+        self.shape = ModelShape(io.n_layers, io.n_kv_heads, io.head_dim, io.vocab)
+        self.threads = threads
+        self.sess = ort.InferenceSession(
+            str(path), session_options(threads, spinning), providers=["CPUExecutionProvider"]
+        )
+        ins = {i.name: i.type for i in self.sess.get_inputs()}
+        outs = {o.name: o.type for o in self.sess.get_outputs()}
+        self.past_names = [(io.past_key % i, io.past_value % i) for i in range(io.n_layers)]
+        self.present_names = [(io.present_key % i, io.present_value % i) for i in range(io.n_layers)]
+        missing = [n for n in [io.input_ids, *(x for p in self.past_names for x in p)] if n not in ins]
+        missing += [n for n in [io.logits, *(x for p in self.present_names for x in p)] if n not in outs]
+        if missing:
+            raise InvalidModelFile(
+                f"{self.path.name} has no {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}, "
+                "which genai_config.json names"
+            )
+        kv_type = ins[self.past_names[0][0]]
+        if kv_type not in _ORT_DTYPES:
+            raise InvalidModelFile(
+                f"{self.path.name}: KV cache of type {kv_type} is not supported (fp32, fp16)"
+            )
+        self.kv_dtype = _ORT_DTYPES[kv_type]
+        self.ids_dtype = _ORT_INT_DTYPES.get(ins[io.input_ids], np.int64)
+        self.mask_name = io.attention_mask if io.attention_mask in ins else None
+        positions = io.position_ids or "position_ids"
+        self.positions_name = positions if positions in ins else None
+        self.mask_dtype = _ORT_INT_DTYPES.get(ins.get(self.mask_name or "", ""), np.int64)
+        self.positions_dtype = _ORT_INT_DTYPES.get(ins.get(self.positions_name or "", ""), np.int64)
+        self.run_options = ort.RunOptions()
+        prefault_mappings(self.path.parent)
+
+    def new_cache(self, capacity: int) -> SharedKV | GrowingKV:
+        kind = SharedKV if self.io.share_buffer else GrowingKV
+        return kind(self.shape, capacity, self.kv_dtype)
+
+    def run(
+        self, ids: np.ndarray, kv: Any, past_len: int, run_options: ort.RunOptions | None = None
+    ) -> np.ndarray:
+        """Feed `ids` at positions past_len.. and return the last position's logits as fp32.
+        `run_options`: the caller's own, as in DecoderSession.run."""
+        n = int(ids.shape[-1])
+        if past_len + n > kv.capacity:
+            raise ValueError(f"KV buffer holds {kv.capacity} tokens, asked for {past_len + n}")
+        b = self.sess.io_binding()
+        b.bind_cpu_input(self.io.input_ids, np.ascontiguousarray(ids, dtype=self.ids_dtype).reshape(1, n))
+        if self.mask_name is not None:
+            b.bind_cpu_input(self.mask_name, np.ones((1, past_len + n), self.mask_dtype))
+        if self.positions_name is not None:
+            positions = np.arange(past_len, past_len + n, dtype=self.positions_dtype).reshape(1, n)
+            b.bind_cpu_input(self.positions_name, positions)
+        shared = isinstance(kv, SharedKV)
+        pasts = kv.ortvalues if shared else kv.past(past_len)
+        for (pk, pv), (k, v) in zip(self.past_names, pasts, strict=True):
+            b.bind_ortvalue_input(pk, k)
+            b.bind_ortvalue_input(pv, v)
+        for (ok, ov), (k, v) in zip(self.present_names, pasts, strict=True):
+            if shared:
+                b.bind_ortvalue_output(ok, k)
+                b.bind_ortvalue_output(ov, v)
+            else:
+                b.bind_output(ok, "cpu")
+                b.bind_output(ov, "cpu")
+        b.bind_output(self.io.logits, "cpu")
+        self.sess.run_with_iobinding(b, run_options or self.run_options)
+        outputs = b.get_outputs()
+        if not shared:
+            kv.values = [(outputs[2 * i], outputs[2 * i + 1]) for i in range(self.io.n_layers)]
+            kv.length = past_len + n
+        logits = outputs[-1].numpy()  # [1, 1, vocab] or [1, n, vocab]
+        return np.asarray(logits[0, -1], dtype=np.float32)
+
+    def terminate(self) -> None:
         self.run_options.terminate = True
 
     def reset_terminate(self) -> None:

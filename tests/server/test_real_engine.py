@@ -92,7 +92,7 @@ KNOWN_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im
 
 @pytest.mark.slow
 def test_real_model_when_openai_sdk_streams_then_paris(live, smollm2_model_dir):
-    """The default variant (q4-a8) over HTTP, on MODEL_NOTES.md's known prompt."""
+    """The default variant (q4-a8) over HTTP, on the known prompt (the capital of France, no BOS)."""
     engine = load_engine(smollm2_model_dir, threads=2)
     srv = live(engine=engine, model=engine.model_id)
     client = sdk(srv)
@@ -133,3 +133,30 @@ def test_keep_alive_when_idle_then_model_unloaded_and_loaded_again_on_next_reque
     again = client.chat.completions.create(**ask)
     assert again.choices[0].message.content == first
     assert again.usage.prompt_tokens_details.cached_tokens == 0  # the KV cache went with it
+
+
+def test_real_engine_when_onnxruntime_genai_folder_pulled_then_served_like_ours(
+    live, tiny_model_dir, tmp_path
+):
+    """`simmer pull ./folder` of a foreign-layout folder (separate KV buffers, all-position logits), served
+    over the API: the same greedy completion as our own folder with the same decoder."""
+    from models.runtime.engine import LlamaEngine
+    from models.store.store import ModelStore
+    from tests.models import genai_folders as gf
+
+    folder = gf.foreign_copy(tiny_model_dir, tmp_path / "foreign-tiny", share_buffer=False)
+    gf.all_position_logits(folder)
+    installed = ModelStore(tmp_path / "home").pull(str(folder))
+    foreign = LlamaEngine(
+        installed.path, installed.manifest, model_id=installed.id, threads=1, context_length=128
+    )
+    decoder = installed.variants["genai"]["file"].removesuffix(".onnx")
+    ours = load_engine(tiny_model_dir, variant=decoder, threads=1, context_length=128)
+    texts = []
+    for engine in (foreign, ours):
+        srv = live(engine=engine, model=engine.model_id)
+        reply = sdk(srv).completions.create(
+            model=engine.model_id, prompt="once upon", temperature=0, max_tokens=12
+        )
+        texts.append((reply.choices[0].text, reply.usage.completion_tokens))
+    assert texts[0] == texts[1] and texts[0][1] == 12
