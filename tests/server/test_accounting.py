@@ -169,3 +169,41 @@ def test_logs_when_debug_level_then_no_prompt_or_reply_text_anywhere(live, debug
     assert err.count("outcome=length") == 2  # the request lines are there, and debug lines too
     assert '"level": "debug"' in err
     assert SECRET not in err and "quick brown" not in err
+
+
+def cut_after(srv, path: str, body: dict, n: int) -> None:
+    """Read `n` non-empty lines of a stream (any dialect), then hang up."""
+    with srv.client() as c, c.stream("POST", path, json=body) as r:
+        lines = (line for line in r.iter_lines() if line.strip())
+        for _ in zip(range(n), lines, strict=False):
+            pass
+
+
+def test_logs_when_ollama_and_responses_dialects_then_one_line_each_and_metrics_equal_sum(
+    live, caplog
+) -> None:
+    """Every dialect runs on the one generation flow: Ollama's /api/chat and /api/generate and the Responses
+    API, complete and cut, are accounted like the OpenAI routes."""
+    srv = live(token_delay_s=0.01, reply_tokens=100_000)
+    caplog.set_level(logging.INFO)
+    ollama_chat = {"model": MODEL, "messages": MSG, "options": {"num_predict": 5}}
+    with srv.client() as c:
+        assert c.post("/api/chat", json={**ollama_chat, "stream": False}).status_code == 200
+        assert c.post("/api/generate", json={"model": MODEL, "prompt": "hi", "stream": False,
+                                             "options": {"num_predict": 4}}).status_code == 200  # fmt: skip
+        r = c.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 6})
+        assert r.status_code == 200, r.text
+    cut_after(srv, "/api/chat", {**ollama_chat, "options": {"num_predict": 10_000}}, 3)
+    assert srv.engine.wait_for(lambda g: len(g) == 4 and g[-1].finish is not None)
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 10_000, "stream": True}
+    cut_after(srv, "/v1/responses", body, 8)
+    assert srv.engine.wait_for(lambda g: len(g) == 5 and g[-1].finish is not None)
+    assert wait_until(lambda: len(request_lines(caplog)) == 5)
+    lines = request_lines(caplog)
+    assert sorted(line["endpoint"] for line in lines) == [
+        "api/chat", "api/chat", "api/generate", "responses", "responses"]  # fmt: skip
+    gone = [line for line in lines if line["outcome"] == "client_gone"]
+    assert len(gone) == 2 and all(line["completion_tokens"] > 0 for line in gone)
+    assert metric(srv, "simmer_prompt_tokens_total") == sum(line["prompt_tokens"] for line in lines)
+    assert metric(srv, "simmer_generated_tokens_total") == sum(line["completion_tokens"] for line in lines)
+    assert metric(srv, "simmer_generated_tokens_total") == sum(g.tokens for g in srv.engine.generations)
