@@ -1,10 +1,14 @@
-"""The soak benchmark: its growth arithmetic, and one short run against the tiny real model."""
+"""The soak benchmark: its growth arithmetic, and one short run against the tiny real model through
+`simmer bench soak` (the JSON it prints and writes)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from bench.soak import bench_soak, growth
+from bench.cli import cli_bench
+from bench.soak import growth
 from server.settings import Settings
 
 
@@ -39,15 +43,14 @@ def test_growth_when_run_shorter_than_warmup_then_says_so():
 
 @pytest.mark.slow
 def test_bench_soak_when_short_run_on_tiny_model_then_report_with_outcomes_and_no_errors(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tmp_path, capsys
 ):
-    report = bench_soak(
-        Settings(home=tmp_path, context_length=256),
-        minutes=0.3,
-        model_dir=tiny_model_dir,
-        sample_s=1.0,
-        warmup_s=5,
-    )
+    out = tmp_path / "soak.json"
+    argv = ["soak", "--minutes", "0.3", "--model-dir", str(tiny_model_dir), "--sample-s", "1"]
+    argv += ["--warmup-s", "5", "--json", str(out)]
+    assert cli_bench(argv, Settings(home=tmp_path, context_length=256)) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text()) == report and report["benchmark"] == "soak"
     assert report["errors"] == 0, report["error_examples"]
     outcomes = report["requests"]["by_outcome"]
     assert (
