@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from models.errors import ModelNotChat
+from models.errors import Cancelled, ModelNotChat
 from models.runtime.constraint import check_grammar
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
@@ -112,8 +112,9 @@ class Generation:
             self.started = time.monotonic()
 
     def end(self, outcome: str, sent_tokens: int) -> None:
-        """How the request ended for its client (the route's half of the account; the first call counts)."""
-        self.account.route_done(outcome, sent_tokens)
+        """How the request ended for its client (the route's half of the account; the first call counts).
+        A generation stopped by its cancel token ends with finish_reason `cancelled`: its client left."""
+        self.account.route_done("client_gone" if outcome == "cancelled" else outcome, sent_tokens)
 
     def abandon(self) -> None:
         """The client is gone: stop the job, take it out of the queue if it never started, end the route's
@@ -147,6 +148,8 @@ def write_record(rt: Runtime, record: RequestRecord) -> None:
 
 
 def _error_code(error: BaseException) -> str:
+    if isinstance(error, Cancelled):  # the worker saw the token its client's leaving fired (a race)
+        return "client_gone"
     return getattr(error, "code", None) or "internal_error"
 
 
@@ -219,6 +222,8 @@ async def collect(request: Request, gen: Generation) -> tuple[list[TokenEvent], 
                     gen.end(_error_code(item.error), 0)
                     raise item.error
                 elif isinstance(item, FinishEvent):
+                    if item.finish_reason == "cancelled":  # the client left; the engine stopped first
+                        raise ClientGone
                     gen.mark_started()
                     gen.end(item.finish_reason, item.usage.completion_tokens)
                     return tokens, item

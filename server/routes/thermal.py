@@ -87,16 +87,12 @@ async def lifecycle(body: LifecycleRequest, request: Request) -> dict[str, Any]:
     rt: Runtime = request.app.state.runtime
     gate = governor_gate(rt)
     limit = gate.governor.config.lifecycle_ttl_s
-    if body.ttl_s is not None and body.ttl_s > limit:
-        raise ApiError(
-            400,
-            "invalid_parameter",
-            f"ttl_s: at most {limit:g} seconds (SIMMER_LIFECYCLE_TTL_S); renew the lease instead",
-            param="ttl_s",
-        )
+    # A longer lease than the server grants is capped, as a DHCP server grants a shorter lease than asked:
+    # the answer's `lease.ttl_s` says what was granted (a limit per server cannot be in the schema).
+    ttl_s = None if body.ttl_s is None else min(body.ttl_s, limit)
     try:
         # set_lifecycle polls the sensors once (a simulator update): cheap, but keep it off the event loop.
-        snap = await asyncio.to_thread(gate.set_lifecycle, body.state, body.client, body.ttl_s)
+        snap = await asyncio.to_thread(gate.set_lifecycle, body.state, body.client, ttl_s)
     except TooManyLeases as err:
         raise ApiError(
             429,
@@ -106,6 +102,6 @@ async def lifecycle(body: LifecycleRequest, request: Request) -> dict[str, Any]:
         ) from err
     state = thermal_state(rt, snap)
     mine = next((lease for lease in state["leases"] if lease["client"] == body.client), None)
-    ttl = body.ttl_s or limit
+    ttl = ttl_s or limit
     state["lease"] = None if mine is None else {**mine, "ttl_s": ttl}
     return state

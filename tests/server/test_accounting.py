@@ -171,10 +171,10 @@ def test_logs_when_debug_level_then_no_prompt_or_reply_text_anywhere(live, debug
     assert SECRET not in err and "quick brown" not in err
 
 
-def cut_after(srv, path: str, body: dict, n: int) -> None:
-    """Read `n` non-empty lines of a stream (any dialect), then hang up."""
+def cut_after(srv, path: str, body: dict, n: int, marker: str) -> None:
+    """Read `n` lines of a stream (any dialect) that carry `marker` (a token's text), then hang up."""
     with srv.client() as c, c.stream("POST", path, json=body) as r:
-        lines = (line for line in r.iter_lines() if line.strip())
+        lines = (line for line in r.iter_lines() if marker in line)
         for _ in zip(range(n), lines, strict=False):
             pass
 
@@ -193,10 +193,10 @@ def test_logs_when_ollama_and_responses_dialects_then_one_line_each_and_metrics_
                                              "options": {"num_predict": 4}}).status_code == 200  # fmt: skip
         r = c.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 6})
         assert r.status_code == 200, r.text
-    cut_after(srv, "/api/chat", {**ollama_chat, "options": {"num_predict": 10_000}}, 3)
+    cut_after(srv, "/api/chat", {**ollama_chat, "options": {"num_predict": 10_000}}, 3, '"done":false')
     assert srv.engine.wait_for(lambda g: len(g) == 4 and g[-1].finish is not None)
     body = {"model": MODEL, "input": "hi", "max_output_tokens": 10_000, "stream": True}
-    cut_after(srv, "/v1/responses", body, 8)
+    cut_after(srv, "/v1/responses", body, 3, "output_text.delta")
     assert srv.engine.wait_for(lambda g: len(g) == 5 and g[-1].finish is not None)
     assert wait_until(lambda: len(request_lines(caplog)) == 5)
     lines = request_lines(caplog)
