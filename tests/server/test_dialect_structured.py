@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import jsonschema
 import ollama
+import openai
 import pytest
 from pydantic import BaseModel, Field
 
@@ -254,3 +255,140 @@ def test_call_collector_when_deltas_arrive_then_each_call_once_whole_and_a_cut_c
     assert collector.add(rest) == [done]
     assert collector.add([]) == [] and collector.add([ToolCallDelta(1, None, None, "")]) == []
     assert ollama_calls(first + rest) == [done]  # the call cut short (num_predict) is left out
+
+
+# ---- the Responses API: text.format and function tools ------------------------------------------------
+
+
+def sdk(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+RESP_WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather",
+    "parameters": WEATHER_PARAMS,
+}
+RESP_TIME = {"type": "function", "name": "get_time", "parameters": TIME["function"]["parameters"]}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_responses_text_format_json_schema_when_sdk_then_valid_json(srv, seed):
+    r = sdk(srv).responses.create(
+        model=srv.engine.model_id,
+        input="Paris?",
+        text={"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}},
+        temperature=1.0,
+        max_output_tokens=300,
+        extra_body={"seed": seed},
+    )
+    assert r.status == "completed" and r.text.format.type == "json_schema"
+    jsonschema.validate(json.loads(r.output_text), CITY)
+
+
+def test_responses_parse_when_pydantic_text_format_then_parsed(srv):
+    """The SDK's own structured-output helper: a strict schema from a pydantic model, parsed back."""
+    r = sdk(srv).responses.parse(
+        model=srv.engine.model_id,
+        input="Paris?",
+        text_format=Country,
+        max_output_tokens=400,
+        extra_body={"seed": 3},
+    )
+    assert isinstance(r.output_parsed, Country) and 1 <= len(r.output_parsed.rivers) <= 2
+
+
+def test_responses_json_object_when_streamed_then_deltas_join_to_a_json_object(srv):
+    events = list(
+        sdk(srv).responses.create(
+            model=srv.engine.model_id,
+            input="Paris?",
+            text={"format": {"type": "json_object"}},
+            max_output_tokens=200,
+            stream=True,
+            extra_body={"seed": 4},
+        )
+    )
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == text
+    assert isinstance(json.loads(text), dict)
+
+
+def test_responses_forced_function_call_when_sdk_then_a_function_call_item_that_validates(srv):
+    r = sdk(srv).responses.create(
+        model=srv.engine.model_id,
+        input="Paris?",
+        tools=[RESP_WEATHER, RESP_TIME],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=300,
+        extra_body={"seed": 8},
+    )
+    assert r.status == "completed" and r.output_text == ""
+    (call,) = r.output  # only the call: no message item
+    assert call.type == "function_call" and call.name == "get_weather" and call.status == "completed"
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMS)
+    assert [t.name for t in r.tools] == ["get_weather", "get_time"] and r.tool_choice.name == "get_weather"
+
+
+def test_responses_calls_when_streamed_then_argument_deltas_and_the_same_calls_as_unstreamed(srv):
+    kwargs = dict(
+        model=srv.engine.model_id,
+        input="Paris?",
+        tools=[RESP_WEATHER, RESP_TIME],
+        tool_choice="required",
+        temperature=1.0,
+        max_output_tokens=300,
+        extra_body={"seed": 9},
+    )
+    client = sdk(srv)
+    whole = client.responses.create(**kwargs)
+    with client.responses.stream(**kwargs) as stream:
+        events = list(stream)
+        streamed = stream.get_final_response()
+    types = [e.type for e in events]
+    assert "response.output_text.delta" not in types and "response.content_part.added" not in types
+    assert types.count("response.function_call_arguments.delta") > len(whole.output)  # arguments in pieces
+    assert (
+        types.count("response.function_call_arguments.done")
+        == len(whole.output)
+        == types.count("response.output_item.done")
+    )
+    want = [(c.type, c.call_id, c.name, c.arguments) for c in whole.output]
+    got = [(c.type, c.name, c.arguments) for c in streamed.output]
+    assert got == [(t, n, a) for t, _, n, a in want] and all(t == "function_call" for t, *_ in want)
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert [e.arguments for e in done] == [c.arguments for c in streamed.output]
+    schemas = {"get_weather": WEATHER_PARAMS, "get_time": TIME["function"]["parameters"]}
+    for call in streamed.output:
+        jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+
+
+def test_responses_function_call_output_when_sent_back_then_the_call_and_its_result_in_the_prompt(srv):
+    client = sdk(srv)
+    first = client.responses.create(
+        model=srv.engine.model_id,
+        input="Paris?",
+        tools=[RESP_WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=300,
+        extra_body={"seed": 10},
+    )
+    (call,) = first.output
+    second = client.responses.create(
+        model=srv.engine.model_id,
+        input=[
+            {"role": "user", "content": "Paris?"},
+            call.model_dump(exclude_none=True),  # the output item, sent back as the SDK's docs show
+            {"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"},
+        ],
+        tools=[RESP_WEATHER],
+        max_output_tokens=8,
+        extra_body={"seed": 11},
+    )
+    assert second.status in ("completed", "incomplete")
+    prompt = prompt_text(srv)
+    assert f'{{"name": "get_weather", "arguments": {call.arguments}}}' in prompt
+    assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt
