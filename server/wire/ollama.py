@@ -275,7 +275,21 @@ class OllamaMessage(_Request):
         return out
 
 
+_WITH_TOOLS = {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]}
+
+
 class OllamaChatRequest(_Generation):
+    # tool_choice needs tools; format with tools is refused (the reply is a call or the format)
+    model_config = _model_required(
+        allOf=[
+            {
+                "if": {"properties": {"tool_choice": {"not": {"type": "null"}}}, "required": ["tool_choice"]},
+                "then": _WITH_TOOLS,
+            },
+            {"if": _WITH_TOOLS, "then": {"properties": {"format": {"enum": ["", None]}}}},
+        ]
+    )
+
     messages: list[OllamaMessage] = Field(default_factory=list)  # empty: load (or unload) the model
     tools: list[ToolSpec] | None = None  # OpenAI's shape; the model calls them when it sees fit ("auto")
     # simmer's extra (Ollama has none): force a call ("required", a function) or hide the tools ("none")

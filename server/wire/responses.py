@@ -26,7 +26,7 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from models.runtime.sampling import (
     MAX_REPETITION_PENALTY,
@@ -265,7 +265,51 @@ RENAME = Renamer(
 )
 
 
+_WITH_TOOLS = {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]}
+
+
 class ResponsesRequest(_Request):
+    # a tool_choice that calls needs tools; text.format other than text with tools is refused
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {
+                        "properties": {"tool_choice": {"not": {"enum": ["none", "auto", None]}}},
+                        "required": ["tool_choice"],
+                    },
+                    "then": _WITH_TOOLS,
+                },
+                {
+                    "if": _WITH_TOOLS,
+                    "then": {
+                        "properties": {
+                            "text": {
+                                "anyOf": [
+                                    {"type": "null"},
+                                    {
+                                        "type": "object",
+                                        "properties": {
+                                            "format": {
+                                                "anyOf": [
+                                                    {"type": "null"},
+                                                    {
+                                                        "type": "object",
+                                                        "properties": {"type": {"const": "text"}},
+                                                    },
+                                                ]
+                                            }
+                                        },
+                                    },
+                                ]
+                            }
+                        }
+                    },
+                },
+            ]
+        }
+    )
+
     model: str | None = None
     input: Annotated[str | list[Any], WithJsonSchema(_INPUT)]
     instructions: str | None = None
