@@ -369,7 +369,7 @@ def test_list_show_ps_version_when_asked_then_the_served_model(live) -> None:
     assert [m.model for m in listed] == [MODEL + ":latest"]
     assert listed[0].details.quantization_level == "q4"
     shown = c.show(MODEL)
-    assert shown.capabilities == ["completion"]
+    assert shown.capabilities == ["completion", "tools"]  # a chat model takes tools
     assert shown.modelinfo["unknown.context_length"] == 512  # the served context, from the engine
     assert "temperature 0.8" in shown.parameters
     running = c.ps().models
