@@ -392,3 +392,48 @@ def test_responses_function_call_output_when_sent_back_then_the_call_and_its_res
     prompt = prompt_text(srv)
     assert f'{{"name": "get_weather", "arguments": {call.arguments}}}' in prompt
     assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt
+
+
+# ---- the real SmolLM2 -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_engine(smollm2_model_dir):
+    return load_engine(smollm2_model_dir, threads=2, context_length=2048)
+
+
+@pytest.mark.slow
+def test_smollm2_when_ollama_format_and_responses_forced_call_then_both_validate(live, smollm2_engine):
+    engine = RecordingEngine(smollm2_engine)
+    srv = live(engine=engine, model=engine.model_id)
+    person = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "city": {"enum": ["Paris", "Rome", "Oslo"]},
+        },
+        "required": ["name", "age", "city"],
+        "additionalProperties": False,
+    }
+    for options in ({"temperature": 0}, {"temperature": 1.0, "seed": 1}):
+        r = ollama_client(srv).chat(
+            model=engine.model_id,
+            messages=[{"role": "user", "content": "Invent a person who lives in Paris."}],
+            format=person,
+            options={**options, "num_predict": 80},
+        )
+        assert r.done_reason == "stop"
+        jsonschema.validate(json.loads(r.message.content), person)
+    call = sdk(srv).responses.create(
+        model=engine.model_id,
+        input="What is the weather in Paris, in celsius?",
+        tools=[RESP_WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_output_tokens=60,
+    )
+    (item,) = call.output
+    assert item.type == "function_call" and item.name == "get_weather"
+    jsonschema.validate(json.loads(item.arguments), WEATHER_PARAMS)
