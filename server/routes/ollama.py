@@ -1,4 +1,4 @@
-"""Ollama's API (docs/api.md of ollama/ollama) on the same worker, queue, governor and router as the OpenAI
+"""Ollama's API (https://github.com/ollama/ollama/blob/main/docs/api.md) on the same worker, queue,
 routes: generation goes through completion_flow with an NDJSON renderer; model management uses the store.
 
 Errors are Ollama's `{"error": "..."}` (server/errors.py shapes every error under /api/), with simmer's
