@@ -1,5 +1,6 @@
 """Ollama's API (https://github.com/ollama/ollama/blob/main/docs/api.md) on the same worker, queue,
-routes: generation goes through completion_flow with an NDJSON renderer; model management uses the store.
+governor and router as the OpenAI routes: generation goes through completion_flow with an NDJSON
+renderer; model management uses the store.
 
 Errors are Ollama's `{"error": "..."}` (server/errors.py shapes every error under /api/), with simmer's
 statuses (404 for an unknown model, 400 for a bad request, 503 busy, 500 a bug); an error after a stream
