@@ -103,5 +103,5 @@ def lm_head(g: GraphBuilder, last: str, embd_packed: PackedNBits | None) -> None
         logits = g.node("Gemm", [last, table], transB=1)[0]
     else:
         logits, _ = linear(g, last, "lm_head", [head_name], bits=spec.embed_bits)
-    g.node("Reshape", [logits, g.const("logits_shape", np.array([1, 1, cfg.vocab], np.int64))])
+    g.node("Reshape", [logits, g.const("logits_shape", np.array([1, -1, cfg.vocab], np.int64))])
     g.nodes[-1].output[0] = "logits"

@@ -23,7 +23,7 @@ from models.errors import VerificationFailed
 from models.gguf.reader import GGUFModel
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 
-CONVERTER_VERSION = 5
+CONVERTER_VERSION = 6
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 QUALITY_PROMPTS = (
