@@ -113,6 +113,15 @@ def _sanitized(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def draw(ids: np.ndarray | None, probs: np.ndarray, u: float) -> int:
+    """The token at uniform `u` in [0, 1) of the (ids, probs) distribution (inverse CDF; probabilities
+    need not sum to exactly 1)."""
+    cdf = np.cumsum(probs, dtype=np.float64)
+    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    i = min(i, len(cdf) - 1)  # guards against rounding at the very top
+    return int(i if ids is None else ids[i])
+
+
 class Sampler:
     def __init__(
         self,
@@ -197,21 +206,49 @@ class Sampler:
         Returns (token id, its logprob under the model, top alternatives); both logprob parts are None
         unless params.logprobs is set (a log-softmax over the vocabulary costs ~0.1 ms a token). The
         alternatives are (id, logprob) pairs, best first."""
-        p = self.params
-        if not self._vocab_checked:  # the vocabulary is the logits' length
-            validate(p, logits.shape[-1])
-            self._vocab_checked = True
+        self._check_vocab(logits)
         # Overflow to +-inf and inf - inf are expected on extreme inputs and handled by _sanitized.
         with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
             x = _sanitized(self.penalize(logits, history))
-            greedy = p.temperature < GREEDY_BELOW or p.top_k == 1
-            token = int(np.argmax(x)) if greedy else self._draw(x)
-            if p.logprobs is None:
-                return token, None, None
-            logprob, top = self._logprobs(logits, token)
-        return token, logprob, top
+            if self.greedy:
+                token = int(np.argmax(x))
+            else:
+                ids, probs = self._probs(x)
+                token = draw(ids, probs, self.rng.random())
+        return (token, *self.logprobs(logits, token))
 
-    def _draw(self, x: np.ndarray) -> int:
+    @property
+    def greedy(self) -> bool:
+        return self.params.temperature < GREEDY_BELOW or self.params.top_k == 1
+
+    def distribution(
+        self, logits: np.ndarray, history: Sequence[int]
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """The whole sampling distribution `sample` draws from, after logit_bias, penalties, temperature,
+        top_k, top_p and min_p: (token ids, or None for the whole vocabulary in id order; their
+        probabilities, which sum to 1 up to rounding). Greedy is a point mass on the argmax.
+        Speculative decoding accepts a drafted token by its probability here, so anything that changes
+        what `sample` may pick (a token mask) belongs in this pipeline, not after it."""
+        self._check_vocab(logits)
+        with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+            x = _sanitized(self.penalize(logits, history))
+            if self.greedy:
+                return np.array([int(np.argmax(x))], np.int64), np.ones(1, np.float32)
+            return self._probs(x)
+
+    def logprobs(self, logits: np.ndarray, token: int) -> tuple[float | None, TopLogprobs | None]:
+        """(logprob, top alternatives) of `token` under the raw logits, both None unless asked for."""
+        if self.params.logprobs is None:
+            return None, None
+        with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+            return self._logprobs(logits, token)
+
+    def _check_vocab(self, logits: np.ndarray) -> None:
+        if not self._vocab_checked:  # the vocabulary is the logits' length
+            validate(self.params, logits.shape[-1])
+            self._vocab_checked = True
+
+    def _probs(self, x: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         p = self.params
         ids: np.ndarray | None = None  # None: candidates are the whole vocabulary
         if 0 < p.top_k < x.shape[-1]:
@@ -234,10 +271,7 @@ class Sampler:
             order = self._top_p_order(probs, p.top_p)
             ids = order if ids is None else ids[order]
             probs = probs[order]
-        cdf = np.cumsum(probs, dtype=np.float64)
-        i = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
-        i = min(i, len(cdf) - 1)  # guards against rounding at the very top
-        return int(i if ids is None else ids[i])
+        return ids, probs
 
     @staticmethod
     def _top_p_order(probs: np.ndarray, top_p: float) -> np.ndarray:
