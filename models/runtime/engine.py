@@ -29,6 +29,7 @@ from models.runtime.chat import ChatTemplate, encode_chat
 from models.runtime.genai_config import DecoderIO, load_tokenizer
 from models.runtime.sampling import Sampler, make_rng
 from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape
+from models.runtime.speculative import MAX_DRAFT, RowCost, Speculation
 from models.runtime.stops import StopMatcher
 from models.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 from models.types import (
@@ -105,6 +106,8 @@ class LlamaEngine:
         spin: str = "auto",
         max_sessions: int = 1,
         chat_template: str | None = None,
+        speculation: str = "auto",
+        max_draft: int = MAX_DRAFT,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.manifest = manifest
@@ -133,6 +136,13 @@ class LlamaEngine:
         if spin not in ("auto", "on", "off"):
             raise InvalidParameter(f"spin must be auto, on or off, not {spin!r}", param="spin")
         self.spin = spin
+        if speculation not in ("auto", "off"):
+            raise InvalidParameter(
+                f"speculation must be auto or off, not {speculation!r}", param="speculation"
+            )
+        self.speculation = speculation
+        self.max_draft = max(0, max_draft)
+        self._row_costs: dict[tuple[str, int, bool], RowCost] = {}  # per session: what a verified row costs
         self.max_sessions = max(1, max_sessions)
         self.max_tokens_limit: int | None = None
         self.tokens_per_second: float | None = None
@@ -193,6 +203,14 @@ class LlamaEngine:
         back to back, but burn the gaps of a paced stream: "auto" spins only while unpaced."""
         spinning = self.spin == "on" or (self.spin == "auto" and not self.tokens_per_second)
         return (self.variant, self.threads, spinning)
+
+    def _speculation(self, sampler: Sampler) -> Speculation | None:
+        """Prompt-lookup speculation for one generation (models/runtime/speculative.py); our own graphs
+        only (a foreign decoder gives no logits per fed position)."""
+        if self.speculation == "off" or self.io is not None or self.max_draft == 0:
+            return None
+        cost = self._row_costs.setdefault(self.session_key(), RowCost())
+        return Speculation(sampler, cost, max_draft=self.max_draft)
 
     def _slot_for(self, ids: Sequence[int]) -> tuple[KVSlot, int]:
         """The slot sharing the longest prefix with `ids` (same variant, big enough), else a free or the
@@ -343,6 +361,7 @@ class _Generation:
         self.slot: KVSlot | None = None
         self.pos = 0  # ctx[:pos] is in the KV slot
         self.stale = False  # the KV slot must be rebuilt from ctx (variant switch, sliding window)
+        self.spec: Speculation | None = None
 
     # step hook + cancel, between every chunk and token
     def _checkpoint(self) -> None:
@@ -370,7 +389,7 @@ class _Generation:
         self.truncated = True
         self.stale = True
 
-    def _run(self, ids: Sequence[int]) -> np.ndarray:
+    def _run(self, ids: Sequence[int], keep: int = 1) -> np.ndarray:
         assert self.sess is not None and self.slot is not None
         cache = self.slot.cache
         if self.pos + len(ids) > cache.capacity:  # the cap was raised above this slot's buffer
@@ -379,7 +398,11 @@ class _Generation:
             self.slot.cache = cache = bigger
         self.sess.reset_terminate()
         try:
-            logits = self.sess.run(np.asarray(ids, dtype=np.int64), cache, self.pos)
+            fed = np.asarray(ids, dtype=np.int64)
+            if keep > 1:  # a verification pass: a row of logits per fed token
+                logits = self.sess.run_last(fed, cache, self.pos, keep)  # type: ignore[union-attr]
+            else:
+                logits = self.sess.run(fed, cache, self.pos)
         except Exception as e:
             cache.tokens = []  # partially written: never reuse
             if self.cancel.cancelled:
@@ -411,6 +434,32 @@ class _Generation:
             first = False
             logits = self._run(self.ctx[self.pos : self.pos + self.e.prefill_chunk])
 
+    def _advance(self, token: int, left: int) -> np.ndarray:
+        """The logits after `token` (just appended to ctx). Speculating, a verified drafted token's row is
+        already there; otherwise the token is fed with a new draft of at most left - 1 tokens, in one pass.
+        Positions past a rejected draft token are overwritten by the next pass (no copy)."""
+        spec = self.spec
+        if spec is None:
+            return self._sync()
+        row = None if self.stale else spec.next_row(token)
+        if row is not None:
+            self.pos += 1  # its keys and values were written by the verification pass
+            return row
+        assert self.slot is not None
+        del self.slot.cache.tokens[self.pos :]  # the rejected draft tokens
+        if self.stale or len(self.ctx) - self.pos != 1 or not getattr(self.sess, "multi_logits", False):
+            spec.drop()
+            return self._sync()
+        room = min(self.e.context_length, self.slot.cache.capacity) - len(self.ctx)
+        draft = spec.draft(self.history, min(room, left - 1))
+        t0 = time.perf_counter()
+        logits = self._run([self.ctx[self.pos], *draft], keep=len(draft) + 1)
+        spec.verified(draft, logits, time.perf_counter() - t0)
+        if not draft:
+            return logits
+        self.pos -= len(draft)  # only the fed token is part of the reply yet
+        return logits[0]
+
     def run(self) -> Iterator[TokenEvent | FinishEvent]:
         e, p = self.e, self.params
         t_start = time.perf_counter()
@@ -423,6 +472,7 @@ class _Generation:
         try:
             self._checkpoint()
             self.sess = e._session()
+            self.spec = e._speculation(sampler)
             # a long prefill chunk is stopped between graph nodes (RunOptions.terminate)
             self.cancel.on_cancel(lambda: self.sess.terminate() if self.sess else None)
             ids = self.prompt.ids
@@ -447,7 +497,7 @@ class _Generation:
                 if generated >= cap:
                     finish = "length"
                     break
-                token, logprob, top = sampler.sample(self.logits, self.history)
+                token, logprob, top = (self.spec or sampler).sample(self.logits, self.history)
                 if token in e.tokenizer.eos_ids and not p.ignore_eos:
                     finish = "stop"
                     break
@@ -478,7 +528,8 @@ class _Generation:
                         finish = "length"
                         break
                     self._window()
-                self.logits = self._sync()  # normally just the new token; all of ctx after a switch
+                # normally just the new token (and a draft); all of ctx after a switch
+                self.logits = self._advance(token, cap - generated)
                 if e.tokens_per_second:
                     # pacing: fewer tokens per second means less heat per second
                     wait = last_emit + 1.0 / e.tokens_per_second - time.perf_counter()
@@ -492,6 +543,11 @@ class _Generation:
             self.timings.predicted_ms = (time.perf_counter() - t_decode) * 1000
         except Cancelled:
             finish = "cancelled"
+        if self.spec is not None:
+            t = self.timings
+            t.draft_n, t.draft_n_accepted = self.spec.drafted, self.spec.accepted
+            if self.slot is not None:  # verified tokens past the reply's end: as a plain decode leaves it
+                del self.slot.cache.tokens[self.pos :]
         t = self.timings
         t.prompt_per_second = t.prompt_n / (t.prompt_ms / 1000) if t.prompt_ms > 0 else 0.0
         t.predicted_per_second = t.predicted_n / (t.predicted_ms / 1000) if t.predicted_ms > 0 else 0.0
