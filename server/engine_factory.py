@@ -41,6 +41,7 @@ def open_engine(
         context_length=settings.context_length,
         prefill_chunk=settings.prefill_chunk,
         spin=settings.spin,
+        speculation=settings.speculation,
         prefix_slots=settings.prefix_cache_slots,
         prefix_budget_bytes=settings.prefix_cache_mb << 20,
         chat_template=chat_template_override(settings),

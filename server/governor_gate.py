@@ -223,6 +223,7 @@ def governed_engine_factory(
             threads=limits.threads or 1,
             context_length=settings.context_length,
             prefill_chunk=settings.prefill_chunk,
+            speculation=settings.speculation,
             prefix_slots=settings.prefix_cache_slots,
             prefix_budget_bytes=settings.prefix_cache_mb << 20,
             chat_template=chat_template_override(settings),

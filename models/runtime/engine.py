@@ -174,6 +174,8 @@ class LlamaEngine:
                 sess = DecoderSession(
                     self.model_dir / entry["file"], self.shape, self.threads, spinning=key[2]
                 )
+                if self.speculation != "off":
+                    sess.rows_exact  # noqa: B018 (the probe runs at load, not in a request)
             log.info(
                 "loaded %s/%s with %d threads in %.2f s",
                 self.model_id,
@@ -204,10 +206,14 @@ class LlamaEngine:
         spinning = self.spin == "on" or (self.spin == "auto" and not self.tokens_per_second)
         return (self.variant, self.threads, spinning)
 
-    def _speculation(self, sampler: Sampler) -> Speculation | None:
-        """Prompt-lookup speculation for one generation (models/runtime/speculative.py); our own graphs
-        only (a foreign decoder gives no logits per fed position)."""
-        if self.speculation == "off" or self.io is not None or self.max_draft == 0:
+    def _speculation(self, sampler: Sampler, sess: object) -> Speculation | None:
+        """Prompt-lookup speculation for one generation (models/runtime/speculative.py): greedy requests
+        on our own graphs where a verification pass is exact (DecoderSession.rows_exact), so the reply is
+        the one plain decoding gives. Sampling requests decode plainly: the speculative-sampling rule
+        (speculative.accept_or_resample) would keep the distribution but not a seed's reply."""
+        if self.speculation == "off" or self.max_draft == 0 or not sampler.greedy:
+            return None
+        if not isinstance(sess, DecoderSession) or not sess.rows_exact:
             return None
         cost = self._row_costs.setdefault(self.session_key(), RowCost())
         return Speculation(sampler, cost, max_draft=self.max_draft)
@@ -447,7 +453,7 @@ class _Generation:
             return row
         assert self.slot is not None
         del self.slot.cache.tokens[self.pos :]  # the rejected draft tokens
-        if self.stale or len(self.ctx) - self.pos != 1 or not getattr(self.sess, "multi_logits", False):
+        if self.stale or len(self.ctx) - self.pos != 1 or not getattr(self.sess, "rows_exact", False):
             spec.drop()
             return self._sync()
         room = min(self.e.context_length, self.slot.cache.capacity) - len(self.ctx)
@@ -472,7 +478,7 @@ class _Generation:
         try:
             self._checkpoint()
             self.sess = e._session()
-            self.spec = e._speculation(sampler)
+            self.spec = e._speculation(sampler, self.sess)
             # a long prefill chunk is stopped between graph nodes (RunOptions.terminate)
             self.cancel.on_cancel(lambda: self.sess.terminate() if self.sess else None)
             ids = self.prompt.ids

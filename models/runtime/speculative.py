@@ -41,8 +41,9 @@ PRIOR_ROW_COST = 0.35  # an extra row's cost relative to a decode step, until pa
 
 
 class NgramDrafter:
-    """Prompt lookup over an append-only history (prompt + reply): for each n, the latest position where
-    each n-gram ended with a token after it."""
+    """Prompt lookup over an append-only history (prompt + reply, one list grown in place; another list
+    starts the index over): for each n, the latest position where each n-gram ended with a token after
+    it."""
 
     def __init__(self, sizes: Sequence[int] = NGRAM_SIZES) -> None:
         self.sizes = tuple(sorted(set(sizes), reverse=True))
@@ -51,7 +52,7 @@ class NgramDrafter:
         self._source: Sequence[int] = ()
 
     def _sync(self, history: Sequence[int]) -> None:
-        if len(history) < self._indexed:  # not an append: start over
+        if history is not self._source or len(history) < self._indexed:  # not an append: start over
             self._index = {n: {} for n in self.sizes}
             self._indexed = 0
         # n-grams ending at j are indexed once token j + 1 exists
