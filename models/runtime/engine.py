@@ -206,6 +206,17 @@ class LlamaEngine:
         spinning = self.spin == "on" or (self.spin == "auto" and not self.tokens_per_second)
         return (self.variant, self.threads, spinning)
 
+    @property
+    def speculates(self) -> bool:
+        """Whether greedy requests speculate on the current variant (see _speculation)."""
+        sess = self._session()
+        return (
+            self.speculation != "off"
+            and self.max_draft > 0
+            and isinstance(sess, DecoderSession)
+            and sess.rows_exact
+        )
+
     def _speculation(self, sampler: Sampler, sess: object) -> Speculation | None:
         """Prompt-lookup speculation for one generation (models/runtime/speculative.py): greedy requests
         on our own graphs where a verification pass is exact (DecoderSession.rows_exact), so the reply is
