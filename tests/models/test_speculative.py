@@ -138,6 +138,23 @@ def test_greedy_when_speculating_with_stops_and_reuse_then_same_as_plain(tiny_pa
     assert [t.token_id for t in a] == [t.token_id for t in b]
 
 
+def test_greedy_when_speculating_past_the_context_with_sliding_window_then_same_as_plain(
+    tiny_model_dir,
+) -> None:
+    """Drafts stop at the KV buffer's end; the window shift rebuilds the slot as plain decoding does."""
+    kw = dict(variant="q4", threads=1, context_length=64)
+    spec = load_engine(tiny_model_dir, speculation="auto", **kw)
+    plain = load_engine(tiny_model_dir, speculation="off", **kw)
+    params = GenerationParams(SamplingParams(temperature=0.0, logprobs=1), max_tokens=100, truncate=True)
+    text = COPY_TEXT[:60]
+    a, fa = run(spec, spec.text_prompt(text), params)
+    b, fb = run(plain, plain.text_prompt(text), params)
+    assert [t.token_id for t in a] == [t.token_id for t in b]
+    np.testing.assert_allclose([t.logprob for t in a], [t.logprob for t in b], atol=1e-3)
+    assert fa.truncated and fb.truncated and fa.finish_reason == fb.finish_reason
+    assert fa.timings.draft_n_accepted > 0
+
+
 def test_speculation_when_sampling_or_off_then_plain(tiny_model_dir, tiny_pair) -> None:
     spec, _ = tiny_pair
     _, fin = run(
