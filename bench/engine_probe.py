@@ -37,12 +37,15 @@ def long_ids(vocab_lo: int = 300, n: int = PROMPT_TOKENS, seed: int = 0) -> list
 
 class SimmerDriver:
     def __init__(self, cfg: dict[str, Any]) -> None:
-        from models.runtime.engine import load_engine
+        from dataclasses import replace
 
+        from server.engine_config import EngineConfig
+        from server.settings import Settings
+
+        # opened as `simmer serve` opens it (EngineConfig), at the peer's context size
+        config = replace(EngineConfig.from_settings(Settings(), threads=cfg["threads"]), context_length=N_CTX)
         t0 = time.perf_counter()
-        self.engine = load_engine(
-            Path(cfg["model_dir"]), variant=cfg["variant"], threads=cfg["threads"], context_length=N_CTX
-        )
+        self.engine = config.open_dir(Path(cfg["model_dir"]), variant=cfg["variant"])
         self.load_s = time.perf_counter() - t0
 
     def generate(self, ids: list[int], n: int, reuse: bool = True) -> tuple[list[int], float, float]:

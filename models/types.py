@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,26 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     truncate: bool = False  # sliding-window truncation instead of context_length_exceeded
     ignore_eos: bool = False  # benchmarks: generate exactly max_tokens (llama.cpp's ignore_eos)
+    # Constrained decoding (models/runtime/constraint.py): an llguidance grammar the reply must follow
+    # (structured output); a constrained reply ends at the grammar's end, ignore_eos or not.
+    grammar: str | None = None
+    tools: ToolUse | None = None  # tool calling: the engine renders the tools and builds the call grammar
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call (OpenAI's tools[].function)."""
+
+    name: str
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments object (None: any object)
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    tools: tuple[Tool, ...]
+    choice: str = "auto"  # "none", "auto", "required", or the name of the one function to call
+    parallel: bool = True  # more than one call in a reply
 
 
 @dataclass
@@ -55,6 +75,9 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # completion tokens per model that produced them, in the order the reply ran on them (a reply the
+    # governor moved to another model mid-way names both)
+    by_model: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:
@@ -69,6 +92,17 @@ class TopLogprob:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call as it streams: the first delta of call `index` has its id and name, later
+    ones add to its arguments (JSON text, complete once the call is)."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """One generated token. `text` is the UTF-8-safe delta (may be "" while bytes are held back)."""
 
@@ -79,6 +113,7 @@ class TokenEvent:
     top_logprobs: tuple[TopLogprob, ...] | None = None
     token_text: str | None = None  # the token's own text, for logprobs
     elapsed_ms: float = 0.0  # since generate() was called: TTFT for the first token, pacing after
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # with tools: call text goes here instead of `text`
 
 
 @dataclass(frozen=True)
@@ -91,6 +126,22 @@ class FinishEvent:
     truncated: bool = False
     variant: str | None = None
     text: str = ""  # any text flushed at the end (held-back bytes)
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # call deltas flushed at the end
+    model_id: str | None = None  # the model that finished the reply
+
+
+@dataclass(frozen=True)
+class Handover:
+    """The last event of a generation that stops so another model continues the reply (the step hook named
+    another model). The caller passes it to the next engine's generate(resume=...): a model with the same
+    tokenizer continues from the same token ids (its KV cache rebuilt once), another one from `text`."""
+
+    model_id: str  # the model to continue on
+    variant: str | None  # and its variant (None: its own choice)
+    tokenizer_key: str  # the tokenizer the state's ids belong to
+    text: str  # the reply so far as complete characters (shown, or held back for a possible stop)
+    generated: int  # tokens generated, every model together
+    state: Any  # the engine's own (models/runtime/reply.py)
 
 
 class CancelToken:

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +27,29 @@ import numpy as np
 from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotChat, ModelNotInstalled
 from models.protocol import EngineLimits, Prompt, StepHook
 from models.runtime.chat import ChatTemplate, encode_chat
+from models.runtime.constraint import Constraint, ConstraintVocabulary
 from models.runtime.genai_config import DecoderIO, load_tokenizer
-from models.runtime.sampling import Sampler, make_rng
-from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape
+from models.runtime.reply import ReplyState
+from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape, kv_slot_count
 from models.runtime.speculative import MAX_DRAFT, RowCost, Speculation
-from models.runtime.stops import StopMatcher
-from models.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from models.runtime.tokenizer import Tokenizer, tokenizer_key
+from models.runtime.tools import CallFormat, CallReader, detect_format, prepare_messages, tool_grammar
 from models.types import (
     CancelToken,
     FinishEvent,
     GenerationParams,
-    Timings,
+    Handover,
     TokenEvent,
+    ToolCallDelta,
+    ToolUse,
     TopLogprob,
-    Usage,
 )
 
 log = logging.getLogger("simmer.engine")
+
+# A reply with no max_tokens under a sliding window (truncate) stops after this many contexts' worth of
+# tokens if no EOS or stop string ends it first: Ollama's bound for open-ended generation (10 x num_ctx).
+OPEN_ENDED_CONTEXTS = 10
 
 
 @dataclass
@@ -106,6 +113,7 @@ class LlamaEngine:
         spin: str = "auto",
         max_sessions: int = 1,
         chat_template: str | None = None,
+        mask_prefetch: bool = True,
         speculation: str = "auto",
         max_draft: int = MAX_DRAFT,
     ) -> None:
@@ -144,6 +152,7 @@ class LlamaEngine:
         self.max_draft = max(0, max_draft)
         self._row_costs: dict[tuple[str, int, bool], RowCost] = {}  # per session: what a verified row costs
         self.max_sessions = max(1, max_sessions)
+        self.mask_prefetch = mask_prefetch  # constrained decoding: next mask during the forward pass
         self.max_tokens_limit: int | None = None
         self.tokens_per_second: float | None = None
         # A folder installed as is (onnxruntime-genai layout) runs on the general path; ours on the fast one.
@@ -153,6 +162,10 @@ class LlamaEngine:
             self.tokenizer = load_tokenizer(self.model_dir, self.io)
         else:
             self.tokenizer = Tokenizer.load(self.model_dir)
+        self.tokenizer_key = tokenizer_key(self.model_dir)
+        self.positions_run = (
+            0  # token positions fed through the model (prefill and decode), for tests/metrics
+        )
         # `chat_template` (the operator's, SIMMER_CHAT_TEMPLATE) replaces the model's; None: no chat
         self.template = ChatTemplate.from_tokenizer(self.tokenizer, chat_template)
         self._sessions: dict[tuple[str, int, bool], DecoderSession | GeneralDecoderSession] = {}
@@ -217,17 +230,24 @@ class LlamaEngine:
             and sess.rows_exact
         )
 
-    def _speculation(self, sampler: Sampler, sess: object) -> Speculation | None:
+    def _speculation(self, r: ReplyState, sess: object) -> Speculation | None:
         """Prompt-lookup speculation for one generation (models/runtime/speculative.py): greedy requests
         on our own graphs where a verification pass is exact (DecoderSession.rows_exact), so the reply is
         the one plain decoding gives. Sampling requests decode plainly: the speculative-sampling rule
-        (speculative.accept_or_resample) would keep the distribution but not a seed's reply."""
-        if self.speculation == "off" or self.max_draft == 0 or not sampler.greedy:
+        (speculative.accept_or_resample) would keep the distribution but not a seed's reply.
+        Constrained replies (a grammar, tools) decode plainly too. Not for correctness: a verification
+        pass gives raw rows and the loop masks each one with the grammar's state after the tokens before
+        it, as plain decoding does; but llguidance advances only on emitted tokens, so a draft cannot be
+        checked against the grammar before it is verified, and the drafter (copying the prompt) proposes
+        mostly tokens the mask forbids in JSON/tool-call replies. Left off until measured."""
+        if self.speculation == "off" or self.max_draft == 0 or not r.sampler.greedy:
+            return None
+        if r.constraint is not None or r.reader is not None:
             return None
         if not isinstance(sess, DecoderSession) or not sess.rows_exact:
             return None
         cost = self._row_costs.setdefault(self.session_key(), RowCost())
-        return Speculation(sampler, cost, max_draft=self.max_draft)
+        return Speculation(r.sampler, cost, max_draft=self.max_draft)
 
     def _slot_for(self, ids: Sequence[int]) -> tuple[KVSlot, int]:
         """The slot sharing the longest prefix with `ids` (same variant, big enough), else a free or the
@@ -239,9 +259,8 @@ class LlamaEngine:
             n = min(common_prefix(slot.tokens, ids), len(ids) - 1)
             if n > best_n or best is None:
                 best, best_n = slot, n
-        slot_bytes = self.shape.kv_bytes_per_token() * self.context_length
-        fits_another = len(self._slots) < self.prefix_slots and (len(self._slots) + 1) * slot_bytes <= max(
-            self.prefix_budget_bytes, slot_bytes
+        fits_another = len(self._slots) < kv_slot_count(
+            self.context_length, self.shape.kv_bytes_per_token(), self.prefix_slots, self.prefix_budget_bytes
         )
         if best is None or (best_n == 0 and fits_another):
             if fits_another:
@@ -259,7 +278,8 @@ class LlamaEngine:
         return best, best_n
 
     def apply_limits(self, limits: EngineLimits) -> bool:
-        """Returns True when the KV contents are no longer valid for the active session (variant changed)."""
+        """Returns True when the KV contents are no longer valid for the active session (variant changed).
+        `limits.model_id` is not the engine's to act on (a generation hands over when it names another)."""
         changed_variant = False
         if limits.threads is not None and limits.threads >= 1:
             self.threads = limits.threads
@@ -298,8 +318,10 @@ class LlamaEngine:
             param="messages",
         )
 
-    def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
-        ids = self._encode_chat(messages)
+    def chat_prompt(
+        self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None
+    ) -> Prompt:
+        ids = self._encode_chat(messages, tools)
         if self._fit(ids, reserve):
             return Prompt(ids)
         if not truncate:
@@ -312,7 +334,7 @@ class LlamaEngine:
             # a window should start with a user turn, as chats do
             while len(rest) > 1 and rest[0].get("role") != "user":
                 rest = rest[1:]
-            ids = self._encode_chat(system + rest)
+            ids = self._encode_chat(system + rest, tools)
             if self._fit(ids, reserve):
                 return Prompt(ids, truncated=True)
         # even the last turn alone is too long: keep its end
@@ -326,10 +348,31 @@ class LlamaEngine:
         """False for a model without a chat template: /v1/chat/completions answers model_not_chat."""
         return self.template is not None
 
-    def _encode_chat(self, messages: list[dict]) -> list[int]:
+    def _encode_chat(self, messages: list[dict], tools: ToolUse | None = None) -> list[int]:
         if self.template is None:
             raise ModelNotChat.for_model(self.model_id)
-        return encode_chat(self.template, self.tokenizer, messages)
+        messages, shown = prepare_messages(messages, tools, self.tool_format)
+        if shown is None:
+            return encode_chat(self.template, self.tokenizer, messages)
+        return encode_chat(self.template, self.tokenizer, messages, tools=shown)
+
+    @cached_property
+    def tool_format(self) -> CallFormat:
+        """How this model calls tools (models/runtime/tools.py), read from its chat template."""
+        return detect_format(self.template.source if self.template else None)
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.tokenizer.vocab_size:
+            raise IndexError(f"token id {token_id} is outside the vocabulary ({self.tokenizer.vocab_size})")
+        return self.tokenizer.token_bytes(token_id)
+
+    def chat_text(self, messages: list[dict]) -> str:
+        if self.template is None:
+            raise ModelNotChat.for_model(self.model_id)
+        return self.template.render(messages)
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         ids = self.tokenizer.encode(text)
@@ -341,44 +384,116 @@ class LlamaEngine:
             raise self._too_long(len(ids), reserve)
         return Prompt(ids[-(self.context_length - max(reserve, 1)) :], truncated=True)
 
+    def continuation_prompt(
+        self, request: list[dict] | str, reply: str, *, truncate: bool = False, reserve: int = 0
+    ) -> Prompt:
+        """This model's prompt for `request` followed by the reply so far, tokenized as one text (the
+        reply's text is literal: a special token's text in it stays text). Keeps the end when it does not
+        fit: the reply must go on, so a continuation never fails for length (truncate or not)."""
+        if isinstance(request, list):
+            if self.template is None:
+                raise ModelNotChat.for_model(self.model_id)
+            text, literal = self.template.render_marked(request)
+            full = text + reply
+            ids = self.tokenizer.encode(
+                full, add_special_tokens=False, literal_spans=[*literal, (len(text), len(full))]
+            )
+            bos = self.tokenizer.bos_id
+            if self.tokenizer.add_bos and bos is not None and ids[:1] != [bos]:
+                ids.insert(0, bos)
+            head = len(encode_chat(self.template, self.tokenizer, request))
+        else:
+            ids = self.tokenizer.encode(
+                request + reply, literal_spans=[(len(request), len(request) + len(reply))]
+            )
+            head = len(self.tokenizer.encode(request))
+        reply_tokens = max(0, len(ids) - head)
+        room = self.context_length - max(reserve, 1)
+        if len(ids) <= room:
+            return Prompt(ids, reply_tokens=reply_tokens)
+        return Prompt(ids[-max(1, room) :], truncated=True, reply_tokens=min(reply_tokens, max(1, room)))
+
     # -- generation ----------------------------------------------------------------------------------
+    def constraint(self, params: GenerationParams) -> Constraint | None:
+        """The grammar state a reply starts with (None: unconstrained). The tokenizer's llguidance
+        vocabulary is built on first use (about a second per 50k tokens) and kept."""
+        grammar = params.grammar
+        if params.tools is not None:
+            if grammar is not None:
+                raise InvalidParameter("a grammar and tools cannot be used together", param="tools")
+            grammar = tool_grammar(params.tools, self.tool_format)
+        if grammar is None:
+            return None
+        return Constraint(
+            grammar, ConstraintVocabulary.for_tokenizer(self.tokenizer), prefetch=self.mask_prefetch
+        )
+
     def generate(
         self,
-        prompt: Prompt,
+        prompt: Prompt | None,
         params: GenerationParams,
         *,
         cancel: CancelToken | None = None,
         step_hook: StepHook | None = None,
-    ) -> Iterator[TokenEvent | FinishEvent]:
-        return _Generation(self, prompt, params, cancel or CancelToken(), step_hook).run()
+        resume: Handover | None = None,
+    ) -> Iterator[TokenEvent | FinishEvent | Handover]:
+        return _Generation(self, prompt, params, cancel or CancelToken(), step_hook, resume).run()
+
+
+class _Full(Exception):
+    """A reply handed to a model whose context it no longer fits, without truncation: it ends (length)."""
+
+
+class _Switch(Exception):
+    """Raised at a checkpoint when the step hook names another model."""
+
+    def __init__(self, limits: EngineLimits) -> None:
+        super().__init__(limits.model_id)
+        self.limits = limits
 
 
 class _Generation:
-    """One request's state. Kept apart from the engine so the engine holds only long-lived state."""
+    """One request's state on one engine. Kept apart from the engine so the engine holds only long-lived
+    state; what outlives this engine (a reply handed to another model) is in `self.r` (ReplyState)."""
 
     def __init__(
         self,
         engine: LlamaEngine,
-        prompt: Prompt,
+        prompt: Prompt | None,
         params: GenerationParams,
         cancel: CancelToken,
         hook: StepHook | None,
+        resume: Handover | None = None,
     ) -> None:
         self.e = engine
-        self.prompt = prompt
         self.params = params
         self.cancel = cancel
         self.hook = hook
-        self.truncated = prompt.truncated
-        self.timings = Timings()
-        self.usage = Usage(prompt_tokens=len(prompt.ids))
-        self.history: list[int] = list(prompt.ids)  # prompt + reply, append-only (the sampler's view)
-        self.ctx: list[int] = list(prompt.ids)  # what the model conditions on (a window of history)
+        self.resumed = resume is not None
+        if resume is None:
+            if prompt is None:
+                raise ValueError("generate() needs a prompt or a Handover to resume")
+            self.r = ReplyState.start(
+                params, engine.tokenizer, engine.tokenizer_key, prompt.ids, prompt.truncated
+            )
+        else:
+            self.r = resume.state
+            if self.r.tokenizer_key != engine.tokenizer_key:
+                if prompt is None:
+                    raise ValueError("a reply from another vocabulary resumes from a continuation_prompt()")
+                self.r.retokenized(engine.tokenizer, engine.tokenizer_key, prompt.ids, prompt.reply_tokens)
+                self.r.truncated = self.r.truncated or prompt.truncated
         self.sess: DecoderSession | GeneralDecoderSession | None = None
         self.slot: KVSlot | None = None
         self.pos = 0  # ctx[:pos] is in the KV slot
         self.stale = False  # the KV slot must be rebuilt from ctx (variant switch, sliding window)
+        # Speculation lives with this generation, not the ReplyState: a reply handed to another model
+        # starts drafting afresh there (its own session, rows, costs; maybe another vocabulary).
         self.spec: Speculation | None = None
+
+    @property
+    def ctx(self) -> list[int]:
+        return self.r.ctx
 
     # step hook + cancel, between every chunk and token
     def _checkpoint(self) -> None:
@@ -391,6 +506,8 @@ class _Generation:
             raise Cancelled("the request was cancelled")
         if limits is None:
             return
+        if limits.model_id is not None and limits.model_id != self.e.model_id:
+            raise _Switch(limits)
         old = self.e.session_key()
         if self.e.apply_limits(limits):
             self.stale = True  # the KV cache was computed by other weights
@@ -402,8 +519,8 @@ class _Generation:
     def _window(self) -> None:
         """Context full (or the cap lowered): keep the newest half of the context, a sliding window."""
         log.info("context cap %d reached: sliding window", self.e.context_length)
-        self.ctx = self.ctx[-(self.e.context_length // 2) :]
-        self.truncated = True
+        self.r.ctx = self.ctx[-(self.e.context_length // 2) :]
+        self.r.truncated = True
         self.stale = True
 
     def _run(self, ids: Sequence[int], keep: int = 1) -> np.ndarray:
@@ -428,6 +545,7 @@ class _Generation:
         del cache.tokens[self.pos :]
         cache.tokens.extend(ids)
         self.pos += len(ids)
+        self.e.positions_run += len(ids)
         return logits
 
     def _sync(self) -> np.ndarray:
@@ -468,7 +586,7 @@ class _Generation:
             spec.drop()
             return self._sync()
         room = min(self.e.context_length, self.slot.cache.capacity) - len(self.ctx)
-        draft = spec.draft(self.history, min(room, left - 1))
+        draft = spec.draft(self.r.history, min(room, left - 1))
         t0 = time.perf_counter()
         logits = self._run([self.ctx[self.pos], *draft], keep=len(draft) + 1)
         spec.verified(draft, logits, time.perf_counter() - t0)
@@ -477,66 +595,105 @@ class _Generation:
         self.pos -= len(draft)  # only the fed token is part of the reply yet
         return logits[0]
 
-    def run(self) -> Iterator[TokenEvent | FinishEvent]:
-        e, p = self.e, self.params
-        t_start = time.perf_counter()
-        detok = IncrementalDetokenizer(e.tokenizer)
-        stops = StopMatcher(p.stop)
-        sampler = Sampler(p.sampling, make_rng(p.sampling.seed), prompt_len=len(self.prompt.ids))
+    def _prefill(self) -> None:
+        """The prompt, or after a handover the reply's context so far (the KV cache built once for it)."""
+        e, r = self.e, self.r
+        if not self.resumed and len(self.ctx) >= e.context_length:
+            raise ContextLengthExceeded(
+                f"This model's context is {e.context_length} tokens; the prompt has {len(self.ctx)} tokens.",
+                param="messages",
+            )
+        while self.resumed and len(self.ctx) >= e.context_length:  # a smaller model took the reply over
+            if not self.params.truncate:
+                raise _Full
+            self._window()
+        self.slot, cached = e._slot_for(self.ctx)
+        self.pos = cached
+        t0 = time.perf_counter()
+        self.logits = self._sync().copy()
+        if not self.resumed:
+            r.usage.cached_tokens = cached
+            r.timings.prompt_n = len(self.ctx) - cached
+            r.timings.prompt_ms = (time.perf_counter() - t0) * 1000
+
+    def _start_constraint(self) -> None:
+        """The reply's grammar and tool-call reader: made by the engine that starts the reply, kept across
+        a handover (they read text and bytes), the grammar's state re-spelled over a new vocabulary."""
+        e, p, r = self.e, self.params, self.r
+        if not self.resumed:
+            r.constraint = e.constraint(p)
+            calling = p.tools is not None and p.tools.choice != "none"
+            r.reader = CallReader(e.tool_format) if calling else None
+        elif r.constraint is not None and r.constraint.vocab.tokenizer is not e.tokenizer:
+            r.constraint = r.constraint.rebind(ConstraintVocabulary.for_tokenizer(e.tokenizer))
+        if r.constraint is not None:
+            r.constraint.prefetch()  # the first mask, during the prefill
+
+    def run(self) -> Iterator[TokenEvent | FinishEvent | Handover]:
+        e, p, r = self.e, self.params, self.r
+        end_calls: tuple[ToolCallDelta, ...] = ()
+        handed_over = False
         finish = "length"
-        generated = 0
         held_text = ""
+        t_decode = time.perf_counter()
         try:
             self._checkpoint()
+            self._start_constraint()
             self.sess = e._session()
-            self.spec = e._speculation(sampler, self.sess)
+            self.spec = e._speculation(r, self.sess)
             # a long prefill chunk is stopped between graph nodes (RunOptions.terminate)
             self.cancel.on_cancel(lambda: self.sess.terminate() if self.sess else None)
-            ids = self.prompt.ids
-            if len(ids) >= e.context_length:
-                raise ContextLengthExceeded(
-                    f"This model's context is {e.context_length} tokens; the prompt has {len(ids)} tokens.",
-                    param="messages",
-                )
-            self.slot, cached = e._slot_for(ids)
-            self.pos = cached
-            self.usage.cached_tokens = cached
-            t0 = time.perf_counter()
-            self.logits = self._sync().copy()
-            self.timings.prompt_n = len(ids) - cached
-            self.timings.prompt_ms = (time.perf_counter() - t0) * 1000
+            self._prefill()
             max_tokens = p.max_tokens
+            if max_tokens is None and p.truncate:
+                # A sliding window never runs out of context: bound the open-ended reply (as Ollama does).
+                max_tokens = OPEN_ENDED_CONTEXTS * e.context_length
             t_decode = time.perf_counter()
             last_emit = t_decode
             while True:
                 limit = e.max_tokens_limit
                 cap = min(x for x in (max_tokens, limit, 1 << 30) if x is not None)
-                if generated >= cap:
+                if r.generated >= cap:
                     finish = "length"
                     break
-                token, logprob, top = (self.spec or sampler).sample(self.logits, self.history)
-                if token in e.tokenizer.eos_ids and not p.ignore_eos:
+                constraint, reader = r.constraint, r.reader
+                allowed = constraint.allowed() if constraint is not None else None
+                token, logprob, top = (self.spec or r.sampler).sample(self.logits, r.history, allowed)
+                if token in e.tokenizer.eos_ids and (not p.ignore_eos or constraint is not None):
                     finish = "stop"
                     break
-                generated += 1
-                self.history.append(token)
+                if constraint is not None:
+                    # The state moves on emitted tokens only (a variant switch re-prefills the same ones);
+                    # the next mask is computed while the model runs its forward pass.
+                    constraint.advance(token)
+                    constraint.prefetch()
+                r.generated += 1
+                r.usage.by_model[e.model_id] = r.usage.by_model.get(e.model_id, 0) + 1
+                r.history.append(token)
                 self.ctx.append(token)
-                delta, hit = stops.feed(detok.feed(token))
-                if generated == 1:
-                    self.timings.ttft_ms = (time.perf_counter() - t_start) * 1000
+                piece = r.detok.feed(token)
+                r.text.append(piece)
+                delta, hit = r.stops.feed(piece)
+                calls: tuple[ToolCallDelta, ...] = ()
+                if reader is not None:
+                    delta, found = reader.feed(delta)
+                    calls = tuple(found)
+                if r.generated == 1:
+                    r.timings.ttft_ms = (time.perf_counter() - r.t_start) * 1000
                 yield TokenEvent(
                     token_id=token,
                     text=delta,
-                    index=generated - 1,
+                    index=r.generated - 1,
                     logprob=logprob if p.sampling.logprobs is not None else None,
                     top_logprobs=self._top(top) if p.sampling.logprobs else None,
                     token_text=e.tokenizer.token_text(token) if p.sampling.logprobs is not None else None,
-                    elapsed_ms=(time.perf_counter() - t_start) * 1000,
+                    elapsed_ms=(time.perf_counter() - r.t_start) * 1000,
+                    tool_calls=calls,
                 )
                 if hit:
                     finish = "stop"
                     break
-                if generated >= cap:
+                if r.generated >= cap:
                     finish = "length"
                     break
                 self._checkpoint()
@@ -546,37 +703,72 @@ class _Generation:
                         break
                     self._window()
                 # normally just the new token (and a draft); all of ctx after a switch
-                self.logits = self._advance(token, cap - generated)
+                self.logits = self._advance(token, cap - r.generated)
                 if e.tokens_per_second:
                     # pacing: fewer tokens per second means less heat per second
                     wait = last_emit + 1.0 / e.tokens_per_second - time.perf_counter()
                     if wait > 0:
                         time.sleep(wait)
                 last_emit = time.perf_counter()
-            if not stops.stopped:  # bytes and text held back for a possible stop are the reply's end
-                tail, _ = stops.feed(detok.flush())
-                held_text = tail + stops.flush()
-            self.timings.predicted_n = generated
-            self.timings.predicted_ms = (time.perf_counter() - t_decode) * 1000
+            if not r.stops.stopped:  # bytes and text held back for a possible stop are the reply's end
+                tail, _ = r.stops.feed(r.detok.flush())
+                held_text = tail + r.stops.flush()
+            if r.reader is not None:
+                held_text, found = r.reader.feed(held_text)
+                rest, more = r.reader.flush()
+                held_text += rest
+                end_calls = tuple(found + more)
+                if r.reader.calls and finish == "stop":
+                    finish = "tool_calls"
         except Cancelled:
             finish = "cancelled"
-        if self.spec is not None:
-            t = self.timings
-            t.draft_n, t.draft_n_accepted = self.spec.drafted, self.spec.accepted
-            if self.slot is not None:  # verified tokens past the reply's end: as a plain decode leaves it
-                del self.slot.cache.tokens[self.pos :]
-        t = self.timings
+        except _Full:
+            finish = "length"
+        except _Switch as switch:
+            r.decode_s += time.perf_counter() - t_decode
+            handed_over = True  # the grammar goes on with the next model
+            self._end_speculation()  # before the next model runs: drafting starts afresh there
+            yield Handover(
+                model_id=switch.limits.model_id or "",
+                variant=switch.limits.variant,
+                tokenizer_key=r.tokenizer_key,
+                text=r.reply_text,
+                generated=r.generated,
+                state=r,
+            )
+            return
+        finally:
+            if r.constraint is not None and not handed_over:
+                r.constraint.close()
+            self._end_speculation()
+        t = r.timings
+        t.predicted_n = r.generated
+        t.predicted_ms = (r.decode_s + time.perf_counter() - t_decode) * 1000
         t.prompt_per_second = t.prompt_n / (t.prompt_ms / 1000) if t.prompt_ms > 0 else 0.0
         t.predicted_per_second = t.predicted_n / (t.predicted_ms / 1000) if t.predicted_ms > 0 else 0.0
-        self.usage.completion_tokens = generated
+        r.usage.completion_tokens = r.generated
         yield FinishEvent(
             finish_reason=finish,
-            usage=self.usage,
+            usage=r.usage,
             timings=t,
-            truncated=self.truncated,
+            truncated=r.truncated,
             variant=e.variant,
             text=held_text,
+            tool_calls=end_calls,
+            model_id=e.model_id,
         )
+
+    def _end_speculation(self) -> None:
+        """Count the drafts into the reply's timings (summed over the models a reply went through) and drop
+        verified tokens past the reply's end from the slot, so it holds what a plain decode leaves."""
+        if self.spec is None:
+            return
+        t = self.r.timings
+        t.draft_n += self.spec.drafted
+        t.draft_n_accepted += self.spec.accepted
+        self.spec = None
+        if self.slot is not None:
+            del self.slot.cache.tokens[self.pos :]
 
     def _top(self, top: Any) -> tuple[TopLogprob, ...] | None:
         if not top:

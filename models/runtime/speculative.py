@@ -216,15 +216,16 @@ class Speculation:
         self.accepted = 0
 
     def sample(
-        self, logits: np.ndarray, history: Sequence[int]
+        self, logits: np.ndarray, history: Sequence[int], allowed: np.ndarray | None = None
     ) -> tuple[int, float | None, TopLogprobs | None]:
-        """The next token, from the logits for the position after `history`."""
+        """The next token, from the logits for the position after `history`, among the `allowed` ones
+        (Sampler.sample's mask)."""
         s = self.sampler
         proposal = self.drafter.propose(history)
         if s.greedy:
-            token, logprob, top = s.sample(logits, history)
+            token, logprob, top = s.sample(logits, history, allowed)
         else:
-            ids, probs = s.distribution(logits, history)
+            ids, probs = s.distribution(logits, history, allowed)
             v, w = s.rng.random(), s.rng.random()  # always two: the stream does not depend on drafts
             token = self.accept(ids, probs, proposal, v, w)
             logprob, top = s.logprobs(logits, token)

@@ -1,5 +1,5 @@
-"""The worker's Gate over a real Governor: device throttling, kills, limits only when they change, and the
-memory plan that picks the start rung."""
+"""The worker's Gate over a real Governor: device throttling, kills, limits only when they change; and the
+memory tier a served folder starts on."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from governor.governor import Governor
 from governor.policy import PolicyConfig
 from governor.sensors import SimulatedThermalSource
 from governor.thermal_sim import ThermalSimulator, get_profile
-from models.errors import Cancelled, DeviceOverheated, InsufficientMemory
+from models.errors import Cancelled, DeviceOverheated
 from models.types import CancelToken
 from server.errors import DevicePaused
-from server.governor_gate import RUNTIME_BYTES, GovernorGate, governed_engine_factory, plan_start
+from server.governor_gate import GovernorGate
+from server.serve import gate_for
+from server.served import serve_folders
 from tests.server.conftest import make_settings
-
-MiB = 2**20
 
 
 class FrozenClock:
@@ -121,94 +121,37 @@ def test_before_step_when_paused_and_client_leaves_then_cancelled_at_once():
     assert time.monotonic() - t0 < 2
 
 
-# -- memory: the start rung -------------------------------------------------------------------------------
-MANIFEST = {
-    "context_length": 8192,
-    "kv_bytes_per_token": 1000,
-    "variants": {
-        "f32": {
-            "weights_bytes": 500 * MiB,
-            "speed": {"cpu_s_per_token": 0.03},
-            "quality": {"top1_agreement": 1.0},
-        },
-        "q4": {
-            "weights_bytes": 200 * MiB,
-            "speed": {"cpu_s_per_token": 0.018},
-            "quality": {"top1_agreement": 1.0},
-        },
-        "q4-a8": {
-            "weights_bytes": 110 * MiB,
-            "speed": {"cpu_s_per_token": 0.012},
-            "quality": {"top1_agreement": 0.93},
-        },
-    },
-}
-
-
-def plan(budget: int | None, **kw):
-    args = {"context_length": 2048, "prefix_slots": 2, "prefix_budget_bytes": 256 * MiB, **kw}
-    return plan_start("m", MANIFEST, budget_bytes=budget, **args)
-
-
-def test_plan_start_when_budget_fits_best_then_best_rung_and_ladder_by_cost():
-    p = plan(1024 * MiB)
-    assert [r.variant for r in p.ladder] == ["q4", "q4-a8"]  # f32 is no cheaper than q4: not a rung
-    assert p.variant == "q4" and p.start_rung == 0
-    assert p.need_bytes == 200 * MiB + 2 * 2048 * 1000 + RUNTIME_BYTES
-
-
-def test_plan_start_when_budget_only_fits_cheaper_then_steps_down():
-    p = plan(110 * MiB + 2 * 2048 * 1000 + RUNTIME_BYTES)
-    assert p.variant == "q4-a8" and p.start_rung == 1
-
-
-def test_plan_start_when_nothing_fits_then_insufficient_memory_naming_needs():
-    with pytest.raises(InsufficientMemory, match="q4-a8 needs") as err:
-        plan(100 * MiB)
-    assert err.value.code == "insufficient_memory"
-
-
-def test_plan_start_when_variant_chosen_then_it_is_the_top_rung():
-    p = plan(None, preferred_variant="f32")
-    assert [r.variant for r in p.ladder] == ["f32", "q4", "q4-a8"]
-    assert p.variant == "f32"
-
-
-def test_engine_factory_when_budget_too_small_then_refuses_to_load_with_clear_error(
-    live, tmp_path, tiny_model_dir
-):
-    from server.governor_gate import build_gate
-
-    settings = make_settings(tmp_path, thermal_source="none", memory_budget_mb=8)
-    gate = build_gate(settings)
-    srv = live(
-        engine_factory=governed_engine_factory(settings, gate, model_dir=tiny_model_dir), governor=gate
-    )
+# -- the memory tier, through a live server ----------------------------------------------------------------
+def wait_started(srv):
     with srv.client() as c:
-        for _ in range(200):
+        for _ in range(500):
             health = c.get("/health")
             if health.json()["status"] != "loading":
-                break
+                return health
             time.sleep(0.02)
-        assert health.status_code == 503
-        assert "memory budget of 8 MiB" in health.json()["error"]
+    return health
 
 
-def test_engine_factory_when_budget_fits_then_loads_start_rung_and_ladder(live, tmp_path, tiny_model_dir):
-    from server.governor_gate import build_gate
+def test_server_when_budget_too_small_then_refuses_to_load_with_the_numbers(live, tmp_path, tiny_model_dir):
+    settings = make_settings(tmp_path, thermal_source="none", memory_budget_mb=8)
+    served = serve_folders(settings, [tiny_model_dir])
+    srv = live(served=served, governor=gate_for(settings, served), thermal_source="none", memory_budget_mb=8)
+    health = wait_started(srv)
+    assert health.status_code == 503
+    error = health.json()["error"]
+    assert "budget of 8 MiB" in error and "Nothing was unloaded" in error
 
-    settings = make_settings(tmp_path, thermal_source="none", memory_budget_mb=1024, context_length=128)
-    gate = build_gate(settings)
-    srv = live(
-        engine_factory=governed_engine_factory(settings, gate, model_dir=tiny_model_dir), governor=gate
-    )
+
+def test_server_when_budget_fits_then_loads_start_rung_and_ladder(live, tmp_path, tiny_model_dir):
+    overrides = {"thermal_source": "none", "memory_budget_mb": 1024, "context_length": 128}
+    settings = make_settings(tmp_path, **overrides)
+    served = serve_folders(settings, [tiny_model_dir])
+    srv = live(served=served, governor=gate_for(settings, served), **overrides)
     manifest = json.loads((tiny_model_dir / "manifest.json").read_text())
+    assert wait_started(srv).status_code == 200
     with srv.client() as c:
-        for _ in range(200):
-            if c.get("/health").json()["status"] == "ok":
-                break
-            time.sleep(0.02)
         body = c.get("/v1/thermal").json()
-    assert body["variant"] == body["limits"]["variant"]
-    assert body["variant"] in manifest["variants"]
+    assert body["variant"] == body["limits"]["variant"] == manifest["default_variant"]  # q4-a8: nominal
     assert body["model"] == manifest["id"]
+    assert [r["model"] for r in body["ladder"]] == [manifest["id"]] * len(body["ladder"])
+    assert body["ladder"][0]["current"]
