@@ -168,11 +168,75 @@ def test_speculation_when_sampling_or_off_then_plain(tiny_model_dir, tiny_pair) 
     assert fin.timings.draft_n == 0
 
 
+def test_greedy_when_constrained_then_decodes_plainly_and_same_reply(tiny_pair) -> None:
+    """A grammar's reply does not speculate (LlamaEngine._speculation says why); its reply is the plain
+    one. The prompt repeats the grammar's own words, so an unguarded engine drafts here."""
+    from models.runtime.constraint import json_schema_grammar
+
+    spec, plain = tiny_pair
+    words = ["cat", "sat", "on", "the", "mat"]
+    grammar = json_schema_grammar({"type": "array", "items": {"enum": words}, "maxItems": 40})
+    text = '["cat", "sat", "on", "the", "mat", "cat", "sat", "on", "the", "mat", "cat", "sat", ' * 2
+    params = GenerationParams(GREEDY, max_tokens=80, grammar=grammar)
+    a, fa = run(spec, spec.text_prompt(text), params)
+    b, _ = run(plain, plain.text_prompt(text), params)
+    assert [t.token_id for t in a] == [t.token_id for t in b]
+    assert fa.timings.draft_n == 0
+
+
+def test_handover_when_speculating_then_same_ids_as_plain_and_drafts_counted_over_both(
+    tiny_pair_dirs,
+) -> None:
+    """A reply handed to another model mid-way: drafting ends with the first model (its verified rows and
+    KV past the reply are dropped) and starts afresh on the second; the ids are the plain handover's."""
+    from models.protocol import EngineLimits
+    from models.types import Handover
+
+    def handed(speculation: str) -> tuple[list[int], FinishEvent, LlamaEngine]:
+        big, small = (
+            load_engine(d, variant="f32", threads=1, context_length=256, speculation=speculation)
+            for d in tiny_pair_dirs
+        )
+        params = GenerationParams(GREEDY, max_tokens=60, ignore_eos=True)
+        out: list[int] = []
+        hook = lambda: EngineLimits(model_id=small.model_id) if len(out) >= 25 else None  # noqa: E731
+        events = big.generate(big.text_prompt(COPY_TEXT), params, step_hook=hook)
+        for ev in events:
+            if isinstance(ev, Handover):
+                break
+            out.append(ev.token_id)  # type: ignore[union-attr]
+        assert isinstance(ev, Handover) and len(out) == 25
+        # the last token is not fed yet (the switch comes at the checkpoint after it), as in plain decoding
+        assert [slot.tokens for slot in big._slots] == [big.text_prompt(COPY_TEXT).ids + out[:-1]]
+        *rest, fin = small.generate(None, params, resume=ev)
+        assert isinstance(fin, FinishEvent)
+        return out + [t.token_id for t in rest], fin, big
+
+    ids_spec, fin_spec, _ = handed("auto")
+    ids_plain, fin_plain, _ = handed("off")
+    assert ids_spec == ids_plain and len(ids_spec) == 60
+    assert fin_spec.usage.by_model == fin_plain.usage.by_model
+    assert fin_spec.timings.draft_n_accepted > 0 and fin_plain.timings.draft_n == 0
+
+
 def test_speculation_when_unknown_setting_then_invalid_parameter(tiny_model_dir) -> None:
     from models.errors import InvalidParameter
 
     with pytest.raises(InvalidParameter, match="speculation"):
         load_engine(tiny_model_dir, variant="q4", threads=1, speculation="on")
+
+
+def test_speculation_setting_when_off_then_engines_from_engine_config_decode_plainly(
+    tiny_model_dir, monkeypatch
+) -> None:
+    """SIMMER_SPECULATION reaches the engines every entry point opens (EngineConfig)."""
+    from server.engine_config import EngineConfig
+    from server.settings import Settings
+
+    for value, speculates in (("off", False), ("auto", True)):
+        monkeypatch.setenv("SIMMER_SPECULATION", value)
+        engine = EngineConfig.from_settings(Settings(), threads=1).open_dir(tiny_model_dir, variant="q4")
+        assert engine.speculation == value and engine.speculates is speculates
 
 
 @pytest.mark.slow
