@@ -36,6 +36,7 @@ def build_governor(
     config = PolicyConfig(
         memory_budget_bytes=_mb(settings.memory_budget_mb),
         background_action=settings.background_action,  # type: ignore[arg-type]
+        lifecycle_ttl_s=settings.lifecycle_ttl_s,
     )
     return Governor(
         thermal=thermal,

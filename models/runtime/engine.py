@@ -30,7 +30,14 @@ from models.runtime.chat import ChatTemplate, encode_chat
 from models.runtime.constraint import Constraint, ConstraintVocabulary
 from models.runtime.genai_config import DecoderIO, load_tokenizer
 from models.runtime.reply import ReplyState
-from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape, kv_slot_count
+from models.runtime.session import (
+    DecoderSession,
+    GeneralDecoderSession,
+    KVCache,
+    ModelShape,
+    kv_slot_count,
+    new_run_options,
+)
 from models.runtime.speculative import MAX_DRAFT, RowCost, Speculation
 from models.runtime.tokenizer import Tokenizer, tokenizer_key
 from models.runtime.tools import CallFormat, CallReader, detect_format, prepare_messages, tool_grammar
@@ -484,6 +491,7 @@ class _Generation:
                 self.r.retokenized(engine.tokenizer, engine.tokenizer_key, prompt.ids, prompt.reply_tokens)
                 self.r.truncated = self.r.truncated or prompt.truncated
         self.sess: DecoderSession | GeneralDecoderSession | None = None
+        self.run_options = new_run_options()
         self.slot: KVSlot | None = None
         self.pos = 0  # ctx[:pos] is in the KV slot
         self.stale = False  # the KV slot must be rebuilt from ctx (variant switch, sliding window)
@@ -523,6 +531,9 @@ class _Generation:
         self.r.truncated = True
         self.stale = True
 
+    def _terminate(self) -> None:
+        self.run_options.terminate = True
+
     def _run(self, ids: Sequence[int], keep: int = 1) -> np.ndarray:
         assert self.sess is not None and self.slot is not None
         cache = self.slot.cache
@@ -530,13 +541,14 @@ class _Generation:
             bigger = self.e.new_cache(max(self.e.context_length, self.pos + len(ids)))
             bigger.copy_prefix_from(cache, self.pos)
             self.slot.cache = cache = bigger
-        self.sess.reset_terminate()
         try:
             fed = np.asarray(ids, dtype=np.int64)
             if keep > 1:  # a verification pass: a row of logits per fed token
-                logits = self.sess.run_last(fed, cache, self.pos, keep)  # type: ignore[union-attr]
+                logits = self.sess.run_last(  # type: ignore[union-attr]
+                    fed, cache, self.pos, keep, self.run_options
+                )
             else:
-                logits = self.sess.run(fed, cache, self.pos)
+                logits = self.sess.run(fed, cache, self.pos, self.run_options)
         except Exception as e:
             cache.tokens = []  # partially written: never reuse
             if self.cancel.cancelled:
@@ -641,8 +653,10 @@ class _Generation:
             self._start_constraint()
             self.sess = e._session()
             self.spec = e._speculation(r, self.sess)
-            # a long prefill chunk is stopped between graph nodes (RunOptions.terminate)
-            self.cancel.on_cancel(lambda: self.sess.terminate() if self.sess else None)
+            # A long prefill chunk is stopped between graph nodes (RunOptions.terminate). The options are
+            # this generation's own: the token may be cancelled long after it ended (a client that leaves
+            # late), and a flag on the shared session would then stop whichever request runs at that moment.
+            self.cancel.on_cancel(self._terminate)
             self._prefill()
             max_tokens = p.max_tokens
             if max_tokens is None and p.truncate:
