@@ -130,7 +130,7 @@ class DecoderSession:
             str(path), session_options(threads, spinning), providers=["CPUExecutionProvider"]
         )
         prefault_mappings(self.path.parent)
-        # Graphs from converter 6 on take num_logits_to_keep (an input with a default, which onnxruntime
+        # Graphs from converter 7 on take num_logits_to_keep (an input with a default, which onnxruntime
         # lists as an overridable initializer); older folders give the last position only.
         self.multi_logits = any(
             i.name == KEEP_INPUT for i in [*self.sess.get_inputs(), *self.sess.get_overridable_initializers()]
