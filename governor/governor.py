@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from governor.limits import DEFAULT_TABLE, LevelLimits, Limits, Rung, resolve_limits
+from governor.limits import DEFAULT_TABLE, ConfigCost, LevelLimits, Limits, Rung, resolve_limits
 from governor.policy import GovernorState, Level, Lifecycle, PolicyConfig, Readings, Transition, decide
 from governor.sensors import (
     BatteryReading,
@@ -110,6 +111,7 @@ class Governor:
         table: Mapping[Level, LevelLimits] = DEFAULT_TABLE,
         ladder: Sequence[Rung] = (),
         start_rung: int = 0,
+        costs: Sequence[ConfigCost] = (),
         poll_s: float = 1.0,
         enforce: bool = True,
         clock: Callable[[], float] = time.monotonic,
@@ -118,10 +120,13 @@ class Governor:
         self._read_memory = read_memory
         self._read_battery = read_battery
         self.config = config or PolicyConfig()
+        if self.config.pace_max_cores is None:  # the pace controller may spend every usable core
+            self.config = replace(self.config, pace_max_cores=float(max(1, usable_cpus)))
         self.usable_cpus = usable_cpus
         self.table = table
         self.ladder = list(ladder)
         self.start_rung = start_rung
+        self.costs: Sequence[ConfigCost] = costs  # measured CPU s/token per configuration, if any
         self.enforce = enforce
         self._clock = clock
         sim = self.thermal.simulator
@@ -192,12 +197,20 @@ class Governor:
 
     def _build_snapshot(self, now: float, readings: Readings, state: GovernorState) -> Snapshot:
         level: Level = state.level if self.enforce else "nominal"
+        previous = getattr(self, "_snapshot", None)
+        running = previous.limits if previous is not None else None
         limits = resolve_limits(
             level,
             usable_cpus=self.usable_cpus,
             table=self.table,
             ladder=self.ladder,
             start_rung=self.start_rung,
+            pace_cores=state.pace_cores if self.enforce else None,
+            thermal=state.cause == "thermal",
+            costs=self.costs,
+            current=(running.variant, running.threads)
+            if running and running.variant and running.threads
+            else None,
         )
         return Snapshot(
             time=now,
@@ -305,10 +318,24 @@ class Governor:
 
 
 def _differs(a: Snapshot, b: Snapshot) -> bool:
-    return (a.level, a.limits, a.lifecycle, a.device_killed, a.cause) != (
+    return (a.level, _coarse(a.limits), a.lifecycle, a.device_killed, a.cause) != (
         b.level,
-        b.limits,
+        _coarse(b.limits),
         b.lifecycle,
         b.device_killed,
         b.cause,
+    )
+
+
+def _coarse(limits: Limits) -> Limits:
+    """The pace controller moves the budget a little on every poll: subscribers (SSE, the UI) hear of a
+    change of pace only when it crosses a 10 % step. The worker reads the exact limits on every token."""
+
+    def step(x: float | None) -> float | None:
+        return None if x is None or x <= 0 else round(math.log(x) / math.log(1.1))
+
+    return replace(
+        limits,
+        tokens_per_second=step(limits.tokens_per_second),
+        cpu_budget_cores=step(limits.cpu_budget_cores),
     )

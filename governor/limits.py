@@ -1,7 +1,13 @@
-"""What each level asks of the engine, and the ladder of variants to step down on.
+"""What each level asks of the engine, the ladder of variants to step down on, and the configuration a CPU
+budget buys the most tokens with.
 
 Levers are ordered cheapest and most reversible first: fewer threads, a CPU pace, capped tokens, a shorter
 context, a cheaper variant or smaller model, then pausing. The worker applies them between tokens.
+
+A CPU budget (busy cores: the level table's, or the pace controller's in governor/policy.py) is spent on
+the configuration (variant x threads x spinning) that makes the most tokens per second within it. Where the
+budget binds, that is the one with the least CPU time per token, not the fastest: a phone held at its
+envelope runs one thread without spinning, because a thread pool never makes a token cheaper.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ class Limits:
     pause_running: bool = False
     model_id: str | None = None
     cpu_budget_cores: float | None = None  # average busy cores allowed (the pace, when s/token is unknown)
+    spinning: bool | None = (
+        None  # thread-pool spinning for the chosen configuration (None: the engine's rule)
+    )
 
     def pace_delay(self, pass_seconds: float) -> float:
         """Seconds to idle after a forward pass that kept `threads` cores busy for `pass_seconds`, so the
@@ -54,6 +63,9 @@ class LevelLimits:
 # Sized on the phone profile with 2 cores (THERMAL_SIM.md, leakage included): 2 busy cores settle at ~69 C,
 # 1 core at ~44.6 C (just above T_throttle 43), 0.75 core at ~40 C. So fair halves the threads, serious paces
 # to 0.75 core on a cheaper rung (the device then settles below T_throttle at serious), critical pauses.
+# With the pace controller on (the default) a thermal level's threads and CPU budget come from the controller
+# instead (resolve_limits): these rows' thread fractions and budgets then serve the other causes (memory,
+# battery, background at low priority) and pace_control off.
 DEFAULT_TABLE: dict[Level, LevelLimits] = {
     "nominal": LevelLimits(),
     "fair": LevelLimits(thread_fraction=0.5),
@@ -90,6 +102,8 @@ class Rung:
     cpu_s_per_token: float
     quality_top1: float
     bytes: int
+    threads: int = 0  # the threads cpu_s_per_token was measured with (0: unknown)
+    decode_tok_s: float = 0.0  # the decode speed measured with them (0: unknown)
 
 
 def build_ladder(rungs: Sequence[tuple[str, str, float, float, int]]) -> list[Rung]:
@@ -104,20 +118,23 @@ def build_ladder(rungs: Sequence[tuple[str, str, float, float, int]]) -> list[Ru
 
 
 def rungs_from_manifest(model_id: str, variants: Mapping[str, Mapping[str, Any]]) -> list[tuple]:
-    """Manifest entries {"q4": {"speed": {"cpu_s_per_token": ..}, "quality": {"top1_agreement": ..},
-    "weights_bytes": .. (or "memory": {"total_bytes": ..})}, ...} -> build_ladder() tuples. Unmeasured
-    variants are skipped."""
+    """Manifest entries {"q4": {"speed": {"cpu_s_per_token": .., "threads": .., "decode_tok_s": ..},
+    "quality": {"top1_agreement": ..}, "weights_bytes": .. (or "memory": {"total_bytes": ..})}, ...}
+    -> build_ladder() tuples. Unmeasured variants are skipped."""
     out = []
     for variant, data in variants.items():
         try:
             size = data["weights_bytes"] if "weights_bytes" in data else data["memory"]["total_bytes"]
+            speed = data["speed"]
             out.append(
                 (
                     model_id,
                     variant,
-                    float(data["speed"]["cpu_s_per_token"]),
+                    float(speed["cpu_s_per_token"]),
                     float(data["quality"]["top1_agreement"]),
                     int(size),
+                    int(speed.get("threads") or 0),
+                    float(speed.get("decode_tok_s") or 0.0),
                 )
             )
         except (KeyError, TypeError, ValueError):
@@ -146,6 +163,71 @@ def pick_rung(
     raise NoRungFits(f"no model variant fits the memory budget of {budget_bytes / 2**20:.0f} MiB ({detail})")
 
 
+# -- configurations and what a token costs in each -------------------------------------------------------
+@dataclass(frozen=True)
+class ConfigCost:
+    """One way to run a variant and what a token costs there: measured (the engine bench's table), or
+    derived from the manifest's one measurement (config_costs)."""
+
+    variant: str
+    threads: int
+    spinning: bool | None  # None: the engine's own rule (spin only while unpaced)
+    cpu_s_per_token: float  # process CPU seconds (all threads) per generated token
+    tok_s: float  # decode tokens per wall second, unpaced
+
+
+def config_costs(rung: Rung, max_threads: int, measured: Sequence[ConfigCost] = ()) -> list[ConfigCost]:
+    """The configurations of `rung`'s variant with at most max_threads threads: the measured entries when
+    the table has any for this variant, else priors from the manifest's one measurement (c CPU s/token and
+    s tok/s at T threads; T unknown: max_threads). The priors assume a thread pool never makes a token
+    cheaper, so every thread count costs c; one thread keeps one core busy, so it makes 1 / c tokens per
+    second (at most s); t > 1 threads make s * t / T. Unmeasured rungs have none."""
+    own = [c for c in measured if c.variant == rung.variant and c.threads <= max_threads]
+    if own or rung.cpu_s_per_token <= 0:
+        return own
+    c = rung.cpu_s_per_token
+    big_t = rung.threads or max_threads
+    s = rung.decode_tok_s or big_t / c
+
+    def speed(t: int) -> float:
+        return min(s, 1.0 / c) if t == 1 else s * t / big_t
+
+    return [ConfigCost(rung.variant, t, None, c, speed(t)) for t in range(1, max_threads + 1)]
+
+
+SWITCH_GAIN = 1.10  # another configuration must make this much more to replace the running one
+
+
+def pick_config(
+    configs: Sequence[ConfigCost], budget_cores: float | None, current: tuple[str, int] | None = None
+) -> tuple[ConfigCost, float | None]:
+    """The configuration that makes the most tokens per second within budget_cores (None: no budget), and
+    the pace (tokens/s) that keeps it within the budget, or None where the budget does not bind.
+
+    Rule table, for each configuration: rate = min(tok_s, budget / cpu_s_per_token)
+      the near ones: rate within 5 % of the highest
+      among them: the least CPU per token, then the fewest threads, then no spinning
+      the running configuration (`current`: variant, threads) stays if it is not near and the winner makes
+      less than SWITCH_GAIN times its rate (a new thread count is a new onnxruntime session: not for a few
+      per cent; together with the 5 % this is a hysteresis band, so a budget near a boundary cannot flap)
+    Where the budget binds every configuration, the highest rate IS the least CPU per token.
+    """
+    if not configs:
+        raise ValueError("pick_config needs at least one configuration")
+
+    def rate(c: ConfigCost) -> float:
+        return c.tok_s if budget_cores is None else min(c.tok_s, budget_cores / c.cpu_s_per_token)
+
+    top = max(rate(c) for c in configs)
+    near = [c for c in configs if rate(c) >= 0.95 * top]
+    best = min(near, key=lambda c: (c.cpu_s_per_token, c.threads, bool(c.spinning)))
+    running = [c for c in configs if (c.variant, c.threads) == current]
+    if running and running[0] not in near and rate(best) < SWITCH_GAIN * rate(running[0]):
+        best = running[0]
+    bound = budget_cores is not None and budget_cores / best.cpu_s_per_token < best.tok_s
+    return best, (budget_cores / best.cpu_s_per_token if bound else None)
+
+
 def resolve_limits(
     level: Level,
     *,
@@ -153,22 +235,51 @@ def resolve_limits(
     table: Mapping[Level, LevelLimits] = DEFAULT_TABLE,
     ladder: Sequence[Rung] = (),
     start_rung: int = 0,
+    pace_cores: float | None = None,
+    thermal: bool = False,
+    costs: Sequence[ConfigCost] = (),
+    current: tuple[str, int] | None = None,
 ) -> Limits:
-    """The concrete Limits for a level on this machine and ladder."""
+    """The concrete Limits for a level on this machine and ladder.
+
+    pace_cores is the pace controller's CPU budget. When the level's cause is thermal it replaces the
+    row's budget and thread fraction (the controller, not the table, holds the thermal envelope; up to
+    usable_cpus threads); otherwise the row's apply, with the tighter of the two budgets.
+
+    The budget buys the configuration pick_config() names among the rung's variant (and better rungs from
+    start_rung on: quality never below what the level allows); its pace is tokens_per_second. Without a
+    measured cost the worker paces by cpu_budget_cores alone (Limits.pace_delay)."""
     row = table[level]
-    threads = max(1, math.floor(usable_cpus * row.thread_fraction))
-    rung = ladder[min(start_rung + row.rung_step, len(ladder) - 1)] if ladder else None
-    pace = row.tokens_per_second
-    if pace is None and row.cpu_budget_cores is not None and rung is not None and rung.cpu_s_per_token > 0:
-        pace = row.cpu_budget_cores / rung.cpu_s_per_token
+    max_threads = max(1, math.floor(usable_cpus * row.thread_fraction))
+    rung_index = min(start_rung + row.rung_step, len(ladder) - 1) if ladder else -1
+    rung = ladder[rung_index] if ladder else None
+    budget = row.cpu_budget_cores
+    if pace_cores is not None and thermal:
+        budget, max_threads = pace_cores, max(1, usable_cpus)
+    elif pace_cores is not None:
+        budget = pace_cores if budget is None else min(budget, pace_cores)
+    if budget is not None and budget >= usable_cpus:
+        budget = None  # every usable core: no budget at all (a cool device's controller sits here)
+    threads, variant, spinning, pace = max_threads, rung.variant if rung else None, None, None
+    if rung is not None:
+        allowed = [
+            r for r in ladder[min(start_rung, rung_index) : rung_index + 1] if r.model_id == rung.model_id
+        ]
+        configs = [c for r in allowed for c in config_costs(r, max_threads, costs)]
+        if configs:
+            best, pace = pick_config(configs, budget, current)
+            threads, variant, spinning = best.threads, best.variant, best.spinning
+    if row.tokens_per_second is not None:
+        pace = row.tokens_per_second if pace is None else min(pace, row.tokens_per_second)
     return Limits(
         threads=threads,
-        variant=rung.variant if rung else None,
+        variant=variant,
         model_id=rung.model_id if rung else None,
         context_cap=row.context_cap,
         max_tokens=row.max_tokens,
         tokens_per_second=pace,
         pause_new=row.pause_new,
         pause_running=row.pause_running,
-        cpu_budget_cores=row.cpu_budget_cores,
+        cpu_budget_cores=budget,
+        spinning=spinning,
     )
