@@ -33,9 +33,6 @@ class Limits:
     pause_running: bool = False
     model_id: str | None = None
     cpu_budget_cores: float | None = None  # average busy cores allowed (the pace, when s/token is unknown)
-    spinning: bool | None = (
-        None  # thread-pool spinning for the chosen configuration (None: the engine's rule)
-    )
 
     def pace_delay(self, pass_seconds: float) -> float:
         """Seconds to idle after a forward pass that kept `threads` cores busy for `pass_seconds`, so the
@@ -166,33 +163,45 @@ def pick_rung(
 # -- configurations and what a token costs in each -------------------------------------------------------
 @dataclass(frozen=True)
 class ConfigCost:
-    """One way to run a variant and what a token costs there: measured (the engine bench's table), or
-    derived from the manifest's one measurement (config_costs)."""
+    """One way to run a variant and what a token costs there: measured (the gate's meter, the engine
+    bench), or derived from the manifest's one measurement (config_costs).
+
+    Spinning is not a lever of its own: the engine spins only while unpaced (session_key), which is what
+    pick_config's rule says too. It is part of the key because a spinning pool's cost is another number."""
 
     variant: str
     threads: int
-    spinning: bool | None  # None: the engine's own rule (spin only while unpaced)
+    spinning: bool | None  # None: not known (a prior)
     cpu_s_per_token: float  # process CPU seconds (all threads) per generated token
     tok_s: float  # decode tokens per wall second, unpaced
 
 
 def config_costs(rung: Rung, max_threads: int, measured: Sequence[ConfigCost] = ()) -> list[ConfigCost]:
-    """The configurations of `rung`'s variant with at most max_threads threads: the measured entries when
-    the table has any for this variant, else priors from the manifest's one measurement (c CPU s/token and
-    s tok/s at T threads; T unknown: max_threads). The priors assume a thread pool never makes a token
-    cheaper, so every thread count costs c; one thread keeps one core busy, so it makes 1 / c tokens per
-    second (at most s); t > 1 threads make s * t / T. Unmeasured rungs have none."""
-    own = [c for c in measured if c.variant == rung.variant and c.threads <= max_threads]
-    if own or rung.cpu_s_per_token <= 0:
-        return own
+    """The configurations of `rung`'s variant with 1..max_threads threads. A thread count with measured
+    entries (the gate's meter, or an engine bench table) uses them (a measured entry of unknown speed,
+    tok_s 0, gets the prior's); where none is of a quiet (non-spinning) pool, that one is a prior from the
+    manifest's one measurement (c CPU s/token and s tok/s at T threads; T unknown: max_threads), which
+    assumes a thread pool never makes a token cheaper: every thread count costs c; one thread keeps one core
+    busy, so it makes 1 / c tokens per second (at most s); t > 1 threads make s * t / T. A rung measured
+    nowhere has no configurations (the worker then paces by the CPU budget alone)."""
+    out: list[ConfigCost] = []
     c = rung.cpu_s_per_token
     big_t = rung.threads or max_threads
-    s = rung.decode_tok_s or big_t / c
+    s = rung.decode_tok_s or (big_t / c if c > 0 else 0.0)
+    for t in range(1, max_threads + 1):
+        prior_tok_s = 0.0 if c <= 0 else min(s, 1.0 / c) if t == 1 else s * t / big_t
+        own = [m for m in measured if m.variant == rung.variant and m.threads == t and m.cpu_s_per_token > 0]
+        for m in own:  # a speed not measured: the prior's, else what t busy cores allow
+            out.append(m if m.tok_s > 0 else replace(m, tok_s=prior_tok_s or t / m.cpu_s_per_token))
+        if c > 0 and all(m.spinning for m in own):  # no measurement of a quiet pool: the prior stands in
+            out.append(ConfigCost(rung.variant, t, None, c, prior_tok_s))
+    return out
 
-    def speed(t: int) -> float:
-        return min(s, 1.0 / c) if t == 1 else s * t / big_t
 
-    return [ConfigCost(rung.variant, t, None, c, speed(t)) for t in range(1, max_threads + 1)]
+def merge_cost(costs: Sequence[ConfigCost], new: ConfigCost) -> tuple[ConfigCost, ...]:
+    """The table with `new` in place of the entry for its (variant, threads, spinning)."""
+    key = (new.variant, new.threads, new.spinning)
+    return (*(c for c in costs if (c.variant, c.threads, c.spinning) != key), new)
 
 
 SWITCH_GAIN = 1.10  # another configuration must make this much more to replace the running one
@@ -202,9 +211,10 @@ def pick_config(
     configs: Sequence[ConfigCost], budget_cores: float | None, current: tuple[str, int] | None = None
 ) -> tuple[ConfigCost, float | None]:
     """The configuration that makes the most tokens per second within budget_cores (None: no budget), and
-    the pace (tokens/s) that keeps it within the budget, or None where the budget does not bind.
+    the pace (tokens/s) that keeps it within the budget (None: no budget).
 
     Rule table, for each configuration: rate = min(tok_s, budget / cpu_s_per_token)
+      under a budget, spinning pools do not compete (a paced stream leaves gaps a spinning pool burns)
       the near ones: rate within 5 % of the highest
       among them: the least CPU per token, then the fewest threads, then no spinning
       the running configuration (`current`: variant, threads) stays if it is not near and the winner makes
@@ -214,6 +224,8 @@ def pick_config(
     """
     if not configs:
         raise ValueError("pick_config needs at least one configuration")
+    if budget_cores is not None:
+        configs = [c for c in configs if not c.spinning] or list(configs)
 
     def rate(c: ConfigCost) -> float:
         return c.tok_s if budget_cores is None else min(c.tok_s, budget_cores / c.cpu_s_per_token)
@@ -224,8 +236,10 @@ def pick_config(
     running = [c for c in configs if (c.variant, c.threads) == current]
     if running and running[0] not in near and rate(best) < SWITCH_GAIN * rate(running[0]):
         best = running[0]
-    bound = budget_cores is not None and budget_cores / best.cpu_s_per_token < best.tok_s
-    return best, (budget_cores / best.cpu_s_per_token if bound else None)
+    # The pace is the budget's even where the configuration cannot reach it (it then never waits): a pace
+    # that vanished as the budget crossed the configuration's speed would make the output discontinuous,
+    # and a controller sitting there would cycle.
+    return best, (None if budget_cores is None else budget_cores / best.cpu_s_per_token)
 
 
 def resolve_limits(
@@ -260,7 +274,7 @@ def resolve_limits(
         budget = pace_cores if budget is None else min(budget, pace_cores)
     if budget is not None and budget >= usable_cpus:
         budget = None  # every usable core: no budget at all (a cool device's controller sits here)
-    threads, variant, spinning, pace = max_threads, rung.variant if rung else None, None, None
+    threads, variant, pace = max_threads, rung.variant if rung else None, None
     if rung is not None:
         allowed = [
             r for r in ladder[min(start_rung, rung_index) : rung_index + 1] if r.model_id == rung.model_id
@@ -268,7 +282,7 @@ def resolve_limits(
         configs = [c for r in allowed for c in config_costs(r, max_threads, costs)]
         if configs:
             best, pace = pick_config(configs, budget, current)
-            threads, variant, spinning = best.threads, best.variant, best.spinning
+            threads, variant = best.threads, best.variant
     if row.tokens_per_second is not None:
         pace = row.tokens_per_second if pace is None else min(pace, row.tokens_per_second)
     return Limits(
@@ -281,5 +295,4 @@ def resolve_limits(
         pause_new=row.pause_new,
         pause_running=row.pause_running,
         cpu_budget_cores=budget,
-        spinning=spinning,
     )

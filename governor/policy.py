@@ -70,6 +70,7 @@ class PolicyConfig:
     default_throttle_c: float = 85.0  # for sensors that report no trip point
     headroom_span_c: float = 30.0  # headroom 0.0 is this far below the throttling threshold
     forecast_s: float = 10.0
+    forecast_min_span_s: float = 5.0  # no trend from fewer seconds of samples (a coarse sensor's one step)
     history_s: float = 30.0  # samples kept for the forecast regression
     fair_headroom: float = 0.80
     serious_headroom: float = 0.95
@@ -262,7 +263,8 @@ def _decide_thermal(
     throttle_c = config.throttle_c or reading.throttle_c or config.default_throttle_c
     samples = tuple(s for s in state.samples if s[0] > now - config.history_s and s[0] < now)
     samples = (*samples, (now, t_now))
-    t_fc = forecast_c(samples, t_now, config.forecast_s)
+    span = samples[-1][0] - samples[0][0]
+    t_fc = forecast_c(samples, t_now, config.forecast_s) if span >= config.forecast_min_span_s else t_now
     h_now = headroom(t_now, throttle_c, config.headroom_span_c)
     h_fc = headroom(t_fc, throttle_c, config.headroom_span_c)
     critical_h = critical_headroom(throttle_c, config.critical_c or reading.critical_c, config)

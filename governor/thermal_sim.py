@@ -52,6 +52,13 @@ class DeviceProfile:
             return math.inf
         return self.t_amb + (self.p_idle + u * self.p_core) / g
 
+    def sustainable_cores(self, t: float | None = None) -> float:
+        """The busy cores that hold the device at `t` (default T_throttle) for good, leakage included: the
+        inverse of steady_state_c. This is the thermal envelope's limit: what any governor can spend."""
+        t = self.t_throttle if t is None else t
+        x = t - self.t_amb
+        return max(0.0, (x / self.r - self.p_idle) / (self.p_core * (1.0 + self.leak * x)))
+
     def slowdown(self, t: float) -> float:
         """Device throttling factor s >= 1: the process gets 1/s of its normal speed."""
         if t < self.t_throttle:

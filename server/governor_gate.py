@@ -8,14 +8,20 @@ The governor decides (its own thread); the gate acts on the worker thread:
   lost; the client leaving ends the wait at once; a pause longer than pause_timeout_s fails the reply;
 - the simulated device's own throttling is emulated by idling after each forward pass, and a device that
   killed the app (T >= T_critical) fails the reply with device_overheated until it cools;
+- the pace: the governor's tokens_per_second (the engine waits), or without a known cost per token its CPU
+  budget (the gate idles after each pass, Limits.pace_delay): one mechanism, fed by the pace controller;
+- a meter measures the process CPU time per step of each configuration the engine runs and tells the
+  governor (CostMeter): the budget then buys the configuration that is really cheapest here;
 - limits go to the engine only when they change.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +29,16 @@ from typing import Any
 
 from governor.cgroup import usable_cpus
 from governor.governor import Governor, Snapshot
-from governor.limits import Limits, NoRungFits, Rung, build_ladder, pick_rung, rungs_from_manifest
+from governor.limits import (
+    ConfigCost,
+    Limits,
+    NoRungFits,
+    Rung,
+    build_ladder,
+    merge_cost,
+    pick_rung,
+    rungs_from_manifest,
+)
 from governor.policy import PolicyConfig
 from governor.sensors import ThermalSource, make_thermal_source, read_battery, read_memory
 from models.errors import Cancelled, DeviceOverheated, InsufficientMemory, InvalidParameter
@@ -227,6 +242,48 @@ def governed_engine_factory(
     return load
 
 
+# -- the meter: what a step really costs -----------------------------------------------------------------
+class CostMeter:
+    """Process CPU seconds (all threads: the engine's pool, the HTTP thread, everything that heats the
+    device) per step of each configuration (variant, threads, spinning) the engine runs.
+
+    A step is one decode token, or now and then a prefill chunk: the median over the last `window` steps
+    is the cost of a token, whatever a prefill chunk costs. Every `publish_every` steps the configuration's
+    ConfigCost is published. Its speed: one thread fills at most one core, so 1 / CPU per token; an unpaced
+    pool's is its wall time per step; a paced pool's is unknown here (0: the governor keeps its prior)."""
+
+    def __init__(self, window: int = 48, publish_every: int = 16) -> None:
+        self.window = window
+        self.publish_every = publish_every
+        self._cpu: dict[tuple[str, int, bool], deque[float]] = {}
+        self._wall: dict[tuple[str, int, bool], deque[float]] = {}
+        self._since: dict[tuple[str, int, bool], int] = {}
+
+    def step(
+        self, variant: str, threads: int, spinning: bool, paced: bool, cpu_s: float, wall_s: float
+    ) -> ConfigCost | None:
+        key = (variant, threads, spinning)
+        cpu = self._cpu.setdefault(key, deque(maxlen=self.window))
+        wall = self._wall.setdefault(key, deque(maxlen=self.window))
+        cpu.append(max(0.0, cpu_s))
+        if not paced:
+            wall.append(max(0.0, wall_s))
+        self._since[key] = self._since.get(key, 0) + 1
+        if self._since[key] < self.publish_every or len(cpu) < self.publish_every:
+            return None
+        self._since[key] = 0
+        per_token = statistics.median(cpu)
+        if per_token <= 0:
+            return None
+        if threads == 1:
+            tok_s = 1.0 / per_token
+        elif len(wall) >= self.publish_every and statistics.median(wall) > 0:
+            tok_s = 1.0 / statistics.median(wall)
+        else:
+            tok_s = 0.0
+        return ConfigCost(variant, threads, spinning, per_token, tok_s)
+
+
 # -- the Gate ------------------------------------------------------------------------------------------
 def to_engine_limits(limits: Limits, model_id: str | None = None) -> EngineLimits:
     """The engine's part of the governor's limits. A rung of another model is not this engine's to switch
@@ -252,10 +309,17 @@ class GovernorGate:
         *,
         pause_timeout_s: float = 60.0,
         sleep: Callable[[float], None] | None = None,
+        spin: str = "auto",
+        cpu_time: Callable[[], float] = time.process_time,
+        meter: CostMeter | None = None,
     ) -> None:
         self.governor = governor
         self.pause_timeout_s = pause_timeout_s
         self._sleep = sleep
+        self._spin = spin  # the engine's setting: which steps ran on a spinning pool
+        self._cpu_time = cpu_time
+        self.meter = meter or CostMeter()
+        self._last_cpu = 0.0
         self._lock = threading.Lock()
         self._applied: EngineLimits | None = None
         self._model_id: str | None = None
@@ -318,12 +382,25 @@ class GovernorGate:
             cancel.on_cancel(self._job_wake.set)
         now = time.monotonic()
         if self._last_step is not None:
+            self._measure(self._cpu_time() - self._last_cpu, now - self._last_step)
             self._idle_after_pass(now - self._last_step, cancel)
         self._check_killed()
         self._wait_unpaused(cancel, time.monotonic() + self.pause_timeout_s, new=False)
         limits = self._changed_limits()
         self._last_step = time.monotonic()  # the next call measures the forward pass alone
+        self._last_cpu = self._cpu_time()
         return limits
+
+    def _measure(self, cpu_s: float, wall_s: float) -> None:
+        """One step of the configuration the engine runs (the limits last applied) into the meter."""
+        applied = self._applied
+        if applied is None or applied.variant is None or not applied.threads:
+            return
+        paced = applied.tokens_per_second is not None
+        spinning = self._spin == "on" or (self._spin == "auto" and not paced)  # the engine's session_key
+        cost = self.meter.step(applied.variant, applied.threads, spinning, paced, cpu_s, wall_s)
+        if cost is not None:
+            self.governor.costs = merge_cost(self.governor.costs, cost)
 
     def _idle_after_pass(self, pass_s: float, cancel: CancelToken) -> None:
         # The device's own throttling (simulated devices only) and, without a measured pace, the CPU
@@ -389,4 +466,4 @@ def build_gate(settings: Settings, *, thermal: ThermalSource | None = None) -> G
         governor = build_governor(settings, thermal=thermal)
     except ValueError as err:  # an unknown thermal source or profile, background_action: configuration
         raise InvalidParameter(str(err), param="thermal_source") from err
-    return GovernorGate(governor, pause_timeout_s=settings.pause_timeout_s)
+    return GovernorGate(governor, pause_timeout_s=settings.pause_timeout_s, spin=settings.spin)

@@ -154,7 +154,8 @@ def test_decide_when_noisy_sawtooth_wider_than_the_band_then_at_most_two_changes
     temps = sawtooth(39.0, 44.0, period=period, noise=0.7)
     governed = run(temps, replace(CFG, max_transitions=10_000))[-1].transitions
     assert transitions(temps, NAIVE) > 3 * len(governed)
-    assert len(governed) <= 2 * len(temps) // period
+    # (+1: the first rise, before the forecast has forecast_min_span_s of samples, may pass through serious)
+    assert len(governed) <= 2 * len(temps) // period + 1
     downs = [t for t in governed if LEVELS.index(t.new) < LEVELS.index(t.old)]
     entered = {t.time: t for t in governed}
     for down in downs:
