@@ -10,13 +10,20 @@ import time
 import pytest
 
 from governor.governor import Governor
+from governor.limits import ConfigCost, build_ladder
 from governor.policy import PolicyConfig
 from governor.sensors import SimulatedThermalSource
 from governor.thermal_sim import ThermalSimulator, get_profile
 from models.errors import Cancelled, DeviceOverheated, InsufficientMemory
 from models.types import CancelToken
 from server.errors import DevicePaused
-from server.governor_gate import RUNTIME_BYTES, GovernorGate, governed_engine_factory, plan_start
+from server.governor_gate import (
+    RUNTIME_BYTES,
+    CostMeter,
+    GovernorGate,
+    governed_engine_factory,
+    plan_start,
+)
 from tests.server.conftest import make_settings
 
 MiB = 2**20
@@ -119,6 +126,43 @@ def test_before_step_when_paused_and_client_leaves_then_cancelled_at_once():
     with pytest.raises(Cancelled):
         gate.before_step(cancel)
     assert time.monotonic() - t0 < 2
+
+
+# -- the meter: what a step of each configuration really costs ----------------------------------------------
+def test_cost_meter_when_steps_then_median_cpu_per_token_published_every_n_steps():
+    meter = CostMeter(window=8, publish_every=4)
+    steps = [0.010, 0.011, 0.300, 0.010]  # a prefill chunk among the tokens
+    got = [meter.step("q4-a8", 1, False, True, cpu, 0.05) for cpu in steps]
+    assert got[:3] == [None, None, None]
+    assert got[3] == ConfigCost("q4-a8", 1, False, pytest.approx(0.0105), pytest.approx(1 / 0.0105))
+    assert [meter.step("q4-a8", 1, False, True, 0.012, 0.05) for _ in range(3)] == [None] * 3
+    assert meter.step("q4-a8", 1, False, True, 0.012, 0.05).cpu_s_per_token == pytest.approx(0.012)
+
+
+def test_cost_meter_when_a_pool_then_speed_from_unpaced_wall_time_only():
+    meter = CostMeter(window=8, publish_every=2)
+    meter.step("v", 2, True, False, 0.024, 0.012)
+    spinning = meter.step("v", 2, True, False, 0.024, 0.012)
+    assert (spinning.cpu_s_per_token, spinning.tok_s) == (pytest.approx(0.024), pytest.approx(1 / 0.012))
+    meter.step("v", 2, False, True, 0.020, 0.1)  # paced: the wall time is the pace's, not the pool's
+    quiet = meter.step("v", 2, False, True, 0.020, 0.1)
+    assert (quiet.cpu_s_per_token, quiet.tok_s) == (pytest.approx(0.020), 0.0)  # 0: speed unknown
+
+
+def test_before_step_when_running_then_the_meter_tells_the_governor_the_configurations_cost():
+    cpu = [0.0]
+    gov = Governor(usable_cpus=2, ladder=build_ladder([("m", "q4-a8", 0.03, 1.0, 1, 2, 60.0)]))
+    gate = GovernorGate(gov, cpu_time=lambda: cpu[0], meter=CostMeter(window=8, publish_every=4), spin="auto")
+    cancel = CancelToken()
+    limits = gate.before_job(cancel, time.monotonic())
+    assert (limits.variant, limits.threads, limits.tokens_per_second) == ("q4-a8", 2, None)
+    gate.before_step(cancel)
+    for _ in range(4):
+        cpu[0] += 0.025  # 25 ms of process CPU per token
+        gate.before_step(cancel)
+    (cost,) = gov.costs
+    assert (cost.variant, cost.threads, cost.spinning) == ("q4-a8", 2, True)  # unpaced under auto: spinning
+    assert cost.cpu_s_per_token == pytest.approx(0.025)
 
 
 # -- memory: the start rung -------------------------------------------------------------------------------
