@@ -41,6 +41,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     e.add_argument("--threads", default="2,1")
     e.add_argument("--reps", type=int, default=3)
     e.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    e.add_argument("--spin", default="auto,off", help="pool spinning for threads > 1: auto,on,off")
     s = sub.add_parser("server", help="HTTP streaming overhead vs the engine alone")
     s.add_argument("--json")
     s.add_argument("--reps", type=int, default=5)
@@ -65,6 +66,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             threads,
             args.reps,
             with_llama=not args.no_peer,
+            spins=tuple(args.spin.split(",")),
         )
     elif args.what == "server":
         from bench.server import bench_server

@@ -3,6 +3,11 @@
     python -m bench.engine_probe '{"engine": "simmer", "model_dir": ..., "variant": "q4-a8", "threads": 2}'
     python -m bench.engine_probe '{"engine": "llama.cpp", "gguf": ..., "threads": 2}'
 prints one JSON object. Both engines are driven the same way from Python: greedy argmax per token.
+A simmer config may also say "spin": "auto" (the default: a pool spins while unpaced) | "on" | "off".
+
+Energy per token: cpu_s_per_token is the process CPU time (user + system, all threads) from the first
+generated token to the last, per token, in the 128-token decode after the short chat prompt (prefill
+excluded; _ctx500 after the 500-token prompt). tok_per_cpu_s is its inverse.
 """
 
 from __future__ import annotations
@@ -39,9 +44,14 @@ class SimmerDriver:
 
         t0 = time.perf_counter()
         self.engine = load_engine(
-            Path(cfg["model_dir"]), variant=cfg["variant"], threads=cfg["threads"], context_length=N_CTX
+            Path(cfg["model_dir"]),
+            variant=cfg["variant"],
+            threads=cfg["threads"],
+            context_length=N_CTX,
+            spin=cfg.get("spin", "auto"),
         )
         self.load_s = time.perf_counter() - t0
+        self.cpu_rest = 0.0  # process CPU seconds from the first token to the last, of the last generate()
 
     def generate(self, ids: list[int], n: int, reuse: bool = True) -> tuple[list[int], float, float]:
         """Returns (tokens, seconds to the first token, seconds for the rest)."""
@@ -54,13 +64,16 @@ class SimmerDriver:
         out: list[int] = []
         t0 = time.perf_counter()
         t_first = 0.0
+        c_first = 0.0
         for ev in self.engine.generate(Prompt(list(ids)), params):
             if isinstance(ev, FinishEvent):
                 break
             if not out:
                 t_first = time.perf_counter()
+                c_first = time.process_time()
             out.append(ev.token_id)
         t_end = time.perf_counter()
+        self.cpu_rest = time.process_time() - c_first
         return out, t_first - t0, t_end - t_first
 
     def greedy_text(self, ids: list[int], n: int) -> str:
@@ -93,6 +106,7 @@ class LlamaCppDriver:
         )
         self.load_s = time.perf_counter() - t0
         self.eos = self.llm.token_eos()
+        self.cpu_rest = 0.0
 
     def _next(self) -> int:
         # the last evaluated position's logits, straight from llama.cpp (no copy into llm.scores)
@@ -112,12 +126,15 @@ class LlamaCppDriver:
         llm.eval(ids[common:])
         tok = self._next()
         t_first = time.perf_counter()
+        c_first = time.process_time()
         out = [tok]
         for _ in range(n - 1):
             llm.eval([tok])
             tok = self._next()
             out.append(tok)
-        return out, t_first - t0, time.perf_counter() - t_first
+        t_end = time.perf_counter()
+        self.cpu_rest = time.process_time() - c_first
+        return out, t_first - t0, t_end - t_first
 
     def greedy_text(self, ids: list[int], n: int) -> str:
         out, _, _ = self.generate(ids, n, reuse=False)
@@ -136,8 +153,11 @@ def probe(cfg: dict[str, Any]) -> dict[str, Any]:
     res["prompt_tok_s"] = round(PROMPT_TOKENS / t_first, 1)
     _, _, t_rest = driver.generate(long, DECODE_TOKENS + 1, reuse=False)
     res["decode_tok_s_ctx500"] = round(DECODE_TOKENS / t_rest, 1)
+    res["cpu_s_per_token_ctx500"] = round(driver.cpu_rest / DECODE_TOKENS, 5)
     _, _, t_rest = driver.generate(KNOWN_CHAT, DECODE_TOKENS + 1, reuse=False)
     res["decode_tok_s_short"] = round(DECODE_TOKENS / t_rest, 1)
+    res["cpu_s_per_token"] = round(driver.cpu_rest / DECODE_TOKENS, 5)
+    res["tok_per_cpu_s"] = round(DECODE_TOKENS / driver.cpu_rest, 1) if driver.cpu_rest > 0 else None
     _, t_first, _ = driver.generate(KNOWN_CHAT, 1, reuse=False)
     res["ttft_ms"] = round(t_first * 1000, 2)
     # a follow-up turn: a 400-token conversation plus a reply, then 20 new tokens
