@@ -51,6 +51,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     u.add_argument("--time-scale", type=float, default=10.0)
     u.add_argument("--json")
     u.add_argument("--plot")
+    u.add_argument("--levels", action="store_true", help="also run the pausing level governor (no pace)")
     args = p.parse_args(argv)
     if args.what == "engine":
         from bench.engine import bench_engine
@@ -76,7 +77,12 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
         from bench.sustained import bench_sustained
 
         report = bench_sustained(
-            settings, profile=args.profile, minutes=args.minutes, time_scale=args.time_scale, plot=args.plot
+            settings,
+            profile=args.profile,
+            minutes=args.minutes,
+            time_scale=args.time_scale,
+            plot=args.plot,
+            levels=args.levels,
         )
     _write(report, args.json)
     return 0

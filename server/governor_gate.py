@@ -76,6 +76,7 @@ def build_governor(
     config = PolicyConfig(
         memory_budget_bytes=_mb(settings.memory_budget_mb),
         background_action=settings.background_action,  # type: ignore[arg-type]
+        pace_control=settings.pace_control,
     )
     return Governor(
         thermal=thermal,

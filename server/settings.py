@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     governor: bool = Field(True, description="Apply governor limits (False: observe only)")
     governor_poll_s: float = Field(1.0, description="Governor polling interval (wall seconds)")
     background_action: str = Field("pause", description="pause | low_priority: what 'background' does")
+    pace_control: bool = Field(
+        True, description="Hold the thermal envelope by pace (false: the level table, pausing at throttle)"
+    )
     memory_budget_mb: int | None = Field(None, description="Memory budget (default: the cgroup/system limit)")
     pause_timeout_s: float = Field(60.0, description="How long queued requests wait out a pause before 503")
 
