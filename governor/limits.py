@@ -177,24 +177,29 @@ class ConfigCost:
 
 
 def config_costs(rung: Rung, max_threads: int, measured: Sequence[ConfigCost] = ()) -> list[ConfigCost]:
-    """The configurations of `rung`'s variant with 1..max_threads threads. A thread count with measured
-    entries (the gate's meter, or an engine bench table) uses them (a measured entry of unknown speed,
-    tok_s 0, gets the prior's); where none is of a quiet (non-spinning) pool, that one is a prior from the
-    manifest's one measurement (c CPU s/token and s tok/s at T threads; T unknown: max_threads), which
-    assumes a thread pool never makes a token cheaper: every thread count costs c; one thread keeps one core
-    busy, so it makes 1 / c tokens per second (at most s); t > 1 threads make s * t / T. A rung measured
+    """The configurations of `rung`'s variant with 1..max_threads threads.
+
+    A thread count with measured entries (the gate's meter, an engine bench table) uses them (one of
+    unknown speed, tok_s 0, gets the prior's). Where none is of a quiet (non-spinning) pool, a prior stands
+    in, from the manifest's one measurement (c CPU s/token and s tok/s at T threads; T unknown:
+    max_threads) and the rule that a thread pool never makes a token cheaper: t threads cost c, or more if
+    fewer threads were measured dearer here (the manifest may come from a quieter machine), and make at
+    most t / cost tokens per second (one thread: 1 / cost, at most s; more: s * t / T). A rung measured
     nowhere has no configurations (the worker then paces by the CPU budget alone)."""
     out: list[ConfigCost] = []
     c = rung.cpu_s_per_token
     big_t = rung.threads or max_threads
     s = rung.decode_tok_s or (big_t / c if c > 0 else 0.0)
+    mine = [m for m in measured if m.variant == rung.variant and m.cpu_s_per_token > 0]
     for t in range(1, max_threads + 1):
-        prior_tok_s = 0.0 if c <= 0 else min(s, 1.0 / c) if t == 1 else s * t / big_t
-        own = [m for m in measured if m.variant == rung.variant and m.threads == t and m.cpu_s_per_token > 0]
+        fewer = [m.cpu_s_per_token for m in mine if m.threads < t and not m.spinning]
+        cost = max([c, *fewer])
+        prior_tok_s = 0.0 if cost <= 0 else min(s, 1.0 / cost) if t == 1 else min(s * t / big_t, t / cost)
+        own = [m for m in mine if m.threads == t]
         for m in own:  # a speed not measured: the prior's, else what t busy cores allow
             out.append(m if m.tok_s > 0 else replace(m, tok_s=prior_tok_s or t / m.cpu_s_per_token))
         if c > 0 and all(m.spinning for m in own):  # no measurement of a quiet pool: the prior stands in
-            out.append(ConfigCost(rung.variant, t, None, c, prior_tok_s))
+            out.append(ConfigCost(rung.variant, t, None, cost, prior_tok_s))
     return out
 
 

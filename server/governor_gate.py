@@ -8,8 +8,8 @@ The governor decides (its own thread); the gate acts on the worker thread:
   lost; the client leaving ends the wait at once; a pause longer than pause_timeout_s fails the reply;
 - the simulated device's own throttling is emulated by idling after each forward pass, and a device that
   killed the app (T >= T_critical) fails the reply with device_overheated until it cools;
-- the pace: the governor's tokens_per_second (the engine waits), or without a known cost per token its CPU
-  budget (the gate idles after each pass, Limits.pace_delay): one mechanism, fed by the pace controller;
+- the pace: the gate idles after each pass to hold the governor's tokens_per_second, or without a known
+  cost per token its CPU budget (Limits.pace_delay): one mechanism, fed by the pace controller;
 - a meter measures the process CPU time per step of each configuration the engine runs and tells the
   governor (CostMeter): the budget then buys the configuration that is really cheapest here;
 - limits go to the engine only when they change.
@@ -246,14 +246,13 @@ def governed_engine_factory(
 # -- the meter: what a step really costs -----------------------------------------------------------------
 class CostMeter:
     """Process CPU seconds (all threads: the engine's pool, the HTTP thread, everything that heats the
-    device) per step of each configuration (variant, threads, spinning) the engine runs.
+    device) and wall seconds per pass of each configuration (variant, threads, spinning) the engine runs.
+    A pass is what lies between two steps without the gate's idle: one decode token (a forward pass, the
+    sampling, the hand-off), or now and then a prefill chunk, which the medians over the last `window`
+    passes leave out. Every `publish_every` passes the configuration's ConfigCost is published: CPU per
+    token, and tokens per second unpaced (1 / wall per pass)."""
 
-    A step is one decode token, or now and then a prefill chunk: the median over the last `window` steps
-    is the cost of a token, whatever a prefill chunk costs. Every `publish_every` steps the configuration's
-    ConfigCost is published. Its speed: one thread fills at most one core, so 1 / CPU per token; an unpaced
-    pool's is its wall time per step; a paced pool's is unknown here (0: the governor keeps its prior)."""
-
-    def __init__(self, window: int = 48, publish_every: int = 16) -> None:
+    def __init__(self, window: int = 32, publish_every: int = 8) -> None:
         self.window = window
         self.publish_every = publish_every
         self._cpu: dict[tuple[str, int, bool], deque[float]] = {}
@@ -261,28 +260,21 @@ class CostMeter:
         self._since: dict[tuple[str, int, bool], int] = {}
 
     def step(
-        self, variant: str, threads: int, spinning: bool, paced: bool, cpu_s: float, wall_s: float
+        self, variant: str, threads: int, spinning: bool, cpu_s: float, wall_s: float
     ) -> ConfigCost | None:
         key = (variant, threads, spinning)
         cpu = self._cpu.setdefault(key, deque(maxlen=self.window))
         wall = self._wall.setdefault(key, deque(maxlen=self.window))
         cpu.append(max(0.0, cpu_s))
-        if not paced:
-            wall.append(max(0.0, wall_s))
+        wall.append(max(0.0, wall_s))
         self._since[key] = self._since.get(key, 0) + 1
         if self._since[key] < self.publish_every or len(cpu) < self.publish_every:
             return None
         self._since[key] = 0
-        per_token = statistics.median(cpu)
+        per_token, per_pass = statistics.median(cpu), statistics.median(wall)
         if per_token <= 0:
             return None
-        if threads == 1:
-            tok_s = 1.0 / per_token
-        elif len(wall) >= self.publish_every and statistics.median(wall) > 0:
-            tok_s = 1.0 / statistics.median(wall)
-        else:
-            tok_s = 0.0
-        return ConfigCost(variant, threads, spinning, per_token, tok_s)
+        return ConfigCost(variant, threads, spinning, per_token, 1.0 / per_pass if per_pass > 0 else 0.0)
 
 
 # -- the Gate ------------------------------------------------------------------------------------------
@@ -399,19 +391,24 @@ class GovernorGate:
             return
         paced = applied.tokens_per_second is not None
         spinning = self._spin == "on" or (self._spin == "auto" and not paced)  # the engine's session_key
-        cost = self.meter.step(applied.variant, applied.threads, spinning, paced, cpu_s, wall_s)
+        cost = self.meter.step(applied.variant, applied.threads, spinning, cpu_s, wall_s)
         if cost is not None:
             self.governor.costs = merge_cost(self.governor.costs, cost)
 
     def _idle_after_pass(self, pass_s: float, cancel: CancelToken) -> None:
-        # The device's own throttling (simulated devices only) and, without a measured pace, the CPU
-        # budget of the current level: both idle the worker for a multiple of the pass just done.
+        # Two lower bounds on the idle after a pass, so the longer one: the device's own throttling
+        # (simulated devices: (s - 1) x the pass) and the governor's pace. The pace is held here, for the
+        # engine and the meter alike: tokens_per_second (the pass plus the idle take 1 / pace; the engine's
+        # own wait then finds nothing left to wait), or without a cost per token the CPU budget
+        # (Limits.pace_delay). The meter then sees passes without the idle.
         throttle = self.governor.throttle_delay(pass_s)
         limits = self.governor.limits
-        pace = (
-            limits.pace_delay(pass_s) if self.governor.enforce and limits.tokens_per_second is None else 0.0
-        )
-        delay = throttle + pace
+        pace = 0.0
+        if self.governor.enforce and limits.tokens_per_second:
+            pace = max(0.0, 1.0 / limits.tokens_per_second - pass_s)
+        elif self.governor.enforce:
+            pace = limits.pace_delay(pass_s)
+        delay = max(throttle, pace)
         if delay <= 0 or cancel.cancelled:
             return
         self.throttled_seconds += throttle

@@ -233,3 +233,12 @@ def test_resolve_limits_when_explicit_row_pace_then_the_slower_of_it_and_the_bud
         "serious", usable_cpus=2, table=table, ladder=lad, start_rung=1, pace_cores=0.1, thermal=True
     )
     assert paced.tokens_per_second == pytest.approx(10.0)
+
+
+def test_config_costs_when_fewer_threads_measured_dearer_than_the_manifest_then_priors_follow():
+    # the manifest came from a quiet machine (26 ms); here one thread measures 70 ms: two threads cannot
+    # be assumed cheaper than that, so a budget never moves to an unmeasured pool on the manifest's word
+    rung = Rung("m", "q4-a8", 0.026, 0.93, 1, threads=2, decode_tok_s=60.0)
+    one, two = config_costs(rung, 2, [ConfigCost("q4-a8", 1, False, 0.07, 14.0)])
+    assert two == ConfigCost("q4-a8", 2, None, 0.07, pytest.approx(2 / 0.07))
+    assert pick_config([one, two], 0.5)[0] == one

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from governor.governor import Governor
-from governor.limits import ConfigCost, build_ladder
+from governor.limits import ConfigCost, build_ladder, make_table
 from governor.policy import PolicyConfig
 from governor.sensors import SimulatedThermalSource
 from governor.thermal_sim import ThermalSimulator, get_profile
@@ -129,24 +129,39 @@ def test_before_step_when_paused_and_client_leaves_then_cancelled_at_once():
 
 
 # -- the meter: what a step of each configuration really costs ----------------------------------------------
-def test_cost_meter_when_steps_then_median_cpu_per_token_published_every_n_steps():
+def test_cost_meter_when_steps_then_median_cpu_and_speed_published_every_n_steps():
     meter = CostMeter(window=8, publish_every=4)
-    steps = [0.010, 0.011, 0.300, 0.010]  # a prefill chunk among the tokens
-    got = [meter.step("q4-a8", 1, False, True, cpu, 0.05) for cpu in steps]
+    steps = [(0.010, 0.011), (0.011, 0.012), (0.300, 0.150), (0.010, 0.011)]  # a prefill chunk among them
+    got = [meter.step("q4-a8", 1, False, cpu, wall) for cpu, wall in steps]
     assert got[:3] == [None, None, None]
-    assert got[3] == ConfigCost("q4-a8", 1, False, pytest.approx(0.0105), pytest.approx(1 / 0.0105))
-    assert [meter.step("q4-a8", 1, False, True, 0.012, 0.05) for _ in range(3)] == [None] * 3
-    assert meter.step("q4-a8", 1, False, True, 0.012, 0.05).cpu_s_per_token == pytest.approx(0.012)
+    assert got[3] == ConfigCost("q4-a8", 1, False, pytest.approx(0.0105), pytest.approx(1 / 0.0115))
+    assert [meter.step("q4-a8", 1, False, 0.012, 0.013) for _ in range(3)] == [None] * 3
+    assert meter.step("q4-a8", 1, False, 0.012, 0.013).cpu_s_per_token == pytest.approx(0.012)
 
 
-def test_cost_meter_when_a_pool_then_speed_from_unpaced_wall_time_only():
+def test_cost_meter_when_configurations_then_each_its_own():
     meter = CostMeter(window=8, publish_every=2)
-    meter.step("v", 2, True, False, 0.024, 0.012)
-    spinning = meter.step("v", 2, True, False, 0.024, 0.012)
+    meter.step("v", 2, True, 0.024, 0.012)
+    meter.step("v", 2, False, 0.020, 0.015)
+    spinning = meter.step("v", 2, True, 0.024, 0.012)
+    quiet = meter.step("v", 2, False, 0.020, 0.015)
     assert (spinning.cpu_s_per_token, spinning.tok_s) == (pytest.approx(0.024), pytest.approx(1 / 0.012))
-    meter.step("v", 2, False, True, 0.020, 0.1)  # paced: the wall time is the pace's, not the pool's
-    quiet = meter.step("v", 2, False, True, 0.020, 0.1)
-    assert (quiet.cpu_s_per_token, quiet.tok_s) == (pytest.approx(0.020), 0.0)  # 0: speed unknown
+    assert (quiet.cpu_s_per_token, quiet.tok_s) == (pytest.approx(0.020), pytest.approx(1 / 0.015))
+
+
+def test_before_step_when_paced_then_the_gate_idles_the_rest_of_one_over_the_pace():
+    gov = Governor(usable_cpus=1, table=make_table({"nominal": {"tokens_per_second": 20.0}}))
+    slept: list[float] = []
+    gate = GovernorGate(gov, sleep=slept.append)
+    cancel = CancelToken()
+    assert gate.before_job(cancel, time.monotonic()).tokens_per_second == 20.0
+    gate.before_step(cancel)
+    t0 = time.monotonic()
+    time.sleep(0.01)  # "the forward pass"
+    gate.before_step(cancel)
+    pass_s = time.monotonic() - t0
+    assert len(slept) == 1
+    assert 0.05 - pass_s - 1e-6 <= slept[0] <= 0.05 - 0.01  # the pass plus the idle: 1 / 20 s
 
 
 def test_before_step_when_running_then_the_meter_tells_the_governor_the_configurations_cost():
