@@ -474,6 +474,7 @@ def summarize(log: RunLog, meta: dict[str, Any], *, time_scale: float, minutes: 
                 "level": s["level"] if s else None,
                 "variant": s["variant"] if s else None,
                 "threads": s["limit_threads"] if s else None,
+                "cpu_budget_cores": s.get("cpu_budget_cores") if s else None,
                 "tok_s": tok_s[sec],
             }
         )

@@ -22,6 +22,7 @@ from governor.sensors import (
     BatteryReading,
     MemoryReading,
     NoThermalSource,
+    ProcessLoad,
     TemperatureReading,
     ThermalSource,
 )
@@ -112,6 +113,7 @@ class Governor:
         ladder: Sequence[Rung] = (),
         start_rung: int = 0,
         costs: Sequence[ConfigCost] = (),
+        read_load: Callable[[], float | None] | None = None,
         poll_s: float = 1.0,
         enforce: bool = True,
         clock: Callable[[], float] = time.monotonic,
@@ -119,6 +121,7 @@ class Governor:
         self.thermal: ThermalSource = thermal or NoThermalSource()
         self._read_memory = read_memory
         self._read_battery = read_battery
+        self._read_load = read_load or ProcessLoad.for_source(self.thermal).read
         self.config = config or PolicyConfig()
         if self.config.pace_max_cores is None:  # the pace controller may spend every usable core
             self.config = replace(self.config, pace_max_cores=float(max(1, usable_cpus)))
@@ -176,6 +179,7 @@ class Governor:
                 memory=self._read_memory(),
                 battery=self._read_battery(),
                 lifecycle=self._lifecycle,
+                busy_cores=self._read_load(),
             )
             now = self._now()
             old = self._state

@@ -61,6 +61,7 @@ class Readings:
     memory: MemoryReading | None = None
     battery: BatteryReading | None = None
     lifecycle: Lifecycle = "foreground"
+    busy_cores: float | None = None  # this process's CPU seconds per second since the last poll
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class PolicyConfig:
     pace_min_cores: float = 0.05  # the slowest pace; below it is a pause, which only an emergency earns
     pace_max_cores: float | None = None  # None: the governor's usable CPUs
     pace_max_dt_s: float = 5.0  # a late poll integrates at most this long
+    pace_binding: float = 0.75  # the budget is in use when the process is this busy (of the budget) or more
 
     def __post_init__(self) -> None:
         if not self.fair_headroom <= self.serious_headroom <= self.critical_headroom:
@@ -228,7 +230,7 @@ def decide(prev: GovernorState, readings: Readings, config: PolicyConfig, now: f
         action = "pause" if config.background_action == "pause" else "low priority"
         candidates.append((lifecycle_level, "lifecycle", f"lifecycle: background ({action})"))
 
-    state = decide_pace(state, config, now)
+    state = decide_pace(state, config, now, readings.busy_cores)
     level, cause, reason = max(candidates, key=lambda c: level_index(c[0]))  # max keeps the first of ties
     if level == "nominal":
         cause = "none"
@@ -300,16 +302,22 @@ def _decide_thermal(
 #
 #   e = pace_setpoint - headroom now                               (> 0: room to spare)
 #   u = clamp(pace_kp * e + I, pace_min_cores, pace_max_cores)     the budget
-#   I += pace_ki * e * dt  (dt: since the last reading, at most pace_max_dt_s), only while u is inside its
-#                          bounds or e pulls it back inside (conditional integration, the anti-windup: a cold
-#                          device stores up no credit, a hot one no debt); I stays within [0, pace_max_cores]
+#   I += pace_ki * e * dt  (dt: since the last reading, at most pace_max_dt_s), only
+#        - while u is inside its bounds, or e pulls it back inside (conditional integration: a cold device
+#          stores up no credit, a hot one no debt), and
+#        - upwards only while the budget is in use: the process was at least pace_binding x the last
+#          budget busy (tracking anti-windup: an idle server, or one loading a model, earns no credit
+#          for the burst that follows); no load reading: as if in use
+#   I stays within [0, pace_max_cores]
 #   no temperature reading, or pace_control off                    -> no budget, I = 0
 #
 # Headroom now, not the forecast: the forecast's 30 s regression lags a step in load, and the proportional
 # term already answers a rise at once. The gains were tuned in closed loop with the simulator
 # (tests/governor/test_closed_loop.py): no overshoot past the setpoint from cold on phone, phone-heatwave
 # and car-head-unit, and a steady state within 0.1 C of it.
-def decide_pace(state: GovernorState, config: PolicyConfig, now: float) -> GovernorState:
+def decide_pace(
+    state: GovernorState, config: PolicyConfig, now: float, busy_cores: float | None = None
+) -> GovernorState:
     if not config.pace_control or state.headroom is None:
         return replace(state, pace_cores=None, pace_integral=0.0, pace_time=None)
     lo, hi = config.pace_min_cores, max(config.pace_min_cores, config.pace_max_cores or 1.0)
@@ -317,7 +325,10 @@ def decide_pace(state: GovernorState, config: PolicyConfig, now: float) -> Gover
     integral = state.pace_integral
     dt = 0.0 if state.pace_time is None else min(max(0.0, now - state.pace_time), config.pace_max_dt_s)
     raw = config.pace_kp * e + integral
-    if lo < raw < hi or (raw >= hi and e < 0) or (raw <= lo and e > 0):
+    in_use = (
+        busy_cores is None or state.pace_cores is None or busy_cores >= config.pace_binding * state.pace_cores
+    )
+    if (lo < raw < hi or (raw >= hi and e < 0) or (raw <= lo and e > 0)) and (e < 0 or in_use):
         integral = min(max(integral + config.pace_ki * e * dt, 0.0), hi)
     u = min(max(config.pace_kp * e + integral, lo), hi)
     return replace(state, pace_cores=u, pace_integral=integral, pace_time=now)

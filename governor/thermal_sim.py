@@ -152,6 +152,16 @@ class ThermalSimulator:
             return self._killed
 
     @property
+    def cpu_time_fn(self) -> Callable[[], float]:
+        """The CPU-seconds counter that heats this device."""
+        return self._cpu_time_fn
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock the device runs on."""
+        return self._clock
+
+    @property
     def kills(self) -> int:
         return self._kills
 

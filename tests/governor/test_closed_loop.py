@@ -43,15 +43,14 @@ def busy_cores(limits: Limits, cores: int = 2) -> float:
 
 
 def measured(limits: Limits) -> ConfigCost:
-    """The running configuration as the gate's meter sees it: its true CPU per token; its speed where a
-    measurement shows it (one thread fills one core; an unpaced pool runs flat out)."""
+    """The running configuration as the gate's meter sees it: its true CPU per token and its speed (the
+    meter times passes without the pace's idle; here t threads fill t cores)."""
     threads, cost, paced = (
         min(limits.threads or 2, 2),
         true_cost(limits),
         limits.tokens_per_second is not None,
     )
-    tok_s = threads / cost if threads == 1 or not paced else 0.0  # 0: not measured, the prior stands
-    return ConfigCost(limits.variant or "q4", threads, not paced, cost, tok_s)
+    return ConfigCost(limits.variant or "q4", threads, not paced, cost, threads / cost)
 
 
 @dataclass
@@ -97,14 +96,17 @@ def run(
     config: PolicyConfig | None = None,
     sensor_step_c: float | None = None,
     meter: bool = True,
+    idle_s: int = 0,
+    busy_reading: bool = True,
 ) -> Run:
     sim, load, _ = make_sim(profile, max_cores=2)
     source = QuantizedSource(sim, sensor_step_c) if sensor_step_c else SimulatedThermalSource(sim)
-    gov = Governor(thermal=source, usable_cpus=2, ladder=ladder, enforce=governed, config=config)
+    no_load = {} if busy_reading else {"read_load": lambda: None}
+    gov = Governor(thermal=source, usable_cpus=2, ladder=ladder, enforce=governed, config=config, **no_load)
     result = Run()
-    for _ in range(seconds):
+    for second in range(seconds):
         snap = gov.tick()
-        busy = 0.0 if gov.device_killed else busy_cores(snap.limits)
+        busy = 0.0 if gov.device_killed or second < idle_s else busy_cores(snap.limits)
         # the device's own throttling: after a pass of 1 s the worker idles throttle_delay(1) s
         busy /= 1.0 + gov.throttle_delay(1.0)
         load.run(busy, 1.0)
@@ -206,6 +208,20 @@ def test_closed_loop_when_budget_binds_then_runs_the_cheap_configuration_and_mak
     per_cpu_ungoverned = sum(ungoverned.tokens[WARM_UP_S:]) / sum(ungoverned.busy[WARM_UP_S:])
     assert per_cpu_paced == pytest.approx(1 / TRUE_COST[("q4-a8", 1)])
     assert per_cpu_ungoverned == pytest.approx(1 / TRUE_COST[("q4", 2)])
+
+
+def test_closed_loop_when_idle_first_then_no_credit_stored_and_no_overshoot_when_work_comes():
+    # five idle minutes (a server loading its model, or waiting for a user): in a heatwave the idle device
+    # sits at 40.4 C, close enough below the setpoint that the output is not saturated; the budget is
+    # unused, so the integral must not wind up for the burst that follows
+    profile = "phone-heatwave"
+    p = get_profile(profile)
+    setpoint_c = p.t_throttle - 30 * (1 - PolicyConfig().pace_setpoint)
+    r = run(profile, idle_s=300, seconds=900)
+    assert r.peak_c < setpoint_c + 0.1
+    assert not any(r.paused)
+    untracked = run(profile, idle_s=300, seconds=900, busy_reading=False)
+    assert untracked.peak_c > setpoint_c + 0.3  # what the tracking prevents
 
 
 @pytest.mark.parametrize("step_c", [0.1, 0.5, 1.0])

@@ -429,3 +429,18 @@ def test_decide_when_emergency_passes_then_leaves_critical_below_its_entry_minus
         if i == 19:
             assert state.level == "critical"
     assert state.level == "serious"
+
+
+@pytest.mark.parametrize(
+    ("celsius", "busy", "moves"),
+    [
+        (42.0, 0.1, False),  # room to spare but the budget (1.0) is not in use: no credit
+        (42.0, 0.8, True),  # in use (>= 0.75 of it): integrates up
+        (42.0, None, True),  # no load reading: as before
+        (42.8, 0.0, True),  # too hot: always integrates down, in use or not
+    ],
+)
+def test_decide_pace_when_budget_unused_then_integrates_up_only_while_in_use(celsius, busy, moves):
+    prev = replace(at(celsius), pace_integral=0.8, pace_time=0.0, pace_cores=1.0)
+    state = decide_pace(prev, PACE, 1.0, busy)
+    assert (state.pace_integral != 0.8) == moves
