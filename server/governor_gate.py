@@ -252,7 +252,7 @@ class CostMeter:
     passes leave out. Every `publish_every` passes the configuration's ConfigCost is published: CPU per
     token, and tokens per second unpaced (1 / wall per pass)."""
 
-    def __init__(self, window: int = 32, publish_every: int = 8) -> None:
+    def __init__(self, window: int = 32, publish_every: int = 4) -> None:
         self.window = window
         self.publish_every = publish_every
         self._cpu: dict[tuple[str, int, bool], deque[float]] = {}
