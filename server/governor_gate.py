@@ -18,12 +18,13 @@ The governor decides (its own thread); the gate acts on the worker thread:
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ log = logging.getLogger("simmer.governor")
 # onnxruntime arenas and thread pools, the tokenizer and the interpreter around them: what a loaded model
 # costs besides its weights and KV cache (RSS of the server with the tiny model is ~120 MiB; we keep margin).
 RUNTIME_BYTES = 128 << 20
+PACE_STEP = 1.1  # the engine hears of the pace in steps of 10 %
 
 
 # -- Settings -> Governor ----------------------------------------------------------------------------------
@@ -450,6 +452,12 @@ class GovernorGate:
 
     def _changed_limits(self) -> EngineLimits | None:
         limits = to_engine_limits(self.governor.limits, self._model_id)
+        if limits.tokens_per_second:
+            # The gate holds the exact pace itself (_idle_after_pass). The engine is told it in 10 % steps,
+            # rounded up so its own wait never binds: a continuous pace would be a new limit, and a log
+            # line, on every poll.
+            step = math.ceil(math.log(limits.tokens_per_second) / math.log(PACE_STEP))
+            limits = replace(limits, tokens_per_second=round(PACE_STEP**step, 3))
         with self._lock:
             if limits == self._applied:
                 return None
