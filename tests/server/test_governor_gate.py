@@ -157,13 +157,10 @@ def test_before_step_when_paced_then_the_gate_idles_the_rest_of_one_over_the_pac
     told = gate.before_job(cancel, time.monotonic()).tokens_per_second
     assert 1.0 <= told < 1.1  # the engine hears it in 10 % steps, rounded up: the gate holds it exactly
     gate.before_step(cancel)
-    t0 = time.monotonic()
     time.sleep(0.01)  # "the forward pass"
     gate.before_step(cancel)
-    pass_s = time.monotonic() - t0
     assert len(slept) == 1
-    assert slept[0] <= 1.0 - pass_s  # the pass plus the idle: 1 s (the gate's pass began a bit earlier)
-    assert slept[0] > 0.5
+    assert 0.5 < slept[0] < 1.0 - 0.01  # the pass (>= 10 ms) plus the idle: 1 s
 
 
 def test_before_step_when_running_then_the_meter_tells_the_governor_the_configurations_cost():
