@@ -382,8 +382,8 @@ class GovernorGate:
         self._check_killed()
         self._wait_unpaused(cancel, time.monotonic() + self.pause_timeout_s, new=False)
         limits = self._changed_limits()
-        self._last_step = time.monotonic()  # the next call measures the forward pass alone
         self._last_cpu = self._cpu_time()
+        self._last_step = time.monotonic()  # the next call measures the forward pass alone
         return limits
 
     def _measure(self, cpu_s: float, wall_s: float) -> None:
