@@ -183,7 +183,7 @@ def _entry_c(level: Level, throttle_c: float, config: PolicyConfig, critical_h: 
     return throttle_c - config.headroom_span_c * (1.0 - h)
 
 
-def critical_headroom(throttle_c: float, critical_c: float | None, config: PolicyConfig) -> float:
+def critical_entry(throttle_c: float, critical_c: float | None, config: PolicyConfig) -> float:
     """Where the critical level (a pause) starts. With pace control and a known T_critical: the emergency,
     emergency_margin_c below it (never below critical_headroom). Otherwise critical_headroom."""
     if not config.pace_control or critical_c is None:
@@ -199,7 +199,7 @@ def _step_down(level: Level) -> Level:
 # The thermal rule table, applied to the previous thermal level L (after gov_step_wise.c):
 #
 #   trend: the worse of headroom now and headroom forecast_s ahead, mapped through the thresholds
-#          (critical: critical_headroom(), the emergency when pace control is on and T_critical is known).
+#          (critical: critical_entry(), the emergency when pace control is on and T_critical is known).
 #
 #   trend level >  L                                         -> that level, at once (may skip levels)
 #   T_now and T_forecast < entry(L) - hysteresis_c
@@ -269,7 +269,7 @@ def _decide_thermal(
     t_fc = forecast_c(samples, t_now, config.forecast_s) if span >= config.forecast_min_span_s else t_now
     h_now = headroom(t_now, throttle_c, config.headroom_span_c)
     h_fc = headroom(t_fc, throttle_c, config.headroom_span_c)
-    critical_h = critical_headroom(throttle_c, config.critical_c or reading.critical_c, config)
+    critical_h = critical_entry(throttle_c, config.critical_c or reading.critical_c, config)
 
     prev_level = state.thermal_level
     trend = _threshold_level(max(h_now, h_fc), config, critical_h)

@@ -252,7 +252,8 @@ class CostMeter:
     A pass is what lies between two steps without the gate's idle: one decode token (a forward pass, the
     sampling, the hand-off), or now and then a prefill chunk, which the medians over the last `window`
     passes leave out. Every `publish_every` passes the configuration's ConfigCost is published: CPU per
-    token, and tokens per second unpaced (1 / wall per pass)."""
+    token, and tokens per second unpaced (1 / wall per pass). One pass is one token today; a pass that
+    verifies several speculated tokens will have to be divided by the tokens it accepted."""
 
     def __init__(self, window: int = 32, publish_every: int = 4) -> None:
         self.window = window
