@@ -339,7 +339,11 @@ class GovernorGate:
         """The variants to step down on (from the loaded model's manifest) and where to start."""
         self.governor.ladder = list(ladder)
         self.governor.start_rung = start_rung
-        self._model_id = ladder[start_rung].model_id if ladder else None
+        model_id = ladder[start_rung].model_id if ladder else None
+        if model_id != self._model_id:  # measured costs are per variant name: another model's do not apply
+            self.governor.costs = ()
+            self.meter = CostMeter(self.meter.window, self.meter.publish_every)
+        self._model_id = model_id
         with self._lock:
             self._applied = None  # the engine starts on the rung: tell it everything once
         self.governor.tick()

@@ -167,6 +167,7 @@ def test_before_step_when_running_then_the_meter_tells_the_governor_the_configur
     cpu = [0.0]
     gov = Governor(usable_cpus=2, ladder=build_ladder([("m", "q4-a8", 0.03, 1.0, 1, 2, 60.0)]))
     gate = GovernorGate(gov, cpu_time=lambda: cpu[0], meter=CostMeter(window=8, publish_every=4), spin="auto")
+    gate.set_ladder(gov.ladder)  # as the engine factory does when it loads the model
     cancel = CancelToken()
     limits = gate.before_job(cancel, time.monotonic())
     assert (limits.variant, limits.threads, limits.tokens_per_second) == ("q4-a8", 2, None)
@@ -177,6 +178,10 @@ def test_before_step_when_running_then_the_meter_tells_the_governor_the_configur
     (cost,) = gov.costs
     assert (cost.variant, cost.threads, cost.spinning) == ("q4-a8", 2, True)  # unpaced under auto: spinning
     assert cost.cpu_s_per_token == pytest.approx(0.025)
+    gate.set_ladder(gov.ladder)  # the same model loaded again: what was measured still holds
+    assert gov.costs == (cost,)
+    gate.set_ladder(build_ladder([("other", "q4-a8", 0.03, 1.0, 1)]))  # another model: measure anew
+    assert gov.costs == ()
 
 
 # -- memory: the start rung -------------------------------------------------------------------------------
