@@ -42,6 +42,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     e.add_argument("--reps", type=int, default=3)
     e.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     e.add_argument("--spin", default="auto,off", help="pool spinning for threads > 1: auto,on,off")
+    e.add_argument("--energy-only", action="store_true", help="measure CPU seconds per token alone")
     s = sub.add_parser("server", help="HTTP streaming overhead vs the engine alone")
     s.add_argument("--json")
     s.add_argument("--reps", type=int, default=5)
@@ -68,6 +69,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             args.reps,
             with_llama=not args.no_peer,
             spins=tuple(args.spin.split(",")),
+            energy_only=args.energy_only,
         )
     elif args.what == "server":
         from bench.server import bench_server

@@ -45,12 +45,15 @@ SPINS = ("auto", "off")  # auto: the engine's default, which spins a pool while 
 
 
 def run_probe(cfg: dict[str, Any]) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.engine_probe", json.dumps(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.engine_probe", json.dumps(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    except subprocess.TimeoutExpired:  # one stuck configuration must not lose the others' results
+        return {"config": cfg, "error": ["timed out after 600 s"]}
     if out.returncode != 0:
         return {"config": cfg, "error": out.stderr.strip().splitlines()[-1:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -107,11 +110,14 @@ def bench_engine(
     reps: int,
     with_llama: bool = True,
     spins: tuple[str, ...] = SPINS,
+    energy_only: bool = False,
 ) -> dict[str, Any]:
     configs = simmer_configs(model_dir, variants, threads, spins)
     peer = with_llama and find_spec("llama_cpp") is not None
     if peer:
         configs += [{"engine": "llama.cpp", "gguf": str(gguf), "threads": t} for t in threads]
+    if energy_only:  # CPU per token alone: a few minutes instead of an hour on a loaded machine
+        configs = [{**c, "energy_only": True} for c in configs]
     results: dict[str, list[dict[str, Any]]] = {}
     for rep in range(reps):
         order = configs[rep % len(configs) :] + configs[: rep % len(configs)]  # rotate: no fixed position
@@ -129,7 +135,7 @@ def bench_engine(
         "reps": reps,
         "results": summary,
     }
-    if peer:
+    if peer and not energy_only:
         report["ratios_vs_llama_cpp"] = ratios(summary, variants, threads)
     else:
         report["peer"] = LLAMA_HOW

@@ -143,10 +143,23 @@ class LlamaCppDriver:
         return self.llm.detokenize(out).decode("utf-8", errors="replace")
 
 
+def energy_only(driver: Any, res: dict[str, Any]) -> dict[str, Any]:
+    """The CPU per token alone (`"energy_only": true`): warm-up, then the short-prompt decode."""
+    driver.generate(KNOWN_CHAT, 8, reuse=False)  # warm-up
+    _, _, t_rest = driver.generate(KNOWN_CHAT, DECODE_TOKENS + 1, reuse=False)
+    res["decode_tok_s_short"] = round(DECODE_TOKENS / t_rest, 1)
+    res["cpu_s_per_token"] = round(driver.cpu_rest / DECODE_TOKENS, 5)
+    res["tok_per_cpu_s"] = round(DECODE_TOKENS / driver.cpu_rest, 1) if driver.cpu_rest > 0 else None
+    res["greedy_known"] = driver.greedy_text(KNOWN_CHAT, 16)
+    return res
+
+
 def probe(cfg: dict[str, Any]) -> dict[str, Any]:
     rss0 = rss()
     driver = SimmerDriver(cfg) if cfg["engine"] == "simmer" else LlamaCppDriver(cfg)
     res: dict[str, Any] = {"config": cfg, "cold_load_s": round(driver.load_s, 4)}
+    if cfg.get("energy_only"):
+        return energy_only(driver, res)
     long = long_ids()
     driver.generate(long[:32], 2, reuse=False)  # warm-up
     _, t_first, _ = driver.generate(long, 1, reuse=False)
