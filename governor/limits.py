@@ -5,8 +5,9 @@ Levers are ordered cheapest and most reversible first: fewer threads, a CPU pace
 context, a cheaper variant or smaller model, then pausing. The worker applies them between tokens.
 
 A CPU budget (busy cores: the level table's, or the pace controller's in governor/policy.py) is spent on
-the configuration (variant x threads x spinning) that makes the most tokens per second within it. Where the
-budget binds, that is the one with the least CPU time per token, not the fastest: a phone held at its
+the configuration of the level's variant (threads x spinning) that makes the most tokens per second within
+it; the variant itself steps down the ladder, which orders variants by their measured CPU per token. Where
+the budget binds, that is the one with the least CPU time per token, not the fastest: a phone held at its
 envelope runs one thread without spinning, because a thread pool never makes a token cheaper.
 """
 
@@ -265,9 +266,11 @@ def resolve_limits(
     row's budget and thread fraction (the controller, not the table, holds the thermal envelope; up to
     usable_cpus threads); otherwise the row's apply, with the tighter of the two budgets.
 
-    The budget buys the configuration pick_config() names among the rung's variant (and better rungs from
-    start_rung on: quality never below what the level allows); its pace is tokens_per_second. Without a
-    measured cost the worker paces by cpu_budget_cores alone (Limits.pace_delay)."""
+    The budget buys the configuration pick_config() names among the rung's: its threads and spinning by
+    measured cost, and its pace is tokens_per_second. The variant is the rung's: the ladder already steps
+    to cheaper variants by their measured CPU per token, and a variant switch mid-reply costs a re-prefill
+    of the history, so it is not chased on a few per cent of measurement noise. Without a measured cost
+    the worker paces by cpu_budget_cores alone (Limits.pace_delay)."""
     row = table[level]
     max_threads = max(1, math.floor(usable_cpus * row.thread_fraction))
     rung_index = min(start_rung + row.rung_step, len(ladder) - 1) if ladder else -1
@@ -279,20 +282,17 @@ def resolve_limits(
         budget = pace_cores if budget is None else min(budget, pace_cores)
     if budget is not None and budget >= usable_cpus:
         budget = None  # every usable core: no budget at all (a cool device's controller sits here)
-    threads, variant, pace = max_threads, rung.variant if rung else None, None
+    threads, pace = max_threads, None
     if rung is not None:
-        allowed = [
-            r for r in ladder[min(start_rung, rung_index) : rung_index + 1] if r.model_id == rung.model_id
-        ]
-        configs = [c for r in allowed for c in config_costs(r, max_threads, costs)]
+        configs = config_costs(rung, max_threads, costs)
         if configs:
             best, pace = pick_config(configs, budget, current)
-            threads, variant = best.threads, best.variant
+            threads = best.threads
     if row.tokens_per_second is not None:
         pace = row.tokens_per_second if pace is None else min(pace, row.tokens_per_second)
     return Limits(
         threads=threads,
-        variant=variant,
+        variant=rung.variant if rung else None,
         model_id=rung.model_id if rung else None,
         context_cap=row.context_cap,
         max_tokens=row.max_tokens,
