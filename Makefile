@@ -18,14 +18,17 @@ run: $(STAMP)
 	$(BIN)/simmer serve
 
 # Lint, then the whole test suite (installs Chromium for the browser tests when it can).
-test: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+test: lint
 	-bash tests/install_browser.sh
 	$(BIN)/python -m pytest
 
+# ruff; pyright (basic) on the packages [tool.pyright] lists; import-linter's layering contracts
+# ([tool.importlinter] in pyproject.toml). All offline: pyright's node comes from a wheel.
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pyright
+	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP)
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .

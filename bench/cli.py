@@ -53,6 +53,13 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     u.add_argument("--json")
     u.add_argument("--plot")
     u.add_argument("--levels", action="store_true", help="also run the pausing level governor (no pace)")
+    u.add_argument(
+        "--upstream",
+        help="offload vs no offload: an OpenAI-compatible base URL, or 'spawn' (a second simmer here)",
+    )
+    u.add_argument(
+        "--every", type=float, default=60.0, help="with --upstream: a request every N simulated seconds"
+    )
     args = p.parse_args(argv)
     if args.what == "engine":
         from bench.engine import bench_engine
@@ -85,6 +92,8 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             time_scale=args.time_scale,
             plot=args.plot,
             levels=args.levels,
+            upstream=args.upstream,
+            arrival_every_s=args.every,
         )
     _write(report, args.json)
     return 0

@@ -7,6 +7,8 @@ medians are reported with simmer/llama.cpp ratios.
 Energy per token: every configuration (variant x threads x spinning) reports the process CPU seconds per
 generated token; the report's "energy" table puts them side by side with llama.cpp's at the same threads.
 The governor's paced mode spends its CPU budget on the cheapest of these (governor/limits.pick_config).
+Both engines get the same token ids. The known prompt is what a user of this model sends: a chat model's
+template rendered around a question, a base model (no template, e.g. Gemma 3 270M) a raw completion prompt.
 """
 
 from __future__ import annotations
@@ -44,16 +46,33 @@ NUMERIC = (
 SPINS = ("auto", "off")  # auto: the engine's default, which spins a pool while unpaced (as here)
 
 
-def run_probe(cfg: dict[str, Any]) -> dict[str, Any]:
+KNOWN_QUESTION = "What is the capital of France?"
+KNOWN_COMPLETION = "def fibonacci(n):\n"
+PEER = "gguf"  # llama.cpp's configuration label: it runs the GGUF as it is
+
+
+def known_prompt(model_dir: Path) -> list[int]:
+    from models.runtime.chat import ChatTemplate
+    from models.runtime.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.load(model_dir)
+    if tokenizer.chat_template:
+        text = ChatTemplate.from_tokenizer(tokenizer).render([{"role": "user", "content": KNOWN_QUESTION}])
+        return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(KNOWN_COMPLETION, add_special_tokens=True)
+
+
+def run_probe(cfg: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+    """One probe in its own process; a failed or stuck one is an error in the report, not the end of it."""
     try:
         out = subprocess.run(
             [sys.executable, "-m", "bench.engine_probe", json.dumps(cfg)],
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=timeout,
         )
-    except subprocess.TimeoutExpired:  # one stuck configuration must not lose the others' results
-        return {"config": cfg, "error": ["timed out after 600 s"]}
+    except subprocess.TimeoutExpired:
+        return {"config": cfg, "error": [f"no result within {timeout:g} s"]}
     if out.returncode != 0:
         return {"config": cfg, "error": out.stderr.strip().splitlines()[-1:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -96,8 +115,8 @@ def simmer_configs(
 
 
 def config_name(cfg: dict[str, Any]) -> str:
-    """simmer:q4-a8:t2 (the default: a spinning pool), simmer:q4-a8:t2:spin-off, llama.cpp:Q4_1:t2."""
-    name = f"{cfg['engine']}:{cfg.get('variant', 'Q4_1')}:t{cfg['threads']}"
+    """simmer:q4-a8:t2 (the default: a spinning pool), simmer:q4-a8:t2:spin-off, llama.cpp:gguf:t2."""
+    name = f"{cfg['engine']}:{cfg.get('variant', PEER)}:t{cfg['threads']}"
     spin = cfg.get("spin", "auto")
     return name if spin == "auto" else f"{name}:spin-{spin}"
 
@@ -112,10 +131,13 @@ def bench_engine(
     spins: tuple[str, ...] = SPINS,
     energy_only: bool = False,
 ) -> dict[str, Any]:
-    configs = simmer_configs(model_dir, variants, threads, spins)
+    known = known_prompt(model_dir)
+    configs = [{**c, "known_ids": known} for c in simmer_configs(model_dir, variants, threads, spins)]
     peer = with_llama and find_spec("llama_cpp") is not None
     if peer:
-        configs += [{"engine": "llama.cpp", "gguf": str(gguf), "threads": t} for t in threads]
+        configs += [
+            {"engine": "llama.cpp", "gguf": str(gguf), "threads": t, "known_ids": known} for t in threads
+        ]
     if energy_only:  # CPU per token alone: a few minutes instead of an hour on a loaded machine
         configs = [{**c, "energy_only": True} for c in configs]
     results: dict[str, list[dict[str, Any]]] = {}
@@ -133,6 +155,7 @@ def bench_engine(
         "model_dir": str(model_dir),
         "gguf": str(gguf),
         "reps": reps,
+        "known_prompt_ids": known,
         "results": summary,
     }
     if peer and not energy_only:
@@ -151,7 +174,7 @@ def energy(summary: dict[str, Any]) -> dict[str, Any]:
         if "cpu_s_per_token" not in r:
             continue
         threads = name.split(":")[2]
-        peer = summary.get(f"llama.cpp:Q4_1:{threads}", {})
+        peer = summary.get(f"llama.cpp:{PEER}:{threads}", {})
         rows[name] = {
             "cpu_s_per_token": r["cpu_s_per_token"],
             "tok_per_cpu_s": round(1.0 / r["cpu_s_per_token"], 1),
@@ -166,7 +189,7 @@ def energy(summary: dict[str, Any]) -> dict[str, Any]:
     defaults = [n for n in simmer if ":spin-" not in n]
     return {
         "how": "process CPU seconds (user + system, all threads) per generated token, 128 greedy tokens "
-        "after a 16-token chat prompt, prefill excluded; medians over the rounds",
+        "after the model's known prompt (known_prompt_ids), prefill excluded; medians over the rounds",
         "configs": ordered,
         "cheapest_simmer": simmer[0] if simmer else None,
         "default_configs_at_least_llama_cpp": {
@@ -180,7 +203,7 @@ def energy(summary: dict[str, Any]) -> dict[str, Any]:
 def ratios(summary: dict[str, Any], variants: list[str], threads: list[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for t in threads:
-        peer = summary.get(f"llama.cpp:Q4_1:t{t}", {})
+        peer = summary.get(f"llama.cpp:{PEER}:t{t}", {})
         if "error" in peer or not peer:
             continue
         for v in variants:

@@ -2,11 +2,12 @@
 
     python -m bench.engine_probe '{"engine": "simmer", "model_dir": ..., "variant": "q4-a8", "threads": 2}'
     python -m bench.engine_probe '{"engine": "llama.cpp", "gguf": ..., "threads": 2}'
-prints one JSON object. Both engines are driven the same way from Python: greedy argmax per token.
+prints one JSON object. Both engines are driven the same way from Python: greedy argmax per token, on the
+same token ids (`known_ids` in the config: the model's own known prompt, see bench/engine.py).
 A simmer config may also say "spin": "auto" (the default: a pool spins while unpaced) | "on" | "off".
 
 Energy per token: cpu_s_per_token is the process CPU time (user + system, all threads) from the first
-generated token to the last, per token, in the 128-token decode after the short chat prompt (prefill
+generated token to the last, per token, in the 128-token decode after the known prompt (prefill
 excluded; _ctx500 after the 500-token prompt). tok_per_cpu_s is its inverse.
 """
 
@@ -24,6 +25,7 @@ import psutil
 
 PROMPT_TOKENS = 500
 DECODE_TOKENS = 128
+# SmolLM2's ChatML question without a system prompt (MODEL_NOTES.md), when the config names none
 KNOWN_CHAT = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 N_CTX = 2048
 
@@ -143,14 +145,14 @@ class LlamaCppDriver:
         return self.llm.detokenize(out).decode("utf-8", errors="replace")
 
 
-def energy_only(driver: Any, res: dict[str, Any]) -> dict[str, Any]:
-    """The CPU per token alone (`"energy_only": true`): warm-up, then the short-prompt decode."""
-    driver.generate(KNOWN_CHAT, 8, reuse=False)  # warm-up
-    _, _, t_rest = driver.generate(KNOWN_CHAT, DECODE_TOKENS + 1, reuse=False)
+def energy_only(driver: Any, res: dict[str, Any], known: list[int]) -> dict[str, Any]:
+    """The CPU per token alone (`"energy_only": true`): warm-up, then the known prompt's decode."""
+    driver.generate(known, 8, reuse=False)  # warm-up
+    _, _, t_rest = driver.generate(known, DECODE_TOKENS + 1, reuse=False)
     res["decode_tok_s_short"] = round(DECODE_TOKENS / t_rest, 1)
     res["cpu_s_per_token"] = round(driver.cpu_rest / DECODE_TOKENS, 5)
     res["tok_per_cpu_s"] = round(DECODE_TOKENS / driver.cpu_rest, 1) if driver.cpu_rest > 0 else None
-    res["greedy_known"] = driver.greedy_text(KNOWN_CHAT, 16)
+    res["greedy_known"] = driver.greedy_text(known, 16)
     return res
 
 
@@ -158,8 +160,9 @@ def probe(cfg: dict[str, Any]) -> dict[str, Any]:
     rss0 = rss()
     driver = SimmerDriver(cfg) if cfg["engine"] == "simmer" else LlamaCppDriver(cfg)
     res: dict[str, Any] = {"config": cfg, "cold_load_s": round(driver.load_s, 4)}
+    known = cfg.get("known_ids") or KNOWN_CHAT
     if cfg.get("energy_only"):
-        return energy_only(driver, res)
+        return energy_only(driver, res, known)
     long = long_ids()
     driver.generate(long[:32], 2, reuse=False)  # warm-up
     _, t_first, _ = driver.generate(long, 1, reuse=False)
@@ -167,11 +170,11 @@ def probe(cfg: dict[str, Any]) -> dict[str, Any]:
     _, _, t_rest = driver.generate(long, DECODE_TOKENS + 1, reuse=False)
     res["decode_tok_s_ctx500"] = round(DECODE_TOKENS / t_rest, 1)
     res["cpu_s_per_token_ctx500"] = round(driver.cpu_rest / DECODE_TOKENS, 5)
-    _, _, t_rest = driver.generate(KNOWN_CHAT, DECODE_TOKENS + 1, reuse=False)
+    _, _, t_rest = driver.generate(known, DECODE_TOKENS + 1, reuse=False)
     res["decode_tok_s_short"] = round(DECODE_TOKENS / t_rest, 1)
     res["cpu_s_per_token"] = round(driver.cpu_rest / DECODE_TOKENS, 5)
     res["tok_per_cpu_s"] = round(DECODE_TOKENS / driver.cpu_rest, 1) if driver.cpu_rest > 0 else None
-    _, t_first, _ = driver.generate(KNOWN_CHAT, 1, reuse=False)
+    _, t_first, _ = driver.generate(known, 1, reuse=False)
     res["ttft_ms"] = round(t_first * 1000, 2)
     # a follow-up turn: a 400-token conversation plus a reply, then 20 new tokens
     convo = long_ids(n=400, seed=1)
@@ -194,7 +197,7 @@ def probe(cfg: dict[str, Any]) -> dict[str, Any]:
     res["rss_before_load_mb"] = round(rss0 / 1e6, 1)
     # ru_maxrss is in KiB on Linux; every other figure here is in MB (1e6 bytes)
     res["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6, 1)
-    res["greedy_known"] = driver.greedy_text(KNOWN_CHAT, 16)
+    res["greedy_known"] = driver.greedy_text(known, 16)
     return res
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 import psutil
+from pydantic import SecretStr
 
 from server.settings import Settings
 
@@ -51,6 +52,7 @@ PROMPTS = [
 ]
 MAX_TOKENS = 160
 WARM_UP_S = 120  # simulated seconds from cold before "no mid-reply pause" is asked of the governor
+SPARSE_SAMPLE_S = 0.5  # wall seconds between device samples in the offload runs
 LEVEL_INDEX = {"nominal": 0, "fair": 1, "serious": 2, "critical": 3}
 
 
@@ -121,6 +123,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     for name, value in settings.model_dump().items():
         if value is None:
             continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()  # the child needs the key itself (it is never printed)
         if isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, list | dict):
@@ -202,6 +206,7 @@ class RequestRecord:
     error: str | None = None
     pauses: int = 0  # times the governor paused this reply after its first token (what the user sees)
     pause_times: list[float] = field(default_factory=list)  # monotonic time of each
+    served: str | None = None  # "local" | "upstream" (the route object of the final chunk)
 
 
 @dataclass
@@ -237,6 +242,8 @@ def stream_request(client: httpx.Client, prompt: str, log: RunLog, end: float) -
                 r.read()
                 rec.error = f"HTTP {r.status_code}: {r.text[:200]}"
                 return rec
+            # "upstream; reason=thermal": known at the start; the final chunk's route object confirms it
+            rec.served = (r.headers.get("x-simmer-route") or "").split(";")[0].strip() or None
             for line in r.iter_lines():
                 if line.startswith("event: "):
                     event = line.removeprefix("event: ")
@@ -258,6 +265,8 @@ def stream_request(client: httpx.Client, prompt: str, log: RunLog, end: float) -
                 now = time.monotonic()
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"]["completion_tokens"]
+                if isinstance(chunk.get("route"), dict):
+                    rec.served = chunk["route"].get("served")
                 for choice in chunk.get("choices", []):
                     text = choice["delta"].get("content") or ""
                     if text:
@@ -306,8 +315,18 @@ def _spread_tokens(arrivals: list[tuple[float, int]], usage_tokens: int | None, 
 
 
 def run_once(
-    settings: Settings, *, minutes: float, time_scale: float, model_dir: Path | None
+    settings: Settings,
+    *,
+    minutes: float,
+    time_scale: float,
+    model_dir: Path | None,
+    arrival_every_s: float | None = None,
+    sample_every_s: float | None = None,
 ) -> tuple[RunLog, dict[str, Any]]:
+    """One server, one run. Closed loop (the next request when the last one ended), or with
+    `arrival_every_s` open loop: a new request every that many simulated seconds, whatever is running, as an
+    app whose users do not wait for each other would send them. The device is sampled (GET /v1/thermal) once
+    per simulated second, or every `sample_every_s` wall seconds."""
     log = RunLog()
     wall_s = minutes * 60.0 / time_scale
     with server_process(settings, model_dir=model_dir) as srv:
@@ -318,7 +337,7 @@ def run_once(
         end = t0 + wall_s
 
         def sample() -> None:
-            period = 1.0 / time_scale  # one sample per simulated second
+            period = sample_every_s or 1.0 / time_scale  # default: one sample per simulated second
             next_at = t0
             with httpx.Client(base_url=srv.url, timeout=10) as c:
                 while not stop.is_set():
@@ -345,8 +364,10 @@ def run_once(
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
+        if arrival_every_s is not None:
+            _open_loop(srv.url, log, end, arrival_every_s / time_scale, settings.pause_timeout_s + 60)
         i = 0
-        while time.monotonic() < end:
+        while arrival_every_s is None and time.monotonic() < end:
             rec = stream_request(client, PROMPTS[i % len(PROMPTS)], log, end)
             log.requests.append(rec)
             i += 1
@@ -367,11 +388,40 @@ def run_once(
     return log, meta
 
 
+def _open_loop(url: str, log: RunLog, end: float, every_wall_s: float, timeout_s: float) -> None:
+    """Start a request every `every_wall_s` until `end`, each on its own thread and connection; then wait
+    for the ones still running (a request queued behind a pause has its TTFT yet to come)."""
+    threads: list[threading.Thread] = []
+
+    def one(prompt: str) -> None:
+        with httpx.Client(base_url=url, timeout=timeout_s) as client:
+            log.requests.append(stream_request(client, prompt, log, end))
+
+    next_at = time.monotonic()
+    i = 0
+    while next_at < end:
+        t = threading.Thread(target=one, args=(PROMPTS[i % len(PROMPTS)],), daemon=True)
+        t.start()
+        threads.append(t)
+        i += 1
+        next_at += every_wall_s
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    for t in threads:
+        t.join(timeout_s)
+
+
 def _metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     return None
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile, nearest rank (no interpolation: a value some request really had)."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
 
 
 def _mb(value: int | None) -> float | None:
@@ -444,7 +494,9 @@ def envelope(profile: str, runs: dict[str, dict[str, Any]], governed: str = "gov
     }
 
 
-def summarize(log: RunLog, meta: dict[str, Any], *, time_scale: float, minutes: float) -> dict[str, Any]:
+def summarize(
+    log: RunLog, meta: dict[str, Any], *, time_scale: float, minutes: float, sample_every_sim_s: float = 1.0
+) -> dict[str, Any]:
     t0 = meta["t0"]
     total_s = int(minutes * 60)
     # tokens per simulated second, as real tok/s (tokens in that 1/time_scale wall-second window)
@@ -455,18 +507,23 @@ def summarize(log: RunLog, meta: dict[str, Any], *, time_scale: float, minutes: 
             per_s[i] += 1
     tok_s = [n * time_scale for n in per_s]
     last5 = tok_s[-300:] if total_s >= 300 else tok_s
-    temps = [s["temperature"] for s in log.samples if s["temperature"] is not None]
+    # within the run (an open-loop run waits past its end for requests still queued)
+    temps = [s["temperature"] for s in log.samples if s["temperature"] is not None and s["t"] < total_s]
     throttle = next((s["throttle_c"] for s in log.samples if s["throttle_c"]), None)
     critical = next((s["critical_c"] for s in log.samples if s["critical_c"]), None)
     above = sum(1 for s in log.samples if throttle is not None and (s["temperature"] or 0) >= throttle)
     ttfts = [r.ttft_s for r in log.requests if r.ttft_s is not None]
     failed = [r for r in log.requests if not r.ok]
+    served = [r.served for r in log.requests if r.served]
     series = []
     by_second: dict[int, dict] = {}
     for s in log.samples:
         by_second.setdefault(int(s["t"]), s)
+    last = None
     for sec in range(total_s):
-        s = by_second.get(sec)
+        # a sparser sampler (the offload runs) leaves seconds out: they hold the last sample (step-like)
+        s = by_second.get(sec) or (last if sec > 0 and sample_every_sim_s > 1 else None)
+        last = s or last
         series.append(
             {
                 "t": sec,
@@ -494,6 +551,9 @@ def summarize(log: RunLog, meta: dict[str, Any], *, time_scale: float, minutes: 
         "device_kills": meta["kills"],
         "reached_critical": bool(temps and critical is not None and max(temps) >= critical),
         "ttft_ms_median": round(statistics.median(ttfts) * 1000, 1) if ttfts else None,
+        "ttft_ms_p95": round(percentile(ttfts, 95) * 1000, 1) if ttfts else None,
+        "served_upstream_share": round(served.count("upstream") / len(served), 3) if served else None,
+        "mean_temperature_c": round(statistics.fmean(temps), 2) if temps else None,
         "ttft_ms_first": round(log.requests[0].ttft_s * 1000, 1)
         if log.requests and log.requests[0].ttft_s
         else None,
@@ -523,10 +583,13 @@ def bench_sustained(
     plot: str | None = None,
     model_dir: Path | None = None,
     levels: bool = False,
+    upstream: str | None = None,
+    arrival_every_s: float = 60.0,
 ) -> dict[str, Any]:
     """Governed vs ungoverned on `sim:profile`; returns the JSON report (series included per second).
     levels=True adds a third run, "levels": governed by the level table alone (pace control off, pausing at
-    T_throttle), the governor the pace controller replaced."""
+    T_throttle), the governor the pace controller replaced.
+    With `upstream` (a base URL, or "spawn" for a second simmer started here): offload vs no offload."""
     client_audit: list[str] = []
     install_socket_audit(client_audit.append)
     base = settings.model_copy(
@@ -538,6 +601,17 @@ def bench_sustained(
             "api_key": None,
         }
     )
+    if upstream:
+        return bench_offload(
+            base,
+            upstream,
+            profile=profile,
+            minutes=minutes,
+            time_scale=time_scale,
+            plot=plot,
+            model_dir=model_dir,
+            arrival_every_s=arrival_every_s,
+        )
     runs: dict[str, dict[str, Any]] = {}
     audits: list[str] = []
     for name, governed in _runs(levels):
@@ -626,6 +700,105 @@ def pace_targets(runs: dict[str, dict[str, Any]], env: dict[str, Any]) -> dict[s
     return out
 
 
+def bench_offload(
+    base: Settings,
+    upstream: str,
+    *,
+    profile: str,
+    minutes: float,
+    time_scale: float,
+    plot: str | None,
+    model_dir: Path | None,
+    arrival_every_s: float = 60.0,
+) -> dict[str, Any]:
+    """The same governed device twice, from cold: once keeping everything local (SIMMER_ROUTE=local), once
+    offloading (SIMMER_ROUTE=auto) to `upstream`. Only the device's own process heats the simulated device;
+    the upstream stands for a machine elsewhere (here it shares this machine's CPU: a conservative setup).
+
+    Requests arrive open loop, one every `arrival_every_s` simulated seconds: offloading is for *new* work
+    (a reply already running stays where it started), and a closed-loop client would sit behind one reply
+    paused mid-way and send nothing new while the device is hot."""
+    runs: dict[str, dict[str, Any]] = {}
+    # Sampling the device costs the device CPU (it heats it): twice a wall second at most here, since a
+    # heatwave phone idles only 0.6 C below where the governor leaves critical.
+    sample_wall_s = max(1.0 / time_scale, SPARSE_SAMPLE_S)
+    with contextlib.ExitStack() as stack:
+        if upstream == "spawn":
+            key = base.upstream_api_key.get_secret_value() if base.upstream_api_key else None
+            up_settings = base.model_copy(
+                update={"thermal_source": "none", "route": "local", "upstream_url": None, "api_key": key}
+            )
+            up = stack.enter_context(server_process(up_settings, model_dir=model_dir))
+            url, where = up.url + "/v1", "a second simmer on this machine (spawned)"
+        else:
+            url, where = upstream, upstream
+        for name, update in (
+            ("no_offload", {"route": "local"}),
+            ("offload", {"route": "auto", "upstream_url": url}),
+        ):
+            log, meta = run_once(
+                base.model_copy(update={"governor": True, **update}),
+                minutes=minutes,
+                time_scale=time_scale,
+                model_dir=model_dir,
+                arrival_every_s=arrival_every_s,
+                sample_every_s=sample_wall_s,
+            )
+            meta.pop("audit")
+            runs[name] = summarize(
+                log,
+                meta,
+                time_scale=time_scale,
+                minutes=minutes,
+                sample_every_sim_s=sample_wall_s * time_scale,
+            )
+    off, no = runs["offload"], runs["no_offload"]
+    ratio = off["ttft_ms_p95"] / no["ttft_ms_p95"] if off["ttft_ms_p95"] and no["ttft_ms_p95"] else None
+    hotter = [k for k in ("peak_temperature_c", "mean_temperature_c") if (off[k] or 0) > (no[k] or 0)]
+    report = {
+        "benchmark": "sustained-offload",
+        "profile": profile,
+        "minutes": minutes,
+        "time_scale": time_scale,
+        "model": base.model,
+        "upstream": where,
+        "max_tokens_per_request": MAX_TOKENS,
+        "arrivals": f"one request every {arrival_every_s:g} simulated seconds (open loop)",
+        "device_sampled_every_wall_s": sample_wall_s,
+        "targets": {
+            "p95_ttft_offload_over_no_offload": round(ratio, 3) if ratio else None,
+            "p95_ttft_ok (<= 0.5)": bool(ratio is not None and ratio <= 0.5),
+            "offload_zero_failed": off["failed_requests"] == 0,
+            "offload_temperature_no_higher (peak and mean)": not hotter,
+        },
+        "summary": {
+            name: {
+                k: run[k]
+                for k in (
+                    "requests",
+                    "failed_requests",
+                    "served_upstream_share",
+                    "ttft_ms_p95",
+                    "ttft_ms_median",
+                    "peak_temperature_c",
+                    "mean_temperature_c",
+                    "end_temperature_c",
+                    "seconds_above_throttle",
+                    "device_kills",
+                    "tok_s_mean",
+                )
+            }
+            for name, run in runs.items()
+        },
+        "runs": {k: {kk: vv for kk, vv in v.items() if kk != "series"} for k, v in runs.items()},
+        "series": {k: v["series"] for k, v in runs.items()},
+    }
+    if plot:
+        plot_runs(runs, plot, profile=profile, time_scale=time_scale, title="offload vs no offload")
+        report["plot"] = plot
+    return report
+
+
 def _growth(after: float | None, before: float | None) -> float | None:
     return None if after is None or before is None else round(after - before, 1)
 
@@ -636,14 +809,27 @@ def _rise(run: dict[str, Any]) -> float | None:
     return round(run["peak_temperature_c"] - run["start_temperature_c"], 2)
 
 
-def plot_runs(runs: dict[str, dict[str, Any]], path: str, *, profile: str, time_scale: float) -> None:
+def plot_runs(
+    runs: dict[str, dict[str, Any]],
+    path: str,
+    *,
+    profile: str,
+    time_scale: float,
+    title: str = "governed vs ungoverned",
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
-    colors = {"governed": "tab:blue", "ungoverned": "tab:red", "levels": "tab:green"}
+    colors = {
+        "governed": "tab:blue",
+        "ungoverned": "tab:red",
+        "levels": "tab:green",
+        "offload": "tab:green",
+        "no_offload": "tab:red",
+    }
     for name, run in runs.items():
         s = run["series"]
         t = [p["t"] for p in s]
@@ -680,7 +866,7 @@ def plot_runs(runs: dict[str, dict[str, Any]], path: str, *, profile: str, time_
     for ax in axes:
         ax.legend(loc="best", fontsize=8)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"simmer sustained benchmark: sim:{profile}, governed vs ungoverned")
+    fig.suptitle(f"simmer sustained benchmark: sim:{profile}, {title}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -136,6 +136,9 @@ if docker compose version >/dev/null 2>&1; then compose=(docker compose); else c
 if "${compose[@]}" version >/dev/null 2>&1; then
     SIMMER_API_KEY=check "${compose[@]}" -f docker/compose.yaml config -q || fail "docker/compose.yaml is invalid"
     echo "docker/compose.yaml is valid (${compose[*]})"
+    SIMMER_API_KEY=check UPSTREAM_API_KEY=check2 "${compose[@]}" -f docker/compose.routing.yaml config -q \
+        || fail "docker/compose.routing.yaml is invalid"
+    echo "docker/compose.routing.yaml is valid (${compose[*]})"
 fi
 
 api_key="$("$python" -c 'import secrets; print(secrets.token_urlsafe(24))')"

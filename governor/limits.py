@@ -58,9 +58,10 @@ class LevelLimits:
     pause_running: bool = False
 
 
-# Sized on the phone profile with 2 cores (THERMAL_SIM.md, leakage included): 2 busy cores settle at ~69 C,
-# 1 core at ~44.6 C (just above T_throttle 43), 0.75 core at ~40 C. So fair halves the threads, serious paces
-# to 0.75 core on a cheaper rung (the device then settles below T_throttle at serious), critical pauses.
+# Sized on the phone profile with 2 cores (docs/governor.md, "The thermal model"; leakage included): 2 busy
+# cores settle at ~69 C, 1 core at ~44.6 C (just above T_throttle 43), 0.75 core at ~40 C. So fair halves the
+# threads, serious paces to 0.75 core on a cheaper rung (the device then settles below T_throttle at
+# serious), critical pauses.
 # With the pace controller on (the default) a thermal level's threads and CPU budget come from the controller
 # instead (resolve_limits): these rows' thread fractions and budgets then serve the other causes (memory,
 # battery, background at low priority) and pace_control off.

@@ -52,8 +52,12 @@ class BatteryReading:
 
 # -- temperature ---------------------------------------------------------------------------------------
 class ThermalSource(Protocol):
-    source: str  # what readings say: "psutil" | "sysfs" | "file" | "simulated" | "none"
-    simulator: ThermalSimulator | None
+    # Read-only members: a source may declare them as plain attributes of narrower types (None, a simulator).
+    @property
+    def source(self) -> str: ...  # what readings say: "psutil" | "sysfs" | "file" | "simulated" | "none"
+
+    @property
+    def simulator(self) -> ThermalSimulator | None: ...
 
     def read(self) -> TemperatureReading | None: ...
 

@@ -38,12 +38,41 @@ class UnsupportedModel(SimmerError):
     code = "unsupported_model"
 
 
+class ModelNotChat(SimmerError):
+    """The model has no chat template (a base model): it serves text completions only."""
+
+    code = "model_not_chat"
+
+    @classmethod
+    def for_model(cls, model_id: str) -> ModelNotChat:
+        return cls(
+            f"The model '{model_id}' has no chat template (it is a base model): use /v1/completions, or "
+            "start the server with SIMMER_CHAT_TEMPLATE naming a Jinja chat template file for it",
+            param="model",
+        )
+
+
+class UnsupportedArchitecture(UnsupportedModel):
+    """A GGUF whose `general.architecture` has no family in models/convert/families."""
+
+    code = "unsupported_architecture"
+
+
 class HashMismatch(SimmerError):
     code = "hash_mismatch"
 
 
-class InsufficientDiskSpace(SimmerError):
-    code = "insufficient_disk_space"
+class InsufficientDisk(SimmerError):
+    """Not enough free disk space to download or convert a model (before starting, or ENOSPC/EDQUOT on
+    the way). Carries the numbers: bytes needed, bytes free, and the folder (or file) concerned."""
+
+    code = "insufficient_disk"
+
+    def __init__(self, message: str, *, needed_bytes: int | None, free_bytes: int | None, where: str) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+        self.where = where
 
 
 class InsufficientMemory(SimmerError):

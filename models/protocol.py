@@ -39,6 +39,8 @@ class Engine(Protocol):
     variants: Sequence[str]  # installed variants, best quality first
     context_length: int  # the context cap in force (tokens)
     threads: int
+    can_chat: bool  # False without a chat template: chat_prompt raises ModelNotChat
+    vocab_size: int  # logits per position; token ids are 0..vocab_size-1 (logit_bias is checked against it)
 
     def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
         """Render the chat template and tokenize. Raises ContextLengthExceeded when the prompt

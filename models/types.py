@@ -21,8 +21,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # 1 = off (llama.cpp/HF style, multiplicative)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    seed: int | None = None
+    seed: int | None = None  # any int64, negative included; None = a fresh draw per request
     logprobs: int | None = None  # None = no logprobs; k >= 0 = chosen token + top-k alternatives
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, -100..100 added to its logit)
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,20 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI
-from starlette.middleware.cors import CORSMiddleware
 
 from models.protocol import Engine
-from server.errors import install_handlers
+from server.errors import ErrorMiddleware, install_handlers
 from server.metrics import Metrics, MetricsMiddleware
+from server.openapi import install_openapi
 from server.routes import ops, thermal, ui, v1
+from server.routing.breaker import Breaker
+from server.routing.metrics import RoutingCollector
+from server.routing.router import Router, build_router, device_view, local_side
 from server.schemas import SamplingDefaults
-from server.security import SecurityMiddleware
+from server.security import CorsMiddleware, SecurityMiddleware
 from server.settings import Settings
 from server.worker import Gate, NoGate, Worker
 
@@ -35,6 +39,8 @@ class Runtime:
     stream_start_wait_s: float
     started: int
     sampling_defaults: SamplingDefaults
+    router: Router | None = None  # set by create_app; where each request is served (server/routing/)
+    store_home: Path | None = None  # the model store, for /health's model_problem (None: not from a store)
 
     def model_id(self) -> str:
         engine = self.worker.engine
@@ -50,9 +56,11 @@ def create_app(
     *,
     engine_factory: Callable[[], Engine] | None = None,
     governor: Gate | None = None,
+    breaker: Breaker | None = None,
 ) -> FastAPI:
     """Build the app. Pass a ready `engine`, or an `engine_factory` that the worker thread calls at
-    startup (GET /health answers 503 "loading" until it returns). `governor` is the worker's gate."""
+    startup (GET /health answers 503 "loading" until it returns). `governor` is the worker's gate;
+    `breaker` replaces the upstream breaker built from settings (tests pass one on a fake clock)."""
     if (engine is None) == (engine_factory is None):
         raise ValueError("pass exactly one of engine or engine_factory")
     load = engine_factory if engine_factory is not None else (lambda: engine)
@@ -85,13 +93,14 @@ def create_app(
         try:
             yield
         finally:
+            await runtime.router.aclose()  # type: ignore[union-attr]
             worker.close()
             worker.join(SHUTDOWN_JOIN_S)
             if callable(gate_stop):
                 gate_stop()
 
     app = FastAPI(title="simmer", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.runtime = Runtime(
+    app.state.runtime = runtime = Runtime(
         model=settings.model,
         worker=worker,
         metrics=metrics,
@@ -103,28 +112,40 @@ def create_app(
         sampling_defaults=SamplingDefaults(
             temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k, min_p=settings.min_p
         ),
+        store_home=settings.home,
     )
+    # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
+    runtime.router = build_router(
+        settings, local_side(worker, runtime.served_ids, runtime.model_id), device_view(gate), breaker=breaker
+    )
+    metrics.registry.register(RoutingCollector(runtime.router))
     install_handlers(app)
+    install_openapi(app, api_key=bool(settings.api_key))
     app.include_router(v1.router)
     app.include_router(ops.router)
     app.include_router(thermal.router)
     app.include_router(ui.router)
     ui.mount_static(app)
 
-    # Middleware: last added runs first. Security outermost, so refused requests cost nothing; metrics
-    # inside it count what reached the app; CORS answers preflights for configured origins only.
+    # Middleware: last added runs first. From the outside in:
+    #   Metrics  counts every response by status, refusals and 500s included;
+    #   Errors   turns any exception that escapes into an OpenAI-shaped answer (never a dropped connection);
+    #   Security refuses foreign Hosts, missing keys and big bodies before any work;
+    #   CORS     answers preflights for configured origins only.
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            CorsMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "X-Simmer-Route"],
+            expose_headers=["X-Simmer-Route"],  # so a web app can tell where a reply was served
         )
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(
         SecurityMiddleware,
         allowed_hosts=settings.allowed_hosts,
         api_key=settings.api_key,
         max_body_bytes=settings.max_body_bytes,
     )
+    app.add_middleware(ErrorMiddleware)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

@@ -20,7 +20,7 @@ from typing import Any
 from models.errors import SimmerError
 from models.store import registry
 from models.store.hub import HubConfig
-from models.store.store import Converter, ModelStore
+from models.store.store import Converter, ModelInfo, ModelStore
 from server.settings import Settings
 
 EXTERNAL: dict[str, tuple[str, str, str]] = {
@@ -66,12 +66,16 @@ def _print(msg: str) -> None:
     print(msg, flush=True)
 
 
+def _warn(msg: str) -> None:
+    print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
 def hub_config(settings: Settings) -> HubConfig:
     return HubConfig(endpoint=settings.hf_endpoint, token=settings.hf_token, offline=settings.hf_offline)
 
 
 def _store(settings: Settings, converter: Converter | None) -> ModelStore:
-    return ModelStore(settings.home, converter=converter, log=_print, hub=hub_config(settings))
+    return ModelStore(settings.home, converter=converter, log=_print, warn=_warn, hub=hub_config(settings))
 
 
 def _mb(size: int) -> str:
@@ -93,7 +97,8 @@ def cmd_pull(args: argparse.Namespace, settings: Settings, converter: Converter 
     progress = TqdmProgress()
     store = _store(settings, converter)
     spec = registry.resolve(name, sha256=args.sha256, hub=store.hub)
-    notice = license_notice(spec.source, store.downloads_dir)
+    with store.disk_full_as_error(f"simmer pull {name}", f"reading the license notice of {spec.id}"):
+        notice = license_notice(spec.source, store.downloads_dir)
     if notice:
         _print(notice)
     try:
@@ -113,16 +118,43 @@ def cmd_list(args: argparse.Namespace, settings: Settings, converter: Converter 
     if not models:
         _print("no models installed (run `simmer pull`)")
         return 0
-    rows = [("ID", "VERSION", "VARIANTS", "SIZE", "CURRENT")]
+    store = _store(settings, converter)
+    rows = [("ID", "VERSION", "VARIANTS", "SIZE", "CURRENT", "STATUS")]
+    fixes: list[str] = []
     for m in models:
-        current = "yes" if m.current else "no"
-        if m.problem:
-            current += " (damaged)"
-        rows.append((m.id, m.version, ",".join(m.variants), _mb(m.size_bytes), current))
+        rows.append(
+            (
+                m.id,
+                m.version,
+                ",".join(m.variants),
+                _mb(m.size_bytes),
+                "yes" if m.current else "no",
+                _status(m),
+            )
+        )
+        if m.current and m.problem:
+            problem = store.problem(m.id)
+            fix = problem["fix"] if problem else f"simmer pull --force {m.id}"
+            fixes.append(
+                f"{m.id}: the current version {m.version} is not served ({m.problem}); to fix: {fix}"
+            )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         _print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for line in fixes:
+        _print(line)
     return 0
+
+
+def _status(m: ModelInfo) -> str:
+    """What a load would do with this version (no hashing here: `simmer verify` hashes)."""
+    if m.bad:
+        return f"BAD: {m.problem}"
+    if m.problem:
+        return f"damaged: {m.problem}"
+    if m.serving:
+        return "serving" if m.current else "serving (the current version is bad)"
+    return "kept (previous)"
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings, converter: Converter | None) -> int:

@@ -35,7 +35,11 @@ def _params(args: argparse.Namespace) -> GenerationParams:
 
 
 def _stream(engine: LlamaEngine, messages: list[dict], args: argparse.Namespace) -> str:
-    prompt = engine.chat_prompt(messages, truncate=True, reserve=min(args.max_tokens, 256))
+    reserve = min(args.max_tokens, 256)
+    if engine.can_chat:
+        prompt = engine.chat_prompt(messages, truncate=True, reserve=reserve)
+    else:  # a base model (no chat template) continues the text, as `ollama run` does with one
+        prompt = engine.text_prompt("\n".join(m["content"] for m in messages), truncate=True, reserve=reserve)
     reply = []
     for ev in engine.generate(prompt, _params(args)):
         text = ev.text

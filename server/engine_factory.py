@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from governor.cgroup import usable_cpus
+from models.errors import InvalidParameter
 from models.runtime.engine import LlamaEngine
 from models.store.store import ModelStore
 from server.settings import Settings
@@ -12,6 +15,17 @@ def engine_threads(settings: Settings, requested: int | None = None) -> int:
     """Requested threads, never above the CPUs this process may really use (affinity, cgroup quota)."""
     cpus = usable_cpus(settings.cgroup_root, settings.proc_root)
     return max(1, min(requested or settings.threads or cpus, cpus))
+
+
+def chat_template_override(settings: Settings) -> str | None:
+    """The text of SIMMER_CHAT_TEMPLATE's file, read when the engine loads (None: the model's own)."""
+    path = settings.chat_template
+    if path is None:
+        return None
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidParameter(f"SIMMER_CHAT_TEMPLATE: cannot read {path}: {e}", param="chat_template") from e
 
 
 def open_engine(
@@ -29,4 +43,5 @@ def open_engine(
         spin=settings.spin,
         prefix_slots=settings.prefix_cache_slots,
         prefix_budget_bytes=settings.prefix_cache_mb << 20,
+        chat_template=chat_template_override(settings),
     )

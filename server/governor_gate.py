@@ -44,6 +44,7 @@ from governor.policy import PolicyConfig
 from governor.sensors import ThermalSource, make_thermal_source, read_battery, read_memory
 from models.errors import Cancelled, DeviceOverheated, InsufficientMemory, InvalidParameter
 from models.protocol import Engine, EngineLimits
+from models.runtime.session import kv_bytes_per_token as session_kv_bytes_per_token
 from models.types import CancelToken
 from server.errors import DevicePaused
 from server.settings import Settings
@@ -120,9 +121,10 @@ def kv_bytes_per_token(manifest: Mapping[str, Any]) -> int:
         return manifest["kv_bytes_per_token"]
     arch = manifest.get("architecture") or {}
     try:
-        return 2 * int(arch["n_layers"]) * int(arch["n_kv_heads"]) * int(arch["head_dim"]) * 4
+        layers, kv_heads, head_dim = int(arch["n_layers"]), int(arch["n_kv_heads"]), int(arch["head_dim"])
     except (KeyError, TypeError, ValueError):
         return 0
+    return session_kv_bytes_per_token(layers, kv_heads, head_dim)
 
 
 def plan_start(
@@ -203,6 +205,7 @@ def governed_engine_factory(
 
         from models.runtime.engine import LlamaEngine
         from models.store.store import ModelStore
+        from server.engine_factory import chat_template_override
 
         if model_dir is not None:
             manifest = json.loads((Path(model_dir) / "manifest.json").read_text())
@@ -240,6 +243,7 @@ def governed_engine_factory(
             prefill_chunk=settings.prefill_chunk,
             prefix_slots=settings.prefix_cache_slots,
             prefix_budget_bytes=settings.prefix_cache_mb << 20,
+            chat_template=chat_template_override(settings),
         )
 
     return load

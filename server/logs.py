@@ -65,6 +65,7 @@ class RequestRecord:
     tokens_per_s: float
     outcome: str  # finish_reason, an error code, or "client_gone"
     duration_ms: float
+    route: str | None = None  # "upstream/thermal", "local/offline_first" (server/routing/)
 
 
 def log_request(record: RequestRecord) -> None:
@@ -74,4 +75,6 @@ def log_request(record: RequestRecord) -> None:
         f"ttft_ms={record.ttft_ms:.1f} tok_s={record.tokens_per_s:.1f} outcome={record.outcome} "
         f"duration_ms={record.duration_ms:.0f}"
     )
+    if record.route:
+        text += f" route={record.route}"
     log.info(text, extra={"fields": asdict(record)})

@@ -130,11 +130,22 @@ class GovernorCollector:
             )
 
 
-_KNOWN_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/"}
+_KNOWN_ROUTES = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/v1/lifecycle",
+    "/v1/thermal",
+    "/v1/thermal/events",
+    "/health",
+    "/metrics",
+    "/",
+}
 
 
 class MetricsMiddleware:
-    """Counts every HTTP response by route and status (unknown paths share one label)."""
+    """Counts every HTTP response by route and status (unknown paths share one label). Outermost, so the
+    Host, key and size refusals and the 500s from ErrorMiddleware are counted too."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app

@@ -7,23 +7,117 @@ Nothing below `server/` sees these types (the worker hands the engine Generation
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
+from models.runtime.sampling import (
+    MAX_LOGIT_BIAS,
+    MAX_REPETITION_PENALTY,
+    MAX_TOP_LOGPROBS,
+    MIN_REPETITION_PENALTY,
+    SEED_MAX,
+    SEED_MIN,
+)
 from models.types import FinishEvent, GenerationParams, SamplingParams, Timings, TokenEvent, Usage
 
-MAX_TOP_LOGPROBS = 20
+# As strict as OpenAI's API: no coercion ("5" is not an integer, 0 is not a boolean; an integer is still a
+# number, and a whole float is an integer, as JSON Schema has it), no NaN or Infinity (Python's JSON parser
+# reads them, and 1e400 becomes inf), unknown fields ignored (clients send fields of newer API versions).
+STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
-def _invalid(message: str) -> PydanticCustomError:
-    # A custom error keeps our exact wording (a ValueError would be prefixed "Value error, ").
-    return PydanticCustomError("invalid_parameter", message)
+def _whole(value: Any) -> Any:
+    # JSON Schema's "integer" is a number with no fractional part, so 5.0 is one (and the published schema
+    # promises it); "5", true and 5.5 still are not.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def integer(**bounds: int) -> Any:
+    """An int field that takes whole floats, with its bounds (in this order, or the schema loses them)."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_whole)]
+
+
+AnyInteger = Annotated[int, BeforeValidator(_whole)]
+
+
+def _invalid(message: str, param: str | None = None) -> PydanticCustomError:
+    # A custom error keeps our exact wording (a ValueError would be prefixed "Value error, "); `param`
+    # names the field when the error is raised above it (server/errors.py reads it).
+    return PydanticCustomError("invalid_parameter", message, {"param": param} if param else None)
+
+
+def _is_text(s: str) -> bool:
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# Deeper JSON is refused as invalid_json, at one documented depth rather than wherever Python's parser
+# runs out of stack (about 990 levels, depending on the call stack). OpenAI requests nest about 6 deep.
+MAX_JSON_DEPTH = 64
+
+
+def _check_text_and_depth(data: Any) -> None:
+    """Raise for the first string (key or value) holding a lone surrogate, naming its JSON path: JSON
+    allows "\\ud800", but that is no Unicode text (it cannot be encoded, tokenized or sent back). Raise
+    invalid_json for nesting deeper than MAX_JSON_DEPTH. Iterative, so deep input costs no recursion."""
+    stack: list[tuple[str, Any, int]] = [("", data, 0)]
+    while stack:
+        path, value, depth = stack.pop()  # depth: the containers around `value`
+        if isinstance(value, (dict, list)) and depth >= MAX_JSON_DEPTH:
+            raise PydanticCustomError(
+                "invalid_json", "Request body is nested deeper than {depth} levels", {"depth": MAX_JSON_DEPTH}
+            )
+        if isinstance(value, str):
+            if not _is_text(value):
+                _surrogate(path or "body")
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                sub = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and not _is_text(key):
+                    _surrogate(sub.encode("utf-8", "backslashreplace").decode())
+                stack.append((sub, item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item, depth + 1) for i, item in reversed(list(enumerate(value))))
+
+
+def _surrogate(path: str) -> None:
+    # {param} is filled in by pydantic from the context: the path itself may hold braces.
+    raise _invalid("{param}: the string contains a lone surrogate (not valid Unicode)", path)
+
+
+class _Request(BaseModel):
+    model_config = STRICT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        _check_text_and_depth(data)
+        return data
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
@@ -41,32 +135,50 @@ class SamplingDefaults:
 
 OPENAI_DEFAULTS = SamplingDefaults()
 
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+TokenId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]  # JSON keys are strings
+Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
+_UNSUPPORTED = "simmer does not support tools yet"
+_LOGIT_BIAS = {
+    "type": ["object", "null"],
+    "propertyNames": {"pattern": TokenId.__metadata__[0].pattern},
+    "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS},
+    "description": "token id -> bias added to its logit; ids must be in the model's vocabulary",
+}
 
-class _GenerationRequest(BaseModel):
+
+class _GenerationRequest(_Request):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
-    model_config = ConfigDict(extra="ignore")
-
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: integer(ge=1) | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    n: int = 1
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    n: Annotated[AnyInteger, WithJsonSchema({"type": "integer", "enum": [1], "default": 1})] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    stop: str | list[NonEmpty] | None = None
+    # Any int64, negative included: -1 is an ordinary, reproducible seed (models/runtime/sampling.py).
+    # (lt 2**63 rather than le 2**63 - 1: the same bound, and exact in the float64 JSON tools parse it to)
+    seed: integer(ge=SEED_MIN, lt=SEED_MAX + 1) | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    # Token id (a string, as JSON keys are) -> -100..100 added to its logit; ids beyond the vocabulary
+    # get a 400 from the route, which knows the model.
+    logit_bias: Annotated[dict[TokenId, Bias] | None, WithJsonSchema(_LOGIT_BIAS)] = None
+    # Refused until tools exist (OpenAI also refuses tool_choice without tools).
+    tool_choice: Annotated[Any, WithJsonSchema({"type": "null", "description": _UNSUPPORTED})] = None
     # llama.cpp extras
-    top_k: int | None = Field(None, ge=0)
+    top_k: integer(ge=0) | None = None
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repeat_penalty: float | None = Field(None, gt=0.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)  # vLLM's name for the same thing
+    repeat_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
+    # vLLM's name for the same thing
+    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
     # simmer extras
     truncate: bool = False  # sliding-window truncation instead of context_length_exceeded
     ignore_eos: bool = False  # llama.cpp's: generate exactly max_tokens (benchmarks)
     governor_events: bool = False  # opt in to `event: governor` SSE events (SDKs would choke on them)
+    route: Literal["local", "auto", "upstream"] | None = None  # where to serve it (or X-Simmer-Route)
 
     @field_validator("n")
     @classmethod
@@ -75,12 +187,12 @@ class _GenerationRequest(BaseModel):
             raise _invalid("n must be 1: simmer generates one choice per request")
         return n
 
-    @field_validator("stop")
+    @field_validator("tool_choice")
     @classmethod
-    def _stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(stop, list) and any(s == "" for s in stop):
-            raise _invalid("stop strings must not be empty")
-        return stop
+    def _no_tool_choice(cls, tool_choice: Any) -> Any:
+        if tool_choice is not None:
+            raise _invalid(f"tool_choice needs tools, and {_UNSUPPORTED}")
+        return tool_choice
 
     @property
     def include_usage(self) -> bool:
@@ -101,10 +213,11 @@ class _GenerationRequest(BaseModel):
             top_k=defaults.top_k if self.top_k is None else self.top_k,
             min_p=defaults.min_p if self.min_p is None else self.min_p,
             repetition_penalty=penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed,
             logprobs=logprobs,
+            logit_bias=tuple((int(k), v) for k, v in (self.logit_bias or {}).items()),
         )
         return GenerationParams(
             sampling=sampling,
@@ -116,12 +229,14 @@ class _GenerationRequest(BaseModel):
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -137,22 +252,34 @@ class ChatMessage(BaseModel):
         return {"role": role, "content": text}
 
 
+_NO_TOOLS = {"type": ["array", "null"], "maxItems": 0, "description": _UNSUPPORTED}
+_TEXT_FORMAT = {"type": ["object", "null"], "properties": {"type": {"type": "string", "enum": ["text"]}}}
+
+
 class ChatCompletionRequest(_GenerationRequest):
+    # top_logprobs (a number) needs logprobs: true, as OpenAI has it.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]},
+            "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+        }
+    )
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: integer(ge=1) | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    top_logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
+    tools: Annotated[list[Any] | None, WithJsonSchema(_NO_TOOLS)] = None
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(_TEXT_FORMAT)] = None
 
     @model_validator(mode="after")
     def _supported(self) -> ChatCompletionRequest:
         if self.tools:
-            raise _invalid("tools are not supported by simmer")
+            raise _invalid(_UNSUPPORTED, "tools")
         if self.response_format and self.response_format.get("type", "text") != "text":
-            raise _invalid("only response_format type 'text' is supported")
+            raise _invalid("only response_format type 'text' is supported", "response_format")
         if self.top_logprobs is not None and not self.logprobs:
-            raise _invalid("top_logprobs requires logprobs to be true")
+            raise _invalid("top_logprobs requires logprobs to be true", "top_logprobs")
         return self
 
     def message_dicts(self) -> list[dict[str, str]]:
@@ -163,23 +290,29 @@ class ChatCompletionRequest(_GenerationRequest):
         return self._params(self.max_completion_tokens or self.max_tokens, logprobs, defaults)
 
 
+_ONE_STRING_LIST = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1}
+_ONE_PROMPT = {"anyOf": [{"type": "string"}, _ONE_STRING_LIST]}
+
+
 class CompletionRequest(_GenerationRequest):
-    prompt: str | list[str]
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    prompt: Annotated[str | list[str], WithJsonSchema(_ONE_PROMPT)]
+    logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
+    echo: Annotated[bool, WithJsonSchema({"type": "boolean", "enum": [False], "default": False})] = False
+    suffix: Annotated[str | None, WithJsonSchema({"type": ["string", "null"], "maxLength": 0})] = None
+    best_of: Annotated[
+        AnyInteger | None, WithJsonSchema({"type": ["integer", "null"], "enum": [1, None]})
+    ] = None
 
     @model_validator(mode="after")
     def _supported(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise _invalid("prompt must be one string (batches are not supported)")
+            raise _invalid("prompt must be one string (batches are not supported)", "prompt")
         if self.echo:
-            raise _invalid("echo is not supported")
+            raise _invalid("echo is not supported", "echo")
         if self.suffix:
-            raise _invalid("suffix is not supported")
+            raise _invalid("suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
-            raise _invalid("best_of must be 1")
+            raise _invalid("best_of must be 1", "best_of")
         return self
 
     def prompt_text(self) -> str:
@@ -310,6 +443,8 @@ class ChunkBuilder:
         self._role_sent = False
         self._offset = 0  # text offset for completion logprobs
         self.variant: str | None = None  # known once the worker starts the job
+        # Fields of the final chunk (and the usage chunk) known only at the end: the route object.
+        self.final_fields: Callable[[], dict] = dict
 
     def _chunk(self, choices: list[dict], variant: str | None = None) -> dict:
         variant = variant or self.variant
@@ -347,10 +482,12 @@ class ChunkBuilder:
         chunk = self._chunk([choice], finish.variant if finish else None)
         if finish is not None:
             chunk.update(_extras(finish))
+            chunk.update(self.final_fields())
         return chunk
 
     def usage(self, finish: FinishEvent) -> dict:
         chunk = self._chunk([], finish.variant)
         chunk["usage"] = usage_dict(finish.usage)
         chunk.update(_extras(finish))
+        chunk.update(self.final_fields())
         return chunk

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models.errors import InvalidParameter
-from server.errors import ApiError, error_payload
+from server.errors import ApiError, error_payload, send_error
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 # Answered without an API key: liveness probes, and the browser UI's page and files (they hold no data;
@@ -52,15 +54,6 @@ def check_bind(host: str, api_key: str | None) -> None:
         )
 
 
-async def _send_error(send: Send, err: ApiError) -> None:
-    status, body, headers = error_payload(err)
-    raw = json.dumps(body).encode()
-    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
-    hdrs += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-    await send({"type": "http.response.start", "status": status, "headers": hdrs})
-    await send({"type": "http.response.body", "body": raw})
-
-
 class SecurityMiddleware:
     """Pure ASGI (no BaseHTTPMiddleware: it would break streaming disconnect detection)."""
 
@@ -90,18 +83,18 @@ class SecurityMiddleware:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if not self._host_ok(headers.get("host", "")):
-            await _send_error(send, ApiError(403, "host_not_allowed", "Host header not allowed"))
+            await send_error(send, ApiError(403, "host_not_allowed", "Host header not allowed"))
             return
         path = scope.get("path", "")
         needs_key = self.api_key and not is_open_path(path) and scope.get("method") != "OPTIONS"
         if needs_key and not self._key_ok(headers.get("authorization", "")):
-            await _send_error(send, ApiError(401, "invalid_api_key", "Missing or invalid API key"))
+            await send_error(send, ApiError(401, "invalid_api_key", "Missing or invalid API key"))
             return
         limit_msg = f"Request body over {self.max_body_bytes} bytes"
         too_large = ApiError(413, "request_too_large", limit_msg)
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await _send_error(send, too_large)
+            await send_error(send, too_large)
             return
 
         # Chunked bodies carry no length: count as they arrive.
@@ -130,4 +123,18 @@ class SecurityMiddleware:
             if started or exc.status_code != 413:
                 raise
             else:
-                await _send_error(send, too_large)
+                await send_error(send, too_large)
+
+
+class CorsMiddleware(CORSMiddleware):
+    """Starlette's CORS, with a refused preflight (foreign origin, method or header) answered in the OpenAI
+    error shape, 403 `cors_not_allowed`, instead of a plain-text 400. No Allow-Origin header either way."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code == 200:
+            return response
+        reason = bytes(response.body).decode()  # "Disallowed CORS origin, method"
+        status, body, _ = error_payload(ApiError(403, "cors_not_allowed", f"{reason} for this server"))
+        headers = {k: v for k, v in response.headers.items() if k.lower().startswith("access-control-")}
+        return JSONResponse(body, status_code=status, headers=headers)

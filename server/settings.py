@@ -6,8 +6,10 @@ Everything below `server/` receives plain values or small config objects, never 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -16,7 +18,10 @@ def default_home() -> Path:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SIMMER_", extra="ignore", populate_by_name=True)
+    # hide_input_in_errors: a settings error must not print a secret (a key, a token, a URL with credentials).
+    model_config = SettingsConfigDict(
+        env_prefix="SIMMER_", extra="ignore", populate_by_name=True, hide_input_in_errors=True
+    )
 
     # model store
     home: Path = Field(default_factory=default_home, description="Cache folder for models")
@@ -47,6 +52,9 @@ class Settings(BaseSettings):
     prefix_cache_slots: int = Field(1, description="KV slots kept for prefix reuse (conversations cached)")
     prefix_cache_mb: int = Field(256, description="Memory budget for prefix-reuse KV slots")
     keep_alive_s: float = Field(300.0, description="Unload an idle model after this many seconds (0 = never)")
+    chat_template: Path | None = Field(
+        None, description="Jinja chat template file used instead of the model's (gives a base model chat)"
+    )
 
     # sampling, for requests that leave a field out (llama.cpp's server defaults, not OpenAI's)
     temperature: float = Field(0.8, ge=0.0, le=2.0, description="Default sampling temperature")
@@ -82,6 +90,62 @@ class Settings(BaseSettings):
     )
     memory_budget_mb: int | None = Field(None, description="Memory budget (default: the cgroup/system limit)")
     pause_timeout_s: float = Field(60.0, description="How long queued requests wait out a pause before 503")
+
+    # routing (docs/routing.md). Nothing leaves the device unless route is auto or upstream.
+    route: Literal["local", "auto", "upstream"] = Field(
+        "local",
+        description="local (nothing leaves the device) | auto (offload when the device can't) | upstream",
+    )
+    upstream_url: str | None = Field(
+        None,
+        validate_default=True,
+        description="OpenAI-compatible base URL to offload to, e.g. http://gpu:8000/v1",
+    )
+    upstream_api_key: SecretStr | None = Field(
+        None, description="Bearer key for the upstream (never logged or echoed)"
+    )
+    upstream_models: dict[str, str] = Field(
+        default_factory=dict,
+        description='JSON {"model id": "upstream name"}; ids not served locally are listed as remote',
+    )
+    upstream_ca_bundle: Path | None = Field(
+        None, description="PEM CA bundle for the upstream's TLS (default: certifi)"
+    )
+    upstream_connect_timeout_s: float = Field(3.0, gt=0, description="Upstream connect timeout")
+    upstream_read_timeout_s: float = Field(
+        120.0, gt=0, description="Upstream silence (between bytes) before failing"
+    )
+    upstream_max_connections: int = Field(16, ge=1, description="Pooled connections to the upstream")
+    upstream_breaker_failures: int = Field(
+        3, ge=1, description="Consecutive upstream failures that open the breaker"
+    )
+    upstream_breaker_cooldown_s: float = Field(
+        30.0, gt=0, description="How long an open breaker keeps work local"
+    )
+
+    # A field validator (not a model validator): the check belongs to the URL, and errors name that field.
+    @field_validator("upstream_url")
+    @classmethod
+    def _upstream_url(cls, url: str | None, info: ValidationInfo) -> str | None:
+        if url is None:
+            route = info.data.get("route", "local")
+            if route != "local":
+                raise ValueError(f"route={route} needs SIMMER_UPSTREAM_URL")
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        if parts.username or parts.password:
+            # HTTP clients log URLs and /v1/thermal shows it: a key must not travel inside one.
+            raise ValueError("must not contain credentials: use SIMMER_UPSTREAM_API_KEY")
+        return url
+
+    @field_validator("upstream_models")
+    @classmethod
+    def _upstream_models(cls, models: dict[str, str]) -> dict[str, str]:
+        if any(not k.strip() or not v.strip() for k, v in models.items()):
+            raise ValueError("model ids and upstream names must not be empty")
+        return models
 
 
 def settings_table() -> str:

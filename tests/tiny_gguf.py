@@ -1,6 +1,9 @@
-"""Write tiny synthetic Llama GGUFs with the `gguf` package: random weights, GQA, chosen tensor types,
-a small byte-level BPE vocabulary and a ChatML template. Q and K are permuted exactly as llama.cpp's
-converter does, so a wrong RoPE pairing in the converter shows up as wrong logits."""
+"""Write tiny synthetic GGUFs with the `gguf` package: random weights, GQA, chosen tensor types, a small
+byte-level BPE vocabulary and a ChatML template, in the layout of each architecture family (`family`):
+llama, llama3 (+ rope_freqs), qwen2 (QKV bias), qwen3 (QK-norm, head_dim from key_length), gemma3 (QK-norm,
+sandwich norms, head_dim 32 != hidden / heads, a sliding window of 8 on layers 0-4 and a global layer 5).
+For `llama` Q and K are permuted exactly as llama.cpp's converter does (and for no other family), so a wrong
+RoPE pairing in the converter shows up as wrong logits."""
 
 from __future__ import annotations
 
@@ -56,6 +59,24 @@ class TinySpec:
     rms_eps: float = 1e-5
     context_length: int = 256
     tied: bool = True
+    head_dim: int | None = None  # None: hidden // n_heads (and no key_length key)
+    sliding_window: int = 0
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.n_heads
+
+
+FAMILY_SPECS = {
+    "llama": TinySpec(),
+    "llama3": TinySpec(rope_base=500000.0),
+    "qwen2": TinySpec(rope_base=1e6, tied=False),
+    "qwen3": TinySpec(rope_base=1e6, head_dim=32, rms_eps=1e-6),
+    "gemma3": TinySpec(
+        n_layers=6, n_kv_heads=1, head_dim=32, rope_base=1e6, rms_eps=1e-6, sliding_window=8, ffn=96
+    ),
+}
+ARCHITECTURE = {"llama3": "llama"}  # GGUF general.architecture per tiny family (default: the same name)
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -63,24 +84,27 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def hf_weights(spec: TinySpec, vocab: int, seed: int) -> dict[str, np.ndarray]:
-    """Random weights in Hugging Face layout (out, in)."""
+def hf_weights(spec: TinySpec, vocab: int, seed: int, family: str = "llama") -> dict[str, np.ndarray]:
+    """Random weights in Hugging Face layout (out, in), with the family's extra tensors."""
     rng = np.random.default_rng(seed)
-    hd = spec.hidden // spec.n_heads
+    hd = spec.hd
 
     def mat(rows: int, cols: int, scale: float = 0.08) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
 
-    w = {
-        "token_embd.weight": mat(vocab, spec.hidden, 0.5),
-        "output_norm.weight": (1.0 + 0.1 * rng.standard_normal(spec.hidden)).astype(np.float32),
-    }
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    w = {"token_embd.weight": mat(vocab, spec.hidden, 0.5), "output_norm.weight": norm(spec.hidden)}
     if not spec.tied:
         w["output.weight"] = mat(vocab, spec.hidden, 0.2)
+    if family == "llama3":
+        # Llama 3's shape of factors: 1 for the fast frequencies, growing to 8 for the slow ones
+        w["rope_freqs.weight"] = (1.0 + 7.0 * np.linspace(0.0, 1.0, hd // 2) ** 2).astype(np.float32)
     for i in range(spec.n_layers):
         p = f"blk.{i}."
-        w[p + "attn_norm.weight"] = (1.0 + 0.1 * rng.standard_normal(spec.hidden)).astype(np.float32)
-        w[p + "ffn_norm.weight"] = (1.0 + 0.1 * rng.standard_normal(spec.hidden)).astype(np.float32)
+        w[p + "attn_norm.weight"] = norm(spec.hidden)
+        w[p + "ffn_norm.weight"] = norm(spec.hidden)
         w[p + "attn_q.weight"] = mat(spec.n_heads * hd, spec.hidden, 0.3)
         w[p + "attn_k.weight"] = mat(spec.n_kv_heads * hd, spec.hidden, 0.3)
         w[p + "attn_v.weight"] = mat(spec.n_kv_heads * hd, spec.hidden)
@@ -88,6 +112,19 @@ def hf_weights(spec: TinySpec, vocab: int, seed: int) -> dict[str, np.ndarray]:
         w[p + "ffn_gate.weight"] = mat(spec.ffn, spec.hidden)
         w[p + "ffn_up.weight"] = mat(spec.ffn, spec.hidden)
         w[p + "ffn_down.weight"] = mat(spec.hidden, spec.ffn)
+        if family == "qwen2":
+            for n, rows in (
+                ("q", spec.n_heads * hd),
+                ("k", spec.n_kv_heads * hd),
+                ("v", spec.n_kv_heads * hd),
+            ):
+                w[p + f"attn_{n}.bias"] = (0.5 * rng.standard_normal(rows)).astype(np.float32)
+        if family in ("qwen3", "gemma3"):
+            w[p + "attn_q_norm.weight"] = norm(hd)
+            w[p + "attn_k_norm.weight"] = norm(hd)
+        if family == "gemma3":
+            w[p + "post_attention_norm.weight"] = norm(spec.hidden)
+            w[p + "post_ffw_norm.weight"] = norm(spec.hidden)
     return w
 
 
@@ -105,15 +142,18 @@ def write_tiny_gguf(
     *,
     matrix_type: str = "F32",
     embed_type: str | None = None,
-    spec: TinySpec = TinySpec(),
+    spec: TinySpec | None = None,
     seed: int = 0,
-    architecture: str = "llama",
+    family: str = "llama",
+    architecture: str | None = None,
 ) -> Path:
-    """Matrices stored as `matrix_type`, the embedding as `embed_type` (default: same), norms F32."""
+    """Matrices stored as `matrix_type`, the embedding as `embed_type` (default: same), norms F32.
+    `family` picks the tensor layout (FAMILY_SPECS); `architecture` overrides general.architecture."""
+    spec = spec or FAMILY_SPECS[family]
     tokens = tiny_vocab()
-    hf = hf_weights(spec, len(tokens), seed)
-    wr = GGUFWriter(str(path), architecture)
-    wr.add_name("tiny-llama")
+    hf = hf_weights(spec, len(tokens), seed, family)
+    wr = GGUFWriter(str(path), architecture or ARCHITECTURE.get(family, family))
+    wr.add_name("tiny-llama" if family == "llama" else f"tiny-{family}")
     wr.add_block_count(spec.n_layers)
     wr.add_context_length(spec.context_length)
     wr.add_embedding_length(spec.hidden)
@@ -122,7 +162,12 @@ def write_tiny_gguf(
     wr.add_head_count_kv(spec.n_kv_heads)
     wr.add_rope_freq_base(spec.rope_base)
     wr.add_layer_norm_rms_eps(spec.rms_eps)
-    wr.add_rope_dimension_count(spec.hidden // spec.n_heads)
+    wr.add_rope_dimension_count(spec.hd)
+    if spec.head_dim is not None:
+        wr.add_key_length(spec.head_dim)
+        wr.add_value_length(spec.head_dim)
+    if spec.sliding_window:
+        wr.add_sliding_window(spec.sliding_window)
     wr.add_vocab_size(len(tokens))
     wr.add_tokenizer_model("gpt2")
     wr.add_tokenizer_pre("smollm")
@@ -136,9 +181,9 @@ def write_tiny_gguf(
     wr.add_add_bos_token(False)
     wr.add_chat_template(CHATML)
     for name, w in hf.items():
-        if name.endswith("attn_q.weight"):
+        if family in ("llama", "llama3") and name.endswith("attn_q.weight"):
             w = llama_cpp_permute(w, spec.n_heads)
-        elif name.endswith("attn_k.weight"):
+        elif family in ("llama", "llama3") and name.endswith("attn_k.weight"):
             w = llama_cpp_permute(w, spec.n_kv_heads)
         if w.ndim == 1:
             wr.add_tensor(name, w)

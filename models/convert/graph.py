@@ -1,13 +1,15 @@
-"""Build the ONNX decoder graph for a Llama GGUF with onnxruntime's fused contrib ops.
+"""Build the ONNX decoder graph for a GGUF of any supported family with onnxruntime's fused contrib ops.
 
 I/O follows onnxruntime-genai's decoder convention:
   inputs  input_ids int64 [batch, seq], attention_mask int64 [batch, total],
           past_key_values.N.key / .value float32 [batch, kv_heads, past, head_dim]
   outputs logits float32 [batch, 1, vocab] (the last position only: prefill never needs the others),
           present.N.key / .value float32 [batch, kv_heads, total (or the shared buffer length), head_dim]
-Per layer: SkipSimplifiedLayerNormalization -> fused QKV projection -> GroupQueryAttention (rotary inside,
-interleaved pairs because llama.cpp's converter permuted the Q/K rows; past and present may share one
-buffer) -> output projection -> SkipSimplifiedLayerNormalization -> fused gate+up -> SiLU * up -> down.
+Per layer (convert/block.py, the family's flags decide the optional parts): fused QKV projection (+ bias)
+(-> per-head Q/K norm) -> GroupQueryAttention (rotary inside, the family's pairing and the layer's RoPE
+cache and window; past and present may share one buffer) -> output projection (-> post norm) ->
+SkipSimplifiedLayerNormalization -> fused gate+up -> act(gate) * up -> down (-> post norm) ->
+SkipSimplifiedLayerNormalization into the next layer's attention norm.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from models.convert.block import attention, mlp, rms_norm, skip_norm
 from models.convert.embedding import embed_tokens, lm_head
-from models.convert.linear import MS, linear
+from models.convert.linear import MS
 from models.gguf.quant import PackedNBits, pack_tensor
-from models.gguf.reader import GGUFModel, LlamaConfig, Tensor
+from models.gguf.reader import GGUFModel, Tensor, dequantize_chunked
 
 OPSET = 17
 
@@ -65,14 +68,13 @@ class WeightFile:
         if pad:
             self._f.write(b"\0" * pad)
             pos += pad
-        data = array.tobytes()
-        self._f.write(data)
+        self._f.write(array.data.cast("B"))  # no bytes copy: a head table is hundreds of MB
         t = TensorProto()
         t.name = name
         t.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
         t.dims.extend(array.shape)
         t.data_location = TensorProto.EXTERNAL
-        for k, v in (("location", self.path.name), ("offset", str(pos)), ("length", str(len(data)))):
+        for k, v in (("location", self.path.name), ("offset", str(pos)), ("length", str(array.nbytes))):
             entry = t.external_data.add()
             entry.key, entry.value = k, v
         self._cache[name] = t
@@ -98,17 +100,11 @@ class WeightFile:
         self._f.close()
 
 
-def rope_cache(cfg: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
-    half = cfg.head_dim // 2
-    inv = 1.0 / (cfg.rope_base ** (np.arange(0, half, dtype=np.float64) * 2.0 / cfg.head_dim))
-    ang = np.outer(np.arange(cfg.context_length, dtype=np.float64), inv)
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-
-
 class GraphBuilder:
     def __init__(self, model: GGUFModel, spec: VariantSpec, weights: WeightFile) -> None:
         self.m = model
         self.cfg = model.config
+        self.family = model.family
         self.spec = spec
         self.w = weights
         self.nodes: list[onnx.NodeProto] = []
@@ -146,7 +142,7 @@ class GraphBuilder:
 
     def dequantized(self, name: str) -> np.ndarray:
         if name not in self._dequantized:
-            self._dequantized[name] = self.tensor(name).dequantize()
+            self._dequantized[name] = dequantize_chunked(self.tensor(name))
         return self._dequantized[name]
 
     def const(self, name: str, array: np.ndarray) -> str:
@@ -180,84 +176,28 @@ class GraphBuilder:
         mask_shape = self.node("Shape", ["attention_mask"])[0]
         total = self.node("Gather", [mask_shape, self.const("idx1", np.array(1, np.int64))], axis=0)[0]
         total_len = self.node("Cast", [total], to=TensorProto.INT32)[0]
-        cos, sin = rope_cache(cfg)
-        cos_name, sin_name = self.init("rope.cos", cos), self.init("rope.sin", sin)
 
         rows, embd_packed = embed_tokens(self)
         x = self.node("Reshape", [rows, self.const("to_2d", np.array([-1, cfg.hidden], np.int64))])[0]
+        if cfg.embed_scale != 1.0:
+            x = self.node("Mul", [x, self.const("embed_scale", np.array(cfg.embed_scale, np.float32))])[0]
 
-        x_norm = self.node(
-            "SimplifiedLayerNormalization",
-            [x, self.norm_weight("blk.0.attn_norm.weight")],
-            n_out=1,
-            axis=-1,
-            epsilon=cfg.rms_eps,
-        )[0]
-        residual = x
+        x_norm, residual = rms_norm(self, x, "blk.0.attn_norm.weight"), x
         for i in range(cfg.n_layers):
-            p = f"blk.{i}."
-            past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
-            pres_k, pres_v = f"present.{i}.key", f"present.{i}.value"
-            for n in (past_k, past_v):
-                inputs.append(
-                    helper.make_tensor_value_info(
-                        n, TensorProto.FLOAT, ["batch", cfg.n_kv_heads, "past", cfg.head_dim]
-                    )
-                )
-            for n in (pres_k, pres_v):
+            kv_dims = ["batch", cfg.n_kv_heads, "past", cfg.head_dim]
+            for n in (f"past_key_values.{i}.key", f"past_key_values.{i}.value"):
+                inputs.append(helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_dims))
+            for n in (f"present.{i}.key", f"present.{i}.value"):
                 outputs.append(
                     helper.make_tensor_value_info(
                         n, TensorProto.FLOAT, ["batch", cfg.n_kv_heads, "present", cfg.head_dim]
                     )
                 )
-
-            qkv, _ = linear(
-                self, x_norm, p + "attn_qkv", [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
-            )
-            # GQA wants [batch, seq, features]; everything else runs on 2-D [tokens, features] (batch 1)
-            qkv_dim = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
-            qkv3 = self.node("Reshape", [qkv, self.const("to_3d", np.array([1, -1, qkv_dim], np.int64))])[0]
-            attn = self.node(
-                "GroupQueryAttention",
-                [qkv3, "", "", past_k, past_v, seqlens_k, total_len, cos_name, sin_name],
-                n_out=1,
-                domain=MS,
-                num_heads=cfg.n_heads,
-                kv_num_heads=cfg.n_kv_heads,
-                do_rotary=1,
-                rotary_interleaved=1,
-                scale=float(1.0 / np.sqrt(cfg.head_dim)),
-            )
-            # GQA's outputs 1 and 2 are the presents: name them as graph outputs
-            self.nodes[-1].output.extend([pres_k, pres_v])
-            attn2 = self.node(
-                "Reshape", [attn[0], self.const("to_2d", np.array([-1, cfg.hidden], np.int64))]
-            )[0]
-            o, _ = linear(self, attn2, p + "attn_output", [p + "attn_output.weight"])
-            x_norm, _, _, residual = self.node(
-                "SkipSimplifiedLayerNormalization",
-                [o, residual, self.norm_weight(p + "ffn_norm.weight")],
-                n_out=4,
-                domain=MS,
-                epsilon=cfg.rms_eps,
-            )
-            gate_up, _ = linear(self, x_norm, p + "ffn_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"])
-            gate, up = self.node(
-                "Split",
-                [gate_up, self.const("split_ffn", np.array([cfg.ffn, cfg.ffn], np.int64))],
-                n_out=2,
-                axis=-1,
-            )
-            act = self.node("Mul", [gate, self.node("Sigmoid", [gate])[0]])[0]
-            down, _ = linear(self, self.node("Mul", [act, up])[0], p + "ffn_down", [p + "ffn_down.weight"])
+            a = attention(self, i, x_norm, seqlens_k, total_len)
+            x_norm, residual = skip_norm(self, a, residual, f"blk.{i}.ffn_norm.weight")
+            f = mlp(self, i, x_norm)
             next_norm = f"blk.{i + 1}.attn_norm.weight" if i + 1 < cfg.n_layers else "output_norm.weight"
-            x_norm, _, _, residual = self.node(
-                "SkipSimplifiedLayerNormalization",
-                [down, residual, self.norm_weight(next_norm)],
-                n_out=4,
-                domain=MS,
-                epsilon=cfg.rms_eps,
-            )
+            x_norm, residual = skip_norm(self, f, residual, next_norm)
 
         # only the last position reaches the LM head
         last = self.node(

@@ -15,15 +15,17 @@ from typing import Any
 import numpy as np
 import psutil
 
+from models.convert.disk_plan import estimate_output
 from models.convert.graph import VARIANTS, WeightFile, build_variant
 from models.convert.reference import ReferenceForward
+from models.convert.tokenizer_gguf import metadata_from_reader, tokenizer_from_metadata
 from models.errors import VerificationFailed
 from models.gguf.reader import GGUFModel
 from models.runtime.session import DecoderSession, KVCache, ModelShape
-from models.runtime.tokenizer import Tokenizer, metadata_from_reader
 
-CONVERTER_VERSION = 3
+CONVERTER_VERSION = 5
 WEIGHTS_FILE = "weights.data"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 QUALITY_PROMPTS = (
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
     "The quick brown fox jumps over the lazy dog. In 1969, 3 astronauts flew to the Moon",
@@ -57,8 +59,12 @@ def convert(
     progress: Progress | None = None,
     measure: bool = True,
     threads: int = 2,
+    disk_plan: Callable[[dict[str, int]], None] | None = None,
 ) -> dict[str, Any]:
-    """Write the variants into `out_dir` (existing, empty) and return the manifest fragment."""
+    """Write the variants into `out_dir` (existing, empty) and return the manifest fragment.
+
+    `disk_plan`, when given, gets the bytes each output file will take (models/convert/disk_plan.py) once
+    the GGUF is read and before anything is written: the store checks free space there (and may raise)."""
     report = progress or (lambda stage, frac: None)
     out_dir = Path(out_dir)
     report("reading GGUF", 0.0)
@@ -68,11 +74,14 @@ def convert(
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    if disk_plan is not None:
+        disk_plan(estimate_output(model, names))
 
     report("tokenizer", 0.05)
-    tokenizer = Tokenizer.from_metadata(metadata_from_reader(model.reader))  # no second parse of the file
+    tokenizer = tokenizer_from_metadata(metadata_from_reader(model.reader))  # no second parse of the file
     tokenizer.save(out_dir)
-    (out_dir / "chat_template.jinja").write_text(tokenizer.chat_template or "")
+    if tokenizer.chat_template:  # no template: the model serves completions only
+        (out_dir / CHAT_TEMPLATE_FILE).write_text(tokenizer.chat_template)
 
     weights = WeightFile(out_dir / WEIGHTS_FILE)
     try:
@@ -84,7 +93,8 @@ def convert(
     default = "q4-a8" if "q4-a8" in names else names[-1]
     write_genai_config(out_dir, model, default, tokenizer)
 
-    shape = ModelShape(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.vocab)
+    architecture = architecture_entry(model)
+    shape = ModelShape.from_architecture(architecture)
     entries: dict[str, dict[str, Any]] = {}
     for name in names:
         onnx_file = out_dir / f"{name}.onnx"
@@ -106,14 +116,31 @@ def convert(
     report("done", 1.0)
     return {
         "converter_version": CONVERTER_VERSION,
-        "architecture": {"name": "llama", **cfg.to_dict()},
+        "architecture": architecture,
         "context_length": cfg.context_length,
         "source_tensor_types": model.tensor_types(),
         "variants": entries,
         "default_variant": default,
         "tokenizer": "tokenizer.json",
-        "chat_template": "chat_template.jinja",
+        "chat_template": CHAT_TEMPLATE_FILE if tokenizer.chat_template else None,
         "kv_bytes_per_token": shape.kv_bytes_per_token(),
+    }
+
+
+def architecture_entry(model: GGUFModel) -> dict[str, Any]:
+    """The manifest's `architecture`: the family and every resolved hyper-parameter (the engine needs
+    n_layers, n_kv_heads, head_dim, vocab; the rest says what was built)."""
+    fam = model.family
+    return {
+        "name": fam.name,
+        **model.config.to_dict(),
+        "family": {
+            "rope_interleaved": fam.rope_interleaved,
+            "qkv_bias": fam.qkv_bias,
+            "qk_norm": fam.qk_norm,
+            "sandwich_norms": fam.sandwich_norms,
+            "activation": fam.activation,
+        },
     }
 
 
@@ -202,7 +229,7 @@ def write_genai_config(out_dir: Path, model: GGUFModel, variant: str, tokenizer:
             },
             "eos_token_id": sorted(tokenizer.eos_ids),
             "pad_token_id": tokenizer.eos_id,
-            "type": "llama",
+            "type": model.family.genai_type,
             "vocab_size": c.vocab,
         },
         "search": {
@@ -231,8 +258,7 @@ def smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
                 f"variant {name} agrees with the fp32 reference on only {agreement:.0%} of greedy choices "
                 f"(at least {floor:.0%} expected): the conversion is wrong"
             )
-    arch = manifest["architecture"]
-    shape = ModelShape(arch["n_layers"], arch["n_kv_heads"], arch["head_dim"], arch["vocab"])
+    shape = ModelShape.from_architecture(manifest["architecture"])
     name = manifest.get("default_variant") or next(iter(variants))
     try:
         sess = DecoderSession(Path(model_dir) / variants[name]["file"], shape, 1)

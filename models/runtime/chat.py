@@ -4,13 +4,20 @@ A chat template comes with a downloaded model, so it is untrusted code: it runs 
 ImmutableSandboxedEnvironment, and any unsafe attribute access (`''.__class__`, `list.append`, ...)
 raises instead of quietly rendering nothing. Messages are validated before rendering so a bad
 request names the offending field (`messages[1].role`).
+
+A model without a template (a base model) has no chat: there is no stand-in template, since a wrong one
+makes a base model ramble. `render_marked` tells which characters of the prompt came from the messages, so
+that special-token texts there (a "<|im_end|>" inside a message) stay text and cannot forge a turn.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+import secrets
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+from functools import cached_property
 from typing import Any, NoReturn
 
 import jinja2
@@ -19,17 +26,9 @@ from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from models.errors import InvalidParameter, UnsupportedModel
-from models.runtime.tokenizer import Tokenizer
+from models.runtime.tokenizer import Span, Tokenizer
 
 ROLES = ("system", "user", "assistant", "tool")
-
-# Used when a model ships no template: plain ChatML, no default system prompt.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 class TemplateRaised(Exception):
@@ -118,30 +117,81 @@ class ChatTemplate:
     """A compiled chat template. `render(messages)` gives the prompt text, to be tokenized with
     add_special_tokens=False (the template writes any BOS it wants itself)."""
 
-    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
-        self.source = source or CHATML_TEMPLATE
-        self.is_fallback = not source
+    def __init__(
+        self, source: str, *, bos_token: str = "", eos_token: str = "", special_texts: Iterable[str] = ()
+    ) -> None:
+        if not source:
+            raise ValueError("a chat template needs its source")
+        self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.special_texts = tuple(sorted({t for t in special_texts if t}, key=len, reverse=True))
         try:
             self._template = _environment().from_string(self.source)
         except TemplateError as e:
-            raise UnsupportedModel(f"the model's chat template does not compile: {e}") from e
+            raise UnsupportedModel(f"the chat template does not compile: {e}") from e
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Tokenizer) -> ChatTemplate:
-        """The tokenizer's own template (ChatML when it has none), with its bos/eos texts."""
-
-        def text(i: int | None) -> str:
-            return "" if i is None else tokenizer.hf.id_to_token(i) or ""
-
+    def from_tokenizer(cls, tokenizer: Tokenizer, source: str | None = None) -> ChatTemplate | None:
+        """`source` (an operator's template) or the tokenizer's own, with its bos/eos and special-token
+        texts; None when there is neither (the model serves completions only)."""
+        source = source or tokenizer.chat_template
+        if not source:
+            return None
         return cls(
-            tokenizer.chat_template, bos_token=text(tokenizer.bos_id), eos_token=text(tokenizer.eos_id)
+            source,
+            bos_token=tokenizer.text_of(tokenizer.bos_id) or "",
+            eos_token=tokenizer.text_of(tokenizer.eos_id) or "",
+            special_texts=(tokenizer.text_of(i) or "" for i in tokenizer.special_ids),
         )
 
     def render(self, messages: Any, *, add_generation_prompt: bool = True, **extra: Any) -> str:
         """Render validated messages. `extra` (for example tools=...) is passed to the template."""
+        return self._render(validate_messages(messages), add_generation_prompt, extra)
+
+    def render_marked(
+        self, messages: Any, *, add_generation_prompt: bool = True, **extra: Any
+    ) -> tuple[str, list[Span]]:
+        """The rendered prompt and the (start, end) spans of special-token texts that came from the
+        messages rather than from the template: the tokenizer keeps those as text.
+
+        Each such text is swapped for an unguessable private-use placeholder before rendering, so the
+        template's own string operations (trim, split, ...) work as usual; the placeholders are swapped
+        back afterwards. Messages without special-token texts render exactly as render() does."""
         clean = validate_messages(messages)
+        if not self.special_texts:
+            return self._render(clean, add_generation_prompt, extra), []
+        nonce = str(secrets.randbelow(10**12))  # digits: unchanged by |upper, |lower, |trim
+        originals: list[str] = []
+
+        def hide(m: re.Match[str]) -> str:
+            originals.append(m.group())
+            return f"\ue000{nonce}:{len(originals) - 1}\ue001"
+
+        hidden = [_map_strings(msg, lambda t: self._specials.sub(hide, t), skip=("role",)) for msg in clean]
+        text = self._render(hidden, add_generation_prompt, extra)
+        if not originals:
+            return text, []
+        out: list[str] = []
+        spans: list[Span] = []
+        pos = size = 0
+        for m in re.finditer(f"\ue000{nonce}:(\\d+)\ue001", text):
+            out.append(text[pos : m.start()])
+            size += m.start() - pos
+            original = originals[int(m.group(1))]
+            out.append(original)
+            spans.append((size, size + len(original)))
+            size += len(original)
+            pos = m.end()
+        out.append(text[pos:])
+        return "".join(out), spans
+
+    @cached_property
+    def _specials(self) -> re.Pattern[str]:
+        # longest first: at one position the longest special text wins, as in the tokenizer
+        return re.compile("|".join(re.escape(t) for t in self.special_texts))
+
+    def _render(self, clean: list[dict[str, Any]], add_generation_prompt: bool, extra: dict[str, Any]) -> str:
         try:
             return self._template.render(
                 messages=clean,
@@ -160,3 +210,28 @@ class ChatTemplate:
             raise InvalidParameter(
                 f"the model's chat template could not render these messages: {e}", param="messages"
             ) from e
+
+
+def _map_strings(value: Any, fn: Callable[[str], str], skip: Sequence[str] = ()) -> Any:
+    """`value` with `fn` applied to every string in it (dict values, list items), but not to the top-level
+    `skip` keys."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: v if k in skip else _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_map_strings(v, fn) for v in value]
+    return value
+
+
+def encode_chat(template: ChatTemplate, tokenizer: Tokenizer, messages: Any) -> list[int]:
+    """The prompt ids of a conversation. Special-token texts inside the messages stay text, so only the
+    template's own markup opens and closes turns; messages without them give exactly the ids of
+    tokenizing the rendered text. One BOS leads when the model wants it, whether or not the template
+    writes it (llama.cpp strips the template's and adds its own)."""
+    text, literal = template.render_marked(messages)
+    ids = tokenizer.encode(text, add_special_tokens=False, literal_spans=literal)
+    bos = tokenizer.bos_id
+    if tokenizer.add_bos and bos is not None and ids[:1] != [bos]:
+        ids.insert(0, bos)
+    return ids

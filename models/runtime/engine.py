@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotInstalled
+from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotChat, ModelNotInstalled
 from models.protocol import EngineLimits, Prompt, StepHook
-from models.runtime.chat import ChatTemplate
+from models.runtime.chat import ChatTemplate, encode_chat
 from models.runtime.genai_config import DecoderIO, load_tokenizer
 from models.runtime.sampling import Sampler, make_rng
 from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape
@@ -104,6 +104,7 @@ class LlamaEngine:
         prefix_budget_bytes: int = 256 << 20,
         spin: str = "auto",
         max_sessions: int = 1,
+        chat_template: str | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.manifest = manifest
@@ -121,6 +122,7 @@ class LlamaEngine:
         self.variant = chosen
         arch = manifest["architecture"]
         self.shape = ModelShape(arch["n_layers"], arch["n_kv_heads"], arch["head_dim"], arch["vocab"])
+        self.vocab_size: int = arch["vocab"]
         self.max_context = int(manifest.get("context_length", arch.get("context_length", context_length)))
         self.configured_context = min(context_length, self.max_context)
         self.context_length = self.configured_context
@@ -141,7 +143,8 @@ class LlamaEngine:
             self.tokenizer = load_tokenizer(self.model_dir, self.io)
         else:
             self.tokenizer = Tokenizer.load(self.model_dir)
-        self.template = ChatTemplate.from_tokenizer(self.tokenizer)
+        # `chat_template` (the operator's, SIMMER_CHAT_TEMPLATE) replaces the model's; None: no chat
+        self.template = ChatTemplate.from_tokenizer(self.tokenizer, chat_template)
         self._sessions: dict[tuple[str, int, bool], DecoderSession | GeneralDecoderSession] = {}
         self._slots: list[KVSlot] = []
         self._session()  # load now: a broken model fails at start, not at the first request
@@ -181,7 +184,9 @@ class LlamaEngine:
         """A KV cache of the layout the model needs (ours: one shared fp32 buffer)."""
         if self.io is None:
             return KVCache(self.shape, capacity)
-        return self._session().new_cache(capacity)
+        sess = self._session()
+        assert isinstance(sess, GeneralDecoderSession)  # a folder's decoder I/O: the general path
+        return sess.new_cache(capacity)
 
     def session_key(self) -> tuple[str, int, bool]:
         """Spinning thread pools decode about 40 % faster at the same CPU time per token when tokens come
@@ -281,8 +286,15 @@ class LlamaEngine:
             raise self._too_long(len(ids), reserve)
         return Prompt(ids[-budget:], truncated=True)
 
+    @property
+    def can_chat(self) -> bool:
+        """False for a model without a chat template: /v1/chat/completions answers model_not_chat."""
+        return self.template is not None
+
     def _encode_chat(self, messages: list[dict]) -> list[int]:
-        return self.tokenizer.encode(self.template.render(messages), add_special_tokens=False)
+        if self.template is None:
+            raise ModelNotChat.for_model(self.model_id)
+        return encode_chat(self.template, self.tokenizer, messages)
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         ids = self.tokenizer.encode(text)

@@ -1,19 +1,26 @@
 """Choosing the next token from logits: pure numpy, the RNG passed in.
 
-The pipeline, in order (Hugging Face's order, which llama.cpp's default chain matches for these steps):
+The pipeline, in order (llama.cpp's default sampler chain for these steps; Hugging Face's order):
 
-1. penalties on a copy of the logits (only when any is active):
+1. logit_bias (OpenAI): each listed token's logit += its bias (-100..100). A bias of -100 bans the token
+   and +100 forces it for any real model (logits span far less than 100); with greedy too.
+2. penalties on a copy of the logits (only when any is active):
    - repetition_penalty r (HF / llama.cpp / CTRL style) over every token in the history, prompt
      included: a positive logit is divided by r, a negative one multiplied by r;
    - presence_penalty and frequency_penalty (OpenAI style) over GENERATED tokens only, as vLLM does:
      logit -= frequency * count + presence * (count > 0). Penalising the prompt would punish a reply
      for quoting the question.
-2. temperature == 0: greedy, argmax of the penalised logits (OpenAI semantics). Otherwise:
-3. logits / temperature, then top_k, then top_p (nucleus over the distribution renormalised after
-   top_k), then min_p (keep p >= min_p * p_max), then one draw from the survivors.
+3. temperature below GREEDY_BELOW (0 included): greedy, argmax of the adjusted logits. Otherwise:
+4. (logits - max) / temperature, then top_k, then top_p (nucleus over the distribution renormalised
+   after top_k), then min_p (keep p >= min_p * p_max), then one draw from the survivors.
 
-Logprobs follow OpenAI: the log-softmax of the raw model logits (before penalties and temperature),
-for the chosen token and the top `logprobs` alternatives.
+Total over every value `validate` accepts and over any logits: NaN logits never win, +inf logits share
+the mass equally, all -inf is uniform, and overflow (a huge logit divided by a small penalty) lands on
++inf and is handled the same way. So `sample` always returns an id in [0, vocabulary).
+
+Logprobs follow OpenAI: the log-softmax of the raw model logits (before bias, penalties and
+temperature), for the chosen token and the top `logprobs` alternatives; floored at -9999 as OpenAI does,
+so an impossible token still has a JSON number.
 
 One Sampler per generation: `history` must only grow by appending between calls (penalty counts are
 updated incrementally). The history of the first call is taken as the prompt unless prompt_len is given.
@@ -29,23 +36,42 @@ from models.errors import InvalidParameter
 from models.types import SamplingParams
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+# Temperatures below this are greedy, as in vLLM (_SAMPLING_EPS): the distribution is already all on the
+# argmax to float precision, and 1/temperature would overflow for the tiniest values.
+GREEDY_BELOW = 1e-5
+# The repetition penalty divides (or multiplies) logits. 0.01 rewards repetition exactly as strongly as
+# 100 punishes it; smaller values are refused rather than clamped, so no request is silently changed.
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 100.0
+MAX_LOGIT_BIAS = 100.0  # OpenAI: -100..100
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # OpenAI's seed is an int64
+LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a token with no probability
 
 TopLogprobs = tuple[tuple[int, float], ...]
 
 
 def make_rng(seed: int | None) -> np.random.Generator:
-    """Same seed, same draws. None seeds from the OS."""
-    return np.random.default_rng(seed)
+    """Same seed, same draws; None seeds from the OS. Every int64 is an ordinary seed: negative ones are
+    taken modulo 2**64 (two's complement), so -1 is as reproducible as 1. llama.cpp reads -1 as "random";
+    simmer follows OpenAI, where seed is any integer and reproducibility is the point of sending one.
+    Leave seed out (or null) for a fresh draw."""
+    return np.random.default_rng(None if seed is None else seed % 2**64)
 
 
-def validate(params: SamplingParams) -> None:
-    """Raise InvalidParameter (naming the field) for values outside the OpenAI ranges."""
+def validate(params: SamplingParams, vocab_size: int | None = None) -> None:
+    """Raise InvalidParameter (naming the field) for values outside the accepted ranges. With
+    `vocab_size`, logit_bias ids must be in the vocabulary."""
+    r = params.repetition_penalty
     checks = [
         ("temperature", 0.0 <= params.temperature <= 2.0, "between 0 and 2"),
         ("top_p", 0.0 <= params.top_p <= 1.0, "between 0 and 1"),
         ("top_k", params.top_k >= 0, "0 (off) or positive"),
         ("min_p", 0.0 <= params.min_p <= 1.0, "between 0 and 1"),
-        ("repetition_penalty", 0.0 < params.repetition_penalty <= 100.0, "above 0 and at most 100"),
+        (
+            "repetition_penalty",
+            MIN_REPETITION_PENALTY <= r <= MAX_REPETITION_PENALTY,
+            f"between {MIN_REPETITION_PENALTY} and {MAX_REPETITION_PENALTY:g}",
+        ),
         ("presence_penalty", -2.0 <= params.presence_penalty <= 2.0, "between -2 and 2"),
         ("frequency_penalty", -2.0 <= params.frequency_penalty <= 2.0, "between -2 and 2"),
         (
@@ -53,18 +79,55 @@ def validate(params: SamplingParams) -> None:
             params.logprobs is None or 0 <= params.logprobs <= MAX_TOP_LOGPROBS,
             f"between 0 and {MAX_TOP_LOGPROBS}",
         ),
+        ("seed", params.seed is None or SEED_MIN <= params.seed <= SEED_MAX, "a 64-bit signed integer"),
     ]
     for name, ok, what in checks:
-        if not ok:
+        if not ok:  # NaN fails every comparison, so it lands here too
             raise InvalidParameter(f"{name} must be {what}, got {getattr(params, name)!r}", param=name)
+    for token, bias in params.logit_bias:
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise InvalidParameter(
+                f"logit_bias values must be between -100 and 100, got {bias!r} for token {token}",
+                param="logit_bias",
+            )
+        if token < 0 or (vocab_size is not None and token >= vocab_size):
+            top = f" (0..{vocab_size - 1})" if vocab_size is not None else ""
+            raise InvalidParameter(
+                f"logit_bias key {token} is not a token id of this model's vocabulary{top}",
+                param="logit_bias",
+            )
+
+
+def _sanitized(x: np.ndarray) -> np.ndarray:
+    """`x` itself when its maximum is finite (the pipeline copes with -inf); otherwise a copy where NaN
+    never wins and the +inf tokens (or, with none finite, all tokens) share the mass equally."""
+    top = x.max()
+    if np.isfinite(top):
+        return x
+    x = np.where(np.isnan(x), np.float32(-np.inf), x).astype(np.float32, copy=False)
+    top = x.max()
+    if top == np.inf:
+        return np.where(x == np.inf, np.float32(0.0), np.float32(-np.inf)).astype(np.float32, copy=False)
+    if top == -np.inf:
+        return np.zeros_like(x)
+    return x
 
 
 class Sampler:
     def __init__(
-        self, params: SamplingParams, rng: np.random.Generator, *, prompt_len: int | None = None
+        self,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        prompt_len: int | None = None,
+        vocab_size: int | None = None,
     ) -> None:
-        validate(params)
+        validate(params, vocab_size)
         self.params = params
+        self._vocab_checked = vocab_size is not None
+        bias = dict(params.logit_bias)  # a repeated id: the last value wins, as in a JSON object
+        self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+        self._bias_vals = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         self.rng = rng
         self._prompt_len = prompt_len
         self._seen_n = 0  # how much of the history has been counted
@@ -106,11 +169,14 @@ class Sampler:
         self._seen_n = n
 
     def penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
-        """The logits after penalties: the input itself when none is active, else a new array."""
-        if not (self._repetition or self._additive):
+        """The logits after logit_bias and penalties: the input itself when none is active, else a new
+        array (which may hold +-inf where a huge logit overflowed; `_sanitized` deals with that)."""
+        if not (self._repetition or self._additive or self._bias_ids.size):
             return logits
         self._observe(history)
         out = np.array(logits, dtype=np.float32, copy=True)
+        if self._bias_ids.size:
+            out[self._bias_ids] += self._bias_vals
         if self._repetition and self._seen_arr.size:
             r = np.float32(self.params.repetition_penalty)
             sel = out[self._seen_arr]
@@ -132,12 +198,17 @@ class Sampler:
         unless params.logprobs is set (a log-softmax over the vocabulary costs ~0.1 ms a token). The
         alternatives are (id, logprob) pairs, best first."""
         p = self.params
-        x = self.penalize(logits, history)
-        greedy = p.temperature == 0.0 or p.top_k == 1
-        token = int(np.argmax(x)) if greedy else self._draw(x)
-        if p.logprobs is None:
-            return token, None, None
-        logprob, top = self._logprobs(logits, token)
+        if not self._vocab_checked:  # the vocabulary is the logits' length
+            validate(p, logits.shape[-1])
+            self._vocab_checked = True
+        # Overflow to +-inf and inf - inf are expected on extreme inputs and handled by _sanitized.
+        with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+            x = _sanitized(self.penalize(logits, history))
+            greedy = p.temperature < GREEDY_BELOW or p.top_k == 1
+            token = int(np.argmax(x)) if greedy else self._draw(x)
+            if p.logprobs is None:
+                return token, None, None
+            logprob, top = self._logprobs(logits, token)
         return token, logprob, top
 
     def _draw(self, x: np.ndarray) -> int:
@@ -146,8 +217,9 @@ class Sampler:
         if 0 < p.top_k < x.shape[-1]:
             ids = np.argpartition(x, -p.top_k)[-p.top_k :]
             x = x[ids]
-        z = x * np.float32(1.0 / p.temperature)  # a new array: the caller's logits stay untouched
-        z -= z.max()
+        # Subtract the max before scaling: x * (1/t) alone overflows for large logits. A new array, so the
+        # caller's logits stay untouched.
+        z = (x - x.max()) * np.float32(1.0 / p.temperature)
         np.exp(z, out=z)
         z /= z.sum()
         probs = z
@@ -185,15 +257,19 @@ class Sampler:
             k = min(k * 4, n)
 
     def _logprobs(self, logits: np.ndarray, token: int) -> tuple[float, TopLogprobs | None]:
-        x = logits
+        x = _sanitized(logits)
         m = float(x.max())
         lse = m + float(np.log(np.exp(x - m, dtype=np.float32).sum(dtype=np.float64)))
-        chosen = float(x[token]) - lse
+
+        def lp(i: int) -> float:
+            return max(float(x[i]) - lse, LOGPROB_FLOOR)
+
         k = self.params.logprobs
         if k is None:
-            return chosen, None
+            return lp(token), None
         if k == 0:
-            return chosen, ()
+            return lp(token), ()
+        k = min(k, x.shape[-1])
         top = np.argpartition(x, -k)[-k:]
         top = top[np.argsort(-x[top], kind="stable")]
-        return chosen, tuple((int(i), float(x[i]) - lse) for i in top)
+        return lp(token), tuple((int(i), lp(int(i))) for i in top)

@@ -7,6 +7,7 @@ copies nothing but the one-token input.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,15 @@ import onnxruntime as ort
 
 from models.errors import InvalidModelFile
 
+KV_DTYPE = np.dtype(np.float32)
+
+
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int) -> int:
+    """The one KV-size formula (memory planning, manifests, the engine's slots): a key and a value of
+    head_dim fp32 per KV head per layer, exactly what KVCache allocates. Sliding-window layers keep the full
+    context too (as llama.cpp's "full-size SWA cache"): GroupQueryAttention masks by position."""
+    return 2 * n_layers * n_kv_heads * head_dim * KV_DTYPE.itemsize
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -24,8 +34,13 @@ class ModelShape:
     head_dim: int
     vocab: int
 
+    @classmethod
+    def from_architecture(cls, arch: Mapping[str, Any]) -> ModelShape:
+        """From a manifest's `architecture` (or ModelConfig.to_dict())."""
+        return cls(int(arch["n_layers"]), int(arch["n_kv_heads"]), int(arch["head_dim"]), int(arch["vocab"]))
+
     def kv_bytes_per_token(self) -> int:
-        return self.n_layers * 2 * self.n_kv_heads * self.head_dim * 4
+        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim)
 
 
 class KVCache:
@@ -35,9 +50,7 @@ class KVCache:
         self.shape = shape
         self.capacity = capacity
         dims = (1, shape.n_kv_heads, capacity, shape.head_dim)
-        self.arrays = [
-            (np.zeros(dims, np.float32), np.zeros(dims, np.float32)) for _ in range(shape.n_layers)
-        ]
+        self.arrays = [(np.zeros(dims, KV_DTYPE), np.zeros(dims, KV_DTYPE)) for _ in range(shape.n_layers)]
         self.ortvalues = [
             (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v)) for k, v in self.arrays
         ]
@@ -218,8 +231,8 @@ class GeneralDecoderSession:
         self.mask_name = io.attention_mask if io.attention_mask in ins else None
         positions = io.position_ids or "position_ids"
         self.positions_name = positions if positions in ins else None
-        self.mask_dtype = _ORT_INT_DTYPES.get(ins.get(self.mask_name or ""), np.int64)
-        self.positions_dtype = _ORT_INT_DTYPES.get(ins.get(self.positions_name or ""), np.int64)
+        self.mask_dtype = _ORT_INT_DTYPES.get(ins.get(self.mask_name or "", ""), np.int64)
+        self.positions_dtype = _ORT_INT_DTYPES.get(ins.get(self.positions_name or "", ""), np.int64)
         self.run_options = ort.RunOptions()
 
     def new_cache(self, capacity: int) -> SharedKV | GrowingKV:

@@ -1,74 +1,39 @@
-"""The tokenizer, rebuilt from a GGUF's vocabulary with the Hugging Face `tokenizers` library.
+"""The runtime tokenizer: a Hugging Face `tokenizers` tokenizer loaded from a converted model folder.
 
-Only byte-level BPE (`tokenizer.ggml.model = gpt2`) is supported, with the pre-tokenizers whose
-regexes we reproduce exactly (`smollm`, `default`/`gpt2`). Anything else raises UnsupportedModel
-rather than tokenizing silently differently from llama.cpp.
+The conversion (models/convert/tokenizer_gguf.py) builds it from a GGUF so that its ids equal
+llama.cpp's and saves tokenizer.json plus a Hugging Face style tokenizer_config.json (which also
+records what the engine needs: the token kind, the end-of-generation ids, the chat template).
+`Tokenizer.load(folder)` reads them back; onnxruntime-genai reads the same two files.
 
-`metadata_from_gguf(path)` reads the keys we need into a plain dict; `Tokenizer.from_metadata(meta)`
-builds from such a dict, so tests need no file. `Tokenizer.save(folder)` writes tokenizer.json and
-tokenizer_config.json next to the ONNX model and `Tokenizer.load(folder)` reads them back.
+Two kinds of vocabulary: byte-level BPE (GPT-2's printable stand-ins for bytes) and SentencePiece
+(U+2581 for spaces, <0xXX> tokens for raw bytes). `token_bytes` gives the raw bytes of any token, the
+way llama.cpp's token_to_piece does, so streamed text never splits a UTF-8 character.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
+import ctypes
 import json
+import re
+import threading
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import tokenizers
-from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 
-from models.errors import InvalidModelFile, UnsupportedModel
+from models.errors import InvalidModelFile
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_JSON = "tokenizer.json"
+KIND_BYTE_LEVEL = "byte_level"
+KIND_SENTENCEPIECE = "sentencepiece"
+KINDS = (KIND_BYTE_LEVEL, KIND_SENTENCEPIECE)
 
-# GGUF token types (llama.cpp's llama_token_type).
-TOKEN_NORMAL = 1
-TOKEN_UNKNOWN = 2
-TOKEN_CONTROL = 3
-TOKEN_USER_DEFINED = 4
-TOKEN_UNUSED = 5
-TOKEN_BYTE = 6
-
-GGUF_TOKENIZER_KEYS = (
-    "tokenizer.ggml.model",
-    "tokenizer.ggml.pre",
-    "tokenizer.ggml.tokens",
-    "tokenizer.ggml.merges",
-    "tokenizer.ggml.token_type",
-    "tokenizer.ggml.bos_token_id",
-    "tokenizer.ggml.eos_token_id",
-    "tokenizer.ggml.eot_token_id",
-    "tokenizer.ggml.eom_token_id",
-    "tokenizer.ggml.unknown_token_id",
-    "tokenizer.ggml.padding_token_id",
-    "tokenizer.ggml.add_bos_token",
-    "tokenizer.ggml.add_eos_token",
-    "tokenizer.chat_template",
-)
-
-# llama.cpp also ends generation on control tokens with these exact texts (llama-vocab.cpp, the
-# "EOG" list), whatever the GGUF's eos id says: an instruct model that emits <|endoftext|> is done.
-EOG_TOKEN_TEXTS = frozenset(
-    {
-        "<|eot_id|>",
-        "<|im_end|>",
-        "<|end|>",
-        "<end_of_turn>",
-        "<|endoftext|>",
-        "<|eom_id|>",
-        "<EOT>",
-        "_<EOT>",
-        "<|end_of_text|>",
-        "<end_of_utterance>",
-    }
-)
-
-_BYTE_LEVEL_PRE = {"default", "gpt2", "smollm"}
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+Span = tuple[int, int]
 
 
 @lru_cache(maxsize=1)
@@ -89,94 +54,19 @@ def byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
-def metadata_from_gguf(path: str | Path) -> dict[str, Any]:
-    """Read the tokenizer keys of a GGUF file as plain Python values (string arrays decoded)."""
-    import gguf  # heavy import, only needed when reading a GGUF
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except (ValueError, OSError) as e:
-        raise InvalidModelFile(f"cannot read GGUF metadata from {path}: {e}") from e
-    return metadata_from_reader(reader)
-
-
-def metadata_from_reader(reader: Any) -> dict[str, Any]:
-    """The tokenizer keys from an already opened gguf.GGUFReader (parsing a GGUF takes ~2 s)."""
-    meta: dict[str, Any] = {}
-    for key in GGUF_TOKENIZER_KEYS:
-        field = reader.fields.get(key)
-        if field is not None:
-            meta[key] = field.contents()
-    return meta
+def infer_kind(hf: tokenizers.Tokenizer) -> str:
+    """The kind of a tokenizer.json made elsewhere (an onnxruntime-genai folder), from its decoder:
+    SentencePiece decodes U+2581 and <0xXX> byte tokens (Metaspace or ByteFallback), byte-level BPE maps
+    GPT-2's stand-ins back to bytes."""
+    decoder = hf.decoder
+    state = decoder.__getstate__() if decoder is not None else b""
+    if b'"ByteLevel"' not in state and (b'"ByteFallback"' in state or b'"Metaspace"' in state):
+        return KIND_SENTENCEPIECE
+    return KIND_BYTE_LEVEL
 
 
-def build_hf_tokenizer(meta: dict[str, Any]) -> tokenizers.Tokenizer:
-    """A `tokenizers.Tokenizer` that reproduces llama.cpp's ids for this GGUF vocabulary."""
-    model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise UnsupportedModel(
-            f"tokenizer model {model!r} is not supported: simmer handles byte-level BPE ('gpt2') only"
-        )
-    # llama.cpp treats a missing `pre` as "default" (with a warning); so do we.
-    pre = meta.get("tokenizer.ggml.pre") or "default"
-    if pre not in _BYTE_LEVEL_PRE:
-        raise UnsupportedModel(
-            f"tokenizer pre-tokenizer {pre!r} is not supported "
-            f"(supported: {', '.join(sorted(_BYTE_LEVEL_PRE))})"
-        )
-    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
-    types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens))
-    if len(types) != len(tokens):
-        raise InvalidModelFile(f"tokenizer has {len(tokens)} tokens but {len(types)} token types")
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        raise InvalidModelFile("tokenizer vocabulary has duplicate tokens")
-    merges = []
-    for m in meta.get("tokenizer.ggml.merges") or []:
-        parts = m.split(" ")
-        if len(parts) != 2:
-            raise InvalidModelFile(f"malformed BPE merge {m!r}")
-        merges.append((parts[0], parts[1]))
-
-    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre == "smollm":
-        # SmolLM's tokenizer splits every digit into its own token before the GPT-2 regex.
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level]
-        )
-    else:
-        tok.pre_tokenizer = byte_level
-    tok.decoder = decoders.ByteLevel()
-
-    # Control tokens are matched whole in the input and skipped when decoding. User-defined tokens are
-    # matched whole too but stay in decoded text, as llama.cpp renders them.
-    added = []
-    for text, ttype in zip(tokens, types, strict=True):
-        if ttype == TOKEN_CONTROL:
-            added.append(AddedToken(text, special=True, normalized=False))
-        elif ttype == TOKEN_USER_DEFINED:
-            added.append(AddedToken(text, special=False, normalized=False))
-    if added:
-        # The tokens are already in the vocabulary, so add_tokens keeps their ids.
-        tok.add_tokens(added)
-
-    if meta.get("tokenizer.ggml.add_bos_token") and meta.get("tokenizer.ggml.bos_token_id") is not None:
-        bos = tokens[int(meta["tokenizer.ggml.bos_token_id"])]
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, vocab[bos])]
-        )
-    return tok
-
-
-def _eog_ids(meta: dict[str, Any], tokens: Sequence[str], types: Sequence[int]) -> set[int]:
-    ids = {
-        int(meta[k])
-        for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-        if meta.get(k) is not None
-    }
-    ids.update(i for i, t in enumerate(tokens) if types[i] == TOKEN_CONTROL and t in EOG_TOKEN_TEXTS)
-    return ids
+def _overlaps(span: Span, spans: Sequence[Span]) -> bool:
+    return any(span[0] < end and start < span[1] for start, end in spans)
 
 
 class Tokenizer:
@@ -192,71 +82,62 @@ class Tokenizer:
         unk_id: int | None = None,
         pad_id: int | None = None,
         add_bos: bool = False,
+        add_eos: bool = False,
+        add_space_prefix: bool = False,
+        kind: str | None = None,
         chat_template: str | None = None,
     ) -> None:
+        kind = kind or infer_kind(hf)
+        if kind not in KINDS:
+            raise InvalidModelFile(f"unknown tokenizer kind {kind!r} (known: {', '.join(KINDS)})")
         self.hf = hf
+        self.kind = kind
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.unk_id = unk_id
         self.pad_id = pad_id
         self.add_bos = add_bos
-        self.chat_template = chat_template
+        self.add_eos = add_eos
+        self.add_space_prefix = add_space_prefix
+        self.chat_template = chat_template or None
         # Every id that ends generation; always contains eos_id.
         self.eos_ids: frozenset[int] = frozenset({*eos_ids, *([eos_id] if eos_id is not None else [])})
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
-        decoded = hf.get_added_tokens_decoder()
-        self.special_ids: frozenset[int] = frozenset(i for i, t in decoded.items() if t.special)
+        added = hf.get_added_tokens_decoder()
+        self.added_ids: frozenset[int] = frozenset(added)
+        self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
         self._bytes_cache: list[bytes | None] = [None] * self.vocab_size
+        # encode_special_tokens is a switch on the shared tokenizers object; encodes take turns.
+        self._lock = threading.Lock()
 
-    # -- construction -------------------------------------------------------------------------------
+    def text_of(self, token_id: int | None) -> str | None:
+        return None if token_id is None else self.hf.id_to_token(token_id)
 
-    @classmethod
-    def from_metadata(cls, meta: dict[str, Any]) -> Tokenizer:
-        hf = build_hf_tokenizer(meta)
-        tokens = meta["tokenizer.ggml.tokens"]
-        types = meta.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
-
-        def opt(key: str) -> int | None:
-            v = meta.get(key)
-            return None if v is None else int(v)
-
-        return cls(
-            hf,
-            bos_id=opt("tokenizer.ggml.bos_token_id"),
-            eos_id=opt("tokenizer.ggml.eos_token_id"),
-            eos_ids=_eog_ids(meta, tokens, types),
-            unk_id=opt("tokenizer.ggml.unknown_token_id"),
-            pad_id=opt("tokenizer.ggml.padding_token_id"),
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-            chat_template=meta.get("tokenizer.chat_template"),
-        )
-
-    @classmethod
-    def from_gguf(cls, path: str | Path) -> Tokenizer:
-        return cls.from_metadata(metadata_from_gguf(path))
+    # -- files ---------------------------------------------------------------------------------------
 
     def save(self, folder: str | Path) -> None:
-        """Write tokenizer.json and a Hugging Face style tokenizer_config.json (plus our eos ids)."""
+        """Write tokenizer.json and a Hugging Face style tokenizer_config.json (plus our own facts)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.hf.save(str(folder / TOKENIZER_JSON))
-
-        def text(i: int | None) -> str | None:
-            return None if i is None else self.hf.id_to_token(i)
-
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": text(self.bos_id),
-            "eos_token": text(self.eos_id),
-            "unk_token": text(self.unk_id),
-            "pad_token": text(self.pad_id),
+            "bos_token": self.text_of(self.bos_id),
+            "eos_token": self.text_of(self.eos_id),
+            "unk_token": self.text_of(self.unk_id),
+            "pad_token": self.text_of(self.pad_id),
             "add_bos_token": self.add_bos,
-            "add_eos_token": False,
+            "add_eos_token": self.add_eos,
             "clean_up_tokenization_spaces": False,
+            # absent when the model has none: it serves completions only (no silent stand-in template)
             "chat_template": self.chat_template,
-            # Not a Hugging Face key: the full end-of-generation set, so load() needs no GGUF.
+            # Not Hugging Face keys: what load() needs without the GGUF.
+            "tokenizer_kind": self.kind,
+            "add_space_prefix": self.add_space_prefix,
             "eos_token_ids": sorted(self.eos_ids),
         }
+        # onnxruntime-genai refuses a null where it expects a string: absent keys say "none" instead
+        config = {k: v for k, v in config.items() if v is not None}
         (folder / TOKENIZER_CONFIG).write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n")
 
     @classmethod
@@ -267,53 +148,119 @@ class Tokenizer:
             config = json.loads((folder / TOKENIZER_CONFIG).read_text())
         except Exception as e:  # tokenizers raises a plain Exception on bad JSON
             raise InvalidModelFile(f"cannot load the tokenizer from {folder}: {e}") from e
+        # Parsing a big tokenizer.json leaves its transient heap with glibc: Gemma 3's 33 MB file holds
+        # ~100 MB loaded but ~350 MB of RSS until the freed pages go back to the OS.
+        with contextlib.suppress(OSError, AttributeError):  # not glibc
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
         def tid(key: str) -> int | None:
             t = config.get(key)
             return None if t is None else hf.token_to_id(t)
 
-        eos_id = tid("eos_token")
         return cls(
             hf,
             bos_id=tid("bos_token"),
-            eos_id=eos_id,
+            eos_id=tid("eos_token"),
             eos_ids=config.get("eos_token_ids") or (),
             unk_id=tid("unk_token"),
             pad_id=tid("pad_token"),
             add_bos=bool(config.get("add_bos_token", False)),
+            add_eos=bool(config.get("add_eos_token", False)),
+            add_space_prefix=bool(config.get("add_space_prefix", False)),
+            kind=config.get("tokenizer_kind"),  # older folders: told by the decoder (byte-level BPE)
             chat_template=config.get("chat_template"),
         )
 
     # -- text <-> ids --------------------------------------------------------------------------------
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """Ids for `text`. Special-token texts such as <|im_start|> are parsed as those tokens.
-        `add_special_tokens` adds BOS when the model asks for it (add_bos_token); pass False for a
-        rendered chat template, which carries its own BOS if it wants one (as Hugging Face does)."""
-        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(
+        self,
+        text: str,
+        *,
+        add_special_tokens: bool = True,
+        parse_special: bool = True,
+        literal_spans: Sequence[Span] = (),
+    ) -> list[int]:
+        """Ids for `text`, as llama.cpp's tokenize(text, add_special, parse_special) gives them.
+
+        `add_special_tokens` adds BOS/EOS when the model asks for them (pass False for a rendered chat
+        template, which writes its own). With `parse_special`, the texts of control tokens such as
+        <|im_start|> become those tokens; without, they are ordinary text. `literal_spans` keeps
+        parsing them everywhere except inside these (start, end) character ranges, which hold text
+        from an untrusted source (chat message content)."""
+        with self._lock:
+            if not parse_special:
+                return self._encode_text(text, add_special_tokens)
+            enc = self.hf.encode(text, add_special_tokens=add_special_tokens)
+            if not literal_spans:
+                return enc.ids
+            # Specials the plain encode found inside a literal span are text: split only at the others.
+            found = [(i, span) for i, span in zip(enc.ids, enc.offsets, strict=True) if i in self.special_ids]
+            if not any(_overlaps(span, literal_spans) for _, span in found):
+                return enc.ids
+            ids: list[int] = []
+            pos = 0
+            for token_id, (start, end) in found:
+                if start == end or _overlaps((start, end), literal_spans):
+                    continue  # an empty span is a BOS/EOS the post-processor added
+                ids += self._encode_text(text[pos:start], False)
+                ids.append(token_id)
+                pos = end
+            ids += self._encode_text(text[pos:], False)
+        return self._add_specials(ids) if add_special_tokens else ids
+
+    def _encode_text(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Special-token texts as plain text (user-defined tokens are still matched, as in llama.cpp)."""
+        if not text:
+            return self._add_specials([]) if add_special_tokens else []
+        self.hf.encode_special_tokens = True
+        try:
+            return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        finally:
+            self.hf.encode_special_tokens = False
+
+    def _add_specials(self, ids: list[int]) -> list[int]:
+        head = [self.bos_id] if self.add_bos and self.bos_id is not None else []
+        tail = [self.eos_id] if self.add_eos and self.eos_id is not None else []
+        return head + ids + tail
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """The text of `ids`: the concatenated token bytes (what the streaming detokenizer gives), minus
+        the one space a SentencePiece vocabulary with add_space_prefix put in front, so that
+        decode(encode(text)) == text."""
+        data = b"".join(
+            self.token_bytes(i) for i in ids if not (skip_special_tokens and i in self.special_ids)
+        )
+        text = data.decode("utf-8", errors="replace")
+        if self.add_space_prefix and text.startswith(" "):
+            text = text[1:]
+        return text
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self.special_ids
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The raw bytes a token stands for (one token may hold part of a UTF-8 character).
-        Mirrors the ByteLevel decoder: characters map through GPT-2's byte table, and a token
-        containing any character outside it (control tokens like <|im_end|> are all ASCII and map to
-        themselves) is taken as its UTF-8 text."""
-        cached = self._bytes_cache[token_id]
+        """The raw bytes a token stands for (one token may hold part of a UTF-8 character), as llama.cpp's
+        token_to_piece renders it: added tokens (control, user-defined) are their own text; byte-level
+        tokens map each character back through GPT-2's byte table; SentencePiece tokens turn U+2581 into
+        a space and <0xXX> into that byte."""
+        cached = self._bytes_cache[token_id] if 0 <= token_id < self.vocab_size else None
         if cached is not None:
             return cached
         piece = self.hf.id_to_token(token_id)
         if piece is None:
             raise IndexError(f"token id {token_id} is outside the vocabulary ({self.vocab_size})")
-        table = byte_decoder()
-        try:
-            out = bytes(table[c] for c in piece)
-        except KeyError:
+        if token_id in self.added_ids:
             out = piece.encode("utf-8")
+        elif self.kind == KIND_SENTENCEPIECE:
+            byte = _BYTE_TOKEN.fullmatch(piece)
+            out = bytes([int(byte.group(1), 16)]) if byte else piece.replace("\u2581", " ").encode("utf-8")
+        else:
+            table = byte_decoder()
+            try:
+                out = bytes(table[c] for c in piece)
+            except KeyError:  # not a byte-level piece; llama.cpp would show it as [UNK_BYTE_...]
+                out = piece.encode("utf-8")
         self._bytes_cache[token_id] = out
         return out
 
@@ -327,7 +274,9 @@ class IncrementalDetokenizer:
 
     Bytes of an incomplete character are held back until the rest arrives; invalid bytes become
     U+FFFD exactly as a full decode would make them. Special tokens are skipped (like
-    decode(skip_special_tokens=True)). The concatenated deltas plus flush() equal tokenizer.decode(ids).
+    decode(skip_special_tokens=True)). The concatenated deltas plus flush() equal tokenizer.decode(ids),
+    except that a reply keeps the leading space a SentencePiece token such as "▁Paris" stands for (the
+    reply continues the prompt's text, as llama.cpp streams it).
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from models.errors import HashMismatch, InvalidModelFile, ModelNotFound, SourceUnavailable
-from models.store.durable import fsync_dir
+from models.store.durable import disk_full_error, fsync_dir
 from models.store.sources import CHUNK, FetchedFile, Progress, check_hash, sha256_file
 
 MAX_REDIRECTS = 10
@@ -212,18 +212,26 @@ class Download:
         done = start
         # read1: whatever has arrived (up to CHUNK), so a stalled or killed download keeps every byte it got
         read = getattr(body, "read1", body.read)
-        with self.partial.open(mode) as out:
-            try:
-                while chunk := read(CHUNK):
-                    out.write(chunk)
-                    done += len(chunk)
-                    if self.progress is not None:
-                        self.progress("download", done / total if total else 0.0)
-            except NETWORK_ERRORS as err:
-                raise _Interrupted(f"the connection dropped after {done} bytes: {err}") from err
-            finally:
-                out.flush()
-                os.fsync(out.fileno())  # what we keep must be on disk before we count on it
+        try:
+            with self.partial.open(mode) as out:
+                try:
+                    while chunk := read(CHUNK):
+                        out.write(chunk)
+                        done += len(chunk)
+                        if self.progress is not None:
+                            self.progress("download", done / total if total else 0.0)
+                except NETWORK_ERRORS as err:
+                    if disk_full_error(err):
+                        raise  # not the connection: retrying cannot help
+                    raise _Interrupted(f"the connection dropped after {done} bytes: {err}") from err
+                finally:
+                    out.flush()
+                    os.fsync(out.fileno())  # what we keep must be on disk before we count on it
+        except OSError as err:
+            if disk_full_error(err):
+                # A write or its flush: name the partial, which is kept (the next pull resumes from it).
+                raise OSError(err.errno, err.strerror, str(self.partial)) from err
+            raise
         return done
 
     def _content_range(self, resp: Response) -> tuple[int, int | None]:

@@ -11,6 +11,7 @@ variant records the decoder's I/O (DecoderIO), which puts the engine on its gene
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,9 +99,15 @@ class LocalFolder:
 
 
 def copy_folder(
-    src: Path, out_dir: Path, *, variants: list[str] | None = None, progress: Progress | None = None
+    src: Path,
+    out_dir: Path,
+    *,
+    variants: list[str] | None = None,
+    progress: Progress | None = None,
+    disk_plan: Callable[[dict[str, int]], None] | None = None,
 ) -> dict[str, Any]:
-    """The converter's seam, for a folder: copy every file (streamed) and describe it for the manifest."""
+    """The converter's seam, for a folder: copy every file (streamed) and describe it for the manifest.
+    `disk_plan` gets the bytes of every file before the first is copied (the store checks free space)."""
     if variants and set(variants) != {VARIANT}:
         raise InvalidParameter(
             f"an onnxruntime-genai folder is installed as is: its one variant is {VARIANT!r}, "
@@ -109,7 +116,10 @@ def copy_folder(
         )
     io = check_folder(Path(src))
     files = folder_files(Path(src))
-    total = max(1, sum((Path(src) / rel).stat().st_size for rel in files))
+    sizes = {rel: (Path(src) / rel).stat().st_size for rel in files}
+    if disk_plan is not None:
+        disk_plan(sizes)
+    total = max(1, sum(sizes.values()))
     done = 0
     for rel in files:
         target = out_dir / rel
@@ -182,11 +192,12 @@ def smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class FolderInstaller:
-    """Stands where models.store.store.Converter stands (same three attributes)."""
+    """Stands where models.store.store.Converter stands (the same attributes)."""
 
     convert: Any = copy_folder
     smoke_test: Any = smoke_test
     version: int = 1
+    plans_disk: bool = True  # copy_folder reports its files' sizes before copying
 
 
 FOLDER_INSTALLER = FolderInstaller()

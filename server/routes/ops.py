@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from models.errors import SimmerError
+from models.store.store import ModelStore
 from server.errors import RETRY_AFTER_S
 from server.metrics import CONTENT_TYPE
 
@@ -14,6 +16,17 @@ if TYPE_CHECKING:
     from server.app import Runtime
 
 router = APIRouter()
+
+
+def model_problem(rt: Runtime) -> dict[str, Any] | None:
+    """The store's word on the served model when its current version is marked bad (a file changed after
+    it was verified): which version, which files, what serves instead, the command that fixes it."""
+    if rt.store_home is None:
+        return None
+    try:
+        return ModelStore(rt.store_home).problem(rt.model_id())
+    except (SimmerError, OSError):  # not a store id (a folder served directly), or an unreadable store
+        return None
 
 
 @router.get("/health")
@@ -28,6 +41,7 @@ async def health(request: Request) -> JSONResponse:
             "variant": engine.variant,
             "queue_depth": worker.queue_depth,
             "busy": worker.busy,
+            "model_problem": model_problem(rt),
         }
         snapshot = getattr(rt.gate, "snapshot", None)
         if callable(snapshot):
@@ -44,7 +58,8 @@ async def health(request: Request) -> JSONResponse:
     if worker.state == "loading":
         return JSONResponse({"status": "loading"}, status_code=503, headers=retry)
     if worker.state == "failed":
-        return JSONResponse({"status": "error", "error": str(worker.load_error)}, status_code=503)
+        body = {"status": "error", "error": str(worker.load_error), "model_problem": model_problem(rt)}
+        return JSONResponse(body, status_code=503)
     return JSONResponse({"status": "shutting_down"}, status_code=503)
 
 

@@ -43,6 +43,7 @@ def thermal_state(rt: Runtime, snap: Snapshot) -> dict[str, Any]:
     body["variant"] = engine.variant if engine is not None else None
     body["threads"] = engine.threads if engine is not None else None
     body["pauses"] = gate.pauses
+    body["routing"] = rt.router.state() if rt.router else None  # where new work goes (server/routing/)
     return body
 
 

@@ -40,4 +40,9 @@ async def models(request: Request) -> dict:
         "variant": engine.variant if engine else None,
         "context_length": engine.context_length if engine else None,
     }
-    return {"object": "list", "data": [entry]}
+    # Ids served only upstream (SIMMER_UPSTREAM_MODELS), when the routing policy lets requests leave.
+    remote = [
+        {"id": m, "object": "model", "created": rt.started, "owned_by": "upstream", "remote": True}
+        for m in (rt.router.remote_models() if rt.router else [])
+    ]
+    return {"object": "list", "data": [entry, *remote]}

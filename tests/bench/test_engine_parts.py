@@ -18,7 +18,7 @@ def test_simmer_configs_when_threads_then_one_thread_once_and_pools_with_and_wit
         "simmer:q4-a8:t2:spin-off",
         "simmer:q4-a8:t1",
     ]
-    assert config_name({"engine": "llama.cpp", "threads": 2}) == "llama.cpp:Q4_1:t2"
+    assert config_name({"engine": "llama.cpp", "threads": 2}) == "llama.cpp:gguf:t2"
 
 
 def test_energy_when_summaries_then_cheapest_first_with_ratio_to_llama_cpp_at_the_same_threads():
@@ -26,21 +26,21 @@ def test_energy_when_summaries_then_cheapest_first_with_ratio_to_llama_cpp_at_th
         "simmer:q4-a8:t2": {"cpu_s_per_token": 0.0228, "decode_tok_s_short": 80.0},
         "simmer:q4-a8:t2:spin-off": {"cpu_s_per_token": 0.0190, "decode_tok_s_short": 62.0},
         "simmer:q4-a8:t1": {"cpu_s_per_token": 0.0154, "decode_tok_s_short": 60.0},
-        "llama.cpp:Q4_1:t1": {"cpu_s_per_token": 0.01825},
-        "llama.cpp:Q4_1:t2": {"cpu_s_per_token": 0.01745},
+        "llama.cpp:gguf:t1": {"cpu_s_per_token": 0.01825},
+        "llama.cpp:gguf:t2": {"cpu_s_per_token": 0.01745},
         "simmer:q4:t1": {"error": ["boom"], "runs": 0},
     }
     e = energy(summary)
     assert list(e["configs"]) == [
         "simmer:q4-a8:t1",
-        "llama.cpp:Q4_1:t2",
-        "llama.cpp:Q4_1:t1",
+        "llama.cpp:gguf:t2",
+        "llama.cpp:gguf:t1",
         "simmer:q4-a8:t2:spin-off",
         "simmer:q4-a8:t2",
     ]
     assert e["configs"]["simmer:q4-a8:t1"]["tok_per_cpu_s"] == 64.9
     assert e["configs"]["simmer:q4-a8:t1"]["tok_per_cpu_s_vs_llama_cpp"] == 1.19
     assert e["configs"]["simmer:q4-a8:t2"]["tok_per_cpu_s_vs_llama_cpp"] == 0.77
-    assert e["configs"]["llama.cpp:Q4_1:t1"]["tok_per_cpu_s_vs_llama_cpp"] is None
+    assert e["configs"]["llama.cpp:gguf:t1"]["tok_per_cpu_s_vs_llama_cpp"] is None
     assert e["cheapest_simmer"] == "simmer:q4-a8:t1"
     assert e["default_configs_at_least_llama_cpp"] == {"simmer:q4-a8:t1": True, "simmer:q4-a8:t2": False}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.sustained import RunLog, _spread_tokens, is_loopback, settings_env, summarize_audit
+from bench.sustained import RunLog, _spread_tokens, is_loopback, percentile, settings_env, summarize_audit
 from server.settings import Settings
 
 
@@ -111,3 +111,24 @@ def test_envelope_when_runs_then_limit_from_the_simulator_and_best_measured_toke
     assert targets["governed_no_mid_reply_pause_after_warm_up"] is True
     assert targets["efficiency_ok (>= 0.95)"] is (env["efficiency"] >= 0.95)
     assert targets["governed_tok_s_at_least_levels"] is True
+
+
+def test_settings_env_when_routing_settings_then_child_gets_the_same(tmp_path: Path, monkeypatch):
+    """The key must reach the child as itself (not pydantic's '**********'), the model map as JSON."""
+    settings = Settings(
+        home=tmp_path,
+        route="auto",
+        upstream_url="http://127.0.0.1:9/v1",
+        upstream_api_key="sk-child",
+        upstream_models={"big": "org/Big"},
+    )
+    env = settings_env(settings)
+    assert env["SIMMER_UPSTREAM_API_KEY"] == "sk-child"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert Settings() == settings
+
+
+def test_percentile_when_nearest_rank_then_a_real_value():
+    values = [float(v) for v in range(1, 21)]
+    assert percentile(values, 95) == 19.0 and percentile(values, 50) == 10.0 and percentile([3.0], 95) == 3.0

@@ -43,10 +43,9 @@ def test_cli_pull_list_verify_rm_when_happy_path_then_exit_0(settings, gguf, cap
 
     assert run(settings, "list") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "VERSION", "VARIANTS", "SIZE", "CURRENT"]
-    assert (
-        lines[1].split()[0] == "tiny-llama" and lines[1].split()[2] == "f32,q4" and lines[1].endswith("yes")
-    )
+    assert lines[0].split() == ["ID", "VERSION", "VARIANTS", "SIZE", "CURRENT", "STATUS"]
+    cells = lines[1].split()
+    assert cells[0] == "tiny-llama" and cells[2] == "f32,q4" and cells[-2:] == ["yes", "serving"]
 
     assert run(settings, "verify", "tiny-llama") == 0
     assert capsys.readouterr().out.startswith("ok: tiny-llama")

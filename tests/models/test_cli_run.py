@@ -37,3 +37,17 @@ def test_run_when_model_not_installed_then_clear_error(tmp_path, monkeypatch, ca
     monkeypatch.setenv("SIMMER_HOME", str(tmp_path / "empty"))
     assert main(["run", "hi"]) == 1
     assert "not installed" in capsys.readouterr().err
+
+
+def test_run_when_base_model_then_prompt_continued_as_text(tiny_base_model_dir, capsys):
+    """No chat template: `simmer run` continues the text instead of failing (or guessing a template)."""
+    from argparse import Namespace
+
+    from models.runtime.engine import load_engine
+    from server.cli_run import _stream
+
+    engine = load_engine(tiny_base_model_dir, variant="q4", threads=1, context_length=128)
+    args = Namespace(max_tokens=4, temperature=0.0, top_p=1.0, seed=None, stats=True)
+    _stream(engine, [{"role": "user", "content": "the cat"}], args)
+    err = capsys.readouterr().err
+    assert f"{len(engine.text_prompt('the cat').ids)} prompt tokens" in err

@@ -230,9 +230,9 @@ def test_convert_when_unsupported_architecture_then_clear_error(tmp_path):
 
 
 def test_convert_when_unsupported_tensor_type_then_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setitem(TYPES, "Q5_0", GGMLQuantizationType.Q5_0)
-    g = write_tiny_gguf(tmp_path / "m.gguf", matrix_type="Q5_0")
-    with pytest.raises(UnsupportedModel, match="Q5_0"):
+    monkeypatch.setitem(TYPES, "MXFP4", GGMLQuantizationType.MXFP4)
+    g = write_tiny_gguf(tmp_path / "m.gguf", matrix_type="MXFP4")
+    with pytest.raises(UnsupportedModel, match="MXFP4"):
         convert(g, tmp_path / "out")
 
 

@@ -221,7 +221,8 @@ def test_logprobs_when_asked_then_chosen_and_top_alternatives(tiny):
 # -- the real model ----------------------------------------------------------------------------------
 
 
-KNOWN_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]  # MODEL_NOTES.md
+# llama.cpp's ids for "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+KNOWN_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 
 
 @pytest.mark.slow

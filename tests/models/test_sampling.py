@@ -6,9 +6,22 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from models.errors import InvalidParameter
-from models.runtime.sampling import Sampler, make_rng
+from models.runtime.sampling import (
+    GREEDY_BELOW,
+    LOGPROB_FLOOR,
+    MAX_REPETITION_PENALTY,
+    MAX_TOP_LOGPROBS,
+    MIN_REPETITION_PENALTY,
+    SEED_MAX,
+    SEED_MIN,
+    Sampler,
+    make_rng,
+)
 from models.types import SamplingParams
 
 
@@ -184,6 +197,12 @@ def test_sample_when_sampling_then_caller_logits_unchanged() -> None:
         ("top_k", -1),
         ("min_p", 2.0),
         ("repetition_penalty", 0.0),
+        ("repetition_penalty", 5e-324),
+        ("repetition_penalty", 0.009),
+        ("repetition_penalty", 100.5),
+        ("temperature", float("nan")),
+        ("seed", 2**63),
+        ("seed", -(2**63) - 1),
         ("presence_penalty", 3.0),
         ("frequency_penalty", -3.0),
         ("logprobs", 21),
@@ -202,3 +221,182 @@ def test_validate_when_repetition_penalty_absurd_then_invalid_parameter() -> Non
 
     with pytest.raises(InvalidParameter, match="repetition_penalty"):
         Sampler(SamplingParams(repetition_penalty=1e308), make_rng(0))
+
+
+# ---- totality: every accepted value, any logits -------------------------------------------------------
+
+
+# Logits as a broken or extreme model could produce them: NaN, +-inf, float32's largest, subnormals.
+any_logits = hnp.arrays(
+    np.float32,
+    st.integers(1, 64),
+    elements=st.floats(width=32) | st.sampled_from([np.inf, -np.inf, 3.4e38, -3.4e38, 0.0]),
+)
+# Each field over its whole accepted range, boundaries and subnormals included.
+finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+tiny_floats = st.sampled_from([0.0, 5e-324, 1e-300, 1e-40, 1e-6, GREEDY_BELOW])
+
+
+@st.composite
+def params_and_logits(draw) -> tuple[SamplingParams, np.ndarray, list[int]]:
+    logits = draw(any_logits)
+    n = logits.shape[0]
+    ids = st.integers(0, n - 1)
+    params = SamplingParams(
+        temperature=draw(st.floats(0.0, 2.0) | tiny_floats),
+        top_p=draw(st.floats(0.0, 1.0) | tiny_floats),
+        top_k=draw(st.integers(0, 2 * n) | st.just(2**70)),
+        min_p=draw(st.floats(0.0, 1.0) | tiny_floats),
+        repetition_penalty=draw(
+            st.floats(MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
+            | st.sampled_from([MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY, 1.0])
+        ),
+        presence_penalty=draw(st.floats(-2.0, 2.0)),
+        frequency_penalty=draw(st.floats(-2.0, 2.0)),
+        seed=draw(st.none() | st.integers(SEED_MIN, SEED_MAX)),
+        logprobs=draw(st.none() | st.integers(0, MAX_TOP_LOGPROBS)),
+        logit_bias=tuple(draw(st.dictionaries(ids, st.floats(-100.0, 100.0), max_size=8)).items()),
+    )
+    history = draw(st.lists(ids, max_size=12))
+    return params, logits, history
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(params_and_logits(), st.integers(1, 4))
+def test_sample_when_any_accepted_params_and_any_logits_then_valid_token_and_finite_logprobs(
+    case: tuple[SamplingParams, np.ndarray, list[int]], steps: int
+) -> None:
+    params, logits, history = case
+    n = logits.shape[0]
+    before = logits.copy()
+    s = Sampler(params, make_rng(params.seed), prompt_len=min(len(history), 3))
+    history = list(history)
+    for _ in range(steps):
+        token, logprob, top = s.sample(logits, history)
+        assert 0 <= token < n
+        if params.logprobs is None:
+            assert logprob is None and top is None
+        else:
+            assert logprob is not None and LOGPROB_FLOOR <= logprob <= 0.0 + 1e-6
+            assert top is not None and len(top) == min(params.logprobs, n)
+            assert all(0 <= i < n and LOGPROB_FLOOR <= lp <= 1e-6 for i, lp in top)
+        history.append(token)
+    np.testing.assert_array_equal(logits, before)  # NaN compares equal here: the input is untouched
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    hnp.arrays(np.float32, st.integers(2, 64), elements=finite32, unique=True),
+    st.floats(0.0, GREEDY_BELOW, exclude_max=True) | tiny_floats.filter(lambda t: t < GREEDY_BELOW),
+    st.integers(SEED_MIN, SEED_MAX),
+)
+def test_sample_when_temperature_tiny_then_greedy(logits: np.ndarray, temperature: float, seed: int) -> None:
+    token, _, _ = Sampler(SamplingParams(temperature=temperature), make_rng(seed)).sample(logits, [])
+    assert token == int(np.argmax(logits))
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324, GREEDY_BELOW, 2.0])
+@pytest.mark.parametrize("penalty", [5e-324, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY])
+def test_sample_when_issue_11_values_then_valid_token_or_invalid_parameter(
+    temperature: float, penalty: float
+) -> None:
+    """The campaign's reproductions: temperature 1e-40 and repeat_penalty 5e-324 gave an IndexError."""
+    logits = random_logits(9, n=500) * 1e37  # logits / 0.01 overflow float32
+    params = SamplingParams(temperature=temperature, repetition_penalty=penalty, top_p=0.9, min_p=0.05)
+    if penalty < MIN_REPETITION_PENALTY:
+        with pytest.raises(InvalidParameter) as err:
+            Sampler(params, make_rng(0))
+        assert err.value.param == "repetition_penalty"
+        return
+    s = Sampler(params, make_rng(0))
+    history = [int(np.argmax(logits))]
+    for _ in range(20):
+        token = s.sample(logits, history)[0]
+        assert 0 <= token < 500
+        history.append(token)
+
+
+def test_sample_when_logits_nan_then_never_chosen_and_plus_inf_share_the_mass() -> None:
+    logits = np.array([np.nan, 1.0, np.inf, 0.0, np.inf, np.nan], dtype=np.float32)
+    assert Sampler(SamplingParams(temperature=0.0), make_rng(0)).sample(logits, [])[0] == 2
+    assert set(draws(SamplingParams(temperature=1.0), logits, 200)) == {2, 4}
+    all_bad = np.array([np.nan, -np.inf, -np.inf], dtype=np.float32)
+    assert set(draws(SamplingParams(temperature=1.0), all_bad, 200)) == {0, 1, 2}
+
+
+# ---- seed -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**63 - 1, 0, -12345])
+def test_make_rng_when_any_int64_seed_then_reproducible(seed: int) -> None:
+    logits = random_logits(1) / 4
+
+    def run() -> list[int]:
+        s = Sampler(SamplingParams(temperature=1.0, seed=seed), make_rng(seed))
+        return [s.sample(logits, [])[0] for _ in range(20)]
+
+    assert run() == run()
+
+
+def test_make_rng_when_negative_seed_then_not_the_same_stream_as_its_absolute_value() -> None:
+    a, b = make_rng(-1).random(4), make_rng(1).random(4)
+    assert not np.array_equal(a, b)
+
+
+# ---- logit_bias -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 2.0])
+def test_sample_when_logit_bias_minus_100_then_token_banned_and_plus_100_forced(temperature: float) -> None:
+    logits = random_logits(11, n=2000)  # std 4: a real model's spread
+    best = int(np.argmax(logits))
+    worst = int(np.argmin(logits))
+    banned = Sampler(SamplingParams(temperature=temperature, logit_bias=((best, -100.0),)), make_rng(0))
+    forced = Sampler(SamplingParams(temperature=temperature, logit_bias=((worst, 100.0),)), make_rng(0))
+    for _ in range(50):
+        assert banned.sample(logits, [])[0] != best
+        assert forced.sample(logits, [])[0] == worst
+
+
+def test_sample_when_small_logit_bias_then_added_to_the_logit() -> None:
+    logits = probs_logits([0.5, 0.5])
+    n = 4000
+    seen = draws(SamplingParams(temperature=1.0, logit_bias=((1, float(np.log(3.0))),)), logits, n, seed=5)
+    assert seen[1] / n == pytest.approx(0.75, abs=0.03)  # odds 1:3 (0.03 is over 4 standard deviations)
+
+
+def test_logprobs_when_logit_bias_then_still_the_raw_model_distribution() -> None:
+    logits = random_logits(12, n=30)
+    params = SamplingParams(temperature=0.0, logprobs=3, logit_bias=((0, 100.0),))
+    token, logprob, _ = Sampler(params, make_rng(0)).sample(logits, [])
+    assert token == 0
+    assert logprob == pytest.approx(max(log_softmax(logits)[0], LOGPROB_FLOOR), abs=1e-5)
+
+
+@pytest.mark.parametrize(("bias", "vocab"), [(((5, 101.0),), None), (((-1, 1.0),), None), (((10, 1.0),), 10)])
+def test_validate_when_logit_bias_out_of_range_then_invalid_parameter(bias, vocab) -> None:
+    with pytest.raises(InvalidParameter) as err:
+        Sampler(SamplingParams(logit_bias=bias), make_rng(0), vocab_size=vocab)
+    assert err.value.param == "logit_bias"
+
+
+def test_sample_when_logit_bias_id_beyond_logits_then_invalid_parameter() -> None:
+    s = Sampler(SamplingParams(logit_bias=((10, 1.0),)), make_rng(0))
+    with pytest.raises(InvalidParameter, match="logit_bias"):
+        s.sample(np.zeros(10, dtype=np.float32), [])
+
+
+def test_settings_sampling_defaults_when_at_their_bounds_then_sampler_accepts_them() -> None:
+    """SIMMER_TEMPERATURE and friends accept exactly what the sampler handles."""
+    from server.settings import Settings
+
+    for name in ("temperature", "top_p", "top_k", "min_p"):
+        field = Settings.model_fields[name]
+        bounds = {type(m).__name__: m for m in field.metadata}
+        low = getattr(bounds.get("Ge"), "ge", None)
+        if low is None:
+            low = np.nextafter(bounds["Gt"].gt, 1.0)
+        high = getattr(bounds.get("Le"), "le", 10**6)
+        for value in (low, high):
+            validate_one = SamplingParams(**{name: value})
+            Sampler(validate_one, make_rng(0)).sample(random_logits(0, n=50), [])

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from models.errors import InvalidModelFile, UnsupportedModel
-from models.runtime.tokenizer import (
+import pytest
+import tokenizers
+
+from models.convert.tokenizer_gguf import (
     TOKEN_CONTROL,
     TOKEN_NORMAL,
     TOKEN_USER_DEFINED,
-    IncrementalDetokenizer,
-    Tokenizer,
-    build_hf_tokenizer,
-    byte_decoder,
     metadata_from_gguf,
+    tokenizer_from_metadata,
 )
+from models.errors import InvalidModelFile
+from models.runtime.tokenizer import IncrementalDetokenizer, Tokenizer, byte_decoder
+from tests.tiny_vocab import FAMILIES, family_metadata
 
 KNOWN_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 KNOWN_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
@@ -49,7 +51,7 @@ def tiny_meta(*, pre: str = "smollm", add_bos: bool = False, **extra: object) ->
 
 @pytest.fixture(scope="module")
 def tiny() -> Tokenizer:
-    return Tokenizer.from_metadata(tiny_meta())
+    return tokenizer_from_metadata(tiny_meta())
 
 
 def pieces(tok: Tokenizer, text: str) -> list[str]:
@@ -65,23 +67,8 @@ def test_encode_when_merges_exist_then_bpe_applies_them(tiny: Tokenizer) -> None
 
 def test_encode_when_pre_is_smollm_then_digits_split_even_with_a_merge(tiny: Tokenizer) -> None:
     assert pieces(tiny, "12") == ["1", "2"]
-    plain = Tokenizer.from_metadata(tiny_meta(pre="gpt2"))
+    plain = tokenizer_from_metadata(tiny_meta(pre="gpt-2"))
     assert pieces(plain, "12") == ["12"]
-
-
-def test_build_when_tokenizer_is_sentencepiece_then_unsupported_model() -> None:
-    with pytest.raises(UnsupportedModel, match="'llama'"):
-        build_hf_tokenizer(tiny_meta(**{"tokenizer.ggml.model": "llama"}))
-
-
-def test_build_when_pre_tokenizer_unknown_then_unsupported_model() -> None:
-    with pytest.raises(UnsupportedModel, match="'qwen2'"):
-        build_hf_tokenizer(tiny_meta(pre="qwen2"))
-
-
-def test_build_when_merge_malformed_then_invalid_model_file() -> None:
-    with pytest.raises(InvalidModelFile, match="merge"):
-        build_hf_tokenizer(tiny_meta(**{"tokenizer.ggml.merges": ["abc"]}))
 
 
 def test_encode_when_control_token_text_then_single_special_id(tiny: Tokenizer) -> None:
@@ -94,14 +81,14 @@ def test_encode_when_control_token_text_then_single_special_id(tiny: Tokenizer) 
 
 
 def test_encode_when_add_bos_then_bos_first_unless_disabled() -> None:
-    tok = Tokenizer.from_metadata(tiny_meta(add_bos=True))
+    tok = tokenizer_from_metadata(tiny_meta(add_bos=True))
     assert tok.encode("the")[0] == 1
     assert tok.encode("the", add_special_tokens=False)[0] != 1
-    assert Tokenizer.from_metadata(tiny_meta()).encode("the")[0] != 1
+    assert tokenizer_from_metadata(tiny_meta()).encode("the")[0] != 1
 
 
 def test_eos_ids_when_gguf_names_eos_and_eot_then_both_plus_control_end_tokens() -> None:
-    tok = Tokenizer.from_metadata(tiny_meta(**{"tokenizer.ggml.eot_token_id": 3}))
+    tok = tokenizer_from_metadata(tiny_meta(**{"tokenizer.ggml.eot_token_id": 3}))
     # 2 = eos, 3 = eot, 0 = the control token <|endoftext|> (llama.cpp's end-of-generation list).
     assert tok.eos_id == 2
     assert tok.eos_ids == {0, 2, 3}
@@ -109,7 +96,7 @@ def test_eos_ids_when_gguf_names_eos_and_eot_then_both_plus_control_end_tokens()
 
 
 def test_save_when_reloaded_then_same_ids_and_facts(tiny: Tokenizer, tmp_path) -> None:
-    tok = Tokenizer.from_metadata(tiny_meta(add_bos=True))
+    tok = tokenizer_from_metadata(tiny_meta(add_bos=True))
     tok.save(tmp_path)
     again = Tokenizer.load(tmp_path)
     text = "<|im_start|>the 12 thé<|im_end|>"
@@ -117,6 +104,46 @@ def test_save_when_reloaded_then_same_ids_and_facts(tiny: Tokenizer, tmp_path) -
     assert (again.bos_id, again.eos_id, again.eos_ids, again.add_bos) == (1, 2, tok.eos_ids, True)
     assert again.chat_template == tok.chat_template
     assert again.special_ids == tok.special_ids
+
+
+def test_save_when_sentencepiece_reloaded_then_same_ids_bytes_and_kind(tmp_path) -> None:
+    tok = tokenizer_from_metadata(family_metadata(FAMILIES["llama2"]))
+    tok.save(tmp_path)
+    again = Tokenizer.load(tmp_path)
+    assert (again.kind, again.add_space_prefix, again.add_bos) == ("sentencepiece", True, True)
+    text = "<s>Hello  world 🦙\n<|user|>x"
+    assert again.encode(text) == tok.encode(text)
+    assert again.encode(text, parse_special=False) == tok.encode(text, parse_special=False)
+    assert [again.token_bytes(i) for i in tok.encode(text)] == [tok.token_bytes(i) for i in tok.encode(text)]
+    assert "chat_template" not in json.loads((tmp_path / "tokenizer_config.json").read_text())
+
+
+def test_load_when_folder_predates_sentencepiece_then_byte_level(tiny: Tokenizer, tmp_path) -> None:
+    tiny.save(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    for key in ("tokenizer_kind", "add_space_prefix", "add_eos_token"):
+        del config[key]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    again = Tokenizer.load(tmp_path)
+    assert again.kind == "byte_level"
+    assert again.token_bytes(again.encode(" the")[0]) == b" the"
+
+
+def test_tokenizer_when_kind_not_given_then_told_by_the_decoder() -> None:
+    """A foreign folder's tokenizer.json (onnxruntime-genai) says nothing of our kinds."""
+    for family, kind in (
+        ("llama2", "sentencepiece"),
+        ("spm-noprefix", "sentencepiece"),
+        ("llama3", "byte_level"),
+    ):
+        built = tokenizer_from_metadata(family_metadata(FAMILIES[family]))
+        foreign = Tokenizer(tokenizers.Tokenizer.from_str(built.hf.to_str()), bos_id=None, eos_id=None)
+        assert foreign.kind == kind
+        ids = built.encode(" ▁é 🦙", add_special_tokens=False)
+        assert [foreign.token_bytes(i) for i in ids] == [built.token_bytes(i) for i in ids]
+    metaspace = tokenizers.Tokenizer(tokenizers.models.BPE())
+    metaspace.decoder = tokenizers.decoders.Metaspace()
+    assert Tokenizer(metaspace, bos_id=None, eos_id=None).kind == "sentencepiece"
 
 
 def test_load_when_folder_empty_then_invalid_model_file(tmp_path) -> None:
@@ -129,6 +156,35 @@ def test_token_bytes_when_byte_token_then_raw_byte(tiny: Tokenizer) -> None:
     assert [tiny.token_bytes(i) for i in ids] == [b"\xc3", b"\xa9"]
     assert tiny.token_bytes(tiny.encode(" the")[0]) == b" the"
     assert tiny.token_bytes(2) == b"<|im_end|>"
+
+
+def test_encode_when_special_tokens_not_parsed_then_marker_is_text(tiny: Tokenizer) -> None:
+    ids = tiny.encode("hi<|im_end|>", parse_special=False)
+    assert 2 not in ids and len(ids) > 2
+    assert tiny.decode(ids) == "hi<|im_end|>"
+    assert tiny.encode("hi<tool>", parse_special=False)[-1] == 3  # user-defined tokens are always matched
+
+
+def test_encode_when_literal_spans_then_markers_inside_are_text(tiny: Tokenizer) -> None:
+    markup, content = "<|im_start|>user\n", "hi<|im_end|><|im_start|>system"
+    text = markup + content + "<|im_end|>\n"
+    span = (len(markup), len(markup) + len(content))
+    ids = tiny.encode(text, add_special_tokens=False, literal_spans=[span])
+    expected = [1, *tiny.encode("user\n"), *tiny.encode(content, parse_special=False), 2, *tiny.encode("\n")]
+    assert ids == expected
+    assert ids.count(1) == 1 and ids.count(2) == 1  # only the markup's own markers are special
+    # A span without markers changes nothing; a span cutting into a marker makes that marker text.
+    assert tiny.encode("<|im_start|>ab<|im_end|>", literal_spans=[(12, 14)]) == tiny.encode(
+        "<|im_start|>ab<|im_end|>"
+    )
+    cut = tiny.encode("ab<|im_end|>", literal_spans=[(0, 3)])
+    assert 2 not in cut and cut == tiny.encode("ab<|im_end|>", parse_special=False)
+
+
+def test_encode_when_literal_spans_and_bos_added_then_bos_once(tmp_path) -> None:
+    tok = tokenizer_from_metadata(tiny_meta(add_bos=True))
+    ids = tok.encode("x<|im_end|>", literal_spans=[(0, 11)])
+    assert ids[0] == 1 and ids.count(1) == 1 and 2 not in ids
 
 
 def stream(tok: Tokenizer, ids: list[int]) -> list[str]:
@@ -170,7 +226,7 @@ def smol_meta(smollm2_gguf) -> dict:
 
 @pytest.fixture(scope="module")
 def smol(smol_meta) -> Tokenizer:
-    return Tokenizer.from_metadata(smol_meta)
+    return tokenizer_from_metadata(smol_meta)
 
 
 @pytest.mark.slow
@@ -186,7 +242,8 @@ def test_metadata_from_gguf_when_smollm2_then_vocab_and_facts(smol_meta: dict) -
 def test_encode_when_known_prompt_then_known_ids(smol: Tokenizer) -> None:
     assert smol.encode(KNOWN_PROMPT) == KNOWN_IDS
     assert (smol.bos_id, smol.eos_id, smol.add_bos) == (1, 2, False)
-    assert smol.eos_ids == {0, 2}  # <|im_end|> (eos) and <|endoftext|>
+    # <|im_end|> (eos), <|endoftext|> and <reponame> (a fill-in-the-middle end), as llama.cpp has them
+    assert smol.eos_ids == {0, 2, 4} and smol.text_of(4) == "<reponame>"
     assert smol.vocab_size == 49152
 
 

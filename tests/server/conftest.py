@@ -53,8 +53,11 @@ def start_server(
     engine: Engine | None = None,
     engine_factory: Callable[[], Engine] | None = None,
     governor=None,
+    breaker=None,
 ) -> LiveServer:
-    app = create_app(settings, engine=engine, engine_factory=engine_factory, governor=governor)
+    app = create_app(
+        settings, engine=engine, engine_factory=engine_factory, governor=governor, breaker=breaker
+    )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -90,6 +93,7 @@ def live(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
         context_length: int = 512,
         fail_after_tokens: int | None = None,
         governor=None,
+        breaker=None,
         **settings_overrides,
     ) -> LiveServer:
         if engine is None and engine_factory is None:
@@ -105,6 +109,7 @@ def live(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
             engine=engine,
             engine_factory=engine_factory,
             governor=governor,
+            breaker=breaker,
         )
         servers.append(srv)
         return srv

@@ -45,6 +45,8 @@ class ScriptedEngine:
         self.variants: Sequence[str] = (variant,)
         self.context_length = context_length
         self.threads = 1
+        self.can_chat = True
+        self.vocab_size = 0x110000  # prompt ids are code points; reply ids (1000 + n) stay below it
         self.token_delay_s = token_delay_s
         self._words = re.findall(r"\s*\S+", reply)
         # Tokens before "EOS" (finish_reason stop); the reply's words are cycled to reach it.
@@ -223,6 +225,14 @@ class RecordingEngine:
     @property
     def threads(self) -> int:
         return self.inner.threads
+
+    @property
+    def can_chat(self) -> bool:
+        return self.inner.can_chat
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size
 
     def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
         return self.inner.chat_prompt(messages, truncate=truncate, reserve=reserve)

@@ -180,7 +180,7 @@ def test_chat_when_truncate_then_answers_and_reports_truncated(live) -> None:
         ({"messages": "not a list"}, "messages"),
         ({"messages": MSG, "max_tokens": "many"}, "max_tokens"),
         ({"messages": MSG, "temperature": "hot"}, "temperature"),
-        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
         ({}, "messages"),
     ],
 )

@@ -92,7 +92,7 @@ KNOWN_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im
 
 @pytest.mark.slow
 def test_real_model_when_openai_sdk_streams_then_paris(live, smollm2_model_dir):
-    """The default variant (q4-a8) over HTTP, on MODEL_NOTES.md's known prompt."""
+    """The default variant (q4-a8) over HTTP, on the known prompt (the capital of France, no BOS)."""
     engine = load_engine(smollm2_model_dir, threads=2)
     srv = live(engine=engine, model=engine.model_id)
     client = sdk(srv)

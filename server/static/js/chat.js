@@ -20,6 +20,33 @@ export function pauseReason(state) {
   return `Paused by the device governor${why}. The reply continues when the device recovers.`;
 }
 
+// Why a reply left the device (the `route.reason` of simmer's answers), in words.
+const UPSTREAM_WHY = {
+  thermal: "the device is too hot",
+  background: "the app is in the background",
+  memory: "the device is short of memory",
+  context: "the conversation is longer than the local model reads",
+  model: "this model is not on the device",
+  queue: "the device is busy",
+  loading: "the local model is still loading",
+  local_failed: "the local model could not load",
+  request: "it was asked for",
+  policy: "the server sends every request upstream",
+};
+
+/** The X-Simmer-Route header ("upstream; reason=thermal") as a route object, or null. */
+export function parseRouteHeader(value) {
+  const m = /^\s*(local|upstream)\s*(?:;\s*reason=([\w-]+))?/.exec(value || "");
+  return m ? { served: m[1], reason: m[2] || "" } : null;
+}
+
+/** "Answered by the upstream server (the device is too hot)", or "" for a reply made on the device. */
+export function routeLabel(route) {
+  if (!route || route.served !== "upstream") return "";
+  const why = UPSTREAM_WHY[route.reason];
+  return `Answered by the upstream server${why ? ` (${why})` : ""}`;
+}
+
 function formatTimings(timings, usage, variant) {
   const parts = [];
   if (timings) {
@@ -71,6 +98,20 @@ class MessageView {
   setMeta(text) {
     this.meta.textContent = text;
     this.meta.hidden = !text;
+  }
+
+  /** Where the reply was made: an "upstream" tag next to the name, the reason in words on hover. */
+  setRoute(route) {
+    if (!route) return;
+    this.el.dataset.route = route.served;
+    const label = routeLabel(route);
+    if (!label) return;
+    const tag = document.createElement("span");
+    tag.className = "route-tag";
+    tag.textContent = "upstream";
+    tag.title = label;
+    tag.setAttribute("aria-label", label);
+    this.el.querySelector(".who").append(" ", tag);
   }
 }
 
@@ -209,6 +250,7 @@ export class Chat {
     let variant = null;
     let finishReason = null;
     let truncated = false;
+    let route = null;
     let error = null;
     let stopped = false;
     try {
@@ -219,6 +261,7 @@ export class Chat {
         signal: this.controller.signal,
       });
       if (!response.ok) throw await ApiError.fromResponse(response);
+      route = parseRouteHeader(response.headers.get("X-Simmer-Route")); // the final chunk confirms it
       this.hooks.onReplyStart?.();
       for await (const event of readSSE(response.body)) {
         if (event.event === "governor") {
@@ -239,6 +282,7 @@ export class Chat {
         if (chunk.timings) timings = chunk.timings;
         if (chunk.usage) usage = chunk.usage;
         if (chunk.truncated) truncated = true;
+        if (chunk.route) route = chunk.route;
         const choice = chunk.choices && chunk.choices[0];
         if (!choice) continue;
         if (choice.finish_reason) finishReason = choice.finish_reason;
@@ -282,7 +326,10 @@ export class Chat {
     else if (!error && finishReason === "length") reply.setStatus("Cut off at the max-tokens limit.", "length");
     else if (!error) reply.setStatus("", "done");
     if (truncated) reply.setStatus("Older turns were dropped so the conversation fits the context.", "truncated");
-    reply.setMeta(formatTimings(timings, usage, variant));
+    reply.setRoute(route);
+    const where = routeLabel(route);
+    const meta = formatTimings(timings, usage, route && route.served === "upstream" ? null : variant);
+    reply.setMeta([where, meta].filter(Boolean).join(" · "));
     if (variant) this.hooks.onVariant?.(variant);
     this.hooks.onReplyEnd?.();
     this.scrollToEnd();

@@ -1,0 +1,9 @@
+"""Routing: serve a request on the device or on an OpenAI-compatible upstream (docs/routing.md).
+
+- policy.py: the pure decision (rule table), tested table by table;
+- breaker.py: the upstream's circuit breaker (cooldowns), with a clock seam;
+- upstream.py: the pooled httpx client, the SSE parser (httpx-sse), what is forwarded, failures and errors;
+- relay.py: an upstream reply as the worker's events;
+- router.py: the route step (plan, start, fallback) that completion_flow calls instead of worker.submit;
+- metrics.py: routing on /metrics.
+"""

@@ -1,0 +1,448 @@
+"""The route step: gather what routing needs, ask the pure policy, and start the job on that side.
+
+`Router.plan()` decides before any work (and refuses what must be refused); `Router.start()` replaces the
+worker's submit for both sides. Either side feeds the job's sink with the same events, so the response code
+after it does not know where the reply comes from. Two ways a side can change before the first token:
+- an upstream attempt fails before its first token: the job goes to the local worker when the decision
+  allows (`fallback`), else the client gets `upstream_unavailable`;
+- an auto request that the local side refuses before starting (queue full, prompt over the context cap, the
+  device paused it too long, the model cannot load) is decided again with what the refusal taught, and may
+  go upstream.
+After the first token a reply stays where it is; an upstream failure then ends the stream with an error
+event and [DONE] (streaming.py), never a restart on the other side.
+
+The governor is read through `device_view(gate)`, the worker through `LocalSide`: both read-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from models.errors import (
+    ContextLengthExceeded,
+    DeviceOverheated,
+    InsufficientMemory,
+    InvalidParameter,
+    ModelNotFound,
+    SimmerError,
+)
+from server.errors import (
+    DevicePaused,
+    ModelLoading,
+    ServerBusy,
+    ShuttingDown,
+    UpstreamNotAllowed,
+    UpstreamUnavailable,
+)
+from server.routing.breaker import Breaker
+from server.routing.policy import (
+    MODES,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    DeviceState,
+    LocalState,
+    Mode,
+    RouteInputs,
+    Side,
+    decide_route,
+    strictest,
+)
+from server.routing.relay import ChunkReader, relay
+from server.routing.upstream import Endpoint, UpstreamClient, UpstreamFailure, forward_body, to_simmer_error
+from server.schemas import _GenerationRequest
+from server.settings import Settings
+from server.worker import Failed, Job, Started
+
+log = logging.getLogger("simmer.routing")
+
+HEADER = "X-Simmer-Route"
+
+
+@dataclass
+class Route:
+    """Where one request is served and why. Mutable: a fallback moves it before the first token."""
+
+    side: Side
+    reason: str
+    model: str  # the id the client asked for (the local model's id when it named none)
+    upstream_model: str | None
+    fallback: bool
+    inputs: RouteInputs
+
+    def header(self) -> str:
+        return f"{self.side}; reason={self.reason}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"served": self.side, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class LocalSide:
+    """What routing reads from, and hands to, the local worker."""
+
+    served_ids: Callable[[], set[str]]
+    model_id: Callable[[], str]
+    state: Callable[[], LocalState]
+    queue_full: Callable[[], bool]
+    submit: Callable[[Job], None]
+
+
+def local_side(worker: Any, served_ids: Callable[[], set[str]], model_id: Callable[[], str]) -> LocalSide:
+    """A LocalSide over server.worker.Worker."""
+
+    def state() -> LocalState:
+        if worker.state == "failed":
+            return "no_memory" if isinstance(worker.load_error, InsufficientMemory) else "failed"
+        return worker.state
+
+    return LocalSide(
+        served_ids=served_ids,
+        model_id=model_id,
+        state=state,
+        queue_full=lambda: worker.queue_depth >= worker.max_queue,
+        submit=worker.submit,
+    )
+
+
+def device_view(gate: Any) -> Callable[[], DeviceState | None]:
+    """The governor's state for routing, from the gate's public snapshot (None without a governor)."""
+    snapshot = getattr(gate, "snapshot", None)
+    if not callable(snapshot):
+        return lambda: None
+
+    def read() -> DeviceState:
+        snap = snapshot()
+        return DeviceState(
+            level=snap.level,
+            paused=snap.limits.pause_new,
+            lifecycle=snap.lifecycle,
+            cause=snap.cause,
+            killed=snap.device_killed,
+        )
+
+    return read
+
+
+# Local refusals before the first token that an auto request may answer by going upstream, and what each
+# teaches the policy.
+def _hint(error: BaseException) -> dict[str, Any] | None:
+    if isinstance(error, ContextLengthExceeded):
+        return {"prompt_over_context": True}
+    if isinstance(error, ServerBusy):
+        return {"queue_full": True}
+    if isinstance(error, DevicePaused | DeviceOverheated | ModelLoading | InsufficientMemory):
+        return {}  # the fresh device and local state say it
+    return None
+
+
+class Router:
+    def __init__(
+        self,
+        *,
+        policy: Mode,
+        local: LocalSide,
+        device: Callable[[], DeviceState | None],
+        upstream: UpstreamClient | None = None,
+        upstream_models: Mapping[str, str] | None = None,
+        breaker: Breaker | None = None,
+    ) -> None:
+        self.policy = policy
+        self.local = local
+        self.device = device
+        self.upstream = upstream
+        self.upstream_models = dict(upstream_models or {})
+        self.breaker = breaker or Breaker()
+        self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.failures: collections.Counter[str] = collections.Counter()
+        self._tasks: set[asyncio.Task] = set()
+        self._closing = False
+
+    # -- what the routes show ---------------------------------------------------------------------------
+    @property
+    def offloads(self) -> bool:
+        """Can anything leave the device at all?"""
+        return self.upstream is not None and self.policy != "local"
+
+    def remote_models(self) -> list[str]:
+        """Ids served only upstream (listed by /v1/models as remote). None under policy local."""
+        if not self.offloads:
+            return []
+        local = self.local.served_ids()
+        return sorted(m for m in self.upstream_models if m not in local)
+
+    def state(self) -> dict[str, Any]:
+        """Routing as /v1/thermal shows it. Counts, states and names only: never text, never the key."""
+        view = self.breaker.view()
+        requests: dict[str, dict[str, int]] = {"local": {}, "upstream": {}}
+        for (side, reason), n in sorted(self.requests.items()):
+            requests[side][reason] = n
+        return {
+            "policy": self.policy,
+            "upstream": {
+                "configured": self.upstream is not None,
+                "url": self.upstream.display_url if self.upstream else None,
+                "remote_models": self.remote_models(),
+            },
+            "breaker": {
+                "state": view.state,
+                "consecutive_failures": view.consecutive_failures,
+                "retry_in_s": view.retry_in_s,
+                "opened": view.opened,
+                "last_failure": view.last_failure,
+            },
+            "requests": requests,
+            "upstream_failures": dict(sorted(self.failures.items())),
+        }
+
+    # -- the decision -----------------------------------------------------------------------------------
+    def plan(
+        self, model: str | None, body_route: Mode | None, header_route: str | None, *, truncate: bool
+    ) -> Route:
+        requested = strictest(body_route, _parse_header(header_route))
+        model = model or None  # "" names no model, as before routing: the served one
+        local_ids = self.local.served_ids()
+        model_local = model is None or model in local_ids
+        name = self.local.model_id() if model_local else model
+        configured = self.upstream is not None
+        inputs = RouteInputs(
+            policy=self.policy if configured else "local",
+            requested=requested,
+            upstream_available=configured and self.breaker.available(),
+            model_local=model_local,
+            model_upstream=configured and (model_local or name in self.upstream_models),
+            local=self.local.state(),
+            device=self.device(),
+            queue_full=self.local.queue_full(),
+            truncate=truncate,
+        )
+        decision = decide_route(inputs)
+        if decision.side is None:
+            raise self._refusal(decision.refusal, model, inputs)
+        upstream_model = None
+        if configured:
+            upstream_model = self.upstream_models.get(name) or self.upstream_models.get(model or "") or name
+        return Route(decision.side, decision.reason, name, upstream_model, decision.fallback, inputs)
+
+    def _refusal(self, code: str | None, model: str | None, inputs: RouteInputs) -> SimmerError:
+        if code == NOT_ALLOWED:
+            return UpstreamNotAllowed(
+                "This server keeps every request on the device (SIMMER_ROUTE=local): "
+                "route=upstream is not allowed"
+            )
+        if code == NOT_FOUND:
+            served = sorted({self.local.model_id(), *self.remote_models()})
+            where = "is not served locally" if inputs.requested == "local" else "does not exist"
+            return ModelNotFound(
+                f"The model '{model}' {where}; this server serves {', '.join(map(repr, served))}",
+                param="model",
+            )
+        view = self.breaker.view()
+        return UpstreamUnavailable(
+            f"The upstream is unavailable (breaker {view.state} after {view.last_failure or 'failures'}); "
+            "retry later or allow local serving",
+            retry_after_s=view.retry_in_s or None,
+        )
+
+    # -- starting the job -------------------------------------------------------------------------------
+    def start(
+        self, route: Route, job: Job, kind: Endpoint, body: _GenerationRequest, payload: list[dict] | str
+    ) -> None:
+        """Replaces worker.submit(job): start the job where `route` says. Raises like submit (busy, loading,
+        shutting down) when the local side refuses at once and no other side may take it."""
+        if route.side == "upstream":
+            self._start_upstream(route, job, kind, body, payload)
+            return
+        original = job.sink
+        if self.offloads:
+            job.sink = self._watch_local_start(route, job, kind, body, payload, original)
+        try:
+            self.local.submit(job)
+        except SimmerError as err:
+            job.sink = original
+            if not self._reroute(route, job, kind, body, payload, err):
+                raise
+            return
+        self._count(route)
+
+    def _watch_local_start(self, route, job, kind, body, payload, original) -> Callable[[object], None]:
+        """The job's sink, watching for a refusal before Started (on the worker's thread)."""
+        loop = asyncio.get_running_loop()
+        started = False
+
+        def sink(item: object) -> None:
+            nonlocal started
+            if isinstance(item, Started):
+                started = True
+            elif not started and isinstance(item, Failed) and _hint(item.error) is not None:
+                job.sink = original
+                loop.call_soon_threadsafe(self._reroute_or_fail, route, job, kind, body, payload, item)
+                return
+            original(item)
+
+        return sink
+
+    def _reroute_or_fail(self, route, job, kind, body, payload, failed: Failed) -> None:
+        if job.cancel.cancelled or not self._reroute(route, job, kind, body, payload, failed.error):
+            job.sink(failed)
+
+    def _reroute(self, route: Route, job, kind, body, payload, error: BaseException) -> bool:
+        """Decide again with what the local refusal taught; go upstream if that is the answer."""
+        hint = _hint(error)
+        if hint is None or self.upstream is None or self._closing:
+            return False
+        inputs = replace(
+            route.inputs,
+            upstream_available=self.breaker.available(),
+            local=self.local.state(),
+            device=self.device(),
+            **hint,
+        )
+        decision = decide_route(inputs)
+        if decision.side != "upstream":
+            return False
+        log.info(
+            "%s: local refused (%s); going upstream (%s)",
+            job.id,
+            getattr(error, "code", "?"),
+            decision.reason,
+        )
+        route.side, route.reason, route.fallback, route.inputs = "upstream", decision.reason, False, inputs
+        self._start_upstream(route, job, kind, body, payload)
+        return True
+
+    def _start_upstream(self, route: Route, job: Job, kind: Endpoint, body, payload) -> None:
+        assert self.upstream is not None and route.upstream_model is not None
+        probe = self.breaker.begin()
+        self._count(route)
+        request = forward_body(kind, body, payload, route.upstream_model)
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._run_upstream(route, job, kind, request, probe))
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            # Cancelled (the client left, or shutdown) or a bug: no verdict on the upstream, so free the
+            # probe slot. Here, not in the coroutine: a task cancelled before it ran never enters its try.
+            self._tasks.discard(t)
+            error = None if t.cancelled() else t.exception()
+            if not t.cancelled() and error is None:
+                return
+            self.breaker.abandon(probe)
+            if error is not None:
+                log.error("%s: upstream relay failed", job.id, exc_info=error)
+                job.sink(Failed(error))
+            elif self._closing:
+                job.sink(Failed(ShuttingDown("The server is shutting down")))
+
+        task.add_done_callback(done)
+
+        def cancel_task() -> None:  # any thread: the client left or the server cancels the job
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to cancel
+                loop.call_soon_threadsafe(task.cancel)
+
+        job.cancel.on_cancel(cancel_task)
+
+    async def _run_upstream(self, route: Route, job: Job, kind: Endpoint, request: dict, probe: bool) -> None:
+        assert self.upstream is not None
+        reader = ChunkReader(kind, time.monotonic())
+        try:
+            await relay(self.upstream, kind, request, job.sink, reader)
+        except UpstreamFailure as failure:
+            self._failed(failure, probe, job)
+            if reader.started:
+                job.sink(Failed(to_simmer_error(failure, mid_reply=True, retry_in_s=None)))
+            elif route.fallback and not self._closing:
+                self._fall_back(route, job, failure)
+            else:
+                retry_in = self.breaker.view().retry_in_s or None
+                job.sink(Failed(to_simmer_error(failure, mid_reply=False, retry_in_s=retry_in)))
+        else:
+            self.breaker.success(probe)
+
+    def _failed(self, failure: UpstreamFailure, probe: bool, job: Job) -> None:
+        self.failures[failure.kind] += 1
+        if failure.counts:
+            self.breaker.failure(failure.kind, failure.retry_after_s, probe)
+        else:
+            self.breaker.success(probe)  # the upstream answered: it is up, the request was the problem
+        # Kind and status only: an upstream's message may quote the request.
+        log.warning(
+            "%s: upstream failed: %s%s (breaker %s)",
+            job.id,
+            failure.kind,
+            f" HTTP {failure.status}" if failure.status else "",
+            self.breaker.state,
+        )
+
+    def _fall_back(self, route: Route, job: Job, failure: UpstreamFailure) -> None:
+        """Before the first token: serve locally, as if the request had been local from the start."""
+        route.side, route.reason, route.fallback = "local", "upstream_failed", False
+        log.info("%s: serving locally after the upstream failed before the first token", job.id)
+        job.enqueued_at = time.monotonic()
+        try:
+            self.local.submit(job)
+        except SimmerError as err:
+            job.sink(Failed(err))
+            return
+        self._count(route)
+
+    def _count(self, route: Route) -> None:
+        self.requests[(route.side, route.reason)] += 1
+        log.debug("routed %s (%s)", route.side, route.reason)
+
+    async def aclose(self) -> None:
+        """Shutdown: end upstream replies in flight (error event + [DONE]), close the pool."""
+        self._closing = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self.upstream is not None:
+            await self.upstream.aclose()
+
+
+def _parse_header(value: str | None) -> Mode | None:
+    if value is None or not value.strip():
+        return None
+    mode = value.strip().lower()
+    if mode not in MODES:
+        raise InvalidParameter(
+            f"{HEADER} must be one of local, auto, upstream, not {value.strip()!r}", param=HEADER
+        )
+    return mode  # type: ignore[return-value]
+
+
+def build_router(
+    settings: Settings,
+    local: LocalSide,
+    device: Callable[[], DeviceState | None],
+    *,
+    breaker: Breaker | None = None,
+) -> Router:
+    """The router for these settings. No connection opens until a request goes upstream."""
+    upstream = None
+    if settings.upstream_url:
+        key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
+        upstream = UpstreamClient(
+            settings.upstream_url,
+            key,
+            ca_bundle=settings.upstream_ca_bundle,
+            connect_timeout_s=settings.upstream_connect_timeout_s,
+            read_timeout_s=settings.upstream_read_timeout_s,
+            max_connections=settings.upstream_max_connections,
+        )
+    return Router(
+        policy=settings.route,
+        local=local,
+        device=device,
+        upstream=upstream,
+        upstream_models=settings.upstream_models,
+        breaker=breaker or Breaker(settings.upstream_breaker_failures, settings.upstream_breaker_cooldown_s),
+    )

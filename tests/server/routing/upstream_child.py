@@ -1,0 +1,39 @@
+"""A real simmer serving the tiny model, as the upstream of the routing tests (a second process).
+
+    python -m tests.server.routing.upstream_child MODEL_DIR TOKENS_PER_SECOND   (settings from SIMMER_*)
+
+It is `simmer serve` with one difference: the engine is paced to TOKENS_PER_SECOND through the engine's own
+pacing lever (EngineLimits.tokens_per_second, what the governor uses), so that a reply lasts long enough
+for a test to kill the process or hang up in the middle of it. 0 = unpaced.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from models.protocol import EngineLimits
+from server.logs import setup_logging
+from server.serve import build_server
+from server.settings import Settings
+from server.worker import NoGate
+
+
+def main() -> None:
+    model_dir, pace = Path(sys.argv[1]), float(sys.argv[2])
+    settings = Settings()
+    setup_logging(settings.log_level, json_lines=False)
+
+    def load():
+        from models.runtime.engine import load_engine
+
+        engine = load_engine(model_dir, variant="q4", threads=1, context_length=256)
+        if pace > 0:
+            engine.apply_limits(EngineLimits(tokens_per_second=pace))
+        return engine
+
+    build_server(settings, engine_factory=load, governor=NoGate()).run()
+
+
+if __name__ == "__main__":
+    main()
