@@ -8,11 +8,12 @@ dwell mean the same thing at any time_scale.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -140,6 +141,8 @@ class Governor:
         self._subscribers: dict[int, Subscriber] = {}
         self._next_id = 0
         self._lifecycle: Lifecycle = "foreground"
+        self._loads = 0  # models loading now
+        self._loaded_since_poll = False  # a load ended after the last poll: its tail is in this poll's CPU
         self._state = GovernorState()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -180,7 +183,9 @@ class Governor:
                 battery=self._read_battery(),
                 lifecycle=self._lifecycle,
                 busy_cores=self._read_load(),
+                loading=self._loads > 0 or self._loaded_since_poll,
             )
+            self._loaded_since_poll = False
             now = self._now()
             old = self._state
             self._state = decide(old, readings, self.config, now)
@@ -251,6 +256,19 @@ class Governor:
         with self._lock:
             self._lifecycle = state
         return self.tick()
+
+    @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        """Wraps a model load: the polls during it, and the first one after it, tell the pace controller
+        that the process's CPU is a load's, not paced work (policy.decide_pace holds its integral)."""
+        with self._lock:
+            self._loads += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._loads -= 1
+                self._loaded_since_poll = True
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call `callback(snapshot)` on every change of level, limits, lifecycle or kill state. It runs on

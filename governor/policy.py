@@ -62,6 +62,7 @@ class Readings:
     battery: BatteryReading | None = None
     lifecycle: Lifecycle = "foreground"
     busy_cores: float | None = None  # this process's CPU seconds per second since the last poll
+    loading: bool = False  # a model was being loaded since the last poll (its CPU is not paced work)
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ def decide(prev: GovernorState, readings: Readings, config: PolicyConfig, now: f
         action = "pause" if config.background_action == "pause" else "low priority"
         candidates.append((lifecycle_level, "lifecycle", f"lifecycle: background ({action})"))
 
-    state = decide_pace(state, config, now, readings.busy_cores)
+    state = decide_pace(state, config, now, readings.busy_cores, readings.loading)
     level, cause, reason = max(candidates, key=lambda c: level_index(c[0]))  # max keeps the first of ties
     if level == "nominal":
         cause = "none"
@@ -306,8 +307,11 @@ def _decide_thermal(
 #        - while u is inside its bounds, or e pulls it back inside (conditional integration: a cold device
 #          stores up no credit, a hot one no debt), and
 #        - upwards only while the budget is in use: the process was at least pace_binding x the last
-#          budget busy (tracking anti-windup: an idle server, or one loading a model, earns no credit
-#          for the burst that follows); no load reading: as if in use
+#          budget busy (tracking anti-windup: an idle server earns no credit for the burst that
+#          follows); no load reading: as if in use
+#        - not at all while a model loads (loading): loading keeps the process busy, but the budget
+#          does not govern it (the gate paces forward passes only), so it is neither credit nor debt;
+#          the proportional term still answers the heat it makes
 #   I stays within [0, pace_max_cores]
 #   no temperature reading, or pace_control off                    -> no budget, I = 0
 #
@@ -316,7 +320,11 @@ def _decide_thermal(
 # (tests/governor/test_closed_loop.py): no overshoot past the setpoint from cold on phone, phone-heatwave
 # and car-head-unit, and a steady state within 0.1 C of it.
 def decide_pace(
-    state: GovernorState, config: PolicyConfig, now: float, busy_cores: float | None = None
+    state: GovernorState,
+    config: PolicyConfig,
+    now: float,
+    busy_cores: float | None = None,
+    loading: bool = False,
 ) -> GovernorState:
     if not config.pace_control or state.headroom is None:
         return replace(state, pace_cores=None, pace_integral=0.0, pace_time=None)
@@ -328,7 +336,8 @@ def decide_pace(
     in_use = (
         busy_cores is None or state.pace_cores is None or busy_cores >= config.pace_binding * state.pace_cores
     )
-    if (lo < raw < hi or (raw >= hi and e < 0) or (raw <= lo and e > 0)) and (e < 0 or in_use):
+    inside = lo < raw < hi or (raw >= hi and e < 0) or (raw <= lo and e > 0)
+    if inside and (e < 0 or in_use) and not loading:
         integral = min(max(integral + config.pace_ki * e * dt, 0.0), hi)
     u = min(max(config.pace_kp * e + integral, lo), hi)
     return replace(state, pace_cores=u, pace_integral=integral, pace_time=now)

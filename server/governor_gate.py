@@ -201,6 +201,10 @@ def governed_engine_factory(
     engine on that rung. `model_dir` (a converted folder with manifest.json) bypasses the store."""
 
     def load() -> Engine:
+        with gate.governor.loading():  # the pace controller credits none of a load's CPU
+            return _load()
+
+    def _load() -> Engine:
         import json
 
         from models.runtime.engine import LlamaEngine

@@ -230,3 +230,22 @@ def test_start_stop_when_thread_runs_then_polls_and_stops_promptly():
     finally:
         gov.stop()
     assert gov._thread is None
+
+
+def test_loading_when_a_model_loads_then_the_budget_holds_through_it_and_the_poll_after():
+    # 41.9 C, busy a whole core throughout: paced work before and after, a model load in between
+    gov, _, clock = make_governor(FakeSensor(41.9, critical_c=48.0), read_load=lambda: 1.0)
+    gov.tick()
+    clock.advance(1)
+    before = gov.tick().limits.cpu_budget_cores
+    held = []
+    with gov.loading():
+        for _ in range(5):
+            clock.advance(1)
+            held.append(gov.tick().limits.cpu_budget_cores)
+    clock.advance(1)
+    held.append(gov.tick().limits.cpu_budget_cores)  # its CPU reading still holds the load's tail
+    assert held == [before] * 6
+    clock.advance(1)
+    e = 0.98 - (1 - 1.1 / 30)
+    assert gov.tick().limits.cpu_budget_cores == pytest.approx(before + 0.15 * e * 1.0)

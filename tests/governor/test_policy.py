@@ -444,3 +444,32 @@ def test_decide_pace_when_budget_unused_then_integrates_up_only_while_in_use(cel
     prev = replace(at(celsius), pace_integral=0.8, pace_time=0.0, pace_cores=1.0)
     state = decide_pace(prev, PACE, 1.0, busy)
     assert (state.pace_integral != 0.8) == moves
+
+
+@pytest.mark.parametrize(
+    ("celsius", "busy", "loading", "moves"),
+    [
+        (42.0, 1.0, False, True),  # room to spare, the budget in use: credit
+        (42.0, 1.0, True, False),  # the same CPU is a model loading: no credit
+        (42.0, None, True, False),  # no load reading, loading: no credit either
+        (42.8, 1.0, False, True),  # too hot: debt
+        (42.8, 1.0, True, False),  # too hot because of a load the budget does not govern: no debt
+    ],
+)
+def test_decide_pace_when_loading_then_the_integral_holds_both_ways(celsius, busy, loading, moves):
+    prev = replace(at(celsius), pace_integral=0.8, pace_time=0.0, pace_cores=1.0)
+    state = decide_pace(prev, PACE, 1.0, busy, loading)
+    assert (state.pace_integral != 0.8) == moves
+    e = 0.98 - headroom(celsius, 43, 30)
+    assert state.pace_cores == pytest.approx(12 * e + state.pace_integral)  # P still answers the heat
+    assert state.pace_time == 1.0
+
+
+def test_decide_pace_when_a_load_ends_then_only_the_time_after_it_integrates():
+    # a 30 s load, polled every second, then one poll of paced work: one second of credit, not 31
+    state = replace(at(42.0), pace_integral=0.8, pace_time=0.0, pace_cores=1.0)
+    for t in range(1, 31):
+        state = decide_pace(state, PACE, float(t), 1.0, loading=True)
+    assert state.pace_integral == 0.8
+    state = decide_pace(state, PACE, 31.0, 1.0)
+    assert state.pace_integral == pytest.approx(0.8 + 0.15 * (0.98 - headroom(42.0, 43, 30)) * 1.0)

@@ -275,3 +275,30 @@ def test_engine_factory_when_budget_fits_then_loads_start_rung_and_ladder(live, 
     assert body["variant"] == body["limits"]["variant"]
     assert body["variant"] in manifest["variants"]
     assert body["model"] == manifest["id"]
+
+
+def test_engine_factory_when_the_model_loads_then_the_pace_controller_credits_none_of_it(
+    tmp_path, tiny_model_dir
+):
+    from tests.governor.fakes import FakeClock, FakeSensor
+
+    clock = FakeClock()
+    # warm (41.9 C) and a whole core busy: outside a load, every poll would move the pace's integral
+    gov = Governor(
+        thermal=FakeSensor(41.9, critical_c=48.0), clock=clock, usable_cpus=2, read_load=lambda: 1.0
+    )
+    gate = GovernorGate(gov)
+    gov.tick()
+    clock.advance(1)
+    before = gov.tick().limits.cpu_budget_cores
+    clock.advance(3)  # the load takes 3 s; the factory's set_ladder polls in the middle of it
+    settings = make_settings(tmp_path, thermal_source="none", memory_budget_mb=1024, context_length=128)
+    engine = governed_engine_factory(settings, gate, model_dir=tiny_model_dir)()
+    try:
+        assert gate.snapshot().limits.cpu_budget_cores == before
+        clock.advance(1)
+        assert gov.tick().limits.cpu_budget_cores == before  # the first poll after still holds
+        clock.advance(1)
+        assert gov.tick().limits.cpu_budget_cores > before
+    finally:
+        engine.unload()
