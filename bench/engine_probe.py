@@ -25,7 +25,7 @@ import psutil
 
 PROMPT_TOKENS = 500
 DECODE_TOKENS = 128
-# SmolLM2's ChatML question without a system prompt (MODEL_NOTES.md), when the config names none
+# SmolLM2's ChatML question without a system prompt, when the config names none
 KNOWN_CHAT = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 N_CTX = 2048
 
