@@ -105,3 +105,9 @@ class DeviceOverheated(SimmerError):
     """The (simulated) device killed the app at T_critical."""
 
     code = "device_overheated"
+
+
+class UnsupportedQuantization(UnsupportedModel):
+    """A tensor type the converter has no exact mapping for (IQ*, TQ*, MXFP4, ...)."""
+
+    code = "unsupported_quantization"

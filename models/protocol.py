@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from models.types import CancelToken, FinishEvent, GenerationParams, TokenEvent
+from models.types import CancelToken, FinishEvent, GenerationParams, TokenEvent, ToolUse
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,14 @@ class Engine(Protocol):
     can_chat: bool  # False without a chat template: chat_prompt raises ModelNotChat
     vocab_size: int  # logits per position; token ids are 0..vocab_size-1 (logit_bias is checked against it)
 
-    def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
+    def chat_prompt(
+        self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None
+    ) -> Prompt:
         """Render the chat template and tokenize. Raises ContextLengthExceeded when the prompt
         plus `reserve` tokens does not fit and truncate is False; with truncate, a sliding window
-        keeps the system message and the newest turns (Prompt.truncated = True)."""
+        keeps the system message and the newest turns (Prompt.truncated = True). `tools` are shown to
+        the model in its own format (models/runtime/tools.py); messages may carry tool_calls and
+        role "tool" turns."""
         ...
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt: ...
@@ -60,6 +64,22 @@ class Engine(Protocol):
     ) -> Iterator[TokenEvent | FinishEvent]:
         """Run on the worker thread. Yields TokenEvents then exactly one FinishEvent
         (finish_reason "cancelled" when the cancel token fired)."""
+        ...
+
+    # The tokenizer side (llama.cpp's /tokenize, /detokenize, /apply-template): read-only, so any thread may
+    # call these while the worker generates.
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """The ids of `text`, as llama.cpp's tokenize(text, add_special, parse_special) gives them."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """A token's raw bytes (part of a UTF-8 character, maybe). Ids outside 0..vocab_size-1 raise
+        IndexError."""
+        ...
+
+    def chat_text(self, messages: list[dict]) -> str:
+        """The chat template rendered for `messages`, with the generation prompt: the text chat_prompt
+        tokenizes. Raises ModelNotChat without a template."""
         ...
 
     def apply_limits(self, limits: EngineLimits) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,26 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     truncate: bool = False  # sliding-window truncation instead of context_length_exceeded
     ignore_eos: bool = False  # benchmarks: generate exactly max_tokens (llama.cpp's ignore_eos)
+    # Constrained decoding (models/runtime/constraint.py): an llguidance grammar the reply must follow
+    # (structured output); a constrained reply ends at the grammar's end, ignore_eos or not.
+    grammar: str | None = None
+    tools: ToolUse | None = None  # tool calling: the engine renders the tools and builds the call grammar
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call (OpenAI's tools[].function)."""
+
+    name: str
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments object (None: any object)
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    tools: tuple[Tool, ...]
+    choice: str = "auto"  # "none", "auto", "required", or the name of the one function to call
+    parallel: bool = True  # more than one call in a reply
 
 
 @dataclass
@@ -67,6 +87,17 @@ class TopLogprob:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call as it streams: the first delta of call `index` has its id and name, later
+    ones add to its arguments (JSON text, complete once the call is)."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """One generated token. `text` is the UTF-8-safe delta (may be "" while bytes are held back)."""
 
@@ -77,6 +108,7 @@ class TokenEvent:
     top_logprobs: tuple[TopLogprob, ...] | None = None
     token_text: str | None = None  # the token's own text, for logprobs
     elapsed_ms: float = 0.0  # since generate() was called: TTFT for the first token, pacing after
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # with tools: call text goes here instead of `text`
 
 
 @dataclass(frozen=True)
@@ -89,6 +121,7 @@ class FinishEvent:
     truncated: bool = False
     variant: str | None = None
     text: str = ""  # any text flushed at the end (held-back bytes)
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # call deltas flushed at the end
 
 
 class CancelToken:

@@ -11,10 +11,13 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from models.protocol import Engine
+from models.store.store import ModelStore
+from server.cli import hub_config
 from server.errors import ErrorMiddleware, install_handlers
+from server.governor_headers import LEVEL_HEADER, PAUSED_HEADER, GovernorHeadersMiddleware
 from server.metrics import Metrics, MetricsMiddleware
 from server.openapi import install_openapi
-from server.routes import ops, thermal, ui, v1
+from server.routes import llamacpp, ollama, ops, responses, thermal, ui, v1
 from server.routing.breaker import Breaker
 from server.routing.metrics import RoutingCollector
 from server.routing.router import Router, build_router, device_view, local_side
@@ -41,6 +44,7 @@ class Runtime:
     sampling_defaults: SamplingDefaults
     router: Router | None = None  # set by create_app; where each request is served (server/routing/)
     store_home: Path | None = None  # the model store, for /health's model_problem (None: not from a store)
+    model_store: ModelStore | None = None  # installed models: Ollama's /api/tags, /api/show, pull, delete
 
     def model_id(self) -> str:
         engine = self.worker.engine
@@ -113,6 +117,7 @@ def create_app(
             temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k, min_p=settings.min_p
         ),
         store_home=settings.home,
+        model_store=ModelStore(settings.home, hub=hub_config(settings)),
     )
     # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
     runtime.router = build_router(
@@ -122,6 +127,9 @@ def create_app(
     install_handlers(app)
     install_openapi(app, api_key=bool(settings.api_key))
     app.include_router(v1.router)
+    app.include_router(responses.router)
+    app.include_router(ollama.router)
+    app.include_router(llamacpp.router)
     app.include_router(ops.router)
     app.include_router(thermal.router)
     app.include_router(ui.router)
@@ -129,6 +137,7 @@ def create_app(
 
     # Middleware: last added runs first. From the outside in:
     #   Metrics  counts every response by status, refusals and 500s included;
+    #   Governor the governor's level and pause as headers on every API response, refusals included;
     #   Errors   turns any exception that escapes into an OpenAI-shaped answer (never a dropped connection);
     #   Security refuses foreign Hosts, missing keys and big bodies before any work;
     #   CORS     answers preflights for configured origins only.
@@ -136,9 +145,10 @@ def create_app(
         app.add_middleware(
             CorsMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],  # DELETE: Ollama's /api/delete
             allow_headers=["Authorization", "Content-Type", "X-Simmer-Route"],
-            expose_headers=["X-Simmer-Route"],  # so a web app can tell where a reply was served
+            # so a web app can tell where a reply was served, and what the governor did
+            expose_headers=["X-Simmer-Route", LEVEL_HEADER, PAUSED_HEADER],
         )
     app.add_middleware(
         SecurityMiddleware,
@@ -147,5 +157,7 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
     )
     app.add_middleware(ErrorMiddleware)
+    snapshot = getattr(gate, "snapshot", None)
+    app.add_middleware(GovernorHeadersMiddleware, snapshot=snapshot if callable(snapshot) else None)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

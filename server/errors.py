@@ -1,8 +1,10 @@
-"""The one mapping from domain errors to HTTP: status code + OpenAI-shaped body.
+"""The one mapping from domain errors to HTTP: status code + error body.
 
 Every error the server sends, as a JSON response or as a chunk inside a stream, is built here:
-`{"error": {"message", "type", "code", "param"}}`. Handlers registered by `install_handlers` make
-sure nothing leaves as FastAPI's 422 shape; `ErrorMiddleware` makes sure no exception leaves the app.
+`{"error": {"message", "type", "code", "param"}}` (OpenAI's shape), except under Ollama's paths (/api/...),
+where Ollama's clients read `{"error": "message"}`: same status, same message, Ollama's shape. Handlers
+registered by `install_handlers` make sure nothing leaves as FastAPI's 422 shape; `ErrorMiddleware` makes
+sure no exception leaves the app.
 """
 
 from __future__ import annotations
@@ -109,6 +111,13 @@ _STATUS: dict[str, tuple[int, str]] = {
     "upstream_not_allowed": (403, "permission_error"),
     "upstream_unavailable": (503, "server_error"),
     "upstream_error": (502, "server_error"),
+    # installing a model (Ollama's /api/pull): the file or the source is the problem, not the server
+    "invalid_model_file": (400, "invalid_request_error"),
+    "unsupported_model": (400, "invalid_request_error"),
+    "unsupported_architecture": (400, "invalid_request_error"),
+    "unsupported_quantization": (400, "invalid_request_error"),
+    "hash_mismatch": (400, "invalid_request_error"),
+    "source_unavailable": (502, "server_error"),
 }
 
 # Seconds a client should wait before retrying, for the statuses that invite a retry.
@@ -122,6 +131,18 @@ RETRY_AFTER_S: dict[str, int] = {
 }
 
 
+OLLAMA_PREFIX = "/api/"
+
+
+def is_ollama_path(path: str | None) -> bool:
+    """Ollama's API answers errors as {"error": "message"} (server/routes/ollama.py)."""
+    return bool(path) and (path.startswith(OLLAMA_PREFIX) or path == "/api")  # type: ignore[union-attr]
+
+
+def ollama_error_body(message: str) -> dict:
+    return {"error": message}
+
+
 def error_body(code: str, message: str, *, param: str | None = None, err_type: str | None = None) -> dict:
     kind = err_type or _STATUS.get(code, (500, "server_error"))[1]
     return {"error": {"message": message, "type": kind, "code": code, "param": param}}
@@ -133,8 +154,16 @@ def status_for(err: SimmerError) -> int:
     return _STATUS.get(err.code, (500, "server_error"))[0]
 
 
-def error_payload(err: BaseException) -> tuple[int, dict, dict[str, str]]:
-    """(status, body, headers) for any exception; unknown ones become a generic 500."""
+def error_payload(err: BaseException, path: str | None = None) -> tuple[int, dict, dict[str, str]]:
+    """(status, body, headers) for any exception; unknown ones become a generic 500. Under Ollama's paths
+    the body has Ollama's shape."""
+    status, body, headers = _payload(err)
+    if is_ollama_path(path):
+        body = ollama_error_body(body["error"]["message"])
+    return status, body, headers
+
+
+def _payload(err: BaseException) -> tuple[int, dict, dict[str, str]]:
     if isinstance(err, SimmerError):
         err_type = err.err_type if isinstance(err, ApiError) else None
         headers = {}
@@ -147,14 +176,14 @@ def error_payload(err: BaseException) -> tuple[int, dict, dict[str, str]]:
     return 500, error_body("internal_error", "Internal server error"), {}
 
 
-def error_response(err: BaseException) -> JSONResponse:
-    status, body, headers = error_payload(err)
+def error_response(err: BaseException, path: str | None = None) -> JSONResponse:
+    status, body, headers = error_payload(err, path)
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-async def send_error(send: Send, err: BaseException) -> None:
+async def send_error(send: Send, err: BaseException, path: str | None = None) -> None:
     """Answer with the error's JSON body, from pure ASGI code (before any other response message)."""
-    status, body, headers = error_payload(err)
+    status, body, headers = error_payload(err, path)
     raw = json.dumps(body).encode()
     hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     hdrs += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
@@ -195,7 +224,7 @@ class ErrorMiddleware:
         except Exception as exc:
             log.error("unhandled error on %s %s", scope.get("method"), scope.get("path"), exc_info=exc)
             if not started:
-                await send_error(send, exc)
+                await send_error(send, exc, scope.get("path"))
             elif not finished:
                 with contextlib.suppress(Exception):  # the client may be gone already
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -290,14 +319,15 @@ def http_error(exc: StarletteHTTPException) -> ApiError:
 
 
 def install_handlers(app: FastAPI) -> None:
-    async def on_simmer(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
+    async def on_simmer(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc, request.url.path)
 
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(validation_error(exc, request.headers.get("content-type")))
+        err = validation_error(exc, request.headers.get("content-type"))
+        return error_response(err, request.url.path)
 
-    async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        status, body, _headers = error_payload(http_error(exc))
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        status, body, _headers = error_payload(http_error(exc), request.url.path)
         return JSONResponse(body, status_code=status, headers=exc.headers)
 
     app.add_exception_handler(SimmerError, on_simmer)

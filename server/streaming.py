@@ -3,9 +3,11 @@
 Two parts, kept apart as sse-starlette keeps its encoder apart from its transport:
 - `Coalescer`: pure, clock passed in. The first token goes out at once; after that, tokens are held and
   flushed at most once per interval, and whatever is left goes out at the end.
-- `sse_stream`: the async generator handed to `EventSourceResponse`. It reads the job's event queue, asks
-  the coalescer what to send, and ends every stream the same way: a final chunk (or an error chunk), then
-  `data: [DONE]`.
+- `coalesced`: reads the job's event queue, asks the coalescer what to send and yields batches, then the
+  end (or the error); whatever ends the stream, the job is cancelled unless it finished. Every dialect's
+  stream encodes these items: `sse_stream` (OpenAI's chunks, handed to `EventSourceResponse`) ends every
+  stream the same way: a final chunk (or an error chunk), then `data: [DONE]`; Ollama's NDJSON and the
+  Responses API's events are encoded in their own route modules.
 
 How a stream ends (each path sends [DONE] except the last):
   FinishEvent           -> last text + finish_reason (+ usage chunk) -> [DONE]
@@ -17,9 +19,11 @@ How a stream ends (each path sends [DONE] except the last):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from models.types import FinishEvent, TokenEvent
@@ -42,8 +46,9 @@ class Coalescer:
         """Hold `event`; return the batch to send now, or None to keep holding."""
         self._pending.append(event)
         if self._last_flush is None:
-            # First token at once; an empty delta (bytes held back by the detokenizer) does not count.
-            return self._take(now) if any(ev.text for ev in self._pending) else None
+            # First token at once; an empty delta (bytes held back by the detokenizer) does not count,
+            # a tool-call delta does.
+            return self._take(now) if any(ev.text or ev.tool_calls for ev in self._pending) else None
         if now >= self._last_flush + self.interval_s:
             return self._take(now)
         return None
@@ -74,6 +79,94 @@ def error_chunk(err: BaseException) -> dict:
     return _data(body)
 
 
+# What `coalesced` yields: the worker's events with token text batched (GovernorState and Started pass as
+# they are). Every dialect's stream (SSE chunks, Ollama's NDJSON, Responses events) is an encoder of these.
+@dataclass(frozen=True)
+class Batch:
+    """Token events to send now (one coalesced delta)."""
+
+    events: list[TokenEvent]
+
+    @property
+    def text(self) -> str:
+        return "".join(ev.text for ev in self.events)
+
+
+@dataclass(frozen=True)
+class End:
+    """The generation finished: the tokens still held, then the finish (its `text` is the last bytes)."""
+
+    events: list[TokenEvent]
+    finish: FinishEvent
+
+    @property
+    def text(self) -> str:
+        return "".join(ev.text for ev in self.events) + self.finish.text
+
+
+@dataclass(frozen=True)
+class Error:
+    """The generation failed: the tokens still held (send them first), then the error."""
+
+    events: list[TokenEvent]
+    error: BaseException
+
+    @property
+    def text(self) -> str:
+        return "".join(ev.text for ev in self.events)
+
+
+Item = Batch | End | Error | GovernorState | Started
+
+
+async def coalesced(
+    job: Job,
+    events: asyncio.Queue,
+    *,
+    interval_s: float,
+    on_end: Callable[[FinishEvent | None, BaseException | None, int], None],
+    clock: Callable[[], float] = time.monotonic,
+) -> AsyncIterator[Item]:
+    """The job's events until End or Error (the last item). However the stream ends, including the
+    consumer going away (cancelled or closed: use contextlib.aclosing), the job is cancelled unless it
+    finished, and `on_end(finish, error, tokens sent)` runs once."""
+    coalescer = Coalescer(interval_s)
+    finish: FinishEvent | None = None
+    failure: BaseException | None = None
+    sent_tokens = 0
+    try:
+        while True:
+            deadline = coalescer.deadline()
+            timeout = None if deadline is None else max(0.0, deadline - clock())
+            try:
+                item = await asyncio.wait_for(events.get(), timeout)
+            except TimeoutError:
+                batch = coalescer.flush(clock())
+                sent_tokens += len(batch)
+                yield Batch(batch)
+                continue
+            if isinstance(item, TokenEvent):
+                batch = coalescer.add(item, clock())
+                if batch:
+                    sent_tokens += len(batch)
+                    yield Batch(batch)
+            elif isinstance(item, FinishEvent):
+                finish = item
+                yield End(coalescer.flush(clock()), item)
+                return
+            elif isinstance(item, Failed):
+                failure = item.error
+                yield Error(coalescer.flush(clock()), item.error)
+                return
+            elif isinstance(item, GovernorState | Started):
+                yield item
+    finally:
+        if finish is None:
+            # Client gone or error: free the worker (a no-op if the engine already finished).
+            job.cancel.cancel()
+        on_end(finish, failure, sent_tokens)
+
+
 async def sse_stream(
     job: Job,
     events: asyncio.Queue,
@@ -85,54 +178,27 @@ async def sse_stream(
     clock: Callable[[], float] = time.monotonic,
 ) -> AsyncIterator[dict[str, Any]]:
     """Yield sse-starlette event dicts for one job until [DONE]."""
-    coalescer = Coalescer(interval_s)
-    finish: FinishEvent | None = None
-    failure: BaseException | None = None
-    sent_tokens = 0
 
     def text_chunk(batch: list[TokenEvent]) -> dict:
         return _data(builder.delta("".join(ev.text for ev in batch), batch))
 
-    try:
-        while True:
-            deadline = coalescer.deadline()
-            timeout = None if deadline is None else max(0.0, deadline - clock())
-            try:
-                item = await asyncio.wait_for(events.get(), timeout)
-            except TimeoutError:
-                batch = coalescer.flush(clock())
-                sent_tokens += len(batch)
-                yield text_chunk(batch)
-                continue
-            if isinstance(item, TokenEvent):
-                batch = coalescer.add(item, clock())
-                if batch:
-                    sent_tokens += len(batch)
-                    yield text_chunk(batch)
-            elif isinstance(item, FinishEvent):
-                finish = item
-                batch = coalescer.flush(clock())
-                text = "".join(ev.text for ev in batch) + item.text
-                yield _data(builder.delta(text, batch, item))
+    stream = coalesced(job, events, interval_s=interval_s, on_end=on_end, clock=clock)
+    async with contextlib.aclosing(stream):
+        async for item in stream:
+            if isinstance(item, Batch):
+                yield text_chunk(item.events)
+            elif isinstance(item, End):
+                yield _data(builder.delta(item.text, item.events, item.finish))
                 if include_usage:
-                    yield _data(builder.usage(item))
+                    yield _data(builder.usage(item.finish))
                 yield {"data": DONE}
-                return
-            elif isinstance(item, Failed):
-                failure = item.error
-                batch = coalescer.flush(clock())
-                if batch:
-                    yield text_chunk(batch)
+            elif isinstance(item, Error):
+                if item.events:
+                    yield text_chunk(item.events)
                 yield error_chunk(item.error)
                 yield {"data": DONE}
-                return
             elif isinstance(item, GovernorState):
                 if job.governor_events:
                     yield {"event": "governor", "data": json.dumps(item.state, separators=(",", ":"))}
             elif isinstance(item, Started):
                 builder.variant = item.variant
-    finally:
-        if finish is None:
-            # Client gone or error: free the worker (a no-op if the engine already finished).
-            job.cancel.cancel()
-        on_end(finish, failure, sent_tokens)

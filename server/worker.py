@@ -100,6 +100,9 @@ class Job:
     cancel: CancelToken = field(default_factory=CancelToken)
     governor_events: bool = False
     enqueued_at: float = field(default_factory=time.monotonic)
+    # The request's keep_alive (server/keep_alive.py: seconds, inf = for ever, 0 = unload after it; None =
+    # the server's default). Parsed and carried; the model pool acts on it (the worker does not yet).
+    keep_alive_s: float | None = None
 
 
 State = Literal["loading", "ready", "failed", "closed"]
@@ -126,6 +129,9 @@ class Worker:
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._current: Job | None = None
+        # What /api/ps shows: is the model in memory (False after a keep_alive unload), idle since when.
+        self.resident = False
+        self.idle_since: float | None = None  # monotonic; None while a job runs
         self._thread = threading.Thread(target=self._run, name="simmer-worker", daemon=True)
 
     # ---- event-loop side ------------------------------------------------------------------------
@@ -155,6 +161,11 @@ class Worker:
     @property
     def busy(self) -> bool:
         return self._current is not None
+
+    @property
+    def keep_alive_s(self) -> float:
+        """Idle seconds before the model is unloaded (0: never)."""
+        return self._keep_alive_s
 
     def publish_governor(self, state: Mapping[str, Any]) -> None:
         with self._cond:
@@ -195,13 +206,14 @@ class Worker:
             return
         with self._cond:
             self.engine = engine
+            self.resident = True
             if self.state == "loading":
                 self.state = "ready"
         log.info("model ready: %s (%s)", engine.model_id, engine.variant)
         unloaded = False
         while True:
             with self._cond:
-                idle_since = time.monotonic()
+                idle_since = self.idle_since = time.monotonic()
                 while not self._queue and self.state != "closed":
                     timeout = None
                     if self._keep_alive_s > 0 and not unloaded:
@@ -213,13 +225,17 @@ class Worker:
                     return
                 job = self._queue.popleft() if self._queue else None
                 self._current = job
+                if job is not None:
+                    self.idle_since = None
             if job is None:
                 # Idle past keep_alive: free the sessions; the next generate() loads again.
                 engine.unload()
                 unloaded = True
+                self.resident = False
                 log.info("model unloaded after %.0f s idle", self._keep_alive_s)
                 continue
             unloaded = False
+            self.resident = True
             try:
                 self._run_job(engine, job)
             finally:
@@ -280,7 +296,10 @@ class Worker:
         # finish_reason "length"); with it, make room for the answer, up to half the context.
         reserve = min(job.params.max_tokens or 256, engine.context_length // 2) if truncate else 1
         if isinstance(job.payload, list):
-            return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve)
+            tools = job.params.tools
+            if tools is None:  # engines without tool support keep their two-keyword signature
+                return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve)
+            return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve, tools=tools)
         return engine.text_prompt(job.payload, truncate=truncate, reserve=reserve)
 
 

@@ -111,8 +111,10 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny_gguf, tmp_path_factory) -> Path:
-    """The tiny GGUF converted (all variants, measured), with a manifest: a real model for fast tests."""
-    return _convert_into(tiny_gguf, tmp_path_factory.mktemp("tiny-converted") / "tiny-llama", threads=1)
+    """The tiny GGUF converted (measured), with a manifest: a real model for fast tests. f32 too (not in the
+    default plan of a quantized source): tests switch between two exact variants."""
+    target = tmp_path_factory.mktemp("tiny-converted") / "tiny-llama"
+    return _convert_into(tiny_gguf, target, threads=1, variants=["f32", "q4", "q4-a8"])
 
 
 @pytest.fixture(scope="session")
@@ -141,4 +143,4 @@ def smollm2_model_dir(smollm2_gguf) -> Path:
     from models.convert.pipeline import CONVERTER_VERSION
 
     target = test_cache_dir() / f"converted-v{CONVERTER_VERSION}" / "smollm2-135m-instruct"
-    return _convert_into(smollm2_gguf, target)
+    return _convert_into(smollm2_gguf, target, variants=["f32", "q4", "q4-a8"])  # f32: see tiny_model_dir

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
-from gguf.quants import quantize
+
+from tests.ggml_quantize import K_QUANTIZERS, quantize
 
 CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "a t", "e n"]
@@ -128,13 +129,20 @@ def hf_weights(spec: TinySpec, vocab: int, seed: int, family: str = "llama") -> 
     return w
 
 
+# every type the converter maps (the K-quants need input sizes that are multiples of 256), plus IQ4_NL, which
+# it must refuse (written as well-formed blocks of random codes: gguf-py cannot quantize it)
 TYPES = {
-    "F32": GGMLQuantizationType.F32,
-    "F16": GGMLQuantizationType.F16,
-    "Q8_0": GGMLQuantizationType.Q8_0,
-    "Q4_0": GGMLQuantizationType.Q4_0,
-    "Q4_1": GGMLQuantizationType.Q4_1,
+    name: GGMLQuantizationType[name]
+    for name in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", *K_QUANTIZERS, "IQ4_NL")
 }
+
+
+def tensor_bytes(w: np.ndarray, type_name: str, rng: np.random.Generator) -> np.ndarray:
+    if type_name == "IQ4_NL":  # 32 values per block: f16 scale + 16 bytes of 4-bit codes
+        blocks = rng.integers(0, 256, (w.shape[0], w.shape[1] // 32, 18), dtype=np.uint8)
+        blocks[..., :2] = np.full((*blocks.shape[:2], 1), 0.01, np.float16).view(np.uint8)
+        return blocks.reshape(w.shape[0], -1)
+    return quantize(w, type_name)
 
 
 def write_tiny_gguf(
@@ -146,12 +154,16 @@ def write_tiny_gguf(
     seed: int = 0,
     family: str = "llama",
     architecture: str | None = None,
+    tensor_types: dict[str, str] | None = None,
 ) -> Path:
     """Matrices stored as `matrix_type`, the embedding as `embed_type` (default: same), norms F32.
-    `family` picks the tensor layout (FAMILY_SPECS); `architecture` overrides general.architecture."""
+    `family` picks the tensor layout (FAMILY_SPECS); `architecture` overrides general.architecture.
+    `tensor_types` overrides single tensors by name suffix, e.g. {"attn_v.weight": "Q6_K"} or
+    {"blk.1.ffn_down.weight": "Q4_K"} (the mixes of llama.cpp's Q4_K_M)."""
     spec = spec or FAMILY_SPECS[family]
     tokens = tiny_vocab()
     hf = hf_weights(spec, len(tokens), seed, family)
+    rng = np.random.default_rng(seed + 1)
     wr = GGUFWriter(str(path), architecture or ARCHITECTURE.get(family, family))
     wr.add_name("tiny-llama" if family == "llama" else f"tiny-{family}")
     wr.add_block_count(spec.n_layers)
@@ -189,13 +201,11 @@ def write_tiny_gguf(
             wr.add_tensor(name, w)
             continue
         tname = (embed_type or matrix_type) if name in ("token_embd.weight", "output.weight") else matrix_type
-        qtype = TYPES[tname]
-        if qtype == GGMLQuantizationType.F32:
-            wr.add_tensor(name, w)
-        elif qtype == GGMLQuantizationType.F16:
-            wr.add_tensor(name, w.astype(np.float16))
-        else:
-            wr.add_tensor(name, quantize(w, qtype), raw_dtype=qtype)
+        for suffix, t in (tensor_types or {}).items():
+            if name.endswith(suffix):
+                tname = t
+        data = tensor_bytes(w, tname, rng)
+        wr.add_tensor(name, data, raw_dtype=None if tname in ("F32", "F16") else TYPES[tname])
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

@@ -43,10 +43,15 @@ def rope_cache(g: GraphBuilder, kind: RopeKind) -> tuple[str, str]:
     if f"{name}.cos" in g.inits:
         return f"{name}.cos", f"{name}.sin"
     factors = g.dequantized("rope_freqs.weight") if kind.uses_freq_factors else None
-    ang = np.outer(np.arange(cfg.context_length, dtype=np.float64), kind.inv_freq(cfg.head_dim, factors))
+
+    def angles() -> np.ndarray:
+        inv = kind.inv_freq(cfg.head_dim, None if factors is None else factors.make())
+        return np.outer(np.arange(cfg.context_length, dtype=np.float64), inv)
+
+    shape = (cfg.context_length, cfg.head_dim // 2)
     return (
-        g.init(f"{name}.cos", np.cos(ang).astype(np.float32)),
-        g.init(f"{name}.sin", np.sin(ang).astype(np.float32)),
+        g.init(f"{name}.cos", g.planned(shape, lambda: np.cos(angles()).astype(np.float32))),
+        g.init(f"{name}.sin", g.planned(shape, lambda: np.sin(angles()).astype(np.float32))),
     )
 
 
@@ -67,10 +72,10 @@ def attention(g: GraphBuilder, i: int, x: str, seqlens_k: str, total_len: str) -
     cfg, fam = g.cfg, g.family
     p = f"blk.{i}."
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    qkv, _ = linear(g, x, p + "attn_qkv", [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
-    if fam.qkv_bias:
-        bias = np.concatenate([g.dequantized(p + f"attn_{n}.bias").reshape(-1) for n in "qkv"])
-        qkv = g.node("Add", [qkv, g.init(p + "attn_qkv.bias", bias)])[0]
+    bias = [p + f"attn_{n}.bias" for n in "qkv"] if fam.qkv_bias else None
+    qkv, _ = linear(
+        g, x, p + "attn_qkv", [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], bias=bias
+    )
     if fam.qk_norm:
         q, k, v = g.node(
             "Split",

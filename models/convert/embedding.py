@@ -1,7 +1,17 @@
 """The token embedding lookup and the LM head (tied to the embedding when the GGUF has no output.weight).
 
-A vocabulary-sized table is often larger than all the layers together (Gemma 3: 262,144 rows), so where its
-bytes live and how many copies stay resident is decided here.
+A vocabulary-sized table is often larger than all the layers together (Gemma 3: 262,144 x 640, 168 MB as
+Q8_0), so where its bytes live and how many copies stay resident is decided here:
+
+- The lookup gathers exact rows from the table's own codes in every variant (GatherBlockQuantized over the
+  4- or 8-bit codes, plus a gathered offset for formats with a min: bit-for-bit GGML's values), or fp32 rows
+  from a float table.
+- The lookup reads its own alias of the bytes the head uses (WeightFile.alias): onnxruntime unmaps the head's
+  initializer once MatMulNBits has prepacked it, and of the alias only the pages of rows actually looked up
+  become resident. Sharing one initializer kept the whole table resident twice.
+- A tied head with int8 activations runs on the very same codes (one copy on disk, one prepacked in memory).
+  With fp32 activations an 8-bit head is a nibble pair (linear.py): its own bytes, and the lookup keeps
+  gathering from the 8-bit codes.
 """
 
 from __future__ import annotations
@@ -10,98 +20,90 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.convert.linear import MS, linear
-from models.gguf.quant import BLOCK, PackedNBits, q8_as_nibble_pair
+from models.convert.linear import FLOAT_TYPES, MS, form, linear, matmul_nbits, note, planned_array
+from models.gguf.quant import DEFAULT_ZP, Packing
 
 if TYPE_CHECKING:
     from models.convert.graph import GraphBuilder
 
+TABLE = "token_embd.weight"
 
-def embed_tokens(g: GraphBuilder) -> tuple[str, PackedNBits | None]:
+
+def embed_tokens(g: GraphBuilder) -> tuple[str, Packing | None]:
     """Rows of the embedding table for `input_ids` ([tokens, hidden] after a reshape by the caller), and the
-    packed table when the LM head can reuse it."""
-    cfg, spec = g.cfg, g.spec
-    # embeddings (tied to the LM head when the GGUF has no output.weight). The lookup reads its own
-    # alias of the table: the head's copy is unmapped after prepacking, and the lookup's stays resident
-    # only where rows were read. Sharing one initializer kept the whole table resident twice.
-    embd = g.tensor("token_embd.weight")
-    embd_packed = None
-    if cfg.tied_embeddings and spec.embed_bits is not None and embd.type_name not in ("Q4_0", "Q4_1"):
-        embd_packed = g.packed("token_embd.weight", spec.embed_bits)
-        g.init(f"token_embd.q{embd_packed.bits}weight", embd_packed.packed)
-        g.init(f"token_embd.q{embd_packed.bits}scales", embd_packed.scales)
-    # The table's bytes are written under the head's name (whichever variant is built first: once);
-    # the graph only holds the lookup's alias unless the head uses the table too.
-    if embd.type_name == "Q8_0":
-        # Q8_0 rows are exact as (q - 128) * scale in fp32, so every variant gathers from 8-bit rows:
-        # a quarter of the bytes an fp32 row takes
-        q8 = g.packed("token_embd.weight", 8)
-        g.w.add("token_embd.q8weight", q8.packed)
-        data = g.alias("token_embd.gather_q8weight", "token_embd.q8weight")
-        scales = g.init("token_embd.scales_3d", q8.scales[..., None])
-        rows = g.node(
-            "GatherBlockQuantized",
-            [data, "input_ids", scales],  # no zero points: uint8 data defaults to 128, like ours
-            domain=MS,
-            bits=8,
-            block_size=BLOCK,
-            gather_axis=0,
-            quantize_axis=2,
-        )[0]
-    else:
-        # other tables gather exact fp32 rows (a 4-bit table has no exact 8-bit form)
-        g.w.add("token_embd.weight", g.dequantized("token_embd.weight"))
-        table = g.alias("token_embd.gather_weight", "token_embd.weight")
-        rows = g.node("Gather", [table, "input_ids"], axis=0)[0]
-    return rows, embd_packed
+    table's packed codes when the LM head can run on them."""
+    table = g.tensor(TABLE)
+    if table.type_name in FLOAT_TYPES:
+        # the bytes are written under the head's name (once, whichever variant is built first); the graph
+        # holds only the lookup's alias unless the head uses the table too
+        g.w.add(TABLE, g.dequantized(TABLE))
+        note(g, TABLE, "lookup: fp32 rows, exact")
+        rows = g.node("Gather", [g.alias("token_embd.gather_weight", TABLE), "input_ids"], axis=0)[0]
+        return rows, None
+    p = g.packed(TABLE)
+    lay = p.layout
+    note(
+        g, TABLE, f"lookup: {lay.bits}-bit rows gathered" + (" + offsets" if lay.offsets else "") + ", exact"
+    )
+    g.w.add("token_embd.qweight", g.planned(lay.packed_shape, lambda: p.get().packed, np.uint8))
+    g.w.add("token_embd.scales", g.planned(lay.scales_shape, lambda: p.get().scales))
+    inputs = [
+        g.alias("token_embd.gather_qweight", "token_embd.qweight"),
+        "input_ids",
+        g.alias("token_embd.gather_scales", "token_embd.scales", dims=(lay.n, lay.nb, 1)),
+    ]
+    if lay.shift:  # codes sit `shift` above the default zero point: gather (u - zp) * s exactly
+
+        def zero_points() -> np.ndarray:
+            shift = planned_array(p.get().shift)
+            zp = DEFAULT_ZP[lay.bits] - shift[:, None, None] + np.zeros((1, lay.nb, 1), np.uint8)
+            return zp.astype(np.uint8)
+
+        zp = g.planned((lay.n, lay.nb, 1), zero_points, np.uint8)
+        inputs.append(g.init("token_embd.gather_zero_points", zp))
+    rows = g.node(
+        "GatherBlockQuantized",
+        inputs,
+        domain=MS,
+        bits=lay.bits,
+        block_size=lay.block,
+        gather_axis=0,
+        quantize_axis=2,
+    )[0]
+    if lay.offsets:
+        offsets = g.planned((lay.n, lay.nb, 1), lambda: planned_array(p.get().offsets)[..., None])
+        table_offsets = g.init("token_embd.offsets", offsets)
+        rows = g.node("Add", [rows, g.node("Gather", [table_offsets, "input_ids"], axis=0)[0]])[0]
+    return rows, p
 
 
-def lm_head(g: GraphBuilder, last: str, embd_packed: PackedNBits | None) -> None:
-    """Tied heads reuse the embedding's initializers. A Q4 head stays exact at 4 bits; an fp32-activation
-    variant keeps any other head in fp32 (MatMulNBits' 8-bit kernel has no fast fp32-activation path)."""
-    cfg, spec = g.cfg, g.spec
-    head_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
-    head = g.tensor(head_name)
-    if cfg.tied_embeddings and embd_packed is not None:
-        logits = g.node(
-            "MatMulNBits",
-            [last, f"token_embd.q{embd_packed.bits}weight", f"token_embd.q{embd_packed.bits}scales"],
-            domain=MS,
-            K=embd_packed.k,
-            N=embd_packed.n,
-            bits=embd_packed.bits,
-            block_size=BLOCK,
-            accuracy_level=spec.accuracy_level,
-        )[0]
-    elif spec.matmul_bits == 4 and head.type_name in ("Q4_0", "Q4_1"):
-        logits, _ = linear(g, last, "lm_head", [head_name], bits=4)
-    elif spec.matmul_bits == 4 and spec.accuracy_level < 4 and head.type_name == "Q8_0":
-        # exact, and a quarter of the memory of a fp32 head at the same speed
-        p = q8_as_nibble_pair(g.packed(head_name, 8))
-        assert p.zero_points is not None
-        twice = g.node("Concat", [last, last], axis=1)[0]
-        logits = g.node(
-            "MatMulNBits",
-            [
-                twice,
-                g.init(f"{head_name}.nibbles", p.packed),
-                g.init(f"{head_name}.nibble_scales", p.scales),
-                g.init(f"{head_name}.nibble_zero_points", p.zero_points),
-            ],
-            domain=MS,
-            K=p.k,
-            N=p.n,
-            bits=4,
-            block_size=BLOCK,
-            accuracy_level=spec.accuracy_level,
-        )[0]
-    elif spec.embed_bits is None:
-        if cfg.tied_embeddings:
-            table = g.init("token_embd.weight", g.dequantized("token_embd.weight"))
+def lm_head(g: GraphBuilder, last: str, embd_packed: Packing | None) -> None:
+    """logits [1, 1, vocab] for the last position. A tied head runs on the lookup's table where the kernel
+    takes its codes as they are (MatMulNBits at any width with int8 activations, 4 bits with fp32 ones)."""
+    cfg = g.cfg
+    if not cfg.tied_embeddings:
+        logits, _ = linear(g, last, "lm_head", ["output.weight"], small=True)
+    elif embd_packed is None:  # a float table
+        f = form(g, TABLE, small=True)
+        note(g, TABLE, "head: " + f.describe())
+        if f.packed is None:
+            logits = g.node("Gemm", [last, g.init(TABLE, g.dequantized(TABLE))], transB=1)[0]
         else:
-            table = g.init("output.weight", head.dequantize())
-        logits = g.node("Gemm", [last, table], transB=1)[0]
+            logits = matmul_nbits(g, last, f.packed, "lm_head")
     else:
-        logits, _ = linear(g, last, "lm_head", [head_name], bits=spec.embed_bits)
+        f = form(g, TABLE, small=True, packed=embd_packed)
+        if f.packed is not None and f.packed is embd_packed and not f.pair:
+            note(g, TABLE, "head: " + f.describe() + " on the lookup's codes")
+            lay = embd_packed.layout
+            names = (
+                g.init(
+                    "token_embd.qweight",
+                    g.planned(lay.packed_shape, lambda: embd_packed.get().packed, np.uint8),
+                ),
+                g.init("token_embd.scales", g.planned(lay.scales_shape, lambda: embd_packed.get().scales)),
+            )
+            logits = matmul_nbits(g, last, f.packed, "token_embd", weight_names=names)
+        else:
+            logits, _ = linear(g, last, "lm_head", [TABLE], small=True)
     g.node("Reshape", [logits, g.const("logits_shape", np.array([1, 1, cfg.vocab], np.int64))])
     g.nodes[-1].output[0] = "logits"

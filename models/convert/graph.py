@@ -15,6 +15,7 @@ SkipSimplifiedLayerNormalization into the next layer's attention norm.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +26,9 @@ from onnx import TensorProto, helper
 from models.convert.block import attention, mlp, rms_norm, skip_norm
 from models.convert.embedding import embed_tokens, lm_head
 from models.convert.linear import MS
-from models.gguf.quant import PackedNBits, pack_tensor
-from models.gguf.reader import GGUFModel, Tensor, dequantize_chunked
+from models.convert.model import GGUFModel
+from models.gguf.quant import Packing, packing
+from models.gguf.reader import Tensor, dequantize_chunked
 
 OPSET = 17
 
@@ -35,53 +37,82 @@ ALIGN = 64
 
 @dataclass(frozen=True)
 class VariantSpec:
+    """How a variant maps tensors (the rule table is in convert/linear.py)."""
+
     name: str
-    matmul_bits: int | None  # None = fp32 MatMul
-    accuracy_level: int  # MatMulNBits: 0/1 = fp32 activations, 4 = int8 activations
-    embed_bits: int | None  # None = fp32 table
+    accuracy_level: int  # MatMulNBits: 1 = fp32 activations, 4 = int8 activations
+    exact_blocks: bool  # block formats at their own width (exact); False: everything dequantized to fp32
+    min_bits: int = 4  # block formats narrower than this are widened (exactly)
+    float_bits: int | None = None  # float matrices quantized symmetrically to this width; None: kept fp32
 
 
 VARIANTS = {
-    "f32": VariantSpec("f32", None, 0, None),
-    "q8": VariantSpec("q8", 8, 4, 8),
-    # no 8-bit head: MatMulNBits' 8-bit kernel is slow with fp32 activations (a Q8_0 head becomes two exact
-    # 4-bit halves, any other a fp32 table)
-    "q4": VariantSpec("q4", 4, 1, None),
-    "q4-a8": VariantSpec("q4-a8", 4, 4, 8),
+    "f32": VariantSpec("f32", 1, exact_blocks=False),
+    "q8": VariantSpec("q8", 4, exact_blocks=True, min_bits=8, float_bits=8),
+    # the exact variant: GGUF blocks as they are, fp32 activations
+    "q4": VariantSpec("q4", 1, exact_blocks=True),
+    "q4-a8": VariantSpec("q4-a8", 4, exact_blocks=True, float_bits=4),
 }
 
 
+@dataclass(frozen=True)
+class Planned:
+    """An initializer known by shape and type before its values exist. The builder declares every weight
+    this way, so the same build with a dry WeightFile sizes a conversion from the GGUF header alone
+    (models/convert/disk_plan.py), and a real one checks each computed array against its declaration."""
+
+    shape: tuple[int, ...]
+    dtype: type
+    make: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
 class WeightFile:
-    """Writes initializers into one external-data file that several graphs may reference."""
+    """Writes initializers into one external-data file that several graphs may reference. `dry`: nothing is
+    computed or written, every offset is the same as in a real build (`size` is the file's length)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, dry: bool = False) -> None:
         self.path = path
-        self._f = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.dry = dry
+        self._f = None if dry else open(path, "wb")  # noqa: SIM115 - closed in close()
         self._cache: dict[str, TensorProto] = {}
+        self.size = 0
 
-    def add(self, name: str, array: np.ndarray) -> TensorProto:
+    def add(self, name: str, value: np.ndarray | Planned) -> TensorProto:
         if name in self._cache:
             return self._cache[name]
-        array = np.ascontiguousarray(array)
-        pos = self._f.tell()
-        pad = (-pos) % ALIGN
-        if pad:
-            self._f.write(b"\0" * pad)
-            pos += pad
-        self._f.write(array.data.cast("B"))  # no bytes copy: a head table is hundreds of MB
+        if isinstance(value, Planned):
+            shape, dtype, nbytes = value.shape, np.dtype(value.dtype), value.nbytes
+        else:
+            shape, dtype, nbytes = value.shape, value.dtype, value.nbytes
+        pos = self.size + (-self.size) % ALIGN
+        if self._f is not None:
+            array = np.ascontiguousarray(value.make() if isinstance(value, Planned) else value)
+            if array.shape != tuple(shape) or array.dtype != dtype:
+                raise RuntimeError(
+                    f"converter bug: {name} planned as {tuple(shape)} {dtype}, computed {array.shape} "
+                    f"{array.dtype}"
+                )
+            self._f.write(b"\0" * (pos - self.size))
+            self._f.write(array.data.cast("B"))  # no bytes copy: a head table is hundreds of MB
+        self.size = pos + nbytes
         t = TensorProto()
         t.name = name
-        t.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
-        t.dims.extend(array.shape)
+        t.data_type = helper.np_dtype_to_tensor_dtype(dtype)
+        t.dims.extend(shape)
         t.data_location = TensorProto.EXTERNAL
-        for k, v in (("location", self.path.name), ("offset", str(pos)), ("length", str(array.nbytes))):
+        for k, v in (("location", self.path.name), ("offset", str(pos)), ("length", str(nbytes))):
             entry = t.external_data.add()
             entry.key, entry.value = k, v
         self._cache[name] = t
         return t
 
-    def alias(self, name: str, existing: str) -> TensorProto:
-        """A second initializer over the same bytes of the file (nothing is written twice).
+    def alias(self, name: str, existing: str, dims: tuple[int, ...] | None = None) -> TensorProto:
+        """A second initializer over the same bytes of the file (nothing is written twice), optionally seen
+        with other `dims` of the same element count.
 
         onnxruntime maps each initializer on its own. Once a kernel has prepacked its weights (the LM
         head), it unmaps that initializer; an alias read by a gather op keeps only its own mapping, of
@@ -91,13 +122,19 @@ class WeightFile:
         t = TensorProto()
         t.CopyFrom(self._cache[existing])
         t.name = name
+        if dims is not None:
+            if int(np.prod(dims)) != int(np.prod(t.dims)):
+                raise ValueError(f"{name}: dims {dims} do not match {tuple(t.dims)}")
+            del t.dims[:]
+            t.dims.extend(dims)
         self._cache[name] = t
         return t
 
     def close(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
+        if self._f is not None:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
 
 
 class GraphBuilder:
@@ -110,8 +147,9 @@ class GraphBuilder:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, TensorProto] = {}
         self._n = 0
-        self._packed: dict[tuple[str, int], PackedNBits] = {}
+        self._packed: dict[str, Packing] = {}
         self._dequantized: dict[str, np.ndarray] = {}
+        self.quant_map: dict[str, list[str]] = {}  # source tensor type -> how it was mapped (manifest)
 
     # -- helpers --------------------------------------------------------------------------------------
     def _name(self, base: str) -> str:
@@ -126,24 +164,36 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op, inputs, outs, name=self._name(base), domain=domain, **attrs))
         return outs
 
-    def init(self, name: str, array: np.ndarray) -> str:
-        self.inits[name] = self.w.add(name, array)
+    def init(self, name: str, value: np.ndarray | Planned) -> str:
+        self.inits[name] = self.w.add(name, value)
         return name
 
-    def alias(self, name: str, existing: str) -> str:
-        self.inits[name] = self.w.alias(name, existing)
+    def planned(
+        self, shape: tuple[int, ...], make: Callable[[], np.ndarray], dtype: type = np.float32
+    ) -> Planned:
+        return Planned(tuple(int(d) for d in shape), dtype, make)
+
+    def alias(self, name: str, existing: str, dims: tuple[int, ...] | None = None) -> str:
+        self.inits[name] = self.w.alias(name, existing, dims)
         return name
 
-    def packed(self, name: str, bits: int) -> PackedNBits:
-        """pack_tensor, once per tensor and width (the embedding table feeds the lookup and the head)."""
-        if (name, bits) not in self._packed:
-            self._packed[name, bits] = pack_tensor(self.tensor(name), bits)
-        return self._packed[name, bits]
+    def packed(self, name: str) -> Packing:
+        """pack_tensor at the format's own width, planned, and computed once per tensor (the embedding table
+        feeds the lookup and the head)."""
+        if name not in self._packed:
+            self._packed[name] = packing(self.tensor(name))
+        return self._packed[name]
 
-    def dequantized(self, name: str) -> np.ndarray:
-        if name not in self._dequantized:
-            self._dequantized[name] = dequantize_chunked(self.tensor(name))
-        return self._dequantized[name]
+    def dequantized(self, name: str) -> Planned:
+        """The tensor in fp32, (rows, cols) ((1, n) for 1-D), computed once per tensor when first written."""
+        t = self.tensor(name)
+
+        def make() -> np.ndarray:
+            if name not in self._dequantized:
+                self._dequantized[name] = dequantize_chunked(t)
+            return self._dequantized[name]
+
+        return self.planned((t.rows, t.cols), make)
 
     def const(self, name: str, array: np.ndarray) -> str:
         """Small constants live inside the .onnx file."""
@@ -156,7 +206,8 @@ class GraphBuilder:
         return self.m.tensor(name)
 
     def norm_weight(self, name: str) -> str:
-        return self.init(name, self.tensor(name).dequantize().reshape(-1))
+        t = self.tensor(name)
+        return self.init(name, self.planned((t.cols,), lambda: t.dequantize().reshape(-1)))
 
     # -- graph ----------------------------------------------------------------------------------------
     def build(self) -> onnx.ModelProto:
@@ -219,9 +270,11 @@ class GraphBuilder:
         return model
 
 
-def build_variant(model: GGUFModel, spec: VariantSpec, weights: WeightFile, out: Path) -> None:
-    """Write `out` (an .onnx file) whose initializers live in `weights`."""
-    graph = GraphBuilder(model, spec, weights).build()
+def build_variant(model: GGUFModel, spec: VariantSpec, weights: WeightFile, out: Path) -> dict[str, str]:
+    """Write `out` (an .onnx file) whose initializers live in `weights`; returns the variant's quant map."""
+    builder = GraphBuilder(model, spec, weights)
+    graph = builder.build()
     out.write_bytes(graph.SerializeToString())
     with open(out, "rb+") as f:
         os.fsync(f.fileno())
+    return {t: "; ".join(ways) for t, ways in sorted(builder.quant_map.items())}

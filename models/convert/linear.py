@@ -1,49 +1,213 @@
-"""The quantized linear layer: y = x @ concat(W...)^T on MatMulNBits, with the exact Q4_1 offset correction.
+"""The quantized linear layer: y = x @ concat(W...)^T, every GGUF tensor type mapped exactly.
 
 Every architecture family builds its projections through `linear`, so how a GGUF tensor type maps onto
-onnxruntime's kernels is decided here and nowhere else.
+onnxruntime's kernels is decided here and nowhere else (the manifest's quant map describes the same rules).
+
+How one tensor runs, by variant (`form`):
+| tensor | f32 | q4 (fp32 activations, exact) | q4-a8 (int8 activations) | q8 |
+|---|---|---|---|---|
+| Q4_0 Q4_1 Q4_K Q2_K Q3_K | fp32 MatMul | MatMulNBits 4-bit | MatMulNBits 4-bit | 8-bit (widened) |
+| Q5_0 Q5_1 Q5_K Q6_K Q8_0 | fp32 MatMul | fp32 MatMul; head: nibble pair | MatMulNBits 8-bit | 8-bit |
+| F32 F16 BF16 | fp32 MatMul | fp32 MatMul | 4-bit symmetric (a head: 8) | 8-bit symmetric |
+Formats with a min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) add blocksum(x) @ offsets^T, exactly (quant.py).
+
+Why fp32 MatMul for the 8-bit formats of the exact variant (bench/quant_routes.py, group route8: Gemma 3
+270M's qkv / gate_up / down shapes, 18 distinct matrices per call so the weights stream from memory as in a
+decode step, 2 threads, interleaved rounds on a shared machine; times relative to 8-bit, int8 activations):
+| route | 1 token | 256 tokens |
+|---|---|---|
+| MatMulNBits 8-bit, fp32 activations | 32-48x | 0.55-0.66x |
+| nibble pair (as_nibble_pair: two 4-bit halves over the input twice) | 6.4-11.9x | 0.82-0.92x |
+| fp32 MatMul on the dequantized weights | 1.7-3.4x | 0.34-0.40x |
+All three are exact; fp32 MatMul is the fastest at both sizes (2.9-3.7x faster than the nibble pair at one
+token), for 4x the bytes of the 8-bit codes. A vocabulary-sized head is where those bytes hurt: Gemma 3's
+tied 262,144 x 640 table as an fp32 head is 649 MB resident against 231 MB as a nibble pair (bench/
+table_memory.py), though 3.4x slower there (169 against 577 ms a token on the loaded machine); a head takes
+the nibble pair (`small=True`).
+
+Fusion (group mixed, llama.cpp Q4_K_M's attn_q/attn_k Q4_K with attn_v Q6_K): projections that share a
+layout (bits, block) are one MatMulNBits; where they do not, each run of one layout gets its own node and a
+Concat joins them. With int8 activations, widening the 4-bit part to 8 bits instead was 1.2-1.5x slower
+(1.3-4.3x at one token); with fp32 ones, promoting everything to fp32 MatMul was 10-30 % faster but costs 8x
+the bytes of the 4-bit part, so the 4-bit part stays 4-bit.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.gguf.quant import BLOCK, concat_packed, pack_tensor
+from models.gguf.quant import BLOCK, Layout, Packing, as_nibble_pair, packing, widen
 
 if TYPE_CHECKING:
-    from models.convert.graph import GraphBuilder
+    from models.convert.graph import GraphBuilder, Planned
 
 MS = "com.microsoft"
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+@dataclass
+class Form:
+    """How one tensor runs: `packed` on MatMulNBits (as a nibble pair when `pair`), else fp32 `weight`.
+    Both are planned (known by shape before any value is computed)."""
+
+    packed: Packing | None = None
+    pair: bool = False
+    weight: Planned | None = None
+    exact: bool = True
+
+    def describe(self) -> str:
+        if self.packed is None:
+            return "fp32 MatMul on the dequantized weights, exact"
+        p = self.packed.layout
+        if self.pair:
+            how = f"nibble pair (8-bit codes as two 4-bit halves over the input twice), block {p.block}"
+        else:
+            how = f"{p.bits}-bit block {p.block}"
+        if p.offsets:
+            how += " + offset correction"
+        return how + (", exact" if self.exact else ", re-quantized symmetrically (not exact)")
+
+    @property
+    def layout(self) -> tuple:
+        if self.packed is None:
+            return ("fp32",)
+        return ("pair" if self.pair else "nbits", self.packed.layout.bits, self.packed.layout.block)
+
+
+def form(g: GraphBuilder, name: str, small: bool = False, packed: Packing | None = None) -> Form:
+    """The rule table in the module docstring, for one tensor of this variant, decided from the tensor's
+    type alone. `packed`: the tensor already planned at its own width (the embedding table's)."""
+    spec, t = g.spec, g.tensor(name)
+    fp32 = Form(weight=g.planned((t.rows, t.cols), t.dequantize))
+    if not spec.exact_blocks:
+        return fp32
+    if t.type_name in FLOAT_TYPES:
+        if spec.float_bits is None:
+            return fp32
+        bits = max(spec.float_bits, 8) if small else spec.float_bits
+        return Form(packed=packing(t, bits), exact=False)
+    p = packed if packed is not None else packing(t)
+    if spec.min_bits == 8 and p.layout.bits == 4:
+        p = p.then(p.layout.widened(), widen)
+    if p.layout.bits == 8 and spec.accuracy_level < 4:
+        return Form(packed=p, pair=True) if small else fp32
+    return Form(packed=p)
+
+
+def planned_array(a: np.ndarray | None) -> np.ndarray:
+    """An optional array the layout said would be there."""
+    if a is None:
+        raise RuntimeError("converter bug: the layout planned an array the packing does not have")
+    return a
+
+
+def note(g: GraphBuilder, name: str, how: str) -> None:
+    """Record in the variant's quant map how a tensor of this source type was mapped."""
+    ways = g.quant_map.setdefault(g.tensor(name).type_name, [])
+    if how not in ways:
+        ways.append(how)
 
 
 def linear(
-    g: GraphBuilder, x: str, key: str, names: list[str], blocksum: str | None = None, bits: int | None = None
+    g: GraphBuilder,
+    x: str,
+    key: str,
+    names: list[str],
+    blocksum: str | None = None,
+    *,
+    bias: list[str] | None = None,
+    small: bool = False,
 ) -> tuple[str, str | None]:
-    """y = x @ concat(W_names)^T. Returns (y, blocksum of x) so a caller can reuse the block sums."""
-    bits = bits or g.spec.matmul_bits
-    if bits is None:
-        w = np.concatenate([g.tensor(n).dequantize() for n in names], axis=0)
-        wt = g.init(f"{key}.weight_t", np.ascontiguousarray(w.T))
-        return g.node("MatMul", [x, wt])[0], None
-    p = concat_packed([pack_tensor(g.tensor(n), bits) for n in names])
+    """y = x @ concat(W_names)^T (+ concat(bias)). `small`: keep the bytes down (a vocabulary-sized head).
+    Returns (y, the block-32 sums of x when they were computed) so a caller can reuse them."""
+    forms = [form(g, n, small) for n in names]
+    for n, f in zip(names, forms, strict=True):
+        note(g, n, ("head: " if small else "") + f.describe())
+    outs: list[str] = []
+    sums: dict[int, str] = {BLOCK: blocksum} if blocksum else {}
+    runs: list[list[Form]] = []
+    for f in forms:
+        if runs and runs[-1][0].layout == f.layout:
+            runs[-1].append(f)
+        else:
+            runs.append([f])
+    start = 0
+    for fs in runs:
+        # a run's initializers are named after its tensors and layout: variants that map them alike share
+        # the bytes in the weights file, and ones that do not never collide
+        k = key if len(runs) == 1 else f"{key}.{start}_{start + len(fs)}"
+        start += len(fs)
+        if fs[0].packed is None:
+            ws = [f.weight for f in fs if f.weight is not None]
+            shape = (ws[0].shape[1], sum(w.shape[0] for w in ws))
+            wt = g.planned(
+                shape, lambda ws=ws: np.ascontiguousarray(np.concatenate([w.make() for w in ws]).T)
+            )
+            outs.append(g.node("MatMul", [x, g.init(f"{k}.weight_t", wt)])[0])
+        else:
+            p = Packing.concat([f.packed for f in fs if f.packed is not None])
+            outs.append(matmul_nbits(g, x, p, k, sums, pair=fs[0].pair))
+    y = outs[0] if len(outs) == 1 else g.node("Concat", outs, axis=-1)[0]
+    if bias:
+        parts = [g.dequantized(n) for n in bias]
+        b = g.planned(
+            (sum(pt.shape[1] for pt in parts),),
+            lambda: np.concatenate([pt.make().reshape(-1) for pt in parts]),
+        )
+        y = g.node("Add", [y, g.init(f"{key}.bias", b)])[0]
+    return y, sums.get(BLOCK)
+
+
+def matmul_nbits(
+    g: GraphBuilder,
+    x: str,
+    p: Packing,
+    key: str,
+    sums: dict[int, str] | None = None,
+    *,
+    pair: bool = False,
+    weight_names: tuple[str, str] | None = None,
+) -> str:
+    """One MatMulNBits node (+ the per-block correction). `weight_names`: existing initializers holding
+    the packed codes and scales (a tied table shares them with the lookup)."""
+    sums = {} if sums is None else sums
+    lay: Layout = p.layout
+    q = p.then(lay.nibble_pair(), as_nibble_pair) if pair else p
+    ql = q.layout
+    key = f"{key}.q{lay.bits}" + ("" if lay.block == BLOCK else f"b{lay.block}") + ("pair" if pair else "")
+    if weight_names is None:
+        inputs = [
+            g.init(f"{key}.qweight", g.planned(ql.packed_shape, lambda: q.get().packed, np.uint8)),
+            g.init(f"{key}.scales", g.planned(ql.scales_shape, lambda: q.get().scales)),
+        ]
+    else:
+        inputs = list(weight_names)
+    if ql.zero_points:
+        zp = g.planned(ql.zero_points_shape, lambda: planned_array(q.get().zero_points), np.uint8)
+        inputs.append(g.init(f"{key}.zero_points", zp))
+    xin = g.node("Concat", [x, x], axis=-1)[0] if pair else x
     y = g.node(
         "MatMulNBits",
-        [x, g.init(f"{key}.qweight", p.packed), g.init(f"{key}.scales", p.scales)],
+        [xin, *inputs],
         domain=MS,
-        K=p.k,
-        N=p.n,
-        bits=p.bits,
-        block_size=BLOCK,
+        K=ql.k,
+        N=ql.n,
+        bits=ql.bits,
+        block_size=ql.block,
         accuracy_level=g.spec.accuracy_level,
     )[0]
-    if p.correction is None:
-        return y, blocksum
-    if blocksum is None:
+    if not lay.correction:
+        return y
+    if lay.block not in sums:
         # block sums as one small MatMul with a 0/1 block-indicator matrix (no Reshape + ReduceSum)
-        ind = np.kron(np.eye(p.k // BLOCK, dtype=np.float32), np.ones((BLOCK, 1), np.float32))
-        blocksum = g.node("MatMul", [x, g.init(f"block_indicator_{p.k}", ind)])[0]
-    corr = g.init(f"{key}.q41_correction", p.correction)
+        def indicator() -> np.ndarray:
+            return np.kron(np.eye(lay.nb, dtype=np.float32), np.ones((lay.block, 1), np.float32))
+
+        name = f"block_indicator_{lay.k}" if lay.block == BLOCK else f"block_indicator_{lay.k}_{lay.block}"
+        sums[lay.block] = g.node("MatMul", [x, g.init(name, g.planned((lay.k, lay.nb), indicator))])[0]
+    corr = g.planned(lay.correction_shape, lambda: planned_array(p.get().correction))
     # Gemm adds the correction to y in the same node (the graph is 2-D: [tokens, features])
-    return g.node("Gemm", [blocksum, corr, y])[0], blocksum
+    return g.node("Gemm", [sums[lay.block], g.init(f"{key}.correction", corr), y])[0]

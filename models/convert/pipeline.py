@@ -17,13 +17,15 @@ import psutil
 
 from models.convert.disk_plan import estimate_output
 from models.convert.graph import VARIANTS, WeightFile, build_variant
+from models.convert.linear import FLOAT_TYPES
+from models.convert.model import GGUFModel
 from models.convert.reference import ReferenceForward
 from models.convert.tokenizer_gguf import metadata_from_reader, tokenizer_from_metadata
 from models.errors import VerificationFailed
-from models.gguf.reader import GGUFModel
+from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 
-CONVERTER_VERSION = 5
+CONVERTER_VERSION = 6
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 QUALITY_PROMPTS = (
@@ -39,16 +41,19 @@ Progress = Callable[[str, float], None]
 
 
 def plan_variants(model: GGUFModel) -> list[str]:
-    """Best first. q8 only where the source has at least 8 bits in every matrix."""
-    types = {
-        model.tensor(n).type_name
-        for n in model.tensors
-        if n.startswith("blk.") and not n.endswith("norm.weight")
-    }
-    names = ["q4", "q4-a8"]
-    if types <= {"F32", "F16", "Q8_0"}:
-        names.insert(0, "q8")
-    return ["f32", *names]
+    """Best first.
+
+    A quantized source (any matrix in a block format: every GGUF people download) gets `q4`, the exact
+    variant (its own blocks, fp32 activations), and `q4-a8` (the same blocks, int8 activations: llama.cpp's
+    arithmetic, fastest). No `f32`: q4 is exact already and fp32 copies cost 4-8x the bytes (Gemma 3's
+    262,144 x 640 table alone is 671 MB in fp32). No `q8`: every 8-bit format is 8-bit in q4-a8 already, and
+    widening the 4-bit ones buys nothing once activations are int8.
+    A float source (F32/F16/BF16 matrices) gets `f32` (exact) and two re-quantized ones, `q8` and `q4-a8`,
+    whose cost the quality measurement records."""
+    matrices = [t for t in model.reader.tensors if len(t.shape) == 2]
+    if any(SUPPORTED_TYPES.get(t.tensor_type) not in FLOAT_TYPES for t in matrices):
+        return ["q4", "q4-a8"]
+    return ["f32", "q8", "q4-a8"]
 
 
 def convert(
@@ -84,10 +89,11 @@ def convert(
         (out_dir / CHAT_TEMPLATE_FILE).write_text(tokenizer.chat_template)
 
     weights = WeightFile(out_dir / WEIGHTS_FILE)
+    quant_maps: dict[str, dict[str, str]] = {}
     try:
         for i, name in enumerate(names):
             report(f"building {name}", 0.1 + 0.4 * i / len(names))
-            build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
+            quant_maps[name] = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
     finally:
         weights.close()
     default = "q4-a8" if "q4-a8" in names else names[-1]
@@ -103,6 +109,7 @@ def convert(
             "files": [onnx_file.name, WEIGHTS_FILE],
             "weights_bytes": referenced_bytes(onnx_file),
             "onnx_bytes": onnx_file.stat().st_size,
+            "quant_map": quant_maps[name],
         }
     if measure:
         report("measuring quality", 0.5)

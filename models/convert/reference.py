@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.gguf.reader import GGUFModel, dequantize_rows
+from models.convert.model import GGUFModel
+from models.gguf.reader import dequantize_rows
 
 HEAD_CHUNK = 16384  # rows of the LM head dequantized at a time
 

@@ -1,8 +1,8 @@
-"""Read a GGUF file: validated metadata, the hyper-parameters of its architecture family, and tensors as raw
-blocks.
+"""Read a GGUF file: its metadata as Python values and its tensors as raw blocks.
 
-Everything that can be wrong with an input file is turned into InvalidModelFile / UnsupportedModel here,
-so the converter below can assume a well-formed GGUF of a known family (models/convert/families).
+What can be wrong with the file itself (not a GGUF, truncated, a tensor type with no exact mapping) is
+InvalidModelFile / UnsupportedQuantization here. This layer knows no architecture: the converter reads the
+metadata against its families (models/convert/model.py), and nothing here imports from models.convert.
 """
 
 from __future__ import annotations
@@ -15,34 +15,24 @@ from typing import Any, BinaryIO
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
-from models.convert.families import FAMILIES, Family, ModelConfig, family_for
-from models.errors import InvalidModelFile, UnsupportedModel
+from models.errors import InvalidModelFile, UnsupportedQuantization
+from models.gguf.blocks import decode
 
 GGUF_MAGIC = b"GGUF"
-SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+# every type the converter maps exactly (models/gguf/blocks.py has the block formats)
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPPORTED_TYPES = {
-    GGMLQuantizationType.F32: "F32",
-    GGMLQuantizationType.F16: "F16",
-    GGMLQuantizationType.Q8_0: "Q8_0",
-    GGMLQuantizationType.Q4_0: "Q4_0",
-    GGMLQuantizationType.Q4_1: "Q4_1",
+    GGMLQuantizationType[name]: name
+    for name in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", *K_QUANTS)
 }
-# TEMPORARY (h-arch, until the exact mapping of every GGUF type lands from h-quant): these types are read
-# through gguf.quants.dequantize, so the architecture work (Gemma 3: Q5_0, Q4_K, Q6_K) can be checked in
-# fp32. Their 4/8-bit variants are re-quantized (pack_tensor's fallback), not exact.
-FALLBACK_TYPES = {
-    t: t.name
-    for t in (
-        GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1,
-        GGMLQuantizationType.Q2_K,
-        GGMLQuantizationType.Q3_K,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q6_K,
-        GGMLQuantizationType.BF16,
+
+
+def unsupported_quantization(file: str, tensor: str, qtype: GGMLQuantizationType) -> UnsupportedQuantization:
+    return UnsupportedQuantization(
+        f"{file}: tensor {tensor} is quantized as {qtype.name}, which simmer cannot convert exactly "
+        f"(supported: {', '.join(SUPPORTED_TYPES.values())}); pick a GGUF of another quantization, "
+        "such as Q4_K_M or Q8_0"
     )
-}
 
 
 @dataclass(frozen=True)
@@ -53,21 +43,18 @@ class Tensor:
     type_name: str
     rows: int
     cols: int
-    data: np.ndarray  # F32/F16: (rows, cols) floats; quantized: (rows, bytes_per_row) uint8
+    data: np.ndarray  # F32/F16: (rows, cols) floats; BF16 and block formats: (rows, bytes_per_row) uint8
 
     def dequantize(self) -> np.ndarray:
-        """(rows, cols) float32."""
+        """(rows, cols) float32, bit-for-bit GGML's dequantization."""
         if self.type_name == "F32":
             return np.asarray(self.data, dtype=np.float32).reshape(self.rows, self.cols)
         if self.type_name == "F16":
             return np.asarray(self.data, dtype=np.float16).reshape(self.rows, self.cols).astype(np.float32)
-        if self.type_name in FALLBACK_TYPES.values():  # TEMPORARY, see FALLBACK_TYPES
-            from gguf.quants import dequantize
-
-            qtype = GGMLQuantizationType[self.type_name]
-            return dequantize(np.asarray(self.data), qtype).astype(np.float32).reshape(self.rows, self.cols)
-        blocks = self.data.reshape(self.rows, -1, BLOCK_BYTES[self.type_name])
-        return dequantize_blocks(self.type_name, blocks).reshape(self.rows, self.cols)
+        if self.type_name == "BF16":
+            bits = np.ascontiguousarray(self.data).view(np.uint16).astype(np.uint32) << 16
+            return bits.view(np.float32).reshape(self.rows, self.cols)
+        return decode(self.type_name, self.data, self.rows).dequantize()
 
 
 def dequantize_rows(t: Tensor, rows: np.ndarray | slice) -> np.ndarray:
@@ -87,139 +74,40 @@ def dequantize_chunked(t: Tensor, chunk_rows: int = 16384) -> np.ndarray:
     return out
 
 
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
-
-
-def dequantize_blocks(type_name: str, blocks: np.ndarray) -> np.ndarray:
-    """blocks: (..., block_bytes) uint8 -> (..., 32) float32, GGML's exact formulas."""
-    if type_name == "Q8_0":
-        d = blocks[..., :2].copy().view(np.float16).astype(np.float32)
-        q = blocks[..., 2:].copy().view(np.int8).astype(np.float32)
-        return d * q
-    if type_name == "Q4_0":
-        d = blocks[..., :2].copy().view(np.float16).astype(np.float32)
-        q = unpack_q4_nibbles(blocks[..., 2:]).astype(np.float32)
-        return d * (q - 8.0)
-    if type_name == "Q4_1":
-        d = blocks[..., :2].copy().view(np.float16).astype(np.float32)
-        m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
-        q = unpack_q4_nibbles(blocks[..., 4:]).astype(np.float32)
-        return d * q + m
-    raise UnsupportedModel(f"tensor type {type_name} is not supported")
-
-
-def unpack_q4_nibbles(qs: np.ndarray) -> np.ndarray:
-    """GGML layout: byte j holds element j (low nibble) and element j+16 (high nibble)."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
-
-
-class GGUFModel:
-    """An opened, validated GGUF of a supported architecture family."""
+class GGUFFile:
+    """An opened GGUF: its metadata as Python values and its tensors by name, validated as a file (magic,
+    every tensor inside the file, types with an exact mapping). What the file means (architecture family,
+    hyper-parameters, which tensors a model needs) is the converter's business (models/convert/model.py)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.reader = open_reader(self.path)
         self.metadata = read_metadata(self.reader)
-        self.family: Family = family_for(self.metadata.get("general.architecture"), self.path.name)
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        self.config = self._config()
-        self._check_tensors()
+        self._tensors = {t.name: t for t in self.reader.tensors}
 
-    def _get(self, key: str, default: Any = None) -> Any:
-        value = self.metadata.get(key, default)
-        if value is None:
-            raise InvalidModelFile(f"{self.path.name}: missing metadata key {key}")
-        return value
+    def names(self) -> list[str]:
+        return list(self._tensors)
 
-    def _int(self, key: str, default: Any = None) -> int:
-        value = self._get(key, default)
-        if isinstance(value, list) or not isinstance(value, (int, float)):
-            # per-layer arrays (OpenELM-style head counts) have no family here
-            raise UnsupportedModel(
-                f"{self.path.name}: {key} = {value!r} is not supported (one value expected)"
-            )
-        return int(value)
+    def shape(self, name: str) -> tuple[int, int] | None:
+        """(rows, cols) in the torch-Linear sense, (1, n) for a 1-D tensor; None when the file has none."""
+        t = self._tensors.get(name)
+        if t is None:
+            return None
+        shape = [int(x) for x in t.shape]  # GGUF order: (cols, rows) or (n,)
+        return (shape[1], shape[0]) if len(shape) == 2 else (1, shape[0])
 
-    def _config(self) -> ModelConfig:
-        """The generic `{arch}.*` keys (as llama.cpp's hparams loader reads them); the family's `configure`
-        adds what is its own."""
-        a = self.family.name
-        hidden = self._int(f"{a}.embedding_length")
-        n_heads = self._int(f"{a}.attention.head_count")
-        head_dim = self._int(f"{a}.attention.key_length", hidden // n_heads)
-        value_dim = self._int(f"{a}.attention.value_length", head_dim)
-        if value_dim != head_dim:
-            raise UnsupportedModel(
-                f"{self.path.name}: key length {head_dim} != value length {value_dim} is not supported"
-            )
-        rope_dim = self._int(f"{a}.rope.dimension_count", head_dim)
-        if rope_dim != head_dim:
-            raise UnsupportedModel(
-                f"{self.path.name}: partial RoPE ({rope_dim} of {head_dim}) is not supported"
-            )
-        scaling = self.metadata.get(f"{a}.rope.scaling.type")
-        rope_scale = 1.0
-        if scaling == "linear":
-            rope_scale = 1.0 / float(self._get(f"{a}.rope.scaling.factor"))
-        elif scaling not in (None, "none"):
-            raise UnsupportedModel(f"{self.path.name}: RoPE scaling {scaling!r} is not supported (linear is)")
-        embd = self.tensors.get("token_embd.weight")
-        if embd is None:
-            raise InvalidModelFile(f"{self.path.name}: missing tensor token_embd.weight")
-        cfg = ModelConfig(
-            architecture=a,
-            n_layers=self._int(f"{a}.block_count"),
-            hidden=hidden,
-            ffn=self._int(f"{a}.feed_forward_length"),
-            n_heads=n_heads,
-            n_kv_heads=self._int(f"{a}.attention.head_count_kv", n_heads),
-            head_dim=head_dim,
-            rope_base=float(self.metadata.get(f"{a}.rope.freq_base", 10000.0)),
-            rms_eps=float(self._get(f"{a}.attention.layer_norm_rms_epsilon")),
-            context_length=self._int(f"{a}.context_length"),
-            vocab=self._int(f"{a}.vocab_size", int(embd.shape[1])),
-            tied_embeddings="output.weight" not in self.tensors,
-            rope_scale=rope_scale,
-        )
-        if cfg.n_kv_heads <= 0 or cfg.n_heads % cfg.n_kv_heads:
-            raise InvalidModelFile(
-                f"{self.path.name}: {cfg.n_heads} heads cannot share {cfg.n_kv_heads} KV heads"
-            )
-        return self.family.configure(cfg, self.metadata, self.tensors.keys())
-
-    def _check_tensors(self) -> None:
-        """Every tensor the family needs, with its shape; none it would silently ignore (a bias or norm we
-        do not apply would give fluent nonsense)."""
-        expected = self.family.tensor_shapes(self.config)
-        unused = sorted(set(self.tensors) - set(expected))
-        if unused:
-            more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
-            raise UnsupportedModel(
-                f"{self.path.name}: tensors {', '.join(unused[:3])}{more} are not part of the "
-                f"{self.family.name} family as supported here"
-            )
-        for name, (rows, cols) in expected.items():
-            t = self.tensors.get(name)
-            if t is None:
-                raise InvalidModelFile(f"{self.path.name}: missing tensor {name}")
-            if t.tensor_type not in SUPPORTED_TYPES and t.tensor_type not in FALLBACK_TYPES:
-                raise UnsupportedModel(
-                    f"{self.path.name}: tensor {name} has type {t.tensor_type.name}; supported types: "
-                    f"{', '.join([*SUPPORTED_TYPES.values(), *FALLBACK_TYPES.values()])}"
-                )
-            shape = tuple(int(x) for x in t.shape)  # GGUF order: (cols, rows) or (n,)
-            got = (shape[1], shape[0]) if len(shape) == 2 else (1, shape[0])
-            if got != (rows, cols):
-                raise InvalidModelFile(
-                    f"{self.path.name}: tensor {name} has shape {got}, expected {(rows, cols)}"
-                )
+    def type_name(self, name: str) -> str:
+        """The tensor's type, or UnsupportedQuantization when the converter has no exact mapping for it."""
+        t = self._tensors[name]
+        if t.tensor_type not in SUPPORTED_TYPES:
+            raise unsupported_quantization(self.path.name, name, t.tensor_type)
+        return SUPPORTED_TYPES[t.tensor_type]
 
     def tensor(self, name: str) -> Tensor:
-        t = self.tensors[name]
-        shape = [int(x) for x in t.shape]
-        rows, cols = (shape[1], shape[0]) if len(shape) == 2 else (1, shape[0])
-        type_name = SUPPORTED_TYPES.get(t.tensor_type) or FALLBACK_TYPES[t.tensor_type]
-        return Tensor(name, type_name, rows, cols, np.asarray(t.data))
+        """The tensor over the file's memory map (nothing is read until its data is used)."""
+        type_name = self.type_name(name)
+        rows, cols = self.shape(name) or (0, 0)
+        return Tensor(name, type_name, rows, cols, np.asarray(self._tensors[name].data))
 
     def tensor_types(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -169,6 +169,8 @@ class ChatTemplate:
             return f"\ue000{nonce}:{len(originals) - 1}\ue001"
 
         hidden = [_map_strings(msg, lambda t: self._specials.sub(hide, t), skip=("role",)) for msg in clean]
+        # tools=... comes from the request too: its texts are as untrusted as the messages'
+        extra = {k: _map_strings(v, lambda t: self._specials.sub(hide, t)) for k, v in extra.items()}
         text = self._render(hidden, add_generation_prompt, extra)
         if not originals:
             return text, []
@@ -213,23 +215,26 @@ class ChatTemplate:
 
 
 def _map_strings(value: Any, fn: Callable[[str], str], skip: Sequence[str] = ()) -> Any:
-    """`value` with `fn` applied to every string in it (dict values, list items), but not to the top-level
-    `skip` keys."""
+    """`value` with `fn` applied to every string in it (dict keys and values, list items), but not to the
+    top-level `skip` keys' values. (A key is data too: a tool schema's property names are rendered.)"""
     if isinstance(value, str):
         return fn(value)
     if isinstance(value, dict):
-        return {k: v if k in skip else _map_strings(v, fn) for k, v in value.items()}
+        return {
+            (fn(k) if isinstance(k, str) else k): v if k in skip else _map_strings(v, fn)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
         return [_map_strings(v, fn) for v in value]
     return value
 
 
-def encode_chat(template: ChatTemplate, tokenizer: Tokenizer, messages: Any) -> list[int]:
+def encode_chat(template: ChatTemplate, tokenizer: Tokenizer, messages: Any, **extra: Any) -> list[int]:
     """The prompt ids of a conversation. Special-token texts inside the messages stay text, so only the
     template's own markup opens and closes turns; messages without them give exactly the ids of
     tokenizing the rendered text. One BOS leads when the model wants it, whether or not the template
     writes it (llama.cpp strips the template's and adds its own)."""
-    text, literal = template.render_marked(messages)
+    text, literal = template.render_marked(messages, **extra)
     ids = tokenizer.encode(text, add_special_tokens=False, literal_spans=literal)
     bos = tokenizer.bos_id
     if tokenizer.add_bos and bos is not None and ids[:1] != [bos]:

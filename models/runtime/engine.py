@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +27,30 @@ import numpy as np
 from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotChat, ModelNotInstalled
 from models.protocol import EngineLimits, Prompt, StepHook
 from models.runtime.chat import ChatTemplate, encode_chat
+from models.runtime.constraint import Constraint, ConstraintVocabulary
 from models.runtime.genai_config import DecoderIO, load_tokenizer
 from models.runtime.sampling import Sampler, make_rng
 from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape
 from models.runtime.stops import StopMatcher
 from models.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from models.runtime.tools import CallFormat, CallReader, detect_format, prepare_messages, tool_grammar
 from models.types import (
     CancelToken,
     FinishEvent,
     GenerationParams,
     Timings,
     TokenEvent,
+    ToolCallDelta,
+    ToolUse,
     TopLogprob,
     Usage,
 )
 
 log = logging.getLogger("simmer.engine")
+
+# A reply with no max_tokens under a sliding window (truncate) stops after this many contexts' worth of
+# tokens if no EOS or stop string ends it first: Ollama's bound for open-ended generation (10 x num_ctx).
+OPEN_ENDED_CONTEXTS = 10
 
 
 @dataclass
@@ -105,6 +114,7 @@ class LlamaEngine:
         spin: str = "auto",
         max_sessions: int = 1,
         chat_template: str | None = None,
+        mask_prefetch: bool = True,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.manifest = manifest
@@ -134,6 +144,7 @@ class LlamaEngine:
             raise InvalidParameter(f"spin must be auto, on or off, not {spin!r}", param="spin")
         self.spin = spin
         self.max_sessions = max(1, max_sessions)
+        self.mask_prefetch = mask_prefetch  # constrained decoding: next mask during the forward pass
         self.max_tokens_limit: int | None = None
         self.tokens_per_second: float | None = None
         # A folder installed as is (onnxruntime-genai layout) runs on the general path; ours on the fast one.
@@ -263,8 +274,10 @@ class LlamaEngine:
             param="messages",
         )
 
-    def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
-        ids = self._encode_chat(messages)
+    def chat_prompt(
+        self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None
+    ) -> Prompt:
+        ids = self._encode_chat(messages, tools)
         if self._fit(ids, reserve):
             return Prompt(ids)
         if not truncate:
@@ -277,7 +290,7 @@ class LlamaEngine:
             # a window should start with a user turn, as chats do
             while len(rest) > 1 and rest[0].get("role") != "user":
                 rest = rest[1:]
-            ids = self._encode_chat(system + rest)
+            ids = self._encode_chat(system + rest, tools)
             if self._fit(ids, reserve):
                 return Prompt(ids, truncated=True)
         # even the last turn alone is too long: keep its end
@@ -291,10 +304,31 @@ class LlamaEngine:
         """False for a model without a chat template: /v1/chat/completions answers model_not_chat."""
         return self.template is not None
 
-    def _encode_chat(self, messages: list[dict]) -> list[int]:
+    def _encode_chat(self, messages: list[dict], tools: ToolUse | None = None) -> list[int]:
         if self.template is None:
             raise ModelNotChat.for_model(self.model_id)
-        return encode_chat(self.template, self.tokenizer, messages)
+        messages, shown = prepare_messages(messages, tools, self.tool_format)
+        if shown is None:
+            return encode_chat(self.template, self.tokenizer, messages)
+        return encode_chat(self.template, self.tokenizer, messages, tools=shown)
+
+    @cached_property
+    def tool_format(self) -> CallFormat:
+        """How this model calls tools (models/runtime/tools.py), read from its chat template."""
+        return detect_format(self.template.source if self.template else None)
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.tokenizer.vocab_size:
+            raise IndexError(f"token id {token_id} is outside the vocabulary ({self.tokenizer.vocab_size})")
+        return self.tokenizer.token_bytes(token_id)
+
+    def chat_text(self, messages: list[dict]) -> str:
+        if self.template is None:
+            raise ModelNotChat.for_model(self.model_id)
+        return self.template.render(messages)
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         ids = self.tokenizer.encode(text)
@@ -307,6 +341,20 @@ class LlamaEngine:
         return Prompt(ids[-(self.context_length - max(reserve, 1)) :], truncated=True)
 
     # -- generation ----------------------------------------------------------------------------------
+    def constraint(self, params: GenerationParams) -> Constraint | None:
+        """The grammar state a reply starts with (None: unconstrained). The tokenizer's llguidance
+        vocabulary is built on first use (about a second per 50k tokens) and kept."""
+        grammar = params.grammar
+        if params.tools is not None:
+            if grammar is not None:
+                raise InvalidParameter("a grammar and tools cannot be used together", param="tools")
+            grammar = tool_grammar(params.tools, self.tool_format)
+        if grammar is None:
+            return None
+        return Constraint(
+            grammar, ConstraintVocabulary.for_tokenizer(self.tokenizer), prefetch=self.mask_prefetch
+        )
+
     def generate(
         self,
         prompt: Prompt,
@@ -417,11 +465,18 @@ class _Generation:
         detok = IncrementalDetokenizer(e.tokenizer)
         stops = StopMatcher(p.stop)
         sampler = Sampler(p.sampling, make_rng(p.sampling.seed), prompt_len=len(self.prompt.ids))
+        constraint: Constraint | None = None
+        calling = p.tools is not None and p.tools.choice != "none"
+        reader = CallReader(e.tool_format) if calling else None
+        end_calls: tuple[ToolCallDelta, ...] = ()
         finish = "length"
         generated = 0
         held_text = ""
         try:
             self._checkpoint()
+            constraint = e.constraint(p)
+            if constraint is not None:
+                constraint.prefetch()  # the first mask, during the prefill
             self.sess = e._session()
             # a long prefill chunk is stopped between graph nodes (RunOptions.terminate)
             self.cancel.on_cancel(lambda: self.sess.terminate() if self.sess else None)
@@ -439,6 +494,9 @@ class _Generation:
             self.timings.prompt_n = len(ids) - cached
             self.timings.prompt_ms = (time.perf_counter() - t0) * 1000
             max_tokens = p.max_tokens
+            if max_tokens is None and p.truncate:
+                # A sliding window never runs out of context: bound the open-ended reply (as Ollama does).
+                max_tokens = OPEN_ENDED_CONTEXTS * e.context_length
             t_decode = time.perf_counter()
             last_emit = t_decode
             while True:
@@ -447,14 +505,24 @@ class _Generation:
                 if generated >= cap:
                     finish = "length"
                     break
-                token, logprob, top = sampler.sample(self.logits, self.history)
-                if token in e.tokenizer.eos_ids and not p.ignore_eos:
+                allowed = constraint.allowed() if constraint is not None else None
+                token, logprob, top = sampler.sample(self.logits, self.history, allowed)
+                if token in e.tokenizer.eos_ids and (not p.ignore_eos or constraint is not None):
                     finish = "stop"
                     break
+                if constraint is not None:
+                    # The state moves on emitted tokens only (a variant switch re-prefills the same ones);
+                    # the next mask is computed while the model runs its forward pass.
+                    constraint.advance(token)
+                    constraint.prefetch()
                 generated += 1
                 self.history.append(token)
                 self.ctx.append(token)
                 delta, hit = stops.feed(detok.feed(token))
+                calls: tuple[ToolCallDelta, ...] = ()
+                if reader is not None:
+                    delta, found = reader.feed(delta)
+                    calls = tuple(found)
                 if generated == 1:
                     self.timings.ttft_ms = (time.perf_counter() - t_start) * 1000
                 yield TokenEvent(
@@ -465,6 +533,7 @@ class _Generation:
                     top_logprobs=self._top(top) if p.sampling.logprobs else None,
                     token_text=e.tokenizer.token_text(token) if p.sampling.logprobs is not None else None,
                     elapsed_ms=(time.perf_counter() - t_start) * 1000,
+                    tool_calls=calls,
                 )
                 if hit:
                     finish = "stop"
@@ -488,10 +557,20 @@ class _Generation:
             if not stops.stopped:  # bytes and text held back for a possible stop are the reply's end
                 tail, _ = stops.feed(detok.flush())
                 held_text = tail + stops.flush()
+            if reader is not None:
+                held_text, found = reader.feed(held_text)
+                rest, more = reader.flush()
+                held_text += rest
+                end_calls = tuple(found + more)
+                if reader.calls and finish == "stop":
+                    finish = "tool_calls"
             self.timings.predicted_n = generated
             self.timings.predicted_ms = (time.perf_counter() - t_decode) * 1000
         except Cancelled:
             finish = "cancelled"
+        finally:
+            if constraint is not None:
+                constraint.close()
         t = self.timings
         t.prompt_per_second = t.prompt_n / (t.prompt_ms / 1000) if t.prompt_ms > 0 else 0.0
         t.predicted_per_second = t.predicted_n / (t.predicted_ms / 1000) if t.predicted_ms > 0 else 0.0
@@ -503,6 +582,7 @@ class _Generation:
             truncated=self.truncated,
             variant=e.variant,
             text=held_text,
+            tool_calls=end_calls,
         )
 
     def _top(self, top: Any) -> tuple[TopLogprob, ...] | None:

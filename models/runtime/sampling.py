@@ -18,9 +18,17 @@ Total over every value `validate` accepts and over any logits: NaN logits never 
 the mass equally, all -inf is uniform, and overflow (a huge logit divided by a small penalty) lands on
 +inf and is handled the same way. So `sample` always returns an id in [0, vocabulary).
 
+5. A constraint (structured output, tool calls: models/runtime/constraint.py) passes `allowed`, a boolean
+   mask over the vocabulary. It applies after step 2 and before 3: the candidates are the allowed tokens
+   only, and greedy, top_k, top_p and min_p all work on the distribution renormalised over them (vLLM and
+   llama.cpp order the grammar first too). Sanitising (below) happens among the allowed tokens, so even
+   NaN or -inf logits never let a disallowed token through.
+
 Logprobs follow OpenAI: the log-softmax of the raw model logits (before bias, penalties and
 temperature), for the chosen token and the top `logprobs` alternatives; floored at -9999 as OpenAI does,
-so an impossible token still has a JSON number.
+so an impossible token still has a JSON number. Under a constraint they still report the model's own
+distribution (vLLM's default, raw logprobs): a forced token shows how much the model wanted it, and the
+top alternatives may include tokens the grammar did not allow.
 
 One Sampler per generation: `history` must only grow by appending between calls (penalty counts are
 updated incrementally). The history of the first call is taken as the prompt unless prompt_len is given.
@@ -191,9 +199,10 @@ class Sampler:
     # -- sampling ------------------------------------------------------------------------------------
 
     def sample(
-        self, logits: np.ndarray, history: Sequence[int]
+        self, logits: np.ndarray, history: Sequence[int], allowed: np.ndarray | None = None
     ) -> tuple[int, float | None, TopLogprobs | None]:
-        """Pick the next token from 1-D float32 `logits` over the vocabulary.
+        """Pick the next token from 1-D float32 `logits` over the vocabulary, among the `allowed` ones
+        (a boolean mask as long as the vocabulary, or None for all; at least one must be allowed).
         Returns (token id, its logprob under the model, top alternatives); both logprob parts are None
         unless params.logprobs is set (a log-softmax over the vocabulary costs ~0.1 ms a token). The
         alternatives are (id, logprob) pairs, best first."""
@@ -203,9 +212,18 @@ class Sampler:
             self._vocab_checked = True
         # Overflow to +-inf and inf - inf are expected on extreme inputs and handled by _sanitized.
         with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
-            x = _sanitized(self.penalize(logits, history))
+            x = self.penalize(logits, history)
+            ids: np.ndarray | None = None
+            if allowed is not None:
+                ids = np.flatnonzero(allowed[: x.shape[-1]])
+                if ids.size == 0:
+                    raise ValueError("the constraint allows no token")
+                x = x[ids]
+            x = _sanitized(x)
             greedy = p.temperature < GREEDY_BELOW or p.top_k == 1
             token = int(np.argmax(x)) if greedy else self._draw(x)
+            if ids is not None:
+                token = int(ids[token])
             if p.logprobs is None:
                 return token, None, None
             logprob, top = self._logprobs(logits, token)

@@ -462,6 +462,10 @@ class ModelStore:
             out += [dataclasses.replace(r, serving=r.version == serving) for r in rows]
         return out
 
+    def manifest(self, model_id: str, version: str) -> dict[str, Any] | None:
+        """The manifest of an installed version (None when it has no valid one). Reads one small file."""
+        return _read_manifest(self.models_dir / model_id / version, model_id, version)
+
     def remove(self, name: str) -> None:
         """Remove every version of a model. `current` goes first, so a kill leaves it not installed."""
         model_id = registry.model_id(name)

@@ -1,5 +1,14 @@
-"""What /v1/chat/completions and /v1/completions share: submit a job, then answer with one JSON body or
-an SSE stream. Handlers stay ten lines; everything about the worker and the stream lifecycle is here."""
+"""What every generating endpoint shares, whatever its dialect (OpenAI chat and completions, Ollama's
+/api/chat and /api/generate, the Responses API): route and submit a job, then answer with one body or a
+stream. Handlers stay ten lines; everything about the worker and the stream lifecycle is here.
+
+A dialect is a `Renderer`: it turns the collected tokens into one response, or the coalesced events
+(server/streaming.py) into its streaming response. The shared steps:
+    start()   route (local or upstream) and submit; busy / loading / a bad model refuse here, before any work
+    respond() not streamed: wait for every event (cancel when the client leaves), then renderer.reply();
+              streamed: hold the headers until the prompt is built (a too-long prompt is still a real 413),
+              then renderer.stream(); the stream's end (done, error, client gone) is accounted for once.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +16,23 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Literal
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from models.errors import ModelNotChat
+from models.runtime.constraint import check_grammar
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
 from server.logs import RequestRecord, log_request
 from server.routing.router import HEADER as ROUTE_HEADER
 from server.routing.router import Route
 from server.schemas import ChunkBuilder, _GenerationRequest, chat_completion, text_completion
-from server.streaming import sse_stream
+from server.streaming import Item, coalesced, sse_stream
 from server.worker import Failed, Job, Started, loop_sink
 
 if TYPE_CHECKING:
@@ -71,24 +82,65 @@ async def _next_event(events: asyncio.Queue, gone: asyncio.Event, until: float |
     raise TimeoutError
 
 
-async def complete(
+@dataclass
+class Generation:
+    """One submitted job: its events, where it runs, and its accounting."""
+
+    rt: Runtime
+    job: Job
+    events: asyncio.Queue
+    route: Route
+    model: str  # as the reply names it
+    stream: bool
+    on_end: Callable[[FinishEvent | None, BaseException | None], None]
+    arrived: float = field(default_factory=time.monotonic)
+    started: float | None = None  # when the worker (or the upstream) started the job
+
+    @property
+    def rid(self) -> str:
+        return self.job.id
+
+    def mark_started(self) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
+
+    def events_until_end(self) -> AsyncIterator[Item]:
+        """The coalesced stream (server/streaming.py) of this job, with its end accounted for."""
+
+        def stream_end(finish: FinishEvent | None, error: BaseException | None, _sent: int) -> None:
+            self.on_end(finish, error)
+
+        return coalesced(self.job, self.events, interval_s=self.rt.stream_interval_s, on_end=stream_end)
+
+
+async def start(
     request: Request,
     kind: Literal["chat", "text"],
     body: _GenerationRequest,
     payload: list[dict] | str,
-) -> Response:
+    *,
+    rid: str,
+    endpoint: str,
+    keep_alive_s: float | None = None,
+) -> Generation:
+    """Route and submit the job (instead of worker.submit). Raises, before any work, what the router or
+    the worker refuses: an unknown model, a forbidden upstream, busy, loading, closing."""
     rt: Runtime = request.app.state.runtime
     assert rt.router is not None
+    arrived = time.monotonic()
     # routing: where this request is served and why (refuses an unknown model or a forbidden upstream)
     route = rt.router.plan(body.model, body.route, request.headers.get(ROUTE_HEADER), truncate=body.truncate)
-    model = route.model
     engine = rt.worker.engine
     if route.side == "local" and kind == "chat" and engine is not None and not engine.can_chat:
-        raise ModelNotChat.for_model(model)  # at once (the worker would say it too, maybe after a queue)
+        raise ModelNotChat.for_model(
+            route.model
+        )  # at once (the worker would say it too, maybe after a queue)
     params = body.to_params(rt.sampling_defaults)
-    if rt.worker.engine is not None:  # logit_bias ids against the vocabulary: a 400 before any work
-        validate_sampling(params.sampling, rt.worker.engine.vocab_size)
-    rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+    checks = body.constraint_checks()
+    if checks:  # a schema llguidance cannot compile: a 400 naming it, before any work (off the event loop)
+        await asyncio.to_thread(lambda: [check_grammar(grammar, param) for grammar, param in checks])
+    if engine is not None:  # logit_bias ids against the vocabulary: a 400 before any work
+        validate_sampling(params.sampling, engine.vocab_size)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     job = Job(
@@ -98,9 +150,8 @@ async def complete(
         params=params,
         sink=loop_sink(loop, events),
         governor_events=body.governor_events,
+        keep_alive_s=keep_alive_s,
     )
-    started_at = time.monotonic()
-    endpoint = "chat" if kind == "chat" else "completions"
 
     def on_end(finish: FinishEvent | None, error: BaseException | None) -> None:
         outcome = (
@@ -115,7 +166,7 @@ async def complete(
             RequestRecord(
                 id=rid,
                 endpoint=endpoint,
-                model=model,
+                model=route.model,
                 variant=finish.variant if finish else None,
                 stream=body.stream,
                 prompt_tokens=finish.usage.prompt_tokens if finish else 0,
@@ -123,87 +174,131 @@ async def complete(
                 ttft_ms=finish.timings.ttft_ms if finish else 0.0,
                 tokens_per_s=finish.timings.predicted_per_second if finish else 0.0,
                 outcome=outcome,
-                duration_ms=(time.monotonic() - started_at) * 1000,
+                duration_ms=(time.monotonic() - arrived) * 1000,
                 route=f"{route.side}/{route.reason}",
             )
         )
 
     # Instead of worker.submit: local or upstream; busy / loading / closing raise here, before any work.
     rt.router.start(route, job, kind, body, payload)
+    return Generation(rt, job, events, route, route.model, body.stream, on_end, arrived=arrived)
 
-    if body.stream:
-        builder = ChunkBuilder(kind, rid, model)
-        builder.final_fields = lambda: {"route": route.as_dict()}
-        return await _stream(request, rt, job, events, builder, body, on_end, route)
 
+async def collect(request: Request, gen: Generation) -> tuple[list[TokenEvent], FinishEvent] | None:
+    """Every token and the finish; None when the client left first (the job is cancelled). A failure is
+    raised (the app's handlers answer it)."""
     tokens: list[TokenEvent] = []
     try:
-        async with disconnect_watch(request, job) as gone:
+        async with disconnect_watch(request, gen.job) as gone:
             while True:
-                item = await _next_event(events, gone)
+                item = await _next_event(gen.events, gone)
                 if isinstance(item, TokenEvent):
                     tokens.append(item)
+                elif isinstance(item, Started):
+                    gen.mark_started()
                 elif isinstance(item, Failed):
-                    on_end(None, item.error)
+                    gen.on_end(None, item.error)
                     raise item.error
                 elif isinstance(item, FinishEvent):
-                    finish = item
-                    break
+                    gen.mark_started()
+                    gen.on_end(item, None)
+                    return tokens, item
     except ClientGone:
-        on_end(None, None)
-        return Response(status_code=499)  # nobody reads it; uvicorn needs an answer
-    on_end(finish, None)
-    text = "".join(ev.text for ev in tokens) + finish.text
-    build = chat_completion if kind == "chat" else text_completion
-    reply = build(rid, model, text, tokens, finish, finish.variant)
-    reply["route"] = route.as_dict()
-    return JSONResponse(reply, headers={ROUTE_HEADER: route.header()})
+        gen.on_end(None, None)
+        return None
 
 
-async def _stream(
-    request: Request,
-    rt: Runtime,
-    job: Job,
-    events: asyncio.Queue,
-    builder: ChunkBuilder,
-    body: _GenerationRequest,
-    on_end,
-    route: Route,
-) -> Response:
-    # Hold the response headers until the prompt is built (usually milliseconds), so a prompt that is too
-    # long still gets a real 413 instead of an error chunk. If the job waits in the queue longer than the
-    # ping interval, start the stream anyway: pings keep the client (and proxies) from timing out.
-    deadline = time.monotonic() + rt.stream_start_wait_s
+async def wait_started(request: Request, gen: Generation) -> Started | Literal[False] | None:
+    """Hold the response headers until the prompt is built (usually milliseconds), so a prompt that is too
+    long still gets a real 413 instead of an error in the stream. If the job waits in the queue longer than
+    the ping interval, start the stream anyway (None): pings keep the client and proxies from timing out.
+    False: the client left. A failure before the start is raised."""
+    deadline = time.monotonic() + gen.rt.stream_start_wait_s
     try:
-        async with disconnect_watch(request, job) as gone:
+        async with disconnect_watch(request, gen.job) as gone:
             while True:
-                item = await _next_event(events, gone, until=deadline)
+                item = await _next_event(gen.events, gone, until=deadline)
                 if isinstance(item, Failed):
-                    on_end(None, item.error)
+                    gen.on_end(None, item.error)
                     raise item.error
                 if isinstance(item, Started):
-                    builder.variant = item.variant
-                    break
+                    gen.mark_started()
+                    return item
     except ClientGone:
-        on_end(None, None)
-        return Response(status_code=499)
+        gen.on_end(None, None)
+        return False
     except TimeoutError:
-        pass
+        return None
 
-    def stream_end(finish: FinishEvent | None, error: BaseException | None, _sent: int) -> None:
-        on_end(finish, error)
 
-    return EventSourceResponse(
-        sse_stream(
-            job,
-            events,
-            builder,
-            interval_s=rt.stream_interval_s,
-            include_usage=body.include_usage,
-            on_end=stream_end,
-        ),
-        ping=rt.keepalive_ping_s,
-        headers={ROUTE_HEADER: route.header()},
-        # Our own shutdown path (Worker.close) ends streams first; this only bounds sse-starlette's.
-        shutdown_grace_period=2.0,
-    )
+class Renderer(Protocol):
+    """One dialect's answers."""
+
+    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response: ...
+
+    def stream(self, gen: Generation, started: Started | None) -> Response: ...
+
+
+async def respond(request: Request, gen: Generation, renderer: Renderer) -> Response:
+    if gen.stream:
+        started = await wait_started(request, gen)
+        if started is False:
+            return Response(status_code=499)  # nobody reads it; uvicorn needs an answer
+        return renderer.stream(gen, started)
+    got = await collect(request, gen)
+    if got is None:
+        return Response(status_code=499)
+    return renderer.reply(gen, *got)
+
+
+# ---- OpenAI's chat and text completions ---------------------------------------------------------------
+
+
+@dataclass
+class OpenAIRenderer:
+    kind: Literal["chat", "text"]
+    include_usage: bool
+
+    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
+        text = "".join(ev.text for ev in tokens) + finish.text
+        build = chat_completion if self.kind == "chat" else text_completion
+        body = build(gen.rid, gen.model, text, tokens, finish, finish.variant)
+        body["route"] = gen.route.as_dict()
+        return JSONResponse(body, headers={ROUTE_HEADER: gen.route.header()})
+
+    def stream(self, gen: Generation, started: Started | None) -> Response:
+        builder = ChunkBuilder(self.kind, gen.rid, gen.model)
+        builder.final_fields = lambda: {"route": gen.route.as_dict()}
+        if started is not None:
+            builder.variant = started.variant
+
+        def stream_end(finish: FinishEvent | None, error: BaseException | None, _sent: int) -> None:
+            gen.on_end(finish, error)
+
+        return EventSourceResponse(
+            sse_stream(
+                gen.job,
+                gen.events,
+                builder,
+                interval_s=gen.rt.stream_interval_s,
+                include_usage=self.include_usage,
+                on_end=stream_end,
+            ),
+            ping=gen.rt.keepalive_ping_s,
+            headers={ROUTE_HEADER: gen.route.header()},
+            # Our own shutdown path (Worker.close) ends streams first; this only bounds sse-starlette's.
+            shutdown_grace_period=2.0,
+        )
+
+
+async def complete(
+    request: Request,
+    kind: Literal["chat", "text"],
+    body: _GenerationRequest,
+    payload: list[dict] | str,
+) -> Response:
+    """/v1/chat/completions and /v1/completions."""
+    rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+    endpoint = "chat" if kind == "chat" else "completions"
+    gen = await start(request, kind, body, payload, rid=rid, endpoint=endpoint)
+    return await respond(request, gen, OpenAIRenderer(kind, body.include_usage))

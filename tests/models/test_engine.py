@@ -188,6 +188,23 @@ def test_context_when_prompt_too_long_then_error_or_truncated(tiny):
     assert p.truncated and "be brief" in text and "last question" in text and "turn 0" not in text
 
 
+def test_sliding_window_when_no_max_tokens_then_bounded_at_ten_contexts(tiny_model_dir):
+    """Under truncate the context never runs out: an open-ended reply that no EOS ends (ignore_eos here)
+    stops after OPEN_ENDED_CONTEXTS contexts' worth of tokens instead of running for ever."""
+    from models.runtime.engine import OPEN_ENDED_CONTEXTS
+
+    engine = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=16, prefill_chunk=256)
+    params = GenerationParams(GREEDY, max_tokens=None, truncate=True, ignore_eos=True)
+    tokens, fin = run(engine, engine.text_prompt("once"), params)
+    assert len(tokens) == OPEN_ENDED_CONTEXTS * 16 and fin.finish_reason == "length" and fin.truncated
+    capped, fin = run(
+        engine,
+        engine.text_prompt("once"),
+        GenerationParams(GREEDY, max_tokens=20, truncate=True, ignore_eos=True),
+    )
+    assert len(capped) == 20  # a cap the request gives still rules
+
+
 def test_variant_switch_when_mid_reply_then_reply_continues_coherently(tiny):
     p = tiny.text_prompt("switch variants")
     plain, _ = run(tiny, p, GenerationParams(GREEDY, max_tokens=12))

@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import onnx
 import pytest
 
 from models.convert.families import FAMILIES
+from models.convert.model import GGUFModel
 from models.convert.pipeline import convert
 from models.convert.reference import ReferenceForward
 from models.errors import UnsupportedArchitecture, UnsupportedModel
-from models.gguf.reader import GGUFModel
+from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 from server import cli
 from server.settings import Settings
-from tests.tiny_gguf import TinySpec, write_tiny_gguf
+from tests.models.test_quant_convert import small_logits
+from tests.tiny_gguf import FAMILY_SPECS, TinySpec, write_tiny_gguf
 
 TINY = ["llama", "llama3", "qwen2", "qwen3", "gemma3"]
 # 20 positions: more than twice gemma3's tiny sliding window (8), so layers 0-4 really drop old keys
@@ -41,7 +44,8 @@ def tiny(tmp_path_factory):
         g = write_tiny_gguf(root / "m.gguf", family=fam, matrix_type="Q4_0", embed_type="Q8_0", seed=3)
         d = root / "onnx"
         d.mkdir()
-        out[fam] = (g, d, convert(g, d, measure=False))
+        # f32 too (a quantized source's plan has q4 as its exact variant): both exact routes are checked
+        out[fam] = (g, d, convert(g, d, measure=False, variants=["f32", "q4", "q4-a8"]))
     return out
 
 
@@ -103,6 +107,63 @@ def test_family_when_int8_activations_then_top1_mostly_agrees(tiny, references, 
     agree = float(np.mean([s.argmax() == r.argmax() for s, r in zip(steps, references[family], strict=True)]))
     record_property("q4_a8_top1_agreement", agree)
     assert agree >= 0.75, f"{family}: q4-a8 agrees with the reference on {agree:.0%} of positions"
+
+
+# every mapped type in one file per family: layer 0 and 1 spread the 13 types over the seven projections (so
+# fused projections mix layouts too), the tied table (or the untied head) is a K-quant of its own
+EVERY_TYPE = {
+    "output.weight": "Q2_K",  # first: a suffix of attn_output's names too, which the later keys override
+    "blk.0.attn_q.weight": "Q4_0",
+    "blk.0.attn_k.weight": "Q4_1",
+    "blk.0.attn_v.weight": "Q5_0",
+    "blk.0.attn_output.weight": "Q5_1",
+    "blk.0.ffn_gate.weight": "Q8_0",
+    "blk.0.ffn_up.weight": "Q2_K",
+    "blk.0.ffn_down.weight": "Q3_K",
+    "blk.1.attn_q.weight": "Q5_K",
+    "blk.1.attn_k.weight": "Q6_K",
+    "blk.1.attn_v.weight": "F16",
+    "blk.1.attn_output.weight": "BF16",
+    "blk.1.ffn_gate.weight": "F32",
+    "blk.1.ffn_up.weight": "Q4_K",
+}
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_family_when_every_quant_type_then_exact_variant_matches_reference(tmp_path, family, record_property):
+    """Per family x per GGUF type: the exact variant within TOL of the reference, q4-a8's top-1 recorded."""
+    base = FAMILY_SPECS[family]
+    # K-quant rows hold whole 256-value blocks: every input size (hidden, heads x head_dim, ffn) is 256
+    spec = replace(base, hidden=256, ffn=256, head_dim=64 if base.head_dim else None)
+    g = small_logits(
+        write_tiny_gguf(
+            tmp_path / "m.gguf",
+            family=family,
+            spec=spec,
+            matrix_type="Q4_K",
+            embed_type="Q5_K",
+            tensor_types=EVERY_TYPE,
+            seed=3,
+        )
+    )
+    model = GGUFModel(g)
+    assert set(SUPPORTED_TYPES.values()) - set(model.tensor_types()) == set()
+    d = tmp_path / "onnx"
+    d.mkdir()
+    frag = convert(g, d, measure=False)
+    assert list(frag["variants"]) == ["q4", "q4-a8"]
+    shape, ref = shape_of(model), ReferenceForward(model).logits(IDS)
+    exact = run_chunks(DecoderSession(d / "q4.onnx", shape, 1), shape, [1] * len(IDS))
+    errors = [float(np.abs(logits - ref[pos]).max()) for pos, logits in enumerate(exact)]
+    assert max(errors) < TOL, f"{family}: errors by position {errors}"
+    a8 = run_chunks(DecoderSession(d / "q4-a8.onnx", shape, 1), shape, [1] * len(IDS))
+    agree = float(np.mean([s.argmax() == r.argmax() for s, r in zip(a8, ref, strict=True)]))
+    record_property("q4_a8_top1_agreement", agree)
+    print(
+        f"{family}, every type: q4 max |logit - ref| {max(errors):.1e} (logits up to "
+        f"{np.abs(ref).max():.1f}); q4-a8 top-1 {agree:.0%}"
+    )
+    assert agree >= 0.5
 
 
 def _with_attribute(d, variant: str, name: str, value: int | None):

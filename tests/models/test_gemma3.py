@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from models.convert.graph import VARIANTS, WeightFile, build_variant
+from models.convert.model import GGUFModel
 from models.convert.pipeline import CONVERTER_VERSION
 from models.convert.reference import ReferenceForward
-from models.gguf.reader import GGUFModel
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 from tests.conftest import GEMMA3_SHA256
 from tests.conftest import test_cache_dir as cache_dir

@@ -400,3 +400,48 @@ def test_settings_sampling_defaults_when_at_their_bounds_then_sampler_accepts_th
         for value in (low, high):
             validate_one = SamplingParams(**{name: value})
             Sampler(validate_one, make_rng(0)).sample(random_logits(0, n=50), [])
+
+
+# ---- a constraint's mask (structured output, tool calls) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, seed=1),
+        SamplingParams(temperature=1.5, top_k=2, seed=2),
+        SamplingParams(temperature=0.7, top_p=0.3, seed=3),
+        SamplingParams(temperature=1.0, min_p=0.9, seed=4),
+        SamplingParams(temperature=1.0, logit_bias=((1, -100.0), (5, 100.0)), seed=5),
+        SamplingParams(temperature=1.0, repetition_penalty=100.0, frequency_penalty=2.0, seed=6),
+    ],
+)
+@pytest.mark.parametrize(
+    "logits",
+    [
+        np.array([0, 1, 2, 3, 4, 50, 6, 7], dtype=np.float32),
+        np.array([np.nan, np.nan, 1, np.inf, np.inf, np.inf, np.nan, 0], dtype=np.float32),
+        np.array([-np.inf] * 8, dtype=np.float32),
+        np.array([np.inf, -np.inf, np.nan, 3e38, -3e38, np.inf, 0, 1], dtype=np.float32),
+    ],
+)
+def test_sample_when_mask_then_only_allowed_tokens_under_every_setting(params, logits) -> None:
+    allowed = np.zeros(8, dtype=bool)
+    allowed[[1, 2, 7]] = True
+    sampler = Sampler(params, make_rng(params.seed), prompt_len=1)
+    history = [3]
+    for _ in range(30):
+        token, _, _ = sampler.sample(logits, history, allowed)
+        assert allowed[token]
+        history.append(token)
+
+
+def test_sample_when_mask_then_logprobs_are_the_models_unmasked() -> None:
+    logits = np.array([5.0, 1.0, 0.0, -1.0], dtype=np.float32)
+    allowed = np.array([False, False, True, True])
+    masked = Sampler(SamplingParams(temperature=0.0, logprobs=2), make_rng(0)).sample(logits, [0], allowed)
+    free = Sampler(SamplingParams(temperature=0.0, logprobs=2), make_rng(0)).sample(logits, [0])
+    assert masked[0] == 2 and free[0] == 0
+    assert masked[2] == free[2]  # the top alternatives: the model's own (token 0 first)
+    assert masked[1] == pytest.approx(float(logits[2] - np.log(np.exp(logits).sum())), abs=1e-5)

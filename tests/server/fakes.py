@@ -22,6 +22,7 @@ from models.types import (
     GenerationParams,
     Timings,
     TokenEvent,
+    ToolUse,
     TopLogprob,
     Usage,
 )
@@ -53,6 +54,7 @@ class ScriptedEngine:
         self.reply_tokens = len(self._words) if reply_tokens is None else reply_tokens
         self._last_prompt: list[int] = []
         self.applied_limits: list[EngineLimits] = []
+        self.last_tools: ToolUse | None = None
 
     # ---- prompts: one character per token --------------------------------------------------------
 
@@ -72,7 +74,10 @@ class ScriptedEngine:
             )
         return Prompt(ids[len(ids) - room :], truncated=True)
 
-    def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
+    def chat_prompt(
+        self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None
+    ) -> Prompt:
+        self.last_tools = tools
         ids = [ord(c) for c in self._render(messages)]
         if truncate and len(ids) + reserve > self.context_length:
             # Sliding window: keep system messages, drop the oldest other turns while it does not fit.
@@ -88,6 +93,20 @@ class ScriptedEngine:
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         return self._fit([ord(c) for c in text], reserve, truncate)
+
+    # ---- the tokenizer side: code points are the ids --------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.vocab_size:
+            raise IndexError(f"token id {token_id} is outside the vocabulary")
+        # A surrogate code point stands for bytes that are no UTF-8 text (a partial character's piece).
+        return chr(token_id).encode("utf-8", "surrogatepass")
+
+    def chat_text(self, messages: list[dict]) -> str:
+        return self._render(messages)
 
     # ---- generation ------------------------------------------------------------------------------
 
@@ -234,11 +253,24 @@ class RecordingEngine:
     def vocab_size(self) -> int:
         return self.inner.vocab_size
 
-    def chat_prompt(self, messages: list[dict], *, truncate: bool = False, reserve: int = 0) -> Prompt:
-        return self.inner.chat_prompt(messages, truncate=truncate, reserve=reserve)
+    def chat_prompt(
+        self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None
+    ) -> Prompt:
+        if tools is None:
+            return self.inner.chat_prompt(messages, truncate=truncate, reserve=reserve)
+        return self.inner.chat_prompt(messages, truncate=truncate, reserve=reserve, tools=tools)
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         return self.inner.text_prompt(text, truncate=truncate, reserve=reserve)
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        return self.inner.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.inner.token_bytes(token_id)
+
+    def chat_text(self, messages: list[dict]) -> str:
+        return self.inner.chat_text(messages)
 
     def apply_limits(self, limits: EngineLimits) -> None:
         self.inner.apply_limits(limits)

@@ -40,6 +40,13 @@ class Case:
     allow_origin: str | None = None  # the Access-Control-Allow-Origin expected (None: absent)
 
 
+RESP = "/v1/responses"
+
+
+def resp(**fields: Any) -> dict:
+    return {"input": "hi", "max_output_tokens": 2, **fields}
+
+
 def chat(**fields: Any) -> dict:
     return {"messages": HI, "max_tokens": 2, **fields}
 
@@ -63,6 +70,13 @@ def deep(levels: int) -> list:
     for _ in range(levels - 1):
         value = [value]
     return value
+
+
+FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def fn(**function: Any) -> dict:
+    return {"type": "function", "function": {**FN["function"], **function}}
 
 
 BAD = 400
@@ -138,7 +152,72 @@ CASES = [
     ),
     Case("tool_choice", chat(tool_choice="auto"), BAD, IP, "tool_choice"),
     Case("tool_choice none", chat(tool_choice="none"), BAD, IP, "tool_choice"),
-    Case("tools", chat(tools=[{"type": "function", "function": {"name": "f"}}]), BAD, IP, "tools"),
+    # tools (issue 15); the tiny model's 128 tokens hold no tools description, so the 200s use "none"
+    Case("tools, choice none", chat(tools=[FN], tool_choice="none"), 200),
+    Case("tools not a list", chat(tools={"type": "function"}), BAD, IP, "tools"),
+    Case(
+        "tool type not function",
+        chat(tools=[{"type": "web", "function": FN["function"]}]),
+        BAD,
+        IP,
+        "tools[0].type",
+    ),
+    Case("function name with a space", chat(tools=[fn(name="a b")]), BAD, IP, "tools[0].function.name"),
+    Case("function name 65 chars", chat(tools=[fn(name="a" * 65)]), BAD, IP, "tools[0].function.name"),
+    Case("parameters a string", chat(tools=[fn(parameters="{}")]), BAD, IP, "tools[0].function.parameters"),
+    Case(
+        "parameters type array",
+        chat(tools=[fn(parameters={"type": "array"})]),
+        BAD,
+        IP,
+        "tools[0].function.parameters",
+    ),
+    Case(
+        "parameters uniqueItems",
+        chat(tools=[fn(parameters={"type": "object", "uniqueItems": True})]),
+        BAD,
+        IP,
+        "tools[0].function.parameters",
+    ),
+    Case(
+        "tool_choice unknown function",
+        chat(tools=[FN], tool_choice={"type": "function", "function": {"name": "g"}}),
+        BAD,
+        IP,
+        "tool_choice",
+    ),
+    Case("tool_choice 'always'", chat(tools=[FN], tool_choice="always"), BAD, IP, "tool_choice"),
+    Case(
+        "parallel_tool_calls 'yes'",
+        chat(tools=[FN], parallel_tool_calls="yes"),
+        BAD,
+        IP,
+        "parallel_tool_calls",
+    ),
+    # an integer beyond 64 bits in a schema is read (it was a 500); the prompt with tools is then too long
+    Case(
+        "parameters with 2**80",
+        chat(tools=[fn(parameters={"type": "object", "x": 2**80})], tool_choice="required"),
+        413,
+        "context_length_exceeded",
+    ),
+    Case(
+        "schema with 2**80",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": {"enum": [2**80]}}}),
+        200,
+    ),
+    Case(
+        "tool turn",
+        {"messages": [*HI, {"role": "tool", "tool_call_id": "c", "content": "1"}], "max_tokens": 2},
+        200,
+    ),
+    Case(
+        "tool_calls arguments an object",
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]},
+        BAD,
+        IP,
+        "messages[0].tool_calls[0].function.arguments",
+    ),
     Case("echo 0", text(echo=0), BAD, IP, "echo", TEXT),
     Case("max_tokens '5'", chat(max_tokens="5"), BAD, IP, "max_tokens"),
     Case("stream 'true'", chat(stream="true"), BAD, IP, "stream"),
@@ -165,7 +244,52 @@ CASES = [
     ),
     Case("role missing", {"messages": [{"content": "x"}]}, BAD, IP, "messages[0].role"),
     Case("messages empty", {"messages": []}, BAD, IP, "messages"),
-    Case("response_format json", chat(response_format={"type": "json_object"}), BAD, IP, "response_format"),
+    # structured output (issue 15)
+    Case("response_format json_object", chat(response_format={"type": "json_object"}), 200),
+    Case(
+        "response_format json_schema",
+        chat(
+            response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": {"enum": ["a"]}}}
+        ),
+        200,
+    ),
+    Case(
+        "response_format type yaml", chat(response_format={"type": "yaml"}), BAD, IP, "response_format.type"
+    ),
+    Case("response_format a string", chat(response_format="json"), BAD, IP, "response_format"),
+    Case("json_schema missing", chat(response_format={"type": "json_schema"}), BAD, IP, "response_format"),
+    Case(
+        "schema not an object",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": True}}),
+        BAD,
+        IP,
+        "response_format.json_schema.schema",
+    ),
+    Case(
+        "schema with a bad $ref",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": {"$ref": "#/x"}}}),
+        BAD,
+        IP,
+        "response_format",
+    ),
+    Case(
+        "schema type 5",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": {"type": 5}}}),
+        BAD,
+        IP,
+        "response_format",
+    ),
+    Case(
+        "schema minimum > maximum",
+        text(json_schema={"type": "integer", "minimum": 3, "maximum": 1}),
+        BAD,
+        IP,
+        "json_schema",
+        TEXT,
+    ),
+    Case("grammar that does not parse", text(grammar="root ::= ("), BAD, IP, "grammar", TEXT),
+    Case("grammar and json_schema", text(grammar='root ::= "a"', json_schema={}), BAD, IP, "grammar", TEXT),
+    Case("grammar streamed", text(grammar='root ::= "a"', stream=True), 200, path=TEXT),
     Case("completions logprobs 21", text(logprobs=21), BAD, IP, "logprobs", TEXT),
     Case("prompt batch", text(prompt=["a", "b"]), BAD, IP, "prompt", TEXT),
     Case("10k-level nesting", nested(10_000), BAD, "invalid_json"),
@@ -261,6 +385,72 @@ CASES = [
     Case(
         "CORS request from a foreign origin", chat(), 200, headers={**JSON, "Origin": "http://evil.example"}
     ),
+    # the Responses API and llama.cpp's tokenizer endpoints (OpenAI's error shape)
+    Case("responses: surrogate in input", raw('{"input": "a\\ud800"}'), BAD, IP, "input", RESP),
+    Case(
+        "responses: surrogate in an item",
+        raw('{"input": [{"role": "user", "content": [{"type": "input_text", "text": "\\udc00"}]}]}'),
+        BAD,
+        IP,
+        "input[0].content[0].text",
+        RESP,
+    ),
+    Case(
+        "responses: previous_response_id",
+        resp(previous_response_id="resp_x"),
+        BAD,
+        IP,
+        "previous_response_id",
+        RESP,
+    ),
+    Case("responses: max_output_tokens '5'", resp(max_output_tokens="5"), BAD, IP, "max_output_tokens", RESP),
+    Case(
+        "responses: temperature NaN", raw('{"input": "hi", "temperature": NaN}'), BAD, IP, "temperature", RESP
+    ),
+    Case("responses: input a number", resp(input=5), BAD, IP, "input", RESP),
+    Case("responses: item not an object", resp(input=["hi"]), BAD, IP, "input[0]", RESP),
+    Case("responses: 65-level input", resp(input=deep(64)), BAD, "invalid_json", path=RESP),
+    Case(
+        "responses: input beyond the context",
+        resp(input="word " * 2000),
+        413,
+        "context_length_exceeded",
+        path=RESP,
+    ),
+    Case("responses: truncation auto", resp(input="word " * 2000, truncation="auto"), 200, path=RESP),
+    Case("responses: emoji", resp(input="🙂👍🏽🇫🇷"), 200, path=RESP),
+    Case("responses: max_output_tokens 10**30", resp(max_output_tokens=10**30), 200, path=RESP),
+    Case("tokenize: surrogate", raw('{"content": "\\ud800"}'), BAD, IP, "content", "/tokenize"),
+    Case("tokenize: content a dict", {"content": {"a": 1}}, BAD, IP, "content", "/tokenize"),
+    Case("tokenize: negative id", {"content": ["a", -1]}, BAD, IP, "content[1]", "/tokenize"),
+    Case("tokenize: NUL and emoji", {"content": "a\x00🙂", "with_pieces": True}, 200, path="/tokenize"),
+    Case("tokenize: 100k characters", {"content": "ab" * 50_000}, 200, path="/tokenize"),
+    Case("detokenize: id 10**30", {"tokens": [1, 10**30]}, BAD, IP, "tokens[1]", "/detokenize"),
+    Case(
+        "detokenize: id 2**64 as a float",
+        raw('{"tokens": [1.8446744073709552e19]}'),
+        BAD,
+        IP,
+        "tokens[0]",
+        "/detokenize",
+    ),
+    Case("detokenize: a string", {"tokens": ["1"]}, BAD, IP, "tokens[0]", "/detokenize"),
+    Case(
+        "apply-template: role missing",
+        {"messages": [{"content": "x"}]},
+        BAD,
+        IP,
+        "messages[0].role",
+        "/apply-template",
+    ),
+    Case(
+        "apply-template: model elsewhere",
+        {"messages": HI, "model": "x"},
+        404,
+        "model_not_found",
+        "model",
+        "/apply-template",
+    ),
 ]
 
 
@@ -327,11 +517,213 @@ def test_hostile_request_when_sent_then_expected_status_and_code_and_connection_
         if content_type.startswith("text/event-stream"):
             assert b'"error"' not in data and data.rstrip().endswith(b"data: [DONE]")
         else:
-            assert json.loads(data)["choices"]
+            body = json.loads(data)
+            assert body.get("error") is None and any(
+                k in body for k in ("choices", "output", "tokens", "content")
+            )
     # The connection survives: the same socket answers the next request, unless the server said it would
     # close it (then the client opens a new one, as any pooled client does).
     closing = (response.getheader("connection") or "").lower() == "close"
     assert sock_before is None or connection.sock is sock_before or closing
+    response, data = send(
+        connection, srv.host_header, Case("health", None, 200, path="/health", method="GET"), None
+    )
+    assert response.status == 200, data
+
+
+# ---- Ollama's API: the same discipline, Ollama's error shape {"error": "message"} ----
+
+
+@dataclass(frozen=True)
+class OllamaCase:
+    id: str
+    path: str
+    body: Body
+    status: int
+    words: str = ""  # in the error message (when an error is expected)
+    code: str | None = None  # the simmer code behind it (its status is _STATUS's)
+    headers: dict[str, str] = field(default_factory=lambda: dict(JSON))
+    method: str = "POST"
+
+
+def ochat(model: str = "{model}", **fields: Any) -> dict:
+    return {"model": model, "messages": HI, "stream": False, "options": {"num_predict": 2}, **fields}
+
+
+def ogen(model: str = "{model}", **fields: Any) -> dict:
+    return {"model": model, "prompt": "once", "stream": False, "options": {"num_predict": 2}, **fields}
+
+
+OLLAMA_CASES = [
+    OllamaCase("chat ok", "/api/chat", ochat(), 200),
+    OllamaCase("chat streamed ok", "/api/chat", ochat(stream=True), 200),
+    OllamaCase("generate ok", "/api/generate", ogen(), 200),
+    OllamaCase("not JSON", "/api/chat", b'{"model": ', BAD, "not valid JSON", "invalid_json"),
+    OllamaCase("empty body", "/api/chat", b"", BAD, "empty", "invalid_json"),
+    OllamaCase("body a list", "/api/generate", b"[]", BAD, "JSON object", IP),
+    OllamaCase("invalid UTF-8", "/api/chat", b'{"model": "\xff"}', BAD, "UTF-8", "invalid_json"),
+    OllamaCase(
+        "10k-level nesting", "/api/chat", b"[" * 10_000 + b"]" * 10_000, BAD, "nested", "invalid_json"
+    ),
+    OllamaCase(
+        "surrogate in content",
+        "/api/chat",
+        raw('{"model": "m", "messages": [{"role": "user", "content": "a\\ud800"}]}'),
+        BAD,
+        "messages[0].content",
+        IP,
+    ),
+    OllamaCase(
+        "surrogate in an option",
+        "/api/generate",
+        raw('{"model": "m", "options": {"x": "\\udfff"}}'),
+        BAD,
+        "options.x",
+        IP,
+    ),
+    OllamaCase(
+        "temperature NaN",
+        "/api/generate",
+        raw('{"model": "m", "options": {"temperature": NaN}}'),
+        BAD,
+        "options.temperature",
+        IP,
+    ),
+    OllamaCase(
+        "top_p 1e400 (inf)",
+        "/api/generate",
+        raw('{"model": "m", "options": {"top_p": 1e400}}'),
+        BAD,
+        "options.top_p",
+        IP,
+    ),
+    OllamaCase("seed 2**64", "/api/generate", ogen(options={"seed": 2**64}), BAD, "options.seed", IP),
+    OllamaCase("seed int64 min", "/api/generate", ogen(options={"seed": -(2**63), "num_predict": 2}), 200),
+    OllamaCase(
+        "num_predict 10**30", "/api/generate", ogen(options={"num_predict": 10**30}, truncate=False), 200
+    ),
+    OllamaCase("top_k 10**30", "/api/chat", ochat(options={"top_k": 10**30, "num_predict": 2}), 200),
+    OllamaCase("options a list", "/api/chat", ochat(options=[1]), BAD, "options", IP),
+    OllamaCase("stream 'true'", "/api/chat", ochat(stream="true"), BAD, "stream", IP),
+    OllamaCase(
+        "keep_alive 1e400", "/api/chat", raw('{"model": "m", "keep_alive": 1e400}'), BAD, "keep_alive", IP
+    ),
+    OllamaCase("keep_alive 10**400", "/api/generate", ogen(keep_alive=10**400), 200),
+    OllamaCase("keep_alive garbage", "/api/chat", ochat(keep_alive="5 minutes"), BAD, "keep_alive", IP),
+    OllamaCase("messages a string", "/api/chat", ochat(messages="hi"), BAD, "messages", IP),
+    OllamaCase(
+        "prompt beyond the context, truncate false",
+        "/api/generate",
+        ogen(prompt="word " * 2000, truncate=False),
+        413,
+        "context",
+        "context_length_exceeded",
+    ),
+    OllamaCase(
+        "prompt beyond the context, Ollama's truncate",
+        "/api/chat",
+        ochat(messages=[{"role": "user", "content": "word " * 2000}]),
+        200,
+    ),
+    OllamaCase("NUL bytes and emoji", "/api/generate", ogen(prompt="a\x00b 🙂👍🏽", raw=True), 200),
+    OllamaCase(
+        "model ../../etc/passwd",
+        "/api/chat",
+        ochat(model="../../etc/passwd"),
+        404,
+        "not found",
+        "model_not_found",
+    ),
+    OllamaCase("model with NUL", "/api/show", {"model": "a\x00b"}, 404, "not found", "model_not_found"),
+    OllamaCase("show: model a number", "/api/show", {"model": 5}, BAD, "model", IP),
+    OllamaCase("delete: no body", "/api/delete", b"", BAD, "empty", "invalid_json", method="DELETE"),
+    OllamaCase(
+        "delete: unknown",
+        "/api/delete",
+        {"model": "nope"},
+        404,
+        "not found",
+        "model_not_found",
+        method="DELETE",
+    ),
+    OllamaCase(
+        "pull: not a GGUF",
+        "/api/pull",
+        {"model": "/etc/hostname.gguf", "stream": False},
+        404,
+        "no such file",
+        "model_not_found",
+    ),
+    OllamaCase(
+        "pull: a file that is no GGUF",
+        "/api/pull",
+        {"model": "{not_gguf}", "stream": False},
+        BAD,
+        "GGUF",
+        "invalid_model_file",
+    ),
+    OllamaCase("pull: unknown id", "/api/pull", {"model": "nope"}, 404, "unknown model", "model_not_found"),
+    OllamaCase("pull: bad hf name", "/api/pull", {"model": "hf:x"}, BAD, "Hugging Face", IP),
+    OllamaCase(
+        "Content-Type text/plain",
+        "/api/chat",
+        ochat(),
+        415,
+        "Content-Type",
+        "unsupported_content_type",
+        headers={"Content-Type": "text/plain"},
+    ),
+    OllamaCase("2 MB body", "/api/generate", ogen(prompt="x" * 2_000_000), 413, "over", "request_too_large"),
+    OllamaCase(
+        "foreign Host",
+        "/api/tags",
+        None,
+        403,
+        "Host",
+        "host_not_allowed",
+        headers={"Host": "evil.example"},
+        method="GET",
+    ),
+    OllamaCase("wrong method", "/api/tags", None, 405, "Not Allowed", "method_not_allowed", method="DELETE"),
+    OllamaCase("unknown path", "/api/nothing", None, 404, "Not Found", "not_found", method="GET"),
+]
+
+
+def render(body: Body, engine: LlamaEngine, not_gguf: str) -> bytes | None:
+    if isinstance(body, dict):
+        text = json.dumps(body).replace('"{model}"', json.dumps(engine.model_id))
+        return text.replace('"{not_gguf}"', json.dumps(not_gguf)).encode()
+    return body  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("case", OLLAMA_CASES, ids=[c.id for c in OLLAMA_CASES])
+def test_hostile_ollama_request_when_sent_then_status_and_ollama_error_and_connection_still_serves(
+    hostile_server, connection: http.client.HTTPConnection, case: OllamaCase, tmp_path
+) -> None:
+    srv, engine = hostile_server
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("these are notes, not a model")
+    as_case = Case(case.id, None, case.status, path=case.path, method=case.method, headers=case.headers)
+    try:
+        response, data = send(connection, srv.host_header, as_case, render(case.body, engine, str(not_gguf)))
+    except (OSError, http.client.HTTPException):
+        connection.close()
+        raise
+    assert response.status == case.status, data[:300]
+    if case.status >= 400:
+        body = json.loads(data)
+        assert set(body) == {"error"} and isinstance(body["error"], str), body
+        assert case.words in body["error"] and "Traceback" not in body["error"], body
+        if case.code is not None:
+            from server.errors import _STATUS
+
+            assert _STATUS[case.code][0] == case.status
+    elif case.method == "POST":
+        if response.getheader("content-type", "").startswith("application/x-ndjson"):
+            lines = [json.loads(line) for line in data.splitlines() if line]
+            assert lines[-1]["done"] is True and all("error" not in line for line in lines)
+        else:
+            assert json.loads(data)["done"] is True
     response, data = send(
         connection, srv.host_header, Case("health", None, 200, path="/health", method="GET"), None
     )
@@ -359,8 +751,13 @@ def test_hostile_cases_cover_every_error_code_the_request_path_can_send() -> Non
         "upstream_error",
         "upstream_unavailable",
         "insufficient_disk",  # model installs: tests/models/test_store_disk*.py
+        # a pull of a GGUF the converter refuses, or from a source that cannot be reached: tests/models/
+        "unsupported_model",
+        "unsupported_architecture",
+        "hash_mismatch",
+        "source_unavailable",
     }
-    covered = {c.code for c in CASES}
+    covered = {c.code for c in CASES} | {c.code for c in OLLAMA_CASES}
     assert set(_STATUS) - elsewhere <= covered, set(_STATUS) - elsewhere - covered
 
 

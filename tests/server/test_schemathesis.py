@@ -28,6 +28,7 @@ from tests.server.conftest import LiveServer, make_settings, start_server
 
 MAX_REPLY = 4
 EXAMPLES_PER_OPERATION = 180  # hypothesis examples per operation, on top of schemathesis' coverage phase
+DIALECT_EXAMPLES = 50  # for the operations of the other dialects (see CONFIG)
 MIN_REQUESTS = 1000
 
 CONFIG = SchemathesisConfig.from_dict(
@@ -41,6 +42,15 @@ CONFIG = SchemathesisConfig.from_dict(
             # the right answer and cannot be expressed in JSON Schema (it counts tokens, not characters).
             "positive_data_acceptance": {"expected-statuses": ["2xx", "404", "413"]},
         },
+        # The dialects beside OpenAI's (Ollama's, llama.cpp's tokenizer, Responses) reuse the validation
+        # and the generation path the OpenAI operations exercise in full: fewer examples each, so the
+        # campaign stays near its old length on two cores.
+        "operations": [
+            {
+                "include-path-regex": "^/(api/|tokenize|detokenize|apply-template|v1/responses)",
+                "generation": {"max-examples": DIALECT_EXAMPLES},
+            }
+        ],
     }
 )
 
@@ -68,26 +78,83 @@ def document() -> dict:
 DOCUMENT = document()
 # /v1/thermal/events is an endless SSE stream (one event per governor change): it takes no input to fuzz
 # and has no response end to validate. Its contract has its own tests.
-schema = schemathesis.openapi.from_dict(DOCUMENT, config=CONFIG).exclude(path="/v1/thermal/events")
-VOCAB: list[int] = []  # the served model's vocabulary size, once the server runs
+# /api/pull installs models (it would fetch from PyPI or the Hub for a known name, and convert any GGUF path
+# it is given): tests/server/test_ollama.py covers it on a tiny local GGUF.
+schema = (
+    schemathesis.openapi.from_dict(DOCUMENT, config=CONFIG)
+    .exclude(path="/v1/thermal/events")
+    .exclude(path="/api/pull")
+)
+VOCAB: list[int] = []  # the served model's vocabulary size (its logits), once the server runs
+TOKENS: list[int] = []  # its tokenizer's (ids /tokenize and /detokenize know; the logits may be padded)
 
 
 @schema.hook
 def filter_case(context, case) -> bool:
     """Drop the few "schema-valid" cases the server must refuse for reasons the document cannot carry.
     Negative cases are all kept.
-    - logit_bias ids at or past the model's vocabulary size (the document is per server, not per model;
-      the server answers 400 naming logit_bias, as the hostile-input table checks);
+    - logit_bias ids (and /tokenize, /detokenize token ids) at or past the model's vocabulary size (the
+      document is per server, not per model; the server answers 400 naming the field, as the hostile-input
+      table checks);
     - seeds past the document's own int64 bounds: the generator canonicalises bounds beyond 2**53 through
-      float64 (jsonschema_rs) and then draws seeds such as 2**63 + 190 as valid ones."""
+      float64 (jsonschema_rs) and then draws seeds such as 2**63 + 190 as valid ones;
+    - `route: "upstream"`: the campaign's server keeps everything local (SIMMER_ROUTE=local), and says so
+      with 403 upstream_not_allowed (tests/server/routing/ checks it); the policy is the server's, not the
+      document's."""
     body = case.body
     if case.meta is None or not case.meta.generation.mode.is_positive or not isinstance(body, dict):
         return True
-    seed = body.get("seed")
-    if isinstance(seed, int) and not -(2**63) <= seed < 2**63:
+    if body.get("route") == "upstream":
         return False
+    ids = [*_ints(body.get("tokens")), *_ints(body.get("content"))]  # /detokenize, /tokenize
+    if TOKENS and any(i >= TOKENS[0] for i in ids):
+        return False
+    options = body.get("options")  # Ollama's seed is in its options
+    for seed in (body.get("seed"), options.get("seed") if isinstance(options, dict) else None):
+        if isinstance(seed, int) and not -(2**63) <= seed < 2**63:
+            return False
     bias = body.get("logit_bias")
-    return not (isinstance(bias, dict) and VOCAB and any(int(k) >= VOCAB[0] for k in bias))
+    if isinstance(bias, dict) and VOCAB and any(int(k) >= VOCAB[0] for k in bias):
+        return False
+    return not refused_tools_or_schema(body)
+
+
+def refused_tools_or_schema(body: dict) -> bool:
+    """Tools whose names repeat or that a named tool_choice does not list, and JSON schemas (in
+    response_format, json_schema, tools[].function.parameters) the constraint library cannot compile
+    (an unimplemented keyword, a $ref to nowhere): the server answers 400 naming the field, as the
+    hostile-input table and tests/server/test_structured.py check."""
+    from pydantic import ValidationError
+
+    from models.errors import InvalidParameter
+    from models.runtime.constraint import check_grammar
+    from server.schemas import ChatCompletionRequest, CompletionRequest
+
+    def ours(param: object) -> bool:  # only refusals about these fields are dropped; others still fail
+        return str(param).split("[")[0].split(".")[0] in ("tools", "tool_choice", *CONSTRAINTS)
+
+    model = ChatCompletionRequest if "messages" in body else CompletionRequest
+    try:
+        request = model.model_validate(body)
+        for grammar, param in request.constraint_checks():
+            check_grammar(grammar, param)
+    except InvalidParameter as e:
+        return ours(e.param)
+    except ValidationError as e:
+        return all(
+            ours(err["loc"][0] if err["loc"] else (err.get("ctx") or {}).get("param")) for err in e.errors()
+        )
+    return False
+
+
+CONSTRAINTS = ("response_format", "json_schema", "grammar")
+
+
+def _ints(value: object) -> list[float]:
+    """The numbers of a token list (whole floats are token ids too)."""
+    if not isinstance(value, list):
+        return []
+    return [v for v in value if isinstance(v, int | float) and not isinstance(v, bool)]
 
 
 class Counter:
@@ -111,6 +178,7 @@ def campaign_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[LiveServ
     settings = make_settings(tmp_path_factory.mktemp("schemathesis"), model=engine.model_id)
     srv = start_server(settings, engine=engine, governor=make_gate())
     VOCAB[:] = [engine.vocab_size]
+    TOKENS[:] = [engine.tokenizer.vocab_size]
     yield srv
     srv.stop()
 

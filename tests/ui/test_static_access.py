@@ -12,7 +12,9 @@ from server.governor_gate import build_gate
 
 def test_ui_when_api_key_set_then_page_and_static_open_but_api_closed(ui_server):
     srv = ui_server(api_key="s3cret")
-    with httpx.Client(base_url=srv.url, timeout=5) as c:
+    # a browser's navigation asks for HTML (without, `/` answers "Ollama is running", as Ollama does)
+    browser = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+    with httpx.Client(base_url=srv.url, timeout=5, headers=browser) as c:
         page = c.get("/")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         assert 'src="/static/app.js"' in page.text

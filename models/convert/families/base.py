@@ -3,8 +3,9 @@ tensors every block has, and the flags a family sets where it differs from Llama
 
 The graph builder (convert/block.py) and the numpy reference (convert/reference.py) read these flags and
 nothing else, so a family is a dataclass value plus, where a flag will not do, a `configure` hook that reads
-its own metadata keys (Gemma 3's window pattern, Llama 3's RoPE frequency factors). Nothing here imports the
-reader or the graph: the reader validates files against a family, the builder builds one.
+its own metadata keys (Gemma 3's window pattern, Llama 3's RoPE frequency factors). A family reads its
+hyper-parameters from a GGUF's raw metadata and tensor shapes (`Family.read_config`); nothing here imports
+the reader or the graph.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from models.errors import InvalidModelFile, UnsupportedModel
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 
@@ -85,10 +88,74 @@ class RopeKind:
 
 
 Metadata = Mapping[str, Any]
+Shapes = Mapping[str, tuple[int, int]]  # tensor name -> (rows, cols); (1, n) for 1-D
 Configure = Callable[[ModelConfig, Metadata, Collection[str]], ModelConfig]
 
 
 def unchanged(cfg: ModelConfig, meta: Metadata, tensors: Collection[str]) -> ModelConfig:
+    return cfg
+
+
+class _Keys:
+    """Typed reads of one file's `{arch}.*` keys, with errors that name the file."""
+
+    def __init__(self, meta: Metadata, source: str) -> None:
+        self.meta, self.source = meta, source
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.meta.get(key, default)
+        if value is None:
+            raise InvalidModelFile(f"{self.source}: missing metadata key {key}")
+        return value
+
+    def int(self, key: str, default: Any = None) -> int:
+        value = self.get(key, default)
+        if isinstance(value, list) or not isinstance(value, (int, float)):
+            # per-layer arrays (OpenELM-style head counts) have no family here
+            raise UnsupportedModel(f"{self.source}: {key} = {value!r} is not supported (one value expected)")
+        return int(value)
+
+
+def generic_config(architecture: str, meta: Metadata, shapes: Shapes, source: str) -> ModelConfig:
+    """The generic `{arch}.*` keys, as llama.cpp's hparams loader reads them."""
+    a, k = architecture, _Keys(meta, source)
+    hidden = k.int(f"{a}.embedding_length")
+    n_heads = k.int(f"{a}.attention.head_count")
+    head_dim = k.int(f"{a}.attention.key_length", hidden // n_heads)
+    value_dim = k.int(f"{a}.attention.value_length", head_dim)
+    if value_dim != head_dim:
+        raise UnsupportedModel(
+            f"{source}: key length {head_dim} != value length {value_dim} is not supported"
+        )
+    rope_dim = k.int(f"{a}.rope.dimension_count", head_dim)
+    if rope_dim != head_dim:
+        raise UnsupportedModel(f"{source}: partial RoPE ({rope_dim} of {head_dim}) is not supported")
+    scaling = meta.get(f"{a}.rope.scaling.type")
+    rope_scale = 1.0
+    if scaling == "linear":
+        rope_scale = 1.0 / float(k.get(f"{a}.rope.scaling.factor"))
+    elif scaling not in (None, "none"):
+        raise UnsupportedModel(f"{source}: RoPE scaling {scaling!r} is not supported (linear is)")
+    embd = shapes.get("token_embd.weight")
+    if embd is None:
+        raise InvalidModelFile(f"{source}: missing tensor token_embd.weight")
+    cfg = ModelConfig(
+        architecture=a,
+        n_layers=k.int(f"{a}.block_count"),
+        hidden=hidden,
+        ffn=k.int(f"{a}.feed_forward_length"),
+        n_heads=n_heads,
+        n_kv_heads=k.int(f"{a}.attention.head_count_kv", n_heads),
+        head_dim=head_dim,
+        rope_base=float(meta.get(f"{a}.rope.freq_base", 10000.0)),
+        rms_eps=float(k.get(f"{a}.attention.layer_norm_rms_epsilon")),
+        context_length=k.int(f"{a}.context_length"),
+        vocab=k.int(f"{a}.vocab_size", embd[0]),
+        tied_embeddings="output.weight" not in shapes,
+        rope_scale=rope_scale,
+    )
+    if cfg.n_kv_heads <= 0 or cfg.n_heads % cfg.n_kv_heads:
+        raise InvalidModelFile(f"{source}: {cfg.n_heads} heads cannot share {cfg.n_kv_heads} KV heads")
     return cfg
 
 
@@ -118,6 +185,11 @@ class Family:
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {self.activation!r}")
+
+    def read_config(self, meta: Metadata, shapes: Shapes, source: str = "the model") -> ModelConfig:
+        """This family's hyper-parameters from a GGUF's raw metadata and tensor shapes: the generic keys,
+        then what the family's `configure` reads of its own."""
+        return self.configure(generic_config(self.name, meta, shapes, source), meta, shapes.keys())
 
     def tensor_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         """Every tensor a file of this family must have, as (rows, cols) in the torch-Linear sense; 1-D

@@ -1,0 +1,415 @@
+"""Ollama's API (docs/api.md of ollama/ollama) on the same worker, queue, governor and router as the OpenAI
+routes: generation goes through completion_flow with an NDJSON renderer; model management uses the store.
+
+Errors are Ollama's `{"error": "..."}` (server/errors.py shapes every error under /api/), with simmer's
+statuses (404 for an unknown model, 400 for a bad request, 503 busy, 500 a bug); an error after a stream
+started comes as one more line, `{"error": "..."}`, and the stream ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from models.errors import ModelNotFound, SimmerError
+from models.store import registry
+from models.types import FinishEvent, TokenEvent
+from server import model_catalog
+from server.cli import license_notice
+from server.errors import ApiError, ModelLoading, error_payload
+from server.keep_alive import FOREVER
+from server.routes.completion_flow import Generation, respond, start
+from server.routing.router import HEADER as ROUTE_HEADER
+from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.streaming import Batch, End, Error
+from server.wire import ollama as wire
+from server.worker import Started
+
+if TYPE_CHECKING:
+    from server.app import Runtime
+
+log = logging.getLogger("simmer.ollama")
+
+router = APIRouter(prefix="/api")
+
+NDJSON = "application/x-ndjson"
+# The Ollama API level whose wire format these routes follow (clients gate features on /api/version).
+OLLAMA_API_VERSION = "0.12.0"
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+@dataclass
+class NdjsonRenderer:
+    """Ollama's answers to /api/chat and /api/generate: one object, or NDJSON ending with done: true."""
+
+    kind: wire.Kind
+    name: str  # the model as the client named it (Ollama echoes it)
+
+    def _stats(self, gen: Generation, finish: FinishEvent) -> dict[str, int]:
+        now = time.monotonic()
+        started = gen.started if gen.started is not None else now
+        return wire.durations(finish, total_s=now - gen.arrived, load_s=started - gen.arrived)
+
+    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
+        text = "".join(ev.text for ev in tokens) + finish.text
+        body = wire.final(self.kind, self.name, text, tokens, finish, self._stats(gen, finish))
+        return JSONResponse(body, headers={ROUTE_HEADER: gen.route.header()})
+
+    def stream(self, gen: Generation, started: Started | None) -> Response:
+        return StreamingResponse(
+            self._lines(gen), media_type=NDJSON, headers={ROUTE_HEADER: gen.route.header()}
+        )
+
+    async def _lines(self, gen: Generation) -> AsyncIterator[bytes]:
+        stream = gen.events_until_end()
+        async with contextlib.aclosing(stream):
+            async for item in stream:
+                if isinstance(item, Batch):
+                    if item.text or any(ev.logprob is not None for ev in item.events):
+                        yield _line(wire.piece(self.kind, self.name, item.text, item.events))
+                elif isinstance(item, End):
+                    if item.text or item.events:  # held text goes out before the final object
+                        yield _line(wire.piece(self.kind, self.name, item.text, item.events))
+                    gen.mark_started()
+                    yield _line(
+                        wire.final(self.kind, self.name, "", [], item.finish, self._stats(gen, item.finish))
+                    )
+                elif isinstance(item, Error):
+                    if item.events:
+                        yield _line(wire.piece(self.kind, self.name, item.text, item.events))
+                    yield _line(error_payload(item.error, router.prefix + "/")[1])
+                elif isinstance(item, Started):
+                    gen.mark_started()
+
+
+def _not_found(rt: Runtime, name: str) -> SimmerError:
+    """Ollama's words for an unknown model; an installed model this server does not serve says so."""
+    model = wire.model_id(name)
+    if any(m.id == model for m in model_catalog.installed(rt.model_store)):
+        return ModelNotFound(
+            f"model '{name}' is installed but not served: this server serves '{rt.model_id()}' "
+            f"(start it with SIMMER_MODEL={model})",
+            param="model",
+        )
+    return ModelNotFound(f"model '{name}' not found", param="model")
+
+
+async def _generate(
+    request: Request,
+    kind: wire.Kind,
+    body: wire._Generation,
+    job_kind: Literal["chat", "text"],
+    openai: ChatCompletionRequest | CompletionRequest,
+    payload: list[dict] | str,
+) -> Response:
+    rt: Runtime = request.app.state.runtime
+    rid = f"ollama-{uuid.uuid4().hex[:24]}"
+    try:
+        gen = await start(
+            request,
+            job_kind,
+            openai,
+            payload,
+            rid=rid,
+            endpoint=f"api/{kind}",
+            keep_alive_s=body.keep_alive_s(),
+        )
+    except ModelNotFound:
+        raise _not_found(rt, body.model) from None
+    return await respond(request, gen, NdjsonRenderer(kind, body.model))
+
+
+def _control(request: Request, kind: wire.Kind, body: wire._Generation) -> Response:
+    """No prompt (no messages): Ollama's load request, or with keep_alive 0 its unload request."""
+    rt: Runtime = request.app.state.runtime
+    if body.model_id not in rt.served_ids():
+        raise _not_found(rt, body.model)
+    if body.keep_alive_s() == 0:
+        raise ApiError(
+            501,
+            "not_implemented",
+            "unloading on request (keep_alive 0) arrives with the model pool; this server unloads an idle "
+            f"model after SIMMER_KEEP_ALIVE_S ({rt.worker.keep_alive_s:g} s, 0 = never)",
+        )
+    if rt.worker.state != "ready":
+        raise ModelLoading("The model is still loading; retry shortly")
+    return JSONResponse(wire.control(kind, body.model, "load"))
+
+
+@router.post("/chat")
+async def chat(body: wire.OllamaChatRequest, request: Request) -> Response:
+    if not body.messages:
+        return _control(request, "chat", body)
+    openai = body.to_openai()
+    return await _generate(request, "chat", body, "chat", openai, openai.message_dicts())
+
+
+@router.post("/generate")
+async def generate(body: wire.OllamaGenerateRequest, request: Request) -> Response:
+    if not body.prompt:
+        return _control(request, "generate", body)
+    engine = request.app.state.runtime.worker.engine
+    if body.raw or (engine is not None and not engine.can_chat):
+        # raw: the prompt as written; a base model (no chat template) continues the text, as ollama run does
+        prompt = body.prompt if body.raw else body.plain_text()
+        return await _generate(request, "generate", body, "text", body.to_openai_text(prompt), prompt)
+    openai = body.to_openai_chat()
+    return await _generate(request, "generate", body, "chat", openai, openai.message_dicts())
+
+
+# ---- models -------------------------------------------------------------------------------------------
+
+
+def _details(entry: model_catalog.ModelEntry, variant: str | None = None) -> dict[str, Any]:
+    family = entry.family
+    return {
+        "parent_model": "",
+        "format": "onnx",  # simmer serves ONNX converted from the GGUF
+        "family": family,
+        "families": [family] if family else None,
+        "parameter_size": "",
+        "quantization_level": variant or entry.default_variant,
+    }
+
+
+def _tag(entry: model_catalog.ModelEntry, variant: str | None = None) -> dict[str, Any]:
+    name = wire.ollama_name(entry.id)
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": model_catalog.iso(entry.created),
+        "size": entry.size_bytes,
+        "digest": entry.digest,
+        "details": _details(entry, variant),
+    }
+
+
+@router.head("/tags", include_in_schema=False)
+@router.get("/tags")
+async def tags(request: Request) -> dict[str, Any]:
+    rt: Runtime = request.app.state.runtime
+    engine = rt.worker.engine
+    local = await asyncio.to_thread(model_catalog.catalog, rt)  # reads the store: off the event loop
+    models = [_tag(m, engine.variant if m.served and engine else None) for m in local]
+    # Ids served only upstream, when the routing policy lets requests leave (as /v1/models lists them).
+    for remote in rt.router.remote_models() if rt.router else []:
+        name = wire.ollama_name(remote)
+        models.append(
+            {
+                "name": name,
+                "model": name,
+                "modified_at": model_catalog.iso(""),
+                "size": 0,
+                "digest": "",
+                "remote_host": "upstream",
+                "details": {"format": "upstream"},
+            }
+        )
+    return {"models": models}
+
+
+def _model_info(rt: Runtime, entry: model_catalog.ModelEntry) -> dict[str, Any]:
+    arch = entry.architecture
+    family = entry.family or "unknown"
+    context = rt.worker.engine.context_length if entry.served and rt.worker.engine else None
+    keys = {
+        "context_length": context or arch.get("context_length") or entry.manifest.get("context_length"),
+        "embedding_length": arch.get("hidden"),
+        "feed_forward_length": arch.get("ffn"),
+        "block_count": arch.get("n_layers"),
+        "attention.head_count": arch.get("n_heads"),
+        "attention.head_count_kv": arch.get("n_kv_heads"),
+        "attention.key_length": arch.get("head_dim"),
+        "rope.freq_base": arch.get("rope_base"),
+        "vocab_size": arch.get("vocab"),
+    }
+    info: dict[str, Any] = {"general.architecture": family}
+    info.update({f"{family}.{k}": v for k, v in keys.items() if v is not None})
+    return info
+
+
+@router.post("/show")
+async def show(body: wire.ShowRequest, request: Request) -> dict[str, Any]:
+    rt: Runtime = request.app.state.runtime
+    entry = await asyncio.to_thread(model_catalog.find, rt, body.model_id)
+    if entry is None:
+        raise _not_found(rt, body.given)
+    d = rt.sampling_defaults
+    engine = rt.worker.engine
+    template = await asyncio.to_thread(entry.chat_template)
+    return {
+        "modelfile": f"# simmer: the chat template is Jinja (see `template`)\nFROM {entry.id}\n",
+        "parameters": f"temperature {d.temperature:g}\ntop_k {d.top_k}\ntop_p {d.top_p:g}\nmin_p {d.min_p:g}",
+        "template": template,
+        "details": _details(entry, engine.variant if entry.served and engine else None),
+        "model_info": _model_info(rt, entry),
+        "capabilities": ["completion"],
+        "modified_at": model_catalog.iso(entry.created),
+    }
+
+
+@router.get("/ps")
+async def ps(request: Request) -> dict[str, Any]:
+    rt: Runtime = request.app.state.runtime
+    worker, engine = rt.worker, rt.worker.engine
+    if worker.state != "ready" or engine is None or not worker.resident:
+        return {"models": []}
+    entry = model_catalog.served_entry(rt)
+    keep = worker.keep_alive_s or FOREVER  # SIMMER_KEEP_ALIVE_S 0 = never unloaded
+    idle = 0.0 if worker.idle_since is None else time.monotonic() - worker.idle_since
+    left = min(keep - idle, 292 * 365 * 86400.0)  # "never" as Ollama shows it: centuries ahead
+    expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=max(0.0, left))
+    tag = _tag(entry, engine.variant)
+    tag.pop("modified_at")
+    tag.update(
+        {
+            "size": entry.variant_bytes(engine.variant) or entry.size_bytes,
+            "size_vram": 0,  # CPU only
+            "expires_at": expires.isoformat().replace("+00:00", "Z"),
+            "context_length": engine.context_length,
+        }
+    )
+    return {"models": [tag]}
+
+
+@router.head("/version", include_in_schema=False)
+@router.get("/version")
+async def version() -> dict[str, str]:
+    from importlib.metadata import version as package_version
+
+    return {"version": OLLAMA_API_VERSION, "simmer": package_version("simmer")}
+
+
+@router.delete("/delete")
+async def delete(body: wire.ModelRequest, request: Request) -> Response:
+    rt: Runtime = request.app.state.runtime
+    model = body.model_id
+    if model in rt.served_ids():
+        raise ApiError(
+            400,
+            "invalid_parameter",
+            f"model '{body.given}' is being served: serve another model (SIMMER_MODEL) before deleting it",
+            param="model",
+        )
+    installed = await asyncio.to_thread(model_catalog.installed, rt.model_store)
+    if rt.model_store is None or not any(m.id == model for m in installed):
+        raise ModelNotFound(f"model '{body.given}' not found", param="model")
+    await asyncio.to_thread(rt.model_store.remove, model)
+    return Response(status_code=200)
+
+
+@router.post("/pull")
+async def pull(body: wire.PullRequest, request: Request) -> Response:
+    rt: Runtime = request.app.state.runtime
+    store = rt.model_store
+    if store is None:
+        raise ApiError(400, "invalid_parameter", "this server has no model store", param="model")
+    name = body.model_id
+    spec = await asyncio.to_thread(registry.resolve, name, hub=store.hub)  # an unknown name: 404 at once
+    progress = PullProgress(asyncio.get_running_loop())
+
+    def install() -> Any:
+        # The terms the model comes under first, as `simmer pull` prints them (one status line).
+        with store.disk_full_as_error(f"simmer pull {name}", f"reading the license notice of {spec.id}"):
+            notice = license_notice(spec.source, store.downloads_dir)
+        if notice:
+            progress.note(notice)
+        return store.pull(name, progress)
+
+    task = asyncio.ensure_future(asyncio.to_thread(install))
+    task.add_done_callback(lambda t: _pulled(spec.id, t))
+    if not body.stream:
+        await asyncio.shield(task)  # a client that leaves does not stop the install (as Ollama resumes)
+        return JSONResponse({"status": "success"})
+    return StreamingResponse(progress.lines(task), media_type=NDJSON)
+
+
+def _pulled(model: str, task: asyncio.Future) -> None:
+    """The install's outcome, in the log, also when its client left before it ended."""
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is None:
+        log.info("pulled %s", model)
+    else:
+        log.warning("pull of %s failed: %s", model, error)
+
+
+class PullProgress:
+    """The store's (stage, fraction) reports, from the pull's thread, as Ollama's progress objects: one per
+    stage and per 0.1 % of it. `digest` names the stage (clients key their progress bars on it); total and
+    completed are per mille, not bytes (the store reports fractions)."""
+
+    TOTAL = 1000
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._last: tuple[str, int] | None = None
+
+    def note(self, text: str) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, {"status": text})
+
+    def __call__(self, stage: str, fraction: float) -> None:
+        done = round(max(0.0, min(1.0, fraction)) * self.TOTAL)
+        if (stage, done) == self._last:
+            return
+        self._last = (stage, done)
+        item = {"status": stage, "digest": stage, "total": self.TOTAL, "completed": done}
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    async def lines(self, task: asyncio.Future) -> AsyncIterator[bytes]:
+        yield _line({"status": "pulling manifest"})
+        while not (task.done() and self.queue.empty()):
+            getter = asyncio.ensure_future(self.queue.get())
+            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                yield _line(getter.result())
+            else:
+                getter.cancel()
+        try:
+            installed = task.result()
+        except Exception as err:  # the stream has started: the error is its last line
+            yield _line(error_payload(err, router.prefix + "/")[1])
+            return
+        yield _line({"status": "verifying sha256 digest"})
+        yield _line({"status": f"installed {installed.id} {installed.version}"})
+        yield _line({"status": "success"})
+
+
+@router.post("/embed")
+async def embed(body: wire.EmbedRequest, request: Request) -> Response:
+    return _no_embeddings(request, body)
+
+
+@router.post("/embeddings")
+async def embeddings(body: wire.EmbedRequest, request: Request) -> Response:
+    return _no_embeddings(request, body)
+
+
+def _no_embeddings(request: Request, body: wire.EmbedRequest) -> Response:
+    rt: Runtime = request.app.state.runtime
+    if wire.model_id(body.model) not in rt.served_ids():
+        raise _not_found(rt, body.model)
+    raise ApiError(
+        400,
+        "invalid_parameter",
+        f"'{body.model}' does not support embeddings: simmer serves no embedding model",
+        param="model",
+    )

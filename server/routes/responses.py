@@ -1,0 +1,80 @@
+"""OpenAI's Responses API, stateless: POST /v1/responses (server/wire/responses.py has the JSON).
+
+Generation goes through completion_flow like /v1/chat/completions (same worker, queue, governor, router);
+this module only renders the reply: one `response` object, or Server-Sent Events named after their `type`
+(response.created ... response.completed, or error + response.failed), without a [DONE] line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
+
+from models.types import FinishEvent, TokenEvent
+from server.errors import error_payload
+from server.routes.completion_flow import Generation, respond, start
+from server.routing.router import HEADER as ROUTE_HEADER
+from server.streaming import Batch, End, Error
+from server.wire.responses import EventStream, ResponseObject, ResponsesRequest
+from server.worker import Started
+
+router = APIRouter(prefix="/v1")
+
+
+def _sse(event: dict[str, Any]) -> dict[str, str]:
+    return {"event": event["type"], "data": json.dumps(event, ensure_ascii=False, separators=(",", ":"))}
+
+
+@dataclass
+class ResponsesRenderer:
+    response: ResponseObject
+
+    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
+        text = "".join(ev.text for ev in tokens) + finish.text
+        body = self.response.final(text, tokens, finish)
+        return JSONResponse(body, headers={ROUTE_HEADER: gen.route.header()})
+
+    def stream(self, gen: Generation, started: Started | None) -> Response:
+        return EventSourceResponse(
+            self._events(gen),
+            ping=gen.rt.keepalive_ping_s,
+            headers={ROUTE_HEADER: gen.route.header()},
+            shutdown_grace_period=2.0,
+        )
+
+    async def _events(self, gen: Generation) -> AsyncIterator[dict[str, str]]:
+        events = EventStream(self.response)
+        for event in events.opening():
+            yield _sse(event)
+        stream = gen.events_until_end()
+        async with contextlib.aclosing(stream):
+            async for item in stream:
+                if isinstance(item, Batch):
+                    if item.events:
+                        yield _sse(events.delta(item.text, item.events))
+                elif isinstance(item, End):
+                    if item.text or item.events:
+                        yield _sse(events.delta(item.text, item.events))
+                    for event in events.closing(item.finish):
+                        yield _sse(event)
+                elif isinstance(item, Error):
+                    if item.events:
+                        yield _sse(events.delta(item.text, item.events))
+                    error = error_payload(item.error)[1]["error"]
+                    for event in events.failure(error["code"], error["message"], error["param"]):
+                        yield _sse(event)
+
+
+@router.post("/responses")
+async def responses(body: ResponsesRequest, request: Request) -> Response:
+    rid = "resp_" + uuid.uuid4().hex[:24]
+    gen = await start(request, "chat", body.to_openai(), body.messages(), rid=rid, endpoint="responses")
+    return await respond(request, gen, ResponsesRenderer(ResponseObject(rid, gen.model, body)))
