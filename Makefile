@@ -17,9 +17,13 @@ run: $(STAMP)
 	$(BIN)/simmer pull
 	$(BIN)/simmer serve
 
-# Lint, then the whole test suite (installs Chromium for the browser tests when it can).
+# Lint, then the whole test suite. Installs, when it can, Chromium for the browser tests and the llama.cpp
+# peer (llama-cpp-python compiles llama.cpp once, ~5 minutes; pip reuses the wheel after) for the tests
+# that compare with it; without them those tests skip and say why.
 test: lint
 	-bash tests/install_browser.sh
+	$(BIN)/python -c 'import llama_cpp' 2>/dev/null || $(BIN)/python -m pip install -q \
+		'llama-cpp-python[server]==0.3.36' || echo "llama.cpp peer not installed: its comparison tests skip"
 	$(BIN)/python -m pytest
 
 # ruff; pyright (basic) on the packages [tool.pyright] lists; import-linter's layering contracts

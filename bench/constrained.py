@@ -5,7 +5,7 @@ constrained reply had), constrained with the mask computed during the forward pa
 and constrained with the mask computed in line. Decode time per token comes from the engine's own timings
 (prefill excluded). On a shared machine only the ratios mean something.
 
-    python -m bench.constrained --model-dir ~/.cache/simmer-test/converted-v5/smollm2-135m-instruct
+    python -m bench.constrained --model-dir DIR   (DIR: a converted SmolLM2 folder, as `simmer list` shows)
 """
 
 from __future__ import annotations

@@ -42,16 +42,19 @@ def long_ids(vocab_lo: int = 300, n: int = PROMPT_TOKENS, seed: int = 0) -> list
 
 class SimmerDriver:
     def __init__(self, cfg: dict[str, Any]) -> None:
-        from models.runtime.engine import load_engine
+        from dataclasses import replace
 
-        t0 = time.perf_counter()
-        self.engine = load_engine(
-            Path(cfg["model_dir"]),
-            variant=cfg["variant"],
-            threads=cfg["threads"],
+        from server.engine_config import EngineConfig
+        from server.settings import Settings
+
+        # opened as `simmer serve` opens it (EngineConfig), at the peer's context size
+        config = replace(
+            EngineConfig.from_settings(Settings(), threads=cfg["threads"]),
             context_length=N_CTX,
             spin=cfg.get("spin", "auto"),
         )
+        t0 = time.perf_counter()
+        self.engine = config.open_dir(Path(cfg["model_dir"]), variant=cfg["variant"])
         self.load_s = time.perf_counter() - t0
         self.cpu_rest = 0.0  # process CPU seconds from the first token to the last, of the last generate()
 

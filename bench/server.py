@@ -78,8 +78,7 @@ def _engine_once(engine: Any, prompt: str) -> tuple[float, float, int]:
 
 
 def bench_server(settings: Settings, *, reps: int = 5, model_dir: Path | None = None) -> dict[str, Any]:
-    from models.runtime.engine import LlamaEngine
-    from models.store.store import ModelStore
+    from server.engine_config import EngineConfig
 
     # No governing: this measures the transport, not the device (thermal "none" keeps the level nominal).
     server_settings = settings.model_copy(
@@ -91,23 +90,12 @@ def bench_server(settings: Settings, *, reps: int = 5, model_dir: Path | None = 
     ):
         thermal = c.get("/v1/thermal").json()
         variant, threads = thermal["variant"], thermal["threads"]
+        # the engine alone, opened as the server opens it (the same EngineConfig), on what the server runs
+        config = EngineConfig.from_settings(settings, threads=threads)
         if model_dir is not None:
-            manifest = json.loads((Path(model_dir) / "manifest.json").read_text())
-            path, model_id = Path(model_dir), manifest.get("id")
+            engine = config.open_dir(Path(model_dir), variant=variant)
         else:
-            installed = ModelStore(settings.home).load(settings.model)
-            manifest, path, model_id = installed.manifest, installed.path, installed.id
-        engine = LlamaEngine(
-            path,
-            manifest,
-            model_id=model_id,
-            variant=variant,
-            threads=threads,
-            context_length=settings.context_length,
-            prefill_chunk=settings.prefill_chunk,
-            prefix_slots=settings.prefix_cache_slots,
-            prefix_budget_bytes=settings.prefix_cache_mb << 20,
-        )
+            engine = config.open_installed(settings.model, variant=variant)
         # warm both (first-run allocations, the prompt's KV slots), then alternate which goes first
         _http_once(c, PROMPTS[0])
         _engine_once(engine, PROMPTS[0])

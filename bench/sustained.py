@@ -62,15 +62,14 @@ def _child_main() -> None:
     audit_fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     model_dir = sys.argv[2] or None
     install_socket_audit(lambda line: os.write(audit_fd, (line + "\n").encode()))
-    from server.governor_gate import build_gate, governed_engine_factory
     from server.logs import setup_logging
-    from server.serve import build_server
+    from server.serve import build_server, gate_for
+    from server.served import serve_folders, serve_store
 
     settings = Settings()
     setup_logging(settings.log_level, json_lines=False)
-    gate = build_gate(settings)
-    factory = governed_engine_factory(settings, gate, model_dir=Path(model_dir) if model_dir else None)
-    build_server(settings, engine_factory=factory, governor=gate).run()
+    served = serve_folders(settings, [Path(model_dir)]) if model_dir else serve_store(settings)
+    build_server(settings, served=served, governor=gate_for(settings, served)).run()
 
 
 def install_socket_audit(record: Any) -> None:

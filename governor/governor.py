@@ -193,6 +193,9 @@ class Governor:
                 log.info("%s -> %s: %s", old.level, self._state.level, self._state.reason)
             previous = self._snapshot
             self._snapshot = snap = self._build_snapshot(now, readings, self._state)
+            old_rung, new_rung = _rung(previous.limits), _rung(snap.limits)
+            if old_rung != new_rung and previous.limits.variant is not None:
+                log.info("rung %s -> %s: %s (%s)", old_rung, new_rung, snap.level, self._state.reason)
             changed = _differs(previous, snap)
             if changed:
                 self._changed.notify_all()
@@ -337,6 +340,10 @@ class Governor:
         """The simulated device killed the app (T >= T_critical) and it has not cooled below T_throttle."""
         sim = self.thermal.simulator
         return sim.killed if sim is not None else False
+
+
+def _rung(limits: Limits) -> str:
+    return f"{limits.model_id}/{limits.variant}"
 
 
 def _differs(a: Snapshot, b: Snapshot) -> bool:

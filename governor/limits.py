@@ -176,6 +176,7 @@ class ConfigCost:
     spinning: bool | None  # None: not known (a prior)
     cpu_s_per_token: float  # process CPU seconds (all threads) per generated token
     tok_s: float  # decode tokens per wall second, unpaced
+    model_id: str | None = None  # whose variant (None: any model's of this name, e.g. an engine bench table)
 
 
 def config_costs(rung: Rung, max_threads: int, measured: Sequence[ConfigCost] = ()) -> list[ConfigCost]:
@@ -192,7 +193,11 @@ def config_costs(rung: Rung, max_threads: int, measured: Sequence[ConfigCost] = 
     c = rung.cpu_s_per_token
     big_t = rung.threads or max_threads
     s = rung.decode_tok_s or (big_t / c if c > 0 else 0.0)
-    mine = [m for m in measured if m.variant == rung.variant and m.cpu_s_per_token > 0]
+    mine = [
+        m
+        for m in measured
+        if m.variant == rung.variant and m.model_id in (None, rung.model_id) and m.cpu_s_per_token > 0
+    ]
     for t in range(1, max_threads + 1):
         fewer = [m.cpu_s_per_token for m in mine if m.threads < t and not m.spinning]
         cost = max([c, *fewer])
@@ -206,9 +211,12 @@ def config_costs(rung: Rung, max_threads: int, measured: Sequence[ConfigCost] = 
 
 
 def merge_cost(costs: Sequence[ConfigCost], new: ConfigCost) -> tuple[ConfigCost, ...]:
-    """The table with `new` in place of the entry for its (variant, threads, spinning)."""
-    key = (new.variant, new.threads, new.spinning)
-    return (*(c for c in costs if (c.variant, c.threads, c.spinning) != key), new)
+    """The table with `new` in place of the entry for its (model, variant, threads, spinning)."""
+
+    def key(c: ConfigCost) -> tuple:
+        return (c.model_id, c.variant, c.threads, c.spinning)
+
+    return (*(c for c in costs if key(c) != key(new)), new)
 
 
 SWITCH_GAIN = 1.10  # another configuration must make this much more to replace the running one

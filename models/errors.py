@@ -76,7 +76,33 @@ class InsufficientDisk(SimmerError):
 
 
 class InsufficientMemory(SimmerError):
+    """Loading would exceed the memory budget. Carries the numbers when the planner refused: bytes the model
+    needs, bytes free, bytes unloading every idle model would free."""
+
     code = "insufficient_memory"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        needed_bytes: int | None = None,
+        free_bytes: int | None = None,
+        idle_bytes: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+        self.idle_bytes = idle_bytes
+
+    @property
+    def numbers(self) -> dict[str, int] | None:
+        numbers = {
+            "needed_bytes": self.needed_bytes,
+            "free_bytes": self.free_bytes,
+            "idle_bytes": self.idle_bytes,
+        }
+        known = {k: v for k, v in numbers.items() if v is not None}
+        return known or None
 
 
 class SourceUnavailable(SimmerError):

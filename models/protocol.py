@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from models.types import CancelToken, FinishEvent, GenerationParams, TokenEvent, ToolUse
+from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent, ToolUse
 
 
 @dataclass(frozen=True)
@@ -20,12 +20,16 @@ class EngineLimits:
     context_cap: int | None = None
     max_tokens: int | None = None
     tokens_per_second: float | None = None
+    # The model the reply should run on. Another model's id, returned by the step hook, ends the
+    # generation with a Handover event (the engine cannot switch model itself: the caller owns the models).
+    model_id: str | None = None
 
 
 @dataclass(frozen=True)
 class Prompt:
     ids: list[int]
     truncated: bool = False
+    reply_tokens: int = 0  # a continuation prompt: how many of the last ids are the reply so far
 
 
 StepHook = Callable[[], EngineLimits | None]
@@ -41,6 +45,7 @@ class Engine(Protocol):
     threads: int
     can_chat: bool  # False without a chat template: chat_prompt raises ModelNotChat
     vocab_size: int  # logits per position; token ids are 0..vocab_size-1 (logit_bias is checked against it)
+    tokenizer_key: str  # equal for two models exactly when their token ids mean the same text
 
     def chat_prompt(
         self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None
@@ -54,16 +59,26 @@ class Engine(Protocol):
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt: ...
 
+    def continuation_prompt(
+        self, request: list[dict] | str, reply: str, *, truncate: bool = False, reserve: int = 0
+    ) -> Prompt:
+        """The prompt that continues a reply another model started: this model's own rendering of the
+        request (chat messages or completion text), then the reply so far, tokenized as one text."""
+        ...
+
     def generate(
         self,
-        prompt: Prompt,
+        prompt: Prompt | None,
         params: GenerationParams,
         *,
         cancel: CancelToken | None = None,
         step_hook: StepHook | None = None,
-    ) -> Iterator[TokenEvent | FinishEvent]:
-        """Run on the worker thread. Yields TokenEvents then exactly one FinishEvent
-        (finish_reason "cancelled" when the cancel token fired)."""
+        resume: Handover | None = None,
+    ) -> Iterator[TokenEvent | FinishEvent | Handover]:
+        """Run on the worker thread. Yields TokenEvents then exactly one FinishEvent (finish_reason
+        "cancelled" when the cancel token fired), or a Handover when the step hook named another model.
+        With `resume` (another engine's Handover) the reply goes on: from its token ids when the tokenizer
+        is the same (`prompt` is not used), else from `prompt` (continuation_prompt)."""
         ...
 
     # The tokenizer side (llama.cpp's /tokenize, /detokenize, /apply-template): read-only, so any thread may

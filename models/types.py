@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]
 
@@ -73,6 +73,9 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # completion tokens per model that produced them, in the order the reply ran on them (a reply the
+    # governor moved to another model mid-way names both)
+    by_model: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:
@@ -122,6 +125,21 @@ class FinishEvent:
     variant: str | None = None
     text: str = ""  # any text flushed at the end (held-back bytes)
     tool_calls: tuple[ToolCallDelta, ...] = ()  # call deltas flushed at the end
+    model_id: str | None = None  # the model that finished the reply
+
+
+@dataclass(frozen=True)
+class Handover:
+    """The last event of a generation that stops so another model continues the reply (the step hook named
+    another model). The caller passes it to the next engine's generate(resume=...): a model with the same
+    tokenizer continues from the same token ids (its KV cache rebuilt once), another one from `text`."""
+
+    model_id: str  # the model to continue on
+    variant: str | None  # and its variant (None: its own choice)
+    tokenizer_key: str  # the tokenizer the state's ids belong to
+    text: str  # the reply so far as complete characters (shown, or held back for a possible stop)
+    generated: int  # tokens generated, every model together
+    state: Any  # the engine's own (models/runtime/reply.py)
 
 
 class CancelToken:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -14,44 +12,24 @@ from models.protocol import Engine
 from models.store.store import ModelStore
 from server.cli import hub_config
 from server.errors import ErrorMiddleware, install_handlers
+from server.governor_gate import GovernorGate
 from server.governor_headers import LEVEL_HEADER, PAUSED_HEADER, GovernorHeadersMiddleware
 from server.metrics import Metrics, MetricsMiddleware
 from server.openapi import install_openapi
 from server.routes import llamacpp, ollama, ops, responses, thermal, ui, v1
 from server.routing.breaker import Breaker
 from server.routing.metrics import RoutingCollector
-from server.routing.router import Router, build_router, device_view, local_side
+from server.routing.router import build_router, device_view, local_side
+from server.runtime import Runtime
 from server.schemas import SamplingDefaults
 from server.security import CorsMiddleware, SecurityMiddleware
+from server.served import Served, serve_single
 from server.settings import Settings
 from server.worker import Gate, NoGate, Worker
 
+__all__ = ["Runtime", "create_app"]
+
 SHUTDOWN_JOIN_S = 2.0  # how long shutdown waits for the worker to leave the engine
-
-
-@dataclass
-class Runtime:
-    """What handlers need, as plain values (handlers never read Settings)."""
-
-    model: str
-    worker: Worker
-    metrics: Metrics
-    gate: Gate
-    stream_interval_s: float
-    keepalive_ping_s: float
-    stream_start_wait_s: float
-    started: int
-    sampling_defaults: SamplingDefaults
-    router: Router | None = None  # set by create_app; where each request is served (server/routing/)
-    store_home: Path | None = None  # the model store, for /health's model_problem (None: not from a store)
-    model_store: ModelStore | None = None  # installed models: Ollama's /api/tags, /api/show, pull, delete
-
-    def model_id(self) -> str:
-        engine = self.worker.engine
-        return engine.model_id if engine is not None else self.model
-
-    def served_ids(self) -> set[str]:
-        return {self.model, self.model_id()}
 
 
 def create_app(
@@ -59,40 +37,41 @@ def create_app(
     engine: Engine | None = None,
     *,
     engine_factory: Callable[[], Engine] | None = None,
+    served: Served | None = None,
     governor: Gate | None = None,
     breaker: Breaker | None = None,
 ) -> FastAPI:
-    """Build the app. Pass a ready `engine`, or an `engine_factory` that the worker thread calls at
-    startup (GET /health answers 503 "loading" until it returns). `governor` is the worker's gate;
-    `breaker` replaces the upstream breaker built from settings (tests pass one on a fake clock)."""
-    if (engine is None) == (engine_factory is None):
-        raise ValueError("pass exactly one of engine or engine_factory")
-    load = engine_factory if engine_factory is not None else (lambda: engine)
-    gate = governor or NoGate()
+    """Build the app over what it serves: `served` (server/served.py: the installed models, their pool and
+    ladder), or one ready `engine`, or an `engine_factory` that the worker thread calls at startup (GET
+    /health answers 503 "loading" until it returns). `governor` is the worker's gate; `breaker` replaces the
+    upstream breaker built from settings (tests pass one on a fake clock)."""
+    if sum(x is not None for x in (engine, engine_factory, served)) != 1:
+        raise ValueError("pass exactly one of engine, engine_factory or served")
+    if served is None:
+        load = engine_factory if engine_factory is not None else (lambda: engine)
+        served = serve_single(settings, load)  # type: ignore[arg-type]
+    gate: Gate = governor or NoGate()
+    governed = gate if isinstance(gate, GovernorGate) else None
     worker_box: list[Worker] = []
     metrics = Metrics(queue_depth=lambda: worker_box[0].queue_depth if worker_box else 0)
     worker = Worker(
-        load,  # type: ignore[arg-type]
+        served.pool,
         max_queue=settings.max_queue,
         gate=gate,
         metrics=metrics,
-        keep_alive_s=settings.keep_alive_s,
+        place=served.place,
+        preload=served.preload,
     )
     worker_box.append(worker)
-    subscribe = getattr(governor, "subscribe", None)
-    if callable(subscribe):
-        subscribe(worker.publish_governor)
-    if hasattr(governor, "governor") and hasattr(governor, "snapshot"):  # a GovernorGate: export its state
-        metrics.watch_governor(governor, lambda: worker.engine.variant if worker.engine else None)
-
-    # A governor gate has its own polling thread; plain gates (NoGate, test fakes) do not.
-    gate_start = getattr(gate, "start", None)
-    gate_stop = getattr(gate, "stop", None)
+    gate.subscribe(worker.publish_governor)
+    if governed is not None:  # its pace controller hears of every load; export its state
+        served.pool.loading = governed.loading
+        metrics.watch_governor(governed, lambda: worker.engine.variant if worker.engine else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if callable(gate_start):
-            gate_start()
+        if governed is not None:  # its own polling thread
+            governed.start()
         worker.start()  # loads the model in the background
         try:
             yield
@@ -100,15 +79,16 @@ def create_app(
             await runtime.router.aclose()  # type: ignore[union-attr]
             worker.close()
             worker.join(SHUTDOWN_JOIN_S)
-            if callable(gate_stop):
-                gate_stop()
+            if governed is not None:
+                governed.stop()
 
     app = FastAPI(title="simmer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.runtime = runtime = Runtime(
-        model=settings.model,
+        model=served.default_model,
         worker=worker,
+        served=served,
         metrics=metrics,
-        gate=gate,
+        governor=governed,
         stream_interval_s=settings.stream_interval_ms / 1000,
         keepalive_ping_s=settings.keepalive_ping_s,
         stream_start_wait_s=settings.keepalive_ping_s,
@@ -121,7 +101,10 @@ def create_app(
     )
     # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
     runtime.router = build_router(
-        settings, local_side(worker, runtime.served_ids, runtime.model_id), device_view(gate), breaker=breaker
+        settings,
+        local_side(worker, runtime.served_ids, served.default_model),
+        device_view(governed),
+        breaker=breaker,
     )
     metrics.registry.register(RoutingCollector(runtime.router))
     install_handlers(app)
@@ -157,7 +140,8 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
     )
     app.add_middleware(ErrorMiddleware)
-    snapshot = getattr(gate, "snapshot", None)
-    app.add_middleware(GovernorHeadersMiddleware, snapshot=snapshot if callable(snapshot) else None)
+    app.add_middleware(
+        GovernorHeadersMiddleware, snapshot=governed.snapshot if governed is not None else None
+    )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

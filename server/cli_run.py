@@ -7,7 +7,7 @@ import sys
 
 from models.runtime.engine import LlamaEngine
 from models.types import FinishEvent, GenerationParams, SamplingParams
-from server.engine_factory import open_engine
+from server.engine_config import EngineConfig
 from server.settings import Settings
 
 
@@ -64,9 +64,15 @@ def _messages(args: argparse.Namespace) -> list[dict]:
     return [{"role": "system", "content": args.system}] if args.system else []
 
 
+def _open(settings: Settings, args: argparse.Namespace) -> LlamaEngine:
+    """The engine as `simmer serve` opens it (EngineConfig), with the command line's overrides."""
+    config = EngineConfig.from_settings(settings, threads=args.threads)
+    return config.open_installed(args.model or settings.model, variant=args.variant)
+
+
 def cli_run(argv: list[str], settings: Settings) -> int:
     args = _parser("simmer run", True).parse_args(argv)
-    engine = open_engine(settings, model=args.model, variant=args.variant, threads=args.threads)
+    engine = _open(settings, args)
     _stream(engine, [*_messages(args), {"role": "user", "content": " ".join(args.prompt)}], args)
     return 0
 
@@ -74,7 +80,7 @@ def cli_run(argv: list[str], settings: Settings) -> int:
 def cli_chat(argv: list[str], settings: Settings) -> int:
     """An interactive loop; the KV cache is reused between turns, so a follow-up prefills only itself."""
     args = _parser("simmer chat", False).parse_args(argv)
-    engine = open_engine(settings, model=args.model, variant=args.variant, threads=args.threads)
+    engine = _open(settings, args)
     messages = _messages(args)
     print(
         f"simmer chat: {engine.model_id} ({engine.variant}). Empty line or Ctrl-D to quit.", file=sys.stderr

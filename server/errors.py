@@ -172,7 +172,11 @@ def _payload(err: BaseException) -> tuple[int, dict, dict[str, str]]:
         told = getattr(err, "retry_after_s", None)  # an error that knows better (an open breaker)
         if told:
             headers["Retry-After"] = str(max(1, math.ceil(told)))
-        return status_for(err), error_body(err.code, err.message, param=err.param, err_type=err_type), headers
+        body = error_body(err.code, err.message, param=err.param, err_type=err_type)
+        numbers = getattr(err, "numbers", None)  # insufficient_memory: what was needed and what was free
+        if numbers:
+            body["error"]["memory"] = numbers
+        return status_for(err), body, headers
     return 500, error_body("internal_error", "Internal server error"), {}
 
 

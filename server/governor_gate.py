@@ -1,5 +1,5 @@
-"""The governor, wired into the server: Settings -> Governor, the start rung that fits memory, and the Gate
-the worker calls before every job and between every token / prefill chunk.
+"""The Gate: the governor's decisions applied on the worker thread, before every job and between every
+token / prefill chunk. (Settings -> Governor is server/governor_setup.py.)
 
 The governor decides (its own thread); the gate acts on the worker thread:
 - new work waits while the governor pauses it, up to pause_timeout_s from when it was queued, then
@@ -11,295 +11,106 @@ The governor decides (its own thread); the gate acts on the worker thread:
 - the pace: the gate idles after each pass to hold the governor's tokens_per_second, or without a known
   cost per token its CPU budget (Limits.pace_delay): one mechanism, fed by the pace controller;
 - a meter measures the process CPU time per step of each configuration the engine runs and tells the
-  governor (CostMeter): the budget then buys the configuration that is really cheapest here;
-- limits go to the engine only when they change.
+  governor (server/cost_meter.py): the budget then buys the configuration that is really cheapest here;
+- a model load is wrapped in Governor.loading() (loading(), around the pool's every load): the pace
+  controller credits none of its CPU;
+- limits go to the worker only when they change (it places them on the request's rung, server/ladder.py).
+Each step is decided first (decide_step, pure) and applied after, in one place (GovernorGate._apply).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import statistics
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-from governor.cgroup import usable_cpus
 from governor.governor import Governor, Snapshot
-from governor.limits import (
-    ConfigCost,
-    Limits,
-    NoRungFits,
-    Rung,
-    build_ladder,
-    merge_cost,
-    pick_rung,
-    rungs_from_manifest,
-)
-from governor.policy import PolicyConfig
-from governor.sensors import ThermalSource, make_thermal_source, read_battery, read_memory
-from models.errors import Cancelled, DeviceOverheated, InsufficientMemory, InvalidParameter
-from models.protocol import Engine, EngineLimits
-from models.runtime.session import kv_bytes_per_token as session_kv_bytes_per_token
+from governor.limits import Limits, Rung, merge_cost
+from models.errors import Cancelled, DeviceOverheated
+from models.protocol import EngineLimits
 from models.types import CancelToken
+from server.cost_meter import CostMeter
 from server.errors import DevicePaused
-from server.settings import Settings
 
 log = logging.getLogger("simmer.governor")
 
-# onnxruntime arenas and thread pools, the tokenizer and the interpreter around them: what a loaded model
-# costs besides its weights and KV cache (RSS of the server with the tiny model is ~120 MiB; we keep margin).
-RUNTIME_BYTES = 128 << 20
 PACE_STEP = 1.1  # the engine hears of the pace in steps of 10 %
 
 
-# -- Settings -> Governor ----------------------------------------------------------------------------------
-def build_governor(
-    settings: Settings,
-    *,
-    thermal: ThermalSource | None = None,
-    ladder: Sequence[Rung] = (),
-    start_rung: int = 0,
-) -> Governor:
-    """The Governor for these settings. `thermal` replaces settings.thermal_source (tests script one)."""
-    cpus = usable_cpus(settings.cgroup_root, settings.proc_root)
-    threads = max(1, min(settings.threads or cpus, cpus))
-    if thermal is None:
-        thermal = make_thermal_source(
-            settings.thermal_source,
-            sysfs_root=settings.sysfs_root,
-            sensor_name=settings.thermal_sensor,
-            sim_time_scale=settings.sim_time_scale,
-            max_cores=cpus,
-        )
-    config = PolicyConfig(
-        memory_budget_bytes=_mb(settings.memory_budget_mb),
-        background_action=settings.background_action,  # type: ignore[arg-type]
-        pace_control=settings.pace_control,
-    )
-    return Governor(
-        thermal=thermal,
-        read_memory=lambda: read_memory(settings.cgroup_root, settings.proc_root),
-        read_battery=read_battery,
-        config=config,
-        usable_cpus=threads,
-        ladder=ladder,
-        start_rung=start_rung,
-        poll_s=settings.governor_poll_s,
-        enforce=settings.governor,
-    )
-
-
-def _mb(value: int | None) -> int | None:
-    return None if value is None else value << 20
-
-
-# -- memory: the start rung --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StartPlan:
-    ladder: list[Rung]
-    start_rung: int
-    variant: str
-    budget_bytes: int | None
-    need_bytes: int
-
-
-def kv_slots(
-    context_length: int, kv_bytes_per_token: int, prefix_slots: int, prefix_budget_bytes: int
-) -> int:
-    """How many full-context KV buffers the engine keeps (as LlamaEngine._slot_for sizes them)."""
-    slot = max(1, kv_bytes_per_token * context_length)
-    return max(1, min(prefix_slots, prefix_budget_bytes // slot))
-
-
-def kv_bytes_per_token(manifest: Mapping[str, Any]) -> int:
-    if isinstance(manifest.get("kv_bytes_per_token"), int):
-        return manifest["kv_bytes_per_token"]
-    arch = manifest.get("architecture") or {}
-    try:
-        layers, kv_heads, head_dim = int(arch["n_layers"]), int(arch["n_kv_heads"]), int(arch["head_dim"])
-    except (KeyError, TypeError, ValueError):
-        return 0
-    return session_kv_bytes_per_token(layers, kv_heads, head_dim)
-
-
-def plan_start(
-    model_id: str,
-    manifest: Mapping[str, Any],
-    *,
-    budget_bytes: int | None,
-    context_length: int,
-    prefix_slots: int,
-    prefix_budget_bytes: int,
-    preferred_variant: str | None = None,
-) -> StartPlan:
-    """The ladder of this model's variants and the best rung whose weights + KV (for the context cap, all
-    prefix slots) + runtime fit `budget_bytes`. Raises InsufficientMemory when none fits: refusing to load
-    beats being OOM-killed mid-reply."""
-    variants = manifest.get("variants") or {}
-    measured = rungs_from_manifest(model_id, variants)
-    ladder = build_ladder(measured)
-    if preferred_variant is not None and preferred_variant in variants:
-        # An explicit variant is the top rung; cheaper measured rungs below it stay available to the governor.
-        own = [Rung(*r) for r in measured if r[1] == preferred_variant]
-        top = (
-            own[0]
-            if own
-            else Rung(model_id, preferred_variant, 0.0, 1.0, _weights(variants, preferred_variant))
-        )
-        cheaper = [r for r in ladder if r.variant != top.variant and r.cpu_s_per_token < top.cpu_s_per_token]
-        ladder = [top, *cheaper]
-    if not ladder:  # unmeasured variants: the engine's own choice, no ladder to step down on
-        first = manifest.get("default_variant") or next(iter(variants), None)
-        if first is None:
-            raise InsufficientMemory(f"{model_id}: the manifest lists no variants")
-        ladder = [Rung(model_id, first, 0.0, 1.0, _weights(variants, first))]
-    kv = kv_bytes_per_token(manifest) * min(context_length, int(manifest.get("context_length") or 1 << 30))
-    slots = kv_slots(context_length, kv_bytes_per_token(manifest), prefix_slots, prefix_budget_bytes)
-
-    def estimate(rung: Rung) -> int:
-        return rung.bytes + kv * slots + RUNTIME_BYTES
-
-    if budget_bytes is None:
-        index = 0
-    else:
-        try:
-            index = pick_rung(ladder, budget_bytes, estimate)
-        except NoRungFits as err:
-            raise InsufficientMemory(
-                f"{err}. Free memory, lower SIMMER_CONTEXT_LENGTH or SIMMER_PREFIX_CACHE_MB, or raise "
-                "SIMMER_MEMORY_BUDGET_MB."
-            ) from err
-    rung = ladder[index]
-    return StartPlan(ladder, index, rung.variant, budget_bytes, estimate(rung))
-
-
-def _weights(variants: Mapping[str, Any], name: str) -> int:
-    entry = variants.get(name) or {}
-    return int(entry.get("weights_bytes") or 0)
-
-
-def memory_budget_bytes(settings: Settings) -> int | None:
-    """settings.memory_budget_mb, else what the cgroup (or the system) has available now."""
-    if settings.memory_budget_mb is not None:
-        return settings.memory_budget_mb << 20
-    reading = read_memory(settings.cgroup_root, settings.proc_root)
-    return None if reading is None else reading.available_bytes
-
-
-def governed_engine_factory(
-    settings: Settings,
-    gate: GovernorGate,
-    *,
-    model_dir: Path | None = None,
-) -> Callable[[], Engine]:
-    """The worker's loader: plan the start rung against memory, hand the ladder to the governor, open the
-    engine on that rung. `model_dir` (a converted folder with manifest.json) bypasses the store."""
-
-    def load() -> Engine:
-        with gate.governor.loading():  # the pace controller credits none of a load's CPU
-            return _load()
-
-    def _load() -> Engine:
-        import json
-
-        from models.runtime.engine import LlamaEngine
-        from models.store.store import ModelStore
-        from server.engine_factory import chat_template_override
-
-        if model_dir is not None:
-            manifest = json.loads((Path(model_dir) / "manifest.json").read_text())
-            path, model_id = Path(model_dir), str(manifest.get("id") or Path(model_dir).name)
-        else:
-            installed = ModelStore(settings.home).load(settings.model)
-            manifest, path, model_id = installed.manifest, installed.path, installed.id
-        plan = plan_start(
-            model_id,
-            manifest,
-            budget_bytes=memory_budget_bytes(settings),
-            context_length=settings.context_length,
-            prefix_slots=settings.prefix_cache_slots,
-            prefix_budget_bytes=settings.prefix_cache_mb << 20,
-            preferred_variant=settings.variant,
-        )
-        budget = "unknown" if plan.budget_bytes is None else f"{plan.budget_bytes / 2**20:.0f} MiB"
-        log.info(
-            "start rung %s/%s: needs ~%.0f MiB of %s; ladder %s",
-            model_id,
-            plan.variant,
-            plan.need_bytes / 2**20,
-            budget,
-            " > ".join(r.variant for r in plan.ladder),
-        )
-        gate.set_ladder(plan.ladder, plan.start_rung)
-        limits = gate.governor.limits
-        return LlamaEngine(
-            path,
-            manifest,
-            model_id=model_id,
-            variant=limits.variant or plan.variant,
-            threads=limits.threads or 1,
-            context_length=settings.context_length,
-            prefill_chunk=settings.prefill_chunk,
-            prefix_slots=settings.prefix_cache_slots,
-            prefix_budget_bytes=settings.prefix_cache_mb << 20,
-            chat_template=chat_template_override(settings),
-        )
-
-    return load
-
-
-# -- the meter: what a step really costs -----------------------------------------------------------------
-class CostMeter:
-    """Process CPU seconds (all threads: the engine's pool, the HTTP thread, everything that heats the
-    device) and wall seconds per pass of each configuration (variant, threads, spinning) the engine runs.
-    A pass is what lies between two steps without the gate's idle: one decode token (a forward pass, the
-    sampling, the hand-off), or now and then a prefill chunk, which the medians over the last `window`
-    passes leave out. Every `publish_every` passes the configuration's ConfigCost is published: CPU per
-    token, and tokens per second unpaced (1 / wall per pass). One pass is one token today; a pass that
-    verifies several speculated tokens will have to be divided by the tokens it accepted."""
-
-    def __init__(self, window: int = 32, publish_every: int = 4) -> None:
-        self.window = window
-        self.publish_every = publish_every
-        self._cpu: dict[tuple[str, int, bool], deque[float]] = {}
-        self._wall: dict[tuple[str, int, bool], deque[float]] = {}
-        self._since: dict[tuple[str, int, bool], int] = {}
-
-    def step(
-        self, variant: str, threads: int, spinning: bool, cpu_s: float, wall_s: float
-    ) -> ConfigCost | None:
-        key = (variant, threads, spinning)
-        cpu = self._cpu.setdefault(key, deque(maxlen=self.window))
-        wall = self._wall.setdefault(key, deque(maxlen=self.window))
-        cpu.append(max(0.0, cpu_s))
-        wall.append(max(0.0, wall_s))
-        self._since[key] = self._since.get(key, 0) + 1
-        if self._since[key] < self.publish_every or len(cpu) < self.publish_every:
-            return None
-        self._since[key] = 0
-        per_token, per_pass = statistics.median(cpu), statistics.median(wall)
-        if per_token <= 0:
-            return None
-        return ConfigCost(variant, threads, spinning, per_token, 1.0 / per_pass if per_pass > 0 else 0.0)
-
-
-# -- the Gate ------------------------------------------------------------------------------------------
-def to_engine_limits(limits: Limits, model_id: str | None = None) -> EngineLimits:
-    """The engine's part of the governor's limits. A rung of another model is not this engine's to switch
-    to (the variant is left alone)."""
-    same_model = model_id is None or limits.model_id in (None, model_id)
-    variant = limits.variant if same_model else None
+def to_engine_limits(limits: Limits) -> EngineLimits:
+    """The engine's part of the governor's limits, with the rung (model, variant) the governor runs on; the
+    worker maps that rung onto each request's own (server/ladder.py place)."""
     return EngineLimits(
         threads=limits.threads,
-        variant=variant,
+        variant=limits.variant,
         context_cap=limits.context_cap,
         max_tokens=limits.max_tokens,
         tokens_per_second=limits.tokens_per_second,
+        model_id=limits.model_id,
+    )
+
+
+def pace_step(tokens_per_second: float) -> float:
+    """The pace the engine is told: the next 10 % step up (the gate holds the exact one, so the engine's own
+    wait never binds; a continuous pace would be a new limit, and a log line, on every poll)."""
+    step = math.ceil(math.log(tokens_per_second) / math.log(PACE_STEP))
+    return round(PACE_STEP**step, 3)
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    """What the gate does at one step, decided before anything is done."""
+
+    idle_s: float  # idle this long first (the longer of the device's own throttling and the pace)
+    throttle_s: float  # of which the device's throttling (counted apart)
+    killed: bool  # the device killed the app: fail the reply
+    pause: bool  # wait until the governor lets this work go on
+    limits: EngineLimits | None  # new limits for the worker, None when unchanged
+
+
+# The rule table for one step, after a forward pass of pass_s (None: no pass before it, a job's start):
+#
+#   idle     = max(throttle, pace): two lower bounds on the idle after a pass
+#     throttle: the simulated device's own throttling, a multiple of the pass (0 on real devices)
+#     pace:     enforced, a tokens/s pace: the rest of 1 / pace after the pass (the engine's own wait then
+#               finds nothing left to wait; the meter sees passes without the idle)
+#               enforced, no tokens/s pace (no cost per token known): the CPU budget's idle
+#               (Limits.pace_delay of the pass)
+#   killed   = the device killed the app (T >= T_critical, until it cools below T_throttle)
+#   pause    = a running reply: pause_running; a new job: pause_new
+#   limits   = the governor's limits when they differ from the last handed out, else None; a tokens/s
+#              pace in them is told in 10 % steps, rounded up (pace_step)
+# Applied in that order (_apply): idle (the client leaving wakes it), killed -> device_overheated,
+# pause -> wait (bounded; then killed is looked at again), limits -> returned to the worker.
+def decide_step(
+    limits: Limits,
+    *,
+    pass_s: float | None,
+    throttle_s: float,
+    killed: bool,
+    enforce: bool,
+    new_job: bool,
+    applied: EngineLimits | None,
+) -> StepDecision:
+    pace = 0.0
+    if pass_s is not None and enforce and limits.tokens_per_second:
+        pace = max(0.0, 1.0 / limits.tokens_per_second - pass_s)
+    elif pass_s is not None and enforce:
+        pace = limits.pace_delay(pass_s)
+    engine_limits = to_engine_limits(limits)
+    if engine_limits.tokens_per_second:
+        engine_limits = replace(engine_limits, tokens_per_second=pace_step(engine_limits.tokens_per_second))
+    return StepDecision(
+        idle_s=max(throttle_s, pace),
+        throttle_s=throttle_s,
+        killed=killed,
+        pause=limits.pause_new if new_job else limits.pause_running,
+        limits=None if engine_limits == applied else engine_limits,
     )
 
 
@@ -326,7 +137,6 @@ class GovernorGate:
         self._last_cpu = 0.0
         self._lock = threading.Lock()
         self._applied: EngineLimits | None = None
-        self._model_id: str | None = None
         self._job: CancelToken | None = None
         self._job_wake = threading.Event()
         self._last_step: float | None = None
@@ -343,19 +153,6 @@ class GovernorGate:
     def stop(self) -> None:
         self.governor.stop()
 
-    def set_ladder(self, ladder: Sequence[Rung], start_rung: int = 0) -> None:
-        """The variants to step down on (from the loaded model's manifest) and where to start."""
-        self.governor.ladder = list(ladder)
-        self.governor.start_rung = start_rung
-        model_id = ladder[start_rung].model_id if ladder else None
-        if model_id != self._model_id:  # measured costs are per variant name: another model's do not apply
-            self.governor.costs = ()
-            self.meter = CostMeter(self.meter.window, self.meter.publish_every)
-        self._model_id = model_id
-        with self._lock:
-            self._applied = None  # the engine starts on the rung: tell it everything once
-        self.governor.tick()
-
     # -- what the routes read ---------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         return self.governor.snapshot()
@@ -366,6 +163,19 @@ class GovernorGate:
 
     def set_lifecycle(self, state: str) -> Snapshot:
         return self.governor.set_lifecycle(state)  # type: ignore[arg-type]
+
+    def loading(self) -> AbstractContextManager[None]:
+        """Wraps a model load (the pool's, on the worker thread): the pace controller credits none of it."""
+        return self.governor.loading()
+
+    @property
+    def memory_pressure(self) -> bool:
+        """The governing level comes from memory: a model the reply leaves is unloaded at once."""
+        return self.governor.snapshot().cause == "memory"
+
+    @property
+    def ladder(self) -> list[Rung]:
+        return list(self.governor.ladder)
 
     def _count_pauses(self, snap: Snapshot) -> None:
         paused = snap.limits.pause_running or snap.limits.pause_new
@@ -379,73 +189,86 @@ class GovernorGate:
         self._job_wake = wake = threading.Event()
         cancel.on_cancel(wake.set)
         self._last_step = None
-        self._check_killed()
-        deadline = enqueued_at + self.pause_timeout_s
-        self._wait_unpaused(cancel, deadline, new=True)
-        return self._changed_limits()
+        return self._apply(self._decide(None, new_job=True), cancel, enqueued_at + self.pause_timeout_s)
 
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
         if cancel is not self._job:  # a caller that skipped before_job (engine used directly)
             self._job, self._job_wake, self._last_step = cancel, threading.Event(), None
             cancel.on_cancel(self._job_wake.set)
         now = time.monotonic()
-        if self._last_step is not None:
-            self._measure(self._cpu_time() - self._last_cpu, now - self._last_step)
-            self._idle_after_pass(now - self._last_step, cancel)
-        self._check_killed()
-        self._wait_unpaused(cancel, time.monotonic() + self.pause_timeout_s, new=False)
-        limits = self._changed_limits()
+        pass_s = None if self._last_step is None else now - self._last_step
+        if pass_s is not None:
+            self._measure(self._cpu_time() - self._last_cpu, pass_s)
+        decision = self._decide(pass_s, new_job=False)
+        limits = self._apply(decision, cancel, None)
+        # the next call measures the forward pass alone; the CPU clock is read first, so the pass measured
+        # does not include reading it
         self._last_cpu = self._cpu_time()
-        self._last_step = time.monotonic()  # the next call measures the forward pass alone
+        self._last_step = time.monotonic()
         return limits
 
     def _measure(self, cpu_s: float, wall_s: float) -> None:
-        """One step of the configuration the engine runs (the limits last applied) into the meter."""
-        applied = self._applied
+        """One step of the configuration the engine runs (the limits last handed out) into the meter."""
+        with self._lock:
+            applied = self._applied
         if applied is None or applied.variant is None or not applied.threads:
             return
         paced = applied.tokens_per_second is not None
         spinning = self._spin == "on" or (self._spin == "auto" and not paced)  # the engine's session_key
-        cost = self.meter.step(applied.variant, applied.threads, spinning, cpu_s, wall_s)
+        cost = self.meter.step(
+            applied.variant, applied.threads, spinning, cpu_s, wall_s, model_id=applied.model_id
+        )
         if cost is not None:
             self.governor.costs = merge_cost(self.governor.costs, cost)
 
-    def _idle_after_pass(self, pass_s: float, cancel: CancelToken) -> None:
-        # Two lower bounds on the idle after a pass, so the longer one: the device's own throttling
-        # (simulated devices: (s - 1) x the pass) and the governor's pace. The pace is held here, for the
-        # engine and the meter alike: tokens_per_second (the pass plus the idle take 1 / pace; the engine's
-        # own wait then finds nothing left to wait), or without a cost per token the CPU budget
-        # (Limits.pace_delay). The meter then sees passes without the idle.
-        throttle = self.governor.throttle_delay(pass_s)
-        limits = self.governor.limits
-        pace = 0.0
-        if self.governor.enforce and limits.tokens_per_second:
-            pace = max(0.0, 1.0 / limits.tokens_per_second - pass_s)
-        elif self.governor.enforce:
-            pace = limits.pace_delay(pass_s)
-        delay = max(throttle, pace)
-        if delay <= 0 or cancel.cancelled:
-            return
-        self.throttled_seconds += throttle
-        if self._sleep is not None:
-            self._sleep(delay)
-        else:
-            self._job_wake.wait(delay)  # wakes early when the client leaves
+    def _decide(self, pass_s: float | None, *, new_job: bool) -> StepDecision:
+        governor = self.governor
+        with self._lock:
+            applied = self._applied
+        return decide_step(
+            governor.limits,
+            pass_s=pass_s,
+            throttle_s=governor.throttle_delay(pass_s) if pass_s is not None else 0.0,
+            killed=governor.device_killed,
+            enforce=governor.enforce,
+            new_job=new_job,
+            applied=applied,
+        )
 
-    def _check_killed(self) -> None:
-        if self.governor.device_killed:
-            snap = self.governor.snapshot()
-            t = snap.temperature
-            where = f" at {t.celsius:.1f} C" if t else ""
-            raise DeviceOverheated(
-                f"The device overheated{where} and stopped the app; the model is unavailable until it "
-                "cools below its throttling point. Retry later."
-            )
+    def _apply(
+        self, decision: StepDecision, cancel: CancelToken, deadline: float | None
+    ) -> EngineLimits | None:
+        """The one place a decision is acted on (the rule table over decide_step)."""
+        if decision.idle_s > 0 and not cancel.cancelled:
+            self.throttled_seconds += decision.throttle_s
+            if self._sleep is not None:
+                self._sleep(decision.idle_s)
+            else:
+                self._job_wake.wait(decision.idle_s)  # wakes early when the client leaves
+        if decision.killed:
+            self._raise_killed()
+        if decision.pause:
+            new = deadline is not None
+            self._wait_unpaused(cancel, deadline if new else time.monotonic() + self.pause_timeout_s, new=new)
+            decision = self._decide(None, new_job=new)  # what holds after the pause
+        if decision.limits is None:
+            return None
+        with self._lock:
+            if decision.limits == self._applied:
+                return None
+            self._applied = decision.limits
+        return decision.limits
+
+    def _raise_killed(self) -> None:
+        snap = self.governor.snapshot()
+        t = snap.temperature
+        where = f" at {t.celsius:.1f} C" if t else ""
+        raise DeviceOverheated(
+            f"The device overheated{where} and stopped the app; the model is unavailable until it "
+            "cools below its throttling point. Retry later."
+        )
 
     def _wait_unpaused(self, cancel: CancelToken, deadline: float, *, new: bool) -> None:
-        limits = self.governor.limits
-        if not (limits.pause_new if new else limits.pause_running):
-            return
         started = time.monotonic()
         log.info("%s paused: %s", "new request" if new else "running reply", self.governor.snapshot().reason)
         ok = self.governor.wait_while_paused(
@@ -460,29 +283,6 @@ class GovernorGate:
                 f"The device is paused by the governor ({reason}) and did not resume within "
                 f"{self.pause_timeout_s:g} s. Retry later."
             )
-        self._check_killed()
+        if self.governor.device_killed:
+            self._raise_killed()
         log.info("%s resumed", "new request" if new else "running reply")
-
-    def _changed_limits(self) -> EngineLimits | None:
-        limits = to_engine_limits(self.governor.limits, self._model_id)
-        if limits.tokens_per_second:
-            # The gate holds the exact pace itself (_idle_after_pass). The engine is told it in 10 % steps,
-            # rounded up so its own wait never binds: a continuous pace would be a new limit, and a log
-            # line, on every poll.
-            step = math.ceil(math.log(limits.tokens_per_second) / math.log(PACE_STEP))
-            limits = replace(limits, tokens_per_second=round(PACE_STEP**step, 3))
-        with self._lock:
-            if limits == self._applied:
-                return None
-            self._applied = limits
-        return limits
-
-
-def build_gate(settings: Settings, *, thermal: ThermalSource | None = None) -> GovernorGate:
-    """The gate for `simmer serve`: the governor from settings, observe-only when settings.governor is False
-    (the device still throttles and kills: that is what an ungoverned app suffers)."""
-    try:
-        governor = build_governor(settings, thermal=thermal)
-    except ValueError as err:  # an unknown thermal source or profile, background_action: configuration
-        raise InvalidParameter(str(err), param="thermal_source") from err
-    return GovernorGate(governor, pause_timeout_s=settings.pause_timeout_s, spin=settings.spin)

@@ -114,16 +114,19 @@ def installed(store: ModelStore | None) -> list[ModelEntry]:
 
 
 def find(rt: Runtime, model: str) -> ModelEntry | None:
-    """The served model or an installed one, by exact id."""
-    if model in rt.served_ids():
+    """The model in use (maybe a folder outside the store) or an installed one, by exact id."""
+    if model == rt.model_id():
         return served_entry(rt)
-    return next((m for m in installed(rt.model_store) if m.id == model), None)
+    hit = next((m for m in installed(rt.model_store) if m.id == model), None)
+    if hit is None and model in rt.served_ids():  # served, but not from this store
+        return served_entry(rt)
+    return hit
 
 
 def catalog(rt: Runtime) -> list[ModelEntry]:
-    """Installed models, with the served one first (also when it is a folder outside the store)."""
+    """Installed models, with the one in use first (also when it is a folder outside the store)."""
     served = served_entry(rt)
-    rest = [m for m in installed(rt.model_store) if m.id not in rt.served_ids()]
+    rest = [m for m in installed(rt.model_store) if m.id != served.id]
     return [served, *rest]
 
 

@@ -179,7 +179,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {"status": {"type": "string", "enum": ["ok", "loading", "error", "shutting_down"]}},
     },
     "ThermalState": {"type": "object", "description": "The governor's snapshot (docs/governor.md)"},
-    # Ollama's API (docs/ollama.md): errors are {"error": "message"}
+    # Ollama's API (docs/dialects.md): errors are {"error": "message"}
     "OllamaError": {
         "type": "object",
         "description": "Ollama's error object: the message alone",

@@ -44,6 +44,8 @@ from models.types import (
     ToolUse,
     Usage,
 )
+from server.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
+from server.keep_alive import parse_keep_alive
 
 # As strict as OpenAI's API: no coercion ("5" is not an integer, 0 is not a boolean; an integer is still a
 # number, and a whole float is an integer, as JSON Schema has it), no NaN or Infinity (Python's JSON parser
@@ -226,6 +228,18 @@ class _GenerationRequest(_Request):
     truncate: bool = False  # sliding-window truncation instead of context_length_exceeded
     ignore_eos: bool = False  # llama.cpp's: generate exactly max_tokens (benchmarks)
     governor_events: bool = False  # opt in to `event: governor` SSE events (SDKs would choke on them)
+    # Ollama's: how long the model stays loaded after this request ("5m", seconds; 0 unloads it after the
+    # reply, negative keeps it). Default: SIMMER_KEEP_ALIVE_S.
+    keep_alive: Annotated[
+        float | str | None,
+        WithJsonSchema(
+            {
+                "anyOf": [{"type": ["number", "null"]}, {"type": "string", "pattern": KEEP_ALIVE_PATTERN}],
+                "description": 'seconds, or a duration such as "5m"; 0 unloads the model after the reply, '
+                "negative keeps it loaded",
+            }
+        ),
+    ] = None
     route: Literal["local", "auto", "upstream"] | None = None  # where to serve it (or X-Simmer-Route)
 
     @field_validator("n")
@@ -275,6 +289,18 @@ class _GenerationRequest(_Request):
         """(grammar, field) pairs to compile before the job is queued."""
         grammar, param = self.constraint()
         return [(grammar, param)] if grammar is not None and param is not None else []
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, value: float | str | None) -> float | str | None:
+        try:
+            parse_keep_alive(value)
+        except InvalidParameter as err:
+            raise _invalid(err.message, "keep_alive") from None
+        return value
+
+    def keep_alive_seconds(self) -> float | None:
+        return parse_keep_alive(self.keep_alive)
 
     @property
     def include_usage(self) -> bool:
@@ -517,12 +543,15 @@ def now() -> int:
 
 
 def usage_dict(usage: Usage) -> dict:
-    return {
+    body: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    if usage.by_model:  # simmer: which model produced how many tokens (several when the governor moved it)
+        body["models"] = dict(usage.by_model)
+    return body
 
 
 def timings_dict(timings: Timings) -> dict:
@@ -668,6 +697,12 @@ class ChunkBuilder:
         self.variant: str | None = None  # known once the worker starts the job
         # Fields of the final chunk (and the usage chunk) known only at the end: the route object.
         self.final_fields: Callable[[], dict] = dict
+
+    def started(self, model_id: str | None, variant: str | None) -> None:
+        """The model that runs the reply from now on (the governor may move it to another mid-way)."""
+        if model_id:
+            self.model = model_id
+        self.variant = variant
 
     def _chunk(self, choices: list[dict], variant: str | None = None) -> dict:
         variant = variant or self.variant

@@ -15,6 +15,7 @@ from models.protocol import Engine
 from server.app import create_app
 from server.logs import setup_logging
 from server.security import check_bind
+from server.served import Served
 from server.settings import Settings
 from server.worker import Gate
 
@@ -41,26 +42,20 @@ def build_server(
     settings: Settings,
     *,
     engine_factory: Callable[[], Engine] | None = None,
+    served: Served | None = None,
     governor: Gate | None = None,
 ) -> uvicorn.Server:
-    """Check the bind address, build the app and a uvicorn server for it (not started)."""
+    """Check the bind address, build the app and a uvicorn server for it (not started). Without
+    `engine_factory` or `served`, it serves the model store; without `governor`, the governor from settings
+    on the ladder (SIMMER_LADDER, checked here: a model that is not installed stops the start)."""
     check_bind(settings.host, settings.api_key)
+    if engine_factory is None and served is None:
+        from server.served import serve_store  # lazy: heavy (onnxruntime)
+
+        served = serve_store(settings)
     if governor is None:
-        from server.governor_gate import build_gate, governed_engine_factory
-
-        gate = build_gate(settings)
-        governor = gate
-        if engine_factory is None:
-            # Picks the start rung that fits memory and tells the governor the variant ladder.
-            engine_factory = governed_engine_factory(settings, gate)
-    if engine_factory is None:
-
-        def engine_factory() -> Engine:
-            from server.engine_factory import open_engine  # lazy: heavy (onnxruntime)
-
-            return open_engine(settings)
-
-    app = create_app(settings, engine_factory=engine_factory, governor=governor)
+        governor = gate_for(settings, served)
+    app = create_app(settings, engine_factory=engine_factory, served=served, governor=governor)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -71,6 +66,16 @@ def build_server(
         lifespan="on",
     )
     return _Server(config, on_exit=app.state.runtime.worker.close)
+
+
+def gate_for(settings: Settings, served: Served | None) -> Gate:
+    """The governor from settings, on the served ladder and its start rung (the memory tier)."""
+    from server.governor_setup import build_gate
+
+    if served is None:
+        return build_gate(settings)
+    start = served.start.index if served.start is not None else 0
+    return build_gate(settings, ladder=served.ladder, start_rung=start)
 
 
 def serve(

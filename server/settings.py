@@ -26,7 +26,14 @@ class Settings(BaseSettings):
     # model store
     home: Path = Field(default_factory=default_home, description="Cache folder for models")
     model: str = Field("smollm2-135m-instruct", description="Model id to serve")
-    variant: str | None = Field(None, description="Variant to start with (default: best that fits)")
+    variant: str | None = Field(
+        None, description="Variant each model opens on when it has it (default: the manifest's, q4-a8)"
+    )
+    ladder: str | None = Field(
+        None,
+        description="Models the governor steps down through, best first: id or id:variant, comma-separated "
+        "(default: the served model's variants)",
+    )
     # The Hugging Face Hub (hf: models). Hugging Face's own variable names work too.
     hf_endpoint: str = Field(
         "https://huggingface.co",
@@ -51,7 +58,11 @@ class Settings(BaseSettings):
     spin: str = Field("auto", description="Thread-pool spinning: auto (while unpaced) | on | off")
     prefix_cache_slots: int = Field(1, description="KV slots kept for prefix reuse (conversations cached)")
     prefix_cache_mb: int = Field(256, description="Memory budget for prefix-reuse KV slots")
-    keep_alive_s: float = Field(300.0, description="Unload an idle model after this many seconds (0 = never)")
+    keep_alive_s: float = Field(
+        300.0,
+        description="Seconds an idle model stays loaded (0 = unload after each reply, negative = keep); "
+        "a request's keep_alive overrides it",
+    )
     chat_template: Path | None = Field(
         None, description="Jinja chat template file used instead of the model's (gives a base model chat)"
     )
@@ -89,6 +100,9 @@ class Settings(BaseSettings):
         True, description="Hold the thermal envelope by pace (false: the level table, pausing at throttle)"
     )
     memory_budget_mb: int | None = Field(None, description="Memory budget (default: the cgroup/system limit)")
+    memory_reserve_mb: int = Field(
+        128, ge=0, description="Memory left to the rest of the device when no budget is set"
+    )
     pause_timeout_s: float = Field(60.0, description="How long queued requests wait out a pause before 503")
 
     # routing (docs/routing.md). Nothing leaves the device unless route is auto or upstream.

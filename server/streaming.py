@@ -10,6 +10,7 @@ Two parts, kept apart as sse-starlette keeps its encoder apart from its transpor
   Responses API's events are encoded in their own route modules.
 
 How a stream ends (each path sends [DONE] except the last):
+  Switched              -> held text goes out; later chunks name the new model (+ `event: governor`)
   FinishEvent           -> last text + finish_reason (+ usage chunk) -> [DONE]
   Failed (engine error) -> pending text, error chunk -> [DONE]
   Failed (shutdown)     -> pending text, error chunk server_shutting_down -> [DONE]
@@ -29,7 +30,7 @@ from typing import Any
 from models.types import FinishEvent, TokenEvent
 from server.errors import error_payload
 from server.schemas import ChunkBuilder
-from server.worker import Failed, GovernorState, Job, Started
+from server.worker import Failed, GovernorState, Job, Started, Switched
 
 DONE = "[DONE]"
 
@@ -116,7 +117,7 @@ class Error:
         return "".join(ev.text for ev in self.events)
 
 
-Item = Batch | End | Error | GovernorState | Started
+Item = Batch | End | Error | GovernorState | Started | Switched
 
 
 async def coalesced(
@@ -158,6 +159,13 @@ async def coalesced(
                 failure = item.error
                 yield Error(coalescer.flush(clock()), item.error)
                 return
+            elif isinstance(item, Switched):
+                # the reply goes on on another model: the text held so far leaves under the old name
+                batch = coalescer.flush(clock())
+                if batch:
+                    sent_tokens += len(batch)
+                    yield Batch(batch)
+                yield item
             elif isinstance(item, GovernorState | Started):
                 yield item
     finally:
@@ -201,4 +209,15 @@ async def sse_stream(
                 if job.governor_events:
                     yield {"event": "governor", "data": json.dumps(item.state, separators=(",", ":"))}
             elif isinstance(item, Started):
-                builder.variant = item.variant
+                builder.started(item.model_id, item.variant)
+            elif isinstance(item, Switched):
+                # the reply goes on on another model: later chunks name it (the held text left before)
+                builder.started(item.model_id, item.variant)
+                if job.governor_events:
+                    switch = {
+                        "old": item.old,
+                        "new": f"{item.model_id}/{item.variant}",
+                        "reason": item.reason,
+                        "tokens_before": item.tokens,
+                    }
+                    yield {"event": "governor", "data": json.dumps({"switch": switch}, separators=(",", ":"))}

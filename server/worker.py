@@ -1,4 +1,5 @@
-"""One thread owns the engine: it loads it, builds prompts and generates, one job at a time, FIFO.
+"""One thread owns the engines: it loads them (through the model pool), builds prompts and generates, one
+job at a time, FIFO.
 
 The event loop never touches the engine. It submits a `Job` (cheap: no tokenizing, so a full queue is
 rejected before any real work) and reads the job's events from an asyncio.Queue that the worker fills
@@ -16,6 +17,14 @@ The governor seam (kept small on purpose), both called on the worker thread:
   limits or None.
 - `worker.publish_governor(state)` (any thread) sends a JSON-able state to every open job; streams that
   asked for it (`governor_events: true`) forward it as SSE `event: governor`.
+
+Which model a job runs on is placed per job and again at every changed limit (`place`, server/ladder.py):
+the governor's rung, never above the model the client asked for, skipping rungs that cannot serve it. When
+the rung moves to another model mid-reply, the engine ends its part with a Handover and the worker hands the
+reply to the new model (`Switched` goes to the stream), which continues it without losing or repeating text.
+
+While the queue is empty the worker runs `idle work` (add_idle_work): jobs that wait for an idle worker
+(a summary written off the critical path); a submitted job cancels them between their steps.
 """
 
 from __future__ import annotations
@@ -27,13 +36,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from models.errors import Cancelled, SimmerError
 from models.protocol import Engine, EngineLimits, Prompt
-from models.types import CancelToken, FinishEvent, GenerationParams, TokenEvent
+from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent
 from server.errors import ModelLoading, ServerBusy, ShuttingDown
+from server.ladder import Target
+from server.model_pool import ModelPool
 
 log = logging.getLogger("simmer.server")
 
@@ -41,16 +52,40 @@ log = logging.getLogger("simmer.server")
 class Gate(Protocol):
     def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None: ...
     def before_step(self, cancel: CancelToken) -> EngineLimits | None: ...
+    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> Any:
+        """`callback(state)` on every governor change (the worker forwards it to streams)."""
+        ...
+
+    @property
+    def memory_pressure(self) -> bool: ...
 
 
 class NoGate:
     """The default gate: never pauses, never changes limits."""
+
+    memory_pressure = False
+
+    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:
+        return None
 
     def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
         return None
 
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
         return None
+
+
+class IdleWork(Protocol):
+    """Work for an idle worker (never on a reply's critical path)."""
+
+    def pending(self) -> bool: ...
+    def run(self, pool: ModelPool, cancel: CancelToken) -> None:
+        """On the worker thread; return soon after `cancel` fires (a job arrived)."""
+        ...
+
+
+# (job, the governor's latest limits, models this job could not move to) -> where the job runs
+Placer = Callable[["Job", EngineLimits | None, set[str]], Target]
 
 
 class WorkerMetrics(Protocol):
@@ -65,6 +100,18 @@ class Started:
     prompt_tokens: int
     truncated: bool
     variant: str | None = None
+    model_id: str | None = None  # the model that runs it (None: the requested one)
+
+
+@dataclass(frozen=True)
+class Switched:
+    """The reply moved to another model mid-way (the governor's rung moved)."""
+
+    old: str  # model/variant
+    model_id: str
+    variant: str
+    reason: str
+    tokens: int  # generated before the switch
 
 
 @dataclass(frozen=True)
@@ -100,9 +147,8 @@ class Job:
     cancel: CancelToken = field(default_factory=CancelToken)
     governor_events: bool = False
     enqueued_at: float = field(default_factory=time.monotonic)
-    # The request's keep_alive (server/keep_alive.py: seconds, inf = for ever, 0 = unload after it; None =
-    # the server's default). Parsed and carried; the model pool acts on it (the worker does not yet).
-    keep_alive_s: float | None = None
+    model: str | None = None  # the id the client asked for (None: the default model)
+    keep_alive_s: float | None = None  # how long its model stays loaded after it (None: the default)
 
 
 State = Literal["loading", "ready", "failed", "closed"]
@@ -111,30 +157,38 @@ State = Literal["loading", "ready", "failed", "closed"]
 class Worker:
     def __init__(
         self,
-        load: Callable[[], Engine],
+        pool: ModelPool,
         *,
         max_queue: int,
         gate: Gate | None = None,
         metrics: WorkerMetrics | None = None,
-        keep_alive_s: float = 0.0,
+        place: Placer | None = None,
+        preload: str | None = None,
     ) -> None:
-        self._load = load
+        self.pool = pool
         self.max_queue = max_queue
         self.gate: Gate = gate or NoGate()
         self._metrics = metrics
-        self._keep_alive_s = keep_alive_s
-        self.engine: Engine | None = None
+        self._place = place or _requested_model(preload)
+        self._preload = preload
         self.state: State = "loading"
         self.load_error: BaseException | None = None
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._current: Job | None = None
-        # What /api/ps shows: is the model in memory (False after a keep_alive unload), idle since when.
-        self.resident = False
-        self.idle_since: float | None = None  # monotonic; None while a job runs
+        self._governed: EngineLimits | None = None  # the governor's latest limits (its rung included)
+        self._applied: dict[int, EngineLimits] = {}  # per engine (id()): the limits it runs with
+        self._idle_work: list[IdleWork] = []
+        self._idle_due = True
+        self._idle_cancel = CancelToken()
         self._thread = threading.Thread(target=self._run, name="simmer-worker", daemon=True)
 
     # ---- event-loop side ------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine | None:
+        """The engine that ran last (or was loaded at start)."""
+        return self.pool.current
 
     def start(self) -> None:
         self._thread.start()
@@ -151,6 +205,13 @@ class Worker:
             if self._waiting() >= self.max_queue:
                 raise ServerBusy(f"The server is busy ({self.max_queue} requests waiting); retry shortly")
             self._queue.append(job)
+            self._idle_cancel.cancel()  # idle work yields to the job between its steps
+            self._cond.notify()
+
+    def add_idle_work(self, work: IdleWork) -> None:
+        with self._cond:
+            self._idle_work.append(work)
+            self._idle_due = True
             self._cond.notify()
 
     @property
@@ -162,10 +223,14 @@ class Worker:
     def busy(self) -> bool:
         return self._current is not None
 
-    @property
-    def keep_alive_s(self) -> float:
-        """Idle seconds before the model is unloaded (0: never)."""
-        return self._keep_alive_s
+    def unload_when_idle(self, model_id: str) -> bool:
+        """Ollama's unload request (keep_alive 0 without a prompt): the worker thread, which owns the
+        models, unloads `model_id` as soon as no job uses it. False when it is not loaded."""
+        if not self.pool.expire_now(model_id):
+            return False
+        with self._cond:
+            self._cond.notify()
+        return True
 
     def publish_governor(self, state: Mapping[str, Any]) -> None:
         with self._cond:
@@ -179,6 +244,7 @@ class Worker:
             self.state = "closed"
             jobs = list(self._queue) + ([self._current] if self._current else [])
             self._queue.clear()
+            self._idle_cancel.cancel()
             self._cond.notify_all()
         for job in jobs:
             job.sink(Failed(ShuttingDown("The server is shutting down")))
@@ -196,7 +262,9 @@ class Worker:
 
     def _run(self) -> None:
         try:
-            engine = self._load()
+            if self._preload is not None:
+                engine = self.pool.acquire(self._preload)
+                self.pool.release(engine.model_id)
         except BaseException as err:  # the worker must report, not die silently
             log.exception("model load failed")
             with self._cond:
@@ -205,89 +273,205 @@ class Worker:
                     self.state = "failed"
             return
         with self._cond:
-            self.engine = engine
-            self.resident = True
             if self.state == "loading":
                 self.state = "ready"
-        log.info("model ready: %s (%s)", engine.model_id, engine.variant)
-        unloaded = False
+        engine = self.pool.current
+        if engine is not None:
+            log.info("model ready: %s (%s)", engine.model_id, engine.variant)
         while True:
             with self._cond:
-                idle_since = self.idle_since = time.monotonic()
                 while not self._queue and self.state != "closed":
-                    timeout = None
-                    if self._keep_alive_s > 0 and not unloaded:
-                        timeout = max(0.0, idle_since + self._keep_alive_s - time.monotonic())
-                        if timeout == 0.0:
-                            break
+                    if self._idle_due and any(w.pending() for w in self._idle_work):
+                        break
+                    expiry = self.pool.next_expiry()
+                    timeout = None if expiry is None else max(0.0, expiry - self.pool.clock())
+                    if timeout == 0.0:
+                        break
                     self._cond.wait(timeout)
                 if self.state == "closed":
                     return
                 job = self._queue.popleft() if self._queue else None
                 self._current = job
-                if job is not None:
-                    self.idle_since = None
+                if job is None:
+                    self._idle_cancel = CancelToken()
             if job is None:
-                # Idle past keep_alive: free the sessions; the next generate() loads again.
-                engine.unload()
-                unloaded = True
-                self.resident = False
-                log.info("model unloaded after %.0f s idle", self._keep_alive_s)
+                self.pool.expire()  # keep_alive: idle models past their time go, and free their memory
+                self._run_idle_work()
                 continue
-            unloaded = False
-            self.resident = True
             try:
-                self._run_job(engine, job)
+                self._run_job(job)
             finally:
                 with self._cond:
                     self._current = None
+                    self._idle_due = True
 
-    def _step_hook(self, job: Job) -> Callable[[], EngineLimits | None]:
+    def _run_idle_work(self) -> None:
+        cancel = self._idle_cancel
+        self._idle_due = False
+        for work in list(self._idle_work):
+            if cancel.cancelled:
+                return
+            if not work.pending():
+                continue
+            try:
+                work.run(self.pool, cancel)
+            except Exception:
+                log.exception("idle work failed")
+
+    # -- where a job runs, and the limits its engine gets ------------------------------------------------
+    def _limits_for(self, target: Target) -> EngineLimits:
+        """The governor's limits on the job's own rung."""
+        return replace(self._governed or EngineLimits(), model_id=target.model_id, variant=target.variant)
+
+    def _sync_limits(self, engine: Engine, target: Target) -> None:
+        """Before a job (and after a handover): the engine runs with the governor's limits on the job's
+        rung. Without a governor nothing is applied but a variant the rung names."""
+        if self._governed is None:
+            if target.variant is None or target.variant == engine.variant:
+                return
+            limits = EngineLimits(variant=target.variant)
+        else:
+            limits = self._limits_for(target)
+        if self._applied.get(id(engine)) != limits:
+            engine.apply_limits(limits)
+            self._applied[id(engine)] = limits
+
+    def _step_hook(self, job: Job, engine: Engine, blocked: set[str]) -> Callable[[], EngineLimits | None]:
         def hook() -> EngineLimits | None:
-            limits = self.gate.before_step(job.cancel)
+            governed = self.gate.before_step(job.cancel)
             if job.cancel.cancelled:
                 raise Cancelled("request cancelled")
-            if limits is not None:
-                log.info("%s: applying governor limits mid-reply: %s", job.id, _describe(limits))
+            if governed is None:
+                return None
+            self._governed = governed
+            target = self._place(job, governed, blocked)
+            limits = self._limits_for(target)
+            if target.model_id != engine.model_id:
+                log.info(
+                    "%s: the governor moves the reply to %s (%s)", job.id, target.model_id, target.reason
+                )
+                return limits  # the engine hands over (a Handover event)
+            if self._applied.get(id(engine)) == limits:
+                return None
+            self._applied[id(engine)] = limits
+            log.info("%s: applying governor limits mid-reply: %s", job.id, _describe(limits))
             return limits
 
         return hook
 
-    def _run_job(self, engine: Engine, job: Job) -> None:
+    def _run_job(self, job: Job) -> None:
         if job.cancel.cancelled:
             return  # the client left while queued
         started = time.monotonic()
+        engine: Engine | None = None
+        blocked: set[str] = set()  # models this job could not move to (a failed load)
         try:
             limits = self.gate.before_job(job.cancel, job.enqueued_at)
+            if limits is not None:
+                self._governed = limits
             if job.cancel.cancelled:
                 return
-            if limits is not None:
-                log.info("%s: applying governor limits: %s", job.id, _describe(limits))
-                engine.apply_limits(limits)
-            prompt = self._prompt(engine, job)
-            job.sink(Started(len(prompt.ids), prompt.truncated, engine.variant))
+            target = self._place(job, self._governed, blocked)
+            engine = self.pool.acquire(target.model_id, target.variant)
+            self._sync_limits(engine, target)
+            self._relieve_memory(engine)
+            prompt: Prompt | None = self._prompt(engine, job)
+            assert prompt is not None
+            job.sink(Started(len(prompt.ids), prompt.truncated, engine.variant, engine.model_id))
+            resume: Handover | None = None
             last = None
-            for event in engine.generate(
-                prompt, job.params, cancel=job.cancel, step_hook=self._step_hook(job)
-            ):
-                job.sink(event)
-                if isinstance(event, TokenEvent) and self._metrics:
-                    t = time.monotonic()
-                    if last is None:
-                        self._metrics.observe_ttft(t - job.enqueued_at)
-                    else:
-                        self._metrics.observe_inter_token(t - last)
-                    last = t
-                elif isinstance(event, FinishEvent) and self._metrics:
-                    self._metrics.add_tokens(event.usage.prompt_tokens, event.usage.completion_tokens)
+            while True:
+                handover: Handover | None = None
+                events = engine.generate(
+                    prompt,
+                    job.params,
+                    cancel=job.cancel,
+                    step_hook=self._step_hook(job, engine, blocked),
+                    resume=resume,
+                )
+                for event in events:
+                    if isinstance(event, Handover):
+                        handover = event
+                        break
+                    job.sink(event)
+                    if isinstance(event, TokenEvent) and self._metrics:
+                        t = time.monotonic()
+                        if last is None:
+                            self._metrics.observe_ttft(t - job.enqueued_at)
+                        else:
+                            self._metrics.observe_inter_token(t - last)
+                        last = t
+                    elif isinstance(event, FinishEvent) and self._metrics:
+                        self._metrics.add_tokens(event.usage.prompt_tokens, event.usage.completion_tokens)
+                if handover is None:
+                    break
+                engine, prompt = self._hand_over(job, engine, handover, blocked)
+                resume = handover
         except SimmerError as err:
             job.sink(Failed(err))
         except Exception as err:
             log.exception("generation failed for %s", job.id)
             job.sink(Failed(err))
         finally:
+            if engine is not None:
+                self.pool.release(engine.model_id, job.keep_alive_s)
             if self._metrics:
                 self._metrics.add_busy(time.monotonic() - started)
+
+    def _hand_over(
+        self, job: Job, old: Engine, handover: Handover, blocked: set[str]
+    ) -> tuple[Engine, Prompt | None]:
+        """Move the reply to handover.model_id: release the old model first (the planner may need its
+        room), load the new one, and give it the reply. A model that cannot load leaves the reply where it
+        was (and is not tried again for this job)."""
+        old_name = f"{old.model_id}/{old.variant}"
+        self.pool.release(old.model_id, job.keep_alive_s)
+        try:
+            engine = self.pool.acquire(handover.model_id, handover.variant)
+        except SimmerError as err:
+            log.warning(
+                "%s: cannot move to %s (%s); the reply stays on %s", job.id, handover.model_id, err, old_name
+            )
+            blocked.add(handover.model_id)
+            engine = self.pool.acquire(old.model_id)
+            return engine, None if engine.tokenizer_key == handover.tokenizer_key else self._continuation(
+                engine, job, handover
+            )
+        self._relieve_memory(engine)
+        target = self._place(job, self._governed, blocked)
+        if target.model_id != engine.model_id:  # moved on again meanwhile: the next step hands over again
+            target = Target(engine.model_id, handover.variant, "handover")
+        self._sync_limits(engine, target)
+        same = engine.tokenizer_key == handover.tokenizer_key
+        prompt = None if same else self._continuation(engine, job, handover)
+        how = (
+            "same tokenizer: the KV cache rebuilt once"
+            if same
+            else "another tokenizer: the text so far re-tokenized"
+        )
+        reason = (
+            f"the governor's rung ({_describe(self._governed) if self._governed else 'no limits'}); {how}"
+        )
+        log.info("%s: %s -> %s/%s: %s", job.id, old_name, engine.model_id, engine.variant, reason)
+        job.sink(Switched(old_name, engine.model_id, engine.variant, reason, handover.generated))
+        return engine, prompt
+
+    def _relieve_memory(self, engine: Engine) -> None:
+        """Under memory pressure only the model that serves stays loaded: the governor's smaller rung
+        frees the room of the bigger ones (idle: the worker runs one job at a time)."""
+        if not self.gate.memory_pressure:
+            return
+        for model_id in self.pool.loaded():
+            if model_id != engine.model_id:
+                self.pool.unload(model_id, f"memory pressure: {engine.model_id} serves")
+
+    @staticmethod
+    def _continuation(engine: Engine, job: Job, handover: Handover) -> Prompt:
+        left = (job.params.max_tokens or 256) - handover.generated
+        reserve = min(max(left, 1), engine.context_length // 2) if job.params.truncate else 1
+        return engine.continuation_prompt(
+            job.payload, handover.text, truncate=job.params.truncate, reserve=reserve
+        )
 
     @staticmethod
     def _prompt(engine: Engine, job: Job) -> Prompt:
@@ -301,6 +485,17 @@ class Worker:
                 return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve)
             return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve, tools=tools)
         return engine.text_prompt(job.payload, truncate=truncate, reserve=reserve)
+
+
+def _requested_model(default: str | None) -> Placer:
+    """Without a ladder: the model the job asked for, on the governor's variant when that is its rung."""
+
+    def place(job: Job, governed: EngineLimits | None, blocked: set[str]) -> Target:
+        model = job.model or default or ""
+        same = governed is not None and governed.model_id in (None, model)
+        return Target(model, governed.variant if same and governed else None, "requested")
+
+    return place
 
 
 def _describe(limits: EngineLimits) -> str:

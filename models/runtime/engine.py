@@ -29,21 +29,19 @@ from models.protocol import EngineLimits, Prompt, StepHook
 from models.runtime.chat import ChatTemplate, encode_chat
 from models.runtime.constraint import Constraint, ConstraintVocabulary
 from models.runtime.genai_config import DecoderIO, load_tokenizer
-from models.runtime.sampling import Sampler, make_rng
-from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape
-from models.runtime.stops import StopMatcher
-from models.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from models.runtime.reply import ReplyState
+from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape, kv_slot_count
+from models.runtime.tokenizer import Tokenizer, tokenizer_key
 from models.runtime.tools import CallFormat, CallReader, detect_format, prepare_messages, tool_grammar
 from models.types import (
     CancelToken,
     FinishEvent,
     GenerationParams,
-    Timings,
+    Handover,
     TokenEvent,
     ToolCallDelta,
     ToolUse,
     TopLogprob,
-    Usage,
 )
 
 log = logging.getLogger("simmer.engine")
@@ -154,6 +152,10 @@ class LlamaEngine:
             self.tokenizer = load_tokenizer(self.model_dir, self.io)
         else:
             self.tokenizer = Tokenizer.load(self.model_dir)
+        self.tokenizer_key = tokenizer_key(self.model_dir)
+        self.positions_run = (
+            0  # token positions fed through the model (prefill and decode), for tests/metrics
+        )
         # `chat_template` (the operator's, SIMMER_CHAT_TEMPLATE) replaces the model's; None: no chat
         self.template = ChatTemplate.from_tokenizer(self.tokenizer, chat_template)
         self._sessions: dict[tuple[str, int, bool], DecoderSession | GeneralDecoderSession] = {}
@@ -215,9 +217,8 @@ class LlamaEngine:
             n = min(common_prefix(slot.tokens, ids), len(ids) - 1)
             if n > best_n or best is None:
                 best, best_n = slot, n
-        slot_bytes = self.shape.kv_bytes_per_token() * self.context_length
-        fits_another = len(self._slots) < self.prefix_slots and (len(self._slots) + 1) * slot_bytes <= max(
-            self.prefix_budget_bytes, slot_bytes
+        fits_another = len(self._slots) < kv_slot_count(
+            self.context_length, self.shape.kv_bytes_per_token(), self.prefix_slots, self.prefix_budget_bytes
         )
         if best is None or (best_n == 0 and fits_another):
             if fits_another:
@@ -235,7 +236,8 @@ class LlamaEngine:
         return best, best_n
 
     def apply_limits(self, limits: EngineLimits) -> bool:
-        """Returns True when the KV contents are no longer valid for the active session (variant changed)."""
+        """Returns True when the KV contents are no longer valid for the active session (variant changed).
+        `limits.model_id` is not the engine's to act on (a generation hands over when it names another)."""
         changed_variant = False
         if limits.threads is not None and limits.threads >= 1:
             self.threads = limits.threads
@@ -340,6 +342,35 @@ class LlamaEngine:
             raise self._too_long(len(ids), reserve)
         return Prompt(ids[-(self.context_length - max(reserve, 1)) :], truncated=True)
 
+    def continuation_prompt(
+        self, request: list[dict] | str, reply: str, *, truncate: bool = False, reserve: int = 0
+    ) -> Prompt:
+        """This model's prompt for `request` followed by the reply so far, tokenized as one text (the
+        reply's text is literal: a special token's text in it stays text). Keeps the end when it does not
+        fit: the reply must go on, so a continuation never fails for length (truncate or not)."""
+        if isinstance(request, list):
+            if self.template is None:
+                raise ModelNotChat.for_model(self.model_id)
+            text, literal = self.template.render_marked(request)
+            full = text + reply
+            ids = self.tokenizer.encode(
+                full, add_special_tokens=False, literal_spans=[*literal, (len(text), len(full))]
+            )
+            bos = self.tokenizer.bos_id
+            if self.tokenizer.add_bos and bos is not None and ids[:1] != [bos]:
+                ids.insert(0, bos)
+            head = len(encode_chat(self.template, self.tokenizer, request))
+        else:
+            ids = self.tokenizer.encode(
+                request + reply, literal_spans=[(len(request), len(request) + len(reply))]
+            )
+            head = len(self.tokenizer.encode(request))
+        reply_tokens = max(0, len(ids) - head)
+        room = self.context_length - max(reserve, 1)
+        if len(ids) <= room:
+            return Prompt(ids, reply_tokens=reply_tokens)
+        return Prompt(ids[-max(1, room) :], truncated=True, reply_tokens=min(reply_tokens, max(1, room)))
+
     # -- generation ----------------------------------------------------------------------------------
     def constraint(self, params: GenerationParams) -> Constraint | None:
         """The grammar state a reply starts with (None: unconstrained). The tokenizer's llguidance
@@ -357,40 +388,67 @@ class LlamaEngine:
 
     def generate(
         self,
-        prompt: Prompt,
+        prompt: Prompt | None,
         params: GenerationParams,
         *,
         cancel: CancelToken | None = None,
         step_hook: StepHook | None = None,
-    ) -> Iterator[TokenEvent | FinishEvent]:
-        return _Generation(self, prompt, params, cancel or CancelToken(), step_hook).run()
+        resume: Handover | None = None,
+    ) -> Iterator[TokenEvent | FinishEvent | Handover]:
+        return _Generation(self, prompt, params, cancel or CancelToken(), step_hook, resume).run()
+
+
+class _Full(Exception):
+    """A reply handed to a model whose context it no longer fits, without truncation: it ends (length)."""
+
+
+class _Switch(Exception):
+    """Raised at a checkpoint when the step hook names another model."""
+
+    def __init__(self, limits: EngineLimits) -> None:
+        super().__init__(limits.model_id)
+        self.limits = limits
 
 
 class _Generation:
-    """One request's state. Kept apart from the engine so the engine holds only long-lived state."""
+    """One request's state on one engine. Kept apart from the engine so the engine holds only long-lived
+    state; what outlives this engine (a reply handed to another model) is in `self.r` (ReplyState)."""
 
     def __init__(
         self,
         engine: LlamaEngine,
-        prompt: Prompt,
+        prompt: Prompt | None,
         params: GenerationParams,
         cancel: CancelToken,
         hook: StepHook | None,
+        resume: Handover | None = None,
     ) -> None:
         self.e = engine
-        self.prompt = prompt
         self.params = params
         self.cancel = cancel
         self.hook = hook
-        self.truncated = prompt.truncated
-        self.timings = Timings()
-        self.usage = Usage(prompt_tokens=len(prompt.ids))
-        self.history: list[int] = list(prompt.ids)  # prompt + reply, append-only (the sampler's view)
-        self.ctx: list[int] = list(prompt.ids)  # what the model conditions on (a window of history)
+        self.resumed = resume is not None
+        if resume is None:
+            if prompt is None:
+                raise ValueError("generate() needs a prompt or a Handover to resume")
+            self.r = ReplyState.start(
+                params, engine.tokenizer, engine.tokenizer_key, prompt.ids, prompt.truncated
+            )
+        else:
+            self.r = resume.state
+            if self.r.tokenizer_key != engine.tokenizer_key:
+                if prompt is None:
+                    raise ValueError("a reply from another vocabulary resumes from a continuation_prompt()")
+                self.r.retokenized(engine.tokenizer, engine.tokenizer_key, prompt.ids, prompt.reply_tokens)
+                self.r.truncated = self.r.truncated or prompt.truncated
         self.sess: DecoderSession | GeneralDecoderSession | None = None
         self.slot: KVSlot | None = None
         self.pos = 0  # ctx[:pos] is in the KV slot
         self.stale = False  # the KV slot must be rebuilt from ctx (variant switch, sliding window)
+
+    @property
+    def ctx(self) -> list[int]:
+        return self.r.ctx
 
     # step hook + cancel, between every chunk and token
     def _checkpoint(self) -> None:
@@ -403,6 +461,8 @@ class _Generation:
             raise Cancelled("the request was cancelled")
         if limits is None:
             return
+        if limits.model_id is not None and limits.model_id != self.e.model_id:
+            raise _Switch(limits)
         old = self.e.session_key()
         if self.e.apply_limits(limits):
             self.stale = True  # the KV cache was computed by other weights
@@ -414,8 +474,8 @@ class _Generation:
     def _window(self) -> None:
         """Context full (or the cap lowered): keep the newest half of the context, a sliding window."""
         log.info("context cap %d reached: sliding window", self.e.context_length)
-        self.ctx = self.ctx[-(self.e.context_length // 2) :]
-        self.truncated = True
+        self.r.ctx = self.ctx[-(self.e.context_length // 2) :]
+        self.r.truncated = True
         self.stale = True
 
     def _run(self, ids: Sequence[int]) -> np.ndarray:
@@ -436,6 +496,7 @@ class _Generation:
         del cache.tokens[self.pos :]
         cache.tokens.extend(ids)
         self.pos += len(ids)
+        self.e.positions_run += len(ids)
         return logits
 
     def _sync(self) -> np.ndarray:
@@ -459,40 +520,54 @@ class _Generation:
             first = False
             logits = self._run(self.ctx[self.pos : self.pos + self.e.prefill_chunk])
 
-    def run(self) -> Iterator[TokenEvent | FinishEvent]:
-        e, p = self.e, self.params
-        t_start = time.perf_counter()
-        detok = IncrementalDetokenizer(e.tokenizer)
-        stops = StopMatcher(p.stop)
-        sampler = Sampler(p.sampling, make_rng(p.sampling.seed), prompt_len=len(self.prompt.ids))
-        constraint: Constraint | None = None
-        calling = p.tools is not None and p.tools.choice != "none"
-        reader = CallReader(e.tool_format) if calling else None
+    def _prefill(self) -> None:
+        """The prompt, or after a handover the reply's context so far (the KV cache built once for it)."""
+        e, r = self.e, self.r
+        if not self.resumed and len(self.ctx) >= e.context_length:
+            raise ContextLengthExceeded(
+                f"This model's context is {e.context_length} tokens; the prompt has {len(self.ctx)} tokens.",
+                param="messages",
+            )
+        while self.resumed and len(self.ctx) >= e.context_length:  # a smaller model took the reply over
+            if not self.params.truncate:
+                raise _Full
+            self._window()
+        self.slot, cached = e._slot_for(self.ctx)
+        self.pos = cached
+        t0 = time.perf_counter()
+        self.logits = self._sync().copy()
+        if not self.resumed:
+            r.usage.cached_tokens = cached
+            r.timings.prompt_n = len(self.ctx) - cached
+            r.timings.prompt_ms = (time.perf_counter() - t0) * 1000
+
+    def _start_constraint(self) -> None:
+        """The reply's grammar and tool-call reader: made by the engine that starts the reply, kept across
+        a handover (they read text and bytes), the grammar's state re-spelled over a new vocabulary."""
+        e, p, r = self.e, self.params, self.r
+        if not self.resumed:
+            r.constraint = e.constraint(p)
+            calling = p.tools is not None and p.tools.choice != "none"
+            r.reader = CallReader(e.tool_format) if calling else None
+        elif r.constraint is not None and r.constraint.vocab.tokenizer is not e.tokenizer:
+            r.constraint = r.constraint.rebind(ConstraintVocabulary.for_tokenizer(e.tokenizer))
+        if r.constraint is not None:
+            r.constraint.prefetch()  # the first mask, during the prefill
+
+    def run(self) -> Iterator[TokenEvent | FinishEvent | Handover]:
+        e, p, r = self.e, self.params, self.r
         end_calls: tuple[ToolCallDelta, ...] = ()
+        handed_over = False
         finish = "length"
-        generated = 0
         held_text = ""
+        t_decode = time.perf_counter()
         try:
             self._checkpoint()
-            constraint = e.constraint(p)
-            if constraint is not None:
-                constraint.prefetch()  # the first mask, during the prefill
+            self._start_constraint()
             self.sess = e._session()
             # a long prefill chunk is stopped between graph nodes (RunOptions.terminate)
             self.cancel.on_cancel(lambda: self.sess.terminate() if self.sess else None)
-            ids = self.prompt.ids
-            if len(ids) >= e.context_length:
-                raise ContextLengthExceeded(
-                    f"This model's context is {e.context_length} tokens; the prompt has {len(ids)} tokens.",
-                    param="messages",
-                )
-            self.slot, cached = e._slot_for(ids)
-            self.pos = cached
-            self.usage.cached_tokens = cached
-            t0 = time.perf_counter()
-            self.logits = self._sync().copy()
-            self.timings.prompt_n = len(ids) - cached
-            self.timings.prompt_ms = (time.perf_counter() - t0) * 1000
+            self._prefill()
             max_tokens = p.max_tokens
             if max_tokens is None and p.truncate:
                 # A sliding window never runs out of context: bound the open-ended reply (as Ollama does).
@@ -502,11 +577,12 @@ class _Generation:
             while True:
                 limit = e.max_tokens_limit
                 cap = min(x for x in (max_tokens, limit, 1 << 30) if x is not None)
-                if generated >= cap:
+                if r.generated >= cap:
                     finish = "length"
                     break
+                constraint, reader = r.constraint, r.reader
                 allowed = constraint.allowed() if constraint is not None else None
-                token, logprob, top = sampler.sample(self.logits, self.history, allowed)
+                token, logprob, top = r.sampler.sample(self.logits, r.history, allowed)
                 if token in e.tokenizer.eos_ids and (not p.ignore_eos or constraint is not None):
                     finish = "stop"
                     break
@@ -515,30 +591,33 @@ class _Generation:
                     # the next mask is computed while the model runs its forward pass.
                     constraint.advance(token)
                     constraint.prefetch()
-                generated += 1
-                self.history.append(token)
+                r.generated += 1
+                r.usage.by_model[e.model_id] = r.usage.by_model.get(e.model_id, 0) + 1
+                r.history.append(token)
                 self.ctx.append(token)
-                delta, hit = stops.feed(detok.feed(token))
+                piece = r.detok.feed(token)
+                r.text.append(piece)
+                delta, hit = r.stops.feed(piece)
                 calls: tuple[ToolCallDelta, ...] = ()
                 if reader is not None:
                     delta, found = reader.feed(delta)
                     calls = tuple(found)
-                if generated == 1:
-                    self.timings.ttft_ms = (time.perf_counter() - t_start) * 1000
+                if r.generated == 1:
+                    r.timings.ttft_ms = (time.perf_counter() - r.t_start) * 1000
                 yield TokenEvent(
                     token_id=token,
                     text=delta,
-                    index=generated - 1,
+                    index=r.generated - 1,
                     logprob=logprob if p.sampling.logprobs is not None else None,
                     top_logprobs=self._top(top) if p.sampling.logprobs else None,
                     token_text=e.tokenizer.token_text(token) if p.sampling.logprobs is not None else None,
-                    elapsed_ms=(time.perf_counter() - t_start) * 1000,
+                    elapsed_ms=(time.perf_counter() - r.t_start) * 1000,
                     tool_calls=calls,
                 )
                 if hit:
                     finish = "stop"
                     break
-                if generated >= cap:
+                if r.generated >= cap:
                     finish = "length"
                     break
                 self._checkpoint()
@@ -554,35 +633,50 @@ class _Generation:
                     if wait > 0:
                         time.sleep(wait)
                 last_emit = time.perf_counter()
-            if not stops.stopped:  # bytes and text held back for a possible stop are the reply's end
-                tail, _ = stops.feed(detok.flush())
-                held_text = tail + stops.flush()
-            if reader is not None:
-                held_text, found = reader.feed(held_text)
-                rest, more = reader.flush()
+            if not r.stops.stopped:  # bytes and text held back for a possible stop are the reply's end
+                tail, _ = r.stops.feed(r.detok.flush())
+                held_text = tail + r.stops.flush()
+            if r.reader is not None:
+                held_text, found = r.reader.feed(held_text)
+                rest, more = r.reader.flush()
                 held_text += rest
                 end_calls = tuple(found + more)
-                if reader.calls and finish == "stop":
+                if r.reader.calls and finish == "stop":
                     finish = "tool_calls"
-            self.timings.predicted_n = generated
-            self.timings.predicted_ms = (time.perf_counter() - t_decode) * 1000
         except Cancelled:
             finish = "cancelled"
+        except _Full:
+            finish = "length"
+        except _Switch as switch:
+            r.decode_s += time.perf_counter() - t_decode
+            handed_over = True  # the grammar goes on with the next model
+            yield Handover(
+                model_id=switch.limits.model_id or "",
+                variant=switch.limits.variant,
+                tokenizer_key=r.tokenizer_key,
+                text=r.reply_text,
+                generated=r.generated,
+                state=r,
+            )
+            return
         finally:
-            if constraint is not None:
-                constraint.close()
-        t = self.timings
+            if r.constraint is not None and not handed_over:
+                r.constraint.close()
+        t = r.timings
+        t.predicted_n = r.generated
+        t.predicted_ms = (r.decode_s + time.perf_counter() - t_decode) * 1000
         t.prompt_per_second = t.prompt_n / (t.prompt_ms / 1000) if t.prompt_ms > 0 else 0.0
         t.predicted_per_second = t.predicted_n / (t.predicted_ms / 1000) if t.predicted_ms > 0 else 0.0
-        self.usage.completion_tokens = generated
+        r.usage.completion_tokens = r.generated
         yield FinishEvent(
             finish_reason=finish,
-            usage=self.usage,
+            usage=r.usage,
             timings=t,
-            truncated=self.truncated,
+            truncated=r.truncated,
             variant=e.variant,
             text=held_text,
             tool_calls=end_calls,
+            model_id=e.model_id,
         )
 
     def _top(self, top: Any) -> tuple[TopLogprob, ...] | None:

@@ -27,6 +27,13 @@ def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int) -> int:
     return 2 * n_layers * n_kv_heads * head_dim * KV_DTYPE.itemsize
 
 
+def kv_slot_count(context_length: int, per_token: int, prefix_slots: int, prefix_budget_bytes: int) -> int:
+    """How many full-context KV buffers an engine keeps for prefix reuse: `prefix_slots`, as many as the
+    prefix budget holds, and always one (the reply needs it whatever the budget)."""
+    slot = max(1, per_token * context_length)
+    return max(1, min(prefix_slots, prefix_budget_bytes // slot))
+
+
 @dataclass(frozen=True)
 class ModelShape:
     n_layers: int

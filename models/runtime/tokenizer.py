@@ -15,6 +15,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import ctypes
+import hashlib
 import json
 import re
 import threading
@@ -34,6 +35,21 @@ KINDS = (KIND_BYTE_LEVEL, KIND_SENTENCEPIECE)
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 Span = tuple[int, int]
+
+
+def tokenizer_key(folder: str | Path) -> str:
+    """What says whether two model folders share a vocabulary: the sha256 of their tokenizer.json (the
+    vocabulary, merges and added tokens; two sizes of one family have the same file). A folder without
+    one gets a key of its own."""
+    path = Path(folder) / TOKENIZER_JSON
+    try:
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        return digest.hexdigest()
+    except OSError:
+        return f"unreadable:{Path(folder).resolve()}"
 
 
 @lru_cache(maxsize=1)

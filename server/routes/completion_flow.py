@@ -36,7 +36,7 @@ from server.streaming import Item, coalesced, sse_stream
 from server.worker import Failed, Job, Started, loop_sink
 
 if TYPE_CHECKING:
-    from server.app import Runtime
+    from server.runtime import Runtime
 
 DISCONNECT_POLL_S = 0.05  # how often a waiting non-stream request checks that its client is still there
 
@@ -130,17 +130,18 @@ async def start(
     arrived = time.monotonic()
     # routing: where this request is served and why (refuses an unknown model or a forbidden upstream)
     route = rt.router.plan(body.model, body.route, request.headers.get(ROUTE_HEADER), truncate=body.truncate)
-    engine = rt.worker.engine
-    if route.side == "local" and kind == "chat" and engine is not None and not engine.can_chat:
-        raise ModelNotChat.for_model(
-            route.model
-        )  # at once (the worker would say it too, maybe after a queue)
+    model = route.model
     params = body.to_params(rt.sampling_defaults)
+    if route.side == "local":
+        # at once, before any queue: a chat request needs a model (or a ladder rung below it) that chats
+        if kind == "chat" and not rt.served.serves_chat(model):
+            raise ModelNotChat.for_model(model)
+        entry = rt.served.entry(model)
+        if entry is not None and entry.vocab_size is not None:  # logit_bias ids against the vocabulary
+            validate_sampling(params.sampling, entry.vocab_size)
     checks = body.constraint_checks()
     if checks:  # a schema llguidance cannot compile: a 400 naming it, before any work (off the event loop)
         await asyncio.to_thread(lambda: [check_grammar(grammar, param) for grammar, param in checks])
-    if engine is not None:  # logit_bias ids against the vocabulary: a 400 before any work
-        validate_sampling(params.sampling, engine.vocab_size)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     job = Job(
@@ -150,7 +151,8 @@ async def start(
         params=params,
         sink=loop_sink(loop, events),
         governor_events=body.governor_events,
-        keep_alive_s=keep_alive_s,
+        model=model,
+        keep_alive_s=keep_alive_s if keep_alive_s is not None else body.keep_alive_seconds(),
     )
 
     def on_end(finish: FinishEvent | None, error: BaseException | None) -> None:
@@ -166,7 +168,7 @@ async def start(
             RequestRecord(
                 id=rid,
                 endpoint=endpoint,
-                model=route.model,
+                model=(finish.model_id if finish else None) or model,
                 variant=finish.variant if finish else None,
                 stream=body.stream,
                 prompt_tokens=finish.usage.prompt_tokens if finish else 0,
@@ -262,7 +264,8 @@ class OpenAIRenderer:
     def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
         text = "".join(ev.text for ev in tokens) + finish.text
         build = chat_completion if self.kind == "chat" else text_completion
-        body = build(gen.rid, gen.model, text, tokens, finish, finish.variant)
+        # the model that finished the reply (the governor may have moved it to another one mid-way)
+        body = build(gen.rid, finish.model_id or gen.model, text, tokens, finish, finish.variant)
         body["route"] = gen.route.as_dict()
         return JSONResponse(body, headers={ROUTE_HEADER: gen.route.header()})
 
@@ -270,7 +273,7 @@ class OpenAIRenderer:
         builder = ChunkBuilder(self.kind, gen.rid, gen.model)
         builder.final_fields = lambda: {"route": gen.route.as_dict()}
         if started is not None:
-            builder.variant = started.variant
+            builder.started(started.model_id, started.variant)
 
         def stream_end(finish: FinishEvent | None, error: BaseException | None, _sent: int) -> None:
             gen.on_end(finish, error)

@@ -1,5 +1,6 @@
-"""Ollama's API (docs/api.md of ollama/ollama) on the same worker, queue, governor and router as the OpenAI
-routes: generation goes through completion_flow with an NDJSON renderer; model management uses the store.
+"""Ollama's API (https://github.com/ollama/ollama/blob/main/docs/api.md) on the same worker, queue,
+governor and router as the OpenAI routes: generation goes through completion_flow with an NDJSON
+renderer; model management uses the store.
 
 Errors are Ollama's `{"error": "..."}` (server/errors.py shapes every error under /api/), with simmer's
 statuses (404 for an unknown model, 400 for a bad request, 503 busy, 500 a bug); an error after a stream
@@ -28,7 +29,6 @@ from models.types import FinishEvent, TokenEvent
 from server import model_catalog
 from server.cli import license_notice
 from server.errors import ApiError, ModelLoading, error_payload
-from server.keep_alive import FOREVER
 from server.routes.completion_flow import Generation, respond, start
 from server.routing.router import HEADER as ROUTE_HEADER
 from server.schemas import ChatCompletionRequest, CompletionRequest
@@ -138,13 +138,9 @@ def _control(request: Request, kind: wire.Kind, body: wire._Generation) -> Respo
     rt: Runtime = request.app.state.runtime
     if body.model_id not in rt.served_ids():
         raise _not_found(rt, body.model)
-    if body.keep_alive_s() == 0:
-        raise ApiError(
-            501,
-            "not_implemented",
-            "unloading on request (keep_alive 0) arrives with the model pool; this server unloads an idle "
-            f"model after SIMMER_KEEP_ALIVE_S ({rt.worker.keep_alive_s:g} s, 0 = never)",
-        )
+    if body.keep_alive_s() == 0:  # unload: the worker does it once no job uses the model
+        rt.worker.unload_when_idle(body.model_id)
+        return JSONResponse(wire.control(kind, body.model, "unload"))
     if rt.worker.state != "ready":
         raise ModelLoading("The model is still loading; retry shortly")
     return JSONResponse(wire.control(kind, body.model, "load"))
@@ -264,26 +260,29 @@ async def show(body: wire.ShowRequest, request: Request) -> dict[str, Any]:
 
 @router.get("/ps")
 async def ps(request: Request) -> dict[str, Any]:
+    """The models in memory (the worker's pool), each with when its keep_alive runs out."""
     rt: Runtime = request.app.state.runtime
-    worker, engine = rt.worker, rt.worker.engine
-    if worker.state != "ready" or engine is None or not worker.resident:
+    if rt.worker.state != "ready":
         return {"models": []}
-    entry = model_catalog.served_entry(rt)
-    keep = worker.keep_alive_s or FOREVER  # SIMMER_KEEP_ALIVE_S 0 = never unloaded
-    idle = 0.0 if worker.idle_since is None else time.monotonic() - worker.idle_since
-    left = min(keep - idle, 292 * 365 * 86400.0)  # "never" as Ollama shows it: centuries ahead
-    expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=max(0.0, left))
-    tag = _tag(entry, engine.variant)
-    tag.pop("modified_at")
-    tag.update(
-        {
-            "size": entry.variant_bytes(engine.variant) or entry.size_bytes,
-            "size_vram": 0,  # CPU only
-            "expires_at": expires.isoformat().replace("+00:00", "Z"),
-            "context_length": engine.context_length,
-        }
-    )
-    return {"models": [tag]}
+    models = []
+    for model_id, view in rt.served.pool.loaded().items():
+        engine = rt.served.pool.engine(model_id)
+        entry = model_catalog.find(rt, model_id) or model_catalog.ModelEntry(id=model_id)
+        # "kept until the server stops" as Ollama shows it: centuries ahead
+        left = 292 * 365 * 86400.0 if view.expires_in_s is None else view.expires_in_s
+        expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=max(0.0, left))
+        tag = _tag(entry, view.variant)
+        tag.pop("modified_at")
+        tag.update(
+            {
+                "size": entry.variant_bytes(view.variant) or entry.size_bytes or view.bytes,
+                "size_vram": 0,  # CPU only
+                "expires_at": expires.isoformat().replace("+00:00", "Z"),
+                "context_length": engine.context_length if engine is not None else None,
+            }
+        )
+        models.append(tag)
+    return {"models": models}
 
 
 @router.head("/version", include_in_schema=False)

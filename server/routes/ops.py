@@ -13,7 +13,7 @@ from server.errors import RETRY_AFTER_S
 from server.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
-    from server.app import Runtime
+    from server.runtime import Runtime
 
 router = APIRouter()
 
@@ -34,18 +34,18 @@ async def health(request: Request) -> JSONResponse:
     rt: Runtime = request.app.state.runtime
     worker = rt.worker
     engine = worker.engine
-    if worker.state == "ready" and engine is not None:
+    if worker.state == "ready":  # models load on demand: none loaded (keep_alive ran out) is fine too
         body: dict = {
             "status": "ok",
-            "model": engine.model_id,
-            "variant": engine.variant,
+            "model": engine.model_id if engine is not None else rt.model,
+            "variant": engine.variant if engine is not None else None,
+            "loaded": sorted(rt.served.pool.loaded()),
             "queue_depth": worker.queue_depth,
             "busy": worker.busy,
             "model_problem": model_problem(rt),
         }
-        snapshot = getattr(rt.gate, "snapshot", None)
-        if callable(snapshot):
-            snap = snapshot()
+        if rt.governor is not None:
+            snap = rt.governor.snapshot()
             body["governor"] = {
                 "level": snap.level,
                 "reason": snap.reason,

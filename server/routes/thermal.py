@@ -15,8 +15,8 @@ from governor.governor import Snapshot
 from server.errors import ApiError
 
 if TYPE_CHECKING:
-    from server.app import Runtime
     from server.governor_gate import GovernorGate
+    from server.runtime import Runtime
 
 router = APIRouter(prefix="/v1")
 
@@ -28,10 +28,9 @@ class LifecycleRequest(BaseModel):
 
 
 def governor_gate(rt: Runtime) -> GovernorGate:
-    gate = rt.gate
-    if not hasattr(gate, "governor"):
+    if rt.governor is None:
         raise ApiError(404, "not_found", "This server runs without a governor")
-    return gate  # type: ignore[return-value]
+    return rt.governor
 
 
 def thermal_state(rt: Runtime, snap: Snapshot) -> dict[str, Any]:
@@ -43,6 +42,12 @@ def thermal_state(rt: Runtime, snap: Snapshot) -> dict[str, Any]:
     body["variant"] = engine.variant if engine is not None else None
     body["threads"] = engine.threads if engine is not None else None
     body["pauses"] = gate.pauses
+    # the ladder across models and where the governor stands on it (the rung its limits name)
+    rung = (snap.limits.model_id, snap.limits.variant)
+    body["ladder"] = [
+        {"model": r.model_id, "variant": r.variant, "current": (r.model_id, r.variant) == rung}
+        for r in gate.ladder
+    ]
     body["routing"] = rt.router.state() if rt.router else None  # where new work goes (server/routing/)
     return body
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from server.catalog import CatalogEntry
+from server.model_pool import LoadedView
 from server.routes.completion_flow import complete
 from server.schemas import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
-    from server.app import Runtime
+    from server.runtime import Runtime
 
 router = APIRouter(prefix="/v1")
 
@@ -28,21 +31,49 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 @router.get("/models")
 async def models(request: Request) -> dict:
+    """Every installed model (simmer extras: variants, disk size, context, chat, loaded, memory), then the
+    ids served only upstream when the routing policy lets requests leave."""
     rt: Runtime = request.app.state.runtime
-    engine = rt.worker.engine
-    entry = {
-        "id": rt.model_id(),
-        "object": "model",
-        "created": rt.started,
-        "owned_by": "simmer",
-        # simmer extras: what is installed and what runs now
-        "variants": list(engine.variants) if engine else [],
-        "variant": engine.variant if engine else None,
-        "context_length": engine.context_length if engine else None,
-    }
-    # Ids served only upstream (SIMMER_UPSTREAM_MODELS), when the routing policy lets requests leave.
+    entries = await asyncio.to_thread(rt.served.catalog.entries)  # the store: a few small files
+    loaded = rt.served.pool.loaded()
+    data = [model_entry(rt, e, loaded.get(e.id)) for e in sorted(entries, key=lambda e: e.id != rt.model)]
+    if not data:  # one engine that has not loaded yet
+        data = [_base(rt, rt.model) | {"loaded": False}]
     remote = [
         {"id": m, "object": "model", "created": rt.started, "owned_by": "upstream", "remote": True}
         for m in (rt.router.remote_models() if rt.router else [])
     ]
-    return {"object": "list", "data": [entry, *remote]}
+    return {"object": "list", "data": [*data, *remote]}
+
+
+def _base(rt: Runtime, model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": rt.started, "owned_by": "simmer"}
+
+
+def model_entry(rt: Runtime, entry: CatalogEntry, loaded: LoadedView | None) -> dict[str, Any]:
+    served = rt.served
+    engine = served.pool.engine(entry.id) if loaded else None
+    variant = loaded.variant if loaded else entry.default_variant
+    cap = served.context_cap
+    model_ctx = entry.context_length
+    if engine is not None:
+        context = engine.context_length
+    else:
+        context = min(x for x in (cap, model_ctx) if x) if (cap or model_ctx) else None
+    resident = loaded.bytes if loaded else (served.cost(entry, variant).total if served.cost else None)
+    rungs = [r.variant for r in served.ladder if r.model_id == entry.id]
+    return _base(rt, entry.id) | {
+        "default": entry.id == rt.model,
+        "variants": entry.variants,
+        "variant": variant,
+        "disk_bytes": entry.disk_bytes,
+        "context_length": context,
+        "max_context_length": model_ctx,
+        "can_chat": entry.can_chat,
+        "loaded": loaded is not None,
+        "keep_alive_s": None
+        if loaded is None or loaded.expires_in_s is None
+        else round(loaded.expires_in_s, 1),
+        "resident_bytes_estimate": resident or None,
+        "ladder_rungs": rungs,
+    }

@@ -87,14 +87,14 @@ class Route:
 class LocalSide:
     """What routing reads from, and hands to, the local worker."""
 
-    served_ids: Callable[[], set[str]]
-    model_id: Callable[[], str]
+    served_ids: Callable[[], set[str]]  # every model id served here (the installed models)
+    model_id: Callable[[], str]  # the default model (a request that names none)
     state: Callable[[], LocalState]
     queue_full: Callable[[], bool]
     submit: Callable[[Job], None]
 
 
-def local_side(worker: Any, served_ids: Callable[[], set[str]], model_id: Callable[[], str]) -> LocalSide:
+def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: str) -> LocalSide:
     """A LocalSide over server.worker.Worker."""
 
     def state() -> LocalState:
@@ -104,7 +104,7 @@ def local_side(worker: Any, served_ids: Callable[[], set[str]], model_id: Callab
 
     return LocalSide(
         served_ids=served_ids,
-        model_id=model_id,
+        model_id=lambda: default_model,
         state=state,
         queue_full=lambda: worker.queue_depth >= worker.max_queue,
         submit=worker.submit,
@@ -113,12 +113,11 @@ def local_side(worker: Any, served_ids: Callable[[], set[str]], model_id: Callab
 
 def device_view(gate: Any) -> Callable[[], DeviceState | None]:
     """The governor's state for routing, from the gate's public snapshot (None without a governor)."""
-    snapshot = getattr(gate, "snapshot", None)
-    if not callable(snapshot):
+    if gate is None:
         return lambda: None
 
     def read() -> DeviceState:
-        snap = snapshot()
+        snap = gate.snapshot()
         return DeviceState(
             level=snap.level,
             paused=snap.limits.pause_new,
@@ -209,7 +208,7 @@ class Router:
         model = model or None  # "" names no model, as before routing: the served one
         local_ids = self.local.served_ids()
         model_local = model is None or model in local_ids
-        name = self.local.model_id() if model_local else model
+        name = (model or self.local.model_id()) if model_local else model
         configured = self.upstream is not None
         inputs = RouteInputs(
             policy=self.policy if configured else "local",
@@ -237,7 +236,7 @@ class Router:
                 "route=upstream is not allowed"
             )
         if code == NOT_FOUND:
-            served = sorted({self.local.model_id(), *self.remote_models()})
+            served = sorted({*self.local.served_ids(), *self.remote_models()})
             where = "is not served locally" if inputs.requested == "local" else "does not exist"
             return ModelNotFound(
                 f"The model '{model}' {where}; this server serves {', '.join(map(repr, served))}",

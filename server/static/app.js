@@ -3,7 +3,7 @@
 
 import { ApiError, getJSON, getKey, setKey } from "./js/api.js";
 import { Chat } from "./js/chat.js";
-import { DevicePanel } from "./js/device.js";
+import { DevicePanel, formatBytes } from "./js/device.js";
 import { Lifecycle } from "./js/lifecycle.js";
 
 const $ = (id) => document.getElementById(id);
@@ -51,7 +51,9 @@ async function refreshModel() {
       $("model-name").textContent = health.error ? "failed to load" : health.status || "unavailable";
     }
     const models = await getJSON("/v1/models");
-    const entry = models.data && models.data[0];
+    fillPicker(models.data || []);
+    const chosen = $("model-picker").value;
+    const entry = (models.data || []).find((m) => (chosen ? m.id === chosen : m.default)) || (models.data || [])[0];
     if (entry && entry.context_length) $("model-context").textContent = `${entry.context_length} tokens`;
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) askForKey();
@@ -59,6 +61,34 @@ async function refreshModel() {
     next = 10000;
   }
   modelTimer = setTimeout(refreshModel, next);
+}
+
+// ---- the model picker: every model /v1/models lists ------------------------------------------------
+export function modelLabel(m) {
+  const parts = [m.id];
+  if (m.remote) parts.push("upstream");
+  else {
+    if (m.disk_bytes) parts.push(formatBytes(m.disk_bytes));
+    if (m.loaded) parts.push("loaded");
+    if (m.can_chat === false) parts.push("no chat");
+  }
+  return parts.join(" · ");
+}
+
+function fillPicker(models) {
+  const picker = $("model-picker");
+  const chosen = picker.value;
+  const options = models.map((m) => {
+    const option = document.createElement("option");
+    option.value = m.default ? "" : m.id; // the default: sent without a model, as the server expects
+    option.textContent = modelLabel(m) + (m.default ? " (default)" : "");
+    option.dataset.model = m.id;
+    option.disabled = m.can_chat === false; // this page chats; a base model serves /v1/completions
+    return option;
+  });
+  if (!options.length) return;
+  picker.replaceChildren(...options);
+  picker.value = options.some((o) => o.value === chosen && !o.disabled) ? chosen : "";
 }
 
 // ---- the three parts ------------------------------------------------------------------------------
@@ -77,6 +107,8 @@ const panel = new DevicePanel(
     memoryMeter: $("d-memory-meter"),
     battery: $("d-battery"),
     lifecycle: $("d-lifecycle"),
+    model: $("d-model"),
+    ladder: $("d-ladder"),
     threads: $("d-threads"),
     variant: $("d-variant"),
     contextCap: $("d-context"),
@@ -100,6 +132,7 @@ const chat = new Chat(
     temperature: $("temperature"),
     maxTokens: $("max-tokens"),
     truncate: $("truncate"),
+    model: $("model-picker"),
     newChat: $("new-chat"),
     error: $("chat-error"),
   },

@@ -1,4 +1,5 @@
-"""llama.cpp server's tokenizer endpoints on the wire (tools/server/README.md of ggml-org/llama.cpp):
+"""llama.cpp server's tokenizer endpoints on the wire
+(https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md):
 
     POST /tokenize  {"content", "add_special": false, "parse_special": true, "with_pieces": false}
         -> {"tokens": [ids]} or {"tokens": [{"id", "piece"}]}; a piece that is not valid UTF-8 (part of a

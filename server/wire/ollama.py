@@ -1,4 +1,5 @@
-"""Ollama's API on the wire (docs/api.md of ollama/ollama): requests, and the objects the routes send.
+"""Ollama's API on the wire (https://github.com/ollama/ollama/blob/main/docs/api.md): requests, and the
+objects the routes send.
 
 Requests convert themselves to the OpenAI request the shared flow takes (`to_openai`), so `options` land on
 exactly the GenerationParams fields the OpenAI routes fill:

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from governor.limits import (
@@ -183,6 +185,10 @@ def test_config_costs_when_measured_then_they_replace_the_prior_for_their_thread
     assert costs[2] == ConfigCost("q4-a8", 2, None, 0.026, 60.0)  # ... so the quiet one stays a prior
     unknown_speed = config_costs(rung, 2, [ConfigCost("q4-a8", 2, False, 0.02, 0.0)])
     assert unknown_speed[1] == ConfigCost("q4-a8", 2, False, 0.02, 60.0)
+    # another model's variant of the same name is not this rung's; the rung's own model's is
+    theirs = ConfigCost("q4-a8", 1, False, 0.001, 1000.0, model_id="gemma")
+    assert config_costs(rung, 1, [theirs])[0].spinning is None  # the prior
+    assert config_costs(rung, 1, [replace(theirs, model_id="m")]) == [replace(theirs, model_id="m")]
 
 
 def test_merge_cost_when_same_key_then_replaced_else_added():
@@ -191,6 +197,8 @@ def test_merge_cost_when_same_key_then_replaced_else_added():
     assert len(table) == 2
     newer = ConfigCost("v", 1, False, 0.018, 55.0)
     assert merge_cost(table, newer) == (table[1], newer)
+    elsewhere = replace(newer, model_id="gemma")  # the same variant name of another model: its own entry
+    assert merge_cost((newer,), elsewhere) == (newer, elsewhere)
 
 
 def test_resolve_limits_when_thermal_pace_then_controller_replaces_the_rows_budget_and_threads():

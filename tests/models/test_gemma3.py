@@ -18,11 +18,9 @@ import pytest
 
 from models.convert.graph import VARIANTS, WeightFile, build_variant
 from models.convert.model import GGUFModel
-from models.convert.pipeline import CONVERTER_VERSION
 from models.convert.reference import ReferenceForward
 from models.runtime.session import DecoderSession, KVCache, ModelShape
-from tests.conftest import GEMMA3_SHA256
-from tests.conftest import test_cache_dir as cache_dir
+from tests.conftest import GEMMA3_SHA256, converted_cache_dir
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +44,7 @@ def gemma3_model(gemma3_gguf) -> GGUFModel:
 @pytest.fixture(scope="session")
 def gemma3_dir(gemma3_model) -> Path:
     """The exact variant, built once per machine and converter version."""
-    target = cache_dir() / f"converted-v{CONVERTER_VERSION}" / "gemma3-270m-graph"
+    target = converted_cache_dir() / "gemma3-270m-graph"
     if (target / f"{EXACT_VARIANT}.onnx").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

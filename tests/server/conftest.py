@@ -43,7 +43,7 @@ class LiveServer:
 
 
 def make_settings(tmp_path: Path, **overrides) -> Settings:
-    base = {"home": tmp_path, "model": MODEL, "stream_interval_ms": 50, "max_queue": 16, "keep_alive_s": 0}
+    base = {"home": tmp_path, "model": MODEL, "stream_interval_ms": 50, "max_queue": 16, "keep_alive_s": -1}
     return Settings(**{**base, **overrides})
 
 
@@ -52,11 +52,17 @@ def start_server(
     *,
     engine: Engine | None = None,
     engine_factory: Callable[[], Engine] | None = None,
+    served=None,
     governor=None,
     breaker=None,
 ) -> LiveServer:
     app = create_app(
-        settings, engine=engine, engine_factory=engine_factory, governor=governor, breaker=breaker
+        settings,
+        engine=engine,
+        engine_factory=engine_factory,
+        served=served,
+        governor=governor,
+        breaker=breaker,
     )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -81,7 +87,8 @@ def start_server(
 
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
-    """live(token_delay_s=..., **settings) -> LiveServer with a RecordingEngine(ScriptedEngine)."""
+    """live(token_delay_s=..., **settings) -> LiveServer with a RecordingEngine(ScriptedEngine), or what
+    `engine=`, `engine_factory=` or `served=` (server/served.py) give."""
     servers: list[LiveServer] = []
 
     def make(
@@ -92,11 +99,12 @@ def live(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
         reply_tokens: int | None = None,
         context_length: int = 512,
         fail_after_tokens: int | None = None,
+        served=None,
         governor=None,
         breaker=None,
         **settings_overrides,
     ) -> LiveServer:
-        if engine is None and engine_factory is None:
+        if engine is None and engine_factory is None and served is None:
             inner = ScriptedEngine(
                 model_id=MODEL,
                 token_delay_s=token_delay_s,
@@ -108,6 +116,7 @@ def live(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
             make_settings(tmp_path, **settings_overrides),
             engine=engine,
             engine_factory=engine_factory,
+            served=served,
             governor=governor,
             breaker=breaker,
         )

@@ -20,6 +20,7 @@ from models.types import (
     CancelToken,
     FinishEvent,
     GenerationParams,
+    Handover,
     Timings,
     TokenEvent,
     ToolUse,
@@ -40,13 +41,16 @@ class ScriptedEngine:
         token_delay_s: float = 0.0,
         reply: str = REPLY,
         reply_tokens: int | None = None,
+        can_chat: bool = True,
+        tokenizer_key: str = "chars",
     ) -> None:
         self.model_id = model_id
         self.variant = variant
         self.variants: Sequence[str] = (variant,)
         self.context_length = context_length
         self.threads = 1
-        self.can_chat = True
+        self.can_chat = can_chat
+        self.tokenizer_key = tokenizer_key
         self.vocab_size = 0x110000  # prompt ids are code points; reply ids (1000 + n) stay below it
         self.token_delay_s = token_delay_s
         self._words = re.findall(r"\s*\S+", reply)
@@ -108,6 +112,13 @@ class ScriptedEngine:
     def chat_text(self, messages: list[dict]) -> str:
         return self._render(messages)
 
+    def continuation_prompt(
+        self, request: list[dict] | str, reply: str, *, truncate: bool = False, reserve: int = 0
+    ) -> Prompt:
+        head = self._render(request) if isinstance(request, list) else request
+        ids = [ord(c) for c in head + reply]
+        return Prompt(ids[-max(1, self.context_length - reserve) :], reply_tokens=len(reply))
+
     # ---- generation ------------------------------------------------------------------------------
 
     def generate(
@@ -117,8 +128,14 @@ class ScriptedEngine:
         *,
         cancel: CancelToken | None = None,
         step_hook: StepHook | None = None,
-    ) -> Iterator[TokenEvent | FinishEvent]:
+        resume: Handover | None = None,
+    ) -> Iterator[TokenEvent | FinishEvent | Handover]:
+        """One word per token. A step hook naming another model ends with a Handover; `resume` goes on
+        from another engine's (its words counted, its text kept)."""
         cancel = cancel or CancelToken()
+        if prompt is None:
+            assert resume is not None and resume.tokenizer_key == self.tokenizer_key
+            prompt = Prompt(list(resume.state["prompt"]))
         wake = threading.Event()
         cancel.on_cancel(wake.set)  # so a per-token wait ends at once on cancel
         cached = 0
@@ -130,8 +147,9 @@ class ScriptedEngine:
         t0 = time.perf_counter()
         max_tokens = params.max_tokens
         room = self.context_length - len(prompt.ids)
-        text = ""
-        n = 0
+        text = resume.text if resume else ""
+        n = resume.generated if resume else 0
+        by_model = dict(resume.state["by_model"]) if resume else {}
         first_at = None
         reason = "stop"
         final_text = ""
@@ -141,6 +159,10 @@ class ScriptedEngine:
             except Cancelled:
                 reason = "cancelled"
                 break
+            if limits is not None and limits.model_id not in (None, self.model_id):
+                state = {"prompt": list(prompt.ids), "by_model": by_model}
+                yield Handover(limits.model_id, limits.variant, self.tokenizer_key, text, n, state)
+                return
             if limits is not None:
                 self.applied_limits.append(limits)
                 if limits.max_tokens is not None:
@@ -168,6 +190,7 @@ class ScriptedEngine:
             first_at = first_at or time.perf_counter()
             yield self._token(n, word, params)
             n += 1
+            by_model[self.model_id] = by_model.get(self.model_id, 0) + 1
         elapsed = time.perf_counter() - t0
         first = (first_at - t0) if first_at else elapsed
         decode_s = max(elapsed - first, 1e-9)
@@ -182,11 +205,14 @@ class ScriptedEngine:
         )
         yield FinishEvent(
             finish_reason=reason,  # type: ignore[arg-type]
-            usage=Usage(prompt_tokens=len(prompt.ids), completion_tokens=n, cached_tokens=cached),
+            usage=Usage(
+                prompt_tokens=len(prompt.ids), completion_tokens=n, cached_tokens=cached, by_model=by_model
+            ),
             timings=timings,
             truncated=prompt.truncated,
             variant=self.variant,
             text=final_text,
+            model_id=self.model_id,
         )
 
     def _token(self, n: int, word: str, params: GenerationParams) -> TokenEvent:
@@ -214,6 +240,8 @@ class Generation:
     tokens_at_cancel: int | None = None
     finish: FinishEvent | None = None
     error: BaseException | None = None
+    resumed: bool = False  # another engine's reply continued here
+    handover: Handover | None = None  # handed on to another model
 
 
 @dataclass
@@ -253,6 +281,15 @@ class RecordingEngine:
     def vocab_size(self) -> int:
         return self.inner.vocab_size
 
+    @property
+    def tokenizer_key(self) -> str:
+        return self.inner.tokenizer_key
+
+    def continuation_prompt(
+        self, request: list[dict] | str, reply: str, *, truncate: bool = False, reserve: int = 0
+    ) -> Prompt:
+        return self.inner.continuation_prompt(request, reply, truncate=truncate, reserve=reserve)
+
     def chat_prompt(
         self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None
     ) -> Prompt:
@@ -285,8 +322,9 @@ class RecordingEngine:
         *,
         cancel: CancelToken | None = None,
         step_hook: StepHook | None = None,
-    ) -> Iterator[TokenEvent | FinishEvent]:
-        gen = Generation(params=params, prompt=prompt)
+        resume: Handover | None = None,
+    ) -> Iterator[TokenEvent | FinishEvent | Handover]:
+        gen = Generation(params=params, prompt=prompt or Prompt([]), resumed=resume is not None)
         with self._cond:
             self.generations.append(gen)
             self._cond.notify_all()
@@ -298,8 +336,11 @@ class RecordingEngine:
         if cancel is not None:
             cancel.on_cancel(at_cancel)
         try:
-            for event in self.inner.generate(prompt, params, cancel=cancel, step_hook=step_hook):
-                if isinstance(event, TokenEvent):
+            events = self.inner.generate(prompt, params, cancel=cancel, step_hook=step_hook, resume=resume)
+            for event in events:
+                if isinstance(event, Handover):
+                    gen.handover = event
+                elif isinstance(event, TokenEvent):
                     if self.fail_after_tokens is not None and gen.tokens >= self.fail_after_tokens:
                         raise RuntimeError("injected engine failure")
                     gen.tokens += 1

@@ -10,8 +10,9 @@ import pytest
 
 from models.errors import InvalidParameter
 from models.runtime.engine import load_engine
-from server.engine_factory import chat_template_override
-from server.governor_gate import build_gate, governed_engine_factory
+from server.engine_config import chat_template_override
+from server.serve import gate_for
+from server.served import serve_folders
 from tests import chat_templates
 from tests.server.conftest import make_settings
 from tests.server.fakes import RecordingEngine
@@ -60,10 +61,10 @@ def test_chat_when_simmer_chat_template_names_a_file_then_base_model_chats(
     template = tmp_path / "chatml.jinja"
     template.write_text(chat_templates.QWEN25)
     settings = make_settings(tmp_path, thermal_source="none", context_length=128, chat_template=template)
-    gate = build_gate(settings)
+    served = serve_folders(settings, [tiny_base_model_dir])
     srv = live(
-        engine_factory=governed_engine_factory(settings, gate, model_dir=tiny_base_model_dir),
-        governor=gate,
+        served=served,
+        governor=gate_for(settings, served),
         thermal_source="none",
         context_length=128,
         chat_template=template,

@@ -1,5 +1,5 @@
-"""The worker's Gate over a real Governor: device throttling, kills, limits only when they change, and the
-memory plan that picks the start rung."""
+"""The worker's Gate over a real Governor: device throttling, kills, limits only when they change; and the
+memory tier a served folder starts on."""
 
 from __future__ import annotations
 
@@ -14,19 +14,14 @@ from governor.limits import ConfigCost, build_ladder, make_table
 from governor.policy import PolicyConfig
 from governor.sensors import SimulatedThermalSource
 from governor.thermal_sim import ThermalSimulator, get_profile
-from models.errors import Cancelled, DeviceOverheated, InsufficientMemory
+from models.errors import Cancelled, DeviceOverheated
 from models.types import CancelToken
+from server.cost_meter import CostMeter
 from server.errors import DevicePaused
-from server.governor_gate import (
-    RUNTIME_BYTES,
-    CostMeter,
-    GovernorGate,
-    governed_engine_factory,
-    plan_start,
-)
+from server.governor_gate import GovernorGate
+from server.serve import gate_for
+from server.served import serve_folders
 from tests.server.conftest import make_settings
-
-MiB = 2**20
 
 
 class FrozenClock:
@@ -143,10 +138,13 @@ def test_cost_meter_when_configurations_then_each_its_own():
     meter = CostMeter(window=8, publish_every=2)
     meter.step("v", 2, True, 0.024, 0.012)
     meter.step("v", 2, False, 0.020, 0.015)
+    meter.step("v", 2, False, 0.040, 0.030, model_id="other")  # another model's variant of the same name
     spinning = meter.step("v", 2, True, 0.024, 0.012)
     quiet = meter.step("v", 2, False, 0.020, 0.015)
+    theirs = meter.step("v", 2, False, 0.040, 0.030, model_id="other")
     assert (spinning.cpu_s_per_token, spinning.tok_s) == (pytest.approx(0.024), pytest.approx(1 / 0.012))
     assert (quiet.cpu_s_per_token, quiet.tok_s) == (pytest.approx(0.020), pytest.approx(1 / 0.015))
+    assert (theirs.model_id, theirs.cpu_s_per_token) == ("other", pytest.approx(0.040))
 
 
 def test_before_step_when_paced_then_the_gate_idles_the_rest_of_one_over_the_pace():
@@ -167,119 +165,30 @@ def test_before_step_when_running_then_the_meter_tells_the_governor_the_configur
     cpu = [0.0]
     gov = Governor(usable_cpus=2, ladder=build_ladder([("m", "q4-a8", 0.03, 1.0, 1, 2, 60.0)]))
     gate = GovernorGate(gov, cpu_time=lambda: cpu[0], meter=CostMeter(window=8, publish_every=4), spin="auto")
-    gate.set_ladder(gov.ladder)  # as the engine factory does when it loads the model
+    gov.tick()
     cancel = CancelToken()
     limits = gate.before_job(cancel, time.monotonic())
-    assert (limits.variant, limits.threads, limits.tokens_per_second) == ("q4-a8", 2, None)
+    assert (limits.model_id, limits.variant, limits.threads, limits.tokens_per_second) == (
+        "m",
+        "q4-a8",
+        2,
+        None,
+    )
     gate.before_step(cancel)
     for _ in range(4):
         cpu[0] += 0.025  # 25 ms of process CPU per token
         gate.before_step(cancel)
     (cost,) = gov.costs
-    assert (cost.variant, cost.threads, cost.spinning) == ("q4-a8", 2, True)  # unpaced under auto: spinning
+    # unpaced under auto: spinning; keyed by the model too (another model's "q4-a8" is another cost)
+    assert (cost.model_id, cost.variant, cost.threads, cost.spinning) == ("m", "q4-a8", 2, True)
     assert cost.cpu_s_per_token == pytest.approx(0.025)
-    gate.set_ladder(gov.ladder)  # the same model loaded again: what was measured still holds
-    assert gov.costs == (cost,)
-    gate.set_ladder(build_ladder([("other", "q4-a8", 0.03, 1.0, 1)]))  # another model: measure anew
-    assert gov.costs == ()
 
 
-# -- memory: the start rung -------------------------------------------------------------------------------
-MANIFEST = {
-    "context_length": 8192,
-    "kv_bytes_per_token": 1000,
-    "variants": {
-        "f32": {
-            "weights_bytes": 500 * MiB,
-            "speed": {"cpu_s_per_token": 0.03},
-            "quality": {"top1_agreement": 1.0},
-        },
-        "q4": {
-            "weights_bytes": 200 * MiB,
-            "speed": {"cpu_s_per_token": 0.018},
-            "quality": {"top1_agreement": 1.0},
-        },
-        "q4-a8": {
-            "weights_bytes": 110 * MiB,
-            "speed": {"cpu_s_per_token": 0.012},
-            "quality": {"top1_agreement": 0.93},
-        },
-    },
-}
-
-
-def plan(budget: int | None, **kw):
-    args = {"context_length": 2048, "prefix_slots": 2, "prefix_budget_bytes": 256 * MiB, **kw}
-    return plan_start("m", MANIFEST, budget_bytes=budget, **args)
-
-
-def test_plan_start_when_budget_fits_best_then_best_rung_and_ladder_by_cost():
-    p = plan(1024 * MiB)
-    assert [r.variant for r in p.ladder] == ["q4", "q4-a8"]  # f32 is no cheaper than q4: not a rung
-    assert p.variant == "q4" and p.start_rung == 0
-    assert p.need_bytes == 200 * MiB + 2 * 2048 * 1000 + RUNTIME_BYTES
-
-
-def test_plan_start_when_budget_only_fits_cheaper_then_steps_down():
-    p = plan(110 * MiB + 2 * 2048 * 1000 + RUNTIME_BYTES)
-    assert p.variant == "q4-a8" and p.start_rung == 1
-
-
-def test_plan_start_when_nothing_fits_then_insufficient_memory_naming_needs():
-    with pytest.raises(InsufficientMemory, match="q4-a8 needs") as err:
-        plan(100 * MiB)
-    assert err.value.code == "insufficient_memory"
-
-
-def test_plan_start_when_variant_chosen_then_it_is_the_top_rung():
-    p = plan(None, preferred_variant="f32")
-    assert [r.variant for r in p.ladder] == ["f32", "q4", "q4-a8"]
-    assert p.variant == "f32"
-
-
-def test_engine_factory_when_budget_too_small_then_refuses_to_load_with_clear_error(
-    live, tmp_path, tiny_model_dir
-):
-    from server.governor_gate import build_gate
-
-    settings = make_settings(tmp_path, thermal_source="none", memory_budget_mb=8)
-    gate = build_gate(settings)
-    srv = live(
-        engine_factory=governed_engine_factory(settings, gate, model_dir=tiny_model_dir), governor=gate
-    )
-    with srv.client() as c:
-        for _ in range(200):
-            health = c.get("/health")
-            if health.json()["status"] != "loading":
-                break
-            time.sleep(0.02)
-        assert health.status_code == 503
-        assert "memory budget of 8 MiB" in health.json()["error"]
-
-
-def test_engine_factory_when_budget_fits_then_loads_start_rung_and_ladder(live, tmp_path, tiny_model_dir):
-    from server.governor_gate import build_gate
-
-    settings = make_settings(tmp_path, thermal_source="none", memory_budget_mb=1024, context_length=128)
-    gate = build_gate(settings)
-    srv = live(
-        engine_factory=governed_engine_factory(settings, gate, model_dir=tiny_model_dir), governor=gate
-    )
-    manifest = json.loads((tiny_model_dir / "manifest.json").read_text())
-    with srv.client() as c:
-        for _ in range(200):
-            if c.get("/health").json()["status"] == "ok":
-                break
-            time.sleep(0.02)
-        body = c.get("/v1/thermal").json()
-    assert body["variant"] == body["limits"]["variant"]
-    assert body["variant"] in manifest["variants"]
-    assert body["model"] == manifest["id"]
-
-
-def test_engine_factory_when_the_model_loads_then_the_pace_controller_credits_none_of_it(
+# -- a model load: the pace controller credits none of it ---------------------------------------------------
+def test_pool_load_when_served_with_a_governor_then_the_pace_controller_credits_none_of_it(
     tmp_path, tiny_model_dir
 ):
+    from server.app import create_app
     from tests.governor.fakes import FakeClock, FakeSensor
 
     clock = FakeClock()
@@ -288,17 +197,62 @@ def test_engine_factory_when_the_model_loads_then_the_pace_controller_credits_no
         thermal=FakeSensor(41.9, critical_c=48.0), clock=clock, usable_cpus=2, read_load=lambda: 1.0
     )
     gate = GovernorGate(gov)
-    gov.tick()
-    clock.advance(1)
-    before = gov.tick().limits.cpu_budget_cores
-    clock.advance(3)  # the load takes 3 s; the factory's set_ladder polls in the middle of it
     settings = make_settings(tmp_path, thermal_source="none", memory_budget_mb=1024, context_length=128)
-    engine = governed_engine_factory(settings, gate, model_dir=tiny_model_dir)()
-    try:
-        assert gate.snapshot().limits.cpu_budget_cores == before
+    served = serve_folders(settings, [tiny_model_dir])
+    create_app(settings, served=served, governor=gate)  # wires the pool's loads to the governor
+    opener, during = served.pool.opener, []
+
+    def slow_open(entry, variant):  # the load takes 3 s, and the governor polls in the middle of it
+        clock.advance(3)
+        during.append(gov.tick().limits.cpu_budget_cores)
+        return opener(entry, variant)
+
+    served.pool.opener = slow_open
+    gov.tick()
+    for _ in range(2):  # every load, not only the first
+        clock.advance(1)
+        before = gov.tick().limits.cpu_budget_cores
+        served.pool.acquire(served.default_model)
+        served.pool.release(served.default_model, 0)  # keep_alive 0: unloaded, the next acquire loads
+        assert during[-1] == before
         clock.advance(1)
         assert gov.tick().limits.cpu_budget_cores == before  # the first poll after still holds
         clock.advance(1)
         assert gov.tick().limits.cpu_budget_cores > before
-    finally:
-        engine.unload()
+    assert served.pool.loads == 2
+
+
+# -- the memory tier, through a live server ----------------------------------------------------------------
+def wait_started(srv):
+    with srv.client() as c:
+        for _ in range(500):
+            health = c.get("/health")
+            if health.json()["status"] != "loading":
+                return health
+            time.sleep(0.02)
+    return health
+
+
+def test_server_when_budget_too_small_then_refuses_to_load_with_the_numbers(live, tmp_path, tiny_model_dir):
+    settings = make_settings(tmp_path, thermal_source="none", memory_budget_mb=8)
+    served = serve_folders(settings, [tiny_model_dir])
+    srv = live(served=served, governor=gate_for(settings, served), thermal_source="none", memory_budget_mb=8)
+    health = wait_started(srv)
+    assert health.status_code == 503
+    error = health.json()["error"]
+    assert "budget of 8 MiB" in error and "Nothing was unloaded" in error
+
+
+def test_server_when_budget_fits_then_loads_start_rung_and_ladder(live, tmp_path, tiny_model_dir):
+    overrides = {"thermal_source": "none", "memory_budget_mb": 1024, "context_length": 128}
+    settings = make_settings(tmp_path, **overrides)
+    served = serve_folders(settings, [tiny_model_dir])
+    srv = live(served=served, governor=gate_for(settings, served), **overrides)
+    manifest = json.loads((tiny_model_dir / "manifest.json").read_text())
+    assert wait_started(srv).status_code == 200
+    with srv.client() as c:
+        body = c.get("/v1/thermal").json()
+    assert body["variant"] == body["limits"]["variant"] == manifest["default_variant"]  # q4-a8: nominal
+    assert body["model"] == manifest["id"]
+    assert [r["model"] for r in body["ladder"]] == [manifest["id"]] * len(body["ladder"])
+    assert body["ladder"][0]["current"]

@@ -754,6 +754,7 @@ def test_hostile_cases_cover_every_error_code_the_request_path_can_send() -> Non
         # a pull of a GGUF the converter refuses, or from a source that cannot be reached: tests/models/
         "unsupported_model",
         "unsupported_architecture",
+        "unsupported_quantization",  # tests/models/test_quant_convert.py
         "hash_mismatch",
         "source_unavailable",
     }

@@ -73,6 +73,8 @@ def test_serve_when_sigterm_during_stream_then_error_chunk_done_and_exit_within_
 class FakeGovernor:
     """A gate through the real seam: publishes a state change at the third step and lowers threads."""
 
+    memory_pressure = False
+
     def __init__(self) -> None:
         self.steps = 0
         self.publish: Callable[[dict], None] | None = None

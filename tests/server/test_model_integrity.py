@@ -18,7 +18,7 @@ import pytest
 from models.convert import pipeline
 from models.store.store import Converter, ModelStore
 from server import cli
-from server.engine_factory import open_engine
+from server.engine_config import EngineConfig
 from server.settings import Settings
 
 MODEL = "tiny"
@@ -58,7 +58,7 @@ def flip_weights_byte(home: Path, version: str, *, keep_times: bool) -> None:
 
 
 def settings_for(home: Path) -> Settings:
-    return Settings(home=home, model=MODEL, threads=1, context_length=128, keep_alive_s=0)
+    return Settings(home=home, model=MODEL, threads=1, context_length=128, keep_alive_s=-1)
 
 
 @pytest.mark.parametrize("keep_times", [False, True], ids=["mtime-changed", "mtime-restored"])
@@ -69,7 +69,11 @@ def test_serve_when_current_weights_corrupted_then_previous_serves_and_health_sa
     flip_weights_byte(home, new, keep_times=keep_times)
     settings = settings_for(home)
     caplog.set_level(logging.WARNING, logger="simmer.store")
-    srv = live(engine_factory=lambda: open_engine(settings), home=home, model=MODEL)
+    srv = live(
+        engine_factory=lambda: EngineConfig.from_settings(settings).open_installed(settings.model),
+        home=home,
+        model=MODEL,
+    )
     with srv.client() as c:
         for _ in range(500):
             health = c.get("/health").json()
@@ -104,7 +108,11 @@ def test_serve_when_no_good_version_then_health_error_names_file_and_fix(live, i
     flip_weights_byte(home, new, keep_times=False)
     flip_weights_byte(home, old, keep_times=False)
     settings = settings_for(home)
-    srv = live(engine_factory=lambda: open_engine(settings), home=home, model=MODEL)
+    srv = live(
+        engine_factory=lambda: EngineConfig.from_settings(settings).open_installed(settings.model),
+        home=home,
+        model=MODEL,
+    )
     for _ in range(500):
         r = httpx.get(srv.url + "/health")
         if r.json()["status"] != "loading":

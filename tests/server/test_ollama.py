@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import time
 from pathlib import Path
 
 import httpx
@@ -209,9 +210,14 @@ def test_load_request_when_no_messages_then_done_reason_load(live) -> None:
         assert r.status_code == 200 and r.json()["done_reason"] == "load" and r.json()["done"] is True
         r = c.post("/api/generate", json={"model": MODEL})
         assert r.json()["done_reason"] == "load" and r.json()["response"] == ""
-        # unloading on request arrives with the model pool: a clear 501 until then
+        assert [m["name"].split(":")[0] for m in c.get("/api/ps").json()["models"]] == [MODEL]
+        # keep_alive 0 without a prompt unloads it (the worker does, as soon as no job uses the model)
         r = c.post("/api/generate", json={"model": MODEL, "keep_alive": 0})
-        assert r.status_code == 501 and "model pool" in r.json()["error"]
+        assert r.status_code == 200 and r.json()["done_reason"] == "unload"
+        deadline = time.monotonic() + 10
+        while c.get("/api/ps").json()["models"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.get("/api/ps").json()["models"] == []
     assert srv.engine.generations == []  # neither ran the model
 
 

@@ -76,7 +76,7 @@ def open_page(browser) -> Iterator[Callable[..., object]]:
 
 @pytest.fixture
 def ui_server(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
-    """ui_server(token_delay_s=, reply_tokens=, engine=, gate_factory=, **settings) -> LiveServer."""
+    """ui_server(token_delay_s=, reply_tokens=, engine=, gate_factory=, served_factory=, **settings)."""
     servers: list[LiveServer] = []
 
     def make(
@@ -87,11 +87,16 @@ def ui_server(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
         context_length: int = 512,
         governor=None,
         gate_factory: Callable[[Settings], object] | None = None,
+        served_factory: Callable[[Settings], object] | None = None,
         **overrides,
     ) -> LiveServer:
         settings = make_settings(tmp_path, **overrides)
         if gate_factory is not None:
             governor = gate_factory(settings)  # as server/serve.py does: the gate from the settings
+        if served_factory is not None:  # several models (server/served.py)
+            srv = start_server(settings, served=served_factory(settings), governor=governor)
+            servers.append(srv)
+            return srv
         if engine is None:
             engine = RecordingEngine(
                 ScriptedEngine(

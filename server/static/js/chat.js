@@ -55,7 +55,9 @@ function formatTimings(timings, usage, variant) {
     if (timings.prompt_per_second) parts.push(`prompt ${Math.round(timings.prompt_per_second)} tok/s`);
   }
   if (usage) {
-    parts.push(`${usage.completion_tokens} tokens`);
+    const byModel = Object.entries(usage.models || {});
+    if (byModel.length > 1) parts.push(byModel.map(([m, n]) => `${m} ${n}`).join(" + ") + " tokens");
+    else parts.push(`${usage.completion_tokens} tokens`);
     const cached = usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens;
     if (cached) parts.push(`${cached} of ${usage.prompt_tokens} prompt tokens cached`);
   }
@@ -222,6 +224,8 @@ export class Chat {
     const maxTokens = Number.parseInt(this.els.maxTokens.value, 10);
     if (Number.isFinite(maxTokens) && maxTokens > 0) body.max_tokens = maxTokens;
     if (this.els.truncate.checked) body.truncate = true;
+    const model = this.els.model && this.els.model.value;
+    if (model) body.model = model;
     return body;
   }
 
@@ -266,6 +270,11 @@ export class Chat {
       for await (const event of readSSE(response.body)) {
         if (event.event === "governor") {
           const state = JSON.parse(event.data);
+          if (state.switch) {
+            // the governor moved this reply to another model; it goes on there
+            reply.setStatus(`Continued on ${state.switch.new} (${state.switch.old} before).`, "switched");
+            continue;
+          }
           this.applyGovernor(state);
           this.hooks.onGovernor?.(state);
           continue;

@@ -25,6 +25,13 @@ export function formatBytes(n) {
   return `${v >= 10 || i === 0 ? Math.round(v) : v.toFixed(1)} ${units[i]}`;
 }
 
+/** "17.7 tok/s": a rate for people (not 17.68033946251768). */
+export function formatRate(value, unit) {
+  if (value == null || !Number.isFinite(value)) return "";
+  const digits = Math.abs(value) >= 100 ? 0 : Math.abs(value) >= 10 ? 1 : 2;
+  return `${Number(value.toFixed(digits))} ${unit}`;
+}
+
 function text(el, value) {
   if (el) el.textContent = value;
 }
@@ -208,15 +215,19 @@ export class DevicePanel {
     text(els.lifecycle, state.lifecycle === "background" ? "background (replies may pause)" : state.lifecycle || "?");
 
     const l = state.limits || {};
+    if (state.model !== undefined) {
+      text(els.model, state.model ? `${state.model}${state.variant ? ` (${state.variant})` : ""}` : "none loaded");
+    }
+    if (state.ladder) this.renderLadder(state.ladder); // GET /v1/thermal has it; a stream's events do not
     text(els.threads, l.threads != null ? String(l.threads) : "all usable");
     text(els.variant, l.variant || "as started");
     text(els.contextCap, l.context_cap != null ? `${l.context_cap} tokens` : "full");
     text(els.maxTokens, l.max_tokens != null ? `${l.max_tokens} per reply` : "no cap");
     const pace =
       l.tokens_per_second != null
-        ? `${l.tokens_per_second} tok/s`
+        ? formatRate(l.tokens_per_second, "tok/s")
         : l.cpu_budget_cores != null
-          ? `${l.cpu_budget_cores} busy cores`
+          ? formatRate(l.cpu_budget_cores, "busy cores")
           : "full speed";
     text(els.pace, pace);
     const paused = l.pause_running ? "all replies paused" : l.pause_new ? "new replies held" : "no";
@@ -231,6 +242,25 @@ export class DevicePanel {
     els.notes.hidden = notes.length === 0;
 
     this.renderTransitions(state);
+  }
+
+  renderLadder(ladder) {
+    const list = this.els.ladder;
+    if (!list) return;
+    list.replaceChildren();
+    if (!ladder.length) {
+      const li = document.createElement("li");
+      li.className = "empty";
+      li.textContent = "one model, its variants";
+      list.append(li);
+      return;
+    }
+    for (const rung of ladder) {
+      const li = document.createElement("li");
+      li.textContent = `${rung.model} (${rung.variant})`;
+      li.dataset.current = rung.current ? "true" : "false";
+      list.append(li);
+    }
   }
 
   renderTransitions(state) {

@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-from server.governor_gate import build_gate
+from server.governor_setup import build_gate
 from server.settings import Settings
 from tests.server.routing.test_upstream_e2e import CHAT
 

@@ -1,0 +1,71 @@
+"""Settings -> the Governor and its Gate. The ladder and the start rung are inputs (server/ladder.py builds
+them from the catalog before anything loads): the governor decides on them, nothing writes them later."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from governor.cgroup import usable_cpus
+from governor.governor import Governor
+from governor.limits import Rung
+from governor.policy import PolicyConfig
+from governor.sensors import ThermalSource, make_thermal_source, read_battery, read_memory
+from models.errors import InvalidParameter
+from server.governor_gate import GovernorGate
+from server.settings import Settings
+
+
+def build_governor(
+    settings: Settings,
+    *,
+    thermal: ThermalSource | None = None,
+    ladder: Sequence[Rung] = (),
+    start_rung: int = 0,
+) -> Governor:
+    """The Governor for these settings. `thermal` replaces settings.thermal_source (tests script one)."""
+    cpus = usable_cpus(settings.cgroup_root, settings.proc_root)
+    threads = max(1, min(settings.threads or cpus, cpus))
+    if thermal is None:
+        thermal = make_thermal_source(
+            settings.thermal_source,
+            sysfs_root=settings.sysfs_root,
+            sensor_name=settings.thermal_sensor,
+            sim_time_scale=settings.sim_time_scale,
+            max_cores=cpus,
+        )
+    config = PolicyConfig(
+        memory_budget_bytes=_mb(settings.memory_budget_mb),
+        background_action=settings.background_action,  # type: ignore[arg-type]
+        pace_control=settings.pace_control,
+    )
+    return Governor(
+        thermal=thermal,
+        read_memory=lambda: read_memory(settings.cgroup_root, settings.proc_root),
+        read_battery=read_battery,
+        config=config,
+        usable_cpus=threads,
+        ladder=ladder,
+        start_rung=start_rung,
+        poll_s=settings.governor_poll_s,
+        enforce=settings.governor,
+    )
+
+
+def _mb(value: int | None) -> int | None:
+    return None if value is None else value << 20
+
+
+def build_gate(
+    settings: Settings,
+    *,
+    thermal: ThermalSource | None = None,
+    ladder: Sequence[Rung] = (),
+    start_rung: int = 0,
+) -> GovernorGate:
+    """The gate for `simmer serve`: the governor from settings, observe-only when settings.governor is False
+    (the device still throttles and kills: that is what an ungoverned app suffers)."""
+    try:
+        governor = build_governor(settings, thermal=thermal, ladder=ladder, start_rung=start_rung)
+    except ValueError as err:  # an unknown thermal source or profile, background_action: configuration
+        raise InvalidParameter(str(err), param="thermal_source") from err
+    return GovernorGate(governor, pause_timeout_s=settings.pause_timeout_s, spin=settings.spin)

@@ -1,0 +1,204 @@
+"""The loaded models: load on demand, unload least-recently-used idle ones to make room, keep_alive.
+
+Only the worker thread loads and unloads (one thread owns every engine); the views (`loaded`, `current`)
+are read by the routes from the event loop, under a lock. Before a load the memory planner
+(server/memory_plan.py) decides what must go; a refusal unloads nothing and raises insufficient_memory.
+
+keep_alive, as Ollama has it: after each request the model stays loaded for that request's keep_alive
+(SIMMER_KEEP_ALIVE_S when it gives none), 0 unloads it at once, infinity keeps it. Unloading drops the
+engine, its sessions and KV buffers, and hands the freed heap back to the OS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from models.errors import ModelNotFound
+from models.protocol import Engine
+from models.runtime.engine import release_freed_memory
+from server.catalog import Catalog, CatalogEntry
+from server.keep_alive import describe as describe_keep_alive
+from server.memory_plan import Estimate, MemoryBudget, Resident, mib, plan_load
+
+log = logging.getLogger("simmer.pool")
+
+Opener = Callable[[CatalogEntry, str | None], Engine]
+Cost = Callable[[CatalogEntry, str | None], Estimate]
+
+
+@dataclass
+class _Loaded:
+    entry: CatalogEntry
+    engine: Engine
+    last_used: float
+    expires_at: float = math.inf
+    busy: bool = False
+
+
+@dataclass(frozen=True)
+class LoadedView:
+    model_id: str
+    variant: str
+    bytes: int  # the planner's estimate
+    expires_in_s: float | None  # None: kept until the server stops
+
+
+@dataclass
+class ModelPool:
+    catalog: Catalog
+    opener: Opener
+    cost: Cost
+    budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(None, 0))
+    keep_alive_s: float = 300.0  # the default (SIMMER_KEEP_ALIVE_S; math.inf: keep)
+    pinned: bool = False  # one engine handed over ready: unloading frees its sessions, the object stays
+    clock: Callable[[], float] = time.monotonic
+    # wraps every load (the governor's loading(): the pace controller credits none of a load's CPU)
+    loading: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loaded: dict[str, _Loaded] = {}
+        self._current: Engine | None = None
+        self._kept: dict[str, Engine] = {}  # pinned engines, loaded or not
+        self.loads = 0
+        self.unloads = 0
+
+    # -- views (any thread) -----------------------------------------------------------------------------
+    @property
+    def current(self) -> Engine | None:
+        """The engine that ran last (what /health and /v1/thermal show)."""
+        return self._current
+
+    def loaded(self) -> dict[str, LoadedView]:
+        now = self.clock()
+        with self._lock:
+            return {
+                mid: LoadedView(
+                    mid,
+                    item.engine.variant,
+                    self.cost(item.entry, item.engine.variant).total,
+                    None if item.expires_at == math.inf else max(0.0, item.expires_at - now),
+                )
+                for mid, item in self._loaded.items()
+            }
+
+    def engine(self, model_id: str) -> Engine | None:
+        with self._lock:
+            item = self._loaded.get(model_id)
+            return item.engine if item else None
+
+    # -- the worker thread ------------------------------------------------------------------------------
+    def acquire(self, model_id: str, variant: str | None = None) -> Engine:
+        """The loaded engine of `model_id` (loading it first, maybe unloading idle ones), marked busy."""
+        entry = self.catalog.get(model_id)
+        if entry is None:
+            raise ModelNotFound(f"The model '{model_id}' is not installed", param="model")
+        with self._lock:
+            item = self._loaded.get(entry.id)
+        if item is None:
+            item = self._load(entry, variant)
+        item.busy = True
+        item.last_used = self.clock()
+        item.expires_at = math.inf  # not while it serves
+        self._current = item.engine
+        return item.engine
+
+    def release(self, model_id: str, keep_alive_s: float | None = None) -> None:
+        """The request is done with it (`model_id`: the engine's own id): keep it loaded for keep_alive
+        (0: unload now)."""
+        with self._lock:
+            item = self._loaded.get(model_id)
+        if item is None:
+            return
+        keep = self.keep_alive_s if keep_alive_s is None else keep_alive_s
+        item.busy = False
+        item.last_used = self.clock()
+        if keep <= 0:
+            self.unload(model_id, "keep_alive 0: unloaded after the reply")
+            return
+        item.expires_at = item.last_used + keep if keep != math.inf else math.inf
+
+    def next_expiry(self) -> float | None:
+        with self._lock:
+            times = [i.expires_at for i in self._loaded.values() if not i.busy and i.expires_at != math.inf]
+        return min(times) if times else None
+
+    def expire_now(self, model_id: str) -> bool:
+        """Make `model_id` due for unloading (any thread; the worker's next expire() unloads it once it is
+        idle). False when it is not loaded."""
+        with self._lock:
+            item = self._loaded.get(model_id)
+            if item is None:
+                return False
+            item.expires_at = self.clock()
+            return True
+
+    def expire(self) -> None:
+        """Unload every idle model past its keep_alive."""
+        now = self.clock()
+        with self._lock:
+            due = [m for m, i in self._loaded.items() if not i.busy and i.expires_at <= now]
+        for model_id in due:
+            self.unload(model_id, "idle past its keep_alive")
+
+    def unload(self, model_id: str, reason: str) -> bool:
+        with self._lock:
+            item = self._loaded.pop(model_id, None)
+            if item is not None and self._current is item.engine and not self.pinned:
+                self._current = None
+        if item is None:
+            return False
+        item.engine.unload()  # sessions and KV buffers
+        self.unloads += 1
+        del item
+        release_freed_memory()
+        log.info("unloaded %s: %s", model_id, reason)
+        return True
+
+    def unload_all(self) -> None:
+        with self._lock:
+            ids = list(self._loaded)
+        for model_id in ids:
+            self.unload(model_id, "server stopping")
+
+    def _load(self, entry: CatalogEntry, variant: str | None) -> _Loaded:
+        model_id = entry.id
+        need = self.cost(entry, variant or entry.default_variant)
+        with self._lock:
+            residents = [
+                Resident(m, self.cost(i.entry, i.engine.variant).total, i.last_used, i.busy)
+                for m, i in self._loaded.items()
+            ]
+        free = self.budget.free(sum(r.bytes for r in residents))
+        plan = plan_load(model_id, need, free, residents, budget=self.budget.describe())
+        for victim in plan.evict:
+            self.unload(victim, f"least recently used: room for {model_id}")
+        t0 = time.perf_counter()
+        engine = self._kept.get(model_id)
+        if engine is None:
+            with self.loading():
+                engine = self.opener(entry, variant)
+        if self.pinned:
+            self._kept[model_id] = engine
+        entry = self.catalog.get(engine.model_id) or entry  # a factory's engine names itself once loaded
+        item = _Loaded(entry, engine, self.clock())
+        with self._lock:
+            self._loaded[engine.model_id] = item
+        self.loads += 1
+        log.info(
+            "loaded %s/%s in %.2f s: ~%s of %s free (%s); keep_alive %s",
+            model_id,
+            engine.variant,
+            time.perf_counter() - t0,
+            mib(need.total),
+            mib(plan.free_bytes),
+            self.budget.describe(),
+            describe_keep_alive(self.keep_alive_s),
+        )
+        return item

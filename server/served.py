@@ -1,0 +1,200 @@
+"""What the server serves, assembled from Settings: the catalog of installed models, the pool that loads
+them, the governor's ladder across them (with its start rung, the memory tier) and the default model.
+
+`serve_store` is `simmer serve`'s; `serve_folders` serves converted folders (benchmarks, tests);
+`serve_single` one engine handed over ready or by a factory (tests, older callers).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from governor.limits import Rung
+from governor.policy import PolicyConfig
+from governor.sensors import read_memory
+from models.protocol import Engine, EngineLimits
+from server.catalog import Catalog, CatalogEntry, FolderCatalog, SingleCatalog, StoreCatalog
+from server.engine_config import EngineConfig
+from server.ladder import (
+    StartPlan,
+    Target,
+    build_ladder,
+    describe,
+    model_rungs,
+    parse_ladder,
+    pick_start,
+    place,
+)
+from server.memory_plan import Estimate, MemoryBudget, estimate
+from server.model_pool import ModelPool
+from server.settings import Settings
+from server.worker import Job
+
+log = logging.getLogger("simmer.governor")
+
+
+@dataclass
+class Served:
+    catalog: Catalog
+    pool: ModelPool
+    default_model: str
+    ladder: list[Rung] = field(default_factory=list)
+    start: StartPlan | None = None
+    preload: str | None = None  # loaded at start (/health says "loading" until it is)
+    cost: Callable[[CatalogEntry, str | None], Estimate] | None = None  # the planner's estimate
+    context_cap: int | None = None  # SIMMER_CONTEXT_LENGTH
+
+    # -- what routing and the routes read -----------------------------------------------------------------
+    def served_ids(self) -> set[str]:
+        return {self.default_model, *(e.id for e in self.catalog.entries())}
+
+    def entry(self, model_id: str | None) -> CatalogEntry | None:
+        return self.catalog.get(model_id or self.default_model)
+
+    def can_chat(self, model_id: str) -> bool:
+        entry = self.catalog.get(model_id)
+        return entry is not None and entry.can_chat
+
+    def serves_chat(self, requested: str) -> bool:
+        """A chat request for `requested` lands somewhere: the model itself or a chat rung below it."""
+        target = place(self.ladder, None, requested, self.can_chat)
+        return self.can_chat(target.model_id)
+
+    def ladder_models(self) -> list[str]:
+        return list(dict.fromkeys(r.model_id for r in self.ladder))
+
+    # -- the worker's placement ---------------------------------------------------------------------------
+    def place(self, job: Job, governed: EngineLimits | None, blocked: set[str]) -> Target:
+        requested = self.catalog.get(job.model or self.default_model)
+        requested_id = requested.id if requested else (job.model or self.default_model)
+        key = requested.tokenizer_key if requested else None
+        chat = job.kind == "chat"
+        biased = bool(job.params.sampling.logit_bias)
+
+        def usable(model_id: str) -> bool:
+            if model_id in blocked:
+                return False
+            entry = self.catalog.get(model_id)
+            if entry is None:
+                return False
+            return (not chat or entry.can_chat) and (not biased or entry.tokenizer_key == key)
+
+        rung = (governed.model_id, governed.variant) if governed is not None else None
+        return place(self.ladder, rung, requested_id, usable)
+
+
+def default_model(settings: Settings) -> str:
+    """SIMMER_MODEL; when only SIMMER_LADDER is set, the ladder's first model."""
+    spec = parse_ladder(settings.ladder)
+    if spec and "model" not in settings.model_fields_set:
+        return spec[0][0]
+    return settings.model
+
+
+def memory_budget(settings: Settings) -> MemoryBudget:
+    return MemoryBudget(
+        explicit_bytes=None if settings.memory_budget_mb is None else settings.memory_budget_mb << 20,
+        reserve_bytes=settings.memory_reserve_mb << 20,
+        read=lambda: read_memory(settings.cgroup_root, settings.proc_root),
+    )
+
+
+def cost_function(config: EngineConfig) -> Callable[[CatalogEntry, str | None], Estimate]:
+    def cost(entry: CatalogEntry, variant: str | None) -> Estimate:
+        return estimate(
+            entry.manifest,
+            variant or entry.default_variant,
+            context_length=config.context_length,
+            prefix_slots=config.prefix_slots,
+            prefix_budget_bytes=config.prefix_budget_bytes,
+        )
+
+    return cost
+
+
+def _assemble(
+    settings: Settings,
+    catalog: Catalog,
+    opener: Callable[[CatalogEntry, str | None], Engine],
+    config: EngineConfig,
+    budget: MemoryBudget,
+) -> Served:
+    cost = cost_function(config)
+    pool = ModelPool(catalog, opener, cost, budget, keep_alive_s=keep_alive_default(settings))
+    model = default_model(settings)
+    spec = parse_ladder(settings.ladder)
+    if spec:
+        ladder = build_ladder(spec, catalog, preferred_variant=settings.variant)
+    else:
+        entry = catalog.get(model)
+        ladder = model_rungs(entry, settings.variant) if entry is not None else []
+    served = Served(catalog, pool, model, ladder, cost=cost, context_cap=config.context_length)
+    if ladder:
+        # headroom: what keeps the governor's memory level nominal once the model is in (its fair threshold)
+        reading = budget.read() if budget.explicit_bytes is None else None
+        total = budget.explicit_bytes or (reading.limit_bytes if reading else 0)
+        headroom = max(budget.reserve_bytes, int(PolicyConfig().memory_fair_fraction * total))
+        free = budget.free(0)
+        served.start = pick_start(ladder, lambda r: cost(_entry(catalog, r), r.variant), free, headroom)
+        log.info("memory tier: %s; ladder %s", served.start.describe(ladder), describe(ladder))
+        start = ladder[served.start.index]
+        served.preload = place(ladder, (start.model_id, start.variant), model, lambda _: True).model_id
+    else:
+        served.preload = model
+    return served
+
+
+def _entry(catalog: Catalog, rung: Rung) -> CatalogEntry:
+    entry = catalog.get(rung.model_id)
+    assert entry is not None  # build_ladder checked every rung
+    return entry
+
+
+def keep_alive_default(settings: Settings) -> float:
+    """SIMMER_KEEP_ALIVE_S with Ollama's meaning: negative keeps, 0 unloads after each reply."""
+    return float("inf") if settings.keep_alive_s < 0 else settings.keep_alive_s
+
+
+def serve_store(settings: Settings, config: EngineConfig | None = None) -> Served:
+    config = config or EngineConfig.from_settings(settings)
+    catalog = StoreCatalog(settings.home, chat_override=config.chat_template is not None)
+
+    def opener(entry: CatalogEntry, variant: str | None) -> Engine:
+        return config.open_installed(entry.id, variant=variant)
+
+    return _assemble(settings, catalog, opener, config, memory_budget(settings))
+
+
+def serve_folders(settings: Settings, folders: list[Path], config: EngineConfig | None = None) -> Served:
+    config = config or EngineConfig.from_settings(settings)
+    catalog = FolderCatalog(folders, chat_override=config.chat_template is not None)
+
+    def opener(entry: CatalogEntry, variant: str | None) -> Engine:
+        assert entry.path is not None
+        return config.open(entry.path, dict(entry.manifest), model_id=entry.id, variant=variant)
+
+    if catalog.get(settings.model) is None and not settings.ladder and catalog.entries():
+        settings = settings.model_copy(update={"model": catalog.entries()[0].id})
+    return _assemble(settings, catalog, opener, config, memory_budget(settings))
+
+
+def serve_single(settings: Settings, load: Callable[[], Engine]) -> Served:
+    """One engine (tests, a factory): pinned in the pool; unloading frees its sessions, not the object."""
+    catalog = SingleCatalog(settings.model)
+
+    def opener(entry: CatalogEntry, variant: str | None) -> Engine:
+        engine = load()
+        catalog.know(engine)
+        return engine
+
+    pool = ModelPool(
+        catalog,
+        opener,
+        lambda entry, variant: Estimate(0, 0, 0, 0),
+        keep_alive_s=keep_alive_default(settings),
+        pinned=True,
+    )
+    return Served(catalog, pool, settings.model, preload=settings.model)

@@ -1,0 +1,158 @@
+"""The model pool on a fake clock, fake budgets and scripted engines (through the Engine seam): load on
+demand, LRU unloading to make room, refusals that unload nothing, keep_alive 0 / duration / forever."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from models.errors import InsufficientMemory, ModelNotFound
+from server.catalog import CatalogEntry
+from server.memory_plan import Estimate, MemoryBudget
+from server.model_pool import ModelPool
+from tests.server.fakes import ScriptedEngine
+
+MiB = 1 << 20
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Catalog:
+    def __init__(self, sizes: dict[str, int]) -> None:
+        self.entries_ = {m: CatalogEntry(m, None, {"size": s}, True, "k") for m, s in sizes.items()}
+
+    def entries(self) -> list[CatalogEntry]:
+        return list(self.entries_.values())
+
+    def get(self, model_id: str) -> CatalogEntry | None:
+        return self.entries_.get(model_id)
+
+
+class Unloads(ScriptedEngine):
+    def __init__(self, model_id: str, log: list[str]) -> None:
+        super().__init__(model_id=model_id)
+        self.log = log
+
+    def unload(self) -> None:
+        self.log.append(self.model_id)
+        super().unload()
+
+
+def pool(budget_mib: int | None = 300, keep_alive_s: float = 300.0, **sizes_mib: int):
+    clock = Clock()
+    unloaded: list[str] = []
+    opened: list[str] = []
+
+    def opener(entry: CatalogEntry, variant: str | None):
+        opened.append(entry.id)
+        return Unloads(entry.id, unloaded)
+
+    p = ModelPool(
+        Catalog({m: s * MiB for m, s in (sizes_mib or {"a": 100, "b": 100, "c": 100}).items()}),
+        opener,
+        lambda entry, variant: Estimate(entry.manifest["size"], 0, 0, 0),
+        MemoryBudget(None if budget_mib is None else budget_mib * MiB, 0),
+        keep_alive_s=keep_alive_s,
+        clock=clock,
+    )
+    return p, clock, opened, unloaded
+
+
+def test_acquire_when_loaded_then_same_engine_without_loading_again():
+    p, _, opened, _ = pool()
+    first = p.acquire("a")
+    p.release("a")
+    assert p.acquire("a") is first and opened == ["a"] and p.current is first
+
+
+def test_acquire_when_unknown_model_then_model_not_found():
+    p, *_ = pool()
+    with pytest.raises(ModelNotFound):
+        p.acquire("zzz")
+
+
+def test_acquire_when_budget_full_then_least_recently_used_idle_model_unloaded():
+    p, clock, _, unloaded = pool(budget_mib=250)
+    for model in ("a", "b", "a"):  # a is the most recently used
+        clock.now += 1
+        p.acquire(model)
+        p.release(model)
+    p.acquire("c")
+    assert unloaded == ["b"] and set(p.loaded()) == {"a", "c"}
+
+
+def test_acquire_when_only_a_busy_model_holds_the_memory_then_refused_and_it_keeps_serving():
+    p, _, _, unloaded = pool(budget_mib=250, a=200, b=100)
+    p.acquire("a")  # serving
+    with pytest.raises(InsufficientMemory) as err:
+        p.acquire("b")
+    assert "in use: a ~200 MiB" in err.value.message and "Nothing was unloaded" in err.value.message
+    assert unloaded == [] and set(p.loaded()) == {"a"}
+
+
+@pytest.fixture
+def big_pool():
+    return pool(budget_mib=250, a=100, b=100, big=300)
+
+
+def test_acquire_when_a_model_needs_more_than_the_idle_ones_free_then_refuse_and_keep_them(big_pool):
+    p, _, _, unloaded = big_pool
+    p.acquire("a")
+    p.release("a")
+    with pytest.raises(InsufficientMemory) as err:
+        p.acquire("big")
+    assert err.value.numbers == {"needed_bytes": 300 * MiB, "free_bytes": 150 * MiB, "idle_bytes": 100 * MiB}
+    assert unloaded == [] and set(p.loaded()) == {"a"}
+
+
+def test_release_when_keep_alive_zero_then_unloaded_after_the_reply():
+    p, _, _, unloaded = pool()
+    p.acquire("a")
+    p.release("a", 0.0)
+    assert unloaded == ["a"] and p.loaded() == {} and p.current is None
+
+
+def test_release_when_duration_then_unloaded_once_it_passed():
+    p, clock, _, unloaded = pool()
+    p.acquire("a")
+    p.release("a", 10.0)
+    assert p.next_expiry() == clock.now + 10 and p.loaded()["a"].expires_in_s == 10.0
+    clock.now += 9.9
+    p.expire()
+    assert unloaded == []
+    clock.now += 0.1
+    p.expire()
+    assert unloaded == ["a"] and p.next_expiry() is None
+
+
+def test_release_when_forever_then_never_expires():
+    p, clock, _, unloaded = pool()
+    p.acquire("a")
+    p.release("a", math.inf)
+    clock.now += 10**9
+    p.expire()
+    assert unloaded == [] and p.next_expiry() is None and p.loaded()["a"].expires_in_s is None
+
+
+def test_release_when_no_keep_alive_given_then_the_default():
+    p, clock, _, _ = pool(keep_alive_s=42.0)
+    p.acquire("a")
+    p.release("a")
+    assert p.next_expiry() == clock.now + 42.0
+
+
+def test_acquire_when_serving_then_not_expired_meanwhile():
+    p, clock, _, unloaded = pool(keep_alive_s=1.0)
+    p.acquire("a")
+    p.release("a")
+    p.acquire("a")  # a new request: busy again
+    clock.now += 100
+    p.expire()
+    assert unloaded == []

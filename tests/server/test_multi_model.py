@@ -1,0 +1,293 @@
+"""Several models behind one server (tiny real ones, converted folders): /v1/models, `model` picks one,
+keep_alive per request, the memory planner's 503, chat requests skipping a base model's rung, and a reply
+moved to another model mid-way over HTTP (same tokenizer and another one) with continuous text."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from models.protocol import EngineLimits, Prompt
+from models.runtime.engine import load_engine
+from models.types import CancelToken, GenerationParams, SamplingParams, TokenEvent
+from server.memory_plan import MemoryBudget
+from server.served import serve_folders
+from tests.server.conftest import make_settings
+
+MiB = 1 << 20
+PROMPT = "The quick brown fox"
+
+
+def wait_ready(srv) -> None:
+    for _ in range(500):
+        if httpx.get(srv.url + "/health").status_code == 200:
+            return
+        time.sleep(0.02)
+    raise AssertionError(httpx.get(srv.url + "/health").text)
+
+
+@pytest.fixture
+def several(live, tmp_path, tiny_pair_dirs, tiny_spm_dir, tiny_base_model_dir):
+    """start(**settings) -> a live server over tiny-big, tiny-small, tiny-spm and tiny-base."""
+
+    def start(governor=None, **overrides):
+        overrides = {"model": "tiny-small", "context_length": 128, **overrides}
+        settings = make_settings(tmp_path, **overrides)
+        served = serve_folders(settings, [*tiny_pair_dirs, tiny_spm_dir, tiny_base_model_dir])
+        srv = live(served=served, governor=governor, **overrides)
+        wait_ready(srv)
+        return srv, served
+
+    return start
+
+
+def models(srv) -> dict[str, dict]:
+    body = httpx.get(srv.url + "/v1/models").json()
+    return {m["id"]: m for m in body["data"]}
+
+
+def complete(srv, model: str | None, **extra) -> httpx.Response:
+    body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, **extra}
+    if model is not None:
+        body["model"] = model
+    return httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
+
+
+def test_models_when_several_installed_then_each_listed_with_its_facts(several, tiny_pair_dirs):
+    srv, served = several()
+    listed = models(srv)
+    assert set(listed) == {"tiny-big", "tiny-small", "tiny-spm", "tiny-base"}
+    assert next(iter(listed)) == "tiny-small"  # the default first
+    small, base = listed["tiny-small"], listed["tiny-base"]
+    manifest = json.loads((tiny_pair_dirs[1] / "manifest.json").read_text())
+    assert small["default"] is True and listed["tiny-big"]["default"] is False
+    assert small["variants"][0] in manifest["variants"] and set(small["variants"]) == set(
+        manifest["variants"]
+    )
+    assert small["variant"] == "q4-a8"  # the nominal variant
+    assert small["context_length"] == 128 and small["max_context_length"] == manifest["context_length"]
+    assert small["disk_bytes"] == sum(p.stat().st_size for p in tiny_pair_dirs[1].iterdir() if p.is_file())
+    assert (small["can_chat"], base["can_chat"]) == (True, False)
+    assert small["loaded"] is True and listed["tiny-big"]["loaded"] is False  # the default loads at start
+    cost = served.cost(served.catalog.get("tiny-big"), "q4-a8").total
+    assert listed["tiny-big"]["resident_bytes_estimate"] == cost and cost > 128 * MiB  # runtime included
+
+
+def test_request_model_when_named_then_that_model_serves_and_unknown_is_404(several):
+    srv, _ = several()
+    for model in ("tiny-big", "tiny-spm", "tiny-small", None):
+        r = complete(srv, model)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == (model or "tiny-small")
+    assert {m for m, e in models(srv).items() if e["loaded"]} == {"tiny-big", "tiny-spm", "tiny-small"}
+    missing = complete(srv, "tiny-huge")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    assert "'tiny-huge'" in missing.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("keep_alive", "loaded", "expires"),
+    [(0, False, None), ("5m", True, 300.0), (-1, True, None), ("90s", True, 90.0)],
+)
+def test_keep_alive_when_given_per_request_then_ollama_semantics(several, keep_alive, loaded, expires):
+    srv, _ = several()
+    assert complete(srv, "tiny-big", keep_alive=keep_alive).status_code == 200
+    entry = models(srv)["tiny-big"]
+    assert entry["loaded"] is loaded
+    if expires is None:
+        assert entry["keep_alive_s"] is None
+    else:
+        assert expires - 5 <= entry["keep_alive_s"] <= expires
+
+
+def test_keep_alive_when_not_a_duration_then_400(several):
+    srv, _ = several()
+    r = complete(srv, "tiny-big", keep_alive="soon")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "keep_alive"
+
+
+def test_keep_alive_default_when_idle_past_it_then_unloaded_by_the_worker(several):
+    srv, _ = several(keep_alive_s=0.3)
+    assert complete(srv, "tiny-big").status_code == 200
+    deadline = time.monotonic() + 5
+    while models(srv)["tiny-big"]["loaded"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not models(srv)["tiny-big"]["loaded"]
+
+
+def test_memory_when_a_model_does_not_fit_then_503_with_numbers_and_nothing_unloaded(several):
+    srv, served = several()
+    small = served.cost(served.catalog.get("tiny-small"), "q4-a8").total
+    big = served.cost(served.catalog.get("tiny-big"), "q4-a8").total
+    assert small < big
+    served.pool.budget = MemoryBudget((small + big) // 2, 0)  # the default fits; the big one alone does not
+    r = complete(srv, "tiny-big")
+    assert r.status_code == 503
+    error = r.json()["error"]
+    assert error["code"] == "insufficient_memory" and "Nothing was unloaded" in error["message"]
+    assert error["memory"]["needed_bytes"] == big and error["memory"]["idle_bytes"] == small
+    assert models(srv)["tiny-small"]["loaded"] and complete(srv, "tiny-small").status_code == 200
+
+
+def test_memory_when_two_do_not_fit_together_then_the_idle_one_unloaded(several):
+    srv, served = several()
+    small = served.cost(served.catalog.get("tiny-small"), "q4-a8").total
+    big = served.cost(served.catalog.get("tiny-big"), "q4-a8").total
+    served.pool.budget = MemoryBudget(big + small // 2, 0)
+    assert complete(srv, "tiny-big").status_code == 200
+    loaded = {m for m, e in models(srv).items() if e["loaded"]}
+    assert loaded == {"tiny-big"}
+
+
+def test_ladder_when_chat_request_then_skips_the_rung_that_cannot_chat(several):
+    srv, _ = several(ladder="tiny-base,tiny-small", model="tiny-base")
+    chat = httpx.post(
+        srv.url + "/v1/chat/completions",
+        json={"model": "tiny-base", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        timeout=30,
+    )
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["model"] == "tiny-small" and chat.json()["usage"]["models"] == {"tiny-small": 3}
+    text = complete(srv, "tiny-base")
+    assert text.json()["model"] == "tiny-base"
+    # without a chat rung below it, the base model refuses chat at once
+    alone = httpx.post(
+        srv.url + "/v1/chat/completions",
+        json={"model": "tiny-spm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    )
+    assert alone.status_code == 200  # tiny-spm chats (its own template)
+
+
+def test_ladder_when_base_model_not_on_a_ladder_then_chat_refused_at_once(several):
+    srv, _ = several()
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        json={"model": "tiny-base", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_chat"
+
+
+# -- a reply moved to another model mid-way ----------------------------------------------------------------
+class SwitchingGate:
+    """A gate through the real seam: after `after` steps the governor's rung is `target`'s."""
+
+    memory_pressure = False
+
+    def __init__(self, target: str, after: int) -> None:
+        self.target = target
+        self.after = after
+        self.steps = 0
+
+    def subscribe(self, callback) -> None:
+        return None
+
+    def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
+        return None
+
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        self.steps += 1
+        if self.steps == self.after:
+            return EngineLimits(model_id=self.target, variant="f32")
+        return None
+
+
+def stream(srv, model: str, max_tokens: int) -> tuple[str, list[str], list[dict], dict]:
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "governor_events": True,
+    }
+    text, names, switches, usage, event = "", [], [], {}, None
+    with httpx.Client(base_url=srv.url, timeout=30) as c, c.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: ") and line != "data: [DONE]":
+                data = json.loads(line.removeprefix("data: "))
+                if event == "governor":
+                    switches.append(data["switch"])
+                elif data.get("usage"):
+                    usage = data["usage"]
+                else:
+                    text += "".join(ch["text"] for ch in data["choices"])
+                    names.append(data["model"])
+                event = None
+    return text, names, switches, usage
+
+
+def reference(first_dir, second_dir, n_first: int, total: int, same_tokenizer: bool) -> str:
+    """The same greedy reply, model by model, engines alone."""
+    a = load_engine(first_dir, variant="f32", threads=1, context_length=128)
+    b = load_engine(second_dir, variant="f32", threads=1, context_length=128)
+    prompt = a.text_prompt(PROMPT)
+    params = GenerationParams(SamplingParams(temperature=0), max_tokens=n_first, ignore_eos=True)
+    first = [e for e in a.generate(prompt, params) if isinstance(e, TokenEvent)]
+    shown = "".join(e.text for e in first)
+    rest_params = replace(params, max_tokens=total - n_first)
+    if same_tokenizer:
+        then = Prompt(prompt.ids + [e.token_id for e in first])
+    else:
+        then = b.continuation_prompt(PROMPT, shown)
+    events = list(b.generate(then, rest_params))
+    return shown + "".join(e.text for e in events)
+
+
+@pytest.mark.parametrize("second", ["tiny-small", "tiny-spm"])
+def test_switch_when_governor_moves_the_rung_mid_reply_then_model_field_changes_and_text_continues(
+    several, tiny_pair_dirs, tiny_spm_dir, second
+):
+    gate = SwitchingGate(second, after=8)
+    srv, _ = several(governor=gate, ladder=f"tiny-big:f32,{second}:f32", model="tiny-big")
+    text, names, switches, usage = stream(srv, "tiny-big", 24)
+
+    assert names[0] == "tiny-big" and names[-1] == second
+    assert names == sorted(names, key=lambda n: n != "tiny-big")  # one change, never back
+    assert (
+        len(switches) == 1 and switches[0]["old"] == "tiny-big/f32" and switches[0]["new"] == f"{second}/f32"
+    )
+    n_first = usage["models"]["tiny-big"]
+    assert usage["models"] == {"tiny-big": n_first, second: 24 - n_first} and 0 < n_first < 24
+    assert switches[0]["tokens_before"] == n_first
+    second_dir = tiny_pair_dirs[1] if second == "tiny-small" else tiny_spm_dir
+    assert text == reference(
+        tiny_pair_dirs[0], second_dir, n_first, 24, same_tokenizer=second == "tiny-small"
+    )
+
+
+class PressedGate(SwitchingGate):
+    """The governing level comes from memory (the gate's memory_pressure)."""
+
+    memory_pressure = True
+
+
+@pytest.mark.parametrize("pressed", [False, True])
+def test_switch_when_memory_pressure_moves_the_reply_then_the_bigger_model_unloaded(
+    several, tiny_pair_dirs, pressed
+):
+    gate = (PressedGate if pressed else SwitchingGate)("tiny-small", after=8)
+    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    _, names, switches, _ = stream(srv, "tiny-big", 16)
+    assert names[0] == "tiny-big" and names[-1] == "tiny-small" and len(switches) == 1
+    loaded = {m for m, e in models(srv).items() if e["loaded"]}
+    # keep_alive is forever here: only memory pressure unloads the model the reply left
+    assert loaded == ({"tiny-small"} if pressed else {"tiny-big", "tiny-small"})
+
+
+@pytest.mark.parametrize("pressed", [False, True])
+def test_request_when_memory_pressure_then_only_the_model_that_serves_stays_loaded(several, pressed):
+    gate = (PressedGate if pressed else SwitchingGate)("tiny-small", after=10**9)  # never moves the rung
+    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    assert {m for m, e in models(srv).items() if e["loaded"]} == {"tiny-big"}  # loaded at start
+    assert complete(srv, "tiny-small").status_code == 200
+    loaded = {m for m, e in models(srv).items() if e["loaded"]}
+    assert loaded == ({"tiny-small"} if pressed else {"tiny-big", "tiny-small"})
