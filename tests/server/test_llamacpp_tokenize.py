@@ -137,6 +137,11 @@ class HoldGate:
         self.holding = threading.Event()
         self.release = threading.Event()
 
+    memory_pressure = False
+
+    def subscribe(self, callback):
+        return None
+
     def before_job(self, cancel, enqueued_at):
         return None
 
