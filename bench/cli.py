@@ -1,4 +1,4 @@
-"""`simmer bench engine | server | sustained`: benchmarks that print JSON and compare with a peer."""
+"""`simmer bench engine | server | sustained | soak`: benchmarks that print JSON (and compare with a peer)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,14 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     u.add_argument(
         "--every", type=float, default=60.0, help="with --upstream: a request every N simulated seconds"
     )
+    k = sub.add_parser("soak", help="RSS over a long mixed load (4 clients, 20 %% cut early)")
+    k.add_argument("--minutes", type=float, default=10.0)
+    k.add_argument("--model", default=None, help="installed model id (default: SIMMER_MODEL)")
+    k.add_argument("--model-dir", default=None, help="a converted model folder instead of the store")
+    k.add_argument("--clients", type=int, default=4)
+    k.add_argument("--sample-s", type=float, default=10.0, help="RSS sampling interval")
+    k.add_argument("--warmup-s", type=float, default=None, help="default: 120 s (20 %% of shorter runs)")
+    k.add_argument("--json")
     args = p.parse_args(argv)
     if args.what == "engine":
         from bench.engine import bench_engine
@@ -82,6 +90,17 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
         from bench.server import bench_server
 
         report = bench_server(settings, reps=args.reps)
+    elif args.what == "soak":
+        from bench.soak import bench_soak
+
+        report = bench_soak(
+            settings.model_copy(update={"model": args.model}) if args.model else settings,
+            minutes=args.minutes,
+            model_dir=Path(args.model_dir) if args.model_dir else None,
+            clients=args.clients,
+            sample_s=args.sample_s,
+            warmup_s=args.warmup_s,
+        )
     else:
         from bench.sustained import bench_sustained
 

@@ -2,7 +2,8 @@
 
 It runs in its own thread (start()/stop()), or a test calls tick() on a fake clock. With a simulated
 device the policy runs on simulated time and polls time_scale times as often, so the forecast and the
-dwell mean the same thing at any time_scale.
+dwell mean the same thing at any time_scale. Lifecycle leases (governor/lifecycle.py) always run on the
+clock itself: clients renew them in wall time, however fast a simulated device heats.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from governor.lifecycle import Lease, expire, lifecycle_of, report
 from governor.limits import DEFAULT_TABLE, ConfigCost, LevelLimits, Limits, Rung, resolve_limits
 from governor.policy import GovernorState, Level, Lifecycle, PolicyConfig, Readings, Transition, decide
 from governor.sensors import (
@@ -51,6 +53,7 @@ class Snapshot:
     enforced: bool
     device_killed: bool
     transitions: tuple[Transition, ...]
+    leases: tuple[tuple[str, float], ...] = ()  # (client, seconds left) when the snapshot was taken
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON body of GET /v1/thermal."""
@@ -84,6 +87,7 @@ class Snapshot:
             },
             "battery": None if self.battery is None else asdict(self.battery),
             "lifecycle": self.lifecycle,
+            "leases": [{"client": c, "expires_in": round(left, 1)} for c, left in self.leases],
             "limits": asdict(self.limits),
             "enforced": self.enforced,
             "device_killed": self.device_killed,
@@ -140,7 +144,7 @@ class Governor:
         self._changed = threading.Condition(self._lock)
         self._subscribers: dict[int, Subscriber] = {}
         self._next_id = 0
-        self._lifecycle: Lifecycle = "foreground"
+        self._leases: tuple[Lease, ...] = ()
         self._loads = 0  # models loading now
         self._loaded_since_poll = False  # a load ended after the last poll: its tail is in this poll's CPU
         self._state = GovernorState()
@@ -177,11 +181,12 @@ class Governor:
     def tick(self) -> Snapshot:
         """One poll: read, decide, publish. Returns the new snapshot."""
         with self._lock:
+            self._expire_leases()
             readings = Readings(
                 temperature=self.thermal.read(),
                 memory=self._read_memory(),
                 battery=self._read_battery(),
-                lifecycle=self._lifecycle,
+                lifecycle=lifecycle_of(self._leases),
                 busy_cores=self._read_load(),
                 loading=self._loads > 0 or self._loaded_since_poll,
             )
@@ -241,6 +246,7 @@ class Governor:
             enforced=self.enforce,
             device_killed=self.device_killed,
             transitions=state.transitions,
+            leases=self._lease_view(),
         )
 
     # -- for the server ----------------------------------------------------------------------------------
@@ -252,12 +258,23 @@ class Governor:
     def limits(self) -> Limits:
         return self.snapshot().limits
 
-    def set_lifecycle(self, state: Lifecycle) -> Snapshot:
-        """foreground | background; takes effect at once (a fresh poll), not at the next tick."""
+    def set_lifecycle(
+        self, state: Lifecycle, client: str = "anonymous", ttl_s: float | None = None
+    ) -> Snapshot:
+        """`client` reports foreground | background. Background takes (or renews) that client's lease for
+        `ttl_s` (default and maximum: config.lifecycle_ttl_s); foreground ends it. Takes effect at once (a
+        fresh poll), not at the next tick. Raises TooManyLeases when max_leases other clients hold one."""
         if state not in ("foreground", "background"):
             raise ValueError(f"lifecycle must be foreground or background, not {state!r}")
+        limit = self.config.lifecycle_ttl_s
+        ttl = limit if ttl_s is None else ttl_s
+        if not 0 < ttl <= limit:
+            raise ValueError(f"ttl_s must be above 0 and at most {limit:g} seconds, not {ttl_s!r}")
         with self._lock:
-            self._lifecycle = state
+            self._expire_leases()
+            before = self._leases
+            self._leases = report(before, client, state, self._clock(), ttl, self.config.max_leases)
+            self._log_report(before, client, state, ttl)
         return self.tick()
 
     @contextlib.contextmanager
@@ -272,6 +289,39 @@ class Governor:
             with self._lock:
                 self._loads -= 1
                 self._loaded_since_poll = True
+
+    def active_leases(self) -> list[dict[str, Any]]:
+        """The background leases held now: [{"client", "expires_in"}] (seconds, on the governor's clock)."""
+        with self._lock:
+            return [{"client": c, "expires_in": round(left, 1)} for c, left in self._lease_view()]
+
+    def _lease_view(self) -> tuple[tuple[str, float], ...]:
+        now = self._clock()
+        return tuple((lease.client, max(0.0, lease.expires_at - now)) for lease in self._leases)
+
+    def _expire_leases(self) -> None:
+        """Drop the leases whose time is up, and say so (under the lock)."""
+        self._leases, gone = expire(self._leases, self._clock())
+        if not gone:
+            return
+        names = ", ".join(lease.client for lease in gone)
+        plural = "s" if len(gone) > 1 else ""
+        if self._leases:
+            log.info("lease%s from %s expired; still background (%s)", plural, names, _holders(self._leases))
+        else:
+            log.info("background -> foreground: lease%s from %s expired", plural, names)
+
+    def _log_report(self, before: tuple[Lease, ...], client: str, state: Lifecycle, ttl: float) -> None:
+        was, now = lifecycle_of(before), lifecycle_of(self._leases)
+        renewal = any(lease.client == client for lease in before)
+        if was != now and now == "background":
+            log.info("foreground -> background: lease from %s for %g s", client, ttl)
+        elif was != now:
+            log.info("background -> foreground: %s reported foreground", client)
+        elif state == "background" and not renewal:
+            log.info("lease from %s for %g s; already background", client, ttl)
+        elif state == "foreground" and renewal:
+            log.info("lease from %s ended; still background (%s)", client, _holders(self._leases))
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call `callback(snapshot)` on every change of level, limits, lifecycle or kill state. It runs on
@@ -346,13 +396,19 @@ def _rung(limits: Limits) -> str:
     return f"{limits.model_id}/{limits.variant}"
 
 
+def _holders(leases: tuple[Lease, ...]) -> str:
+    return "leases from " + ", ".join(lease.client for lease in leases)
+
+
 def _differs(a: Snapshot, b: Snapshot) -> bool:
-    return (a.level, _coarse(a.limits), a.lifecycle, a.device_killed, a.cause) != (
+    """A change worth telling subscribers: not a lease renewal (only who holds one)."""
+    return (a.level, _coarse(a.limits), a.lifecycle, a.device_killed, a.cause, _clients(a)) != (
         b.level,
         _coarse(b.limits),
         b.lifecycle,
         b.device_killed,
         b.cause,
+        _clients(b),
     )
 
 
@@ -368,3 +424,7 @@ def _coarse(limits: Limits) -> Limits:
         tokens_per_second=step(limits.tokens_per_second),
         cpu_budget_cores=step(limits.cpu_budget_cores),
     )
+
+
+def _clients(snap: Snapshot) -> tuple[str, ...]:
+    return tuple(sorted(client for client, _ in snap.leases))

@@ -92,6 +92,8 @@ class PolicyConfig:
     # battery and lifecycle
     battery_low_percent: float = 20.0
     background_action: Literal["pause", "low_priority"] = "pause"
+    lifecycle_ttl_s: float = 30.0  # a background report's lease (governor/lifecycle.py): default and maximum
+    max_leases: int = 64  # distinct clients holding background leases at once
     max_transitions: int = 20
     # the pace controller (decide_pace): a PI law on headroom whose output is a CPU budget in busy cores
     pace_control: bool = True
@@ -112,6 +114,10 @@ class PolicyConfig:
             raise ValueError("pace gains must be >= 0")
         if self.background_action not in ("pause", "low_priority"):
             raise ValueError(f"background_action: pause or low_priority, not {self.background_action!r}")
+        if not (self.lifecycle_ttl_s > 0 and math.isfinite(self.lifecycle_ttl_s)):
+            raise ValueError(
+                f"lifecycle_ttl_s must be a positive number of seconds, not {self.lifecycle_ttl_s}"
+            )
 
 
 @dataclass(frozen=True)

@@ -161,8 +161,8 @@ class GovernorGate:
         """`callback(state_dict)` on every change (the worker forwards it to streams that opted in)."""
         return self.governor.subscribe(lambda snap: callback(snap.to_dict()))
 
-    def set_lifecycle(self, state: str) -> Snapshot:
-        return self.governor.set_lifecycle(state)  # type: ignore[arg-type]
+    def set_lifecycle(self, state: str, client: str = "anonymous", ttl_s: float | None = None) -> Snapshot:
+        return self.governor.set_lifecycle(state, client, ttl_s)  # type: ignore[arg-type]
 
     def loading(self) -> AbstractContextManager[None]:
         """Wraps a model load (the pool's, on the worker thread): the pace controller credits none of it."""

@@ -37,6 +37,7 @@ def build_governor(
         memory_budget_bytes=_mb(settings.memory_budget_mb),
         background_action=settings.background_action,  # type: ignore[arg-type]
         pace_control=settings.pace_control,
+        lifecycle_ttl_s=settings.lifecycle_ttl_s,
     )
     return Governor(
         thermal=thermal,

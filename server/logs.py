@@ -1,4 +1,5 @@
-"""Logging setup (plain or JSON lines) and the one line logged per completion request."""
+"""Logging setup (plain or JSON lines) and the one line logged per completion request (numbers only: never
+any prompt or completion text)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,13 @@ def setup_logging(level: str = "info", *, json_lines: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Libraries whose debug lines carry request or reply text (sse-starlette logs every chunk): logs hold
+    # numbers, never what people wrote or read, even at debug level.
+    for name in TEXT_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.INFO, root.level))
+
+
+TEXT_LOGGERS = ("sse_starlette",)
 
 
 @dataclass
@@ -60,10 +68,11 @@ class RequestRecord:
     variant: str | None
     stream: bool
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int  # produced by the engine (what /metrics counts)
+    sent_tokens: int  # of those, sent to the client (fewer when it left or the request was cut)
     ttft_ms: float
     tokens_per_s: float
-    outcome: str  # finish_reason, an error code, or "client_gone"
+    outcome: str  # finish_reason, an error code (server_shutting_down ...), or "client_gone"
     duration_ms: float
     route: str | None = None  # "upstream/thermal", "local/offline_first" (server/routing/)
 
@@ -72,6 +81,7 @@ def log_request(record: RequestRecord) -> None:
     text = (
         f"{record.id} {record.endpoint} model={record.model} variant={record.variant} "
         f"stream={record.stream} prompt={record.prompt_tokens} completion={record.completion_tokens} "
+        f"sent={record.sent_tokens} "
         f"ttft_ms={record.ttft_ms:.1f} tok_s={record.tokens_per_s:.1f} outcome={record.outcome} "
         f"duration_ms={record.duration_ms:.0f}"
     )

@@ -365,6 +365,7 @@ _ERRORS: dict[int, str] = {
     507: "The disk is full (a pull)",
     413: "The body is over SIMMER_MAX_BODY_BYTES, or the prompt does not fit the context",
     415: "The Content-Type is not application/json",
+    429: "Too many clients hold a background lease (SIMMER_LIFECYCLE_TTL_S); one must end or lapse first",
     500: "A bug (the traceback is logged)",
     503: "Busy, loading, shutting down or paused by the governor (see Retry-After)",
 }
@@ -410,7 +411,7 @@ _EXTRA: dict[str, set[int]] = {
     "/apply-template": {404, 503},
     "/v1/thermal": {404},
     "/v1/thermal/events": {404},
-    "/v1/lifecycle": {404},
+    "/v1/lifecycle": {404, 429},
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -27,7 +28,10 @@ GRACEFUL_SHUTDOWN_S = 3
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, plus: on SIGINT/SIGTERM, end open streams (error chunk + [DONE]) right away."""
+    """uvicorn's server, plus: on SIGINT/SIGTERM, end open streams (error chunk + [DONE]) right away, and
+    after a graceful shutdown on SIGTERM exit 0: uvicorn would raise the signal again once it is done, so the
+    process would die of it (status -15 / 143) although nothing went wrong. SIGINT keeps uvicorn's way
+    (KeyboardInterrupt, exit 130)."""
 
     def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
         super().__init__(config)
@@ -36,6 +40,10 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._on_exit()
         super().handle_exit(sig, frame)
+        if sig == signal.SIGTERM:
+            captured = getattr(self, "_captured_signals", None)  # what uvicorn re-raises after shutdown
+            if isinstance(captured, list):
+                captured[:] = [s for s in captured if s != signal.SIGTERM]
 
 
 def build_server(

@@ -99,6 +99,11 @@ class Settings(BaseSettings):
     pace_control: bool = Field(
         True, description="Hold the thermal envelope by pace (false: the level table, pausing at throttle)"
     )
+    # 30 s: a page renews every 10 s (three tries before it lapses, and hidden tabs still run a timer about
+    # once a second), while a client that reported background and vanished pauses the server for 30 s at most.
+    lifecycle_ttl_s: float = Field(
+        30.0, gt=0, le=86400, description="A background report lapses after this many seconds unless renewed"
+    )
     memory_budget_mb: int | None = Field(None, description="Memory budget (default: the cgroup/system limit)")
     memory_reserve_mb: int = Field(
         128, ge=0, description="Memory left to the rest of the device when no budget is set"

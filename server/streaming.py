@@ -15,6 +15,10 @@ How a stream ends (each path sends [DONE] except the last):
   Failed (engine error) -> pending text, error chunk -> [DONE]
   Failed (shutdown)     -> pending text, error chunk server_shutting_down -> [DONE]
   client gone           -> sse-starlette cancels us; `finally` fires the job's CancelToken (nothing sent)
+
+`on_end(finish, failure, sent_tokens)` runs once at the end, whichever way; `sent_tokens` counts the tokens
+whose chunk went out (`coalesced` resumes after a yield only once its consumer sent what it encoded).
+`JobEventSource` adds a last resort for a response cancelled before its generator ever ran.
 """
 
 from __future__ import annotations
@@ -23,9 +27,14 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from sse_starlette import EventSourceResponse
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from models.types import FinishEvent, TokenEvent
 from server.errors import error_payload
@@ -127,37 +136,45 @@ async def coalesced(
     interval_s: float,
     on_end: Callable[[FinishEvent | None, BaseException | None, int], None],
     clock: Callable[[], float] = time.monotonic,
+    first: Iterable[object] = (),
 ) -> AsyncIterator[Item]:
     """The job's events until End or Error (the last item). However the stream ends, including the
     consumer going away (cancelled or closed: use contextlib.aclosing), the job is cancelled unless it
-    finished, and `on_end(finish, error, tokens sent)` runs once."""
+    finished, and `on_end(finish, error, tokens sent)` runs once. A batch counts as sent once the consumer
+    asks for the next item. `first`: events already taken off the queue (by the route, while it held the
+    headers), handled before the queue."""
     coalescer = Coalescer(interval_s)
     finish: FinishEvent | None = None
     failure: BaseException | None = None
     sent_tokens = 0
+    held = deque(first)
     try:
         while True:
             deadline = coalescer.deadline()
             timeout = None if deadline is None else max(0.0, deadline - clock())
             try:
-                item = await asyncio.wait_for(events.get(), timeout)
+                item = held.popleft() if held else await asyncio.wait_for(events.get(), timeout)
             except TimeoutError:
                 batch = coalescer.flush(clock())
-                sent_tokens += len(batch)
                 yield Batch(batch)
+                sent_tokens += len(batch)
                 continue
             if isinstance(item, TokenEvent):
                 batch = coalescer.add(item, clock())
                 if batch:
-                    sent_tokens += len(batch)
                     yield Batch(batch)
+                    sent_tokens += len(batch)
             elif isinstance(item, FinishEvent):
                 finish = item
-                yield End(coalescer.flush(clock()), item)
+                batch = coalescer.flush(clock())
+                yield End(batch, item)
+                sent_tokens += len(batch)
                 return
             elif isinstance(item, Failed):
                 failure = item.error
-                yield Error(coalescer.flush(clock()), item.error)
+                batch = coalescer.flush(clock())
+                yield Error(batch, item.error)
+                sent_tokens += len(batch)
                 return
             elif isinstance(item, Switched):
                 # the reply goes on on another model: the text held so far leaves under the old name
@@ -184,13 +201,14 @@ async def sse_stream(
     include_usage: bool,
     on_end: Callable[[FinishEvent | None, BaseException | None, int], None],
     clock: Callable[[], float] = time.monotonic,
+    first: Iterable[object] = (),
 ) -> AsyncIterator[dict[str, Any]]:
-    """Yield sse-starlette event dicts for one job until [DONE]."""
+    """Yield sse-starlette event dicts for one job until [DONE]. `first`: as for `coalesced`."""
 
     def text_chunk(batch: list[TokenEvent]) -> dict:
         return _data(builder.delta("".join(ev.text for ev in batch), batch))
 
-    stream = coalesced(job, events, interval_s=interval_s, on_end=on_end, clock=clock)
+    stream = coalesced(job, events, interval_s=interval_s, on_end=on_end, clock=clock, first=first)
     async with contextlib.aclosing(stream):
         async for item in stream:
             if isinstance(item, Batch):
@@ -221,3 +239,33 @@ async def sse_stream(
                         "tokens_before": item.tokens,
                     }
                     yield {"event": "governor", "data": json.dumps({"switch": switch}, separators=(",", ":"))}
+
+
+class _ClosesJob:
+    """Calls `on_close()` however the response ends. A generator's own `finally` does not run when the
+    response is cancelled before the generator first ran (the client left, or the server shut down, while
+    the headers were being sent): the job would run on for nobody, unaccounted."""
+
+    _on_close: Callable[[], None]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)  # type: ignore[misc]
+        finally:
+            self._on_close()
+
+
+class JobEventSource(_ClosesJob, EventSourceResponse):
+    """An EventSourceResponse for one job's stream (SSE dialects)."""
+
+    def __init__(self, *args: Any, on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_close = on_close
+
+
+class JobStreamingResponse(_ClosesJob, StreamingResponse):
+    """A StreamingResponse for one job's stream (Ollama's NDJSON)."""
+
+    def __init__(self, *args: Any, on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_close = on_close

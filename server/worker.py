@@ -25,6 +25,8 @@ reply to the new model (`Switched` goes to the stream), which continues it witho
 
 While the queue is empty the worker runs `idle work` (add_idle_work): jobs that wait for an idle worker
 (a summary written off the critical path); a submitted job cancels them between their steps.
+A job's `account` (server/accounting.py) hears what the engine did and, exactly once, that the worker is
+done with the job: after generating, or when it leaves the queue unstarted (`withdraw`, `close`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from models.errors import Cancelled, SimmerError
 from models.protocol import Engine, EngineLimits, Prompt
@@ -45,6 +47,9 @@ from models.types import CancelToken, FinishEvent, GenerationParams, Handover, T
 from server.errors import ModelLoading, ServerBusy, ShuttingDown
 from server.ladder import Target
 from server.model_pool import ModelPool
+
+if TYPE_CHECKING:
+    from server.accounting import RequestAccount
 
 log = logging.getLogger("simmer.server")
 
@@ -92,7 +97,6 @@ class WorkerMetrics(Protocol):
     def observe_ttft(self, seconds: float) -> None: ...
     def observe_inter_token(self, seconds: float) -> None: ...
     def add_busy(self, seconds: float) -> None: ...
-    def add_tokens(self, prompt: int, completion: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,11 @@ class Job:
     enqueued_at: float = field(default_factory=time.monotonic)
     model: str | None = None  # the id the client asked for (None: the default model)
     keep_alive_s: float | None = None  # how long its model stays loaded after it (None: the default)
+    account: RequestAccount | None = None
+
+    def worker_done(self) -> None:
+        if self.account is not None:
+            self.account.worker_done()
 
 
 State = Literal["loading", "ready", "failed", "closed"]
@@ -238,17 +247,31 @@ class Worker:
         for job in jobs:
             job.sink(GovernorState(dict(state)))
 
+    def withdraw(self, job: Job) -> bool:
+        """Take a job whose client left out of the queue at once (not when the worker reaches it), so its
+        account closes now. False when the worker already has it: then the worker ends it."""
+        with self._cond:
+            try:
+                self._queue.remove(job)
+            except ValueError:
+                return False
+        job.worker_done()
+        return True
+
     def close(self) -> None:
         """Stop taking work; fail every open job with server_shutting_down and cancel it. Any thread."""
         with self._cond:
             self.state = "closed"
-            jobs = list(self._queue) + ([self._current] if self._current else [])
+            queued = list(self._queue)
+            jobs = queued + ([self._current] if self._current else [])
             self._queue.clear()
             self._idle_cancel.cancel()
             self._cond.notify_all()
         for job in jobs:
             job.sink(Failed(ShuttingDown("The server is shutting down")))
             job.cancel.cancel()
+        for job in queued:  # never started; the running one is ended by the worker thread
+            job.worker_done()
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread.is_alive():
@@ -360,12 +383,13 @@ class Worker:
         return hook
 
     def _run_job(self, job: Job) -> None:
-        if job.cancel.cancelled:
-            return  # the client left while queued
         started = time.monotonic()
         engine: Engine | None = None
         blocked: set[str] = set()  # models this job could not move to (a failed load)
+        account = job.account
         try:
+            if job.cancel.cancelled:
+                return  # the client left while queued
             limits = self.gate.before_job(job.cancel, job.enqueued_at)
             if limits is not None:
                 self._governed = limits
@@ -377,6 +401,8 @@ class Worker:
             self._relieve_memory(engine)
             prompt: Prompt | None = self._prompt(engine, job)
             assert prompt is not None
+            if account is not None:
+                account.started(len(prompt.ids), engine.variant)
             job.sink(Started(len(prompt.ids), prompt.truncated, engine.variant, engine.model_id))
             resume: Handover | None = None
             last = None
@@ -393,6 +419,11 @@ class Worker:
                     if isinstance(event, Handover):
                         handover = event
                         break
+                    if account is not None:
+                        if isinstance(event, TokenEvent):
+                            account.token(event)
+                        elif isinstance(event, FinishEvent):
+                            account.finished(event)
                     job.sink(event)
                     if isinstance(event, TokenEvent) and self._metrics:
                         t = time.monotonic()
@@ -401,8 +432,6 @@ class Worker:
                         else:
                             self._metrics.observe_inter_token(t - last)
                         last = t
-                    elif isinstance(event, FinishEvent) and self._metrics:
-                        self._metrics.add_tokens(event.usage.prompt_tokens, event.usage.completion_tokens)
                 if handover is None:
                     break
                 engine, prompt = self._hand_over(job, engine, handover, blocked)
@@ -417,6 +446,7 @@ class Worker:
                 self.pool.release(engine.model_id, job.keep_alive_s)
             if self._metrics:
                 self._metrics.add_busy(time.monotonic() - started)
+            job.worker_done()
 
     def _hand_over(
         self, job: Job, old: Engine, handover: Handover, blocked: set[str]

@@ -30,7 +30,14 @@ from models.runtime.chat import ChatTemplate, encode_chat
 from models.runtime.constraint import Constraint, ConstraintVocabulary
 from models.runtime.genai_config import DecoderIO, load_tokenizer
 from models.runtime.reply import ReplyState
-from models.runtime.session import DecoderSession, GeneralDecoderSession, KVCache, ModelShape, kv_slot_count
+from models.runtime.session import (
+    DecoderSession,
+    GeneralDecoderSession,
+    KVCache,
+    ModelShape,
+    kv_slot_count,
+    new_run_options,
+)
 from models.runtime.tokenizer import Tokenizer, tokenizer_key
 from models.runtime.tools import CallFormat, CallReader, detect_format, prepare_messages, tool_grammar
 from models.types import (
@@ -442,6 +449,7 @@ class _Generation:
                 self.r.retokenized(engine.tokenizer, engine.tokenizer_key, prompt.ids, prompt.reply_tokens)
                 self.r.truncated = self.r.truncated or prompt.truncated
         self.sess: DecoderSession | GeneralDecoderSession | None = None
+        self.run_options = new_run_options()
         self.slot: KVSlot | None = None
         self.pos = 0  # ctx[:pos] is in the KV slot
         self.stale = False  # the KV slot must be rebuilt from ctx (variant switch, sliding window)
@@ -478,6 +486,9 @@ class _Generation:
         self.r.truncated = True
         self.stale = True
 
+    def _terminate(self) -> None:
+        self.run_options.terminate = True
+
     def _run(self, ids: Sequence[int]) -> np.ndarray:
         assert self.sess is not None and self.slot is not None
         cache = self.slot.cache
@@ -485,9 +496,8 @@ class _Generation:
             bigger = self.e.new_cache(max(self.e.context_length, self.pos + len(ids)))
             bigger.copy_prefix_from(cache, self.pos)
             self.slot.cache = cache = bigger
-        self.sess.reset_terminate()
         try:
-            logits = self.sess.run(np.asarray(ids, dtype=np.int64), cache, self.pos)
+            logits = self.sess.run(np.asarray(ids, dtype=np.int64), cache, self.pos, self.run_options)
         except Exception as e:
             cache.tokens = []  # partially written: never reuse
             if self.cancel.cancelled:
@@ -565,8 +575,10 @@ class _Generation:
             self._checkpoint()
             self._start_constraint()
             self.sess = e._session()
-            # a long prefill chunk is stopped between graph nodes (RunOptions.terminate)
-            self.cancel.on_cancel(lambda: self.sess.terminate() if self.sess else None)
+            # A long prefill chunk is stopped between graph nodes (RunOptions.terminate). The options are
+            # this generation's own: the token may be cancelled long after it ended (a client that leaves
+            # late), and a flag on the shared session would then stop whichever request runs at that moment.
+            self.cancel.on_cancel(self._terminate)
             self._prefill()
             max_tokens = p.max_tokens
             if max_tokens is None and p.truncate:

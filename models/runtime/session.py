@@ -7,6 +7,8 @@ copies nothing but the one-token input.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +76,35 @@ class KVCache:
         self.tokens = list(other.tokens[:n])
 
 
+def prefault_mappings(folder: Path, maps: Path = Path("/proc/self/maps")) -> int:
+    """Read one byte of every page that this process maps from files in `folder`; returns the bytes.
+
+    onnxruntime maps the weights file and reads some tensors in place, the embedding table among them.
+    Each page comes in the first time a token whose row lies on it is looked up, so RSS creeps up for
+    hours (about 30 MiB for SmolLM2's table) and a rare token can cost a disk read mid-reply. Reading them
+    once at load makes RSS what the model really holds, from the start. The pages are the file's own
+    (clean, shared with the page cache), so this copies nothing. Linux only; elsewhere a no-op."""
+    try:
+        lines = maps.read_text().splitlines()
+    except OSError:
+        return 0
+    root = str(Path(folder).resolve()) + "/"
+    total = 0
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or not parts[5].startswith(root) or "r" not in parts[1]:
+            continue
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        view = np.frombuffer(memoryview((ctypes.c_ubyte * (end - start)).from_address(start)), np.uint8)
+        int(view[:: mmap.PAGESIZE].sum())  # the read is the point
+        total += end - start
+    return total
+
+
+def new_run_options() -> ort.RunOptions:
+    return ort.RunOptions()
+
+
 def session_options(threads: int, spinning: bool = False) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -95,6 +126,7 @@ class DecoderSession:
         self.sess = ort.InferenceSession(
             str(path), session_options(threads, spinning), providers=["CPUExecutionProvider"]
         )
+        prefault_mappings(self.path.parent)
         self.logits = np.zeros((1, 1, shape.vocab), np.float32)
         self._logits_ov = ort.OrtValue.ortvalue_from_numpy(self.logits)
         self._mask = np.ones((1, 0), np.int64)
@@ -107,16 +139,19 @@ class DecoderSession:
             self._mask = np.ones((1, max(total, 2 * self._mask.shape[1], 64)), np.int64)
         return self._mask[:, :total]
 
-    def run(self, ids: np.ndarray, kv: KVCache, past_len: int) -> np.ndarray:
+    def run(
+        self, ids: np.ndarray, kv: KVCache, past_len: int, run_options: ort.RunOptions | None = None
+    ) -> np.ndarray:
         """Feed `ids` at positions past_len.. (KV beyond past_len is overwritten). Returns the last
-        position's logits (a view into a buffer reused by the next call)."""
+        position's logits (a view into a buffer reused by the next call). `run_options`: the caller's own
+        (one per generation, so a late cancel of one generation cannot stop the next)."""
         n = int(ids.shape[-1])
         if past_len + n > kv.capacity:
             raise ValueError(f"KV buffer holds {kv.capacity} tokens, asked for {past_len + n}")
         b = self._binding_for(kv)
         b.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64).reshape(1, n))
         b.bind_cpu_input("attention_mask", self._mask_view(past_len + n))
-        self.sess.run_with_iobinding(b, self.run_options)
+        self.sess.run_with_iobinding(b, run_options or self.run_options)
         return self.logits[0, 0]
 
     def _binding_for(self, kv: KVCache) -> ort.IOBinding:
@@ -241,13 +276,17 @@ class GeneralDecoderSession:
         self.mask_dtype = _ORT_INT_DTYPES.get(ins.get(self.mask_name or "", ""), np.int64)
         self.positions_dtype = _ORT_INT_DTYPES.get(ins.get(self.positions_name or "", ""), np.int64)
         self.run_options = ort.RunOptions()
+        prefault_mappings(self.path.parent)
 
     def new_cache(self, capacity: int) -> SharedKV | GrowingKV:
         kind = SharedKV if self.io.share_buffer else GrowingKV
         return kind(self.shape, capacity, self.kv_dtype)
 
-    def run(self, ids: np.ndarray, kv: Any, past_len: int) -> np.ndarray:
-        """Feed `ids` at positions past_len.. and return the last position's logits as fp32."""
+    def run(
+        self, ids: np.ndarray, kv: Any, past_len: int, run_options: ort.RunOptions | None = None
+    ) -> np.ndarray:
+        """Feed `ids` at positions past_len.. and return the last position's logits as fp32.
+        `run_options`: the caller's own, as in DecoderSession.run."""
         n = int(ids.shape[-1])
         if past_len + n > kv.capacity:
             raise ValueError(f"KV buffer holds {kv.capacity} tokens, asked for {past_len + n}")
@@ -271,7 +310,7 @@ class GeneralDecoderSession:
                 b.bind_output(ok, "cpu")
                 b.bind_output(ov, "cpu")
         b.bind_output(self.io.logits, "cpu")
-        self.sess.run_with_iobinding(b, self.run_options)
+        self.sess.run_with_iobinding(b, run_options or self.run_options)
         outputs = b.get_outputs()
         if not shared:
             kv.values = [(outputs[2 * i], outputs[2 * i + 1]) for i in range(self.io.n_layers)]

@@ -8,6 +8,10 @@ A dialect is a `Renderer`: it turns the collected tokens into one response, or t
     respond() not streamed: wait for every event (cancel when the client leaves), then renderer.reply();
               streamed: hold the headers until the prompt is built (a too-long prompt is still a real 413),
               then renderer.stream(); the stream's end (done, error, client gone) is accounted for once.
+
+Accounting (server/accounting.py): the job carries one RequestAccount; the worker (or the upstream relay)
+closes one half, this module the other (`Generation.end`, `Generation.abandon`), and the record (the log
+line and the token counters of /metrics) is written once both are in.
 """
 
 from __future__ import annotations
@@ -16,23 +20,24 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse
 
-from models.errors import ModelNotChat
+from models.errors import Cancelled, ModelNotChat
 from models.runtime.constraint import check_grammar
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
+from server.accounting import RequestAccount
+from server.errors import ShuttingDown
 from server.logs import RequestRecord, log_request
 from server.routing.router import HEADER as ROUTE_HEADER
 from server.routing.router import Route
 from server.schemas import ChunkBuilder, _GenerationRequest, chat_completion, text_completion
-from server.streaming import Item, coalesced, sse_stream
+from server.streaming import Item, JobEventSource, coalesced, sse_stream
 from server.worker import Failed, Job, Started, loop_sink
 
 if TYPE_CHECKING:
@@ -92,9 +97,11 @@ class Generation:
     route: Route
     model: str  # as the reply names it
     stream: bool
-    on_end: Callable[[FinishEvent | None, BaseException | None], None]
+    account: RequestAccount
     arrived: float = field(default_factory=time.monotonic)
     started: float | None = None  # when the worker (or the upstream) started the job
+    # events taken off the queue while the headers were held, for the stream to send first
+    held: list[object] = field(default_factory=list)
 
     @property
     def rid(self) -> str:
@@ -104,13 +111,46 @@ class Generation:
         if self.started is None:
             self.started = time.monotonic()
 
+    def end(self, outcome: str, sent_tokens: int) -> None:
+        """How the request ended for its client (the route's half of the account; the first call counts).
+        A generation stopped by its cancel token ends with finish_reason `cancelled`: its client left."""
+        self.account.route_done("client_gone" if outcome == "cancelled" else outcome, sent_tokens)
+
+    def abandon(self) -> None:
+        """The client is gone: stop the job, take it out of the queue if it never started, end the route's
+        half of its account (the worker ends the other once it lets go of the job). A no-op for a request
+        whose route already ended (the stream's own end got there first)."""
+        if self.account.route_ended:
+            return
+        self.job.cancel.cancel()
+        self.rt.worker.withdraw(self.job)
+        self.end("client_gone", 0)
+
+    def stream_end(self, finish: FinishEvent | None, error: BaseException | None, sent: int) -> None:
+        self.end(finish.finish_reason if finish else _error_code(error) if error else "client_gone", sent)
+
     def events_until_end(self) -> AsyncIterator[Item]:
         """The coalesced stream (server/streaming.py) of this job, with its end accounted for."""
+        return coalesced(
+            self.job,
+            self.events,
+            interval_s=self.rt.stream_interval_s,
+            on_end=self.stream_end,
+            first=self.held,
+        )
 
-        def stream_end(finish: FinishEvent | None, error: BaseException | None, _sent: int) -> None:
-            self.on_end(finish, error)
 
-        return coalesced(self.job, self.events, interval_s=self.rt.stream_interval_s, on_end=stream_end)
+def write_record(rt: Runtime, record: RequestRecord) -> None:
+    """The request's log line and its share of the token metrics, from the same record (any thread)."""
+    rt.metrics.add_tokens(record.prompt_tokens, record.completion_tokens)
+    rt.metrics.completions.labels(outcome=record.outcome).inc()
+    log_request(record)
+
+
+def _error_code(error: BaseException) -> str:
+    if isinstance(error, Cancelled):  # the worker saw the token its client's leaving fired (a race)
+        return "client_gone"
+    return getattr(error, "code", None) or "internal_error"
 
 
 async def start(
@@ -144,6 +184,14 @@ async def start(
         await asyncio.to_thread(lambda: [check_grammar(grammar, param) for grammar, param in checks])
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
+    account = RequestAccount(
+        id=rid,
+        endpoint=endpoint,
+        model=route.model,
+        stream=body.stream,
+        emit=lambda record: write_record(rt, record),
+        route=lambda: f"{route.side}/{route.reason}",  # read at the end: a fallback may move it
+    )
     job = Job(
         id=rid,
         kind=kind,
@@ -153,37 +201,11 @@ async def start(
         governor_events=body.governor_events,
         model=model,
         keep_alive_s=keep_alive_s if keep_alive_s is not None else body.keep_alive_seconds(),
+        account=account,
     )
-
-    def on_end(finish: FinishEvent | None, error: BaseException | None) -> None:
-        outcome = (
-            finish.finish_reason
-            if finish
-            else getattr(error, "code", "internal_error")
-            if error
-            else "client_gone"
-        )
-        rt.metrics.completions.labels(outcome=outcome).inc()
-        log_request(
-            RequestRecord(
-                id=rid,
-                endpoint=endpoint,
-                model=(finish.model_id if finish else None) or model,
-                variant=finish.variant if finish else None,
-                stream=body.stream,
-                prompt_tokens=finish.usage.prompt_tokens if finish else 0,
-                completion_tokens=finish.usage.completion_tokens if finish else 0,
-                ttft_ms=finish.timings.ttft_ms if finish else 0.0,
-                tokens_per_s=finish.timings.predicted_per_second if finish else 0.0,
-                outcome=outcome,
-                duration_ms=(time.monotonic() - arrived) * 1000,
-                route=f"{route.side}/{route.reason}",
-            )
-        )
-
     # Instead of worker.submit: local or upstream; busy / loading / closing raise here, before any work.
     rt.router.start(route, job, kind, body, payload)
-    return Generation(rt, job, events, route, route.model, body.stream, on_end, arrived=arrived)
+    return Generation(rt, job, events, route, route.model, body.stream, account, arrived=arrived)
 
 
 async def collect(request: Request, gen: Generation) -> tuple[list[TokenEvent], FinishEvent] | None:
@@ -199,38 +221,50 @@ async def collect(request: Request, gen: Generation) -> tuple[list[TokenEvent], 
                 elif isinstance(item, Started):
                     gen.mark_started()
                 elif isinstance(item, Failed):
-                    gen.on_end(None, item.error)
+                    gen.end(_error_code(item.error), 0)
                     raise item.error
                 elif isinstance(item, FinishEvent):
+                    if item.finish_reason == "cancelled":  # the client left; the engine stopped first
+                        raise ClientGone
                     gen.mark_started()
-                    gen.on_end(item, None)
+                    gen.end(item.finish_reason, item.usage.completion_tokens)
                     return tokens, item
     except ClientGone:
-        gen.on_end(None, None)
+        gen.abandon()
         return None
+    except asyncio.CancelledError:  # from outside: the server is going away
+        gen.abandon()
+        raise
 
 
 async def wait_started(request: Request, gen: Generation) -> Started | Literal[False] | None:
     """Hold the response headers until the prompt is built (usually milliseconds), so a prompt that is too
     long still gets a real 413 instead of an error in the stream. If the job waits in the queue longer than
     the ping interval, start the stream anyway (None): pings keep the client and proxies from timing out.
-    False: the client left. A failure before the start is raised."""
+    A shutdown while holding starts the stream too (None): an open stream ends with its error event.
+    False: the client left. Any other failure before the start is raised."""
     deadline = time.monotonic() + gen.rt.stream_start_wait_s
     try:
         async with disconnect_watch(request, gen.job) as gone:
             while True:
                 item = await _next_event(gen.events, gone, until=deadline)
                 if isinstance(item, Failed):
-                    gen.on_end(None, item.error)
+                    if isinstance(item.error, ShuttingDown):
+                        gen.held.append(item)
+                        return None
+                    gen.end(_error_code(item.error), 0)
                     raise item.error
                 if isinstance(item, Started):
                     gen.mark_started()
                     return item
     except ClientGone:
-        gen.on_end(None, None)
+        gen.abandon()
         return False
     except TimeoutError:
         return None
+    except asyncio.CancelledError:
+        gen.abandon()
+        raise
 
 
 class Renderer(Protocol):
@@ -274,23 +308,21 @@ class OpenAIRenderer:
         builder.final_fields = lambda: {"route": gen.route.as_dict()}
         if started is not None:
             builder.started(started.model_id, started.variant)
-
-        def stream_end(finish: FinishEvent | None, error: BaseException | None, _sent: int) -> None:
-            gen.on_end(finish, error)
-
-        return EventSourceResponse(
+        return JobEventSource(
             sse_stream(
                 gen.job,
                 gen.events,
                 builder,
                 interval_s=gen.rt.stream_interval_s,
                 include_usage=self.include_usage,
-                on_end=stream_end,
+                on_end=gen.stream_end,
+                first=gen.held,
             ),
             ping=gen.rt.keepalive_ping_s,
             headers={ROUTE_HEADER: gen.route.header()},
             # Our own shutdown path (Worker.close) ends streams first; this only bounds sse-starlette's.
             shutdown_grace_period=2.0,
+            on_close=gen.abandon,  # a no-op unless the generator never ran
         )
 
 

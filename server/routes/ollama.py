@@ -32,7 +32,7 @@ from server.errors import ApiError, ModelLoading, error_payload
 from server.routes.completion_flow import Generation, respond, start
 from server.routing.router import HEADER as ROUTE_HEADER
 from server.schemas import ChatCompletionRequest, CompletionRequest
-from server.streaming import Batch, End, Error
+from server.streaming import Batch, End, Error, JobStreamingResponse
 from server.wire import ollama as wire
 from server.worker import Started
 
@@ -70,8 +70,11 @@ class NdjsonRenderer:
         return JSONResponse(body, headers={ROUTE_HEADER: gen.route.header()})
 
     def stream(self, gen: Generation, started: Started | None) -> Response:
-        return StreamingResponse(
-            self._lines(gen), media_type=NDJSON, headers={ROUTE_HEADER: gen.route.header()}
+        return JobStreamingResponse(
+            self._lines(gen),
+            media_type=NDJSON,
+            headers={ROUTE_HEADER: gen.route.header()},
+            on_close=gen.abandon,  # a no-op unless the generator never ran
         )
 
     async def _lines(self, gen: Generation) -> AsyncIterator[bytes]:

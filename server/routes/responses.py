@@ -16,13 +16,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse
 
 from models.types import FinishEvent, TokenEvent
 from server.errors import error_payload
 from server.routes.completion_flow import Generation, respond, start
 from server.routing.router import HEADER as ROUTE_HEADER
-from server.streaming import Batch, End, Error
+from server.streaming import Batch, End, Error, JobEventSource
 from server.wire.responses import EventStream, ResponseObject, ResponsesRequest
 from server.worker import Started
 
@@ -43,11 +42,12 @@ class ResponsesRenderer:
         return JSONResponse(body, headers={ROUTE_HEADER: gen.route.header()})
 
     def stream(self, gen: Generation, started: Started | None) -> Response:
-        return EventSourceResponse(
+        return JobEventSource(
             self._events(gen),
             ping=gen.rt.keepalive_ping_s,
             headers={ROUTE_HEADER: gen.route.header()},
             shutdown_grace_period=2.0,
+            on_close=gen.abandon,  # a no-op unless the generator never ran
         )
 
     async def _events(self, gen: Generation) -> AsyncIterator[dict[str, str]]:

@@ -11,6 +11,10 @@ after it does not know where the reply comes from. Two ways a side can change be
 After the first token a reply stays where it is; an upstream failure then ends the stream with an error
 event and [DONE] (streaming.py), never a restart on the other side.
 
+Accounting (server/accounting.py): for a job served upstream the relay is the worker's half of the request's
+one record: it feeds the tokens and the usage, and ends that half when the upstream task ends, unless the
+job went to the local worker (which then ends it). A local refusal that goes upstream is a hand-over.
+
 The governor is read through `device_view(gate)`, the worker through `LocalSide`: both read-only.
 """
 
@@ -33,6 +37,7 @@ from models.errors import (
     ModelNotFound,
     SimmerError,
 )
+from models.types import FinishEvent, TokenEvent
 from server.errors import (
     DevicePaused,
     ModelLoading,
@@ -281,6 +286,8 @@ class Router:
                 started = True
             elif not started and isinstance(item, Failed) and _hint(item.error) is not None:
                 job.sink = original
+                if job.account is not None:  # the worker lets go (worker_done) but may not have the last word
+                    job.account.handing_over()
                 loop.call_soon_threadsafe(self._reroute_or_fail, route, job, kind, body, payload, item)
                 return
             original(item)
@@ -290,6 +297,7 @@ class Router:
     def _reroute_or_fail(self, route, job, kind, body, payload, failed: Failed) -> None:
         if job.cancel.cancelled or not self._reroute(route, job, kind, body, payload, failed.error):
             job.sink(failed)
+            job.worker_done()  # nobody took it over
 
     def _reroute(self, route: Route, job, kind, body, payload, error: BaseException) -> bool:
         """Decide again with what the local refusal taught; go upstream if that is the answer."""
@@ -331,6 +339,8 @@ class Router:
             self._tasks.discard(t)
             error = None if t.cancelled() else t.exception()
             if not t.cancelled() and error is None:
+                if not t.result():  # True: the local worker took the job and ends its account
+                    job.worker_done()
                 return
             self.breaker.abandon(probe)
             if error is not None:
@@ -338,6 +348,7 @@ class Router:
                 job.sink(Failed(error))
             elif self._closing:
                 job.sink(Failed(ShuttingDown("The server is shutting down")))
+            job.worker_done()
 
         task.add_done_callback(done)
 
@@ -347,22 +358,25 @@ class Router:
 
         job.cancel.on_cancel(cancel_task)
 
-    async def _run_upstream(self, route: Route, job: Job, kind: Endpoint, request: dict, probe: bool) -> None:
+    async def _run_upstream(self, route: Route, job: Job, kind: Endpoint, request: dict, probe: bool) -> bool:
+        """Relay one upstream reply into the job. True when it failed before its first token and the
+        local worker took the job over."""
         assert self.upstream is not None
         reader = ChunkReader(kind, time.monotonic())
         try:
-            await relay(self.upstream, kind, request, job.sink, reader)
+            await relay(self.upstream, kind, request, _accounted(job), reader)
         except UpstreamFailure as failure:
             self._failed(failure, probe, job)
             if reader.started:
                 job.sink(Failed(to_simmer_error(failure, mid_reply=True, retry_in_s=None)))
             elif route.fallback and not self._closing:
-                self._fall_back(route, job, failure)
+                return self._fall_back(route, job, failure)
             else:
                 retry_in = self.breaker.view().retry_in_s or None
                 job.sink(Failed(to_simmer_error(failure, mid_reply=False, retry_in_s=retry_in)))
         else:
             self.breaker.success(probe)
+        return False
 
     def _failed(self, failure: UpstreamFailure, probe: bool, job: Job) -> None:
         self.failures[failure.kind] += 1
@@ -379,8 +393,9 @@ class Router:
             self.breaker.state,
         )
 
-    def _fall_back(self, route: Route, job: Job, failure: UpstreamFailure) -> None:
-        """Before the first token: serve locally, as if the request had been local from the start."""
+    def _fall_back(self, route: Route, job: Job, failure: UpstreamFailure) -> bool:
+        """Before the first token: serve locally, as if the request had been local from the start. True
+        when the local worker took the job."""
         route.side, route.reason, route.fallback = "local", "upstream_failed", False
         log.info("%s: serving locally after the upstream failed before the first token", job.id)
         job.enqueued_at = time.monotonic()
@@ -388,8 +403,9 @@ class Router:
             self.local.submit(job)
         except SimmerError as err:
             job.sink(Failed(err))
-            return
+            return False
         self._count(route)
+        return True
 
     def _count(self, route: Route) -> None:
         self.requests[(route.side, route.reason)] += 1
@@ -405,6 +421,22 @@ class Router:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self.upstream is not None:
             await self.upstream.aclose()
+
+
+def _accounted(job: Job) -> Callable[[object], None]:
+    """The job's sink, also feeding what the upstream produced into the job's account (the worker's half)."""
+    sink, account = job.sink, job.account
+    if account is None:
+        return sink
+
+    def feed(item: object) -> None:
+        if isinstance(item, TokenEvent):
+            account.token(item)
+        elif isinstance(item, FinishEvent):
+            account.finished(item)
+        sink(item)
+
+    return feed
 
 
 def _parse_header(value: str | None) -> Mode | None:

@@ -188,7 +188,7 @@ class ScriptedEngine:
                 break
             text += word
             first_at = first_at or time.perf_counter()
-            yield self._token(n, word, params)
+            yield self._token(n, word, params, (time.perf_counter() - t0) * 1000)
             n += 1
             by_model[self.model_id] = by_model.get(self.model_id, 0) + 1
         elapsed = time.perf_counter() - t0
@@ -215,15 +215,17 @@ class ScriptedEngine:
             model_id=self.model_id,
         )
 
-    def _token(self, n: int, word: str, params: GenerationParams) -> TokenEvent:
+    def _token(self, n: int, word: str, params: GenerationParams, elapsed_ms: float) -> TokenEvent:
         k = params.sampling.logprobs
         if k is None:
-            return TokenEvent(token_id=1000 + n, text=word, index=n)
+            return TokenEvent(token_id=1000 + n, text=word, index=n, elapsed_ms=elapsed_ms)
         alternatives = [word, *(w for w in self._words if w != word)][:k]
         tops = tuple(
             TopLogprob(token=w, logprob=-0.1 - i, bytes=list(w.encode())) for i, w in enumerate(alternatives)
         )
-        return TokenEvent(token_id=1000 + n, text=word, index=n, logprob=-0.1, top_logprobs=tops)
+        return TokenEvent(
+            token_id=1000 + n, text=word, index=n, logprob=-0.1, top_logprobs=tops, elapsed_ms=elapsed_ms
+        )
 
     def apply_limits(self, limits: EngineLimits) -> None:
         self.applied_limits.append(limits)

@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from models.runtime.engine import load_engine
+from server.worker import NoGate
 from tests.server.conftest import MODEL
 from tests.server.fakes import RecordingEngine
 
@@ -130,7 +131,7 @@ def test_tokenizer_endpoints_when_bad_input_then_400_naming_the_field(
     assert r.json()["error"]["param"] == param
 
 
-class HoldGate:
+class HoldGate(NoGate):
     """A worker gate that holds the running reply until released (the governor's pause seam)."""
 
     def __init__(self) -> None:

@@ -17,6 +17,7 @@ def test_log_request_when_json_formatter_then_one_object_with_fields(caplog) -> 
         stream=True,
         prompt_tokens=5,
         completion_tokens=7,
+        sent_tokens=7,
         ttft_ms=12.5,
         tokens_per_s=30.0,
         outcome="stop",

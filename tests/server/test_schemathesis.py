@@ -5,7 +5,8 @@ uvicorn serving the tiny real model behind a governor (so the lifecycle route is
 Two choices keep the run near a minute on two cores, neither of which touches the generated data:
 - the governor's table caps every reply at MAX_REPLY tokens at every level (its real `max_tokens` lever),
   so a generated `max_tokens: 10**12` with `ignore_eos` costs a few tokens, not the whole context;
-- each case starts in the foreground (a generated `{"state": "background"}` would pause the next ones).
+- each case starts in the foreground (a generated `{"state": "background", "client": ...}` is a lease that
+  would pause the next ones until it lapses): every lease the server lists is ended by its own client.
 """
 
 from __future__ import annotations
@@ -189,12 +190,21 @@ def foreground(campaign_server: LiveServer) -> Iterator[httpx.Client]:
         yield client
 
 
+def reset_lifecycle(client: httpx.Client) -> None:
+    """Foreground: end every background lease, each through its own client (the lease API's only way)."""
+    reset = client.post("/v1/lifecycle", json={"state": "foreground"})
+    assert reset.status_code == 200, reset.text
+    state = reset.json()
+    for lease in state["leases"]:
+        state = client.post("/v1/lifecycle", json={"state": "foreground", "client": lease["client"]}).json()
+    assert state["lifecycle"] == "foreground" and not state["leases"], state
+
+
 @schema.parametrize()
 def test_schemathesis_when_generated_requests_then_every_default_check_passes_and_no_5xx(
     case, campaign_server: LiveServer, foreground: httpx.Client
 ) -> None:
-    reset = foreground.post("/v1/lifecycle", json={"state": "foreground"})
-    assert reset.status_code == 200, reset.text
+    reset_lifecycle(foreground)
     response = case.call_and_validate(base_url=campaign_server.url, timeout=30)
     COUNTER.add(response.status_code)
     assert response.status_code < 500, response.text

@@ -81,3 +81,51 @@ def test_reply_when_page_hidden_mid_reply_then_shows_paused_and_resumes_when_vis
     meta = page.inner_text(".msg.assistant .meta")
     assert "30 tokens" in meta  # resumed and finished, nothing lost
     assert page.get_attribute(".msg.assistant", "data-state") == "done"
+
+
+def leases(srv) -> list[dict]:
+    return httpx.get(srv.url + "/v1/thermal", timeout=5).json()["leases"]
+
+
+def test_lifecycle_when_page_stays_hidden_then_it_renews_its_lease_past_the_ttl(ui_server, open_page):
+    srv = governed(ui_server, lifecycle_ttl_s=3.0, governor_poll_s=0.05)
+    page = open_page(srv)
+    page.evaluate(SET_HIDDEN, True)
+    assert wait_until(lambda: lifecycle(srv) == "background")
+    (lease,) = leases(srv)
+    client = page.evaluate("window.simmer.lifecycle.client")
+    assert lease["client"] == client and client.startswith("page-")
+    # Renewed every third of the TTL: three renewals take longer than the TTL, and the lease still holds.
+    page.wait_for_function("() => window.simmer.lifecycle.renewals >= 3", timeout=20_000)
+    assert lifecycle(srv) == "background" and [x["client"] for x in leases(srv)] == [client]
+    page.evaluate(SET_HIDDEN, False)
+    assert wait_until(lambda: lifecycle(srv) == "foreground")
+    assert leases(srv) == []
+
+
+def test_lifecycle_when_hidden_page_cannot_renew_then_lease_lapses_and_returns_with_it(ui_server, open_page):
+    srv = governed(ui_server, lifecycle_ttl_s=1.5, governor_poll_s=0.05)
+    page = open_page(srv)
+    page.evaluate(SET_HIDDEN, True)
+    assert wait_until(lambda: lifecycle(srv) == "background")
+    page.route("**/v1/lifecycle", lambda route: route.abort())  # a frozen tab, a lost network
+    assert wait_until(lambda: lifecycle(srv) == "foreground")  # nobody said foreground: the lease lapsed
+    page.unroute("**/v1/lifecycle")
+    assert wait_until(lambda: lifecycle(srv) == "background")  # still hidden: the next renewal takes it again
+    page.evaluate(SET_HIDDEN, False)
+    assert wait_until(lambda: lifecycle(srv) == "foreground")
+
+
+def test_lifecycle_when_two_tabs_then_each_holds_its_own_lease(ui_server, open_page):
+    srv = governed(ui_server)
+    first, second = open_page(srv), open_page(srv)
+    names = {page.evaluate("window.simmer.lifecycle.client") for page in (first, second)}
+    assert len(names) == 2
+    first.evaluate(SET_HIDDEN, True)
+    second.evaluate(SET_HIDDEN, True)
+    assert wait_until(lambda: {x["client"] for x in leases(srv)} == names)
+    first.evaluate(SET_HIDDEN, False)  # one tab back: the other is still in the background
+    assert wait_until(lambda: len(leases(srv)) == 1)
+    assert lifecycle(srv) == "background"
+    second.evaluate(SET_HIDDEN, False)
+    assert wait_until(lambda: lifecycle(srv) == "foreground")

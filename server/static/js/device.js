@@ -212,7 +212,11 @@ export class DevicePanel {
       const plug = b.plugged === true ? ", plugged in" : b.plugged === false ? ", on battery" : "";
       text(els.battery, `${Math.round(b.percent)} %${plug}`);
     }
-    text(els.lifecycle, state.lifecycle === "background" ? "background (replies may pause)" : state.lifecycle || "?");
+    if (state.lifecycle === "background") {
+      // Background while any client's lease holds: say whose, so a stray one is easy to spot.
+      const holders = (state.leases || []).map((lease) => lease.client).join(", ");
+      text(els.lifecycle, `background (replies may pause${holders ? `; reported by ${holders}` : ""})`);
+    } else text(els.lifecycle, state.lifecycle || "?");
 
     const l = state.limits || {};
     if (state.model !== undefined) {
