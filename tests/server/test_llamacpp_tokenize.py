@@ -138,11 +138,6 @@ class HoldGate(NoGate):
         self.holding = threading.Event()
         self.release = threading.Event()
 
-    memory_pressure = False
-
-    def subscribe(self, callback):
-        return None
-
     def before_job(self, cancel, enqueued_at):
         return None
 
