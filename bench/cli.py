@@ -43,6 +43,13 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     e.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     e.add_argument("--spin", default="auto,off", help="pool spinning for threads > 1: auto,on,off")
     e.add_argument("--energy-only", action="store_true", help="measure CPU seconds per token alone")
+    e.add_argument(
+        "--workload",
+        choices=["chat", "rewrite"],
+        default=None,
+        help="speculation off vs on over a workload's tasks (bench/workloads.py) instead of the standard run",
+    )
+    e.add_argument("--max-tokens", type=int, default=160, help="with --workload: reply cap per task")
     s = sub.add_parser("server", help="HTTP streaming overhead vs the engine alone")
     s.add_argument("--json")
     s.add_argument("--reps", type=int, default=5)
@@ -76,6 +83,14 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
         installed = store.load(args.model or settings.model)
         variants = args.variants.split(",") if args.variants else sorted(installed.variants)
         threads = [int(t) for t in args.threads.split(",")]
+        if args.workload:
+            from bench.engine import bench_workload
+
+            report = bench_workload(
+                installed.path, variants, threads, args.reps, args.workload, args.max_tokens
+            )
+            _write(report, args.json)
+            return 0
         report = bench_engine(
             installed.path,
             _gguf_for(store, installed),

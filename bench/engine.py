@@ -62,11 +62,13 @@ def known_prompt(model_dir: Path) -> list[int]:
     return tokenizer.encode(KNOWN_COMPLETION, add_special_tokens=True)
 
 
-def run_probe(cfg: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+def run_probe(
+    cfg: dict[str, Any], timeout: float = 600, module: str = "bench.engine_probe"
+) -> dict[str, Any]:
     """One probe in its own process; a failed or stuck one is an error in the report, not the end of it."""
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "bench.engine_probe", json.dumps(cfg)],
+            [sys.executable, "-m", module, json.dumps(cfg)],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -197,6 +199,65 @@ def energy(summary: dict[str, Any]) -> dict[str, Any]:
             for n in defaults
             if ordered[n]["tok_per_cpu_s_vs_llama_cpp"] is not None
         },
+    }
+
+
+def bench_workload(
+    model_dir: Path, variants: list[str], threads: list[int], reps: int, workload: str, max_tokens: int
+) -> dict[str, Any]:
+    """Speculation off and on, on a workload's tasks (bench/workloads.py): each configuration is one
+    process running both modes interleaved task by task (bench/workload_probe.py); configurations take
+    turns round by round. No peer here yet (llama.cpp with and without its prompt lookup is issue 16's
+    remaining work)."""
+    configs = [
+        {
+            "model_dir": str(model_dir),
+            "variant": v,
+            "threads": t,
+            "workload": workload,
+            "max_tokens": max_tokens,
+        }
+        for v in variants
+        for t in threads
+    ]
+    results: dict[str, list[dict[str, Any]]] = {}
+    for rep in range(reps):
+        order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
+        for cfg in order:
+            name = f"simmer:{cfg['variant']}:t{cfg['threads']}"
+            print(
+                f"[bench engine --workload {workload}] round {rep + 1}/{reps} {name}",
+                file=sys.stderr,
+                flush=True,
+            )
+            results.setdefault(name, []).append(run_probe(cfg, module="bench.workload_probe"))
+    summary: dict[str, Any] = {}
+    for name, runs in results.items():
+        ok = [r for r in runs if "error" not in r]
+        if not ok:
+            summary[name] = {"error": runs[0].get("error"), "runs": 0}
+            continue
+        row: dict[str, Any] = {"runs": len(ok), "speculates": ok[0]["speculates"]}
+        row["identical_tokens"] = all(r["identical_tokens"] for r in ok)
+        for mode in ("off", "auto"):
+            for key in ("decode_tok_s", "tokens_per_cpu_s"):
+                row[f"{key}_{mode}"] = round(statistics.median(r[mode][key] for r in ok), 2)
+        acc = [r["auto"]["acceptance"] for r in ok if r["auto"]["acceptance"] is not None]
+        row["acceptance"] = round(statistics.median(acc), 3) if acc else None
+        for key in ("speculation_speedup", "speculation_cpu_ratio"):
+            row[key] = round(statistics.median(r[key] for r in ok), 3)
+            row[key + "_all"] = [r[key] for r in ok]
+        row["tasks"] = ok[0]["tasks"]
+        summary[name] = row
+    return {
+        "bench": "engine-workload",
+        "workload": workload,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": machine(),
+        "model_dir": str(model_dir),
+        "reps": reps,
+        "max_tokens": max_tokens,
+        "results": summary,
     }
 
 

@@ -66,6 +66,8 @@ class Timings:
     predicted_ms: float = 0.0
     predicted_per_second: float = 0.0
     ttft_ms: float = 0.0
+    draft_n: int = 0  # speculative decoding: tokens drafted and verified, and how many were accepted
+    draft_n_accepted: int = 0
 
 
 @dataclass

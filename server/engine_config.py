@@ -42,6 +42,7 @@ class EngineConfig:
     prefix_budget_bytes: int
     chat_template: str | None  # SIMMER_CHAT_TEMPLATE's text, read once
     variant: str | None = None  # SIMMER_VARIANT: the variant a model opens on when it has it
+    speculation: str = "auto"  # SIMMER_SPECULATION: prompt-lookup speculation for greedy replies
 
     @classmethod
     def from_settings(cls, settings: Settings, *, threads: int | None = None) -> EngineConfig:
@@ -55,6 +56,7 @@ class EngineConfig:
             prefix_budget_bytes=settings.prefix_cache_mb << 20,
             chat_template=chat_template_override(settings),
             variant=settings.variant,
+            speculation=settings.speculation,
         )
 
     def open(
@@ -75,6 +77,7 @@ class EngineConfig:
             prefix_slots=self.prefix_slots,
             prefix_budget_bytes=self.prefix_budget_bytes,
             chat_template=self.chat_template,
+            speculation=self.speculation,
         )
 
     def open_dir(self, model_dir: Path, *, variant: str | None = None) -> LlamaEngine:

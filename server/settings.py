@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     context_length: int = Field(2048, description="Context cap in tokens (KV buffer size)")
     prefill_chunk: int = Field(256, description="Prompt tokens per prefill chunk")
     spin: str = Field("auto", description="Thread-pool spinning: auto (while unpaced) | on | off")
+    speculation: Literal["auto", "off"] = Field(
+        "auto",
+        description="Prompt-lookup speculative decoding for greedy requests: auto (where the variant's "
+        "verification pass is exact) | off",
+    )
     prefix_cache_slots: int = Field(1, description="KV slots kept for prefix reuse (conversations cached)")
     prefix_cache_mb: int = Field(256, description="Memory budget for prefix-reuse KV slots")
     keep_alive_s: float = Field(

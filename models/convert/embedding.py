@@ -78,7 +78,7 @@ def embed_tokens(g: GraphBuilder) -> tuple[str, Packing | None]:
 
 
 def lm_head(g: GraphBuilder, last: str, embd_packed: Packing | None) -> None:
-    """logits [1, 1, vocab] for the last position. A tied head runs on the lookup's table where the kernel
+    """logits [1, positions kept, vocab]. A tied head runs on the lookup's table where the kernel
     takes its codes as they are (MatMulNBits at any width with int8 activations, 4 bits with fp32 ones)."""
     cfg = g.cfg
     if not cfg.tied_embeddings:
@@ -105,5 +105,5 @@ def lm_head(g: GraphBuilder, last: str, embd_packed: Packing | None) -> None:
             logits = matmul_nbits(g, last, f.packed, "token_embd", weight_names=names)
         else:
             logits, _ = linear(g, last, "lm_head", [TABLE], small=True)
-    g.node("Reshape", [logits, g.const("logits_shape", np.array([1, 1, cfg.vocab], np.int64))])
+    g.node("Reshape", [logits, g.const("logits_shape", np.array([1, -1, cfg.vocab], np.int64))])
     g.nodes[-1].output[0] = "logits"

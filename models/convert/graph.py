@@ -3,7 +3,10 @@
 I/O follows onnxruntime-genai's decoder convention:
   inputs  input_ids int64 [batch, seq], attention_mask int64 [batch, total],
           past_key_values.N.key / .value float32 [batch, kv_heads, past, head_dim]
-  outputs logits float32 [batch, 1, vocab] (the last position only: prefill never needs the others),
+          num_logits_to_keep int64 scalar, optional: how many of the last positions get logits; 0 (the
+          default, as in Hugging Face's logits_to_keep) means all of them
+  outputs logits float32 [batch, positions kept, vocab] (simmer's prefill asks for the last one; a
+          speculative verification pass for one per drafted token and one more),
           present.N.key / .value float32 [batch, kv_heads, total (or the shared buffer length), head_dim]
 Per layer (convert/block.py, the family's flags decide the optional parts): fused QKV projection (+ bias)
 (-> per-head Q/K norm) -> GroupQueryAttention (rotary inside, the family's pairing and the layer's RoPE
@@ -210,13 +213,29 @@ class GraphBuilder:
         return self.init(name, self.planned((t.cols,), lambda: t.dequantize().reshape(-1)))
 
     # -- graph ----------------------------------------------------------------------------------------
+    def _last_positions(self, x: str, inputs: list) -> str:
+        """The last `num_logits_to_keep` rows of x: only they reach the LM head (at a prefill of 256
+        positions a vocabulary-sized head is most of the cost). The input is optional, its initializer is
+        its default: 0, every position (Slice from -0 = 0), which is onnxruntime-genai's convention. It
+        does not feed the input, sizes the logits output by the positions it feeds, and takes the last."""
+        inputs.append(helper.make_tensor_value_info("num_logits_to_keep", TensorProto.INT64, []))
+        self.const("num_logits_to_keep", np.array(0, np.int64))
+        start = self.node(
+            "Reshape",
+            [self.node("Neg", ["num_logits_to_keep"])[0], self.const("to_1d", np.array([1], np.int64))],
+        )[0]
+        end = self.const("last_end", np.array([np.iinfo(np.int64).max], np.int64))
+        return self.node("Slice", [x, start, end, self.const("axis0", np.array([0], np.int64))])[0]
+
     def build(self) -> onnx.ModelProto:
         cfg, spec = self.cfg, self.spec
         inputs = [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
             helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total"]),
         ]
-        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1, cfg.vocab])]
+        outputs = [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "logits_seq", cfg.vocab])
+        ]
 
         # GQA's sequence bookkeeping, computed once for all layers
         mask_sum = self.node(
@@ -250,16 +269,7 @@ class GraphBuilder:
             next_norm = f"blk.{i + 1}.attn_norm.weight" if i + 1 < cfg.n_layers else "output_norm.weight"
             x_norm, residual = skip_norm(self, f, residual, next_norm)
 
-        # only the last position reaches the LM head
-        last = self.node(
-            "Slice",
-            [
-                x_norm,
-                self.const("last_start", np.array([-1], np.int64)),
-                self.const("last_end", np.array([np.iinfo(np.int64).max], np.int64)),
-                self.const("axis0", np.array([0], np.int64)),
-            ],
-        )[0]
+        last = self._last_positions(x_norm, inputs)
         lm_head(self, last, embd_packed)
         model = helper.make_model(
             helper.make_graph(self.nodes, f"simmer-{spec.name}", inputs, outputs, list(self.inits.values())),

@@ -25,7 +25,7 @@ from models.errors import VerificationFailed
 from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 
-CONVERTER_VERSION = 6
+CONVERTER_VERSION = 7
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 QUALITY_PROMPTS = (

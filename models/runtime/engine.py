@@ -38,6 +38,7 @@ from models.runtime.session import (
     kv_slot_count,
     new_run_options,
 )
+from models.runtime.speculative import MAX_DRAFT, RowCost, Speculation
 from models.runtime.tokenizer import Tokenizer, tokenizer_key
 from models.runtime.tools import CallFormat, CallReader, detect_format, prepare_messages, tool_grammar
 from models.types import (
@@ -120,6 +121,8 @@ class LlamaEngine:
         max_sessions: int = 1,
         chat_template: str | None = None,
         mask_prefetch: bool = True,
+        speculation: str = "auto",
+        max_draft: int = MAX_DRAFT,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.manifest = manifest
@@ -148,6 +151,13 @@ class LlamaEngine:
         if spin not in ("auto", "on", "off"):
             raise InvalidParameter(f"spin must be auto, on or off, not {spin!r}", param="spin")
         self.spin = spin
+        if speculation not in ("auto", "off"):
+            raise InvalidParameter(
+                f"speculation must be auto or off, not {speculation!r}", param="speculation"
+            )
+        self.speculation = speculation
+        self.max_draft = max(0, max_draft)
+        self._row_costs: dict[tuple[str, int, bool], RowCost] = {}  # per session: what a verified row costs
         self.max_sessions = max(1, max_sessions)
         self.mask_prefetch = mask_prefetch  # constrained decoding: next mask during the forward pass
         self.max_tokens_limit: int | None = None
@@ -184,6 +194,8 @@ class LlamaEngine:
                 sess = DecoderSession(
                     self.model_dir / entry["file"], self.shape, self.threads, spinning=key[2]
                 )
+                if self.speculation != "off":
+                    sess.rows_exact  # noqa: B018 (the probe runs at load, not in a request)
             log.info(
                 "loaded %s/%s with %d threads in %.2f s",
                 self.model_id,
@@ -213,6 +225,36 @@ class LlamaEngine:
         back to back, but burn the gaps of a paced stream: "auto" spins only while unpaced."""
         spinning = self.spin == "on" or (self.spin == "auto" and not self.tokens_per_second)
         return (self.variant, self.threads, spinning)
+
+    @property
+    def speculates(self) -> bool:
+        """Whether greedy requests speculate on the current variant (see _speculation)."""
+        sess = self._session()
+        return (
+            self.speculation != "off"
+            and self.max_draft > 0
+            and isinstance(sess, DecoderSession)
+            and sess.rows_exact
+        )
+
+    def _speculation(self, r: ReplyState, sess: object) -> Speculation | None:
+        """Prompt-lookup speculation for one generation (models/runtime/speculative.py): greedy requests
+        on our own graphs where a verification pass is exact (DecoderSession.rows_exact), so the reply is
+        the one plain decoding gives. Sampling requests decode plainly: the speculative-sampling rule
+        (speculative.accept_or_resample) would keep the distribution but not a seed's reply.
+        Constrained replies (a grammar, tools) decode plainly too. Not for correctness: a verification
+        pass gives raw rows and the loop masks each one with the grammar's state after the tokens before
+        it, as plain decoding does; but llguidance advances only on emitted tokens, so a draft cannot be
+        checked against the grammar before it is verified, and the drafter (copying the prompt) proposes
+        mostly tokens the mask forbids in JSON/tool-call replies. Left off until measured."""
+        if self.speculation == "off" or self.max_draft == 0 or not r.sampler.greedy:
+            return None
+        if r.constraint is not None or r.reader is not None:
+            return None
+        if not isinstance(sess, DecoderSession) or not sess.rows_exact:
+            return None
+        cost = self._row_costs.setdefault(self.session_key(), RowCost())
+        return Speculation(r.sampler, cost, max_draft=self.max_draft)
 
     def _slot_for(self, ids: Sequence[int]) -> tuple[KVSlot, int]:
         """The slot sharing the longest prefix with `ids` (same variant, big enough), else a free or the
@@ -453,6 +495,9 @@ class _Generation:
         self.slot: KVSlot | None = None
         self.pos = 0  # ctx[:pos] is in the KV slot
         self.stale = False  # the KV slot must be rebuilt from ctx (variant switch, sliding window)
+        # Speculation lives with this generation, not the ReplyState: a reply handed to another model
+        # starts drafting afresh there (its own session, rows, costs; maybe another vocabulary).
+        self.spec: Speculation | None = None
 
     @property
     def ctx(self) -> list[int]:
@@ -489,7 +534,7 @@ class _Generation:
     def _terminate(self) -> None:
         self.run_options.terminate = True
 
-    def _run(self, ids: Sequence[int]) -> np.ndarray:
+    def _run(self, ids: Sequence[int], keep: int = 1) -> np.ndarray:
         assert self.sess is not None and self.slot is not None
         cache = self.slot.cache
         if self.pos + len(ids) > cache.capacity:  # the cap was raised above this slot's buffer
@@ -497,7 +542,13 @@ class _Generation:
             bigger.copy_prefix_from(cache, self.pos)
             self.slot.cache = cache = bigger
         try:
-            logits = self.sess.run(np.asarray(ids, dtype=np.int64), cache, self.pos, self.run_options)
+            fed = np.asarray(ids, dtype=np.int64)
+            if keep > 1:  # a verification pass: a row of logits per fed token
+                logits = self.sess.run_last(  # type: ignore[union-attr]
+                    fed, cache, self.pos, keep, self.run_options
+                )
+            else:
+                logits = self.sess.run(fed, cache, self.pos, self.run_options)
         except Exception as e:
             cache.tokens = []  # partially written: never reuse
             if self.cancel.cancelled:
@@ -529,6 +580,32 @@ class _Generation:
                     continue
             first = False
             logits = self._run(self.ctx[self.pos : self.pos + self.e.prefill_chunk])
+
+    def _advance(self, token: int, left: int) -> np.ndarray:
+        """The logits after `token` (just appended to ctx). Speculating, a verified drafted token's row is
+        already there; otherwise the token is fed with a new draft of at most left - 1 tokens, in one pass.
+        Positions past a rejected draft token are overwritten by the next pass (no copy)."""
+        spec = self.spec
+        if spec is None:
+            return self._sync()
+        row = None if self.stale else spec.next_row(token)
+        if row is not None:
+            self.pos += 1  # its keys and values were written by the verification pass
+            return row
+        assert self.slot is not None
+        del self.slot.cache.tokens[self.pos :]  # the rejected draft tokens
+        if self.stale or len(self.ctx) - self.pos != 1 or not getattr(self.sess, "rows_exact", False):
+            spec.drop()
+            return self._sync()
+        room = min(self.e.context_length, self.slot.cache.capacity) - len(self.ctx)
+        draft = spec.draft(self.r.history, min(room, left - 1))
+        t0 = time.perf_counter()
+        logits = self._run([self.ctx[self.pos], *draft], keep=len(draft) + 1)
+        spec.verified(draft, logits, time.perf_counter() - t0)
+        if not draft:
+            return logits
+        self.pos -= len(draft)  # only the fed token is part of the reply yet
+        return logits[0]
 
     def _prefill(self) -> None:
         """The prompt, or after a handover the reply's context so far (the KV cache built once for it)."""
@@ -575,6 +652,7 @@ class _Generation:
             self._checkpoint()
             self._start_constraint()
             self.sess = e._session()
+            self.spec = e._speculation(r, self.sess)
             # A long prefill chunk is stopped between graph nodes (RunOptions.terminate). The options are
             # this generation's own: the token may be cancelled long after it ended (a client that leaves
             # late), and a flag on the shared session would then stop whichever request runs at that moment.
@@ -594,7 +672,7 @@ class _Generation:
                     break
                 constraint, reader = r.constraint, r.reader
                 allowed = constraint.allowed() if constraint is not None else None
-                token, logprob, top = r.sampler.sample(self.logits, r.history, allowed)
+                token, logprob, top = (self.spec or r.sampler).sample(self.logits, r.history, allowed)
                 if token in e.tokenizer.eos_ids and (not p.ignore_eos or constraint is not None):
                     finish = "stop"
                     break
@@ -638,7 +716,8 @@ class _Generation:
                         finish = "length"
                         break
                     self._window()
-                self.logits = self._sync()  # normally just the new token; all of ctx after a switch
+                # normally just the new token (and a draft); all of ctx after a switch
+                self.logits = self._advance(token, cap - r.generated)
                 if e.tokens_per_second:
                     # pacing: fewer tokens per second means less heat per second
                     wait = last_emit + 1.0 / e.tokens_per_second - time.perf_counter()
@@ -662,6 +741,7 @@ class _Generation:
         except _Switch as switch:
             r.decode_s += time.perf_counter() - t_decode
             handed_over = True  # the grammar goes on with the next model
+            self._end_speculation()  # before the next model runs: drafting starts afresh there
             yield Handover(
                 model_id=switch.limits.model_id or "",
                 variant=switch.limits.variant,
@@ -674,6 +754,7 @@ class _Generation:
         finally:
             if r.constraint is not None and not handed_over:
                 r.constraint.close()
+            self._end_speculation()
         t = r.timings
         t.predicted_n = r.generated
         t.predicted_ms = (r.decode_s + time.perf_counter() - t_decode) * 1000
@@ -690,6 +771,18 @@ class _Generation:
             tool_calls=end_calls,
             model_id=e.model_id,
         )
+
+    def _end_speculation(self) -> None:
+        """Count the drafts into the reply's timings (summed over the models a reply went through) and drop
+        verified tokens past the reply's end from the slot, so it holds what a plain decode leaves."""
+        if self.spec is None:
+            return
+        t = self.r.timings
+        t.draft_n += self.spec.drafted
+        t.draft_n_accepted += self.spec.accepted
+        self.spec = None
+        if self.slot is not None:
+            del self.slot.cache.tokens[self.pos :]
 
     def _top(self, top: Any) -> tuple[TopLogprob, ...] | None:
         if not top:

@@ -121,6 +121,15 @@ def _sanitized(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def draw(ids: np.ndarray | None, probs: np.ndarray, u: float) -> int:
+    """The token at uniform `u` in [0, 1) of the (ids, probs) distribution (inverse CDF; probabilities
+    need not sum to exactly 1)."""
+    cdf = np.cumsum(probs, dtype=np.float64)
+    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    i = min(i, len(cdf) - 1)  # guards against rounding at the very top
+    return int(i if ids is None else ids[i])
+
+
 class Sampler:
     def __init__(
         self,
@@ -206,30 +215,69 @@ class Sampler:
         Returns (token id, its logprob under the model, top alternatives); both logprob parts are None
         unless params.logprobs is set (a log-softmax over the vocabulary costs ~0.1 ms a token). The
         alternatives are (id, logprob) pairs, best first."""
-        p = self.params
-        if not self._vocab_checked:  # the vocabulary is the logits' length
-            validate(p, logits.shape[-1])
-            self._vocab_checked = True
+        self._check_vocab(logits)
         # Overflow to +-inf and inf - inf are expected on extreme inputs and handled by _sanitized.
         with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
-            x = self.penalize(logits, history)
-            ids: np.ndarray | None = None
-            if allowed is not None:
-                ids = np.flatnonzero(allowed[: x.shape[-1]])
-                if ids.size == 0:
-                    raise ValueError("the constraint allows no token")
-                x = x[ids]
-            x = _sanitized(x)
-            greedy = p.temperature < GREEDY_BELOW or p.top_k == 1
-            token = int(np.argmax(x)) if greedy else self._draw(x)
+            ids, x = self._masked(logits, history, allowed)
+            if self.greedy:
+                token = int(np.argmax(x))
+            else:
+                sub, probs = self._probs(x)
+                token = draw(sub, probs, self.rng.random())
             if ids is not None:
                 token = int(ids[token])
-            if p.logprobs is None:
-                return token, None, None
-            logprob, top = self._logprobs(logits, token)
-        return token, logprob, top
+        return (token, *self.logprobs(logits, token))
 
-    def _draw(self, x: np.ndarray) -> int:
+    @property
+    def greedy(self) -> bool:
+        return self.params.temperature < GREEDY_BELOW or self.params.top_k == 1
+
+    def distribution(
+        self, logits: np.ndarray, history: Sequence[int], allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """The whole sampling distribution `sample` draws from, after logit_bias, penalties, the `allowed`
+        mask, temperature, top_k, top_p and min_p: (token ids, or None for the whole vocabulary in id
+        order; their probabilities, which sum to 1 up to rounding). Greedy is a point mass on the argmax.
+        Speculative decoding accepts a drafted token by its probability here, so anything that changes
+        what `sample` may pick belongs in this pipeline, not after it."""
+        self._check_vocab(logits)
+        with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+            ids, x = self._masked(logits, history, allowed)
+            if self.greedy:
+                top = int(np.argmax(x))
+                return np.array([top if ids is None else ids[top]], np.int64), np.ones(1, np.float32)
+            sub, probs = self._probs(x)
+            if ids is not None:
+                sub = ids if sub is None else ids[sub]
+            return sub, probs
+
+    def _masked(
+        self, logits: np.ndarray, history: Sequence[int], allowed: np.ndarray | None
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """(the allowed token ids, or None for all; their penalized, sanitized logits). The mask goes
+        before _sanitized, so a NaN or inf among the disallowed tokens cannot reach the allowed ones."""
+        x = self.penalize(logits, history)
+        ids: np.ndarray | None = None
+        if allowed is not None:
+            ids = np.flatnonzero(allowed[: x.shape[-1]])
+            if ids.size == 0:
+                raise ValueError("the constraint allows no token")
+            x = x[ids]
+        return ids, _sanitized(x)
+
+    def logprobs(self, logits: np.ndarray, token: int) -> tuple[float | None, TopLogprobs | None]:
+        """(logprob, top alternatives) of `token` under the raw logits, both None unless asked for."""
+        if self.params.logprobs is None:
+            return None, None
+        with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+            return self._logprobs(logits, token)
+
+    def _check_vocab(self, logits: np.ndarray) -> None:
+        if not self._vocab_checked:  # the vocabulary is the logits' length
+            validate(self.params, logits.shape[-1])
+            self._vocab_checked = True
+
+    def _probs(self, x: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         p = self.params
         ids: np.ndarray | None = None  # None: candidates are the whole vocabulary
         if 0 < p.top_k < x.shape[-1]:
@@ -252,10 +300,7 @@ class Sampler:
             order = self._top_p_order(probs, p.top_p)
             ids = order if ids is None else ids[order]
             probs = probs[order]
-        cdf = np.cumsum(probs, dtype=np.float64)
-        i = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
-        i = min(i, len(cdf) - 1)  # guards against rounding at the very top
-        return int(i if ids is None else ids[i])
+        return ids, probs
 
     @staticmethod
     def _top_p_order(probs: np.ndarray, top_p: float) -> np.ndarray:

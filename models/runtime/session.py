@@ -11,6 +11,7 @@ import ctypes
 import mmap
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ import onnxruntime as ort
 from models.errors import InvalidModelFile
 
 KV_DTYPE = np.dtype(np.float32)
+KEEP_INPUT = "num_logits_to_keep"  # the graph input saying how many of the last positions get logits
+ROWS_ATOL = 1e-3  # logits of one position fed alone and in a batch: summation order only
 
 
 def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int) -> int:
@@ -127,8 +130,15 @@ class DecoderSession:
             str(path), session_options(threads, spinning), providers=["CPUExecutionProvider"]
         )
         prefault_mappings(self.path.parent)
+        # Graphs from converter 6 on take num_logits_to_keep (an input with a default, which onnxruntime
+        # lists as an overridable initializer); older folders give the last position only.
+        self.multi_logits = any(
+            i.name == KEEP_INPUT for i in [*self.sess.get_inputs(), *self.sess.get_overridable_initializers()]
+        )
         self.logits = np.zeros((1, 1, shape.vocab), np.float32)
-        self._logits_ov = ort.OrtValue.ortvalue_from_numpy(self.logits)
+        self._logits_ovs: dict[int, ort.OrtValue] = {}  # k -> a [1, k, vocab] view of self.logits
+        self._keep: dict[int, ort.OrtValue] = {}
+        self._bound_k = 0
         self._mask = np.ones((1, 0), np.int64)
         self.run_options = ort.RunOptions()
         self._binding: ort.IOBinding | None = None
@@ -145,14 +155,66 @@ class DecoderSession:
         """Feed `ids` at positions past_len.. (KV beyond past_len is overwritten). Returns the last
         position's logits (a view into a buffer reused by the next call). `run_options`: the caller's own
         (one per generation, so a late cancel of one generation cannot stop the next)."""
+        return self.run_last(ids, kv, past_len, 1, run_options)[0]
+
+    def run_last(
+        self,
+        ids: np.ndarray,
+        kv: KVCache,
+        past_len: int,
+        k: int,
+        run_options: ort.RunOptions | None = None,
+    ) -> np.ndarray:
+        """As run, but the logits of the last k positions, [k, vocab] (a speculative verification pass).
+        k > 1 needs a graph with num_logits_to_keep (multi_logits)."""
         n = int(ids.shape[-1])
         if past_len + n > kv.capacity:
             raise ValueError(f"KV buffer holds {kv.capacity} tokens, asked for {past_len + n}")
+        if not 1 <= k <= n or (k > 1 and not self.multi_logits):
+            raise ValueError(f"cannot give logits for the last {k} of {n} positions")
         b = self._binding_for(kv)
+        if k != self._bound_k:
+            self._bind_k(b, k)
         b.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64).reshape(1, n))
         b.bind_cpu_input("attention_mask", self._mask_view(past_len + n))
         self.sess.run_with_iobinding(b, run_options or self.run_options)
-        return self.logits[0, 0]
+        return self.logits[0, :k]
+
+    @cached_property
+    def rows_exact(self) -> bool:
+        """Whether a pass of several positions gives each the logits feeding it alone gives (up to
+        summation order), so a speculative verification pass decides exactly what plain decoding would.
+        Measured, not assumed: on onnxruntime 1.32's x86 kernels MatMulNBits with int8 activations
+        quantizes them differently for one row and for several (logits ~1 apart, argmax flips); with fp32
+        activations rows agree to ~1e-4. Four probe passes on a throwaway cache, once per session."""
+        if not self.multi_logits:
+            return False
+        probe = [(j * 7919 + 11) % self.shape.vocab for j in range(6)]
+        kv = KVCache(self.shape, len(probe))
+        self.run(np.array(probe[:2]), kv, 0)
+        alone = np.stack([self.run(np.array([t]), kv, 2 + i).copy() for i, t in enumerate(probe[2:])])
+        together = self.run_last(np.array(probe[2:]), kv, 2, len(probe) - 2)
+        exact = bool(np.abs(together - alone).max() <= ROWS_ATOL) and bool(
+            (together.argmax(-1) == alone.argmax(-1)).all()
+        )
+        self._binding, self._bound_kv = None, None  # the probe cache goes
+        return exact
+
+    def _bind_k(self, b: ort.IOBinding, k: int) -> None:
+        """Bind a [1, k, vocab] view of the logits buffer (grown when k is larger than ever before: one
+        buffer, so the views of smaller k stay valid) and the matching num_logits_to_keep."""
+        if k > self.logits.shape[1]:
+            self.logits = np.zeros((1, max(k, 2 * self.logits.shape[1]), self.shape.vocab), np.float32)
+            self._logits_ovs.clear()
+        if k not in self._logits_ovs:
+            self._logits_ovs[k] = ort.OrtValue.ortvalue_from_numpy(self.logits[:, :k])
+        b.bind_ortvalue_output("logits", self._logits_ovs[k])
+        if self.multi_logits:
+            # an OrtValue: bind_cpu_input refuses an input that has a default ("Failed to find NodeArg")
+            if k not in self._keep:
+                self._keep[k] = ort.OrtValue.ortvalue_from_numpy(np.array(k, np.int64))
+            b.bind_ortvalue_input(KEEP_INPUT, self._keep[k])
+        self._bound_k = k
 
     def _binding_for(self, kv: KVCache) -> ort.IOBinding:
         """The KV buffers and logits stay bound between calls: rebinding 60 OrtValues per token costs
@@ -164,7 +226,7 @@ class DecoderSession:
                 b.bind_ortvalue_input(f"past_key_values.{i}.value", v)
                 b.bind_ortvalue_output(f"present.{i}.key", k)
                 b.bind_ortvalue_output(f"present.{i}.value", v)
-            b.bind_ortvalue_output("logits", self._logits_ov)
+            self._bind_k(b, 1)
             self._binding, self._bound_kv = b, kv
         assert self._binding is not None
         return self._binding

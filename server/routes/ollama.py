@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from models.errors import ModelNotFound, SimmerError
+from models.errors import InvalidParameter, ModelNotFound, SimmerError
 from models.store import registry
 from models.types import FinishEvent, TokenEvent
 from server import model_catalog
@@ -31,9 +31,10 @@ from server.cli import license_notice
 from server.errors import ApiError, ModelLoading, error_payload
 from server.routes.completion_flow import Generation, respond, start
 from server.routing.router import HEADER as ROUTE_HEADER
-from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.schemas import ChatCompletionRequest, CompletionRequest, call_deltas
 from server.streaming import Batch, End, Error, JobStreamingResponse
 from server.wire import ollama as wire
+from server.wire.convert import renamed
 from server.worker import Started
 
 if TYPE_CHECKING:
@@ -66,7 +67,8 @@ class NdjsonRenderer:
 
     def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
         text = "".join(ev.text for ev in tokens) + finish.text
-        body = wire.final(self.kind, self.name, text, tokens, finish, self._stats(gen, finish))
+        calls = wire.ollama_calls(call_deltas(tokens, finish))
+        body = wire.final(self.kind, self.name, text, tokens, finish, self._stats(gen, finish), calls)
         return JSONResponse(body, headers={ROUTE_HEADER: gen.route.header()})
 
     def stream(self, gen: Generation, started: Started | None) -> Response:
@@ -78,15 +80,18 @@ class NdjsonRenderer:
         )
 
     async def _lines(self, gen: Generation) -> AsyncIterator[bytes]:
+        collector = wire.CallCollector()
         stream = gen.events_until_end()
         async with contextlib.aclosing(stream):
             async for item in stream:
                 if isinstance(item, Batch):
-                    if item.text or any(ev.logprob is not None for ev in item.events):
-                        yield _line(wire.piece(self.kind, self.name, item.text, item.events))
+                    calls = collector.add(call_deltas(item.events))
+                    if item.text or calls or any(ev.logprob is not None for ev in item.events):
+                        yield _line(wire.piece(self.kind, self.name, item.text, item.events, calls))
                 elif isinstance(item, End):
-                    if item.text or item.events:  # held text goes out before the final object
-                        yield _line(wire.piece(self.kind, self.name, item.text, item.events))
+                    calls = collector.add(call_deltas(item.events, item.finish))
+                    if item.text or item.events or calls:  # held text goes out before the final object
+                        yield _line(wire.piece(self.kind, self.name, item.text, item.events, calls))
                     gen.mark_started()
                     yield _line(
                         wire.final(self.kind, self.name, "", [], item.finish, self._stats(gen, item.finish))
@@ -133,6 +138,8 @@ async def _generate(
         )
     except ModelNotFound:
         raise _not_found(rt, body.model) from None
+    except InvalidParameter as err:  # a schema llguidance cannot compile: named as Ollama names it
+        raise renamed(err, wire.RENAME) from None
     return await respond(request, gen, NdjsonRenderer(kind, body.model))
 
 
@@ -250,13 +257,15 @@ async def show(body: wire.ShowRequest, request: Request) -> dict[str, Any]:
     d = rt.sampling_defaults
     engine = rt.worker.engine
     template = await asyncio.to_thread(entry.chat_template)
+    # tools: a chat model gets them (models/runtime/tools.py); Ollama's clients check before sending any
+    chats = engine.can_chat if entry.served and engine is not None else bool(template)
     return {
         "modelfile": f"# simmer: the chat template is Jinja (see `template`)\nFROM {entry.id}\n",
         "parameters": f"temperature {d.temperature:g}\ntop_k {d.top_k}\ntop_p {d.top_p:g}\nmin_p {d.min_p:g}",
         "template": template,
         "details": _details(entry, engine.variant if entry.served and engine else None),
         "model_info": _model_info(rt, entry),
-        "capabilities": ["completion"],
+        "capabilities": ["completion", "tools"] if chats else ["completion"],
         "modified_at": model_catalog.iso(entry.created),
     }
 

@@ -17,12 +17,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from models.errors import InvalidParameter
 from models.types import FinishEvent, TokenEvent
 from server.errors import error_payload
 from server.routes.completion_flow import Generation, respond, start
 from server.routing.router import HEADER as ROUTE_HEADER
 from server.streaming import Batch, End, Error, JobEventSource
-from server.wire.responses import EventStream, ResponseObject, ResponsesRequest
+from server.wire.convert import renamed
+from server.wire.responses import RENAME, EventStream, ResponseObject, ResponsesRequest
 from server.worker import Started
 
 router = APIRouter(prefix="/v1")
@@ -58,16 +60,17 @@ class ResponsesRenderer:
         async with contextlib.aclosing(stream):
             async for item in stream:
                 if isinstance(item, Batch):
-                    if item.events:
-                        yield _sse(events.delta(item.text, item.events))
+                    for event in events.delta(item.text, item.events) if item.events else ():
+                        yield _sse(event)
                 elif isinstance(item, End):
-                    if item.text or item.events:
-                        yield _sse(events.delta(item.text, item.events))
+                    if item.text or item.events or item.finish.tool_calls:
+                        for event in events.delta(item.text, item.events, item.finish):
+                            yield _sse(event)
                     for event in events.closing(item.finish):
                         yield _sse(event)
                 elif isinstance(item, Error):
-                    if item.events:
-                        yield _sse(events.delta(item.text, item.events))
+                    for event in events.delta(item.text, item.events) if item.events else ():
+                        yield _sse(event)
                     error = error_payload(item.error)[1]["error"]
                     for event in events.failure(error["code"], error["message"], error["param"]):
                         yield _sse(event)
@@ -76,5 +79,9 @@ class ResponsesRenderer:
 @router.post("/responses")
 async def responses(body: ResponsesRequest, request: Request) -> Response:
     rid = "resp_" + uuid.uuid4().hex[:24]
-    gen = await start(request, "chat", body.to_openai(), body.messages(), rid=rid, endpoint="responses")
+    openai = body.to_openai()
+    try:
+        gen = await start(request, "chat", openai, openai.message_dicts(), rid=rid, endpoint="responses")
+    except InvalidParameter as err:  # a schema llguidance cannot compile: named as this API names it
+        raise renamed(err, RENAME) from None
     return await respond(request, gen, ResponsesRenderer(ResponseObject(rid, gen.model, body)))

@@ -8,22 +8,28 @@ exactly the GenerationParams fields the OpenAI routes fill:
         -> the same names;  seed -1 -> a fresh draw (Ollama's "random"), any other int64 is a seed
     options.num_predict  > 0 -> max_tokens;  <= 0 (-1 "until a stop", -2 "fill the context") -> no cap
     truncate (default true, as Ollama) -> simmer's sliding window over the conversation
-    logprobs/top_logprobs -> the same;  format -> response_format;  tools -> tools
+    logprobs/top_logprobs -> the same
+    format "json" -> response_format json_object;  format {schema} -> response_format json_schema
+    tools -> tools;  tool_choice (simmer's extra; Ollama has none, which is "auto") -> tool_choice
+    messages' tool_calls (arguments an object) -> OpenAI tool_calls (arguments JSON text)
+    role "tool" (tool_call_id) -> a tool message
     options.num_ctx, repeat_last_n and Ollama's runner options (num_thread, num_gpu, mirostat, ...) are
         accepted and not applied: the context is the server's (SIMMER_CONTEXT_LENGTH, lowered by the
         governor), the repetition penalty covers the whole history. Unknown options are ignored, as Ollama
         ignores them; both are logged at debug.
-`format` and `tools` are refused (400) until structured output and tool calls land (issue 15): they map
-onto the OpenAI request's response_format and tools, which those features read.
+Anything the OpenAI request would refuse (a schema llguidance cannot read, a bad function name) is
+refused here, before any work, naming Ollama's field (`format`, not `response_format`). A reply's calls come
+back as Ollama's message.tool_calls, each whole once its arguments object is (`CallCollector`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from models.errors import InvalidParameter
 from models.runtime.sampling import (
@@ -33,25 +39,29 @@ from models.runtime.sampling import (
     SEED_MAX,
     SEED_MIN,
 )
-from models.types import FinishEvent, TokenEvent
+from models.types import FinishEvent, TokenEvent, ToolCallDelta
 from server.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
 from server.keep_alive import parse_keep_alive
 from server.schemas import (
+    _SCHEMA_OBJECT,
     STRICT,
     AnyInteger,
     ChatCompletionRequest,
     CompletionRequest,
+    FunctionName,
+    NamedToolChoice,
     NonEmpty,
+    ToolSpec,
     _invalid,
     _Request,
+    assemble_calls,
     integer,
 )
+from server.wire.convert import Renamer, openai_request
 
 log = logging.getLogger("simmer.ollama")
 
 LATEST = ":latest"  # Ollama's default tag: "smollm2-135m-instruct:latest" names "smollm2-135m-instruct"
-STRUCTURED_LATER = "arrives with structured output (issue 15); simmer does not constrain its output yet"
-TOOLS_LATER = "arrive with tool calls (issue 15); simmer does not call tools yet"
 NOT_APPLIED = ("num_ctx", "repeat_last_n")  # known to simmer, accepted, not applied (see above)
 
 
@@ -124,6 +134,12 @@ def _refused(schema: dict[str, Any], why: str) -> Any:
 
 
 _NONE: dict[str, Any] = {"type": ["array", "null"], "maxItems": 0}
+_FORMAT = {
+    "anyOf": [{"enum": ["", "json", None]}, {**_SCHEMA_OBJECT, "type": "object"}],
+    "description": '"json" (any JSON object) or a JSON schema the reply follows (docs/structured.md)',
+}
+# The OpenAI request's field names -> Ollama's (tools and messages are named alike).
+RENAME = Renamer((r"^response_format(\.json_schema\.schema)?", "format"))
 _KEEP_ALIVE = {
     "anyOf": [{"type": "number"}, {"type": "string", "pattern": KEEP_ALIVE_PATTERN}, {"type": "null"}],
     "description": '"5m", "1h30m", seconds (a number), 0 (unload after), negative (for ever)',
@@ -147,9 +163,7 @@ class _Generation(_Request):
 
     model: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})] = ""
     stream: bool = True  # Ollama streams unless told not to
-    format: Annotated[Any, _refused({"enum": ["", None]}, f"'json' or a JSON schema {STRUCTURED_LATER}")] = (
-        None
-    )
+    format: Annotated[Any, WithJsonSchema(_FORMAT)] = None
     options: OllamaOptions | None = None
     keep_alive: Annotated[int | float | str | None, WithJsonSchema(_KEEP_ALIVE)] = None
     think: Annotated[Think | None, _refused({"enum": [False, None]}, "the served model does not think")] = (
@@ -174,8 +188,8 @@ class _Generation(_Request):
     def _supported(self) -> _Generation:
         if not self.model:
             raise _invalid("model is required", "model")
-        if self.format not in (None, ""):
-            raise _invalid(f"format {STRUCTURED_LATER}", "format")
+        if self.format not in (None, "", "json") and not isinstance(self.format, dict):
+            raise _invalid('format must be "json" or a JSON schema (an object)', "format")
         if self.think not in (None, False):
             raise _invalid(f"{self.model!r} does not support thinking", "think")
         return self
@@ -202,11 +216,30 @@ class _Generation(_Request):
         options = self.options or OllamaOptions()
         options.log_unapplied()
         out: dict[str, Any] = {"model": self.model_id, "stream": self.stream, **options.openai_fields()}
+        if (fmt := self.response_format()) is not None:
+            out["response_format"] = fmt
         # Ollama truncates a conversation that does not fit unless told not to (`truncate: false`).
         out["truncate"] = self.truncate is not False
         if self.route is not None:
             out["route"] = self.route
         return out
+
+
+class OllamaCalledFunction(BaseModel):
+    model_config = STRICT
+
+    index: AnyInteger | None = None
+    name: FunctionName
+    arguments: dict[str, Any] = Field(default_factory=dict)  # an object, as Ollama sends it back
+
+
+class OllamaToolCall(BaseModel):
+    """A call an earlier assistant turn made (as Ollama's reply had it)."""
+
+    model_config = STRICT
+
+    id: str | None = None
+    function: OllamaCalledFunction
 
 
 class OllamaMessage(_Request):
@@ -215,43 +248,80 @@ class OllamaMessage(_Request):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: Annotated[list[str] | None, _refused(_NONE, "the served model reads text only")] = None
-    tool_calls: Annotated[list[Any] | None, _refused(_NONE, f"tool calls {TOOLS_LATER}")] = None
-    tool_name: str | None = None
+    tool_calls: list[OllamaToolCall] | None = None  # assistant turns that called tools
+    tool_name: str | None = None  # a tool turn: the function it answers for
+    tool_call_id: str | None = None  # a tool turn: the call it answers
     thinking: str | None = None  # a previous turn's reasoning: no part of the prompt
 
     @model_validator(mode="after")
     def _text_only(self) -> OllamaMessage:
         if self.images:
             raise _invalid("images are not supported: the served model reads text only", "images")
-        if self.tool_calls:
-            raise _invalid(f"tool_calls {TOOLS_LATER}", "tool_calls")
         return self
 
-    def as_dict(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+    def as_dict(self) -> dict[str, Any]:
+        """The OpenAI chat message: calls with their arguments as JSON text, as OpenAI sends them."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": json.dumps(c.function.arguments)},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+_WITH_TOOLS = {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]}
 
 
 class OllamaChatRequest(_Generation):
+    # tool_choice needs tools; format with tools is refused (the reply is a call or the format)
+    model_config = _model_required(
+        allOf=[
+            {
+                "if": {"properties": {"tool_choice": {"not": {"type": "null"}}}, "required": ["tool_choice"]},
+                "then": _WITH_TOOLS,
+            },
+            {"if": _WITH_TOOLS, "then": {"properties": {"format": {"enum": ["", None]}}}},
+        ]
+    )
+
     messages: list[OllamaMessage] = Field(default_factory=list)  # empty: load (or unload) the model
-    tools: Annotated[list[Any] | None, _refused(_NONE, f"tools {TOOLS_LATER}")] = None
+    tools: list[ToolSpec] | None = None  # OpenAI's shape; the model calls them when it sees fit ("auto")
+    # simmer's extra (Ollama has none): force a call ("required", a function) or hide the tools ("none")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     @model_validator(mode="after")
-    def _no_tools(self) -> OllamaChatRequest:
-        if self.tools:
-            raise _invalid(f"tools {TOOLS_LATER}", "tools")
+    def _as_openai(self) -> OllamaChatRequest:
+        if self.tools and self.response_format() is not None:
+            raise _invalid(
+                "format cannot be combined with tools: the reply is either a tool call or the format",
+                "format",
+            )
+        if self.messages:
+            self.to_openai()  # what the OpenAI request refuses, refused here naming Ollama's fields
         return self
 
-    def message_dicts(self) -> list[dict[str, str]]:
+    def message_dicts(self) -> list[dict[str, Any]]:
         return [m.as_dict() for m in self.messages]
 
     def to_openai(self) -> ChatCompletionRequest:
         fields = self._openai_fields()
         fields["messages"] = self.message_dicts()
+        if self.tools:
+            fields["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
+        if self.tool_choice is not None:
+            fields["tool_choice"] = self.tool_choice
         if self.logprobs:
             fields["logprobs"] = True
             if self.top_logprobs is not None:
                 fields["top_logprobs"] = self.top_logprobs
-        return ChatCompletionRequest.model_validate(fields)
+        return openai_request(ChatCompletionRequest, fields, RENAME)
 
 
 _EMPTY = {"type": "string", "maxLength": 0}
@@ -294,6 +364,8 @@ class OllamaGenerateRequest(_Generation):
             )
         if self.raw and self.system:
             raise _invalid("raw mode does not support template, system, or context", "system")
+        if self.prompt:
+            self.to_openai_chat()  # what the OpenAI request refuses (a schema), naming Ollama's fields
         return self
 
     def chat_messages(self) -> list[dict[str, str]]:
@@ -311,14 +383,14 @@ class OllamaGenerateRequest(_Generation):
             fields["logprobs"] = True
             if self.top_logprobs is not None:
                 fields["top_logprobs"] = self.top_logprobs
-        return ChatCompletionRequest.model_validate(fields)
+        return openai_request(ChatCompletionRequest, fields, RENAME)
 
     def to_openai_text(self, prompt: str) -> CompletionRequest:
         fields = self._openai_fields()
         fields["prompt"] = prompt
         if self.logprobs:
             fields["logprobs"] = self.top_logprobs or 0
-        return CompletionRequest.model_validate(fields)
+        return openai_request(CompletionRequest, fields, RENAME)
 
 
 class ModelRequest(_Request):
@@ -416,14 +488,51 @@ def done_reason(finish: FinishEvent) -> str:
     return "length" if finish.finish_reason == "length" else "stop"
 
 
+def ollama_calls(deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
+    """Ollama's message.tool_calls from the engine's call deltas: the calls whose arguments object is
+    complete (one cut by num_predict has no object to give, and is left out)."""
+    out = []
+    for call in assemble_calls(deltas):
+        try:
+            arguments = json.loads(call["function"]["arguments"])
+        except ValueError:
+            continue
+        if isinstance(arguments, dict):
+            function = {"index": len(out), "name": call["function"]["name"], "arguments": arguments}
+            out.append({"id": call["id"], "function": function})
+    return out
+
+
+class CallCollector:
+    """A streamed reply's calls, each sent whole once its arguments object is complete (Ollama streams
+    calls whole: its `arguments` is an object, not text)."""
+
+    def __init__(self) -> None:
+        self._deltas: list[ToolCallDelta] = []
+        self._sent = 0
+
+    def add(self, deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
+        """The calls these deltas completed."""
+        if not deltas:
+            return []
+        self._deltas += deltas
+        calls = ollama_calls(self._deltas)
+        new, self._sent = calls[self._sent :], len(calls)
+        return new
+
+
 Kind = Literal["chat", "generate"]
 
 
-def piece(kind: Kind, model: str, text: str, tokens: list[TokenEvent]) -> dict[str, Any]:
+def piece(
+    kind: Kind, model: str, text: str, tokens: list[TokenEvent], calls: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """One streamed object (done: false)."""
     out: dict[str, Any] = {"model": model, "created_at": created_at()}
     if kind == "chat":
         out["message"] = {"role": "assistant", "content": text}
+        if calls:
+            out["message"]["tool_calls"] = calls
     else:
         out["response"] = text
     out["done"] = False
@@ -433,10 +542,16 @@ def piece(kind: Kind, model: str, text: str, tokens: list[TokenEvent]) -> dict[s
 
 
 def final(
-    kind: Kind, model: str, text: str, tokens: list[TokenEvent], finish: FinishEvent, stats: dict[str, int]
+    kind: Kind,
+    model: str,
+    text: str,
+    tokens: list[TokenEvent],
+    finish: FinishEvent,
+    stats: dict[str, int],
+    calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The last object: done, done_reason and the statistics (with the whole reply when not streamed)."""
-    out = piece(kind, model, text, tokens)
+    out = piece(kind, model, text, tokens, calls)
     out.update({"done": True, "done_reason": done_reason(finish), **stats})
     return out
 

@@ -6,18 +6,27 @@ The request converts itself to the OpenAI chat request the shared flow takes (`t
 max_output_tokens -> max_tokens, truncation "auto" -> simmer's sliding window, top_logprobs (with
 include "message.output_text.logprobs") -> logprobs, temperature/top_p and simmer's extras as they are.
 
+Structured output and tool calls map onto the chat request's: `text.format` (json_object, or json_schema
+with its `schema` flat in the format object) -> response_format; function `tools` ({"type": "function",
+"name", "parameters"}) -> tools; `tool_choice` ("none", "auto", "required", {"type": "function", "name"})
+and `parallel_tool_calls` as they are. Input items of type function_call become the assistant turn's
+tool_calls (consecutive calls one turn), function_call_output items `tool` messages. What the chat request
+refuses is refused here naming the Responses API's field (`text.format`, `tools[0].parameters`). Calls
+come back as output items of type function_call (call_id, name, arguments as JSON text).
+
 Nothing is stored: `previous_response_id`, `conversation`, a stored `prompt` and `background` (all need
 server-side state) are a 400 saying so; `store` is accepted and the response says `"store": false`, which
-is what happened. `text.format` other than "text" and `tools` arrive with structured output and tool
-calls (issue 15): a 400 until then; they map onto the chat request's response_format and tools.
+is what happened.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from models.runtime.sampling import (
     MAX_REPETITION_PENALTY,
@@ -26,15 +35,45 @@ from models.runtime.sampling import (
     SEED_MAX,
     SEED_MIN,
 )
-from models.types import FinishEvent, TokenEvent, Usage
-from server.schemas import ChatCompletionRequest, _invalid, _Request, chat_logprobs, integer
+from models.types import FinishEvent, TokenEvent, ToolCallDelta, Usage
+from server.schemas import (
+    _PARAMETERS,
+    _SCHEMA_OBJECT,
+    STRICT,
+    ChatCompletionRequest,
+    FunctionName,
+    _invalid,
+    _Request,
+    assemble_calls,
+    call_deltas,
+    chat_logprobs,
+    integer,
+)
+from server.wire.convert import Renamer, openai_request
 
 STATELESS = "simmer's Responses API is stateless: no response is stored"
-LATER = "arrives with structured output and tool calls (issue 15)"
+HOSTED = "only function tools are served (OpenAI's hosted tools run on OpenAI's servers)"
 LOGPROBS = "message.output_text.logprobs"
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
+FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
+_CONTENT = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "text"],
+                "properties": {
+                    "type": {"type": "string", "enum": list(TEXT_PARTS)},
+                    "text": {"type": "string"},
+                },
+            },
+        },
+    ]
+}
 _INPUT = {
     "anyOf": [
         {"type": "string"},
@@ -42,73 +81,235 @@ _INPUT = {
             "type": "array",
             "minItems": 1,
             "items": {
-                "type": "object",
-                "required": ["role", "content"],
-                "properties": {
-                    "type": {"type": "string", "enum": ["message"]},
-                    "role": {"type": "string", "enum": list(ROLES)},
-                    "content": {
-                        "anyOf": [
-                            {"type": "string"},
-                            {
-                                "type": "array",
-                                "items": {
-                                    "type": "object",
-                                    "required": ["type", "text"],
-                                    "properties": {
-                                        "type": {"type": "string", "enum": list(TEXT_PARTS)},
-                                        "text": {"type": "string"},
-                                    },
-                                },
-                            },
-                        ]
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "required": ["role", "content"],
+                        "properties": {
+                            "type": {"type": "string", "enum": ["message"]},
+                            "role": {"type": "string", "enum": list(ROLES)},
+                            "content": _CONTENT,
+                        },
                     },
-                },
+                    {
+                        "type": "object",
+                        "required": ["type", "call_id", "name", "arguments"],
+                        "properties": {
+                            "type": {"const": "function_call"},
+                            "call_id": {"type": "string"},
+                            "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                            "arguments": {"type": "string"},
+                        },
+                    },
+                    {
+                        "type": "object",
+                        "required": ["type", "call_id", "output"],
+                        "properties": {
+                            "type": {"const": "function_call_output"},
+                            "call_id": {"type": "string"},
+                            "output": _CONTENT,
+                        },
+                    },
+                ]
             },
         },
     ]
 }
 
 
-def _message(item: Any, where: str) -> dict[str, str]:
-    """One input item as a chat message; anything else is a 400 naming where it is."""
+def _text(content: Any, where: str) -> str:
+    """A string, or text parts joined; anything else is a 400 naming where it is."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _invalid(f"{where} must be a string or a list of text parts", where)
+    texts = []
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        if not isinstance(part, dict):
+            raise _invalid(f"{at} must be a content part object", at)
+        if part.get("type") not in TEXT_PARTS:
+            raise _invalid(
+                f"{at}.type must be input_text or output_text (the served model reads text only), "
+                f"got {part.get('type')!r}",
+                f"{at}.type",
+            )
+        if not isinstance(part.get("text"), str):
+            raise _invalid(f"{at}.text must be a string", f"{at}.text")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _string(item: dict[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise _invalid(f"{where}.{key} must be a string", f"{where}.{key}")
+    return value
+
+
+def _message(item: Any, where: str) -> dict[str, Any]:
+    """One input item as a chat message (a function_call item: an assistant turn with that call); anything
+    else is a 400 naming where it is."""
     if not isinstance(item, dict):
         raise _invalid(f"{where} must be a message object {{'role', 'content'}}", where)
     kind = item.get("type", "message")
+    if kind == "function_call":
+        name = _string(item, "name", where)
+        if not FUNCTION_NAME.fullmatch(name):
+            raise _invalid(f"{where}.name must be 1-64 letters, digits, '_' or '-'", f"{where}.name")
+        call = {
+            "id": _string(item, "call_id", where),
+            "type": "function",
+            "function": {"name": name, "arguments": _string(item, "arguments", where)},
+        }
+        return {"role": "assistant", "content": "", "tool_calls": [call]}
+    if kind == "function_call_output":
+        call_id = _string(item, "call_id", where)
+        return {
+            "role": "tool",
+            "tool_call_id": call_id,
+            "content": _text(item.get("output"), f"{where}.output"),
+        }
     if kind != "message":
-        if kind in ("function_call", "function_call_output"):
-            raise _invalid(f"{where}: {kind} items {LATER}", f"{where}.type")
         if kind == "item_reference":
             raise _invalid(f"{where}: item references need stored items; {STATELESS}", f"{where}.type")
-        raise _invalid(f"{where}.type must be 'message', got {kind!r}", f"{where}.type")
+        raise _invalid(
+            f"{where}.type must be message, function_call or function_call_output, got {kind!r}",
+            f"{where}.type",
+        )
     role = item.get("role")
     if role not in ROLES:
         raise _invalid(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
-    content = item.get("content")
-    if isinstance(content, str):
-        text = content
-    elif isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            at = f"{where}.content[{j}]"
-            if not isinstance(part, dict):
-                raise _invalid(f"{at} must be a content part object", at)
-            if part.get("type") not in TEXT_PARTS:
-                raise _invalid(
-                    f"{at}.type must be input_text or output_text (the served model reads text only), "
-                    f"got {part.get('type')!r}",
-                    f"{at}.type",
-                )
-            if not isinstance(part.get("text"), str):
-                raise _invalid(f"{at}.text must be a string", f"{at}.text")
-            texts.append(part["text"])
-        text = "".join(texts)
-    else:
-        raise _invalid(f"{where}.content must be a string or a list of text parts", f"{where}.content")
+    text = _text(item.get("content"), f"{where}.content")
     return {"role": "system" if role == "developer" else role, "content": text}
 
 
+def _joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive function_call items (and the assistant text before them) as one assistant turn, as a
+    chat request has them."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        prev = out[-1] if out else None
+        if m.get("tool_calls") and prev is not None and prev["role"] == "assistant":
+            out[-1] = {**prev, "tool_calls": [*prev.get("tool_calls", ()), *m["tool_calls"]]}
+        else:
+            out.append(m)
+    return out
+
+
+class TextFormat(BaseModel):
+    """text.format: the chat request's response_format with the json_schema fields flat in it."""
+
+    model_config = STRICT
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None  # OpenAI requires it; simmer does not need it
+    description: str | None = None
+    schema_: Annotated[dict[str, Any] | None, WithJsonSchema(_SCHEMA_OBJECT)] = Field(None, alias="schema")
+    strict: bool | None = None  # the output always follows the schema, strict or not
+
+    def response_format(self) -> dict[str, Any] | None:
+        if self.type == "json_object":
+            return {"type": "json_object"}
+        if self.type == "json_schema":
+            return {"type": "json_schema", "json_schema": {"name": self.name, "schema": self.schema_}}
+        return None
+
+    def echo(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class ResponseText(BaseModel):
+    model_config = STRICT
+
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # accepted; a small model is brief anyway
+
+
+class FunctionTool(BaseModel):
+    model_config = STRICT
+
+    type: Annotated[str, WithJsonSchema({"const": "function"})]
+    name: FunctionName
+    description: str | None = None
+    parameters: Annotated[dict[str, Any] | None, WithJsonSchema(_PARAMETERS)] = None
+    strict: bool | None = None  # calls always follow the schema (simmer constrains them)
+
+    def as_chat_tool(self) -> dict[str, Any]:
+        function = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
+
+    def echo(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "strict": True if self.strict is None else self.strict,
+        }
+
+
+class FunctionChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    name: FunctionName
+
+
+# The chat request's field names -> the Responses API's.
+RENAME = Renamer(
+    (r"^response_format\.json_schema\.schema", "text.format.schema"),
+    (r"^response_format(\.json_schema)?", "text.format"),
+    (r"^tools\[(\d+)\]\.function", r"tools[\1]"),
+    (r"^tool_choice\.function\.name", "tool_choice.name"),
+)
+
+
+_WITH_TOOLS = {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]}
+
+
 class ResponsesRequest(_Request):
+    # a tool_choice that calls needs tools; text.format other than text with tools is refused
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {
+                        "properties": {"tool_choice": {"not": {"enum": ["none", "auto", None]}}},
+                        "required": ["tool_choice"],
+                    },
+                    "then": _WITH_TOOLS,
+                },
+                {
+                    "if": _WITH_TOOLS,
+                    "then": {
+                        "properties": {
+                            "text": {
+                                "anyOf": [
+                                    {"type": "null"},
+                                    {
+                                        "type": "object",
+                                        "properties": {
+                                            "format": {
+                                                "anyOf": [
+                                                    {"type": "null"},
+                                                    {
+                                                        "type": "object",
+                                                        "properties": {"type": {"const": "text"}},
+                                                    },
+                                                ]
+                                            }
+                                        },
+                                    },
+                                ]
+                            }
+                        }
+                    },
+                },
+            ]
+        }
+    )
+
     model: str | None = None
     input: Annotated[str | list[Any], WithJsonSchema(_INPUT)]
     instructions: str | None = None
@@ -138,22 +339,9 @@ class ResponsesRequest(_Request):
     background: Annotated[
         bool | None, WithJsonSchema({"type": ["boolean", "null"], "enum": [False, None]})
     ] = None
-    text: Annotated[
-        dict[str, Any] | None,
-        WithJsonSchema(
-            {
-                "type": ["object", "null"],
-                "properties": {
-                    "format": {
-                        "type": ["object", "null"],
-                        "properties": {"type": {"type": "string", "enum": ["text"]}},
-                    }
-                },
-            }
-        ),
-    ] = None
-    tools: Annotated[list[Any] | None, WithJsonSchema({"type": ["array", "null"], "maxItems": 0})] = None
-    tool_choice: Annotated[Any, WithJsonSchema({"enum": ["none", "auto", None]})] = None
+    text: ResponseText | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     reasoning: Annotated[
         dict[str, Any] | None,
         WithJsonSchema({"type": ["object", "null"], "properties": {"effort": {"enum": [None, "none"]}}}),
@@ -182,13 +370,8 @@ class ResponsesRequest(_Request):
             )
         if self.background:
             raise _invalid(f"background responses need storage: {STATELESS}", "background")
-        fmt = (self.text or {}).get("format")
-        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
-            raise _invalid(f"text.format other than 'text' {LATER}", "text.format")
-        if self.tools:
-            raise _invalid(f"tools {LATER}", "tools")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise _invalid(f"tool_choice needs tools, which {LATER}", "tool_choice")
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise _invalid("tool_choice needs tools", "tool_choice")
         if self.reasoning and self.reasoning.get("effort") not in (None, "none"):
             raise _invalid("reasoning: the served model does not reason", "reasoning.effort")
         for i, name in enumerate(self.include or ()):
@@ -196,15 +379,39 @@ class ResponsesRequest(_Request):
                 raise _invalid(
                     f"include[{i}]: only {LOGPROBS!r} can be included, got {name!r}", f"include[{i}]"
                 )
-        self.messages()  # every input item is checked before any work
+        self.to_openai()  # every input item, and what the chat request refuses, is checked before any work
         return self
 
-    def messages(self) -> list[dict[str, str]]:
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _function_tools(cls, tools: Any) -> Any:
+        for i, tool in enumerate(tools if isinstance(tools, list) else ()):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if isinstance(kind, str) and kind != "function":
+                raise _invalid(f"tools[{i}].type {kind!r}: {HOSTED}", f"tools[{i}].type")
+        return tools
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _function_choice(cls, choice: Any) -> Any:
+        if isinstance(choice, dict) and choice.get("type") != "function":
+            raise _invalid(
+                f"tool_choice {choice.get('type')!r}: choose 'none', 'auto', 'required' or "
+                f"{{'type': 'function', 'name': ...}}; {HOSTED}",
+                "tool_choice",
+            )
+        return choice
+
+    def messages(self) -> list[dict[str, Any]]:
         items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
         if not items:
             raise _invalid("input must not be empty", "input")
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        return system + [_message(item, f"input[{i}]") for i, item in enumerate(items)]
+        return _joined(system + [_message(item, f"input[{i}]") for i, item in enumerate(items)])
+
+    @property
+    def format(self) -> TextFormat:
+        return (self.text.format if self.text else None) or TextFormat()
 
     @property
     def wants_logprobs(self) -> bool:
@@ -220,7 +427,17 @@ class ResponsesRequest(_Request):
         if self.wants_logprobs:
             fields["logprobs"] = True
             fields["top_logprobs"] = self.top_logprobs or 0
-        return ChatCompletionRequest.model_validate(fields)
+        if (fmt := self.format.response_format()) is not None:
+            fields["response_format"] = fmt
+        if self.tools:
+            fields["tools"] = [t.as_chat_tool() for t in self.tools]
+            if isinstance(self.tool_choice, FunctionChoice):
+                fields["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
+            elif self.tool_choice is not None:
+                fields["tool_choice"] = self.tool_choice
+            if self.parallel_tool_calls is not None:
+                fields["parallel_tool_calls"] = self.parallel_tool_calls
+        return openai_request(ChatCompletionRequest, fields, RENAME)
 
 
 # ---- the response object and its stream events ---------------------------------------------------------
@@ -250,6 +467,27 @@ def message_item(item_id: str, status: str, parts: list[dict[str, Any]]) -> dict
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": parts}
 
 
+def call_item(item_id: str, call: dict[str, Any], status: str) -> dict[str, Any]:
+    """A function_call output item from an assembled chat call (server/schemas.py's assemble_calls)."""
+    function = call["function"]
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call["id"],
+        "name": function["name"],
+        "arguments": function["arguments"],
+    }
+
+
+def _complete(arguments: str) -> bool:
+    """A call's arguments are a whole JSON object (one cut by max_output_tokens is not)."""
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return False
+
+
 def finish_status(finish: FinishEvent) -> tuple[str, dict[str, str] | None]:
     """completed, or incomplete (the reply hit max_output_tokens or the context)."""
     if finish.finish_reason == "length":
@@ -267,6 +505,10 @@ class ResponseObject:
         self.request = request
         self.created_at = int(time.time())
 
+    def call_id(self, index: int) -> str:
+        """The output item id of call `index` (its call_id is the engine's call_...)."""
+        return f"fc_{self.rid.removeprefix('resp_')}_{index}"
+
     def build(
         self,
         status: str,
@@ -277,7 +519,7 @@ class ResponseObject:
         error: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         r = self.request
-        fmt = (r.text or {}).get("format") or {"type": "text"}
+        choice = r.tool_choice.model_dump() if isinstance(r.tool_choice, BaseModel) else r.tool_choice
         return {
             "id": self.rid,
             "object": "response",
@@ -291,14 +533,14 @@ class ResponseObject:
             "output": output,
             "parallel_tool_calls": r.parallel_tool_calls if r.parallel_tool_calls is not None else True,
             "previous_response_id": None,
-            "tool_choice": r.tool_choice or "auto",
-            "tools": [],
+            "tool_choice": choice or "auto",
+            "tools": [t.echo() for t in r.tools or ()],
             "temperature": r.temperature,
             "top_p": r.top_p,
             "top_logprobs": r.top_logprobs,
             "max_output_tokens": r.max_output_tokens,
             "truncation": r.truncation or "disabled",
-            "text": {"format": fmt},
+            "text": {"format": r.format.echo()},
             "reasoning": None,
             "store": False,  # nothing was stored, whatever `store` asked (see the module docstring)
             "background": False,
@@ -310,20 +552,40 @@ class ResponseObject:
             "usage": usage_object(usage) if usage is not None else None,
         }
 
+    def output(self, text: str, tokens: list[TokenEvent], calls: list[dict[str, Any]], status: str) -> list:
+        """The output items: the message (when there is text, or nothing else), then one per call."""
+        items = []
+        if text or not calls:
+            items.append(message_item(self.item_id, status, [text_part(text, tokens)]))
+        for i, call in enumerate(calls):
+            done = "completed" if _complete(call["function"]["arguments"]) else "incomplete"
+            items.append(call_item(self.call_id(i), call, done))
+        return items
+
     def final(self, text: str, tokens: list[TokenEvent], finish: FinishEvent) -> dict[str, Any]:
         status, incomplete = finish_status(finish)
-        item = message_item(self.item_id, status, [text_part(text, tokens)])
-        return self.build(status, [item], usage=finish.usage, incomplete=incomplete)
+        calls = assemble_calls(call_deltas(tokens, finish))
+        output = self.output(text, tokens, calls, status)
+        return self.build(status, output, usage=finish.usage, incomplete=incomplete)
 
 
 class EventStream:
-    """The `response.*` events of one streamed response, numbered in order (sequence_number)."""
+    """The `response.*` events of one streamed response, numbered in order (sequence_number).
+
+    Output items open as they come: without tools the message opens at once (an empty reply is an empty
+    message); with tools the message opens at its first text and each call at its first delta (its
+    arguments then stream as response.function_call_arguments.delta), so a reply that is only calls has
+    no message, as in the reply that is not streamed."""
 
     def __init__(self, response: ResponseObject) -> None:
         self.r = response
         self.seq = 0
         self.text = ""
         self.tokens: list[TokenEvent] = []
+        self.message_at: int | None = None  # the message's output_index, once open
+        self.calls: dict[int, int] = {}  # call index -> output_index
+        self.deltas: list[ToolCallDelta] = []
+        self.opened = 0  # output items so far
 
     def event(self, kind: str, **data: Any) -> dict[str, Any]:
         out = {"type": kind, "sequence_number": self.seq, **data}
@@ -332,63 +594,131 @@ class EventStream:
 
     def opening(self) -> list[dict[str, Any]]:
         r = self.r
-        return [
+        events = [
             self.event("response.created", response=r.build("in_progress", [])),
             self.event("response.in_progress", response=r.build("in_progress", [])),
+        ]
+        if not r.request.tools:
+            events += self._open_message()
+        return events
+
+    def _open_message(self) -> list[dict[str, Any]]:
+        r = self.r
+        self.message_at, self.opened = self.opened, self.opened + 1
+        return [
             self.event(
-                "response.output_item.added", output_index=0, item=message_item(r.item_id, "in_progress", [])
+                "response.output_item.added",
+                output_index=self.message_at,
+                item=message_item(r.item_id, "in_progress", []),
             ),
             self.event(
                 "response.content_part.added",
                 item_id=r.item_id,
-                output_index=0,
+                output_index=self.message_at,
                 content_index=0,
                 part=text_part(""),
             ),
         ]
 
-    def delta(self, text: str, tokens: list[TokenEvent]) -> dict[str, Any]:
-        self.text += text
-        self.tokens += tokens
-        part = text_part(text, tokens)
-        return self.event(
-            "response.output_text.delta",
-            item_id=self.r.item_id,
-            output_index=0,
-            content_index=0,
-            delta=text,
-            logprobs=part["logprobs"],
-        )
+    def delta(self, text: str, tokens: list[TokenEvent], finish: FinishEvent | None = None) -> list[dict]:
+        """The events of one batch of tokens: text deltas, then call deltas."""
+        events: list[dict[str, Any]] = []
+        deltas = call_deltas(tokens, finish)
+        if text or (self.message_at is not None and not deltas):
+            if self.message_at is None:
+                events += self._open_message()
+            self.text += text
+            text_tokens = [ev for ev in tokens if not ev.tool_calls]
+            self.tokens += text_tokens
+            events.append(
+                self.event(
+                    "response.output_text.delta",
+                    item_id=self.r.item_id,
+                    output_index=self.message_at,
+                    content_index=0,
+                    delta=text,
+                    logprobs=text_part(text, text_tokens)["logprobs"],
+                )
+            )
+        for d in deltas:
+            self.deltas.append(d)
+            if d.index not in self.calls:
+                self.calls[d.index], self.opened = self.opened, self.opened + 1
+                call = {"id": d.id, "function": {"name": d.name, "arguments": ""}}
+                item = call_item(self.r.call_id(d.index), call, "in_progress")
+                events.append(
+                    self.event("response.output_item.added", output_index=self.calls[d.index], item=item)
+                )
+            if d.arguments:
+                events.append(
+                    self.event(
+                        "response.function_call_arguments.delta",
+                        item_id=self.r.call_id(d.index),
+                        output_index=self.calls[d.index],
+                        delta=d.arguments,
+                    )
+                )
+        return events
+
+    def _items(self, status: str) -> list[tuple[int, dict[str, Any]]]:
+        """(output_index, item) of every item opened so far, as they stand."""
+        items = []
+        if self.message_at is not None:
+            items.append((self.message_at, message_item(self.r.item_id, status, [self._part()])))
+        for i, call in enumerate(assemble_calls(self.deltas)):
+            done = "completed" if _complete(call["function"]["arguments"]) else "incomplete"
+            items.append((self.calls[i], call_item(self.r.call_id(i), call, done)))
+        return sorted(items, key=lambda pair: pair[0])
+
+    def _part(self) -> dict[str, Any]:
+        return text_part(self.text, self.tokens)
 
     def closing(self, finish: FinishEvent) -> list[dict[str, Any]]:
         r = self.r
-        part = text_part(self.text, self.tokens)
-        status, _ = finish_status(finish)
-        final = r.final(self.text, self.tokens, finish)
-        return [
-            self.event(
-                "response.output_text.done",
-                item_id=r.item_id,
-                output_index=0,
-                content_index=0,
-                text=self.text,
-                logprobs=part["logprobs"],
-            ),
-            self.event(
-                "response.content_part.done", item_id=r.item_id, output_index=0, content_index=0, part=part
-            ),
-            self.event(
-                "response.output_item.done", output_index=0, item=message_item(r.item_id, status, [part])
-            ),
-            self.event(
-                "response.completed" if status == "completed" else "response.incomplete", response=final
-            ),
-        ]
+        events: list[dict[str, Any]] = []
+        if self.message_at is None and not self.calls:  # nothing came: an empty message, as not streamed
+            events += self._open_message()
+        status, incomplete = finish_status(finish)
+        items = self._items(status)
+        for index, item in items:
+            if item["type"] == "message":
+                part = self._part()
+                events += [
+                    self.event(
+                        "response.output_text.done",
+                        item_id=r.item_id,
+                        output_index=index,
+                        content_index=0,
+                        text=self.text,
+                        logprobs=part["logprobs"],
+                    ),
+                    self.event(
+                        "response.content_part.done",
+                        item_id=r.item_id,
+                        output_index=index,
+                        content_index=0,
+                        part=part,
+                    ),
+                ]
+            else:
+                events.append(
+                    self.event(
+                        "response.function_call_arguments.done",
+                        item_id=item["id"],
+                        output_index=index,
+                        name=item["name"],
+                        arguments=item["arguments"],
+                    )
+                )
+            events.append(self.event("response.output_item.done", output_index=index, item=item))
+        output = [item for _, item in items]
+        final = r.build(status, output, usage=finish.usage, incomplete=incomplete)
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        return [*events, self.event(kind, response=final)]
 
     def failure(self, code: str, message: str, param: str | None) -> list[dict[str, Any]]:
-        r = self.r
-        partial = [message_item(r.item_id, "incomplete", [text_part(self.text, self.tokens)])]
-        failed = r.build("failed", partial, error={"code": code, "message": message})
+        partial = [item for _, item in self._items("incomplete")]
+        failed = self.r.build("failed", partial, error={"code": code, "message": message})
         return [
             self.event("error", code=code, message=message, param=param),
             self.event("response.failed", response=failed),

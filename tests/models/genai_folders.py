@@ -2,7 +2,7 @@
 
 Our converter's decoder is a genai decoder with a shared KV buffer and last-position logits. The variants
 here re-export it the ways other exporters do: separate past/present buffers (the config says so; the
-same GroupQueryAttention then appends to a copy), logits for every position (the last-row Slice removed),
+same GroupQueryAttention then appends to a copy), logits for every position (no num_logits_to_keep input),
 a `position_ids` input, and fp16 KV and logits (Casts at the graph's edges). Each folder has no manifest
 of ours: `simmer pull ./folder` must take it as it is.
 """
@@ -45,25 +45,14 @@ def _edit(folder: Path, change) -> None:
 
 
 def all_position_logits(folder: Path) -> None:
-    """Logits [batch, seq, vocab]: the Slice that keeps the last row before the LM head goes."""
+    """Logits [batch, seq, vocab] always, as exporters without our num_logits_to_keep input give them: the
+    input goes, and its initializer (0: every position) becomes a constant."""
 
     def change(model: onnx.ModelProto) -> None:
         g = model.graph
-        inits = {t.name: numpy_helper.to_array(t) for t in g.initializer if not t.external_data}
-        slices = [
-            n
-            for n in g.node
-            if n.op_type == "Slice" and n.input[1] in inits and inits[n.input[1]].tolist() == [-1]
-        ]
-        assert len(slices) == 1, "the converter's last-row Slice was not found"
-        slices[0].op_type = "Identity"
-        del slices[0].input[1:]
-        (reshape,) = [n for n in g.node if "logits" in n.output]
-        vocab = int(inits[reshape.input[1]][-1])
-        g.initializer.append(numpy_helper.from_array(np.array([1, -1, vocab], np.int64), "logits_all_shape"))
-        reshape.input[1] = "logits_all_shape"
-        (out,) = [o for o in g.output if o.name == "logits"]
-        out.type.tensor_type.shape.dim[1].dim_param = "seq"
+        keep = [i for i in g.input if i.name == "num_logits_to_keep"]
+        assert len(keep) == 1, "the converter's num_logits_to_keep input was not found"
+        g.input.remove(keep[0])
 
     _edit(folder, change)
 

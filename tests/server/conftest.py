@@ -16,7 +16,9 @@ from fastapi import FastAPI
 from models.protocol import Engine
 from server.app import create_app
 from server.settings import Settings
+from tests.conftest import _convert_into
 from tests.server.fakes import RecordingEngine, ScriptedEngine
+from tests.tiny_gguf import FAMILY_SPECS, write_tiny_gguf
 
 MODEL = "scripted-test"
 
@@ -83,6 +85,19 @@ def start_server(
     assert server.started, "uvicorn did not start"
     recorder = engine if isinstance(engine, RecordingEngine) else None
     return LiveServer(f"http://127.0.0.1:{port}", app, server, thread, settings, recorder)
+
+
+@pytest.fixture(scope="session")
+def tiny_long_model_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama with a 4,096-token context: room for a tools description (structured output and
+    tool calls in every dialect: what parses parses because of the grammar)."""
+    from dataclasses import replace
+
+    root = tmp_path_factory.mktemp("tiny-long")
+    gguf = write_tiny_gguf(
+        root / "tiny.gguf", matrix_type="Q4_1", spec=replace(FAMILY_SPECS["llama"], context_length=4096)
+    )
+    return _convert_into(gguf, root / "tiny-long", variants=["q4", "f32"], measure=False, threads=1)
 
 
 @pytest.fixture

@@ -420,6 +420,59 @@ CASES = [
     Case("responses: truncation auto", resp(input="word " * 2000, truncation="auto"), 200, path=RESP),
     Case("responses: emoji", resp(input="🙂👍🏽🇫🇷"), 200, path=RESP),
     Case("responses: max_output_tokens 10**30", resp(max_output_tokens=10**30), 200, path=RESP),
+    # structured output and function tools (issue 15)
+    Case(
+        "responses: text.format json_object", resp(text={"format": {"type": "json_object"}}), 200, path=RESP
+    ),
+    Case(
+        "responses: text.format json_schema",
+        resp(text={"format": {"type": "json_schema", "name": "n", "schema": {"enum": ["a"]}}}),
+        200,
+        path=RESP,
+    ),
+    Case(
+        "responses: text.format unsupported",
+        resp(text={"format": {"type": "json_schema", "schema": {"not": {}}}}),
+        BAD,
+        IP,
+        "text.format",
+        RESP,
+    ),
+    Case("responses: text.format a string", resp(text={"format": "json"}), BAD, IP, "text.format", RESP),
+    Case("responses: hosted tool", resp(tools=[{"type": "web_search"}]), BAD, IP, "tools[0].type", RESP),
+    Case(
+        "responses: function tool, choice none",
+        resp(tools=[{"type": "function", "name": "f"}], tool_choice="none"),
+        200,
+        path=RESP,
+    ),
+    Case(
+        "responses: tool parameters unsupported",
+        resp(tools=[{"type": "function", "name": "f", "parameters": {"type": "object", "not": {}}}]),
+        BAD,
+        IP,
+        "tools[0].parameters",
+        RESP,
+    ),
+    Case(
+        "responses: function call and its output",
+        resp(
+            input=[
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"a": 1}'},
+                {"type": "function_call_output", "call_id": "c1", "output": "2"},
+            ]
+        ),
+        200,
+        path=RESP,
+    ),
+    Case(
+        "responses: function call arguments an object",
+        resp(input=[{"type": "function_call", "call_id": "c1", "name": "f", "arguments": {}}]),
+        BAD,
+        IP,
+        "input[0].arguments",
+        RESP,
+    ),
     Case("tokenize: surrogate", raw('{"content": "\\ud800"}'), BAD, IP, "content", "/tokenize"),
     Case("tokenize: content a dict", {"content": {"a": 1}}, BAD, IP, "content", "/tokenize"),
     Case("tokenize: negative id", {"content": ["a", -1]}, BAD, IP, "content[1]", "/tokenize"),
@@ -626,6 +679,57 @@ OLLAMA_CASES = [
         200,
     ),
     OllamaCase("NUL bytes and emoji", "/api/generate", ogen(prompt="a\x00b 🙂👍🏽", raw=True), 200),
+    # structured output and tools (issue 15): the tiny model's 128 tokens hold no tools description, so the
+    # 200s with tools use simmer's tool_choice "none"
+    OllamaCase("format json", "/api/chat", ochat(format="json"), 200),
+    OllamaCase(
+        "format a schema, streamed", "/api/generate", ogen(format={"enum": ["a", "b"]}, stream=True), 200
+    ),
+    OllamaCase("format yaml", "/api/chat", ochat(format="yaml"), BAD, 'format must be "json"', IP),
+    OllamaCase("format a list", "/api/chat", ochat(format=["json"]), BAD, "format", IP),
+    OllamaCase(
+        "format unsupported", "/api/generate", ogen(format={"not": {}}), BAD, "format: unsupported", IP
+    ),
+    OllamaCase("format with 2**80", "/api/chat", ochat(format={"enum": [2**80]}), 200),
+    OllamaCase("tools, choice none", "/api/chat", ochat(tools=[FN], tool_choice="none"), 200),
+    OllamaCase("tools a dict", "/api/chat", ochat(tools={"type": "function"}), BAD, "tools", IP),
+    OllamaCase("tool name with a space", "/api/chat", ochat(tools=[fn(name="a b")]), BAD, "tools[0]", IP),
+    OllamaCase(
+        "tool parameters unsupported",
+        "/api/chat",
+        ochat(tools=[fn(parameters={"type": "object", "uniqueItems": True})]),
+        BAD,
+        "tools[0].function.parameters: unsupported",
+        IP,
+    ),
+    OllamaCase(
+        "tools and format", "/api/chat", ochat(tools=[FN], format="json"), BAD, "cannot be combined", IP
+    ),
+    OllamaCase(
+        "tool call arguments a string",
+        "/api/chat",
+        ochat(
+            messages=[
+                *HI,
+                {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
+            ]
+        ),
+        BAD,
+        "messages[1].tool_calls[0].function.arguments",
+        IP,
+    ),
+    OllamaCase(
+        "tool turn",
+        "/api/chat",
+        ochat(
+            messages=[
+                *HI,
+                {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
+                {"role": "tool", "content": "2", "tool_name": "f"},
+            ]
+        ),
+        200,
+    ),
     OllamaCase(
         "model ../../etc/passwd",
         "/api/chat",

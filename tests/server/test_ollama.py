@@ -23,6 +23,10 @@ from tests.server.conftest import MODEL
 from tests.server.fakes import REPLY
 
 WORDS = REPLY.split(" ")
+OLLAMA_TOOL = {
+    "type": "function",
+    "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+}
 
 
 def client(srv) -> ollama.Client:
@@ -253,14 +257,58 @@ def test_unknown_model_when_chat_then_404_in_ollamas_words(live) -> None:
             400,
             "messages[0].role",
         ),
-        ("/api/chat", {"model": MODEL, "format": "json", "messages": []}, 400, "structured output"),
+        ("/api/chat", {"model": MODEL, "format": "yaml", "messages": []}, 400, 'format must be "json"'),
         (
             "/api/generate",
-            {"model": MODEL, "prompt": "x", "format": {"type": "object"}},
+            {"model": MODEL, "prompt": "x", "format": {"type": "array", "uniqueItems": True}},
             400,
-            "structured output",
+            "format: unsupported or invalid",
         ),
-        ("/api/chat", {"model": MODEL, "messages": [], "tools": [{"type": "function"}]}, 400, "tool calls"),
+        (
+            "/api/chat",
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "format": {"$ref": "#/nowhere"}},
+            400,
+            "format: unsupported or invalid",
+        ),
+        (
+            "/api/chat",
+            {"model": MODEL, "messages": [], "tools": [{"type": "function"}]},
+            400,
+            "tools[0].function",
+        ),
+        (
+            "/api/chat",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [OLLAMA_TOOL],
+                "format": "json",
+            },
+            400,
+            "format cannot be combined with tools",
+        ),
+        (
+            "/api/chat",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
+            },
+            400,
+            "tools[0].function.parameters must describe an object",
+        ),
+        (
+            "/api/chat",
+            {
+                "model": MODEL,
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
+                ],
+            },
+            400,
+            "messages[1].tool_calls[0].function.arguments",
+        ),
         (
             "/api/chat",
             {"model": MODEL, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
@@ -327,7 +375,7 @@ def test_list_show_ps_version_when_asked_then_the_served_model(live) -> None:
     assert [m.model for m in listed] == [MODEL + ":latest"]
     assert listed[0].details.quantization_level == "q4"
     shown = c.show(MODEL)
-    assert shown.capabilities == ["completion"]
+    assert shown.capabilities == ["completion", "tools"]  # a chat model takes tools
     assert shown.modelinfo["unknown.context_length"] == 512  # the served context, from the engine
     assert "temperature 0.8" in shown.parameters
     running = c.ps().models

@@ -12,6 +12,7 @@ from tests.server.conftest import MODEL
 from tests.server.fakes import REPLY
 
 WORDS = REPLY.split(" ")
+FN = {"type": "function", "name": "f", "parameters": {"type": "object"}}
 
 
 def sdk(srv) -> openai.OpenAI:
@@ -120,13 +121,32 @@ def test_logprobs_when_included_then_on_the_output_text(live) -> None:
         ({"previous_response_id": "resp_1"}, "previous_response_id", "stateless"),
         ({"conversation": "conv_1"}, "conversation", "stateless"),
         ({"background": True}, "background", "stateless"),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format", "structured output"),
         (
-            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}},
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"uniqueItems": True}}}},
             "text.format",
-            "structured output",
+            "text.format: unsupported or invalid",
         ),
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools", "tool calls"),
+        ({"text": {"format": {"type": "yaml"}}}, "text.format.type", ""),
+        (
+            {"text": {"format": {"type": "json_object"}}, "tools": [FN]},
+            "text.format",
+            "text.format cannot be combined with tool calls",
+        ),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "only function tools"),
+        ({"tools": [{"type": "function", "name": "a b"}]}, "tools[0].name", ""),
+        (
+            {"tools": [{"type": "function", "name": "f", "parameters": {"type": "array"}}]},
+            "tools[0].parameters",
+            "tools[0].parameters must describe an object",
+        ),
+        (
+            {"tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "not": {}}}]},
+            "tools[0].parameters",
+            "tools[0].parameters: unsupported or invalid",
+        ),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"tools": [FN], "tool_choice": {"type": "function", "name": "g"}}, "tool_choice", "not among"),
+        ({"tools": [FN], "tool_choice": {"type": "file_search"}}, "tool_choice", "only function tools"),
         ({"reasoning": {"effort": "high"}}, "reasoning.effort", "does not reason"),
         ({"include": ["file_search_call.results"]}, "include[0]", "only"),
         (
@@ -134,11 +154,13 @@ def test_logprobs_when_included_then_on_the_output_text(live) -> None:
             "input[0].content[0].type",
             "text only",
         ),
+        ({"input": [{"type": "function_call_output", "output": "1"}]}, "input[0].call_id", "string"),
         (
-            {"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
-            "input[0].type",
-            "tool calls",
+            {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]},
+            "input[0].arguments",
+            "string",
         ),
+        ({"input": [{"type": "web_search_call", "id": "x"}]}, "input[0].type", "function_call_output"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "role"),
         ({"input": []}, "input", "empty"),
         ({"max_output_tokens": 0}, "max_output_tokens", ""),

@@ -117,27 +117,39 @@ def filter_case(context, case) -> bool:
     bias = body.get("logit_bias")
     if isinstance(bias, dict) and VOCAB and any(int(k) >= VOCAB[0] for k in bias):
         return False
-    return not refused_tools_or_schema(body)
+    return not refused_tools_or_schema(body, case.path)
 
 
-def refused_tools_or_schema(body: dict) -> bool:
+def refused_tools_or_schema(body: dict, path: str = "") -> bool:
     """Tools whose names repeat or that a named tool_choice does not list, and JSON schemas (in
-    response_format, json_schema, tools[].function.parameters) the constraint library cannot compile
-    (an unimplemented keyword, a $ref to nowhere): the server answers 400 naming the field, as the
-    hostile-input table and tests/server/test_structured.py check."""
+    response_format, json_schema, tools[].function.parameters, and the dialects' format and text.format)
+    the constraint library cannot compile (an unimplemented keyword, a $ref to nowhere): the server answers
+    400 naming the field, as the hostile-input table and tests/server/test_structured.py and
+    test_dialect_structured.py check."""
     from pydantic import ValidationError
 
     from models.errors import InvalidParameter
     from models.runtime.constraint import check_grammar
     from server.schemas import ChatCompletionRequest, CompletionRequest
+    from server.wire.ollama import OllamaChatRequest, OllamaGenerateRequest
+    from server.wire.responses import ResponsesRequest
 
     def ours(param: object) -> bool:  # only refusals about these fields are dropped; others still fail
         return str(param).split("[")[0].split(".")[0] in ("tools", "tool_choice", *CONSTRAINTS)
 
-    model = ChatCompletionRequest if "messages" in body else CompletionRequest
+    dialects = {
+        "/api/chat": OllamaChatRequest,
+        "/api/generate": OllamaGenerateRequest,
+        "/v1/responses": ResponsesRequest,
+    }
+    model = dialects.get(path) or (ChatCompletionRequest if "messages" in body else CompletionRequest)
     try:
         request = model.model_validate(body)
-        for grammar, param in request.constraint_checks():
+        if isinstance(request, OllamaGenerateRequest):
+            request = request.to_openai_chat() if request.prompt else None
+        elif isinstance(request, OllamaChatRequest | ResponsesRequest):
+            request = request.to_openai() if getattr(request, "messages", True) else None
+        for grammar, param in request.constraint_checks() if request is not None else ():
             check_grammar(grammar, param)
     except InvalidParameter as e:
         return ours(e.param)
@@ -148,7 +160,7 @@ def refused_tools_or_schema(body: dict) -> bool:
     return False
 
 
-CONSTRAINTS = ("response_format", "json_schema", "grammar")
+CONSTRAINTS = ("response_format", "json_schema", "grammar", "format", "text")
 
 
 def _ints(value: object) -> list[float]:

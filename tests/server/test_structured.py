@@ -1,11 +1,10 @@
 """Structured output and tool calls over HTTP with the openai SDK, on a tiny real model (random weights:
-what parses below parses because of the grammar). The tiny model here has a 4,096-token context, room for
-a tools description."""
+what parses below parses because of the grammar). The tiny model here (tiny_long_model_dir, in conftest) has
+a 4,096-token context, room for a tools description."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import jsonschema
@@ -14,9 +13,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from models.runtime.engine import load_engine
-from tests.conftest import _convert_into
 from tests.server.fakes import RecordingEngine
-from tests.tiny_gguf import FAMILY_SPECS, write_tiny_gguf
 
 CITY = {
     "type": "object",
@@ -53,17 +50,6 @@ TIME = {
     },
 }
 ASK = [{"role": "user", "content": "Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def tiny_long_model_dir(tmp_path_factory) -> Path:
-    from dataclasses import replace
-
-    root = tmp_path_factory.mktemp("tiny-long")
-    gguf = write_tiny_gguf(
-        root / "tiny.gguf", matrix_type="Q4_1", spec=replace(FAMILY_SPECS["llama"], context_length=4096)
-    )
-    return _convert_into(gguf, root / "tiny-long", variants=["q4", "f32"], measure=False, threads=1)
 
 
 @pytest.fixture
