@@ -41,6 +41,8 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     e.add_argument("--threads", default="2,1")
     e.add_argument("--reps", type=int, default=3)
     e.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    e.add_argument("--spin", default="auto,off", help="pool spinning for threads > 1: auto,on,off")
+    e.add_argument("--energy-only", action="store_true", help="measure CPU seconds per token alone")
     e.add_argument(
         "--workload",
         choices=["chat", "rewrite"],
@@ -57,6 +59,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     u.add_argument("--time-scale", type=float, default=10.0)
     u.add_argument("--json")
     u.add_argument("--plot")
+    u.add_argument("--levels", action="store_true", help="also run the pausing level governor (no pace)")
     u.add_argument(
         "--upstream",
         help="offload vs no offload: an OpenAI-compatible base URL, or 'spawn' (a second simmer here)",
@@ -95,6 +98,8 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             threads,
             args.reps,
             with_llama=not args.no_peer,
+            spins=tuple(args.spin.split(",")),
+            energy_only=args.energy_only,
         )
     elif args.what == "server":
         from bench.server import bench_server
@@ -120,6 +125,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             minutes=args.minutes,
             time_scale=args.time_scale,
             plot=args.plot,
+            levels=args.levels,
             upstream=args.upstream,
             arrival_every_s=args.every,
         )

@@ -4,6 +4,9 @@ Each configuration runs in its own process (bench/engine_probe.py) so load time 
 configurations are interleaved round by round (this machine's speed drifts 15-20 % over minutes) and the
 medians are reported with simmer/llama.cpp ratios.
 
+Energy per token: every configuration (variant x threads x spinning) reports the process CPU seconds per
+generated token; the report's "energy" table puts them side by side with llama.cpp's at the same threads.
+The governor's paced mode spends its CPU budget on the cheapest of these (governor/limits.pick_config).
 Both engines get the same token ids. The known prompt is what a user of this model sends: a chat model's
 template rendered around a question, a base model (no template, e.g. Gemma 3 270M) a raw completion prompt.
 """
@@ -36,7 +39,11 @@ NUMERIC = (
     "rss_after_10_mb",
     "rss_growth_pct",
     "peak_rss_mb",
+    "cpu_s_per_token",
+    "cpu_s_per_token_ctx500",
+    "tok_per_cpu_s",
 )
+SPINS = ("auto", "off")  # auto: the engine's default, which spins a pool while unpaced (as here)
 
 
 KNOWN_QUESTION = "What is the capital of France?"
@@ -79,32 +86,67 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return {"error": runs[0].get("error"), "runs": 0}
     out: dict[str, Any] = {"runs": len(ok)}
     for key in NUMERIC:
-        vals = [r[key] for r in ok if key in r]
-        out[key] = round(statistics.median(vals), 3)
+        vals = [r[key] for r in ok if r.get(key) is not None]
+        if not vals:
+            continue
+        out[key] = round(statistics.median(vals), 5 if key.startswith("cpu_s") else 3)
         out[key + "_all"] = vals
     out["greedy_known"] = ok[0]["greedy_known"]
     return out
 
 
+def simmer_configs(
+    model_dir: Path, variants: list[str], threads: list[int], spins: tuple[str, ...] = SPINS
+) -> list[dict[str, Any]]:
+    """Every simmer configuration the bench runs: variant x threads x spinning (one thread has no pool to
+    spin, so it runs once). Speculation on/off is the next dimension: it belongs here, with config_name."""
+    out = []
+    for v in variants:
+        for t in threads:
+            for spin in spins if t > 1 else spins[:1]:
+                out.append(
+                    {
+                        "engine": "simmer",
+                        "model_dir": str(model_dir),
+                        "variant": v,
+                        "threads": t,
+                        "spin": spin,
+                    }
+                )
+    return out
+
+
+def config_name(cfg: dict[str, Any]) -> str:
+    """simmer:q4-a8:t2 (the default: a spinning pool), simmer:q4-a8:t2:spin-off, llama.cpp:gguf:t2."""
+    name = f"{cfg['engine']}:{cfg.get('variant', PEER)}:t{cfg['threads']}"
+    spin = cfg.get("spin", "auto")
+    return name if spin == "auto" else f"{name}:spin-{spin}"
+
+
 def bench_engine(
-    model_dir: Path, gguf: Path, variants: list[str], threads: list[int], reps: int, with_llama: bool = True
+    model_dir: Path,
+    gguf: Path,
+    variants: list[str],
+    threads: list[int],
+    reps: int,
+    with_llama: bool = True,
+    spins: tuple[str, ...] = SPINS,
+    energy_only: bool = False,
 ) -> dict[str, Any]:
     known = known_prompt(model_dir)
-    configs = [
-        {"engine": "simmer", "model_dir": str(model_dir), "variant": v, "threads": t, "known_ids": known}
-        for v in variants
-        for t in threads
-    ]
+    configs = [{**c, "known_ids": known} for c in simmer_configs(model_dir, variants, threads, spins)]
     peer = with_llama and find_spec("llama_cpp") is not None
     if peer:
         configs += [
             {"engine": "llama.cpp", "gguf": str(gguf), "threads": t, "known_ids": known} for t in threads
         ]
+    if energy_only:  # CPU per token alone: a few minutes instead of an hour on a loaded machine
+        configs = [{**c, "energy_only": True} for c in configs]
     results: dict[str, list[dict[str, Any]]] = {}
     for rep in range(reps):
         order = configs[rep % len(configs) :] + configs[: rep % len(configs)]  # rotate: no fixed position
         for cfg in order:
-            name = f"{cfg['engine']}:{cfg.get('variant', PEER)}:t{cfg['threads']}"
+            name = config_name(cfg)
             print(f"[bench engine] round {rep + 1}/{reps} {name}", file=sys.stderr, flush=True)
             results.setdefault(name, []).append(run_probe(cfg))
     summary = {name: summarize(runs) for name, runs in results.items()}
@@ -118,11 +160,46 @@ def bench_engine(
         "known_prompt_ids": known,
         "results": summary,
     }
-    if peer:
+    if peer and not energy_only:
         report["ratios_vs_llama_cpp"] = ratios(summary, variants, threads)
     else:
         report["peer"] = LLAMA_HOW
+    report["energy"] = energy(summary)
     return report
+
+
+def energy(summary: dict[str, Any]) -> dict[str, Any]:
+    """CPU seconds per generated token of every configuration, cheapest first, each beside llama.cpp's at
+    the same thread count (tok_per_cpu_s ratio: >= 1 means no more CPU per token than llama.cpp)."""
+    rows = {}
+    for name, r in summary.items():
+        if "cpu_s_per_token" not in r:
+            continue
+        threads = name.split(":")[2]
+        peer = summary.get(f"llama.cpp:{PEER}:{threads}", {})
+        rows[name] = {
+            "cpu_s_per_token": r["cpu_s_per_token"],
+            "tok_per_cpu_s": round(1.0 / r["cpu_s_per_token"], 1),
+            "decode_tok_s_short": r.get("decode_tok_s_short"),
+            "cpu_s_per_token_ctx500": r.get("cpu_s_per_token_ctx500"),
+            "tok_per_cpu_s_vs_llama_cpp": round(peer["cpu_s_per_token"] / r["cpu_s_per_token"], 2)
+            if peer.get("cpu_s_per_token") and not name.startswith("llama.cpp")
+            else None,
+        }
+    ordered = dict(sorted(rows.items(), key=lambda kv: kv[1]["cpu_s_per_token"]))
+    simmer = [n for n in ordered if n.startswith("simmer:")]
+    defaults = [n for n in simmer if ":spin-" not in n]
+    return {
+        "how": "process CPU seconds (user + system, all threads) per generated token, 128 greedy tokens "
+        "after the model's known prompt (known_prompt_ids), prefill excluded; medians over the rounds",
+        "configs": ordered,
+        "cheapest_simmer": simmer[0] if simmer else None,
+        "default_configs_at_least_llama_cpp": {
+            n: ordered[n]["tok_per_cpu_s_vs_llama_cpp"] >= 1.0
+            for n in defaults
+            if ordered[n]["tok_per_cpu_s_vs_llama_cpp"] is not None
+        },
+    }
 
 
 def bench_workload(

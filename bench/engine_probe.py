@@ -4,6 +4,11 @@
     python -m bench.engine_probe '{"engine": "llama.cpp", "gguf": ..., "threads": 2}'
 prints one JSON object. Both engines are driven the same way from Python: greedy argmax per token, on the
 same token ids (`known_ids` in the config: the model's own known prompt, see bench/engine.py).
+A simmer config may also say "spin": "auto" (the default: a pool spins while unpaced) | "on" | "off".
+
+Energy per token: cpu_s_per_token is the process CPU time (user + system, all threads) from the first
+generated token to the last, per token, in the 128-token decode after the known prompt (prefill
+excluded; _ctx500 after the 500-token prompt). tok_per_cpu_s is its inverse.
 """
 
 from __future__ import annotations
@@ -43,10 +48,15 @@ class SimmerDriver:
         from server.settings import Settings
 
         # opened as `simmer serve` opens it (EngineConfig), at the peer's context size
-        config = replace(EngineConfig.from_settings(Settings(), threads=cfg["threads"]), context_length=N_CTX)
+        config = replace(
+            EngineConfig.from_settings(Settings(), threads=cfg["threads"]),
+            context_length=N_CTX,
+            spin=cfg.get("spin", "auto"),
+        )
         t0 = time.perf_counter()
         self.engine = config.open_dir(Path(cfg["model_dir"]), variant=cfg["variant"])
         self.load_s = time.perf_counter() - t0
+        self.cpu_rest = 0.0  # process CPU seconds from the first token to the last, of the last generate()
 
     def generate(self, ids: list[int], n: int, reuse: bool = True) -> tuple[list[int], float, float]:
         """Returns (tokens, seconds to the first token, seconds for the rest)."""
@@ -59,13 +69,16 @@ class SimmerDriver:
         out: list[int] = []
         t0 = time.perf_counter()
         t_first = 0.0
+        c_first = 0.0
         for ev in self.engine.generate(Prompt(list(ids)), params):
             if isinstance(ev, FinishEvent):
                 break
             if not out:
                 t_first = time.perf_counter()
+                c_first = time.process_time()
             out.append(ev.token_id)
         t_end = time.perf_counter()
+        self.cpu_rest = time.process_time() - c_first
         return out, t_first - t0, t_end - t_first
 
     def greedy_text(self, ids: list[int], n: int) -> str:
@@ -98,6 +111,7 @@ class LlamaCppDriver:
         )
         self.load_s = time.perf_counter() - t0
         self.eos = self.llm.token_eos()
+        self.cpu_rest = 0.0
 
     def _next(self) -> int:
         # the last evaluated position's logits, straight from llama.cpp (no copy into llm.scores)
@@ -117,12 +131,15 @@ class LlamaCppDriver:
         llm.eval(ids[common:])
         tok = self._next()
         t_first = time.perf_counter()
+        c_first = time.process_time()
         out = [tok]
         for _ in range(n - 1):
             llm.eval([tok])
             tok = self._next()
             out.append(tok)
-        return out, t_first - t0, time.perf_counter() - t_first
+        t_end = time.perf_counter()
+        self.cpu_rest = time.process_time() - c_first
+        return out, t_first - t0, t_end - t_first
 
     def greedy_text(self, ids: list[int], n: int) -> str:
         out, _, _ = self.generate(ids, n, reuse=False)
@@ -131,19 +148,35 @@ class LlamaCppDriver:
         return self.llm.detokenize(out).decode("utf-8", errors="replace")
 
 
+def energy_only(driver: Any, res: dict[str, Any], known: list[int]) -> dict[str, Any]:
+    """The CPU per token alone (`"energy_only": true`): warm-up, then the known prompt's decode."""
+    driver.generate(known, 8, reuse=False)  # warm-up
+    _, _, t_rest = driver.generate(known, DECODE_TOKENS + 1, reuse=False)
+    res["decode_tok_s_short"] = round(DECODE_TOKENS / t_rest, 1)
+    res["cpu_s_per_token"] = round(driver.cpu_rest / DECODE_TOKENS, 5)
+    res["tok_per_cpu_s"] = round(DECODE_TOKENS / driver.cpu_rest, 1) if driver.cpu_rest > 0 else None
+    res["greedy_known"] = driver.greedy_text(known, 16)
+    return res
+
+
 def probe(cfg: dict[str, Any]) -> dict[str, Any]:
     rss0 = rss()
     driver = SimmerDriver(cfg) if cfg["engine"] == "simmer" else LlamaCppDriver(cfg)
     res: dict[str, Any] = {"config": cfg, "cold_load_s": round(driver.load_s, 4)}
     known = cfg.get("known_ids") or KNOWN_CHAT
+    if cfg.get("energy_only"):
+        return energy_only(driver, res, known)
     long = long_ids()
     driver.generate(long[:32], 2, reuse=False)  # warm-up
     _, t_first, _ = driver.generate(long, 1, reuse=False)
     res["prompt_tok_s"] = round(PROMPT_TOKENS / t_first, 1)
     _, _, t_rest = driver.generate(long, DECODE_TOKENS + 1, reuse=False)
     res["decode_tok_s_ctx500"] = round(DECODE_TOKENS / t_rest, 1)
+    res["cpu_s_per_token_ctx500"] = round(driver.cpu_rest / DECODE_TOKENS, 5)
     _, _, t_rest = driver.generate(known, DECODE_TOKENS + 1, reuse=False)
     res["decode_tok_s_short"] = round(DECODE_TOKENS / t_rest, 1)
+    res["cpu_s_per_token"] = round(driver.cpu_rest / DECODE_TOKENS, 5)
+    res["tok_per_cpu_s"] = round(DECODE_TOKENS / driver.cpu_rest, 1) if driver.cpu_rest > 0 else None
     _, t_first, _ = driver.generate(known, 1, reuse=False)
     res["ttft_ms"] = round(t_first * 1000, 2)
     # a follow-up turn: a 400-token conversation plus a reply, then 20 new tokens

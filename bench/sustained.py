@@ -5,6 +5,12 @@ The server runs as a child process (`simmer serve` as a user starts it), so the 
 by the server's CPU time alone, not by this client. Time axes are simulated seconds; tok/s is real tokens
 per wall second (the engine does not run faster because the device's heat capacity is scaled).
 
+How close to the device's limit: the thermal envelope's limit is the busy cores the simulated device
+sustains at T_throttle (its steady state, leakage included: DeviceProfile.sustainable_cores) times the best
+tokens per CPU-second of the server measured in the same benchmark (process CPU of the server, all threads);
+the governor's efficiency is its tok/s over the last 5 minutes over that limit. Mid-reply pauses are what a
+user sees: `event: governor` stream events that pause a reply after its first token.
+
 Offline check: the child installs a Python audit hook (PEP 578) that records every socket bind, connect,
 sendto and getaddrinfo with its address; the report lists any that is not loopback. This client checks its
 own requests the same way.
@@ -45,6 +51,7 @@ PROMPTS = [
     "Write a haiku about the sea, then explain it.",
 ]
 MAX_TOKENS = 160
+WARM_UP_S = 120  # simulated seconds from cold before "no mid-reply pause" is asked of the governor
 SPARSE_SAMPLE_S = 0.5  # wall seconds between device samples in the offload runs
 LEVEL_INDEX = {"nominal": 0, "fair": 1, "serious": 2, "critical": 3}
 
@@ -196,6 +203,8 @@ class RequestRecord:
     tokens: int
     ok: bool
     error: str | None = None
+    pauses: int = 0  # times the governor paused this reply after its first token (what the user sees)
+    pause_times: list[float] = field(default_factory=list)  # monotonic time of each
     served: str | None = None  # "local" | "upstream" (the route object of the final chunk)
 
 
@@ -207,6 +216,7 @@ class RunLog:
     rss_ready: int = 0
     rss_after: dict[int, int] = field(default_factory=dict)
     chars_per_token: list[float] = field(default_factory=list)
+    cpu: list[tuple[float, float]] = field(default_factory=list)  # (simulated s, server CPU s so far)
 
 
 def stream_request(client: httpx.Client, prompt: str, log: RunLog, end: float) -> RequestRecord:
@@ -217,11 +227,14 @@ def stream_request(client: httpx.Client, prompt: str, log: RunLog, end: float) -
         "seed": len(log.requests),
         "stream": True,
         "stream_options": {"include_usage": True},
+        "governor_events": True,
     }
     start = time.monotonic()
     rec = RequestRecord(start, None, 0, False)
     arrivals: list[tuple[float, int]] = []  # (time, characters) of each content chunk
     usage_tokens: int | None = None
+    event = ""
+    paused = False
     try:
         with client.stream("POST", "/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
@@ -231,9 +244,16 @@ def stream_request(client: httpx.Client, prompt: str, log: RunLog, end: float) -
             # "upstream; reason=thermal": known at the start; the final chunk's route object confirms it
             rec.served = (r.headers.get("x-simmer-route") or "").split(";")[0].strip() or None
             for line in r.iter_lines():
+                if line.startswith("event: "):
+                    event = line.removeprefix("event: ")
+                    continue
                 if not line.startswith("data: "):
                     continue
                 data = line.removeprefix("data: ")
+                if event == "governor":
+                    event = ""
+                    paused = _count_pause(rec, json.loads(data), paused)
+                    continue
                 if data == "[DONE]":
                     rec.ok = rec.error is None
                     break
@@ -260,6 +280,15 @@ def stream_request(client: httpx.Client, prompt: str, log: RunLog, end: float) -
     finally:
         rec.tokens = _spread_tokens(arrivals, usage_tokens, log)
     return rec
+
+
+def _count_pause(rec: RequestRecord, state: dict[str, Any], was_paused: bool) -> bool:
+    """A governor event during a reply: count a pause that starts after the first token."""
+    paused = bool(state.get("limits", {}).get("pause_running"))
+    if paused and not was_paused and rec.ttft_s is not None:
+        rec.pauses += 1
+        rec.pause_times.append(time.monotonic())
+    return paused
 
 
 def _spread_tokens(arrivals: list[tuple[float, int]], usage_tokens: int | None, log: RunLog) -> int:
@@ -311,6 +340,7 @@ def run_once(
             next_at = t0
             with httpx.Client(base_url=srv.url, timeout=10) as c:
                 while not stop.is_set():
+                    log.cpu.append((round((time.monotonic() - t0) * time_scale, 2), server_cpu_s(srv)))
                     with contextlib.suppress(httpx.HTTPError, ValueError):
                         th = c.get("/v1/thermal").json()
                         log.samples.append(
@@ -325,6 +355,7 @@ def run_once(
                                 "limit_threads": th["limits"]["threads"],
                                 "paused": th["limits"]["pause_running"],
                                 "device_killed": th["device_killed"],
+                                "cpu_budget_cores": th["limits"].get("cpu_budget_cores"),
                             }
                         )
                     next_at += period
@@ -345,6 +376,7 @@ def run_once(
                 time.sleep(0.1)  # an overheated device refuses at once: do not spin on it
         stop.set()
         sampler.join(5)
+        log.cpu.append((round((time.monotonic() - t0) * time_scale, 2), server_cpu_s(srv)))
         client.close()
         metrics = ""
         with contextlib.suppress(httpx.HTTPError):
@@ -395,6 +427,72 @@ def _mb(value: int | None) -> float | None:
     return None if value is None else round(value / 2**20, 1)
 
 
+def server_cpu_s(srv: ServerProcess) -> float:
+    """User + system CPU seconds of the server process so far (all its threads)."""
+    try:
+        t = psutil.Process(srv.proc.pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return t.user + t.system
+
+
+def _cpu_between(cpu: list[tuple[float, float]], start_s: float, end_s: float) -> float:
+    """Server CPU seconds spent between two simulated times (from the sampler's readings)."""
+    inside = [c for t, c in cpu if start_s <= t <= end_s]
+    return inside[-1] - inside[0] if len(inside) >= 2 else 0.0
+
+
+def energy_summary(
+    log: RunLog, tok_s: list[float], total_s: int, time_scale: float, t0: float
+) -> dict[str, Any]:
+    """Tokens per CPU-second of the server (whole run and last 5 minutes), its mean busy cores over the
+    last 5 minutes, and the pauses a user saw mid-reply. tok_s holds, per simulated second, tokens per wall
+    second: its sum over a window is tokens * time_scale."""
+    window = min(300, total_s)
+    start = total_s - window
+    tokens_all = sum(tok_s) / time_scale
+    tokens_last = sum(tok_s[start:]) / time_scale
+    cpu_all = _cpu_between(log.cpu, 0, total_s)
+    cpu_last = _cpu_between(log.cpu, start, total_s)
+    return {
+        "server_cpu_s": round(cpu_all, 2),
+        "tok_per_cpu_s": round(tokens_all / cpu_all, 2) if cpu_all > 0 else None,
+        "tok_per_cpu_s_last_5min": round(tokens_last / cpu_last, 2) if cpu_last > 0 else None,
+        "busy_cores_last_5min": round(cpu_last / (window / time_scale), 3) if window else None,
+        "mid_reply_pauses": sum(r.pauses for r in log.requests),
+        "mid_reply_pauses_after_warm_up": sum(
+            1 for r in log.requests for t in r.pause_times if (t - t0) * time_scale >= WARM_UP_S
+        ),
+        "replies_paused": sum(1 for r in log.requests if r.pauses),
+        "paused_seconds": sum(1 for s in log.samples if s.get("paused")),
+    }
+
+
+def envelope(profile: str, runs: dict[str, dict[str, Any]], governed: str = "governed") -> dict[str, Any]:
+    """The thermal envelope's limit for the profile and the governed run's efficiency against it."""
+    from governor.thermal_sim import get_profile
+
+    cores = get_profile(profile).sustainable_cores()
+    measured = {name: r["tok_per_cpu_s"] for name, r in runs.items() if r.get("tok_per_cpu_s")}
+    if not measured:
+        return {"sustainable_cores_at_t_throttle": round(cores, 3), "limit_tok_s": None, "efficiency": None}
+    best_run = max(measured, key=lambda name: measured[name])
+    limit = cores * measured[best_run]
+    g = runs.get(governed, {})
+    efficiency = g["tok_s_last_5min"] / limit if g.get("tok_s_last_5min") is not None and limit else None
+    return {
+        "sustainable_cores_at_t_throttle": round(cores, 3),
+        "best_tok_per_cpu_s": measured[best_run],
+        "best_tok_per_cpu_s_run": best_run,
+        "limit_tok_s": round(limit, 2),
+        "governed_tok_s_last_5min": g.get("tok_s_last_5min"),
+        "efficiency": round(efficiency, 3) if efficiency is not None else None,
+        "how": "limit = busy cores the simulated device sustains at T_throttle (steady state, leakage "
+        "included) x the best server tokens per CPU-second measured in this benchmark; efficiency = "
+        "governed tok/s over the last 5 minutes / limit",
+    }
+
+
 def summarize(
     log: RunLog, meta: dict[str, Any], *, time_scale: float, minutes: float, sample_every_sim_s: float = 1.0
 ) -> dict[str, Any]:
@@ -432,6 +530,7 @@ def summarize(
                 "level": s["level"] if s else None,
                 "variant": s["variant"] if s else None,
                 "threads": s["limit_threads"] if s else None,
+                "cpu_budget_cores": s.get("cpu_budget_cores") if s else None,
                 "tok_s": tok_s[sec],
             }
         )
@@ -463,6 +562,7 @@ def summarize(
             "after_1_request": _mb(log.rss_after.get(1)),
             "after_10_requests": _mb(log.rss_after.get(10)),
         },
+        **energy_summary(log, tok_s, total_s, time_scale, t0),
         "levels_seconds": {lv: sum(1 for s in series if s["level"] == lv) for lv in LEVEL_INDEX},
         "variants_seconds": {
             v: sum(1 for s in series if s["variant"] == v)
@@ -481,10 +581,13 @@ def bench_sustained(
     time_scale: float = 10.0,
     plot: str | None = None,
     model_dir: Path | None = None,
+    levels: bool = False,
     upstream: str | None = None,
     arrival_every_s: float = 60.0,
 ) -> dict[str, Any]:
     """Governed vs ungoverned on `sim:profile`; returns the JSON report (series included per second).
+    levels=True adds a third run, "levels": governed by the level table alone (pace control off, pausing at
+    T_throttle), the governor the pace controller replaced.
     With `upstream` (a base URL, or "spawn" for a second simmer started here): offload vs no offload."""
     client_audit: list[str] = []
     install_socket_audit(client_audit.append)
@@ -510,9 +613,9 @@ def bench_sustained(
         )
     runs: dict[str, dict[str, Any]] = {}
     audits: list[str] = []
-    for name, governed in (("governed", True), ("ungoverned", False)):
+    for name, governed in _runs(levels):
         log, meta = run_once(
-            base.model_copy(update={"governor": governed}),
+            base.model_copy(update=governed),
             minutes=minutes,
             time_scale=time_scale,
             model_dir=model_dir,
@@ -564,10 +667,36 @@ def bench_sustained(
         "runs": {k: {kk: vv for kk, vv in v.items() if kk != "series"} for k, v in runs.items()},
         "series": {k: v["series"] for k, v in runs.items()},
     }
+    report["envelope"] = envelope(profile, runs)
+    report["targets"].update(pace_targets(runs, report["envelope"]))
     if plot:
         plot_runs(runs, plot, profile=profile, time_scale=time_scale)
         report["plot"] = plot
     return report
+
+
+def _runs(levels: bool) -> list[tuple[str, dict[str, Any]]]:
+    runs: list[tuple[str, dict[str, Any]]] = [
+        ("governed", {"governor": True}),
+        ("ungoverned", {"governor": False}),
+    ]
+    if levels:
+        runs.append(("levels", {"governor": True, "pace_control": False}))
+    return runs
+
+
+def pace_targets(runs: dict[str, dict[str, Any]], env: dict[str, Any]) -> dict[str, Any]:
+    """Issue 16's targets for the governor: no mid-reply pause after warm-up, at least the pausing
+    governor's tok/s (when that run was made), efficiency >= 0.95 against the envelope's limit."""
+    g = runs["governed"]
+    out: dict[str, Any] = {
+        "governed_no_mid_reply_pause_after_warm_up": g["mid_reply_pauses_after_warm_up"] == 0,
+        "efficiency_vs_envelope_limit": env.get("efficiency"),
+        "efficiency_ok (>= 0.95)": bool(env.get("efficiency") and env["efficiency"] >= 0.95),
+    }
+    if "levels" in runs:
+        out["governed_tok_s_at_least_levels"] = g["tok_s_mean"] >= runs["levels"]["tok_s_mean"]
+    return out
 
 
 def bench_offload(
@@ -696,6 +825,7 @@ def plot_runs(
     colors = {
         "governed": "tab:blue",
         "ungoverned": "tab:red",
+        "levels": "tab:green",
         "offload": "tab:green",
         "no_offload": "tab:red",
     }

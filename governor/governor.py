@@ -9,20 +9,23 @@ clock itself: clients renew them in wall time, however fast a simulated device h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from governor.lifecycle import Lease, expire, lifecycle_of, report
-from governor.limits import DEFAULT_TABLE, LevelLimits, Limits, Rung, resolve_limits
+from governor.limits import DEFAULT_TABLE, ConfigCost, LevelLimits, Limits, Rung, resolve_limits
 from governor.policy import GovernorState, Level, Lifecycle, PolicyConfig, Readings, Transition, decide
 from governor.sensors import (
     BatteryReading,
     MemoryReading,
     NoThermalSource,
+    ProcessLoad,
     TemperatureReading,
     ThermalSource,
 )
@@ -114,6 +117,8 @@ class Governor:
         table: Mapping[Level, LevelLimits] = DEFAULT_TABLE,
         ladder: Sequence[Rung] = (),
         start_rung: int = 0,
+        costs: Sequence[ConfigCost] = (),
+        read_load: Callable[[], float | None] | None = None,
         poll_s: float = 1.0,
         enforce: bool = True,
         clock: Callable[[], float] = time.monotonic,
@@ -121,11 +126,15 @@ class Governor:
         self.thermal: ThermalSource = thermal or NoThermalSource()
         self._read_memory = read_memory
         self._read_battery = read_battery
+        self._read_load = read_load or ProcessLoad.for_source(self.thermal).read
         self.config = config or PolicyConfig()
+        if self.config.pace_max_cores is None:  # the pace controller may spend every usable core
+            self.config = replace(self.config, pace_max_cores=float(max(1, usable_cpus)))
         self.usable_cpus = usable_cpus
         self.table = table
         self.ladder = list(ladder)
         self.start_rung = start_rung
+        self.costs: Sequence[ConfigCost] = costs  # measured CPU s/token per configuration, if any
         self.enforce = enforce
         self._clock = clock
         sim = self.thermal.simulator
@@ -136,6 +145,8 @@ class Governor:
         self._subscribers: dict[int, Subscriber] = {}
         self._next_id = 0
         self._leases: tuple[Lease, ...] = ()
+        self._loads = 0  # models loading now
+        self._loaded_since_poll = False  # a load ended after the last poll: its tail is in this poll's CPU
         self._state = GovernorState()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -176,7 +187,10 @@ class Governor:
                 memory=self._read_memory(),
                 battery=self._read_battery(),
                 lifecycle=lifecycle_of(self._leases),
+                busy_cores=self._read_load(),
+                loading=self._loads > 0 or self._loaded_since_poll,
             )
+            self._loaded_since_poll = False
             now = self._now()
             old = self._state
             self._state = decide(old, readings, self.config, now)
@@ -200,12 +214,20 @@ class Governor:
 
     def _build_snapshot(self, now: float, readings: Readings, state: GovernorState) -> Snapshot:
         level: Level = state.level if self.enforce else "nominal"
+        previous = getattr(self, "_snapshot", None)
+        running = previous.limits if previous is not None else None
         limits = resolve_limits(
             level,
             usable_cpus=self.usable_cpus,
             table=self.table,
             ladder=self.ladder,
             start_rung=self.start_rung,
+            pace_cores=state.pace_cores if self.enforce else None,
+            thermal=state.cause == "thermal",
+            costs=self.costs,
+            current=(running.variant, running.threads)
+            if running and running.variant and running.threads
+            else None,
         )
         return Snapshot(
             time=now,
@@ -254,6 +276,19 @@ class Governor:
             self._leases = report(before, client, state, self._clock(), ttl, self.config.max_leases)
             self._log_report(before, client, state, ttl)
         return self.tick()
+
+    @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        """Wraps a model load: the polls during it, and the first one after it, tell the pace controller
+        that the process's CPU is a load's, not paced work (policy.decide_pace holds its integral)."""
+        with self._lock:
+            self._loads += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._loads -= 1
+                self._loaded_since_poll = True
 
     def active_leases(self) -> list[dict[str, Any]]:
         """The background leases held now: [{"client", "expires_in"}] (seconds, on the governor's clock)."""
@@ -367,13 +402,27 @@ def _holders(leases: tuple[Lease, ...]) -> str:
 
 def _differs(a: Snapshot, b: Snapshot) -> bool:
     """A change worth telling subscribers: not a lease renewal (only who holds one)."""
-    return (a.level, a.limits, a.lifecycle, a.device_killed, a.cause, _clients(a)) != (
+    return (a.level, _coarse(a.limits), a.lifecycle, a.device_killed, a.cause, _clients(a)) != (
         b.level,
-        b.limits,
+        _coarse(b.limits),
         b.lifecycle,
         b.device_killed,
         b.cause,
         _clients(b),
+    )
+
+
+def _coarse(limits: Limits) -> Limits:
+    """The pace controller moves the budget a little on every poll: subscribers (SSE, the UI) hear of a
+    change of pace only when it crosses a 10 % step. The worker reads the exact limits on every token."""
+
+    def step(x: float | None) -> float | None:
+        return None if x is None or x <= 0 else round(math.log(x) / math.log(1.1))
+
+    return replace(
+        limits,
+        tokens_per_second=step(limits.tokens_per_second),
+        cpu_budget_cores=step(limits.cpu_budget_cores),
     )
 
 

@@ -1,7 +1,14 @@
-"""What each level asks of the engine, and the ladder of variants to step down on.
+"""What each level asks of the engine, the ladder of variants to step down on, and the configuration a CPU
+budget buys the most tokens with.
 
 Levers are ordered cheapest and most reversible first: fewer threads, a CPU pace, capped tokens, a shorter
 context, a cheaper variant or smaller model, then pausing. The worker applies them between tokens.
+
+A CPU budget (busy cores: the level table's, or the pace controller's in governor/policy.py) is spent on
+the configuration of the level's variant (threads x spinning) that makes the most tokens per second within
+it; the variant itself steps down the ladder, which orders variants by their measured CPU per token. Where
+the budget binds, that is the one with the least CPU time per token, not the fastest: a phone held at its
+envelope runs one thread without spinning, because a thread pool never makes a token cheaper.
 """
 
 from __future__ import annotations
@@ -55,6 +62,9 @@ class LevelLimits:
 # cores settle at ~69 C, 1 core at ~44.6 C (just above T_throttle 43), 0.75 core at ~40 C. So fair halves the
 # threads, serious paces to 0.75 core on a cheaper rung (the device then settles below T_throttle at
 # serious), critical pauses.
+# With the pace controller on (the default) a thermal level's threads and CPU budget come from the controller
+# instead (resolve_limits): these rows' thread fractions and budgets then serve the other causes (memory,
+# battery, background at low priority) and pace_control off.
 DEFAULT_TABLE: dict[Level, LevelLimits] = {
     "nominal": LevelLimits(),
     "fair": LevelLimits(thread_fraction=0.5),
@@ -91,6 +101,8 @@ class Rung:
     cpu_s_per_token: float
     quality_top1: float
     bytes: int
+    threads: int = 0  # the threads cpu_s_per_token was measured with (0: unknown)
+    decode_tok_s: float = 0.0  # the decode speed measured with them (0: unknown)
 
 
 def build_ladder(rungs: Sequence[tuple[str, str, float, float, int]]) -> list[Rung]:
@@ -105,20 +117,23 @@ def build_ladder(rungs: Sequence[tuple[str, str, float, float, int]]) -> list[Ru
 
 
 def rungs_from_manifest(model_id: str, variants: Mapping[str, Mapping[str, Any]]) -> list[tuple]:
-    """Manifest entries {"q4": {"speed": {"cpu_s_per_token": ..}, "quality": {"top1_agreement": ..},
-    "weights_bytes": .. (or "memory": {"total_bytes": ..})}, ...} -> build_ladder() tuples. Unmeasured
-    variants are skipped."""
+    """Manifest entries {"q4": {"speed": {"cpu_s_per_token": .., "threads": .., "decode_tok_s": ..},
+    "quality": {"top1_agreement": ..}, "weights_bytes": .. (or "memory": {"total_bytes": ..})}, ...}
+    -> build_ladder() tuples. Unmeasured variants are skipped."""
     out = []
     for variant, data in variants.items():
         try:
             size = data["weights_bytes"] if "weights_bytes" in data else data["memory"]["total_bytes"]
+            speed = data["speed"]
             out.append(
                 (
                     model_id,
                     variant,
-                    float(data["speed"]["cpu_s_per_token"]),
+                    float(speed["cpu_s_per_token"]),
                     float(data["quality"]["top1_agreement"]),
                     int(size),
+                    int(speed.get("threads") or 0),
+                    float(speed.get("decode_tok_s") or 0.0),
                 )
             )
         except (KeyError, TypeError, ValueError):
@@ -147,6 +162,101 @@ def pick_rung(
     raise NoRungFits(f"no model variant fits the memory budget of {budget_bytes / 2**20:.0f} MiB ({detail})")
 
 
+# -- configurations and what a token costs in each -------------------------------------------------------
+@dataclass(frozen=True)
+class ConfigCost:
+    """One way to run a variant and what a token costs there: measured (the gate's meter, the engine
+    bench), or derived from the manifest's one measurement (config_costs).
+
+    Spinning is not a lever of its own: the engine spins only while unpaced (session_key), which is what
+    pick_config's rule says too. It is part of the key because a spinning pool's cost is another number."""
+
+    variant: str
+    threads: int
+    spinning: bool | None  # None: not known (a prior)
+    cpu_s_per_token: float  # process CPU seconds (all threads) per generated token
+    tok_s: float  # decode tokens per wall second, unpaced
+    model_id: str | None = None  # whose variant (None: any model's of this name, e.g. an engine bench table)
+
+
+def config_costs(rung: Rung, max_threads: int, measured: Sequence[ConfigCost] = ()) -> list[ConfigCost]:
+    """The configurations of `rung`'s variant with 1..max_threads threads.
+
+    A thread count with measured entries (the gate's meter, an engine bench table) uses them (one of
+    unknown speed, tok_s 0, gets the prior's). Where none is of a quiet (non-spinning) pool, a prior stands
+    in, from the manifest's one measurement (c CPU s/token and s tok/s at T threads; T unknown:
+    max_threads) and the rule that a thread pool never makes a token cheaper: t threads cost c, or more if
+    fewer threads were measured dearer here (the manifest may come from a quieter machine), and make at
+    most t / cost tokens per second (one thread: 1 / cost, at most s; more: s * t / T). A rung measured
+    nowhere has no configurations (the worker then paces by the CPU budget alone)."""
+    out: list[ConfigCost] = []
+    c = rung.cpu_s_per_token
+    big_t = rung.threads or max_threads
+    s = rung.decode_tok_s or (big_t / c if c > 0 else 0.0)
+    mine = [
+        m
+        for m in measured
+        if m.variant == rung.variant and m.model_id in (None, rung.model_id) and m.cpu_s_per_token > 0
+    ]
+    for t in range(1, max_threads + 1):
+        fewer = [m.cpu_s_per_token for m in mine if m.threads < t and not m.spinning]
+        cost = max([c, *fewer])
+        prior_tok_s = 0.0 if cost <= 0 else min(s, 1.0 / cost) if t == 1 else min(s * t / big_t, t / cost)
+        own = [m for m in mine if m.threads == t]
+        for m in own:  # a speed not measured: the prior's, else what t busy cores allow
+            out.append(m if m.tok_s > 0 else replace(m, tok_s=prior_tok_s or t / m.cpu_s_per_token))
+        if c > 0 and all(m.spinning for m in own):  # no measurement of a quiet pool: the prior stands in
+            out.append(ConfigCost(rung.variant, t, None, cost, prior_tok_s))
+    return out
+
+
+def merge_cost(costs: Sequence[ConfigCost], new: ConfigCost) -> tuple[ConfigCost, ...]:
+    """The table with `new` in place of the entry for its (model, variant, threads, spinning)."""
+
+    def key(c: ConfigCost) -> tuple:
+        return (c.model_id, c.variant, c.threads, c.spinning)
+
+    return (*(c for c in costs if key(c) != key(new)), new)
+
+
+SWITCH_GAIN = 1.10  # another configuration must make this much more to replace the running one
+
+
+def pick_config(
+    configs: Sequence[ConfigCost], budget_cores: float | None, current: tuple[str, int] | None = None
+) -> tuple[ConfigCost, float | None]:
+    """The configuration that makes the most tokens per second within budget_cores (None: no budget), and
+    the pace (tokens/s) that keeps it within the budget (None: no budget).
+
+    Rule table, for each configuration: rate = min(tok_s, budget / cpu_s_per_token)
+      under a budget, spinning pools do not compete (a paced stream leaves gaps a spinning pool burns)
+      the near ones: rate within 5 % of the highest
+      among them: the least CPU per token, then the fewest threads, then no spinning
+      the running configuration (`current`: variant, threads) stays if it is not near and the winner makes
+      less than SWITCH_GAIN times its rate (a new thread count is a new onnxruntime session: not for a few
+      per cent; together with the 5 % this is a hysteresis band, so a budget near a boundary cannot flap)
+    Where the budget binds every configuration, the highest rate IS the least CPU per token.
+    """
+    if not configs:
+        raise ValueError("pick_config needs at least one configuration")
+    if budget_cores is not None:
+        configs = [c for c in configs if not c.spinning] or list(configs)
+
+    def rate(c: ConfigCost) -> float:
+        return c.tok_s if budget_cores is None else min(c.tok_s, budget_cores / c.cpu_s_per_token)
+
+    top = max(rate(c) for c in configs)
+    near = [c for c in configs if rate(c) >= 0.95 * top]
+    best = min(near, key=lambda c: (c.cpu_s_per_token, c.threads, bool(c.spinning)))
+    running = [c for c in configs if (c.variant, c.threads) == current]
+    if running and running[0] not in near and rate(best) < SWITCH_GAIN * rate(running[0]):
+        best = running[0]
+    # The pace is the budget's even where the configuration cannot reach it (it then never waits): a pace
+    # that vanished as the budget crossed the configuration's speed would make the output discontinuous,
+    # and a controller sitting there would cycle.
+    return best, (None if budget_cores is None else budget_cores / best.cpu_s_per_token)
+
+
 def resolve_limits(
     level: Level,
     *,
@@ -154,14 +264,41 @@ def resolve_limits(
     table: Mapping[Level, LevelLimits] = DEFAULT_TABLE,
     ladder: Sequence[Rung] = (),
     start_rung: int = 0,
+    pace_cores: float | None = None,
+    thermal: bool = False,
+    costs: Sequence[ConfigCost] = (),
+    current: tuple[str, int] | None = None,
 ) -> Limits:
-    """The concrete Limits for a level on this machine and ladder."""
+    """The concrete Limits for a level on this machine and ladder.
+
+    pace_cores is the pace controller's CPU budget. When the level's cause is thermal it replaces the
+    row's budget and thread fraction (the controller, not the table, holds the thermal envelope; up to
+    usable_cpus threads); otherwise the row's apply, with the tighter of the two budgets.
+
+    The budget buys the configuration pick_config() names among the rung's: its threads and spinning by
+    measured cost, and its pace is tokens_per_second. The variant is the rung's: the ladder already steps
+    to cheaper variants by their measured CPU per token, and a variant switch mid-reply costs a re-prefill
+    of the history, so it is not chased on a few per cent of measurement noise. Without a measured cost
+    the worker paces by cpu_budget_cores alone (Limits.pace_delay)."""
     row = table[level]
-    threads = max(1, math.floor(usable_cpus * row.thread_fraction))
-    rung = ladder[min(start_rung + row.rung_step, len(ladder) - 1)] if ladder else None
-    pace = row.tokens_per_second
-    if pace is None and row.cpu_budget_cores is not None and rung is not None and rung.cpu_s_per_token > 0:
-        pace = row.cpu_budget_cores / rung.cpu_s_per_token
+    max_threads = max(1, math.floor(usable_cpus * row.thread_fraction))
+    rung_index = min(start_rung + row.rung_step, len(ladder) - 1) if ladder else -1
+    rung = ladder[rung_index] if ladder else None
+    budget = row.cpu_budget_cores
+    if pace_cores is not None and thermal:
+        budget, max_threads = pace_cores, max(1, usable_cpus)
+    elif pace_cores is not None:
+        budget = pace_cores if budget is None else min(budget, pace_cores)
+    if budget is not None and budget >= usable_cpus:
+        budget = None  # every usable core: no budget at all (a cool device's controller sits here)
+    threads, pace = max_threads, None
+    if rung is not None:
+        configs = config_costs(rung, max_threads, costs)
+        if configs:
+            best, pace = pick_config(configs, budget, current)
+            threads = best.threads
+    if row.tokens_per_second is not None:
+        pace = row.tokens_per_second if pace is None else min(pace, row.tokens_per_second)
     return Limits(
         threads=threads,
         variant=rung.variant if rung else None,
@@ -171,5 +308,5 @@ def resolve_limits(
         tokens_per_second=pace,
         pause_new=row.pause_new,
         pause_running=row.pause_running,
-        cpu_budget_cores=row.cpu_budget_cores,
+        cpu_budget_cores=budget,
     )

@@ -11,11 +11,15 @@ band is for a thermal cause; headroom as in Android's getThermalHeadroom, 1.0 = 
 | nominal  | < 0.80             | NONE, LIGHT                            | COOL, NORMAL                      |
 | fair     | 0.80 .. 0.95       | MODERATE                               | WARM                              |
 | serious  | 0.95 .. 1.00       | SEVERE (approaching)                   | HOT                               |
-| critical | >= 1.00            | SEVERE reached, CRITICAL, EMERGENCY,   | OVERHEATED, WARNING, EMERGENCY,   |
+| critical | emergency (below)  | SEVERE reached, CRITICAL, EMERGENCY,   | OVERHEATED, WARNING, EMERGENCY,   |
 |          |                    | SHUTDOWN                               | ESCAPE                            |
 
-simmer acts one band early on purpose: the device's own throttling starts at headroom 1.0, and by then
-simmer has already paused, so the device never has to throttle or kill it.
+The thermal steady state is held by pace, not by pauses: a PI controller on headroom (decide_pace below)
+gives the CPU budget (busy cores) that keeps the device a little below headroom 1.0, so the device's own
+throttling never starts and replies never stop. Critical, the level that pauses, is left for emergencies:
+the device within emergency_margin_c of the temperature at which it kills the app (now or forecast). A
+sensor that names no such temperature gets the old rule: critical at headroom 1.0, the one limit we know.
+With pace_control off the policy is the level machine alone (critical, and so a pause, at headroom 1.0).
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class Readings:
     memory: MemoryReading | None = None
     battery: BatteryReading | None = None
     lifecycle: Lifecycle = "foreground"
+    busy_cores: float | None = None  # this process's CPU seconds per second since the last poll
+    loading: bool = False  # a model was being loaded since the last poll (its CPU is not paced work)
 
 
 @dataclass(frozen=True)
@@ -66,10 +72,13 @@ class PolicyConfig:
     default_throttle_c: float = 85.0  # for sensors that report no trip point
     headroom_span_c: float = 30.0  # headroom 0.0 is this far below the throttling threshold
     forecast_s: float = 10.0
+    forecast_min_span_s: float = 5.0  # no trend from fewer seconds of samples (a coarse sensor's one step)
     history_s: float = 30.0  # samples kept for the forecast regression
     fair_headroom: float = 0.80
     serious_headroom: float = 0.95
-    critical_headroom: float = 1.00
+    critical_headroom: float = 1.00  # critical when no T_critical is known, or pace_control is off
+    critical_c: float | None = None  # overrides the sensor's T_critical (where the device kills the app)
+    emergency_margin_c: float = 1.0  # with pace control: critical this far below T_critical
     hysteresis_c: float = 2.0  # leave a level only this far below its entry threshold
     min_dwell_s: float = 10.0  # time at a level before stepping down
     # memory: fraction of the budget still available, and PSI avg10 percentages
@@ -86,10 +95,23 @@ class PolicyConfig:
     lifecycle_ttl_s: float = 30.0  # a background report's lease (governor/lifecycle.py): default and maximum
     max_leases: int = 64  # distinct clients holding background leases at once
     max_transitions: int = 20
+    # the pace controller (decide_pace): a PI law on headroom whose output is a CPU budget in busy cores
+    pace_control: bool = True
+    pace_setpoint: float = 0.98  # headroom held in the steady state (0.6 C below T_throttle on a 30 C span)
+    pace_kp: float = 12.0  # busy cores per unit of headroom error (0.4 core per C)
+    pace_ki: float = 0.15  # busy cores per unit of headroom error per second (integral time 80 s)
+    pace_min_cores: float = 0.05  # the slowest pace; below it is a pause, which only an emergency earns
+    pace_max_cores: float | None = None  # None: the governor's usable CPUs
+    pace_max_dt_s: float = 5.0  # a late poll integrates at most this long
+    pace_binding: float = 0.75  # the budget is in use when the process is this busy (of the budget) or more
 
     def __post_init__(self) -> None:
         if not self.fair_headroom <= self.serious_headroom <= self.critical_headroom:
             raise ValueError("headroom thresholds must be ordered fair <= serious <= critical")
+        if not 0.0 < self.pace_min_cores <= (self.pace_max_cores or math.inf):
+            raise ValueError("pace bounds must satisfy 0 < pace_min_cores <= pace_max_cores")
+        if self.pace_kp < 0 or self.pace_ki < 0:
+            raise ValueError("pace gains must be >= 0")
         if self.background_action not in ("pause", "low_priority"):
             raise ValueError(f"background_action: pause or low_priority, not {self.background_action!r}")
         if not (self.lifecycle_ttl_s > 0 and math.isfinite(self.lifecycle_ttl_s)):
@@ -121,7 +143,11 @@ class GovernorState:
     throttle_c: float | None = None
     headroom: float | None = None
     forecast_headroom: float | None = None
+    critical_headroom: float | None = None  # where critical (a pause) starts for this sensor
     transitions: tuple[Transition, ...] = field(default=())
+    pace_cores: float | None = None  # the pace controller's CPU budget (None: no temperature to control on)
+    pace_integral: float = 0.0
+    pace_time: float | None = None  # when the controller last ran
 
 
 def headroom(celsius: float, throttle_c: float, span_c: float) -> float:
@@ -143,8 +169,8 @@ def forecast_c(samples: tuple[tuple[float, float], ...], now_c: float, seconds: 
     return now_c + slope * seconds
 
 
-def _threshold_level(h: float, config: PolicyConfig) -> Level:
-    if h >= config.critical_headroom:
+def _threshold_level(h: float, config: PolicyConfig, critical_h: float) -> Level:
+    if h >= critical_h:
         return "critical"
     if h >= config.serious_headroom:
         return "serious"
@@ -153,15 +179,24 @@ def _threshold_level(h: float, config: PolicyConfig) -> Level:
     return "nominal"
 
 
-def _entry_c(level: Level, throttle_c: float, config: PolicyConfig) -> float:
+def _entry_c(level: Level, throttle_c: float, config: PolicyConfig, critical_h: float) -> float:
     """The temperature at which `level` is entered."""
     h = {
         "nominal": -math.inf,
         "fair": config.fair_headroom,
         "serious": config.serious_headroom,
-        "critical": config.critical_headroom,
+        "critical": critical_h,
     }[level]
     return throttle_c - config.headroom_span_c * (1.0 - h)
+
+
+def critical_entry(throttle_c: float, critical_c: float | None, config: PolicyConfig) -> float:
+    """Where the critical level (a pause) starts. With pace control and a known T_critical: the emergency,
+    emergency_margin_c below it (never below critical_headroom). Otherwise critical_headroom."""
+    if not config.pace_control or critical_c is None:
+        return config.critical_headroom
+    emergency = headroom(critical_c - config.emergency_margin_c, throttle_c, config.headroom_span_c)
+    return max(config.critical_headroom, emergency)
 
 
 def _step_down(level: Level) -> Level:
@@ -170,7 +205,8 @@ def _step_down(level: Level) -> Level:
 
 # The thermal rule table, applied to the previous thermal level L (after gov_step_wise.c):
 #
-#   trend: the worse of headroom now and headroom forecast_s ahead, mapped through the thresholds.
+#   trend: the worse of headroom now and headroom forecast_s ahead, mapped through the thresholds
+#          (critical: critical_entry(), the emergency when pace control is on and T_critical is known).
 #
 #   trend level >  L                                         -> that level, at once (may skip levels)
 #   T_now and T_forecast < entry(L) - hysteresis_c
@@ -201,6 +237,7 @@ def decide(prev: GovernorState, readings: Readings, config: PolicyConfig, now: f
         action = "pause" if config.background_action == "pause" else "low priority"
         candidates.append((lifecycle_level, "lifecycle", f"lifecycle: background ({action})"))
 
+    state = decide_pace(state, config, now, readings.busy_cores, readings.loading)
     level, cause, reason = max(candidates, key=lambda c: level_index(c[0]))  # max keeps the first of ties
     if level == "nominal":
         cause = "none"
@@ -219,7 +256,13 @@ def _decide_thermal(
 ) -> tuple[Level, str, GovernorState]:
     if reading is None:
         state = replace(
-            state, temperature_c=None, headroom=None, forecast_headroom=None, throttle_c=None, samples=()
+            state,
+            temperature_c=None,
+            headroom=None,
+            forecast_headroom=None,
+            throttle_c=None,
+            critical_headroom=None,
+            samples=(),
         )
         if state.thermal_level != "nominal":
             state = replace(state, thermal_level="nominal", thermal_since=now)
@@ -229,17 +272,19 @@ def _decide_thermal(
     throttle_c = config.throttle_c or reading.throttle_c or config.default_throttle_c
     samples = tuple(s for s in state.samples if s[0] > now - config.history_s and s[0] < now)
     samples = (*samples, (now, t_now))
-    t_fc = forecast_c(samples, t_now, config.forecast_s)
+    span = samples[-1][0] - samples[0][0]
+    t_fc = forecast_c(samples, t_now, config.forecast_s) if span >= config.forecast_min_span_s else t_now
     h_now = headroom(t_now, throttle_c, config.headroom_span_c)
     h_fc = headroom(t_fc, throttle_c, config.headroom_span_c)
+    critical_h = critical_entry(throttle_c, config.critical_c or reading.critical_c, config)
 
     prev_level = state.thermal_level
-    trend = _threshold_level(max(h_now, h_fc), config)
+    trend = _threshold_level(max(h_now, h_fc), config, critical_h)
     level = prev_level
     if level_index(trend) > level_index(prev_level):
         level = trend
     elif (
-        max(t_now, t_fc) < _entry_c(prev_level, throttle_c, config) - config.hysteresis_c
+        max(t_now, t_fc) < _entry_c(prev_level, throttle_c, config, critical_h) - config.hysteresis_c
         and now - state.thermal_since >= config.min_dwell_s
     ):
         level = _step_down(prev_level)
@@ -252,10 +297,56 @@ def _decide_thermal(
         throttle_c=throttle_c,
         headroom=h_now,
         forecast_headroom=h_fc,
+        critical_headroom=critical_h,
     )
     if level != prev_level:
         state = replace(state, thermal_level=level, thermal_since=now)
     return level, reason, state
+
+
+# The pace controller, run on every reading: a PI law on headroom whose output is the CPU budget (average
+# busy cores) the device can sustain. It limits only where it binds: a cool device's budget is all the cores.
+#
+#   e = pace_setpoint - headroom now                               (> 0: room to spare)
+#   u = clamp(pace_kp * e + I, pace_min_cores, pace_max_cores)     the budget
+#   I += pace_ki * e * dt  (dt: since the last reading, at most pace_max_dt_s), only
+#        - while u is inside its bounds, or e pulls it back inside (conditional integration: a cold device
+#          stores up no credit, a hot one no debt), and
+#        - upwards only while the budget is in use: the process was at least pace_binding x the last
+#          budget busy (tracking anti-windup: an idle server earns no credit for the burst that
+#          follows); no load reading: as if in use
+#        - not at all while a model loads (loading): loading keeps the process busy, but the budget
+#          does not govern it (the gate paces forward passes only), so it is neither credit nor debt;
+#          the proportional term still answers the heat it makes
+#   I stays within [0, pace_max_cores]
+#   no temperature reading, or pace_control off                    -> no budget, I = 0
+#
+# Headroom now, not the forecast: the forecast's 30 s regression lags a step in load, and the proportional
+# term already answers a rise at once. The gains were tuned in closed loop with the simulator
+# (tests/governor/test_closed_loop.py): no overshoot past the setpoint from cold on phone, phone-heatwave
+# and car-head-unit, and a steady state within 0.1 C of it.
+def decide_pace(
+    state: GovernorState,
+    config: PolicyConfig,
+    now: float,
+    busy_cores: float | None = None,
+    loading: bool = False,
+) -> GovernorState:
+    if not config.pace_control or state.headroom is None:
+        return replace(state, pace_cores=None, pace_integral=0.0, pace_time=None)
+    lo, hi = config.pace_min_cores, max(config.pace_min_cores, config.pace_max_cores or 1.0)
+    e = config.pace_setpoint - state.headroom
+    integral = state.pace_integral
+    dt = 0.0 if state.pace_time is None else min(max(0.0, now - state.pace_time), config.pace_max_dt_s)
+    raw = config.pace_kp * e + integral
+    in_use = (
+        busy_cores is None or state.pace_cores is None or busy_cores >= config.pace_binding * state.pace_cores
+    )
+    inside = lo < raw < hi or (raw >= hi and e < 0) or (raw <= lo and e > 0)
+    if inside and (e < 0 or in_use) and not loading:
+        integral = min(max(integral + config.pace_ki * e * dt, 0.0), hi)
+    u = min(max(config.pace_kp * e + integral, lo), hi)
+    return replace(state, pace_cores=u, pace_integral=integral, pace_time=now)
 
 
 def _decide_memory(

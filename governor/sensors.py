@@ -222,6 +222,35 @@ class SimulatedThermalSource:
         return TemperatureReading(celsius, "simulated", f"sim:{p.name}", p.t_throttle, p.t_critical)
 
 
+class ProcessLoad:
+    """Busy cores of this process (CPU seconds per wall second) since the last read: what the pace
+    controller's budget is actually being spent on. A simulated device counts the same CPU time it heats
+    with (its cpu_time_fn and clock), so scripted loads in tests are seen here too."""
+
+    def __init__(
+        self,
+        cpu_time_fn: Callable[[], float] = process_cpu_seconds,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._cpu_time_fn = cpu_time_fn
+        self._clock = clock
+        self._last: tuple[float, float] | None = None
+
+    @classmethod
+    def for_source(cls, source: ThermalSource) -> ProcessLoad:
+        sim = source.simulator
+        if sim is None:
+            return cls()
+        return cls(sim.cpu_time_fn, sim.clock)
+
+    def read(self) -> float | None:
+        now = (self._clock(), self._cpu_time_fn())
+        last, self._last = self._last, now
+        if last is None or now[0] <= last[0]:
+            return None
+        return max(0.0, (now[1] - last[1]) / (now[0] - last[0]))
+
+
 class NoThermalSource:
     source = "none"
     simulator = None

@@ -50,6 +50,13 @@ class DeviceProfile:
             return math.inf
         return self.t_amb + (self.p_idle + u * self.p_core) / g
 
+    def sustainable_cores(self, t: float | None = None) -> float:
+        """The busy cores that hold the device at `t` (default T_throttle) for good, leakage included: the
+        inverse of steady_state_c. This is the thermal envelope's limit: what any governor can spend."""
+        t = self.t_throttle if t is None else t
+        x = t - self.t_amb
+        return max(0.0, (x / self.r - self.p_idle) / (self.p_core * (1.0 + self.leak * x)))
+
     def slowdown(self, t: float) -> float:
         """Device throttling factor s >= 1: the process gets 1/s of its normal speed."""
         if t < self.t_throttle:
@@ -141,6 +148,16 @@ class ThermalSimulator:
         with self._lock:
             self._advance_locked()
             return self._killed
+
+    @property
+    def cpu_time_fn(self) -> Callable[[], float]:
+        """The CPU-seconds counter that heats this device."""
+        return self._cpu_time_fn
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock the device runs on."""
+        return self._clock
 
     @property
     def kills(self) -> int:

@@ -64,7 +64,8 @@ def create_app(
     )
     worker_box.append(worker)
     gate.subscribe(worker.publish_governor)
-    if governed is not None:  # export its state
+    if governed is not None:  # its pace controller hears of every load; export its state
+        served.pool.loading = governed.loading
         metrics.watch_governor(governed, lambda: worker.engine.variant if worker.engine else None)
 
     @contextlib.asynccontextmanager

@@ -8,6 +8,12 @@ The governor decides (its own thread); the gate acts on the worker thread:
   lost; the client leaving ends the wait at once; a pause longer than pause_timeout_s fails the reply;
 - the simulated device's own throttling is emulated by idling after each forward pass, and a device that
   killed the app (T >= T_critical) fails the reply with device_overheated until it cools;
+- the pace: the gate idles after each pass to hold the governor's tokens_per_second, or without a known
+  cost per token its CPU budget (Limits.pace_delay): one mechanism, fed by the pace controller;
+- a meter measures the process CPU time per step of each configuration the engine runs and tells the
+  governor (server/cost_meter.py): the budget then buys the configuration that is really cheapest here;
+- a model load is wrapped in Governor.loading() (loading(), around the pool's every load): the pace
+  controller credits none of its CPU;
 - limits go to the worker only when they change (it places them on the request's rung, server/ladder.py).
 Each step is decided first (decide_step, pure) and applied after, in one place (GovernorGate._apply).
 """
@@ -15,20 +21,25 @@ Each step is decided first (decide_step, pure) and applied after, in one place (
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from typing import Any
 
 from governor.governor import Governor, Snapshot
-from governor.limits import Limits, Rung
+from governor.limits import Limits, Rung, merge_cost
 from models.errors import Cancelled, DeviceOverheated
 from models.protocol import EngineLimits
 from models.types import CancelToken
+from server.cost_meter import CostMeter
 from server.errors import DevicePaused
 
 log = logging.getLogger("simmer.governor")
+
+PACE_STEP = 1.1  # the engine hears of the pace in steps of 10 %
 
 
 def to_engine_limits(limits: Limits) -> EngineLimits:
@@ -44,11 +55,18 @@ def to_engine_limits(limits: Limits) -> EngineLimits:
     )
 
 
+def pace_step(tokens_per_second: float) -> float:
+    """The pace the engine is told: the next 10 % step up (the gate holds the exact one, so the engine's own
+    wait never binds; a continuous pace would be a new limit, and a log line, on every poll)."""
+    step = math.ceil(math.log(tokens_per_second) / math.log(PACE_STEP))
+    return round(PACE_STEP**step, 3)
+
+
 @dataclass(frozen=True)
 class StepDecision:
     """What the gate does at one step, decided before anything is done."""
 
-    idle_s: float  # idle this long first (the device's own throttling plus the pace)
+    idle_s: float  # idle this long first (the longer of the device's own throttling and the pace)
     throttle_s: float  # of which the device's throttling (counted apart)
     killed: bool  # the device killed the app: fail the reply
     pause: bool  # wait until the governor lets this work go on
@@ -57,13 +75,16 @@ class StepDecision:
 
 # The rule table for one step, after a forward pass of pass_s (None: no pass before it, a job's start):
 #
-#   idle     = throttle + pace
+#   idle     = max(throttle, pace): two lower bounds on the idle after a pass
 #     throttle: the simulated device's own throttling, a multiple of the pass (0 on real devices)
-#     pace:     enforced and no tokens/s pace known: the CPU budget's idle (Limits.pace_delay of the pass)
-#               (a tokens/s pace is the engine's: it waits between tokens itself)
+#     pace:     enforced, a tokens/s pace: the rest of 1 / pace after the pass (the engine's own wait then
+#               finds nothing left to wait; the meter sees passes without the idle)
+#               enforced, no tokens/s pace (no cost per token known): the CPU budget's idle
+#               (Limits.pace_delay of the pass)
 #   killed   = the device killed the app (T >= T_critical, until it cools below T_throttle)
 #   pause    = a running reply: pause_running; a new job: pause_new
-#   limits   = the governor's limits when they differ from the last handed out, else None
+#   limits   = the governor's limits when they differ from the last handed out, else None; a tokens/s
+#              pace in them is told in 10 % steps, rounded up (pace_step)
 # Applied in that order (_apply): idle (the client leaving wakes it), killed -> device_overheated,
 # pause -> wait (bounded; then killed is looked at again), limits -> returned to the worker.
 def decide_step(
@@ -77,11 +98,15 @@ def decide_step(
     applied: EngineLimits | None,
 ) -> StepDecision:
     pace = 0.0
-    if pass_s is not None and enforce and limits.tokens_per_second is None:
+    if pass_s is not None and enforce and limits.tokens_per_second:
+        pace = max(0.0, 1.0 / limits.tokens_per_second - pass_s)
+    elif pass_s is not None and enforce:
         pace = limits.pace_delay(pass_s)
     engine_limits = to_engine_limits(limits)
+    if engine_limits.tokens_per_second:
+        engine_limits = replace(engine_limits, tokens_per_second=pace_step(engine_limits.tokens_per_second))
     return StepDecision(
-        idle_s=throttle_s + pace,
+        idle_s=max(throttle_s, pace),
         throttle_s=throttle_s,
         killed=killed,
         pause=limits.pause_new if new_job else limits.pause_running,
@@ -99,10 +124,17 @@ class GovernorGate:
         *,
         pause_timeout_s: float = 60.0,
         sleep: Callable[[float], None] | None = None,
+        spin: str = "auto",
+        cpu_time: Callable[[], float] = time.process_time,
+        meter: CostMeter | None = None,
     ) -> None:
         self.governor = governor
         self.pause_timeout_s = pause_timeout_s
         self._sleep = sleep
+        self._spin = spin  # the engine's setting: which steps ran on a spinning pool
+        self._cpu_time = cpu_time
+        self.meter = meter or CostMeter()
+        self._last_cpu = 0.0
         self._lock = threading.Lock()
         self._applied: EngineLimits | None = None
         self._job: CancelToken | None = None
@@ -131,6 +163,10 @@ class GovernorGate:
 
     def set_lifecycle(self, state: str, client: str = "anonymous", ttl_s: float | None = None) -> Snapshot:
         return self.governor.set_lifecycle(state, client, ttl_s)  # type: ignore[arg-type]
+
+    def loading(self) -> AbstractContextManager[None]:
+        """Wraps a model load (the pool's, on the worker thread): the pace controller credits none of it."""
+        return self.governor.loading()
 
     @property
     def memory_pressure(self) -> bool:
@@ -161,10 +197,29 @@ class GovernorGate:
             cancel.on_cancel(self._job_wake.set)
         now = time.monotonic()
         pass_s = None if self._last_step is None else now - self._last_step
+        if pass_s is not None:
+            self._measure(self._cpu_time() - self._last_cpu, pass_s)
         decision = self._decide(pass_s, new_job=False)
         limits = self._apply(decision, cancel, None)
-        self._last_step = time.monotonic()  # the next call measures the forward pass alone
+        # the next call measures the forward pass alone; the CPU clock is read first, so the pass measured
+        # does not include reading it
+        self._last_cpu = self._cpu_time()
+        self._last_step = time.monotonic()
         return limits
+
+    def _measure(self, cpu_s: float, wall_s: float) -> None:
+        """One step of the configuration the engine runs (the limits last handed out) into the meter."""
+        with self._lock:
+            applied = self._applied
+        if applied is None or applied.variant is None or not applied.threads:
+            return
+        paced = applied.tokens_per_second is not None
+        spinning = self._spin == "on" or (self._spin == "auto" and not paced)  # the engine's session_key
+        cost = self.meter.step(
+            applied.variant, applied.threads, spinning, cpu_s, wall_s, model_id=applied.model_id
+        )
+        if cost is not None:
+            self.governor.costs = merge_cost(self.governor.costs, cost)
 
     def _decide(self, pass_s: float | None, *, new_job: bool) -> StepDecision:
         governor = self.governor

@@ -36,6 +36,7 @@ def build_governor(
     config = PolicyConfig(
         memory_budget_bytes=_mb(settings.memory_budget_mb),
         background_action=settings.background_action,  # type: ignore[arg-type]
+        pace_control=settings.pace_control,
         lifecycle_ttl_s=settings.lifecycle_ttl_s,
     )
     return Governor(
@@ -68,4 +69,4 @@ def build_gate(
         governor = build_governor(settings, thermal=thermal, ladder=ladder, start_rung=start_rung)
     except ValueError as err:  # an unknown thermal source or profile, background_action: configuration
         raise InvalidParameter(str(err), param="thermal_source") from err
-    return GovernorGate(governor, pause_timeout_s=settings.pause_timeout_s)
+    return GovernorGate(governor, pause_timeout_s=settings.pause_timeout_s, spin=settings.spin)

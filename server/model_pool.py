@@ -11,6 +11,7 @@ engine, its sessions and KV buffers, and hands the freed heap back to the OS.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -57,6 +58,8 @@ class ModelPool:
     keep_alive_s: float = 300.0  # the default (SIMMER_KEEP_ALIVE_S; math.inf: keep)
     pinned: bool = False  # one engine handed over ready: unloading frees its sessions, the object stays
     clock: Callable[[], float] = time.monotonic
+    # wraps every load (the governor's loading(): the pace controller credits none of a load's CPU)
+    loading: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -177,7 +180,10 @@ class ModelPool:
         for victim in plan.evict:
             self.unload(victim, f"least recently used: room for {model_id}")
         t0 = time.perf_counter()
-        engine = self._kept.get(model_id) or self.opener(entry, variant)
+        engine = self._kept.get(model_id)
+        if engine is None:
+            with self.loading():
+                engine = self.opener(entry, variant)
         if self.pinned:
             self._kept[model_id] = engine
         entry = self.catalog.get(engine.model_id) or entry  # a factory's engine names itself once loaded

@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     governor: bool = Field(True, description="Apply governor limits (False: observe only)")
     governor_poll_s: float = Field(1.0, description="Governor polling interval (wall seconds)")
     background_action: str = Field("pause", description="pause | low_priority: what 'background' does")
+    pace_control: bool = Field(
+        True, description="Hold the thermal envelope by pace (false: the level table, pausing at throttle)"
+    )
     # 30 s: a page renews every 10 s (three tries before it lapses, and hidden tabs still run a timer about
     # once a second), while a client that reported background and vanished pauses the server for 30 s at most.
     lifecycle_ttl_s: float = Field(

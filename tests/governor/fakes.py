@@ -57,11 +57,14 @@ class FakeSensor:
     source = "psutil"
     simulator = None
 
-    def __init__(self, celsius: float | None = 30.0, throttle_c: float | None = 43.0) -> None:
+    def __init__(
+        self, celsius: float | None = 30.0, throttle_c: float | None = 43.0, critical_c: float | None = None
+    ) -> None:
         self.celsius = celsius
         self.throttle_c = throttle_c
+        self.critical_c = critical_c
 
     def read(self) -> TemperatureReading | None:
         if self.celsius is None:
             return None
-        return TemperatureReading(self.celsius, self.source, "fake", self.throttle_c, None)
+        return TemperatureReading(self.celsius, self.source, "fake", self.throttle_c, self.critical_c)

@@ -22,7 +22,7 @@ def make_governor(sensor=None, **kw) -> tuple[Governor, FakeSensor, FakeClock]:
 
 
 def test_tick_when_temperature_rises_then_level_limits_and_log_line(caplog):
-    gov, sensor, clock = make_governor()
+    gov, sensor, clock = make_governor(config=PolicyConfig(pace_control=False))  # the level table alone
     assert gov.tick().level == "nominal"
     assert gov.limits.threads == 2
     sensor.celsius = 38.0
@@ -33,6 +33,23 @@ def test_tick_when_temperature_rises_then_level_limits_and_log_line(caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "nominal -> fair: thermal: 38.0 C, headroom 0.83 (forecast 0.83)"
     ]
+
+
+def test_tick_when_pace_control_and_warm_then_budget_from_the_controller_not_the_table():
+    gov, sensor, clock = make_governor(FakeSensor(30.0, critical_c=48.0))
+    assert gov.config.pace_max_cores == 2.0  # the usable CPUs
+    sensor.celsius = 38.0  # fair; the table would halve the threads, the controller still allows 1.87 cores
+    snap = gov.tick()
+    assert snap.level == "fair" and snap.cause == "thermal"
+    assert snap.limits.cpu_budget_cores == pytest.approx(12 * (0.98 - (1 - 5 / 30)))
+    assert snap.limits.threads == 2 and not snap.limits.pause_running
+    sensor.celsius = 42.9  # serious, above the setpoint: a budget under one core buys one thread, paced
+    clock.advance(60)  # a level, not a trend: the 38 C sample has left the forecast window
+    snap = gov.tick()
+    assert snap.level == "serious" and snap.limits.threads == 1
+    budget = snap.limits.cpu_budget_cores
+    assert budget < 1.0
+    assert snap.limits.tokens_per_second == pytest.approx(budget / 0.010)  # serious: the q4-a8 rung
 
 
 def test_set_lifecycle_when_background_then_paused_and_foreground_resumes():
@@ -213,3 +230,22 @@ def test_start_stop_when_thread_runs_then_polls_and_stops_promptly():
     finally:
         gov.stop()
     assert gov._thread is None
+
+
+def test_loading_when_a_model_loads_then_the_budget_holds_through_it_and_the_poll_after():
+    # 41.9 C, busy a whole core throughout: paced work before and after, a model load in between
+    gov, _, clock = make_governor(FakeSensor(41.9, critical_c=48.0), read_load=lambda: 1.0)
+    gov.tick()
+    clock.advance(1)
+    before = gov.tick().limits.cpu_budget_cores
+    held = []
+    with gov.loading():
+        for _ in range(5):
+            clock.advance(1)
+            held.append(gov.tick().limits.cpu_budget_cores)
+    clock.advance(1)
+    held.append(gov.tick().limits.cpu_budget_cores)  # its CPU reading still holds the load's tail
+    assert held == [before] * 6
+    clock.advance(1)
+    e = 0.98 - (1 - 1.1 / 30)
+    assert gov.tick().limits.cpu_budget_cores == pytest.approx(before + 0.15 * e * 1.0)

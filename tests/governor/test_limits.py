@@ -1,11 +1,18 @@
+from dataclasses import replace
+
 import pytest
 
 from governor.limits import (
     DEFAULT_TABLE,
+    ConfigCost,
     Limits,
     NoRungFits,
+    Rung,
     build_ladder,
+    config_costs,
     make_table,
+    merge_cost,
+    pick_config,
     pick_rung,
     resolve_limits,
     rungs_from_manifest,
@@ -119,3 +126,127 @@ def test_make_table_when_overrides_then_only_those_fields_change():
     assert DEFAULT_TABLE["serious"].max_tokens == 512
     with pytest.raises(ValueError, match="unknown level"):
         make_table({"meltdown": {}})
+
+
+# -- configurations: what a CPU budget buys ------------------------------------------------------------------
+ONE = ConfigCost("v", 1, False, 0.016, 62.0)  # one thread: the cheapest per token, one core's speed
+TWO_QUIET = ConfigCost("v", 2, False, 0.020, 90.0)
+TWO_SPIN = ConfigCost("v", 2, True, 0.023, 110.0)  # spinning: fastest back to back, dearest per token
+TABLE = [ONE, TWO_QUIET, TWO_SPIN]
+
+
+@pytest.mark.parametrize(
+    ("budget", "current", "chosen", "pace"),
+    [
+        (None, None, TWO_SPIN, None),  # no budget: the fastest
+        (0.5, None, ONE, 0.5 / 0.016),  # binds every configuration: the cheapest per token
+        (0.99, None, ONE, 0.99 / 0.016),  # one thread still makes 61.9 of its 62 tok/s
+        (1.2, None, ONE, 1.2 / 0.016),  # two quiet threads 60 tok/s, one thread 62: one
+        (1.5, None, TWO_QUIET, 1.5 / 0.020),  # two quiet threads 75: spinning never competes under a budget
+        (1.5, ("v", 1), TWO_QUIET, 1.5 / 0.020),  # 75 >= 1.1 x 62: worth a new session
+        (1.35, ("v", 1), ONE, 1.35 / 0.016),  # 67.5 < 1.1 x 62: the running one stays ...
+        (1.35, ("v", 2), TWO_QUIET, 1.35 / 0.020),  # ... and so does two threads (62 is not within 5 %)
+        (1.3, ("v", 2), ONE, 1.3 / 0.016),  # 62 within 5 % of 65 and cheaper: back to one thread
+    ],
+)
+def test_pick_config_when_budget_then_most_tokens_within_it_and_cheapest_where_it_binds(
+    budget, current, chosen, pace
+):
+    best, got_pace = pick_config(TABLE, budget, current)
+    assert best == chosen
+    assert got_pace == (None if pace is None else pytest.approx(pace))
+
+
+def test_pick_config_when_empty_then_value_error():
+    with pytest.raises(ValueError):
+        pick_config([], 1.0)
+
+
+def test_config_costs_when_only_the_manifest_then_priors_from_its_one_measurement():
+    rung = Rung("m", "q4-a8", 0.026, 0.93, 1, threads=2, decode_tok_s=60.0)
+    one, two, three = config_costs(rung, 3)
+    assert (one.threads, one.spinning, one.cpu_s_per_token) == (1, None, 0.026)
+    assert one.tok_s == pytest.approx(1 / 0.026)  # one thread fills one core
+    assert two.tok_s == 60.0 and three.tok_s == pytest.approx(90.0)
+    assert config_costs(Rung("m", "x", 0.0, 1.0, 1), 2) == []  # unmeasured: nothing to pick from
+
+
+def test_config_costs_when_measured_then_they_replace_the_prior_for_their_thread_count():
+    rung = Rung("m", "q4-a8", 0.026, 0.93, 1, threads=2, decode_tok_s=60.0)
+    measured = [
+        ConfigCost("q4-a8", 1, False, 0.015, 66.0),
+        ConfigCost("q4-a8", 2, True, 0.023, 85.0),  # only a spinning pool measured at 2 threads ...
+        ConfigCost("q4-a8", 2, False, 0.0, 0.0),  # (nonsense is ignored)
+        ConfigCost("other", 1, False, 0.001, 1000.0),
+    ]
+    costs = config_costs(rung, 2, measured)
+    assert costs[0] == measured[0]
+    assert costs[1] == measured[1]
+    assert costs[2] == ConfigCost("q4-a8", 2, None, 0.026, 60.0)  # ... so the quiet one stays a prior
+    unknown_speed = config_costs(rung, 2, [ConfigCost("q4-a8", 2, False, 0.02, 0.0)])
+    assert unknown_speed[1] == ConfigCost("q4-a8", 2, False, 0.02, 60.0)
+    # another model's variant of the same name is not this rung's; the rung's own model's is
+    theirs = ConfigCost("q4-a8", 1, False, 0.001, 1000.0, model_id="gemma")
+    assert config_costs(rung, 1, [theirs])[0].spinning is None  # the prior
+    assert config_costs(rung, 1, [replace(theirs, model_id="m")]) == [replace(theirs, model_id="m")]
+
+
+def test_merge_cost_when_same_key_then_replaced_else_added():
+    a = ConfigCost("v", 1, False, 0.02, 50.0)
+    table = merge_cost(merge_cost((), a), ConfigCost("v", 2, False, 0.03, 60.0))
+    assert len(table) == 2
+    newer = ConfigCost("v", 1, False, 0.018, 55.0)
+    assert merge_cost(table, newer) == (table[1], newer)
+    elsewhere = replace(newer, model_id="gemma")  # the same variant name of another model: its own entry
+    assert merge_cost((newer,), elsewhere) == (newer, elsewhere)
+
+
+def test_resolve_limits_when_thermal_pace_then_controller_replaces_the_rows_budget_and_threads():
+    lad = ladder()
+    # serious, thermal: 0.5 core buys one thread of q4-a8 (the serious rung), paced at 0.5 / 0.010
+    s = resolve_limits("serious", usable_cpus=4, ladder=lad, start_rung=1, pace_cores=0.5, thermal=True)
+    assert (s.threads, s.variant, s.cpu_budget_cores) == (1, "q4-a8", 0.5)
+    assert s.tokens_per_second == pytest.approx(50.0)
+    # 2.5 cores: more than one thread can use, so more threads (the row's one-thread cap is not thermal)
+    big = resolve_limits("serious", usable_cpus=4, ladder=lad, start_rung=1, pace_cores=2.5, thermal=True)
+    assert big.threads >= 3 and big.tokens_per_second == pytest.approx(250.0)
+    # memory serious: the row's 0.75 core and one thread, unless the controller is tighter
+    m = resolve_limits("serious", usable_cpus=4, ladder=lad, start_rung=1, pace_cores=2.5)
+    assert (m.threads, m.cpu_budget_cores) == (1, 0.75)
+    tight = resolve_limits("serious", usable_cpus=4, ladder=lad, start_rung=1, pace_cores=0.3)
+    assert tight.cpu_budget_cores == 0.3
+    # a cool device's controller sits at every core: no budget, no pace
+    cool = resolve_limits("nominal", usable_cpus=4, ladder=lad, start_rung=1, pace_cores=4.0, thermal=True)
+    assert (cool.cpu_budget_cores, cool.tokens_per_second, cool.threads) == (None, None, 4)
+    # no ladder (cost unknown): the budget alone, for the worker's pace_delay
+    bare = resolve_limits("serious", usable_cpus=2, pace_cores=0.6, thermal=True)
+    assert (bare.cpu_budget_cores, bare.tokens_per_second, bare.threads) == (0.6, None, 2)
+
+
+def test_resolve_limits_when_measured_costs_then_the_budget_buys_the_cheapest_configuration():
+    lad = build_ladder([("m", "q4-a8", 0.026, 0.93, 1, 2, 60.0)])
+    costs = [ConfigCost("q4-a8", 1, False, 0.015, 66.0), ConfigCost("q4-a8", 2, True, 0.023, 85.0)]
+    paced = resolve_limits("serious", usable_cpus=2, ladder=lad, pace_cores=0.9, thermal=True, costs=costs)
+    assert paced.threads == 1 and paced.tokens_per_second == pytest.approx(0.9 / 0.015)
+    fast = resolve_limits("nominal", usable_cpus=2, ladder=lad, costs=costs)
+    assert fast.threads == 2 and fast.tokens_per_second is None  # unpaced: the engine spins (auto)
+
+
+def test_resolve_limits_when_explicit_row_pace_then_the_slower_of_it_and_the_budget_pace():
+    table = make_table({"serious": {"tokens_per_second": 20.0}})
+    lad = ladder()
+    slow = resolve_limits("serious", usable_cpus=2, table=table, ladder=lad, start_rung=1)
+    assert slow.tokens_per_second == 20.0
+    paced = resolve_limits(
+        "serious", usable_cpus=2, table=table, ladder=lad, start_rung=1, pace_cores=0.1, thermal=True
+    )
+    assert paced.tokens_per_second == pytest.approx(10.0)
+
+
+def test_config_costs_when_fewer_threads_measured_dearer_than_the_manifest_then_priors_follow():
+    # the manifest came from a quiet machine (26 ms); here one thread measures 70 ms: two threads cannot
+    # be assumed cheaper than that, so a budget never moves to an unmeasured pool on the manifest's word
+    rung = Rung("m", "q4-a8", 0.026, 0.93, 1, threads=2, decode_tok_s=60.0)
+    one, two = config_costs(rung, 2, [ConfigCost("q4-a8", 1, False, 0.07, 14.0)])
+    assert two == ConfigCost("q4-a8", 2, None, 0.07, pytest.approx(2 / 0.07))
+    assert pick_config([one, two], 0.5)[0] == one

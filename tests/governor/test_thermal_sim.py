@@ -54,6 +54,17 @@ def test_steady_state_when_no_leakage_then_worked_example_56_and_42_c():
     assert no_leak.steady_state_c(1) == pytest.approx(41.8)
 
 
+@pytest.mark.parametrize(
+    ("name", "cores"), [("phone", 0.918), ("phone-heatwave", 0.172), ("car-head-unit", 1.231)]
+)
+def test_sustainable_cores_when_at_t_throttle_then_inverse_of_the_steady_state(name, cores):
+    p = get_profile(name)
+    assert p.sustainable_cores() == pytest.approx(cores, abs=5e-4)
+    assert p.steady_state_c(p.sustainable_cores()) == pytest.approx(p.t_throttle)
+    assert p.steady_state_c(p.sustainable_cores(p.t_throttle - 1)) == pytest.approx(p.t_throttle - 1)
+    assert p.sustainable_cores(p.t_amb) == 0.0  # idle power alone warms it above ambient
+
+
 def test_steady_state_when_leaking_then_matches_closed_form():
     # x = R (P_idle + u P_core) / (1 - R u P_core leak)
     expected = 25 + 12 * (0.2 + 2 * 1.2) / (1 - 12 * 2 * 1.2 * 0.01)

@@ -10,11 +10,13 @@ import time
 import pytest
 
 from governor.governor import Governor
+from governor.limits import ConfigCost, build_ladder, make_table
 from governor.policy import PolicyConfig
 from governor.sensors import SimulatedThermalSource
 from governor.thermal_sim import ThermalSimulator, get_profile
 from models.errors import Cancelled, DeviceOverheated
 from models.types import CancelToken
+from server.cost_meter import CostMeter
 from server.errors import DevicePaused
 from server.governor_gate import GovernorGate
 from server.serve import gate_for
@@ -119,6 +121,105 @@ def test_before_step_when_paused_and_client_leaves_then_cancelled_at_once():
     with pytest.raises(Cancelled):
         gate.before_step(cancel)
     assert time.monotonic() - t0 < 2
+
+
+# -- the meter: what a step of each configuration really costs ----------------------------------------------
+def test_cost_meter_when_steps_then_median_cpu_and_speed_published_every_n_steps():
+    meter = CostMeter(window=8, publish_every=4)
+    steps = [(0.010, 0.011), (0.011, 0.012), (0.300, 0.150), (0.010, 0.011)]  # a prefill chunk among them
+    got = [meter.step("q4-a8", 1, False, cpu, wall) for cpu, wall in steps]
+    assert got[:3] == [None, None, None]
+    assert got[3] == ConfigCost("q4-a8", 1, False, pytest.approx(0.0105), pytest.approx(1 / 0.0115))
+    assert [meter.step("q4-a8", 1, False, 0.012, 0.013) for _ in range(3)] == [None] * 3
+    assert meter.step("q4-a8", 1, False, 0.012, 0.013).cpu_s_per_token == pytest.approx(0.012)
+
+
+def test_cost_meter_when_configurations_then_each_its_own():
+    meter = CostMeter(window=8, publish_every=2)
+    meter.step("v", 2, True, 0.024, 0.012)
+    meter.step("v", 2, False, 0.020, 0.015)
+    meter.step("v", 2, False, 0.040, 0.030, model_id="other")  # another model's variant of the same name
+    spinning = meter.step("v", 2, True, 0.024, 0.012)
+    quiet = meter.step("v", 2, False, 0.020, 0.015)
+    theirs = meter.step("v", 2, False, 0.040, 0.030, model_id="other")
+    assert (spinning.cpu_s_per_token, spinning.tok_s) == (pytest.approx(0.024), pytest.approx(1 / 0.012))
+    assert (quiet.cpu_s_per_token, quiet.tok_s) == (pytest.approx(0.020), pytest.approx(1 / 0.015))
+    assert (theirs.model_id, theirs.cpu_s_per_token) == ("other", pytest.approx(0.040))
+
+
+def test_before_step_when_paced_then_the_gate_idles_the_rest_of_one_over_the_pace():
+    gov = Governor(usable_cpus=1, table=make_table({"nominal": {"tokens_per_second": 1.0}}))
+    slept: list[float] = []
+    gate = GovernorGate(gov, sleep=slept.append)
+    cancel = CancelToken()
+    told = gate.before_job(cancel, time.monotonic()).tokens_per_second
+    assert 1.0 <= told < 1.1  # the engine hears it in 10 % steps, rounded up: the gate holds it exactly
+    gate.before_step(cancel)
+    time.sleep(0.01)  # "the forward pass"
+    gate.before_step(cancel)
+    assert len(slept) == 1
+    assert 0.5 < slept[0] < 1.0 - 0.01  # the pass (>= 10 ms) plus the idle: 1 s
+
+
+def test_before_step_when_running_then_the_meter_tells_the_governor_the_configurations_cost():
+    cpu = [0.0]
+    gov = Governor(usable_cpus=2, ladder=build_ladder([("m", "q4-a8", 0.03, 1.0, 1, 2, 60.0)]))
+    gate = GovernorGate(gov, cpu_time=lambda: cpu[0], meter=CostMeter(window=8, publish_every=4), spin="auto")
+    gov.tick()
+    cancel = CancelToken()
+    limits = gate.before_job(cancel, time.monotonic())
+    assert (limits.model_id, limits.variant, limits.threads, limits.tokens_per_second) == (
+        "m",
+        "q4-a8",
+        2,
+        None,
+    )
+    gate.before_step(cancel)
+    for _ in range(4):
+        cpu[0] += 0.025  # 25 ms of process CPU per token
+        gate.before_step(cancel)
+    (cost,) = gov.costs
+    # unpaced under auto: spinning; keyed by the model too (another model's "q4-a8" is another cost)
+    assert (cost.model_id, cost.variant, cost.threads, cost.spinning) == ("m", "q4-a8", 2, True)
+    assert cost.cpu_s_per_token == pytest.approx(0.025)
+
+
+# -- a model load: the pace controller credits none of it ---------------------------------------------------
+def test_pool_load_when_served_with_a_governor_then_the_pace_controller_credits_none_of_it(
+    tmp_path, tiny_model_dir
+):
+    from server.app import create_app
+    from tests.governor.fakes import FakeClock, FakeSensor
+
+    clock = FakeClock()
+    # warm (41.9 C) and a whole core busy: outside a load, every poll would move the pace's integral
+    gov = Governor(
+        thermal=FakeSensor(41.9, critical_c=48.0), clock=clock, usable_cpus=2, read_load=lambda: 1.0
+    )
+    gate = GovernorGate(gov)
+    settings = make_settings(tmp_path, thermal_source="none", memory_budget_mb=1024, context_length=128)
+    served = serve_folders(settings, [tiny_model_dir])
+    create_app(settings, served=served, governor=gate)  # wires the pool's loads to the governor
+    opener, during = served.pool.opener, []
+
+    def slow_open(entry, variant):  # the load takes 3 s, and the governor polls in the middle of it
+        clock.advance(3)
+        during.append(gov.tick().limits.cpu_budget_cores)
+        return opener(entry, variant)
+
+    served.pool.opener = slow_open
+    gov.tick()
+    for _ in range(2):  # every load, not only the first
+        clock.advance(1)
+        before = gov.tick().limits.cpu_budget_cores
+        served.pool.acquire(served.default_model)
+        served.pool.release(served.default_model, 0)  # keep_alive 0: unloaded, the next acquire loads
+        assert during[-1] == before
+        clock.advance(1)
+        assert gov.tick().limits.cpu_budget_cores == before  # the first poll after still holds
+        clock.advance(1)
+        assert gov.tick().limits.cpu_budget_cores > before
+    assert served.pool.loads == 2
 
 
 # -- the memory tier, through a live server ----------------------------------------------------------------

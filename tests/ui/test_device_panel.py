@@ -35,6 +35,10 @@ def test_panel_when_heatwave_then_level_changes_reply_pauses_and_resumes(ui_serv
         thermal_source="sim:phone-heatwave",
         sim_time_scale=TIME_SCALE,
         governor_poll_s=2.0,
+        # The level machine, which pauses at the throttling point: this scripted load ignores the governor
+        # (two cores until the page shows the pause), and with pace control (the default) the pause is
+        # the emergency's, 1 C below T_critical, which such a load overruns into a device kill.
+        pace_control=False,
         token_delay_s=0.05,
         reply_tokens=80,
     )

@@ -19,9 +19,13 @@ from tests.server.routing.test_upstream_e2e import CHAT
 HEAT = {**CHAT, "max_tokens": 200, "ignore_eos": True, "route": "local"}
 
 
-def heatwave_gate(time_scale: float):
+def heatwave_gate(time_scale: float, *, pace_control: bool = True):
     settings = Settings(
-        thermal_source="sim:phone-heatwave", sim_time_scale=time_scale, pause_timeout_s=10, governor_poll_s=5
+        thermal_source="sim:phone-heatwave",
+        sim_time_scale=time_scale,
+        pause_timeout_s=10,
+        governor_poll_s=5,
+        pace_control=pace_control,
     )
     return build_gate(settings)
 
@@ -58,8 +62,11 @@ def test_auto_when_backgrounded_then_upstream_and_home_in_foreground(local, prox
 
 def test_auto_when_device_critical_then_upstream_thermal_and_home_when_cool(local, proxy) -> None:
     """Heat the simulated phone with local work until the governor holds new work (critical): an auto
-    request then answers from the upstream at once instead of waiting; once it cooled, it is local again."""
-    srv = local(governor=heatwave_gate(40.0))
+    request then answers from the upstream at once instead of waiting; once it cooled, it is local again.
+    On the level machine (SIMMER_PACE_CONTROL=false): the default pace controller holds the device below
+    T_throttle by pacing, and holds new work only in an emergency near T_critical, which this heater's
+    paced load never reaches."""
+    srv = local(governor=heatwave_gate(40.0, pace_control=False))
     stop = threading.Event()
 
     def heat() -> None:
