@@ -7,6 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# The variant a model opens on: the fastest decode at llama.cpp's quality (both quantize activations to
+# 8 bits per block); the exact `q4` stays available (SIMMER_VARIANT=q4, or a ladder rung).
+NOMINAL_VARIANT = "q4-a8"
+
 FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from models.errors import SimmerError
-from models.runtime.engine import variant_order
+from models.runtime.engine import nominal_variant, variant_order
 from models.runtime.tokenizer import TOKENIZER_CONFIG, tokenizer_key
 
 log = logging.getLogger("simmer.server")
@@ -45,9 +45,7 @@ class CatalogEntry:
 
     @property
     def default_variant(self) -> str | None:
-        variants = self.variants
-        chosen = self.manifest.get("default_variant")
-        return chosen if chosen in variants else (variants[0] if variants else None)
+        return nominal_variant(dict(self.manifest))
 
     @property
     def context_length(self) -> int | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from models.errors import SimmerError
+from models.runtime.engine import nominal_variant
 from models.store.store import ModelStore
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class ModelEntry:
     @property
     def default_variant(self) -> str:
         variants = self.manifest.get("variants") or {}
-        return str(self.manifest.get("default_variant") or next(iter(variants), ""))
+        return nominal_variant(self.manifest) or next(iter(variants), "")
 
     def chat_template(self) -> str:
         """The model's Jinja chat template source ("" for a base model)."""

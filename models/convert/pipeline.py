@@ -24,6 +24,7 @@ from models.convert.tokenizer_gguf import metadata_from_reader, tokenizer_from_m
 from models.errors import VerificationFailed
 from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
+from models.types import NOMINAL_VARIANT
 
 CONVERTER_VERSION = 7
 WEIGHTS_FILE = "weights.data"
@@ -96,7 +97,7 @@ def convert(
             quant_maps[name] = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
     finally:
         weights.close()
-    default = "q4-a8" if "q4-a8" in names else names[-1]
+    default = NOMINAL_VARIANT if NOMINAL_VARIANT in names else names[-1]
     write_genai_config(out_dir, model, default, tokenizer)
 
     architecture = architecture_entry(model)

@@ -42,6 +42,7 @@ from models.runtime.speculative import MAX_DRAFT, RowCost, Speculation
 from models.runtime.tokenizer import Tokenizer, tokenizer_key
 from models.runtime.tools import CallFormat, CallReader, detect_format, prepare_messages, tool_grammar
 from models.types import (
+    NOMINAL_VARIANT,
     CancelToken,
     FinishEvent,
     GenerationParams,
@@ -102,6 +103,16 @@ def variant_order(manifest: dict[str, Any]) -> list[str]:
     return sorted(entries, key=key)
 
 
+def nominal_variant(manifest: dict[str, Any]) -> str | None:
+    """The variant a model opens on unless told otherwise: the manifest's own choice, else q4-a8 when it
+    has one (installs from before the store kept the converter's choice), else the best quality."""
+    names = variant_order(manifest)
+    chosen = manifest.get("default_variant")
+    if chosen in names:
+        return chosen
+    return NOMINAL_VARIANT if NOMINAL_VARIANT in names else (names[0] if names else None)
+
+
 class LlamaEngine:
     """Implements models.protocol.Engine for a converted model folder."""
 
@@ -130,7 +141,7 @@ class LlamaEngine:
         self.variants = variant_order(manifest)
         if not self.variants:
             raise ModelNotInstalled(f"{self.model_id}: the manifest lists no variants")
-        chosen = variant or manifest.get("default_variant") or self.variants[0]
+        chosen = variant or nominal_variant(manifest) or self.variants[0]
         if chosen not in self.variants:
             raise InvalidParameter(
                 f"variant {chosen!r} is not installed for {self.model_id} "

@@ -767,6 +767,9 @@ def build_manifest(
         "context_length": fragment.get("context_length"),
         "architecture": fragment.get("architecture", {}),
         "variants": variants,
+        # the converter's choice of the variant to open on (the nominal one, q4-a8 where it exists)
+        "default_variant": fragment.get("default_variant"),
+        "converter_version": fragment.get("converter_version"),
         "tokenizer": fragment.get("tokenizer"),
         "chat_template": fragment.get("chat_template"),
         "files": files,
