@@ -79,6 +79,7 @@ class FakeConverter:
             "architecture": {"n_layers": 2, "n_kv_heads": 1, "head_dim": 8},
             "context_length": 128,
             "variants": {k: v for k, v in all_variants.items() if k in wanted},
+            "default_variant": wanted[-1],  # the converter's choice (not the best quality): kept as is
             "tokenizer": "tokenizer.json",
             "chat_template": "{{ messages }}",
         }
@@ -118,6 +119,7 @@ def test_pull_when_local_gguf_then_installed_with_full_manifest(tmp_path: Path, 
     for rel, meta in m["files"].items():
         assert meta["size"] == (model.path / rel).stat().st_size
     assert set(m["variants"]) == {"q4", "f32"} and m["context_length"] == 128
+    assert m["default_variant"] == "f32"  # the variant the model opens on is the converter's choice
     assert m["memory"]["kv_bytes_per_token"] == 2 * 2 * 1 * 8 * 4
     assert m["memory"]["variants"]["q4"]["estimate_bytes"] == 1000 + 128 * 2 * 2 * 1 * 8 * 4
     assert m["memory"]["variants"]["f32"]["load_bytes"] == m["files"]["f32/model.onnx"]["size"]
