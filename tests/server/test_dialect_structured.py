@@ -17,45 +17,12 @@ from pydantic import BaseModel, Field
 
 from models.runtime.engine import load_engine
 from tests.server.fakes import RecordingEngine
-
-CITY = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 10},
-        "population": {"type": "integer", "minimum": 0, "maximum": 10**8},
-        "rivers": {"type": "array", "items": {"enum": ["Seine", "Loire"]}, "minItems": 1, "maxItems": 2},
-    },
-    "required": ["city", "population", "rivers"],
-    "additionalProperties": False,
-}
-WEATHER_PARAMS = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["C", "F"]}},
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-WEATHER = {
-    "type": "function",
-    "function": {"name": "get_weather", "description": "The weather in a city", "parameters": WEATHER_PARAMS},
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"}},
-            "required": ["zone"],
-        },
-    },
-}
-ASK = [{"role": "user", "content": "Paris?"}]
+from tests.server.structured_data import ASK, CITY, TIME, WEATHER, WEATHER_PARAMS, structured_server
 
 
 @pytest.fixture
 def srv(live, tiny_long_model_dir):
-    engine = RecordingEngine(load_engine(tiny_long_model_dir, threads=1, context_length=4096))
-    return live(engine=engine, model=engine.model_id)
+    return structured_server(live, tiny_long_model_dir)
 
 
 def ollama_client(srv) -> ollama.Client:
