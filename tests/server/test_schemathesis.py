@@ -28,8 +28,8 @@ from server.governor_gate import GovernorGate
 from tests.server.conftest import LiveServer, make_settings, start_server
 
 MAX_REPLY = 4
-EXAMPLES_PER_OPERATION = 180  # hypothesis examples per operation, on top of schemathesis' coverage phase
-DIALECT_EXAMPLES = 50  # for the operations of the other dialects (see CONFIG)
+EXAMPLES_PER_OPERATION = 80  # hypothesis examples per operation, on top of schemathesis' coverage phase
+DIALECT_EXAMPLES = 30  # for the operations of the other dialects (see CONFIG)
 MIN_REQUESTS = 1000
 
 CONFIG = SchemathesisConfig.from_dict(
