@@ -48,6 +48,7 @@ from server.errors import (
 )
 from server.routing.breaker import Breaker
 from server.routing.policy import (
+    HOME_FACTOR,
     MODES,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -57,6 +58,7 @@ from server.routing.policy import (
     RouteInputs,
     Side,
     decide_route,
+    pace_slow,
     strictest,
 )
 from server.routing.relay import ChunkReader, relay
@@ -97,6 +99,7 @@ class LocalSide:
     state: Callable[[], LocalState]
     queue_full: Callable[[], bool]
     submit: Callable[[Job], None]
+    tokens_ahead: Callable[[], int] = lambda: 0  # what the worker generates before a job submitted now
 
 
 def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: str) -> LocalSide:
@@ -113,6 +116,7 @@ def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: s
         state=state,
         queue_full=lambda: worker.queue_depth >= worker.max_queue,
         submit=worker.submit,
+        tokens_ahead=worker.tokens_ahead,
     )
 
 
@@ -123,12 +127,18 @@ def device_view(gate: Any) -> Callable[[], DeviceState | None]:
 
     def read() -> DeviceState:
         snap = gate.snapshot()
+        limits = snap.limits
+        # Heat paces the device: the governing cause is thermal and its CPU budget binds (the budget is
+        # dropped when it covers every usable core); tokens_per_second is that budget over the measured cost
+        # of a token (governor/limits.py pick_config), None while no cost is known.
+        heat_paced = snap.cause == "thermal" and limits.cpu_budget_cores is not None
         return DeviceState(
             level=snap.level,
-            paused=snap.limits.pause_new,
+            paused=limits.pause_new,
             lifecycle=snap.lifecycle,
             cause=snap.cause,
             killed=snap.device_killed,
+            pace_tok_s=limits.tokens_per_second if heat_paced and snap.enforced else None,
         )
 
     return read
@@ -156,6 +166,8 @@ class Router:
         upstream: UpstreamClient | None = None,
         upstream_models: Mapping[str, str] | None = None,
         breaker: Breaker | None = None,
+        min_local_tok_s: float = 0.0,
+        max_local_wait_s: float = 0.0,
     ) -> None:
         self.policy = policy
         self.local = local
@@ -163,6 +175,9 @@ class Router:
         self.upstream = upstream
         self.upstream_models = dict(upstream_models or {})
         self.breaker = breaker or Breaker()
+        self.min_local_tok_s = min_local_tok_s
+        self.max_local_wait_s = max_local_wait_s
+        self.slow = False  # pace_slow()'s state: the local pace is under the floor, not yet home
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self.failures: collections.Counter[str] = collections.Counter()
         self._tasks: set[asyncio.Task] = set()
@@ -184,6 +199,7 @@ class Router:
     def state(self) -> dict[str, Any]:
         """Routing as /v1/thermal shows it. Counts, states and names only: never text, never the key."""
         view = self.breaker.view()
+        device = self.device()
         requests: dict[str, dict[str, int]] = {"local": {}, "upstream": {}}
         for (side, reason), n in sorted(self.requests.items()):
             requests[side][reason] = n
@@ -200,6 +216,16 @@ class Router:
                 "retry_in_s": view.retry_in_s,
                 "opened": view.opened,
                 "last_failure": view.last_failure,
+            },
+            "pace": {
+                # the thermal pace now (null: heat does not bind, or no known cost per token)
+                "local_tok_s": None
+                if device is None or device.pace_tok_s is None
+                else round(device.pace_tok_s, 2),
+                "min_local_tok_s": self.min_local_tok_s,
+                "slow": self.slow,  # as the last request found it (hysteresis: home at HOME_FACTOR x the floor)
+                "max_local_wait_s": self.max_local_wait_s,
+                "local_tokens_ahead": self.local.tokens_ahead(),
             },
             "requests": requests,
             "upstream_failures": dict(sorted(self.failures.items())),
@@ -222,9 +248,10 @@ class Router:
             model_local=model_local,
             model_upstream=configured and (model_local or name in self.upstream_models),
             local=self.local.state(),
-            device=self.device(),
             queue_full=self.local.queue_full(),
             truncate=truncate,
+            max_local_wait_s=self.max_local_wait_s,
+            **self._device_inputs(),
         )
         decision = decide_route(inputs)
         if decision.side is None:
@@ -233,6 +260,22 @@ class Router:
         if configured:
             upstream_model = self.upstream_models.get(name) or self.upstream_models.get(model or "") or name
         return Route(decision.side, decision.reason, name, upstream_model, decision.fallback, inputs)
+
+    def _device_inputs(self) -> dict[str, Any]:
+        """The device now, the pace floor's state moved on with it, and the work ahead of a new local job."""
+        device = self.device()
+        slow = self.offloads and pace_slow(self.slow, device, self.min_local_tok_s)
+        if slow != self.slow:
+            pace = device.pace_tok_s if device else None
+            log.info(
+                "local pace %s tok/s: %s",
+                f"{pace:.1f}" if pace is not None else "unpaced",
+                f"under {self.min_local_tok_s:g}, auto sends new work upstream"
+                if slow
+                else f"back to {HOME_FACTOR:g} x {self.min_local_tok_s:g} or unpaced, new work stays here",
+            )
+            self.slow = slow
+        return {"device": device, "pace_slow": slow, "local_tokens_ahead": self.local.tokens_ahead()}
 
     def _refusal(self, code: str | None, model: str | None, inputs: RouteInputs) -> SimmerError:
         if code == NOT_ALLOWED:
@@ -308,8 +351,7 @@ class Router:
             route.inputs,
             upstream_available=self.breaker.available(),
             local=self.local.state(),
-            device=self.device(),
-            **hint,
+            **{**self._device_inputs(), **hint},
         )
         decision = decide_route(inputs)
         if decision.side != "upstream":
@@ -476,4 +518,6 @@ def build_router(
         upstream=upstream,
         upstream_models=settings.upstream_models,
         breaker=breaker or Breaker(settings.upstream_breaker_failures, settings.upstream_breaker_cooldown_s),
+        min_local_tok_s=settings.route_min_local_tok_s,
+        max_local_wait_s=settings.route_max_local_wait_s,
     )

@@ -153,3 +153,94 @@ def test_router_when_local_refuses_before_start_then_auto_goes_upstream() -> Non
         assert len(upstream.received) == 1
     finally:
         upstream.stop()
+
+
+def test_router_when_heat_slows_the_pace_then_auto_plans_upstream_and_home_past_the_band() -> None:
+    """The router keeps pace_slow()'s state from one request to the next: out under the floor, home only at
+    HOME_FACTOR x the floor, and every plan sees the work ahead of it in the worker."""
+    from server.routing.policy import DeviceState
+
+    pace = {"tok_s": 20.0}
+    ahead = {"n": 0}
+    router = Router(
+        policy="auto",
+        local=LocalSide(
+            served_ids=lambda: {"m"},
+            model_id=lambda: "m",
+            state=lambda: "ready",
+            queue_full=lambda: False,
+            submit=lambda j: None,
+            tokens_ahead=lambda: ahead["n"],
+        ),
+        device=lambda: DeviceState("serious", cause="thermal", pace_tok_s=pace["tok_s"]),
+        upstream=UpstreamClient("http://127.0.0.1:9/v1"),  # planning opens no connection
+        min_local_tok_s=5.0,
+        max_local_wait_s=10.0,
+    )
+
+    def plan(tok_s: float, tokens_ahead: int = 0) -> tuple[str, str]:
+        pace["tok_s"], ahead["n"] = tok_s, tokens_ahead
+        route = router.plan(None, None, None, truncate=False)
+        return route.side, route.reason
+
+    assert plan(20.0) == ("local", "offline_first")
+    assert plan(20.0, tokens_ahead=300) == ("upstream", "thermal")  # 15 s of work ahead at 20 tok/s
+    assert plan(20.0, tokens_ahead=100) == ("local", "offline_first")  # 5 s: within the bound
+    assert plan(4.0) == ("upstream", "thermal")  # under the floor
+    assert router.state()["pace"]["slow"] is True
+    assert plan(6.0) == ("upstream", "thermal")  # cooled a little: still inside the band
+    assert plan(7.6) == ("local", "offline_first")  # 1.5 x 5: home
+    assert plan(6.0) == ("local", "offline_first")  # and it stays home inside the band
+    assert router.state()["pace"] == {
+        "local_tok_s": 6.0,
+        "min_local_tok_s": 5.0,
+        "slow": False,
+        "max_local_wait_s": 10.0,
+        "local_tokens_ahead": 0,
+    }
+    assert plan(6.0, tokens_ahead=100) == ("upstream", "thermal")  # 16.7 s ahead at 6 tok/s
+    ahead["n"] = 100
+    assert router.plan(None, "local", None, truncate=False).side == "local"  # a request may forbid it
+    asyncio.run(router.aclose())
+
+
+def test_router_when_policy_local_then_the_pace_floor_never_trips() -> None:
+    from server.routing.policy import DeviceState
+
+    router = Router(
+        policy="local",
+        local=local_side([]),
+        device=lambda: DeviceState("serious", cause="thermal", pace_tok_s=0.5),
+        upstream=UpstreamClient("http://127.0.0.1:9/v1"),
+        min_local_tok_s=5.0,
+    )
+    assert (router.plan(None, None, None, truncate=False).side, router.slow) == ("local", False)
+    asyncio.run(router.aclose())
+
+
+def test_device_view_when_heat_binds_the_budget_then_the_pace_reaches_routing() -> None:
+    """The read-only seam: the pace is the governor's tokens_per_second, only while the cause is thermal and
+    its CPU budget binds (enforced); otherwise None."""
+    from types import SimpleNamespace
+
+    from governor.limits import Limits
+    from server.routing.router import device_view
+
+    def view(cause="thermal", budget=0.2, tok_s=6.5, enforced=True, level="serious"):
+        snap = SimpleNamespace(
+            level=level,
+            lifecycle="foreground",
+            cause=cause,
+            device_killed=False,
+            enforced=enforced,
+            limits=Limits(cpu_budget_cores=budget, tokens_per_second=tok_s),
+        )
+        return device_view(SimpleNamespace(snapshot=lambda: snap))()
+
+    assert view().pace_tok_s == 6.5
+    assert view(budget=None, tok_s=None).pace_tok_s is None  # every core: heat does not bind
+    assert view(tok_s=None).pace_tok_s is None  # no cost per token known
+    assert view(cause="memory").pace_tok_s is None  # the table's memory pace is not heat
+    assert view(cause="none", level="nominal").pace_tok_s is None
+    assert view(enforced=False).pace_tok_s is None  # observe only: nothing is paced
+    assert device_view(None)() is None
