@@ -142,9 +142,11 @@ def _auto(i: RouteInputs) -> Decision:
     device = i.device
     if device is not None and (device.killed or device.paused or device.level == "critical"):
         return _want_upstream(i, _device_reason(device))
-    if device is not None and device.pace_tok_s is not None:
-        if i.pace_slow or 0 < i.max_local_wait_s < local_wait_s(i.local_tokens_ahead, device.pace_tok_s):
-            return _want_upstream(i, "thermal")
+    pace = device.pace_tok_s if device is not None else None
+    if pace is not None and (
+        i.pace_slow or 0 < i.max_local_wait_s < local_wait_s(i.local_tokens_ahead, pace)
+    ):
+        return _want_upstream(i, "thermal")
     if i.prompt_over_context and not i.truncate:
         return _want_upstream(i, "context")
     if i.local == "loading":

@@ -223,7 +223,7 @@ class Router:
                 if device is None or device.pace_tok_s is None
                 else round(device.pace_tok_s, 2),
                 "min_local_tok_s": self.min_local_tok_s,
-                "slow": self.slow,  # as the last request found it (hysteresis: home at HOME_FACTOR x the floor)
+                "slow": self.slow,  # as the last request found it (home only at HOME_FACTOR x the floor)
                 "max_local_wait_s": self.max_local_wait_s,
                 "local_tokens_ahead": self.local.tokens_ahead(),
             },

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -248,7 +249,7 @@ def test_pace_slow_when_pace_wobbles_around_the_floor_then_one_change_each_way()
     for tok_s in trace:
         slow = pace_slow(slow, paced(tok_s), 5.0)
         states.append(slow)
-    changes = sum(a != b for a, b in zip(states, states[1:], strict=False))
+    changes = sum(a != b for a, b in itertools.pairwise(states))
     assert states[3] and not states[2]  # out when it first drops under 5
     assert states[9] and not states[10]  # home when it first reaches 7.5
     assert changes == 2
