@@ -267,6 +267,16 @@ class Worker:
         job.worker_done()
         return True
 
+    def take_back(self, job: Job) -> bool:
+        """Routing takes a job that never started out of the queue, to serve it elsewhere: unlike
+        withdraw(), the worker is not done with it for the account (the other side ends it). False when the
+        worker already has it, or its client left."""
+        with self._cond:
+            if job.cancel.cancelled or not any(j is job for j in self._queue):
+                return False
+            self._queue.remove(job)
+        return True
+
     def close(self) -> None:
         """Stop taking work; fail every open job with server_shutting_down and cancel it. Any thread."""
         with self._cond:

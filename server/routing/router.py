@@ -100,6 +100,7 @@ class LocalSide:
     queue_full: Callable[[], bool]
     submit: Callable[[Job], None]
     tokens_ahead: Callable[[], int] = lambda: 0  # what the worker generates before a job submitted now
+    take_back: Callable[[Job], bool] = lambda job: False  # out of the queue, unstarted, for another side
 
 
 def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: str) -> LocalSide:
@@ -117,6 +118,7 @@ def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: s
         queue_full=lambda: worker.queue_depth >= worker.max_queue,
         submit=worker.submit,
         tokens_ahead=worker.tokens_ahead,
+        take_back=worker.take_back,
     )
 
 
@@ -182,6 +184,9 @@ class Router:
         self.failures: collections.Counter[str] = collections.Counter()
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
+        # auto jobs queued locally and not started: a pause may send them upstream (device_changed)
+        self._held: dict[int, tuple[Route, Job, Endpoint, Any, Any, Callable[[object], None]]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- what the routes show ---------------------------------------------------------------------------
     @property
@@ -313,6 +318,7 @@ class Router:
             self.local.submit(job)
         except SimmerError as err:
             job.sink = original
+            self._held.pop(id(job), None)
             if not self._reroute(route, job, kind, body, payload, err):
                 raise
             return
@@ -320,11 +326,16 @@ class Router:
 
     def _watch_local_start(self, route, job, kind, body, payload, original) -> Callable[[object], None]:
         """The job's sink, watching for a refusal before Started (on the worker's thread)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         started = False
+        if route.inputs.requested != "local":  # may still leave while it waits in the queue
+            self._held[id(job)] = (route, job, kind, body, payload, original)
+            job.cancel.on_cancel(lambda: self._held.pop(id(job), None))  # the client left while queued
 
         def sink(item: object) -> None:
             nonlocal started
+            if isinstance(item, Started | Failed):
+                self._held.pop(id(job), None)
             if isinstance(item, Started):
                 started = True
             elif not started and isinstance(item, Failed) and _hint(item.error) is not None:
@@ -336,6 +347,45 @@ class Router:
             original(item)
 
         return sink
+
+    def device_changed(self) -> None:
+        """The governor's state changed (any thread: its subscriber). Jobs waiting in the local queue that
+        a pause would hold are looked at again on the event loop."""
+        loop = self._loop
+        if self._held and loop is not None and not self._closing:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(self._move_held)
+
+    def _move_held(self) -> None:
+        """New work is held (paused, or the device killed the app): each auto job still in the local queue
+        is decided again as if it arrived now, and goes upstream if that is the answer, instead of waiting
+        out the pause. Only from the queue: a job the worker took (it may be starting) stays."""
+        device = self.device()
+        if device is None or not (device.paused or device.killed) or self._closing:
+            return
+        for route, job, kind, body, payload, original in list(self._held.values()):
+            if job.cancel.cancelled:
+                continue
+            inputs = replace(
+                route.inputs,
+                upstream_available=self.breaker.available(),
+                local=self.local.state(),
+                device=device,
+                pace_slow=self.slow,
+            )
+            decision = decide_route(inputs)
+            if decision.side != "upstream" or not self.local.take_back(job):
+                continue
+            self._held.pop(id(job), None)
+            job.sink = original
+            log.info("%s: new work is held here; going upstream from the queue (%s)", job.id, decision.reason)
+            route.side, route.reason, route.fallback, route.inputs = (
+                "upstream",
+                decision.reason,
+                decision.fallback,
+                inputs,
+            )
+            self._start_upstream(route, job, kind, body, payload)
 
     def _reroute_or_fail(self, route, job, kind, body, payload, failed: Failed) -> None:
         if job.cancel.cancelled or not self._reroute(route, job, kind, body, payload, failed.error):

@@ -8,6 +8,7 @@ The device is the real simulator heated by this process's real CPU time (the tin
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -18,8 +19,11 @@ from server.cost_meter import CostMeter
 from server.governor_gate import GovernorGate
 from server.governor_setup import build_gate, build_governor
 from server.settings import Settings
+from tests.server.fakes import RecordingEngine, ScriptedEngine
 from tests.server.routing.conftest import MODEL
 from tests.server.routing.test_upstream_e2e import CHAT
+from tests.server.test_accounting import metric, request_lines
+from tests.server.test_worker_flow import wait_until
 
 HEAT = {**CHAT, "max_tokens": 200, "ignore_eos": True, "route": "local"}
 
@@ -146,3 +150,57 @@ def test_auto_when_heat_paces_the_device_then_upstream_thermal_and_home_when_coo
         routing = c.get("/v1/thermal").json()["routing"]
         assert routing["pace"]["slow"] is False and routing["requests"]["upstream"] == {"thermal": 1}
         assert gate.pauses == 0  # paced all along, never paused
+
+
+def test_auto_when_paused_while_queued_locally_then_moves_upstream_at_once_accounted_once(
+    local, proxy, caplog
+) -> None:
+    """An auto request waiting in the local queue when the device pauses new work goes upstream at once
+    (issue 14's known gap: it waited out the pause). The reply running locally stays (paused); one that
+    forbade the upstream waits in the queue. Each request is one log line, its tokens counted once."""
+    caplog.set_level(logging.INFO)
+    engine = RecordingEngine(ScriptedEngine(model_id=MODEL, token_delay_s=0.05, reply_tokens=10_000))
+    srv = local(engine=engine, governor=heatwave_gate(1.0))  # real time: no heating within the test
+    results: dict[str, tuple[httpx.Response, float]] = {}
+
+    def post(name: str, body: dict) -> None:
+        t0 = time.monotonic()
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            results[name] = (c.post("/v1/chat/completions", json=body), time.monotonic() - t0)
+
+    with srv.client() as c:
+        running = threading.Thread(
+            target=post, args=("running", {**CHAT, "max_tokens": 100, "route": "local"})
+        )
+        running.start()
+        assert engine.wait_for(lambda gens: len(gens) == 1)
+        queued = [
+            threading.Thread(target=post, args=("auto", {**CHAT, "max_tokens": 5})),
+            threading.Thread(target=post, args=("pinned", {**CHAT, "max_tokens": 5, "route": "local"})),
+        ]
+        for i, t in enumerate(queued):
+            t.start()
+            wait_for(lambda i=i: c.get("/health").json()["queue_depth"] == i + 1, 10, "the queue")
+        assert c.post("/v1/lifecycle", json={"state": "background"}).json()["limits"]["pause_new"]
+        queued[0].join(8)
+        assert "auto" in results, "the auto request is still held in the local queue"
+        r, waited = results["auto"]
+        assert r.status_code == 200 and r.headers["x-simmer-route"] == "upstream; reason=background"
+        assert r.json()["route"] == {"served": "upstream", "reason": "background"}
+        assert r.json()["choices"][0]["message"]["content"]
+        assert waited < 8  # not held: the pause lasts until foreground (pause_timeout_s is 10)
+        assert c.get("/health").json()["queue_depth"] == 1  # the pinned one still waits here
+        c.post("/v1/lifecycle", json={"state": "foreground"})
+    running.join(30)
+    queued[1].join(30)
+    assert results["running"][0].json()["route"]["served"] == "local"
+    assert results["pinned"][0].json()["route"] == {"served": "local", "reason": "request"}
+    assert len(engine.generations) == 2  # the moved request never ran here
+    assert wait_until(lambda: len(request_lines(caplog)) == 3, timeout=15)
+    lines = request_lines(caplog)
+    assert sorted(line["route"] for line in lines) == [
+        "local/request",
+        "local/request",
+        "upstream/background",
+    ]
+    assert metric(srv, "simmer_generated_tokens_total") == sum(line["completion_tokens"] for line in lines)
