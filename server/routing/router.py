@@ -8,8 +8,15 @@ after it does not know where the reply comes from. Two ways a side can change be
 - an auto request that the local side refuses before starting (queue full, prompt over the context cap, the
   device paused it too long, the model cannot load) is decided again with what the refusal taught, and may
   go upstream.
+And one more before the worker takes it from the queue: when the governor starts holding new work (a pause,
+the device killed the app), an auto job still queued is decided again and may go upstream (device_changed;
+the worker gives it back unstarted, Worker.take_back).
 After the first token a reply stays where it is; an upstream failure then ends the stream with an error
 event and [DONE] (streaming.py), never a restart on the other side.
+
+Under the pace controller the policy also reads the thermal pace (DeviceState.pace_tok_s) and the work ahead
+of a new local job (LocalSide.tokens_ahead); the router keeps the pace floor's hysteresis state (`slow`,
+policy.pace_slow) from one request to the next.
 
 Accounting (server/accounting.py): for a job served upstream the relay is the worker's half of the request's
 one record: it feeds the tokens and the usage, and ends that half when the upstream task ends, unless the
