@@ -244,3 +244,76 @@ def test_device_view_when_heat_binds_the_budget_then_the_pace_reaches_routing() 
     assert view(cause="none", level="nominal").pace_tok_s is None
     assert view(enforced=False).pace_tok_s is None  # observe only: nothing is paced
     assert device_view(None)() is None
+
+
+def test_router_when_new_work_is_held_then_queued_auto_jobs_move_and_the_others_stay() -> None:
+    """device_changed() on a pause: an auto job still in the local queue goes upstream (reason from the
+    device); one the worker already took, one that forbade the upstream, and any job while the breaker is
+    open or the device is not paused stay queued."""
+    from server.routing.policy import DeviceState
+
+    upstream = ScriptedUpstream().start()
+    try:
+
+        async def scenario(*, paused: bool, breaker_open: bool, body_route, in_queue: bool):
+            queue: list = []
+            device = {"now": DeviceState("nominal")}
+            breaker = Breaker(1, 60.0)
+            router = Router(
+                policy="auto",
+                local=LocalSide(
+                    served_ids=lambda: {"m"},
+                    model_id=lambda: "m",
+                    state=lambda: "ready",
+                    queue_full=lambda: False,
+                    submit=queue.append,
+                    take_back=lambda j: j in queue and (queue.remove(j) or True),
+                ),
+                device=lambda: device["now"],
+                upstream=UpstreamClient(upstream.url),
+                breaker=breaker,
+            )
+            events: list = []
+            done = asyncio.Event()
+
+            def sink(item):
+                events.append(item)
+                if type(item).__name__ == "FinishEvent":
+                    done.set()
+
+            j = Job(id="t", kind="chat", payload=BODY.message_dicts(), params=GenerationParams(), sink=sink)
+            route = router.plan(None, body_route, None, truncate=False)
+            router.start(route, j, "chat", BODY, j.payload)
+            assert route.side == "local" and queue == [j]
+            if not in_queue:
+                queue.clear()  # the worker took it (not Started yet)
+            if breaker_open:
+                breaker.failure("connect")
+            if paused:
+                device["now"] = DeviceState("critical", paused=True, cause="thermal")
+            await asyncio.get_running_loop().run_in_executor(None, router.device_changed)
+            await asyncio.sleep(0.05)
+            if route.side == "upstream":
+                await asyncio.wait_for(done.wait(), 10)
+            await router.aclose()
+            return route, events, queue
+
+        route, events, queue = asyncio.run(
+            scenario(paused=True, breaker_open=False, body_route=None, in_queue=True)
+        )
+        assert (route.side, route.reason, queue) == ("upstream", "thermal", [])
+        assert "".join(getattr(e, "text", "") for e in events) == "hello world"
+        for kwargs in (
+            {"paused": False, "breaker_open": False, "body_route": None, "in_queue": True},
+            {"paused": True, "breaker_open": True, "body_route": None, "in_queue": True},
+            {"paused": True, "breaker_open": False, "body_route": "local", "in_queue": True},
+        ):
+            route, events, queue = asyncio.run(scenario(**kwargs))
+            assert (route.side, len(queue), events) == ("local", 1, []), kwargs
+        route, events, _ = asyncio.run(
+            scenario(paused=True, breaker_open=False, body_route=None, in_queue=False)
+        )
+        assert (route.side, events) == ("local", [])
+        assert len(upstream.received) == 1
+    finally:
+        upstream.stop()
