@@ -18,6 +18,7 @@ own requests the same way.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ipaddress
 import json
@@ -206,6 +207,7 @@ class RequestRecord:
     pauses: int = 0  # times the governor paused this reply after its first token (what the user sees)
     pause_times: list[float] = field(default_factory=list)  # monotonic time of each
     served: str | None = None  # "local" | "upstream" (the route object of the final chunk)
+    reason: str | None = None  # why it was served there (thermal, offline_first, ...)
 
 
 @dataclass
@@ -242,7 +244,9 @@ def stream_request(client: httpx.Client, prompt: str, log: RunLog, end: float) -
                 rec.error = f"HTTP {r.status_code}: {r.text[:200]}"
                 return rec
             # "upstream; reason=thermal": known at the start; the final chunk's route object confirms it
-            rec.served = (r.headers.get("x-simmer-route") or "").split(";")[0].strip() or None
+            route_header = r.headers.get("x-simmer-route") or ""
+            rec.served = route_header.split(";")[0].strip() or None
+            rec.reason = route_header.partition("reason=")[2].strip() or None
             for line in r.iter_lines():
                 if line.startswith("event: "):
                     event = line.removeprefix("event: ")
@@ -266,6 +270,7 @@ def stream_request(client: httpx.Client, prompt: str, log: RunLog, end: float) -
                     usage_tokens = chunk["usage"]["completion_tokens"]
                 if isinstance(chunk.get("route"), dict):
                     rec.served = chunk["route"].get("served")
+                    rec.reason = chunk["route"].get("reason")
                 for choice in chunk.get("choices", []):
                     text = choice["delta"].get("content") or ""
                     if text:
@@ -356,6 +361,7 @@ def run_once(
                                 "paused": th["limits"]["pause_running"],
                                 "device_killed": th["device_killed"],
                                 "cpu_budget_cores": th["limits"].get("cpu_budget_cores"),
+                                "pace_tok_s": th["limits"].get("tokens_per_second"),
                             }
                         )
                     next_at += period
@@ -531,6 +537,7 @@ def summarize(
                 "variant": s["variant"] if s else None,
                 "threads": s["limit_threads"] if s else None,
                 "cpu_budget_cores": s.get("cpu_budget_cores") if s else None,
+                "pace_tok_s": s.get("pace_tok_s") if s else None,
                 "tok_s": tok_s[sec],
             }
         )
@@ -552,6 +559,9 @@ def summarize(
         "ttft_ms_median": round(statistics.median(ttfts) * 1000, 1) if ttfts else None,
         "ttft_ms_p95": round(percentile(ttfts, 95) * 1000, 1) if ttfts else None,
         "served_upstream_share": round(served.count("upstream") / len(served), 3) if served else None,
+        "routes": dict(
+            sorted(collections.Counter(f"{r.served}/{r.reason}" for r in log.requests if r.served).items())
+        ),
         "mean_temperature_c": round(statistics.fmean(temps), 2) if temps else None,
         "ttft_ms_first": round(log.requests[0].ttft_s * 1000, 1)
         if log.requests and log.requests[0].ttft_s
@@ -763,6 +773,9 @@ def bench_offload(
         "upstream": where,
         "max_tokens_per_request": MAX_TOKENS,
         "arrivals": f"one request every {arrival_every_s:g} simulated seconds (open loop)",
+        "governor": "pace control" if base.pace_control else "level machine (SIMMER_PACE_CONTROL=false)",
+        "route_min_local_tok_s": base.route_min_local_tok_s,
+        "route_max_local_wait_s": base.route_max_local_wait_s,
         "device_sampled_every_wall_s": sample_wall_s,
         "targets": {
             "p95_ttft_offload_over_no_offload": round(ratio, 3) if ratio else None,
@@ -777,6 +790,7 @@ def bench_offload(
                     "requests",
                     "failed_requests",
                     "served_upstream_share",
+                    "routes",
                     "ttft_ms_p95",
                     "ttft_ms_median",
                     "peak_temperature_c",

@@ -106,6 +106,8 @@ def create_app(
         device_view(governed),
         breaker=breaker,
     )
+    if governed is not None and runtime.router.offloads:  # a pause sends queued auto work upstream
+        governed.subscribe(lambda _state: runtime.router.device_changed())  # type: ignore[union-attr]
     metrics.registry.register(RoutingCollector(runtime.router))
     install_handlers(app)
     install_openapi(app, api_key=bool(settings.api_key))

@@ -140,6 +140,19 @@ class Settings(BaseSettings):
         120.0, gt=0, description="Upstream silence (between bytes) before failing"
     )
     upstream_max_connections: int = Field(16, ge=1, description="Pooled connections to the upstream")
+    # auto under the pace controller (docs/routing.md): offload new work while heat slows the device
+    route_min_local_tok_s: float = Field(
+        5.0,
+        ge=0,
+        description="auto: send new work upstream while heat holds the local pace under this many tokens/s "
+        "(about reading speed; home at 1.5x; 0: off)",
+    )
+    route_max_local_wait_s: float = Field(
+        10.0,
+        ge=0,
+        description="auto: send new work upstream while heat paces the device and the work ahead of it "
+        "would take longer than this at that pace (0: off)",
+    )
     upstream_breaker_failures: int = Field(
         3, ge=1, description="Consecutive upstream failures that open the breaker"
     )

@@ -185,6 +185,7 @@ class Worker:
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._current: Job | None = None
+        self._current_tokens = 0  # tokens the running job generated so far (tokens_ahead)
         self._governed: EngineLimits | None = None  # the governor's latest limits (its rung included)
         self._applied: dict[int, EngineLimits] = {}  # per engine (id()): the limits it runs with
         self._idle_work: list[IdleWork] = []
@@ -228,6 +229,14 @@ class Worker:
         with self._cond:
             return self._waiting()
 
+    def tokens_ahead(self) -> int:
+        """Tokens still to generate before a job submitted now starts: an upper bound for routing's wait
+        estimate (each reply runs to its max_tokens; one without counts UNBOUNDED_REPLY_TOKENS)."""
+        with self._cond:
+            queued = sum(_reply_tokens(job) for job in self._queue if not job.cancel.cancelled)
+            current, done = self._current, self._current_tokens
+        return queued + (max(0, _reply_tokens(current) - done) if current is not None else 0)
+
     @property
     def busy(self) -> bool:
         return self._current is not None
@@ -256,6 +265,16 @@ class Worker:
             except ValueError:
                 return False
         job.worker_done()
+        return True
+
+    def take_back(self, job: Job) -> bool:
+        """Routing takes a job that never started out of the queue, to serve it elsewhere: unlike
+        withdraw(), the worker is not done with it for the account (the other side ends it). False when the
+        worker already has it, or its client left."""
+        with self._cond:
+            if job.cancel.cancelled or not any(j is job for j in self._queue):
+                return False
+            self._queue.remove(job)
         return True
 
     def close(self) -> None:
@@ -315,6 +334,7 @@ class Worker:
                     return
                 job = self._queue.popleft() if self._queue else None
                 self._current = job
+                self._current_tokens = 0
                 if job is None:
                     self._idle_cancel = CancelToken()
             if job is None:
@@ -425,6 +445,8 @@ class Worker:
                         elif isinstance(event, FinishEvent):
                             account.finished(event)
                     job.sink(event)
+                    if isinstance(event, TokenEvent):
+                        self._current_tokens += 1
                     if isinstance(event, TokenEvent) and self._metrics:
                         t = time.monotonic()
                         if last is None:
@@ -497,7 +519,7 @@ class Worker:
 
     @staticmethod
     def _continuation(engine: Engine, job: Job, handover: Handover) -> Prompt:
-        left = (job.params.max_tokens or 256) - handover.generated
+        left = (job.params.max_tokens or UNBOUNDED_REPLY_TOKENS) - handover.generated
         reserve = min(max(left, 1), engine.context_length // 2) if job.params.truncate else 1
         return engine.continuation_prompt(
             job.payload, handover.text, truncate=job.params.truncate, reserve=reserve
@@ -508,13 +530,24 @@ class Worker:
         truncate = job.params.truncate
         # Without truncation, only insist that one token fits (generation stops at the context cap with
         # finish_reason "length"); with it, make room for the answer, up to half the context.
-        reserve = min(job.params.max_tokens or 256, engine.context_length // 2) if truncate else 1
+        reserve = (
+            min(job.params.max_tokens or UNBOUNDED_REPLY_TOKENS, engine.context_length // 2)
+            if truncate
+            else 1
+        )
         if isinstance(job.payload, list):
             tools = job.params.tools
             if tools is None:  # engines without tool support keep their two-keyword signature
                 return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve)
             return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve, tools=tools)
         return engine.text_prompt(job.payload, truncate=truncate, reserve=reserve)
+
+
+UNBOUNDED_REPLY_TOKENS = 256  # a reply without max_tokens, for estimates (the prompt's reserve uses it too)
+
+
+def _reply_tokens(job: Job) -> int:
+    return job.params.max_tokens or UNBOUNDED_REPLY_TOKENS
 
 
 def _requested_model(default: str | None) -> Placer:

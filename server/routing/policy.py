@@ -7,6 +7,7 @@ table by table (tests/server/routing/test_policy.py), like governor/policy.py's 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,6 +32,10 @@ class DeviceState:
     lifecycle: str = "foreground"
     cause: str = "none"  # thermal | memory | battery | lifecycle | none
     killed: bool = False  # the (simulated) device stopped the app; local work fails until it cools
+    # The decode pace (tokens/s) the governor allows now because of heat: set only while the cause is
+    # thermal and its CPU budget binds, and the cost of a token is known; None otherwise (not thermally
+    # limited, or no known cost: the pace rules below then never fire).
+    pace_tok_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,9 @@ class RouteInputs:
     queue_full: bool = False
     prompt_over_context: bool = False  # learnt from the worker: the prompt exceeds the local context cap
     truncate: bool = False  # the request asked for sliding-window truncation instead
+    pace_slow: bool = False  # pace_slow(): the local pace is below SIMMER_ROUTE_MIN_LOCAL_TOK_S (hysteresis)
+    local_tokens_ahead: int = 0  # tokens the local worker generates before a new job starts (upper bound)
+    max_local_wait_s: float = 0.0  # SIMMER_ROUTE_MAX_LOCAL_WAIT_S; 0: no bound
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,9 @@ def strictest(*modes: Mode | None) -> Mode | None:
 #             the local model failed to load                        -> want upstream   local_failed
 #             device killed, critical, or new work paused           -> want upstream   thermal (or
 #                                                                      background, memory: the cause)
+#             heat paces the device (pace_tok_s known), and
+#               the pace is slow (pace_slow(), with its hysteresis)  -> want upstream   thermal
+#               or tokens ahead / pace > max_local_wait_s (> 0)     -> want upstream   thermal
 #             prompt over the local context cap, no truncate        -> want upstream   context
 #             local model still loading                             -> want upstream   loading
 #             local queue full (overflow instead of 503)            -> want upstream   queue
@@ -131,6 +142,11 @@ def _auto(i: RouteInputs) -> Decision:
     device = i.device
     if device is not None and (device.killed or device.paused or device.level == "critical"):
         return _want_upstream(i, _device_reason(device))
+    pace = device.pace_tok_s if device is not None else None
+    if pace is not None and (
+        i.pace_slow or 0 < i.max_local_wait_s < local_wait_s(i.local_tokens_ahead, pace)
+    ):
+        return _want_upstream(i, "thermal")
     if i.prompt_over_context and not i.truncate:
         return _want_upstream(i, "context")
     if i.local == "loading":
@@ -155,3 +171,35 @@ def _want_upstream(i: RouteInputs, reason: str) -> Decision:
     if i.model_local:
         return Decision("local", "breaker_open")
     return Decision(None, reason, refusal=UNAVAILABLE)
+
+
+def local_wait_s(tokens_ahead: int, pace_tok_s: float) -> float:
+    """How long a new local job waits for its first token: the tokens ahead of it at the pace (its own
+    prefill left out)."""
+    return tokens_ahead / pace_tok_s if pace_tok_s > 0 else math.inf
+
+
+# Leave the slow state only at this multiple of the floor. The pace follows the pace controller's budget,
+# which is high-gain (0.4 core per C): without a band, the first fraction of a degree of cooling would bring
+# work home, heat the device straight back under the floor, and every other request would change side.
+HOME_FACTOR = 1.5
+
+
+# The pace floor, with hysteresis (the router keeps `was_slow` from one request to the next):
+#
+#   floor 0 (off), or no thermal pace (cool enough that heat does not bind, or cost unknown)  -> not slow
+#   pace < floor                                                                               -> slow
+#   was slow and pace < HOME_FACTOR x floor                                                    -> slow
+#   otherwise                                                                                  -> not slow
+#
+# Why a floor in tokens/s: it is what a user feels. Below silent reading speed (~5 tok/s: 240 words a
+# minute at ~1.3 tokens a word) a streamed reply makes its reader wait for every word, and a whole reply
+# takes its length / pace; above it, a paced device is still as good as a faster one for reading, so a
+# fraction of the device's own full speed would offload replies nobody waits for on a fast device and keep
+# unreadably slow ones on a slow device.
+def pace_slow(was_slow: bool, device: DeviceState | None, min_tok_s: float) -> bool:
+    if min_tok_s <= 0 or device is None or device.pace_tok_s is None:
+        return False
+    if device.pace_tok_s < min_tok_s:
+        return True
+    return was_slow and device.pace_tok_s < HOME_FACTOR * min_tok_s

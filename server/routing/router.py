@@ -8,8 +8,15 @@ after it does not know where the reply comes from. Two ways a side can change be
 - an auto request that the local side refuses before starting (queue full, prompt over the context cap, the
   device paused it too long, the model cannot load) is decided again with what the refusal taught, and may
   go upstream.
+And one more before the worker takes it from the queue: when the governor starts holding new work (a pause,
+the device killed the app), an auto job still queued is decided again and may go upstream (device_changed;
+the worker gives it back unstarted, Worker.take_back).
 After the first token a reply stays where it is; an upstream failure then ends the stream with an error
 event and [DONE] (streaming.py), never a restart on the other side.
+
+Under the pace controller the policy also reads the thermal pace (DeviceState.pace_tok_s) and the work ahead
+of a new local job (LocalSide.tokens_ahead); the router keeps the pace floor's hysteresis state (`slow`,
+policy.pace_slow) from one request to the next.
 
 Accounting (server/accounting.py): for a job served upstream the relay is the worker's half of the request's
 one record: it feeds the tokens and the usage, and ends that half when the upstream task ends, unless the
@@ -48,6 +55,7 @@ from server.errors import (
 )
 from server.routing.breaker import Breaker
 from server.routing.policy import (
+    HOME_FACTOR,
     MODES,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -57,6 +65,7 @@ from server.routing.policy import (
     RouteInputs,
     Side,
     decide_route,
+    pace_slow,
     strictest,
 )
 from server.routing.relay import ChunkReader, relay
@@ -97,6 +106,8 @@ class LocalSide:
     state: Callable[[], LocalState]
     queue_full: Callable[[], bool]
     submit: Callable[[Job], None]
+    tokens_ahead: Callable[[], int] = lambda: 0  # what the worker generates before a job submitted now
+    take_back: Callable[[Job], bool] = lambda job: False  # out of the queue, unstarted, for another side
 
 
 def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: str) -> LocalSide:
@@ -113,6 +124,8 @@ def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: s
         state=state,
         queue_full=lambda: worker.queue_depth >= worker.max_queue,
         submit=worker.submit,
+        tokens_ahead=worker.tokens_ahead,
+        take_back=worker.take_back,
     )
 
 
@@ -123,12 +136,18 @@ def device_view(gate: Any) -> Callable[[], DeviceState | None]:
 
     def read() -> DeviceState:
         snap = gate.snapshot()
+        limits = snap.limits
+        # Heat paces the device: the governing cause is thermal and its CPU budget binds (the budget is
+        # dropped when it covers every usable core); tokens_per_second is that budget over the measured cost
+        # of a token (governor/limits.py pick_config), None while no cost is known.
+        heat_paced = snap.cause == "thermal" and limits.cpu_budget_cores is not None
         return DeviceState(
             level=snap.level,
-            paused=snap.limits.pause_new,
+            paused=limits.pause_new,
             lifecycle=snap.lifecycle,
             cause=snap.cause,
             killed=snap.device_killed,
+            pace_tok_s=limits.tokens_per_second if heat_paced and snap.enforced else None,
         )
 
     return read
@@ -156,6 +175,8 @@ class Router:
         upstream: UpstreamClient | None = None,
         upstream_models: Mapping[str, str] | None = None,
         breaker: Breaker | None = None,
+        min_local_tok_s: float = 0.0,
+        max_local_wait_s: float = 0.0,
     ) -> None:
         self.policy = policy
         self.local = local
@@ -163,10 +184,16 @@ class Router:
         self.upstream = upstream
         self.upstream_models = dict(upstream_models or {})
         self.breaker = breaker or Breaker()
+        self.min_local_tok_s = min_local_tok_s
+        self.max_local_wait_s = max_local_wait_s
+        self.slow = False  # pace_slow()'s state: the local pace is under the floor, not yet home
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self.failures: collections.Counter[str] = collections.Counter()
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
+        # auto jobs queued locally and not started: a pause may send them upstream (device_changed)
+        self._held: dict[int, tuple[Route, Job, Endpoint, Any, Any, Callable[[object], None]]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- what the routes show ---------------------------------------------------------------------------
     @property
@@ -184,6 +211,7 @@ class Router:
     def state(self) -> dict[str, Any]:
         """Routing as /v1/thermal shows it. Counts, states and names only: never text, never the key."""
         view = self.breaker.view()
+        device = self.device()
         requests: dict[str, dict[str, int]] = {"local": {}, "upstream": {}}
         for (side, reason), n in sorted(self.requests.items()):
             requests[side][reason] = n
@@ -200,6 +228,16 @@ class Router:
                 "retry_in_s": view.retry_in_s,
                 "opened": view.opened,
                 "last_failure": view.last_failure,
+            },
+            "pace": {
+                # the thermal pace now (null: heat does not bind, or no known cost per token)
+                "local_tok_s": None
+                if device is None or device.pace_tok_s is None
+                else round(device.pace_tok_s, 2),
+                "min_local_tok_s": self.min_local_tok_s,
+                "slow": self.slow,  # as the last request found it (home only at HOME_FACTOR x the floor)
+                "max_local_wait_s": self.max_local_wait_s,
+                "local_tokens_ahead": self.local.tokens_ahead(),
             },
             "requests": requests,
             "upstream_failures": dict(sorted(self.failures.items())),
@@ -222,9 +260,10 @@ class Router:
             model_local=model_local,
             model_upstream=configured and (model_local or name in self.upstream_models),
             local=self.local.state(),
-            device=self.device(),
             queue_full=self.local.queue_full(),
             truncate=truncate,
+            max_local_wait_s=self.max_local_wait_s,
+            **self._device_inputs(),
         )
         decision = decide_route(inputs)
         if decision.side is None:
@@ -233,6 +272,22 @@ class Router:
         if configured:
             upstream_model = self.upstream_models.get(name) or self.upstream_models.get(model or "") or name
         return Route(decision.side, decision.reason, name, upstream_model, decision.fallback, inputs)
+
+    def _device_inputs(self) -> dict[str, Any]:
+        """The device now, the pace floor's state moved on with it, and the work ahead of a new local job."""
+        device = self.device()
+        slow = self.offloads and pace_slow(self.slow, device, self.min_local_tok_s)
+        if slow != self.slow:
+            pace = device.pace_tok_s if device else None
+            log.info(
+                "local pace %s tok/s: %s",
+                f"{pace:.1f}" if pace is not None else "unpaced",
+                f"under {self.min_local_tok_s:g}, auto sends new work upstream"
+                if slow
+                else f"back to {HOME_FACTOR:g} x {self.min_local_tok_s:g} or unpaced, new work stays here",
+            )
+            self.slow = slow
+        return {"device": device, "pace_slow": slow, "local_tokens_ahead": self.local.tokens_ahead()}
 
     def _refusal(self, code: str | None, model: str | None, inputs: RouteInputs) -> SimmerError:
         if code == NOT_ALLOWED:
@@ -270,6 +325,7 @@ class Router:
             self.local.submit(job)
         except SimmerError as err:
             job.sink = original
+            self._held.pop(id(job), None)
             if not self._reroute(route, job, kind, body, payload, err):
                 raise
             return
@@ -277,11 +333,16 @@ class Router:
 
     def _watch_local_start(self, route, job, kind, body, payload, original) -> Callable[[object], None]:
         """The job's sink, watching for a refusal before Started (on the worker's thread)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         started = False
+        if route.inputs.requested != "local":  # may still leave while it waits in the queue
+            self._held[id(job)] = (route, job, kind, body, payload, original)
+            job.cancel.on_cancel(lambda: self._held.pop(id(job), None))  # the client left while queued
 
         def sink(item: object) -> None:
             nonlocal started
+            if isinstance(item, Started | Failed):
+                self._held.pop(id(job), None)
             if isinstance(item, Started):
                 started = True
             elif not started and isinstance(item, Failed) and _hint(item.error) is not None:
@@ -293,6 +354,45 @@ class Router:
             original(item)
 
         return sink
+
+    def device_changed(self) -> None:
+        """The governor's state changed (any thread: its subscriber). Jobs waiting in the local queue that
+        a pause would hold are looked at again on the event loop."""
+        loop = self._loop
+        if self._held and loop is not None and not self._closing:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(self._move_held)
+
+    def _move_held(self) -> None:
+        """New work is held (paused, or the device killed the app): each auto job still in the local queue
+        is decided again as if it arrived now, and goes upstream if that is the answer, instead of waiting
+        out the pause. Only from the queue: a job the worker took (it may be starting) stays."""
+        device = self.device()
+        if device is None or not (device.paused or device.killed) or self._closing:
+            return
+        for route, job, kind, body, payload, original in list(self._held.values()):
+            if job.cancel.cancelled:
+                continue
+            inputs = replace(
+                route.inputs,
+                upstream_available=self.breaker.available(),
+                local=self.local.state(),
+                device=device,
+                pace_slow=self.slow,
+            )
+            decision = decide_route(inputs)
+            if decision.side != "upstream" or not self.local.take_back(job):
+                continue
+            self._held.pop(id(job), None)
+            job.sink = original
+            log.info("%s: new work is held here; going upstream from the queue (%s)", job.id, decision.reason)
+            route.side, route.reason, route.fallback, route.inputs = (
+                "upstream",
+                decision.reason,
+                decision.fallback,
+                inputs,
+            )
+            self._start_upstream(route, job, kind, body, payload)
 
     def _reroute_or_fail(self, route, job, kind, body, payload, failed: Failed) -> None:
         if job.cancel.cancelled or not self._reroute(route, job, kind, body, payload, failed.error):
@@ -308,8 +408,7 @@ class Router:
             route.inputs,
             upstream_available=self.breaker.available(),
             local=self.local.state(),
-            device=self.device(),
-            **hint,
+            **{**self._device_inputs(), **hint},
         )
         decision = decide_route(inputs)
         if decision.side != "upstream":
@@ -476,4 +575,6 @@ def build_router(
         upstream=upstream,
         upstream_models=settings.upstream_models,
         breaker=breaker or Breaker(settings.upstream_breaker_failures, settings.upstream_breaker_cooldown_s),
+        min_local_tok_s=settings.route_min_local_tok_s,
+        max_local_wait_s=settings.route_max_local_wait_s,
     )

@@ -216,3 +216,36 @@ def test_server_when_request_leaves_sampling_out_then_settings_defaults_reach_th
     first, second = (g.params.sampling for g in srv.engine.generations)
     assert (first.temperature, first.top_k, first.top_p, first.min_p) == (0.7, 20, 0.9, 0.1)
     assert (second.temperature, second.top_k, second.top_p, second.min_p) == (0.2, 0, 0.9, 0.1)
+
+
+def test_worker_tokens_ahead_when_a_reply_runs_and_two_wait_then_what_is_left_of_each(live) -> None:
+    """Routing's wait estimate: the running reply's max_tokens less what it generated, plus each queued
+    reply's max_tokens (one without counts UNBOUNDED_REPLY_TOKENS); a client that left frees its share."""
+    from server.worker import UNBOUNDED_REPLY_TOKENS
+
+    srv = live(token_delay_s=0.02, reply_tokens=10_000)
+    worker = srv.app.state.runtime.worker
+    assert worker.tokens_ahead() == 0
+    with srv.client() as c, c.stream("POST", "/v1/chat/completions", json=chat(1000, stream=True)) as r:
+        lines = r.iter_lines()
+        assert srv.engine.wait_for(lambda gens: len(gens) == 1)
+        for _ in range(4):
+            next(lines)  # some tokens out
+        running = worker.tokens_ahead()
+        assert 0 < running < 1000
+
+        def send(body: dict) -> None:
+            with contextlib.suppress(httpx.HTTPError), httpx.Client(base_url=srv.url, timeout=3) as client:
+                client.post("/v1/chat/completions", json=body)  # leaves after 3 s: the reply is endless
+
+        queued = [
+            threading.Thread(target=send, args=(b,)) for b in (chat(7), {"model": MODEL, "messages": MSG})
+        ]
+        for t in queued:
+            t.start()
+            assert wait_until(lambda n=queued.index(t) + 1: queue_depth(srv) == n)
+        ahead = worker.tokens_ahead()
+        assert 0 < ahead - 7 - UNBOUNDED_REPLY_TOKENS <= running  # the running reply went on meanwhile
+    for t in queued:
+        t.join(30)
+    assert wait_until(lambda: worker.tokens_ahead() == 0)
