@@ -109,6 +109,19 @@ class ModelPool:
         self._current = item.engine
         return item.engine
 
+    def fits_without_eviction(self, model_id: str) -> bool:
+        """`model_id` is loaded, or loads without unloading another model (idle work must not evict the
+        model the next request needs)."""
+        entry = self.catalog.get(model_id)
+        if entry is None:
+            return False
+        with self._lock:
+            if entry.id in self._loaded:
+                return True
+            held = sum(self.cost(i.entry, i.engine.variant).total for i in self._loaded.values())
+        free = self.budget.free(held)
+        return free is None or self.cost(entry, entry.default_variant).total <= free
+
     def release(self, model_id: str, keep_alive_s: float | None = None) -> None:
         """The request is done with it (`model_id`: the engine's own id): keep it loaded for keep_alive
         (0: unload now)."""

@@ -71,6 +71,13 @@ class KVSlot:
         return self.cache.tokens
 
 
+def window_split(messages: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The sliding window's two parts: the pinned system message (the first one, if any) and the turns it
+    drops from the front (every other message, in order)."""
+    system = [m for m in messages if m.get("role") == "system"][:1]
+    return system, [m for m in messages if m not in system]
+
+
 def release_freed_memory() -> None:
     """Hand freed heap pages back to the OS after dropping a session: glibc keeps them otherwise, and a
     governor that switches variants would look like a leak (RSS only grows)."""
@@ -345,8 +352,8 @@ class LlamaEngine:
         if not truncate:
             raise self._too_long(len(ids), reserve)
         # sliding window: keep the system message(s) and as many of the newest turns as fit
-        system = [m for m in messages if m.get("role") == "system"][:1]
-        rest = [m for m in messages if m not in system]
+        system, turns = window_split(messages)
+        rest = turns
         while len(rest) > 1:
             rest = rest[1:]
             # a window should start with a user turn, as chats do
@@ -354,12 +361,12 @@ class LlamaEngine:
                 rest = rest[1:]
             ids = self._encode_chat(system + rest, tools)
             if self._fit(ids, reserve):
-                return Prompt(ids, truncated=True)
+                return Prompt(ids, truncated=True, dropped=len(turns) - len(rest))
         # even the last turn alone is too long: keep its end
         budget = self.context_length - max(reserve, 1)
         if budget <= 0:
             raise self._too_long(len(ids), reserve)
-        return Prompt(ids[-budget:], truncated=True)
+        return Prompt(ids[-budget:], truncated=True, dropped=len(turns))
 
     @property
     def can_chat(self) -> bool:
