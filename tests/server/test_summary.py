@@ -1,7 +1,7 @@
-"""The sliding window with a summary (server/summary.py) through the real worker and HTTP, on tiny real models:
-the first truncated request is served the plain window and queues the summary; after an idle moment the same
-conversation carries it (summarized: true, the note in the prompt: its token count); the setting turns it
-off; without a chat model it never happens; a request that arrives mid-summary preempts it."""
+"""The sliding window with a summary (server/summary.py) through the real worker and HTTP, on tiny real
+models: the first truncated request is served the plain window and queues the summary; after an idle moment
+the same conversation carries it (summarized: true, the note in the prompt: its token count); the setting
+turns it off; without a chat model it never happens; a request that arrives mid-summary preempts it."""
 
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ def chat(srv, messages: list[dict], **extra) -> dict:
 
 
 def chat_stream_last(srv, messages: list[dict]) -> dict:
-    body = {"messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0, "truncate": True, "stream": True}
+    body = {"messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0, "truncate": True}
+    body["stream"] = True
     final = None
     with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
@@ -228,11 +229,41 @@ def test_summary_hostile_histories(tiny):
         *conversation()[1:],
     ]
     assert chat(srv, odd)["truncated"] is True
+    wait_idle(srv)
+    assert chat(srv, odd)["summarized"] is True
     huge = conversation(turns=300, size=20)
-    body = chat(srv, huge)
-    assert body["truncated"] is True
-    with rt.summarizer._lock:
+    t0 = time.perf_counter()
+    assert chat(srv, huge)["truncated"] is True
+    print(f"a 300-turn history answered in {time.perf_counter() - t0:.2f} s")
+    with rt.summarizer._lock:  # bounded work, whatever the history
         assert len(rt.summarizer._pending) <= PENDING_MAX
         assert all(len(w.lines) <= SPAN_MESSAGES for w in rt.summarizer._pending)
-    wait_idle(srv, timeout=120)
-    assert chat(srv, odd)["summarized"] is True
+
+
+@pytest.mark.slow
+def test_summary_real_smollm2_when_turns_dropped_then_written_and_served(live, tmp_path, smollm2_model_dir):
+    """SmolLM2 writes a real summary of the dropped turns (a 256-token window), and the conversation then
+    carries it."""
+    settings = make_settings(tmp_path, model="smollm2-135m-instruct", context_length=256)
+    srv = live(served=serve_folders(settings, [smollm2_model_dir]), model=settings.model, context_length=256)
+    wait_ready(srv)
+    facts = [
+        ("My name is Ada and I live in Lyon.", "Nice to meet you, Ada! Lyon is a lovely city."),
+        ("I have a cat called Pixel.", "Pixel is a great name for a cat."),
+        ("I work as a baker and start at four.", "That is an early start; bakers work hard."),
+        ("My sister Lena is visiting next week.", "I hope you enjoy Lena's visit."),
+        ("We plan to hike in the Alps.", "The Alps are beautiful for hiking."),
+    ]
+    messages = [{"role": "system", "content": "You are a helpful assistant."}]
+    for user, assistant in facts:
+        assistant += " Tell me more whenever you like, I am happy to help with anything you need."
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    messages.append({"role": "user", "content": "What should I pack for the hike?"})
+    first = chat(srv, messages)
+    assert (first["truncated"], first["summarized"]) == (True, False)
+    wait_idle(srv, timeout=300)
+    rt = srv.app.state.runtime
+    found = rt.summarizer.store.longest(prefix_keys(window_split(messages)[1][:-1]))
+    assert found is not None and len(found[1].split()) >= 3  # a real, non-empty summary
+    second = chat(srv, messages)
+    assert (second["truncated"], second["summarized"]) == (True, True)
