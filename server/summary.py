@@ -269,20 +269,19 @@ class Summarizer:
             with self._lock:
                 self._pending.clear()  # no chat model to write it: the plain window stays
             return
-        with self._lock:
-            if not self._pending:
-                return
-            work = self._pending.pop()  # the newest: the conversation most likely to come back
+        # Never unload a model for a summary: the next request would pay for the reload. The work waits.
         if cancel.cancelled or not pool.fits_without_eviction(model_id):
-            self._requeue(work)
             return
-        engine = pool.acquire(model_id)
-        try:
-            self._write(engine, work, cancel)
-        except SimmerError as err:
-            log.warning("summary not written: %s", type(err).__name__)  # the work is dropped, never retried
-        finally:
-            pool.release(engine.model_id)
+        with pool.borrow(model_id) as engine:
+            while not cancel.cancelled:
+                with self._lock:
+                    if not self._pending:
+                        return
+                    work = self._pending.pop()  # the newest: the conversation most likely to come back
+                try:
+                    self._write(engine, work, cancel)
+                except SimmerError as err:  # dropped, never retried (no text in the log)
+                    log.warning("summary not written: %s", type(err).__name__)
 
     def _requeue(self, work: _Work) -> None:
         with self._lock:

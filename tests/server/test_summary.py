@@ -267,3 +267,19 @@ def test_summary_real_smollm2_when_turns_dropped_then_written_and_served(live, t
     assert found is not None and len(found[1].split()) >= 3  # a real, non-empty summary
     second = chat(srv, messages)
     assert (second["truncated"], second["summarized"]) == (True, True)
+
+
+def test_summary_when_ladder_then_its_smallest_chat_model_writes_it(tiny):
+    """SIMMER_LADDER=tiny-big,tiny-small serving tiny-big: tiny-small (loaded for the work, since it fits
+    without unloading tiny-big) writes the summary; tiny-big stays the model in use."""
+    srv = tiny(model="tiny-big", ladder="tiny-big,tiny-small,tiny-base")
+    rt = srv.app.state.runtime
+    assert rt.summarizer.model() == "tiny-small"  # the base model at the bottom cannot chat: skipped
+    assert "tiny-small" not in rt.served.pool.loaded()
+    messages = conversation()
+    assert chat(srv, messages, model="tiny-big")["summarized"] is False
+    wait_idle(srv)
+    assert rt.summarizer.written >= 1 and "tiny-small" in rt.served.pool.loaded()
+    assert rt.model_id() == "tiny-big"  # idle work is not "the engine that ran last"
+    body = chat(srv, messages, model="tiny-big")
+    assert (body["model"], body["summarized"]) == ("tiny-big", True)
