@@ -351,17 +351,23 @@ class LlamaEngine:
             return Prompt(ids)
         if not truncate:
             raise self._too_long(len(ids), reserve)
-        # sliding window: keep the system message(s) and as many of the newest turns as fit
+        # sliding window: keep the system message(s) and as many of the newest turns as fit. A window starts
+        # with a user turn, as chats do (or is the last turn alone). Fewer turns never make a longer prompt,
+        # so the first start that fits is found by bisection: a history of thousands of turns costs a few
+        # dozen encodings, not one per turn (which made a 1 MB body hold the worker for minutes).
         system, turns = window_split(messages)
-        rest = turns
-        while len(rest) > 1:
-            rest = rest[1:]
-            # a window should start with a user turn, as chats do
-            while len(rest) > 1 and rest[0].get("role") != "user":
-                rest = rest[1:]
-            ids = self._encode_chat(system + rest, tools)
-            if self._fit(ids, reserve):
-                return Prompt(ids, truncated=True, dropped=len(turns) - len(rest))
+        n = len(turns)
+        starts = [i for i in range(1, n - 1) if turns[i].get("role") == "user"] + ([n - 1] if n > 1 else [])
+        lo, hi, best = 0, len(starts) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            candidate = self._encode_chat(system + turns[starts[mid] :], tools)
+            if self._fit(candidate, reserve):
+                best, hi = (starts[mid], candidate), mid - 1
+            else:
+                lo, ids = mid + 1, candidate
+        if best is not None:
+            return Prompt(best[1], truncated=True, dropped=best[0])
         # even the last turn alone is too long: keep its end
         budget = self.context_length - max(reserve, 1)
         if budget <= 0:
