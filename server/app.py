@@ -55,9 +55,16 @@ def create_app(
     governed = gate if isinstance(gate, GovernorGate) else None
     worker_box: list[Worker] = []
     metrics = Metrics(queue_depth=lambda: worker_box[0].queue_depth if worker_box else 0)
+
     # The sliding window's summary: written by the smallest chat model of the ladder, in idle time only.
+    def calm() -> bool:  # a summary is optional work: only while the governor is at nominal
+        return governed is None or governed.snapshot().level == "nominal"
+
     summarizer = (
-        Summarizer(lambda: summary_model(served.ladder_models(), served.default_model, served.can_chat))
+        Summarizer(
+            lambda: summary_model(served.ladder_models(), served.default_model, served.can_chat),
+            allowed=calm,
+        )
         if settings.summary
         else None
     )

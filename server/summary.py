@@ -168,8 +168,12 @@ class Summarizer:
         store: SummaryStore | None = None,
         max_tokens: int = SUMMARY_MAX_TOKENS,
         on_step: Callable[[CancelToken], None] | None = None,
+        allowed: Callable[[], bool] = lambda: True,
     ) -> None:
         self.model = model
+        # The governor's say (app.py: only while its level is nominal): a summary is optional work, and heat
+        # or a paused (background) app leave the device alone; the work waits for a cooler idle moment.
+        self.allowed = allowed
         self.store = store or SummaryStore()
         self.max_tokens = max_tokens
         self.on_step = on_step  # a test seam: called between the summarizer's engine steps
@@ -270,10 +274,10 @@ class Summarizer:
                 self._pending.clear()  # no chat model to write it: the plain window stays
             return
         # Never unload a model for a summary: the next request would pay for the reload. The work waits.
-        if cancel.cancelled or not pool.fits_without_eviction(model_id):
+        if cancel.cancelled or not self.allowed() or not pool.fits_without_eviction(model_id):
             return
         with pool.borrow(model_id) as engine:
-            while not cancel.cancelled:
+            while not cancel.cancelled and self.allowed():
                 with self._lock:
                     if not self._pending:
                         return
@@ -295,6 +299,10 @@ class Summarizer:
         if work.skipped and not summary:
             summary = f"({work.skipped} earlier messages are not summarized.)"
         while work.lines:
+            if not self.allowed():  # the governor's level rose meanwhile: keep what is done, go on later
+                work.summary = summary
+                self._requeue(work)
+                return
             chunk = self._chunk(engine, summary, work.lines, max_tokens)
             text = self._generate(engine, summary, [line for _, line in chunk], cancel, max_tokens)
             if text is None:  # a job arrived: resume from here at the next idle moment
