@@ -54,11 +54,8 @@ MESSAGE_CHARS = 1200  # characters of one message the summarizer reads (its head
 SPAN_MESSAGES = 48  # new messages one piece of work summarizes (older ones of a huge span are skipped)
 NOTE_SHARE = 4  # a note may take at most 1/NOTE_SHARE of the context, else the plain window serves
 
-INSTRUCTIONS = (
-    "You keep a running summary of a conversation between a user and an assistant. Merge the summary so "
-    "far with the new messages into one short summary in plain text: names, facts, decisions, questions "
-    "still open. At most five sentences. Write only the summary."
-)
+FIRST = "Summarize this conversation in two sentences, keeping names and facts about the user:"
+UPDATE = "Update the summary in two sentences, keeping names and facts about the user."
 
 
 def prefix_keys(turns: list[dict]) -> list[str]:
@@ -75,7 +72,7 @@ def prefix_keys(turns: list[dict]) -> list[str]:
 def message_line(m: dict) -> str:
     """One turn as the summarizer reads it: "role: text", tool calls named, content arrays' text parts
     (anything else, an image, as a placeholder), clipped to MESSAGE_CHARS."""
-    role = str(m.get("role") or "message")
+    role = str(m.get("role") or "message").capitalize()
     content = m.get("content")
     if isinstance(content, list):
         parts = []
@@ -320,11 +317,13 @@ class Summarizer:
         log.info("summary written (%d stored)", len(self.store))
 
     def _messages(self, summary: str, lines: list[str]) -> list[dict]:
-        new = "\n".join(line for line in lines if line) or "(no text)"
-        return [
-            {"role": "system", "content": INSTRUCTIONS},
-            {"role": "user", "content": f"Summary so far:\n{summary or '(none)'}\n\nNew messages:\n{new}"},
-        ]
+        # One plain user request, no system message and no labelled empty fields: SmolLM2-135M copied a
+        # "Summary so far: (none) / New messages:" layout instead of following it, and wrote a grounded
+        # summary for this wording (tried by hand on a few phrasings; a 135M model summarizes poorly at best).
+        chat = "\n".join(line for line in lines if line) or "(no text)"
+        if summary:
+            return [{"role": "user", "content": f"Earlier summary: {summary}\n\nChat:\n{chat}\n\n{UPDATE}"}]
+        return [{"role": "user", "content": f"{FIRST}\n\n{chat}"}]
 
     def _chunk(
         self, engine: Engine, summary: str, lines: list[tuple[str, str]], max_tokens: int

@@ -42,10 +42,10 @@ def test_prefix_keys_when_prefix_shared_then_same_keys_and_an_edit_breaks_the_ch
     [
         ({"role": "user", "content": ""}, ""),  # empty: nothing to summarize
         ({"role": "user", "content": None}, ""),
-        ({"role": "user", "content": "  a\n\n b  "}, "user: a b"),
+        ({"role": "user", "content": "  a\n\n b  "}, "User: a b"),
         (
             {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url"}]},
-            "user: x [image_url]",
+            "User: x [image_url]",
         ),
         (
             {
@@ -53,11 +53,11 @@ def test_prefix_keys_when_prefix_shared_then_same_keys_and_an_edit_breaks_the_ch
                 "content": None,
                 "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
             },
-            "assistant: [called f({})]",
+            "Assistant: [called f({})]",
         ),
-        ({"role": "tool", "content": "42", "tool_call_id": "c"}, "tool: 42"),
-        ({"content": "no role"}, "message: no role"),
-        ({"role": "user", "content": ["odd", 3]}, "user: [part] [part]"),
+        ({"role": "tool", "content": "42", "tool_call_id": "c"}, "Tool: 42"),
+        ({"content": "no role"}, "Message: no role"),
+        ({"role": "user", "content": ["odd", 3]}, "User: [part] [part]"),
     ],
 )
 def test_message_line_when_shapes_vary_then_text_only(message, line):
@@ -66,7 +66,7 @@ def test_message_line_when_shapes_vary_then_text_only(message, line):
 
 def test_message_line_when_huge_then_clipped():
     line = message_line({"role": "user", "content": "x" * 100_000})
-    assert len(line) == len("user: ") + MESSAGE_CHARS + len(" ...")
+    assert len(line) == len("User: ") + MESSAGE_CHARS + len(" ...")
 
 
 def test_with_note_when_system_or_not_then_one_pinned_system_message():
