@@ -24,6 +24,11 @@ Why it is shaped like this:
 - Bounded: a small LRU of summaries, a short queue of pending work (newest first; the oldest goes), each
   message clipped to MESSAGE_CHARS for the summarizer and at most SPAN_MESSAGES new messages per piece of
   work (a hostile history of thousands of turns costs a bounded amount of idle time and memory).
+- Keyed by the turns alone (not the system message, not the model): a summary is a function of those turns
+  only, so it is right for any request that starts with them, and a client that finds one learns nothing
+  it did not send. Its text goes into that client's own system message (what it could write there itself).
+- Optional work: it runs only while the governor's level is nominal (`allowed`), and never unloads a model
+  to load the summarizer (ModelPool.fits_without_eviction, borrow).
 - Privacy (seed 001: logs never contain prompt text): neither summaries nor messages are ever logged or
   exported; log lines carry counts only.
 """
