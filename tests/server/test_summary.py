@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from models.protocol import EngineLimits
 from models.runtime.engine import window_split
 from models.types import SamplingParams
 from server.served import serve_folders
@@ -64,11 +65,11 @@ def wait_idle(srv, timeout: float = 60.0) -> None:
 def tiny(live, tmp_path, tiny_pair_dirs, tiny_base_model_dir):
     """start(**settings) -> a live server over tiny-big, tiny-small and tiny-base (context 256)."""
 
-    def start(**overrides):
+    def start(governor=None, **overrides):
         overrides = {"model": "tiny-small", "context_length": 256, **overrides}
         settings = make_settings(tmp_path, **overrides)
         served = serve_folders(settings, [*tiny_pair_dirs, tiny_base_model_dir])
-        srv = live(served=served, **overrides)
+        srv = live(served=served, governor=governor, **overrides)
         wait_ready(srv)
         summarizer = srv.app.state.runtime.summarizer
         if summarizer is not None:
@@ -283,3 +284,36 @@ def test_summary_when_ladder_then_its_smallest_chat_model_writes_it(tiny):
     assert rt.model_id() == "tiny-big"  # idle work is not "the engine that ran last"
     body = chat(srv, messages, model="tiny-big")
     assert (body["model"], body["summarized"]) == ("tiny-big", True)
+
+
+class CapGate:
+    """A governor seam that caps the context (as the limits table does under heat), nothing else."""
+
+    memory_pressure = False
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+
+    def subscribe(self, callback) -> None:
+        return None
+
+    def before_job(self, cancel, enqueued_at) -> EngineLimits:
+        return EngineLimits(context_cap=self.cap)
+
+    def before_step(self, cancel) -> None:
+        return None
+
+
+def test_summary_when_governor_caps_context_then_dropped_turns_summarized(tiny):
+    """Turns dropped because the governor lowered the context cap (the conversation fits the 256 tokens
+    configured, not the 160 of the cap) are summarized like the ones `truncate` drops."""
+    messages = conversation(turns=4)
+    srv = tiny(governor=CapGate(160))
+    engine = srv.app.state.runtime.served.pool.engine("tiny-small")
+    assert len(engine.chat_prompt(messages, reserve=MAX_TOKENS).ids) < 256  # fits without the cap
+    first = chat(srv, messages)
+    assert (first["truncated"], first["summarized"]) == (True, False)
+    wait_idle(srv)
+    second = chat(srv, messages)
+    assert (second["truncated"], second["summarized"]) == (True, True)
+    assert second["usage"]["prompt_tokens"] <= 160
