@@ -30,6 +30,10 @@ class Prompt:
     ids: list[int]
     truncated: bool = False
     reply_tokens: int = 0  # a continuation prompt: how many of the last ids are the reply so far
+    # chat_prompt's sliding window: how many turns (messages after the pinned system message, see
+    # models/runtime/engine.py window_split) it dropped from the front; len(turns) when even the last turn
+    # had to be cut mid-way. A summary of the dropped turns (server/summary.py) keys on it.
+    dropped: int = 0
 
 
 StepHook = Callable[[], EngineLimits | None]

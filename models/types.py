@@ -130,6 +130,7 @@ class FinishEvent:
     truncated: bool = False
     variant: str | None = None
     text: str = ""  # any text flushed at the end (held-back bytes)
+    summarized: bool = False  # the dropped turns were in the prompt as a summary note (server/summary.py)
     tool_calls: tuple[ToolCallDelta, ...] = ()  # call deltas flushed at the end
     model_id: str | None = None  # the model that finished the reply
 

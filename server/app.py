@@ -25,6 +25,7 @@ from server.schemas import SamplingDefaults
 from server.security import CorsMiddleware, SecurityMiddleware
 from server.served import Served, serve_single
 from server.settings import Settings
+from server.summary import Summarizer, summary_model
 from server.worker import Gate, NoGate, Worker
 
 __all__ = ["Runtime", "create_app"]
@@ -54,6 +55,19 @@ def create_app(
     governed = gate if isinstance(gate, GovernorGate) else None
     worker_box: list[Worker] = []
     metrics = Metrics(queue_depth=lambda: worker_box[0].queue_depth if worker_box else 0)
+
+    # The sliding window's summary: written by the smallest chat model of the ladder, in idle time only.
+    def calm() -> bool:  # a summary is optional work: only while the governor is at nominal
+        return governed is None or governed.snapshot().level == "nominal"
+
+    summarizer = (
+        Summarizer(
+            lambda: summary_model(served.ladder_models(), served.default_model, served.can_chat),
+            allowed=calm,
+        )
+        if settings.summary
+        else None
+    )
     worker = Worker(
         served.pool,
         max_queue=settings.max_queue,
@@ -61,7 +75,10 @@ def create_app(
         metrics=metrics,
         place=served.place,
         preload=served.preload,
+        window=summarizer,
     )
+    if summarizer is not None:
+        worker.add_idle_work(summarizer)
     worker_box.append(worker)
     gate.subscribe(worker.publish_governor)
     if governed is not None:  # its pace controller hears of every load; export its state
@@ -98,6 +115,7 @@ def create_app(
         ),
         store_home=settings.home,
         model_store=ModelStore(settings.home, hub=hub_config(settings)),
+        summarizer=summarizer,
     )
     # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
     runtime.router = build_router(

@@ -103,6 +103,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "usage": {"$ref": _REF + "Usage"},
             "timings": {"type": "object"},
             "truncated": {"type": "boolean"},
+            "summarized": {"type": "boolean", "description": "dropped turns came as a summary note"},
         },
     },
     "ToolCall": {
@@ -148,6 +149,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "usage": {"$ref": _REF + "Usage"},
             "timings": {"type": "object"},
             "truncated": {"type": "boolean"},
+            "summarized": {"type": "boolean", "description": "dropped turns came as a summary note"},
         },
     },
     "ModelList": {

@@ -12,6 +12,7 @@ from server.metrics import Metrics
 from server.routing.router import Router
 from server.schemas import SamplingDefaults
 from server.served import Served
+from server.summary import Summarizer
 from server.worker import Worker
 
 
@@ -30,6 +31,7 @@ class Runtime:
     router: Router | None = None  # set by create_app; where each request is served (server/routing/)
     store_home: Path | None = None  # the model store, for /health's model_problem (None: not from a store)
     model_store: ModelStore | None = None  # installed models: Ollama's /api/tags, /api/show, pull, delete
+    summarizer: Summarizer | None = None  # the sliding window's summary (None: SIMMER_SUMMARY=false)
 
     def model_id(self) -> str:
         """The model in use: the one that ran last (or loaded at start), else the default."""

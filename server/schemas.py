@@ -592,7 +592,11 @@ def completion_logprobs(events: list[TokenEvent], offset: int = 0) -> dict | Non
 
 
 def _extras(finish: FinishEvent) -> dict:
-    return {"timings": timings_dict(finish.timings), "truncated": finish.truncated}
+    return {
+        "timings": timings_dict(finish.timings),
+        "truncated": finish.truncated,
+        "summarized": finish.summarized,
+    }
 
 
 def _fingerprint(variant: str | None) -> str | None:

@@ -68,6 +68,11 @@ class Settings(BaseSettings):
         description="Seconds an idle model stays loaded (0 = unload after each reply, negative = keep); "
         "a request's keep_alive overrides it",
     )
+    summary: bool = Field(
+        True,
+        description="When the chat window drops turns, the smallest chat model of the ladder summarizes them "
+        "while idle and later requests carry the summary (false: the plain window)",
+    )
     chat_template: Path | None = Field(
         None, description="Jinja chat template file used instead of the model's (gives a base model chat)"
     )

@@ -4,7 +4,7 @@ job at a time, FIFO.
 The event loop never touches the engine. It submits a `Job` (cheap: no tokenizing, so a full queue is
 rejected before any real work) and reads the job's events from an asyncio.Queue that the worker fills
 through `loop.call_soon_threadsafe`. Events, in order:
-  Started(prompt_tokens, truncated)  -> TokenEvent* -> FinishEvent
+  Started(prompt_tokens, truncated, summarized)  -> TokenEvent* -> FinishEvent
 or Failed(error) at any point (prompt too long, engine error, shutdown). GovernorState may come anywhere.
 
 The governor seam (kept small on purpose), both called on the worker thread:
@@ -43,10 +43,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from models.errors import Cancelled, SimmerError
 from models.protocol import Engine, EngineLimits, Prompt
-from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent
+from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent, ToolUse
 from server.errors import ModelLoading, ServerBusy, ShuttingDown
 from server.ladder import Target
 from server.model_pool import ModelPool
+from server.summary import Windowed
 
 if TYPE_CHECKING:
     from server.accounting import RequestAccount
@@ -80,6 +81,14 @@ class NoGate:
         return None
 
 
+class Window(Protocol):
+    """A chat job's prompt through a sliding window that may carry a summary (server/summary.py)."""
+
+    def window(
+        self, engine: Engine, messages: list[dict], *, truncate: bool, reserve: int, tools: ToolUse | None
+    ) -> Windowed: ...
+
+
 class IdleWork(Protocol):
     """Work for an idle worker (never on a reply's critical path)."""
 
@@ -105,6 +114,7 @@ class Started:
     truncated: bool
     variant: str | None = None
     model_id: str | None = None  # the model that runs it (None: the requested one)
+    summarized: bool = False  # the window's dropped turns are in the prompt as a summary note
 
 
 @dataclass(frozen=True)
@@ -173,8 +183,10 @@ class Worker:
         metrics: WorkerMetrics | None = None,
         place: Placer | None = None,
         preload: str | None = None,
+        window: Window | None = None,
     ) -> None:
         self.pool = pool
+        self._window = window
         self.max_queue = max_queue
         self.gate: Gate = gate or NoGate()
         self._metrics = metrics
@@ -419,11 +431,15 @@ class Worker:
             engine = self.pool.acquire(target.model_id, target.variant)
             self._sync_limits(engine, target)
             self._relieve_memory(engine)
-            prompt: Prompt | None = self._prompt(engine, job)
+            windowed = self._prompt(engine, job)
+            prompt: Prompt | None = windowed.prompt
             assert prompt is not None
+            summarized = windowed.summarized
+            if summarized:  # a reply continued on another tokenizer renders the same messages, note included
+                job = replace(job, payload=windowed.messages)
             if account is not None:
                 account.started(len(prompt.ids), engine.variant)
-            job.sink(Started(len(prompt.ids), prompt.truncated, engine.variant, engine.model_id))
+            job.sink(Started(len(prompt.ids), prompt.truncated, engine.variant, engine.model_id, summarized))
             resume: Handover | None = None
             last = None
             while True:
@@ -439,6 +455,8 @@ class Worker:
                     if isinstance(event, Handover):
                         handover = event
                         break
+                    if summarized and isinstance(event, FinishEvent):
+                        event = replace(event, summarized=True)
                     if account is not None:
                         if isinstance(event, TokenEvent):
                             account.token(event)
@@ -525,22 +543,21 @@ class Worker:
             job.payload, handover.text, truncate=job.params.truncate, reserve=reserve
         )
 
-    @staticmethod
-    def _prompt(engine: Engine, job: Job) -> Prompt:
+    def _prompt(self, engine: Engine, job: Job) -> Windowed:
         truncate = job.params.truncate
         # Without truncation, only insist that one token fits (generation stops at the context cap with
         # finish_reason "length"); with it, make room for the answer, up to half the context.
-        reserve = (
-            min(job.params.max_tokens or UNBOUNDED_REPLY_TOKENS, engine.context_length // 2)
-            if truncate
-            else 1
-        )
-        if isinstance(job.payload, list):
-            tools = job.params.tools
-            if tools is None:  # engines without tool support keep their two-keyword signature
-                return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve)
-            return engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve, tools=tools)
-        return engine.text_prompt(job.payload, truncate=truncate, reserve=reserve)
+        reserve = min(_reply_tokens(job), engine.context_length // 2) if truncate else 1
+        if not isinstance(job.payload, list):
+            return Windowed(engine.text_prompt(job.payload, truncate=truncate, reserve=reserve), False, [])
+        tools = job.params.tools
+        if self._window is not None:
+            return self._window.window(engine, job.payload, truncate=truncate, reserve=reserve, tools=tools)
+        if tools is None:  # engines without tool support keep their two-keyword signature
+            prompt = engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve)
+        else:
+            prompt = engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve, tools=tools)
+        return Windowed(prompt, False, job.payload)
 
 
 UNBOUNDED_REPLY_TOKENS = 256  # a reply without max_tokens, for estimates (the prompt's reserve uses it too)

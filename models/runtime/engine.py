@@ -71,6 +71,13 @@ class KVSlot:
         return self.cache.tokens
 
 
+def window_split(messages: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The sliding window's two parts: the pinned system message (the first one, if any) and the turns it
+    drops from the front (every other message, in order)."""
+    system = [m for m in messages if m.get("role") == "system"][:1]
+    return system, [m for m in messages if m not in system]
+
+
 def release_freed_memory() -> None:
     """Hand freed heap pages back to the OS after dropping a session: glibc keeps them otherwise, and a
     governor that switches variants would look like a leak (RSS only grows)."""
@@ -344,22 +351,28 @@ class LlamaEngine:
             return Prompt(ids)
         if not truncate:
             raise self._too_long(len(ids), reserve)
-        # sliding window: keep the system message(s) and as many of the newest turns as fit
-        system = [m for m in messages if m.get("role") == "system"][:1]
-        rest = [m for m in messages if m not in system]
-        while len(rest) > 1:
-            rest = rest[1:]
-            # a window should start with a user turn, as chats do
-            while len(rest) > 1 and rest[0].get("role") != "user":
-                rest = rest[1:]
-            ids = self._encode_chat(system + rest, tools)
-            if self._fit(ids, reserve):
-                return Prompt(ids, truncated=True)
+        # sliding window: keep the system message(s) and as many of the newest turns as fit. A window starts
+        # with a user turn, as chats do (or is the last turn alone). Fewer turns never make a longer prompt,
+        # so the first start that fits is found by bisection: a history of thousands of turns costs a few
+        # dozen encodings, not one per turn (which made a 1 MB body hold the worker for minutes).
+        system, turns = window_split(messages)
+        n = len(turns)
+        starts = [i for i in range(1, n - 1) if turns[i].get("role") == "user"] + ([n - 1] if n > 1 else [])
+        lo, hi, best = 0, len(starts) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            candidate = self._encode_chat(system + turns[starts[mid] :], tools)
+            if self._fit(candidate, reserve):
+                best, hi = (starts[mid], candidate), mid - 1
+            else:
+                lo, ids = mid + 1, candidate
+        if best is not None:
+            return Prompt(best[1], truncated=True, dropped=best[0])
         # even the last turn alone is too long: keep its end
         budget = self.context_length - max(reserve, 1)
         if budget <= 0:
             raise self._too_long(len(ids), reserve)
-        return Prompt(ids[-budget:], truncated=True)
+        return Prompt(ids[-budget:], truncated=True, dropped=len(turns))
 
     @property
     def can_chat(self) -> bool:

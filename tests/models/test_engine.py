@@ -188,6 +188,30 @@ def test_context_when_prompt_too_long_then_error_or_truncated(tiny):
     assert p.truncated and "be brief" in text and "last question" in text and "turn 0" not in text
 
 
+def test_sliding_window_when_thousands_of_turns_then_few_encodings_and_the_same_window(tiny, monkeypatch):
+    """The window's first start that fits is bisected: a hostile history of 2,000 turns costs a few dozen
+    encodings (one per turn before: minutes of worker time for a 1 MB body), and the window is the one the
+    turn-by-turn search finds: the newest turns that fit, starting with a user turn."""
+    msgs = [{"role": "system", "content": "be brief"}] + [
+        {"role": r, "content": f"t{i}" + " x" * (i % 3)} for i, r in enumerate(["user", "assistant"] * 1000)
+    ]
+    encodings: list[int] = []
+    real = tiny._encode_chat
+
+    def counted(messages, tools=None):
+        encodings.append(len(messages))
+        return real(messages, tools)
+
+    monkeypatch.setattr(tiny, "_encode_chat", counted)
+    p = tiny.chat_prompt(msgs, truncate=True, reserve=8)
+    assert p.truncated and len(encodings) <= 2 + 2 * 11  # log2(1,000 user starts) ~ 10
+    kept = msgs[1 + p.dropped :]
+    assert kept[0]["role"] == "user" and p.ids == real([msgs[0], *kept])
+    assert len(p.ids) + 8 <= tiny.context_length
+    earlier = [i for i in range(p.dropped) if msgs[1 + i]["role"] == "user"][-1]  # the previous user start
+    assert len(real([msgs[0], *msgs[1 + earlier :]])) + 8 > tiny.context_length  # it did not fit
+
+
 def test_sliding_window_when_no_max_tokens_then_bounded_at_ten_contexts(tiny_model_dir):
     """Under truncate the context never runs out: an open-ended reply that no EOS ends (ignore_eos here)
     stops after OPEN_ENDED_CONTEXTS contexts' worth of tokens instead of running for ever."""

@@ -1,0 +1,319 @@
+"""The sliding window with a summary (server/summary.py) through the real worker and HTTP, on tiny real
+models: the first truncated request is served the plain window and queues the summary; after an idle moment
+the same conversation carries it (summarized: true, the note in the prompt: its token count); the setting
+turns it off; without a chat model it never happens; a request that arrives mid-summary preempts it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from models.protocol import EngineLimits
+from models.runtime.engine import window_split
+from models.types import SamplingParams
+from server.served import serve_folders
+from server.summary import NOTE_MARK, prefix_keys, with_note
+from tests.server.conftest import make_settings
+
+MAX_TOKENS = 4
+# The tiny random model prints only newlines greedily (a blank summary), or bytes that are no text: the
+# summarizer's sampling bans them (the tiny vocabulary's byte b is token 3 + b), so it writes ASCII.
+TEXT_ONLY = SamplingParams(
+    temperature=0.0, logit_bias=tuple((3 + b, -100.0) for b in [*range(0, 32), *range(127, 256)])
+)
+
+
+def conversation(turns: int = 10, size: int = 40) -> list[dict]:
+    """A system message, `turns` alternating user/assistant turns of about `size` characters (the tiny
+    vocabulary is about a token per character: far more than a 256-token context) and a last question."""
+    messages = [{"role": "system", "content": "You are terse."}]
+    for i in range(turns):
+        role = "user" if i % 2 == 0 else "assistant"
+        messages.append({"role": role, "content": f"turn {i}: " + "the cat sat on a mat " * (size // 20)})
+    messages.append({"role": "user", "content": "and now?"})
+    return messages
+
+
+def wait_ready(srv) -> None:
+    for _ in range(500):
+        if httpx.get(srv.url + "/health").status_code == 200:
+            return
+        time.sleep(0.02)
+    raise AssertionError(httpx.get(srv.url + "/health").text)
+
+
+def wait_idle(srv, timeout: float = 60.0) -> None:
+    """Until the summarizer has nothing pending and the worker is idle."""
+    rt = srv.app.state.runtime
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with rt.summarizer._lock:  # pending() and running change together under the lock... or nearly:
+            quiet = not rt.summarizer.pending() and not rt.summarizer.running
+        if quiet and not rt.worker.busy:
+            time.sleep(0.05)  # run() may be about to start
+            if not rt.summarizer.pending() and not rt.summarizer.running and not rt.worker.busy:
+                return
+        time.sleep(0.02)
+    raise AssertionError("the summary work did not finish")
+
+
+@pytest.fixture
+def tiny(live, tmp_path, tiny_pair_dirs, tiny_base_model_dir):
+    """start(**settings) -> a live server over tiny-big, tiny-small and tiny-base (context 256)."""
+
+    def start(governor=None, **overrides):
+        overrides = {"model": "tiny-small", "context_length": 256, **overrides}
+        settings = make_settings(tmp_path, **overrides)
+        served = serve_folders(settings, [*tiny_pair_dirs, tiny_base_model_dir])
+        srv = live(served=served, governor=governor, **overrides)
+        wait_ready(srv)
+        summarizer = srv.app.state.runtime.summarizer
+        if summarizer is not None:
+            summarizer.sampling = TEXT_ONLY
+        return srv
+
+    return start
+
+
+def chat(srv, messages: list[dict], **extra) -> dict:
+    body = {"messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0, "truncate": True, **extra}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def chat_stream_last(srv, messages: list[dict]) -> dict:
+    body = {"messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0, "truncate": True}
+    body["stream"] = True
+    final = None
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                if chunk.get("choices") and chunk["choices"][0].get("finish_reason"):
+                    final = chunk
+    assert final is not None
+    return final
+
+
+def noted_prompt_tokens(srv, messages: list[dict]) -> int:
+    """What the prompt of `messages` is with the stored summary as its note, rendered by the serving engine:
+    the window over the turns after the summarized prefix."""
+    rt = srv.app.state.runtime
+    system, turns = window_split(messages)
+    found = rt.summarizer.store.longest(prefix_keys(turns[:-1]))
+    assert found is not None
+    j, text = found
+    engine = rt.served.pool.engine("tiny-small")
+    return len(engine.chat_prompt(with_note(system + turns[j:], text), truncate=True, reserve=MAX_TOKENS).ids)
+
+
+def test_summary_when_turns_dropped_then_first_plain_and_after_idle_summarized(tiny):
+    srv = tiny()
+    messages = conversation()
+    first = chat(srv, messages)
+    assert (first["truncated"], first["summarized"]) == (True, False)
+    rt = srv.app.state.runtime
+    wait_idle(srv)
+    assert rt.summarizer.written >= 1
+    summary = rt.summarizer.store.longest(prefix_keys(window_split(messages)[1][:-1]))
+    assert summary is not None and summary[1]  # a non-empty running summary of a dropped prefix
+
+    second = chat(srv, messages)
+    assert (second["truncated"], second["summarized"]) == (True, True)
+    noted = noted_prompt_tokens(srv, messages)
+    assert second["usage"]["prompt_tokens"] == noted != first["usage"]["prompt_tokens"]
+    # the note is in the prompt: the engine renders it inside the system message, under its mark
+    engine = rt.served.pool.engine("tiny-small")
+    system, turns = window_split(messages)
+    rendered = engine.chat_text(with_note(system + turns[summary[0] :], summary[1]))
+    assert NOTE_MARK in rendered and summary[1] in rendered
+
+    final = chat_stream_last(srv, messages)  # the stream's final chunk says the same
+    assert (final["truncated"], final["summarized"]) == (True, True)
+
+
+def test_summary_when_conversation_grows_then_summary_still_serves(tiny):
+    """The look-ahead: a summary covers more than the first request dropped, so the next request (one turn
+    pair more) still finds it."""
+    srv = tiny()
+    messages = conversation()
+    chat(srv, messages)
+    wait_idle(srv)
+    longer = [*messages, {"role": "assistant", "content": "ok."}, {"role": "user", "content": "and then?"}]
+    assert chat(srv, longer)["summarized"] is True
+
+
+def test_summary_when_prefix_changes_then_not_used(tiny):
+    srv = tiny()
+    messages = conversation()
+    chat(srv, messages)
+    wait_idle(srv)
+    edited = [messages[0], {"role": "user", "content": "a different first question"}, *messages[2:]]
+    body = chat(srv, edited)
+    assert (body["truncated"], body["summarized"]) == (True, False)
+
+
+def test_summary_when_setting_off_then_never(tiny):
+    srv = tiny(summary=False)
+    messages = conversation()
+    assert srv.app.state.runtime.summarizer is None
+    assert chat(srv, messages)["summarized"] is False
+    time.sleep(0.5)  # an idle moment
+    final = chat_stream_last(srv, messages)
+    assert (final["truncated"], final["summarized"]) == (True, False)
+
+
+def test_summary_when_no_chat_model_in_ladder_then_never(tiny):
+    srv = tiny(ladder="tiny-base")  # the ladder's only model is a base model: no one can write a summary
+    rt = srv.app.state.runtime
+    messages = conversation()
+    assert chat(srv, messages)["summarized"] is False
+    wait_idle(srv)
+    assert rt.summarizer.written == 0 and len(rt.summarizer.store) == 0
+    assert chat(srv, messages)["summarized"] is False
+
+
+def test_summary_when_request_arrives_mid_summary_then_preempted(tiny):
+    """The idle work stops at the engine's next step once a job is submitted (the worker cancels its token),
+    and resumes at the next idle moment."""
+    srv = tiny()
+    rt = srv.app.state.runtime
+    running = threading.Event()
+    seen: dict[str, float] = {}
+
+    def on_step(cancel) -> None:  # the first summary step waits for a request to arrive
+        if "cancelled" in seen:
+            return
+        running.set()
+        deadline = time.monotonic() + 30
+        while not cancel.cancelled and time.monotonic() < deadline:
+            time.sleep(0.001)
+        seen["cancelled"] = time.perf_counter()
+
+    rt.summarizer.on_step = on_step
+    messages = conversation()
+    chat(srv, messages)
+    assert running.wait(30), "the summary did not start"
+    t0 = time.perf_counter()
+    second = chat(srv, messages)  # arrives mid-summary
+    latency = time.perf_counter() - t0
+    assert "cancelled" in seen  # the request's submission cancelled the idle work...
+    assert rt.summarizer.preempted == 1  # ...and the engine stopped the summary at its next step
+    assert (second["truncated"], second["summarized"]) == (True, False)
+    wait_idle(srv)
+    assert rt.summarizer.written >= 1  # resumed when idle again
+    third = chat(srv, messages)
+    assert third["summarized"] is True
+    print(f"request arriving mid-summary answered in {latency * 1000:.1f} ms")
+
+
+def test_summary_hostile_histories(tiny):
+    """Empty messages, tool turns and calls, a huge history: answered, and the pending work stays bounded."""
+    from server.summary import PENDING_MAX, SPAN_MESSAGES
+
+    srv = tiny()
+    rt = srv.app.state.runtime
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+    odd = [
+        {"role": "system", "content": ""},
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "result " * 40},
+        {"role": "user", "content": [{"type": "text", "text": "parts " * 30}]},
+        {"role": "assistant", "content": ""},
+        *conversation()[1:],
+    ]
+    assert chat(srv, odd)["truncated"] is True
+    wait_idle(srv)
+    assert chat(srv, odd)["summarized"] is True
+    huge = conversation(turns=3000, size=20)
+    t0 = time.perf_counter()
+    assert chat(srv, huge)["truncated"] is True
+    print(f"a 3000-turn history answered in {time.perf_counter() - t0:.2f} s")
+    with rt.summarizer._lock:  # bounded work, whatever the history
+        assert len(rt.summarizer._pending) <= PENDING_MAX
+        assert all(len(w.lines) <= SPAN_MESSAGES for w in rt.summarizer._pending)
+
+
+@pytest.mark.slow
+def test_summary_real_smollm2_when_turns_dropped_then_written_and_served(live, tmp_path, smollm2_model_dir):
+    """SmolLM2 writes a real summary of the dropped turns (a 256-token window), and the conversation then
+    carries it."""
+    settings = make_settings(tmp_path, model="smollm2-135m-instruct", context_length=256)
+    srv = live(served=serve_folders(settings, [smollm2_model_dir]), model=settings.model, context_length=256)
+    wait_ready(srv)
+    facts = [
+        ("My name is Ada and I live in Lyon.", "Nice to meet you, Ada! Lyon is a lovely city."),
+        ("I have a cat called Pixel.", "Pixel is a great name for a cat."),
+        ("I work as a baker and start at four.", "That is an early start; bakers work hard."),
+        ("My sister Lena is visiting next week.", "I hope you enjoy Lena's visit."),
+        ("We plan to hike in the Alps.", "The Alps are beautiful for hiking."),
+    ]
+    messages = [{"role": "system", "content": "You are a helpful assistant."}]
+    for user, assistant in facts:
+        assistant += " Tell me more whenever you like, I am happy to help with anything you need."
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    messages.append({"role": "user", "content": "What should I pack for the hike?"})
+    first = chat(srv, messages)
+    assert (first["truncated"], first["summarized"]) == (True, False)
+    wait_idle(srv, timeout=300)
+    rt = srv.app.state.runtime
+    found = rt.summarizer.store.longest(prefix_keys(window_split(messages)[1][:-1]))
+    assert found is not None and len(found[1].split()) >= 3  # a real, non-empty summary
+    second = chat(srv, messages)
+    assert (second["truncated"], second["summarized"]) == (True, True)
+
+
+def test_summary_when_ladder_then_its_smallest_chat_model_writes_it(tiny):
+    """SIMMER_LADDER=tiny-big,tiny-small serving tiny-big: tiny-small (loaded for the work, since it fits
+    without unloading tiny-big) writes the summary; tiny-big stays the model in use."""
+    srv = tiny(model="tiny-big", ladder="tiny-big,tiny-small,tiny-base")
+    rt = srv.app.state.runtime
+    assert rt.summarizer.model() == "tiny-small"  # the base model at the bottom cannot chat: skipped
+    assert "tiny-small" not in rt.served.pool.loaded()
+    messages = conversation()
+    assert chat(srv, messages, model="tiny-big")["summarized"] is False
+    wait_idle(srv)
+    assert rt.summarizer.written >= 1 and "tiny-small" in rt.served.pool.loaded()
+    assert rt.model_id() == "tiny-big"  # idle work is not "the engine that ran last"
+    body = chat(srv, messages, model="tiny-big")
+    assert (body["model"], body["summarized"]) == ("tiny-big", True)
+
+
+class CapGate:
+    """A governor seam that caps the context (as the limits table does under heat), nothing else."""
+
+    memory_pressure = False
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+
+    def subscribe(self, callback) -> None:
+        return None
+
+    def before_job(self, cancel, enqueued_at) -> EngineLimits:
+        return EngineLimits(context_cap=self.cap)
+
+    def before_step(self, cancel) -> None:
+        return None
+
+
+def test_summary_when_governor_caps_context_then_dropped_turns_summarized(tiny):
+    """Turns dropped because the governor lowered the context cap (the conversation fits the 256 tokens
+    configured, not the 160 of the cap) are summarized like the ones `truncate` drops."""
+    messages = conversation(turns=4)
+    srv = tiny(governor=CapGate(160))
+    engine = srv.app.state.runtime.served.pool.engine("tiny-small")
+    assert len(engine.chat_prompt(messages, reserve=MAX_TOKENS).ids) < 256  # fits without the cap
+    first = chat(srv, messages)
+    assert (first["truncated"], first["summarized"]) == (True, False)
+    wait_idle(srv)
+    second = chat(srv, messages)
+    assert (second["truncated"], second["summarized"]) == (True, True)
+    assert second["usage"]["prompt_tokens"] <= 160
