@@ -45,6 +45,10 @@ N_CTX = 2048
 GREEDY_TOKENS = 48
 CALIBRATION_TOKENS = 64
 EVAL_TASKS = ("rewrite",)  # one of the rewrite workload's prompts: about 480 positions
+# GroupQueryAttention's modes: (kind, scale = calibrated max x margin / 127), K and V alike (the CPU kernel
+# refuses k_quant_type != v_quant_type). On SmolLM2's rewrite prompt, per channel x1.0 / x1.5 and per tensor
+# x0.7 did worse than these two (0.925, 0.937, 0.921 top-1; `--gqa PER_CHANNEL:1.0 PER_CHANNEL:1.5 ...`).
+GQA_CONFIGS = ("PER_CHANNEL:2.0", "PER_TENSOR:1.0")
 
 
 class TypedKV(KVCache):
@@ -293,6 +297,7 @@ def onnx_side(args: argparse.Namespace, evals: dict[str, list[int]], chats: dict
         gr = {
             name: greedy(sess, new_cache(len(ids) + GREEDY_TOKENS), ids, GREEDY_TOKENS)
             for name, ids in chats.items()
+            if args.greedy
         }
         return {"tf": tf, "greedy": gr}
 
@@ -303,9 +308,9 @@ def onnx_side(args: argparse.Namespace, evals: dict[str, list[int]], chats: dict
     configs: dict[str, Any] = {}
     tmp = Path(tempfile.mkdtemp(prefix="kv_int8_", dir=args.workdir))
     sessions = {}
-    for kind, margin in [("PER_CHANNEL", 1.0), ("PER_TENSOR", 1.0)]:
+    for kind, margin in (c.split(":") for c in args.gqa):
         name = f"gqa_{kind.lower()}_x{margin}"
-        path = quantized_graph(src, tmp, name, scales_for(cal, kind, margin), kind)
+        path = quantized_graph(src, tmp, name, scales_for(cal, kind, float(margin)), kind)
         sess = DecoderSession(path, shape, args.threads)
         configs[name] = summarize(ref, run(sess, typed(np.int8)))
         sessions[name] = sess
@@ -313,7 +318,7 @@ def onnx_side(args: argparse.Namespace, evals: dict[str, list[int]], chats: dict
     bq = BlockQSession(blockq_graph(src, tmp, "block32", shape), shape, args.threads)
     configs["graph_block32"] = summarize(ref, run(bq, bq.new_cache))
     engines = [("fp32", base, typed(np.float32)), (best, sessions[best], typed(np.int8))]
-    speed = speed_onnx([*engines, ("graph_block32", bq, bq.new_cache)], args.rounds)
+    speed = speed_onnx([*engines, ("graph_block32", bq, bq.new_cache)], args.rounds) if args.rounds else None
     shutil.rmtree(tmp)  # the sessions keep their mappings
     per_elem = 2 * shape.n_layers * shape.n_kv_heads * shape.head_dim
     return {
@@ -394,7 +399,7 @@ def llama_side(args: argparse.Namespace, evals: dict[str, list[int]], chats: dic
             llm.eval(ids)
             tf[name] = np.asarray(llm.scores[: len(ids)]).argmax(-1)
         gr = {}
-        for name, ids in chats.items():
+        for name, ids in chats.items() if args.greedy else ():
             llm.reset()
             llm.eval(ids)
             out = []
@@ -408,7 +413,8 @@ def llama_side(args: argparse.Namespace, evals: dict[str, list[int]], chats: dic
 
     ref = run(None)
     q8 = run(8)  # GGML_TYPE_Q8_0
-    return {"q8_0_vs_f16": summarize(ref, q8), "speed_ctx500": speed_llama(open_llm, args.rounds)}
+    speed = speed_llama(open_llm, args.rounds) if args.rounds else None
+    return {"q8_0_vs_f16": summarize(ref, q8), "speed_ctx500": speed}
 
 
 def speed_llama(open_llm: Any, rounds: int) -> dict[str, Any]:
@@ -439,12 +445,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gguf", type=Path, required=True)
     p.add_argument("--variant", default="q4-a8")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="speed rounds (0: no speed)")
+    p.add_argument("--eval-tasks", nargs="+", default=list(EVAL_TASKS), help="rewrite workload prompts")
+    p.add_argument("--no-greedy", dest="greedy", action="store_false")
+    p.add_argument("--gqa", nargs="+", default=list(GQA_CONFIGS), help="KIND:MARGIN, e.g. PER_CHANNEL:2.0")
     p.add_argument("--only", choices=["onnxruntime", "llama.cpp"], help="run one side (default: both)")
     p.add_argument("--workdir", type=Path, help="where the int8 graphs go (default: the system's temp)")
     args = p.parse_args(argv)
     rewrite = workload_prompts(args.model_dir, "rewrite")
-    evals = {name: rewrite[name] for name in EVAL_TASKS}
+    evals = {name: rewrite[name] for name in args.eval_tasks}
     chats = workload_prompts(args.model_dir, "chat")
     out: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "shared": True}
