@@ -232,7 +232,7 @@ class BlockQSession:
         outs = dict(zip(self.out_names, self.sess.run(None, feeds), strict=True))
         for name, buf in kv.items():
             buf[:, :, past_len : past_len + n] = outs[f"new_{name}"]
-        return outs["logits"][0, -1]
+        return np.asarray(outs["logits"])[0, -1]
 
 
 def decode_all(sess: DecoderSession, kv: KVCache, ids: list[int]) -> np.ndarray:
@@ -377,7 +377,7 @@ def llama_side(args: argparse.Namespace, evals: dict[str, list[int]], chats: dic
     import llama_cpp
 
     def open_llm(type_kv: int | None, logits_all: bool) -> Any:
-        extra = {"type_k": type_kv, "type_v": type_kv} if type_kv is not None else {}
+        extra: dict[str, Any] = {"type_k": type_kv, "type_v": type_kv} if type_kv is not None else {}
         return llama_cpp.Llama(
             str(args.gguf),
             n_ctx=1024 if logits_all else N_CTX,  # logits_all keeps n_ctx x vocab fp32 scores
@@ -440,7 +440,7 @@ def speed_llama(open_llm: Any, rounds: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description="int8 KV cache: onnxruntime against llama.cpp q8_0")
     p.add_argument("--model-dir", type=Path, required=True)
     p.add_argument("--gguf", type=Path, required=True)
     p.add_argument("--variant", default="q4-a8")
