@@ -79,14 +79,27 @@ class KVCache:
         self.tokens = list(other.tokens[:n])
 
 
-def prefault_mappings(folder: Path, maps: Path = Path("/proc/self/maps")) -> int:
-    """Read one byte of every page that this process maps from files in `folder`; returns the bytes.
+PREFAULT_MAX_BYTES = 4 << 20  # mappings up to this size are read in at load; larger ones are only advised
 
-    onnxruntime maps the weights file and reads some tensors in place, the embedding table among them.
-    Each page comes in the first time a token whose row lies on it is looked up, so RSS creeps up for
-    hours (about 30 MiB for SmolLM2's table) and a rare token can cost a disk read mid-reply. Reading them
-    once at load makes RSS what the model really holds, from the start. The pages are the file's own
-    (clean, shared with the page cache), so this copies nothing. Linux only; elsewhere a no-op."""
+
+def prefault_mappings(
+    folder: Path, maps: Path = Path("/proc/self/maps"), touch_max: int = PREFAULT_MAX_BYTES
+) -> int:
+    """Bring the weights that this process maps from files in `folder` into memory at load; returns the
+    bytes made resident.
+
+    onnxruntime maps the weights file and unmaps what its kernels prepack, so what stays mapped is read in
+    place: small tensors read whole by every token (norms), and large tables of which a token reads a few
+    rows (the embedding lookup, the RoPE caches: 168 + 21 and 4 x 17 MB for Gemma 3).
+    - A mapping up to `touch_max` is read now, one byte a page: its pages come in at load rather than a
+      few per token for hours.
+    - A larger one is only advised (MADV_WILLNEED): the kernel reads it into the page cache, so a row seen
+      for the first time mid-reply costs a minor fault, never a disk read. RSS then counts the rows used,
+      not the tables: reading Gemma 3's in at load cost 245 MB of RSS, mostly rows never looked up,
+      against 42 MB touched by a 500-token prompt (the kernel maps up to 16 neighbouring cached pages per
+      fault). RSS grows as new rows are looked up, up to what reading it all in costs from the start.
+    The pages are the file's own (clean, shared with the page cache), so neither copies anything. Linux
+    only; elsewhere a no-op."""
     try:
         lines = maps.read_text().splitlines()
     except OSError:
@@ -98,10 +111,18 @@ def prefault_mappings(folder: Path, maps: Path = Path("/proc/self/maps")) -> int
         if len(parts) < 6 or not parts[5].startswith(root) or "r" not in parts[1]:
             continue
         start, end = (int(x, 16) for x in parts[0].split("-"))
+        if end - start > touch_max:
+            _advise_willneed(start, end - start)
+            continue
         view = np.frombuffer(memoryview((ctypes.c_ubyte * (end - start)).from_address(start)), np.uint8)
         int(view[:: mmap.PAGESIZE].sum())  # the read is the point
         total += end - start
     return total
+
+
+def _advise_willneed(start: int, length: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), mmap.MADV_WILLNEED)
 
 
 def new_run_options() -> ort.RunOptions:
