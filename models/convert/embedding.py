@@ -9,9 +9,18 @@ Q8_0), so where its bytes live and how many copies stay resident is decided here
 - The lookup reads its own alias of the bytes the head uses (WeightFile.alias): onnxruntime unmaps the head's
   initializer once MatMulNBits has prepacked it, and of the alias only the pages of rows actually looked up
   become resident. Sharing one initializer kept the whole table resident twice.
-- A tied head with int8 activations runs on the very same codes (one copy on disk, one prepacked in memory).
-  With fp32 activations an 8-bit head is a nibble pair (linear.py): its own bytes, and the lookup keeps
-  gathering from the 8-bit codes.
+- A tied head with int8 activations runs on the very same codes (one copy on disk, one prepacked in memory),
+  as MatMulNBits nodes over 32 MiB slices of them (tied_head), so that loading holds one slice's original
+  codes beside the packed head, not the whole table. With fp32 activations an 8-bit head is a nibble pair
+  (linear.py): its own bytes, and the lookup keeps gathering from the 8-bit codes.
+- Neither is read in at load when the mapped tables are large (session.prefault_mappings): of the lookup's
+  alias only rows looked up become resident.
+
+What stays resident for Gemma 3 (q4-a8, measured at load, then after a 500-token prompt): the packed head
+(~210 MB: onnxruntime's int8 codes, fp32 scales and block sums), the head's fp32 scales as mapped (21 MB:
+the x86 kernel copies them but keeps the initializer), and the pages of looked-up rows. No single
+8-bit copy serves both: MatMulNBits without its packed form dequantizes the whole table to fp32 on every
+call (671 MB, `session.disable_prepacking`), and no stock gather reads the packed layout.
 """
 
 from __future__ import annotations
