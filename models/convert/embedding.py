@@ -16,10 +16,10 @@ Q8_0), so where its bytes live and how many copies stay resident is decided here
 - Neither is read in at load when the mapped tables are large (session.prefault_mappings): of the lookup's
   alias only rows looked up become resident.
 
-What stays resident for Gemma 3 (q4-a8, measured at load, then after a 500-token prompt): the packed head
-(~210 MB: onnxruntime's int8 codes, fp32 scales and block sums), the head's fp32 scales as mapped (21 MB:
-the x86 kernel copies them but keeps the initializer), and the pages of looked-up rows. No single
-8-bit copy serves both: MatMulNBits without its packed form dequantizes the whole table to fp32 on every
+What stays resident of Gemma 3's table (q4-a8, measured): the packed head (~210 MB by MLAS's layout: int8
+codes, fp32 scales and block sums; 319 MB are packed in all), the head's fp32 scales as mapped (21 MB: the
+x86 kernel copies them but keeps the initializer), and the pages of looked-up rows. No single 8-bit copy
+serves both: MatMulNBits without its packed form dequantizes the whole table to fp32 on every
 call (671 MB, `session.disable_prepacking`), and no stock gather reads the packed layout.
 """
 
