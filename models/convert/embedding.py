@@ -9,24 +9,36 @@ Q8_0), so where its bytes live and how many copies stay resident is decided here
 - The lookup reads its own alias of the bytes the head uses (WeightFile.alias): onnxruntime unmaps the head's
   initializer once MatMulNBits has prepacked it, and of the alias only the pages of rows actually looked up
   become resident. Sharing one initializer kept the whole table resident twice.
-- A tied head with int8 activations runs on the very same codes (one copy on disk, one prepacked in memory).
-  With fp32 activations an 8-bit head is a nibble pair (linear.py): its own bytes, and the lookup keeps
-  gathering from the 8-bit codes.
+- A tied head with int8 activations runs on the very same codes (one copy on disk, one prepacked in memory),
+  as MatMulNBits nodes over 32 MiB slices of them (tied_head), so that loading holds one slice's original
+  codes beside the packed head, not the whole table. With fp32 activations an 8-bit head is a nibble pair
+  (linear.py): its own bytes, and the lookup keeps gathering from the 8-bit codes.
+- Neither is read in at load when the mapped tables are large (session.prefault_mappings): of the lookup's
+  alias only rows looked up become resident.
+
+What stays resident of Gemma 3's table (q4-a8, measured): the packed head (~210 MB by MLAS's layout: int8
+codes, fp32 scales and block sums; 319 MB are packed in all), the head's fp32 scales as mapped (21 MB: the
+x86 kernel copies them but keeps the initializer), and the pages of looked-up rows. No single 8-bit copy
+serves both: MatMulNBits without its packed form dequantizes the whole table to fp32 on every
+call (671 MB, `session.disable_prepacking`), and no stock gather reads the packed layout.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from models.convert.linear import FLOAT_TYPES, MS, form, linear, matmul_nbits, note, planned_array
-from models.gguf.quant import DEFAULT_ZP, Packing
+from models.gguf.quant import DEFAULT_ZP, Layout, Packing
 
 if TYPE_CHECKING:
     from models.convert.graph import GraphBuilder
 
 TABLE = "token_embd.weight"
+QWEIGHT, SCALES = "token_embd.qweight", "token_embd.scales"  # a packed table's codes and scales
+HEAD_CHUNK_BYTES = 32 << 20  # codes per MatMulNBits node of a tied head (tied_head)
 
 
 def embed_tokens(g: GraphBuilder) -> tuple[str, Packing | None]:
@@ -45,12 +57,12 @@ def embed_tokens(g: GraphBuilder) -> tuple[str, Packing | None]:
     note(
         g, TABLE, f"lookup: {lay.bits}-bit rows gathered" + (" + offsets" if lay.offsets else "") + ", exact"
     )
-    g.w.add("token_embd.qweight", g.planned(lay.packed_shape, lambda: p.get().packed, np.uint8))
-    g.w.add("token_embd.scales", g.planned(lay.scales_shape, lambda: p.get().scales))
+    g.w.add(QWEIGHT, g.planned(lay.packed_shape, lambda: p.get().packed, np.uint8))
+    g.w.add(SCALES, g.planned(lay.scales_shape, lambda: p.get().scales))
     inputs = [
-        g.alias("token_embd.gather_qweight", "token_embd.qweight"),
+        g.alias("token_embd.gather_qweight", QWEIGHT),
         "input_ids",
-        g.alias("token_embd.gather_scales", "token_embd.scales", dims=(lay.n, lay.nb, 1)),
+        g.alias("token_embd.gather_scales", SCALES, dims=(lay.n, lay.nb, 1)),
     ]
     if lay.shift:  # codes sit `shift` above the default zero point: gather (u - zp) * s exactly
 
@@ -94,16 +106,45 @@ def lm_head(g: GraphBuilder, last: str, embd_packed: Packing | None) -> None:
         f = form(g, TABLE, small=True, packed=embd_packed)
         if f.packed is not None and f.packed is embd_packed and not f.pair:
             note(g, TABLE, "head: " + f.describe() + " on the lookup's codes")
-            lay = embd_packed.layout
-            names = (
-                g.init(
-                    "token_embd.qweight",
-                    g.planned(lay.packed_shape, lambda: embd_packed.get().packed, np.uint8),
-                ),
-                g.init("token_embd.scales", g.planned(lay.scales_shape, lambda: embd_packed.get().scales)),
-            )
-            logits = matmul_nbits(g, last, f.packed, "token_embd", weight_names=names)
+            logits = tied_head(g, last, embd_packed)
         else:
             logits, _ = linear(g, last, "lm_head", [TABLE], small=True)
     g.node("Reshape", [logits, g.const("logits_shape", np.array([1, -1, cfg.vocab], np.int64))])
     g.nodes[-1].output[0] = "logits"
+
+
+def head_chunk_rows(lay: Layout, chunk_bytes: int) -> int:
+    """Rows of the table per MatMulNBits node of a tied head: about `chunk_bytes` of codes, a multiple of
+    64 rows so that every slice starts 64-byte aligned in the weights file, as the whole table does."""
+    row_bytes = lay.nb * lay.block * lay.bits // 8
+    return max(64, chunk_bytes // row_bytes // 64 * 64)
+
+
+def tied_head(g: GraphBuilder, last: str, p: Packing) -> str:
+    """logits over the lookup's own codes and scales, as MatMulNBits over slices of the table concatenated.
+
+    Why slices (HEAD_CHUNK_BYTES each): onnxruntime prepacks each node's codes into memory of its own and
+    only then unmaps the initializer, so while the head is packed the original codes are resident too. For
+    Gemma 3's 262,144 x 640 table as one node that was 160 MB on top of everything at load, and it set the
+    peak RSS; slice by slice only one slice is. The lookup keeps its alias over the whole table."""
+    lay = p.layout
+    codes = g.planned(lay.packed_shape, lambda: p.get().packed, np.uint8)
+    scales = g.planned(lay.scales_shape, lambda: p.get().scales)
+    rows = head_chunk_rows(lay, HEAD_CHUNK_BYTES)
+    if rows >= lay.n:
+        return matmul_nbits(
+            g, last, p, "token_embd", weight_names=(g.init(QWEIGHT, codes), g.init(SCALES, scales))
+        )
+    g.w.add(QWEIGHT, codes)  # written once (the lookup has it already); the graph reads it by slices
+    g.w.add(SCALES, scales)
+    sums: dict[int, str] = {}
+    outs = []
+    for i, lo in enumerate(range(0, lay.n, rows)):
+        hi = min(lo + rows, lay.n)
+        part = p.then(replace(lay, n=hi - lo), lambda whole, lo=lo, hi=hi: whole.rows(lo, hi))
+        names = (
+            g.alias(f"{QWEIGHT}.{i}", QWEIGHT, rows=(lo, hi)),
+            g.alias(f"{SCALES}.{i}", SCALES, rows=(lo, hi)),
+        )
+        outs.append(matmul_nbits(g, last, part, f"token_embd.{i}", sums, weight_names=names))
+    return g.node("Concat", outs, axis=-1)[0]

@@ -113,9 +113,15 @@ class WeightFile:
         self._cache[name] = t
         return t
 
-    def alias(self, name: str, existing: str, dims: tuple[int, ...] | None = None) -> TensorProto:
+    def alias(
+        self,
+        name: str,
+        existing: str,
+        dims: tuple[int, ...] | None = None,
+        rows: tuple[int, int] | None = None,
+    ) -> TensorProto:
         """A second initializer over the same bytes of the file (nothing is written twice), optionally seen
-        with other `dims` of the same element count.
+        with other `dims` of the same element count, or over `rows` lo..hi-1 (along the first axis) only.
 
         onnxruntime maps each initializer on its own. Once a kernel has prepacked its weights (the LM
         head), it unmaps that initializer; an alias read by a gather op keeps only its own mapping, of
@@ -125,6 +131,16 @@ class WeightFile:
         t = TensorProto()
         t.CopyFrom(self._cache[existing])
         t.name = name
+        if rows is not None:
+            lo, hi = rows
+            ext = {e.key: e for e in t.external_data}
+            n = int(t.dims[0])
+            if not 0 <= lo < hi <= n or int(ext["length"].value) % n:
+                raise ValueError(f"{name}: rows {rows} of {tuple(t.dims)}")
+            row_bytes = int(ext["length"].value) // n
+            ext["offset"].value = str(int(ext["offset"].value) + lo * row_bytes)
+            ext["length"].value = str((hi - lo) * row_bytes)
+            t.dims[0] = hi - lo
         if dims is not None:
             if int(np.prod(dims)) != int(np.prod(t.dims)):
                 raise ValueError(f"{name}: dims {dims} do not match {tuple(t.dims)}")
@@ -176,8 +192,14 @@ class GraphBuilder:
     ) -> Planned:
         return Planned(tuple(int(d) for d in shape), dtype, make)
 
-    def alias(self, name: str, existing: str, dims: tuple[int, ...] | None = None) -> str:
-        self.inits[name] = self.w.alias(name, existing, dims)
+    def alias(
+        self,
+        name: str,
+        existing: str,
+        dims: tuple[int, ...] | None = None,
+        rows: tuple[int, int] | None = None,
+    ) -> str:
+        self.inits[name] = self.w.alias(name, existing, dims, rows)
         return name
 
     def packed(self, name: str) -> Packing:

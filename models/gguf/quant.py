@@ -176,6 +176,23 @@ class PackedNBits:
             zero_points=self.zero_points is not None,
         )
 
+    def rows(self, lo: int, hi: int) -> PackedNBits:
+        """Rows lo..hi-1 (output features), every per-row array sliced alike."""
+        if self.zero_points is not None:
+            raise ValueError("rows of a matrix with explicit zero points are not needed anywhere")
+
+        def cut(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[lo:hi]
+
+        return replace(
+            self,
+            n=hi - lo,
+            packed=self.packed[lo:hi],
+            scales=self.scales[lo:hi],
+            offsets=cut(self.offsets),
+            shift=cut(self.shift),
+        )
+
     def codes(self) -> np.ndarray:
         """(n, k/block, block) uint8 codes u."""
         if self.bits == 8:

@@ -1,5 +1,7 @@
-"""The weights that onnxruntime reads in place from the mapped file (the embedding table) are paged in at
-load, not one token at a time over hours: RSS is flat from the start."""
+"""The weights that onnxruntime reads in place from the mapped file are paged in at load, not one token at a
+time over hours: RSS is flat from the start. Unless they are large (Gemma 3's 262k-row lookup table): then
+only the small ones are, and the large tables are advised into the page cache, so RSS counts the rows a
+model really reads, not a vocabulary it never looks up."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from models.runtime.session import prefault_mappings
+from models.runtime.session import PREFAULT_ALL_MAX, prefault_mappings
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
 
@@ -47,6 +49,26 @@ def test_prefault_when_file_mapped_untouched_then_every_page_resident(tmp_path):
         n.close()
 
 
+def test_prefault_when_mappings_exceed_all_max_then_large_ones_advised_not_resident(tmp_path):
+    path = tmp_path / "weights.data"
+    path.write_bytes(b"\2" * (4 << 20))
+    small = tmp_path / "norms.data"
+    small.write_bytes(b"\3" * (1 << 20))
+    with path.open("rb") as f, small.open("rb") as g:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        n = mmap.mmap(g.fileno(), 0, access=mmap.ACCESS_READ)
+        m.madvise(mmap.MADV_DONTNEED)
+        n.madvise(mmap.MADV_DONTNEED)
+        assert prefault_mappings(tmp_path, touch_max=2 << 20, all_max=4 << 20) == 1 << 20  # the small one
+        assert resident(path) == (4096, 0)
+        assert resident(small) == (1024, 1024)
+        # all of it fits in all_max: all of it in, the large mapping too
+        assert prefault_mappings(tmp_path, touch_max=2 << 20, all_max=5 << 20) == 5 << 20
+        assert resident(path) == (4096, 4096)
+        m.close()
+        n.close()
+
+
 def test_prefault_when_no_procfs_then_nothing(tmp_path):
     assert prefault_mappings(tmp_path, maps=tmp_path / "missing") == 0
 
@@ -58,5 +80,5 @@ def test_session_when_real_model_loaded_then_its_mapped_weights_are_resident(smo
     engine = load_engine(smollm2_model_dir, variant="q4", threads=1, context_length=256)
     engine._session()
     size, rss = resident(Path(smollm2_model_dir).resolve() / "weights.data")
-    assert size > 20_000  # onnxruntime maps the embedding table (~30 MiB) and reads it in place
+    assert 20_000 < size <= PREFAULT_ALL_MAX // 1024  # the embedding table (~27 MiB) is read in place
     assert rss >= size - 64  # all of it in at load (a partial page at a mapping's end may differ)
