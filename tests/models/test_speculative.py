@@ -322,7 +322,8 @@ def test_speculation_setting_when_off_then_engines_from_engine_config_decode_pla
 @pytest.mark.parametrize("variant", ["q4", "q4-a8"])
 def test_greedy_when_smollm2_rewrite_then_identical_to_plain(smollm2_model_dir, variant) -> None:
     """q4's verification rows are exact, so it speculates; q4-a8's are not on onnxruntime 1.32's x86
-    kernels (int8 activations quantized differently for one row and several), so it must not."""
+    kernels (another summation order for one row, amplified by int8 activation rounding), so it must
+    not."""
     from bench.workloads import workload_prompts
 
     kw = dict(variant=variant, threads=1, context_length=1024)
