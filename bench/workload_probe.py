@@ -92,6 +92,9 @@ class LlamaCpp:
             n_threads_batch=threads,
             n_batch=512,
             draft_model=LlamaPromptLookupDecoding() if lookup else None,
+            # a draft model turns logits_all on by itself but sizes the logits buffer by the argument
+            # (n_batch rows): a draft past position 512 overflows it (llama-cpp-python 0.3.36)
+            logits_all=lookup,
             verbose=False,
         )
         self.eos = eos | {self.llm.token_eos()}

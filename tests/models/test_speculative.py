@@ -341,3 +341,19 @@ def test_greedy_when_smollm2_rewrite_then_identical_to_plain(smollm2_model_dir, 
             assert fa.timings.draft_n_accepted > 8, name
         else:
             assert fa.timings.draft_n == 0
+
+
+@pytest.mark.slow
+def test_sampled_when_smollm2_rewrite_then_same_seed_same_reply_as_plain(smollm2_model_dir) -> None:
+    """A seeded sampled reply on real SmolLM2 q4 speculates and is the plain reply for the seed."""
+    from bench.workloads import workload_prompts
+
+    kw = dict(variant="q4", threads=1, context_length=1024)
+    spec = load_engine(smollm2_model_dir, speculation="auto", **kw)
+    plain = load_engine(smollm2_model_dir, speculation="off", **kw)
+    prompt = Prompt(workload_prompts(smollm2_model_dir, "rewrite")["correct"])
+    params = GenerationParams(SamplingParams(temperature=0.7, top_p=0.95, seed=5), max_tokens=48)
+    a, fa = run(spec, prompt, params)
+    b, _ = run(plain, prompt, params)
+    assert [t.token_id for t in a] == [t.token_id for t in b]
+    assert fa.timings.draft_n_accepted > 8
