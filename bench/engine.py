@@ -293,6 +293,9 @@ def summarize_workload(runs: list[dict[str, Any]], peers: tuple[str, ...]) -> di
     row["first_difference_vs_off"] = {
         task: runs_[0]["first_difference_vs_off"] for task, runs_ in ok[0]["tasks"].items()
     }
+    row["llama_cpp_lookup_vs_plain"] = {
+        task: runs_[0].get("llama_cpp_lookup_vs_plain") for task, runs_ in ok[0]["tasks"].items()
+    }
     row["tasks"] = ok[0]["tasks"]
     return row
 

@@ -210,6 +210,12 @@ def probe(cfg: dict[str, Any]) -> dict[str, Any]:
                         for m, r in runs.items()
                         if m != "off"
                     },
+                    # llama.cpp's own prompt lookup against its own plain decode (None: the same reply)
+                    "llama_cpp_lookup_vs_plain": first_difference(
+                        runs["llama.cpp"]["tokens"], runs["llama.cpp-lookup"]["tokens"]
+                    )
+                    if {"llama.cpp", "llama.cpp-lookup"} <= runs.keys()
+                    else None,
                     "sha1_off": hashlib.sha1(json.dumps(runs["off"]["tokens"]).encode()).hexdigest()[:12],
                     "decode_tok_s": {
                         m: round(max(len(r["tokens"]) - 1, 0) / max(r["decode_s"], 1e-9), 1)

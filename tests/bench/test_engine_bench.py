@@ -47,6 +47,7 @@ def test_workload_probe_when_peers_then_each_replies_and_simmer_is_compared_with
     assert all(t[0]["first_difference_vs_off"]["genai"] is None for t in res["tasks"].values())
     row = summarize_workload([res], PEERS)
     assert row["runs"] == 1 and set(row["vs_peers"]) == set(PEERS)
+    assert set(row["llama_cpp_lookup_vs_plain"]) == set(res["tasks"])
     assert row["decode_tok_s_llama.cpp-lookup"] == res["llama.cpp-lookup"]["decode_tok_s"]
 
 
