@@ -40,7 +40,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     e.add_argument("--variants", default=None, help="comma-separated (default: all installed)")
     e.add_argument("--threads", default="2,1")
     e.add_argument("--reps", type=int, default=3)
-    e.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    e.add_argument("--no-peer", action="store_true", help="skip llama.cpp (and, with --workload, genai)")
     e.add_argument("--spin", default="auto,off", help="pool spinning for threads > 1: auto,on,off")
     e.add_argument("--energy-only", action="store_true", help="measure CPU seconds per token alone")
     e.add_argument(
@@ -86,8 +86,16 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
         if args.workload:
             from bench.engine import bench_workload
 
+            gguf = None if args.no_peer else _gguf_for(store, installed)
             report = bench_workload(
-                installed.path, variants, threads, args.reps, args.workload, args.max_tokens
+                installed.path,
+                variants,
+                threads,
+                args.reps,
+                args.workload,
+                args.max_tokens,
+                gguf=gguf,
+                peers=() if args.no_peer else None,
             )
             _write(report, args.json)
             return 0

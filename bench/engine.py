@@ -203,12 +203,30 @@ def energy(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def bench_workload(
-    model_dir: Path, variants: list[str], threads: list[int], reps: int, workload: str, max_tokens: int
+    model_dir: Path,
+    variants: list[str],
+    threads: list[int],
+    reps: int,
+    workload: str,
+    max_tokens: int,
+    gguf: Path | None = None,
+    peers: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """Speculation off and on, on a workload's tasks (bench/workloads.py): each configuration is one
-    process running both modes interleaved task by task (bench/workload_probe.py); configurations take
-    turns round by round. No peer here yet (llama.cpp with and without its prompt lookup is issue 16's
-    remaining work)."""
+    """Speculation off and on, and the peers, on a workload's tasks (bench/workloads.py): each
+    configuration is one process running every engine interleaved task by task (bench/workload_probe.py);
+    configurations take turns round by round. Peers by default: llama.cpp plain and with its own prompt
+    lookup (when llama-cpp-python is installed and the GGUF is known) and onnxruntime-genai on the same
+    variant's graph (when installed)."""
+    if peers is None:
+        peers = tuple(
+            p
+            for p, ok in (
+                ("llama.cpp", gguf is not None and find_spec("llama_cpp") is not None),
+                ("llama.cpp-lookup", gguf is not None and find_spec("llama_cpp") is not None),
+                ("genai", find_spec("onnxruntime_genai") is not None),
+            )
+            if ok
+        )
     configs = [
         {
             "model_dir": str(model_dir),
@@ -216,6 +234,8 @@ def bench_workload(
             "threads": t,
             "workload": workload,
             "max_tokens": max_tokens,
+            "gguf": str(gguf) if gguf else None,
+            "peers": list(peers),
         }
         for v in variants
         for t in threads
@@ -230,35 +250,54 @@ def bench_workload(
                 file=sys.stderr,
                 flush=True,
             )
-            results.setdefault(name, []).append(run_probe(cfg, module="bench.workload_probe"))
-    summary: dict[str, Any] = {}
-    for name, runs in results.items():
-        ok = [r for r in runs if "error" not in r]
-        if not ok:
-            summary[name] = {"error": runs[0].get("error"), "runs": 0}
-            continue
-        row: dict[str, Any] = {"runs": len(ok), "speculates": ok[0]["speculates"]}
-        row["identical_tokens"] = all(r["identical_tokens"] for r in ok)
-        for mode in ("off", "auto"):
-            for key in ("decode_tok_s", "tokens_per_cpu_s"):
-                row[f"{key}_{mode}"] = round(statistics.median(r[mode][key] for r in ok), 2)
-        acc = [r["auto"]["acceptance"] for r in ok if r["auto"]["acceptance"] is not None]
-        row["acceptance"] = round(statistics.median(acc), 3) if acc else None
-        for key in ("speculation_speedup", "speculation_cpu_ratio"):
-            row[key] = round(statistics.median(r[key] for r in ok), 3)
-            row[key + "_all"] = [r[key] for r in ok]
-        row["tasks"] = ok[0]["tasks"]
-        summary[name] = row
+            results.setdefault(name, []).append(run_probe(cfg, timeout=3600, module="bench.workload_probe"))
+    summary = {name: summarize_workload(runs, peers) for name, runs in results.items()}
     return {
         "bench": "engine-workload",
         "workload": workload,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "machine": machine(),
         "model_dir": str(model_dir),
+        "gguf": str(gguf) if gguf else None,
+        "peers": list(peers),
         "reps": reps,
         "max_tokens": max_tokens,
         "results": summary,
     }
+
+
+def summarize_workload(runs: list[dict[str, Any]], peers: tuple[str, ...]) -> dict[str, Any]:
+    """Medians over a configuration's rounds: each engine's decode tok/s and tokens per CPU-second, simmer's
+    speculation on/off ratios and simmer (speculation auto) over each peer."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"error": runs[0].get("error"), "runs": 0}
+    row: dict[str, Any] = {"runs": len(ok), "speculates": ok[0]["speculates"]}
+    row["identical_tokens"] = all(r["identical_tokens"] for r in ok)
+    for mode in ("off", "auto", *peers):
+        for key in ("decode_tok_s", "tokens_per_cpu_s"):
+            row[f"{key}_{mode}"] = round(statistics.median(r[mode][key] for r in ok), 2)
+    acc = [r["auto"]["acceptance"] for r in ok if r["auto"]["acceptance"] is not None]
+    row["acceptance"] = round(statistics.median(acc), 3) if acc else None
+    for key in ("speculation_speedup", "speculation_cpu_ratio"):
+        row[key] = round(statistics.median(r[key] for r in ok), 3)
+        row[key + "_all"] = [r[key] for r in ok]
+    row["vs_peers"] = {
+        peer: {
+            key: round(statistics.median(r["vs_peers"][peer][key] for r in ok), 3)
+            for key in ("decode_tok_s", "tokens_per_cpu_s")
+        }
+        for peer in peers
+    }
+    # how far each engine's greedy reply agrees with simmer's plain one, per task (None: all of it)
+    row["first_difference_vs_off"] = {
+        task: runs_[0]["first_difference_vs_off"] for task, runs_ in ok[0]["tasks"].items()
+    }
+    row["llama_cpp_lookup_vs_plain"] = {
+        task: runs_[0].get("llama_cpp_lookup_vs_plain") for task, runs_ in ok[0]["tasks"].items()
+    }
+    row["tasks"] = ok[0]["tasks"]
+    return row
 
 
 def ratios(summary: dict[str, Any], variants: list[str], threads: list[int]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ class EngineConfig:
     prefix_budget_bytes: int
     chat_template: str | None  # SIMMER_CHAT_TEMPLATE's text, read once
     variant: str | None = None  # SIMMER_VARIANT: the variant a model opens on when it has it
-    speculation: str = "auto"  # SIMMER_SPECULATION: prompt-lookup speculation for greedy replies
+    speculation: str = "auto"  # SIMMER_SPECULATION: prompt-lookup speculation
 
     @classmethod
     def from_settings(cls, settings: Settings, *, threads: int | None = None) -> EngineConfig:

@@ -58,8 +58,8 @@ class Settings(BaseSettings):
     spin: str = Field("auto", description="Thread-pool spinning: auto (while unpaced) | on | off")
     speculation: Literal["auto", "off"] = Field(
         "auto",
-        description="Prompt-lookup speculative decoding for greedy requests: auto (where the variant's "
-        "verification pass is exact) | off",
+        description="Prompt-lookup speculative decoding (greedy and seeded replies unchanged): auto "
+        "(where the variant's verification pass is exact) | off",
     )
     prefix_cache_slots: int = Field(1, description="KV slots kept for prefix reuse (conversations cached)")
     prefix_cache_mb: int = Field(256, description="Memory budget for prefix-reuse KV slots")

@@ -246,7 +246,7 @@ class LlamaEngine:
 
     @property
     def speculates(self) -> bool:
-        """Whether greedy requests speculate on the current variant (see _speculation)."""
+        """Whether requests speculate on the current variant (see _speculation)."""
         sess = self._session()
         return (
             self.speculation != "off"
@@ -256,16 +256,15 @@ class LlamaEngine:
         )
 
     def _speculation(self, r: ReplyState, sess: object) -> Speculation | None:
-        """Prompt-lookup speculation for one generation (models/runtime/speculative.py): greedy requests
-        on our own graphs where a verification pass is exact (DecoderSession.rows_exact), so the reply is
-        the one plain decoding gives. Sampling requests decode plainly: the speculative-sampling rule
-        (speculative.accept_or_resample) would keep the distribution but not a seed's reply.
+        """Prompt-lookup speculation for one generation (models/runtime/speculative.py), greedy or
+        sampled, on our own graphs where a verification pass is exact (DecoderSession.rows_exact), so the
+        reply is the one plain decoding gives (for a sampled reply: the same seed's).
         Constrained replies (a grammar, tools) decode plainly too. Not for correctness: a verification
         pass gives raw rows and the loop masks each one with the grammar's state after the tokens before
         it, as plain decoding does; but llguidance advances only on emitted tokens, so a draft cannot be
         checked against the grammar before it is verified, and the drafter (copying the prompt) proposes
         mostly tokens the mask forbids in JSON/tool-call replies. Left off until measured."""
-        if self.speculation == "off" or self.max_draft == 0 or not r.sampler.greedy:
+        if self.speculation == "off" or self.max_draft == 0:
             return None
         if r.constraint is not None or r.reader is not None:
             return None

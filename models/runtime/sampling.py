@@ -238,8 +238,8 @@ class Sampler:
         """The whole sampling distribution `sample` draws from, after logit_bias, penalties, the `allowed`
         mask, temperature, top_k, top_p and min_p: (token ids, or None for the whole vocabulary in id
         order; their probabilities, which sum to 1 up to rounding). Greedy is a point mass on the argmax.
-        Speculative decoding accepts a drafted token by its probability here, so anything that changes
-        what `sample` may pick belongs in this pipeline, not after it."""
+        Tests check a speculated reply's frequencies against it, so anything that changes what `sample`
+        may pick belongs in this pipeline, not after it."""
         self._check_vocab(logits)
         with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
             ids, x = self._masked(logits, history, allowed)

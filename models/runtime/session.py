@@ -215,9 +215,13 @@ class DecoderSession:
     def rows_exact(self) -> bool:
         """Whether a pass of several positions gives each the logits feeding it alone gives (up to
         summation order), so a speculative verification pass decides exactly what plain decoding would.
-        Measured, not assumed: on onnxruntime 1.32's x86 kernels MatMulNBits with int8 activations
-        quantizes them differently for one row and for several (logits ~1 apart, argmax flips); with fp32
-        activations rows agree to ~1e-4. Four probe passes on a throwaway cache, once per session."""
+        Measured, not assumed. On onnxruntime 1.32's x86 kernels the one-row and the multi-row paths of
+        MatMulNBits (and of the fp32 MatMul) sum in a different order, ~1e-7 apart per linear, with the
+        same activation quantization; with fp32 activations that stays ~6e-5 in SmolLM2's logits, but
+        int8 activations round it up to a whole quantum now and then and 30 layers amplify it to 0.3-0.8
+        (argmax flips), also on an all-8-bit graph. Rows of passes with two or more positions are
+        bitwise equal whatever their number (bench/rows_probe.py). Four probe passes on a throwaway cache,
+        once per session."""
         if not self.multi_logits:
             return False
         probe = [(j * 7919 + 11) % self.shape.vocab for j in range(6)]

@@ -5,17 +5,26 @@ in the prompt. The drafter proposes the continuation of the latest earlier occur
 tokens (no draft model), the engine feeds the pending token and the draft in ONE forward pass (the graph's
 num_logits_to_keep gives a row of logits per position), and each drafted token is then decided in order:
 
-- greedy: accepted when it is the argmax, so the reply is the non-speculative one;
-- sampling: accepted with probability p(x) under the sampler's whole distribution (logit_bias,
-  penalties, temperature, top-k/p, min-p: Sampler.distribution); on rejection the token is drawn from p
-  with x removed, renormalised. A point-mass draft makes this Leviathan et al.'s rule, and the reply's
-  distribution is exactly the model's.
+- the token is sampled from that position's row exactly as plain decoding samples it (the same sampler,
+  the same uniform from the request's generator) and the drafted token is accepted when it is the token
+  drawn. Greedy, the draw is the argmax. Sampling, this is speculative sampling for a point-mass draft:
+  acceptance has probability p(x), as in Leviathan et al.'s rule (min(1, p(x)/q(x)) with q = 1 at x),
+  which is the most any rule can accept from a deterministic draft, and a rejected position's token is
+  distributed as p without x, renormalised, as that rule's residual is. Coupling the acceptance with the
+  draw keeps more: the reply is the non-speculative reply for the same seed, token for token.
 
-Every position is decided the same way whether or not its proposal was verified in a batch: the proposal
-is a pure function of the history (chained drafts are the proposals of the histories they assume), and
-each emitted token takes exactly two uniforms from the request's generator. So a seeded reply does not
-depend on draft lengths, which follow timing (below); it differs from the non-speculative sampler's
-reply for the same seed, with the same distribution.
+Either way a reply depends on the rows, not on the draft lengths (which follow timing, below), because a
+verification row equals the row of feeding its position alone up to summation order (the engine speculates
+only on variants whose probe says so, DecoderSession.rows_exact). Such a difference (at most 1e-3 in a
+logit, ~6e-5 on SmolLM2 q4) moves a draw only when its uniform falls that close to a boundary between two
+tokens, as reusing a cached prompt prefix (other chunk sizes) already may.
+
+Not on q4-a8 (onnxruntime 1.32, x86, AVX2): its one-row pass differs from a verification row by up to
+~0.8 in a logit, though rows of passes with two or more positions are bitwise equal (bench/rows_probe.py).
+Padding every decode step to two rows would make speculation exact there, but a two-row pass costs 1.40-1.52x
+a one-row pass at 1 thread (1.30-1.42x at 2), so with SmolLM2's measured acceptance on the rewrite tasks
+(0.62-0.66) the best draft would gain ~1.09x over plain one-row decoding, and a chat reply (no drafts) would
+lose ~1/3; it is not built.
 
 The draft length maximises expected tokens per unit of forward-pass cost: with per-token acceptance a
 (geometric), k drafted tokens yield (1 - a^(k+1)) / (1 - a) tokens for a pass costing 1 + c*k decode
@@ -28,12 +37,12 @@ when the reply starts copying.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from models.runtime.sampling import Sampler, TopLogprobs, draw
+from models.runtime.sampling import Sampler, TopLogprobs
 
 NGRAM_SIZES = (3, 2, 1)  # longest match first: a longer context predicts the continuation better
 MAX_DRAFT = 8
@@ -106,33 +115,6 @@ class NgramDrafter:
         return None
 
 
-def accept_or_resample(
-    ids: np.ndarray | None, probs: np.ndarray, proposal: int | None, v: float, w: float
-) -> int:
-    """One position of speculative sampling with a point-mass draft `proposal`: the proposal with
-    probability p(proposal), otherwise a draw from p without it (renormalised). Without a proposal, a
-    plain draw. Either way the token is distributed as (ids, probs)."""
-    if proposal is None:
-        return draw(ids, probs, v)
-    total = float(probs.sum(dtype=np.float64))
-    if ids is None:
-        where = proposal if 0 <= proposal < probs.shape[0] else -1
-    else:
-        hits = np.flatnonzero(ids == proposal)
-        where = int(hits[0]) if hits.size else -1
-    p_x = float(probs[where]) / total if where >= 0 else 0.0
-    if v < p_x:
-        return proposal
-    if where < 0:
-        return draw(ids, probs, w)
-    residual = probs.copy()
-    residual[where] = 0.0
-    return draw(ids, residual, w)
-
-
-AcceptRule = Callable[[np.ndarray | None, np.ndarray, int | None, float, float], int]
-
-
 class RowCost:
     """The cost of a forward pass of m rows relative to one row, c in t(m) = t(1) * (1 + c * (m - 1)), fitted
     by least squares over the last passes of one session (m = 1 passes included). Timing noise changes
@@ -195,7 +177,7 @@ class Pending:
 
 
 class Speculation:
-    """One generation's speculative state: proposals, the acceptance rule, the pending verified rows."""
+    """One generation's speculative state: proposals, the acceptance estimate, the pending verified rows."""
 
     def __init__(
         self,
@@ -204,13 +186,11 @@ class Speculation:
         *,
         max_draft: int = MAX_DRAFT,
         drafter: NgramDrafter | None = None,
-        accept: AcceptRule = accept_or_resample,
     ) -> None:
         self.sampler = sampler
         self.cost = cost
         self.drafter = drafter or NgramDrafter()
         self.policy = DraftPolicy(max_draft)
-        self.accept = accept
         self.pending: Pending | None = None
         self.drafted = 0
         self.accepted = 0
@@ -218,17 +198,11 @@ class Speculation:
     def sample(
         self, logits: np.ndarray, history: Sequence[int], allowed: np.ndarray | None = None
     ) -> tuple[int, float | None, TopLogprobs | None]:
-        """The next token, from the logits for the position after `history`, among the `allowed` ones
-        (Sampler.sample's mask)."""
-        s = self.sampler
+        """The next token, from the logits for the position after `history`, among the `allowed` ones: the
+        sampler's own draw (Sampler.sample), so the reply is the plain one; the proposal for this
+        position, accepted when it is the token drawn, only feeds the acceptance estimate."""
         proposal = self.drafter.propose(history)
-        if s.greedy:
-            token, logprob, top = s.sample(logits, history, allowed)
-        else:
-            ids, probs = s.distribution(logits, history, allowed)
-            v, w = s.rng.random(), s.rng.random()  # always two: the stream does not depend on drafts
-            token = self.accept(ids, probs, proposal, v, w)
-            logprob, top = s.logprobs(logits, token)
+        token, logprob, top = self.sampler.sample(logits, history, allowed)
         if proposal is not None:
             self.policy.observe(token == proposal)
         return token, logprob, top

@@ -23,3 +23,42 @@ def test_workload_probe_when_tiny_model_then_both_modes_same_tokens_and_speculat
     assert res["off"]["tokens"] == res["auto"]["tokens"] > 0
     assert res["off"]["draft_n"] == 0 < res["auto"]["draft_n"]
     assert set(res["tasks"]) == {"correct", "rewrite", "extract", "summarize"}
+
+
+def test_workload_probe_when_peers_then_each_replies_and_simmer_is_compared_with_it(
+    tiny_gguf, tiny_model_dir
+):
+    """llama.cpp plain and with its prompt lookup on the GGUF, onnxruntime-genai on the converted folder,
+    interleaved with simmer in one process; the summary gives simmer over each peer. genai runs the same
+    q4 graph with one-row decode steps, so its greedy reply is simmer's plain one."""
+    import pytest
+
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("onnxruntime_genai")
+    from bench.engine import summarize_workload
+    from bench.workload_probe import PEERS, probe
+
+    cfg = {"model_dir": str(tiny_model_dir), "variant": "q4", "threads": 1, "workload": "rewrite"}
+    cfg |= {"gguf": str(tiny_gguf), "peers": list(PEERS), "max_tokens": 12, "prompt_tail": 200}
+    res = probe(cfg)
+    for peer in PEERS:
+        assert res[peer]["tokens"] > 0 and res[peer]["decode_tok_s"] > 0
+        assert set(res["vs_peers"][peer]) == {"decode_tok_s", "tokens_per_cpu_s"}
+    assert all(t[0]["first_difference_vs_off"]["genai"] is None for t in res["tasks"].values())
+    row = summarize_workload([res], PEERS)
+    assert row["runs"] == 1 and set(row["vs_peers"]) == set(PEERS)
+    assert set(row["llama_cpp_lookup_vs_plain"]) == set(res["tasks"])
+    assert row["decode_tok_s_llama.cpp-lookup"] == res["llama.cpp-lookup"]["decode_tok_s"]
+
+
+def test_rows_probe_when_batched_then_rows_do_not_depend_on_the_batch(tiny_model_dir):
+    """bench/rows_probe.py on the tiny model: rows of passes with two or more positions are bitwise equal
+    whatever the number of rows, and a decode step padded to two rows gives exactly a verification
+    pass's row (issue 16's q4-a8 finding); q4's one-row steps agree with them up to summation order."""
+    from bench.rows_probe import probe
+
+    for variant in ("q4", "q4-a8"):
+        res = probe(tiny_model_dir, variant, rounds=2, context=256)
+        assert set(res["batch_vs_batch"].values()) == {0.0} and res["padded_vs_batch"] == 0.0
+    q4 = probe(tiny_model_dir, "q4", rounds=2, context=256)
+    assert max(r["max_abs"] for r in q4["one_vs_batch"].values()) < 1e-3
