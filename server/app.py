@@ -61,6 +61,7 @@ def create_app(
         metrics=metrics,
         place=served.place,
         preload=served.preload,
+        ladder=served.ladder,
     )
     worker_box.append(worker)
     gate.subscribe(worker.publish_governor)
