@@ -787,6 +787,7 @@ def bench_ladder(
     client_audit: list[str] = []
     install_socket_audit(client_audit.append)
     base = bench_settings(settings, profile, time_scale, log_level="info")  # info: the moves are logged
+    load_start = os.getloadavg()
     runs: dict[str, dict[str, Any]] = {}
     audits: list[str] = []
     for name, update in ladder_runs(ladder):
@@ -808,6 +809,12 @@ def bench_ladder(
         "ladder": ladder,
         "endpoint": ENDPOINTS[endpoint],
         "max_tokens_per_request": MAX_TOKENS,
+        # a busy machine starves the server of CPU, and a server that cannot run cannot heat the device
+        "host": {
+            "cpus": os.cpu_count(),
+            "loadavg_1_5_15_start": [round(x, 2) for x in load_start],
+            "loadavg_1_5_15_end": [round(x, 2) for x in os.getloadavg()],
+        },
         "targets": ladder_targets(runs),
         "summary": {name: ladder_summary(run) for name, run in runs.items()},
         "offline": {
