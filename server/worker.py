@@ -361,7 +361,10 @@ class Worker:
         wanted = {self._place(job, governed, set()).model_id for job in queued}
         busy = {model_id: view.busy for model_id, view in self.pool.loaded().items()}
         for model_id in shed_above(self.ladder, rung, busy, wanted):
-            self.pool.unload(model_id, f"idle above the governor's rung ({rung})")
+            try:
+                self.pool.unload(model_id, f"idle above the governor's rung ({rung})")
+            except Exception:  # the worker must go on serving; keep_alive tries again later
+                log.exception("unloading %s failed", model_id)
 
     def _run_idle_work(self) -> None:
         cancel = self._idle_cancel
