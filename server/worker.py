@@ -473,6 +473,9 @@ class Worker:
                         last = t
                 if handover is None:
                     break
+                # the old model's generation holds its session: gone first, so that unloading the model
+                # (shed_above, memory pressure) hands its memory back now, not after the reply
+                del events
                 engine, prompt = self._hand_over(job, engine, handover, blocked)
                 resume = handover
         except SimmerError as err:

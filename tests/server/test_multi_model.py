@@ -368,3 +368,26 @@ def test_rung_when_only_the_bigger_model_can_serve_then_it_loads_for_the_request
     )
     assert r.status_code == 200 and r.json()["model"] == "tiny-small"
     wait_loaded(srv, set())
+
+
+def test_switch_when_the_bigger_model_is_unloaded_mid_reply_then_its_sessions_are_freed_at_once(several):
+    """Neither the reply's finished generation on the bigger model nor its cancel token may keep that model's
+    onnxruntime sessions alive past the unload (their memory would come back only after the reply)."""
+    import weakref
+
+    gate = SwitchingGate("tiny-small", after=8)
+    srv, served = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    alive_after_unload: list[bool] = []
+    unload = served.pool.unload
+
+    def watched(model_id: str, reason: str) -> bool:
+        engine = served.pool.engine(model_id)
+        refs = [weakref.ref(s) for s in engine._sessions.values()] if engine is not None else []
+        done = unload(model_id, reason)
+        alive_after_unload.extend(ref() is not None for ref in refs)
+        return done
+
+    served.pool.unload = watched
+    _, names, switches, _ = stream(srv, "tiny-big", 16)
+    assert names[-1] == "tiny-small" and len(switches) == 1
+    assert alive_after_unload and not any(alive_after_unload)
