@@ -67,6 +67,17 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     u.add_argument(
         "--every", type=float, default=60.0, help="with --upstream: a request every N simulated seconds"
     )
+    u.add_argument(
+        "--ladder",
+        help="models best first (SIMMER_LADDER): governed with this ladder vs its first model's variants "
+        "alone vs ungoverned",
+    )
+    u.add_argument(
+        "--endpoint",
+        choices=["chat", "completions"],
+        default=None,
+        help="requests to /v1/chat/completions or /v1/completions (base models; the default with --ladder)",
+    )
     k = sub.add_parser("soak", help="RSS over a long mixed load (4 clients, 20 %% cut early)")
     k.add_argument("--minutes", type=float, default=10.0)
     k.add_argument("--model", default=None, help="installed model id (default: SIMMER_MODEL)")
@@ -123,6 +134,17 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             clients=args.clients,
             sample_s=args.sample_s,
             warmup_s=args.warmup_s,
+        )
+    elif args.ladder:
+        from bench.sustained import bench_ladder
+
+        report = bench_ladder(
+            settings,
+            args.ladder,
+            endpoint=args.endpoint or "completions",
+            profile=args.profile,
+            minutes=args.minutes,
+            time_scale=args.time_scale,
         )
     else:
         from bench.sustained import bench_sustained

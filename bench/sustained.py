@@ -55,6 +55,7 @@ MAX_TOKENS = 160
 WARM_UP_S = 120  # simulated seconds from cold before "no mid-reply pause" is asked of the governor
 SPARSE_SAMPLE_S = 0.5  # wall seconds between device samples in the offload runs
 LEVEL_INDEX = {"nominal": 0, "fair": 1, "serious": 2, "critical": 3}
+RSS_AFTER = (1, 10, 20)  # the server's RSS is read after this many requests
 
 
 # -- the server as a child process ------------------------------------------------------------------------
@@ -141,6 +142,10 @@ class ServerProcess:
     proc: subprocess.Popen
     audit_path: Path
     cold_start_s: float
+    log_path: Path | None = None
+
+    def log_lines(self) -> list[str]:
+        return self.log_path.read_text(errors="replace").splitlines() if self.log_path else []
 
     @property
     def rss(self) -> int:
@@ -186,7 +191,7 @@ def server_process(
             if time.monotonic() > deadline:
                 raise RuntimeError("the server did not become ready")
             time.sleep(0.05)
-        yield ServerProcess(url, proc, audit_path, time.monotonic() - t0)
+        yield ServerProcess(url, proc, audit_path, time.monotonic() - t0, tmp / "server.log")
     finally:
         proc.terminate()
         try:
@@ -208,6 +213,7 @@ class RequestRecord:
     pause_times: list[float] = field(default_factory=list)  # monotonic time of each
     served: str | None = None  # "local" | "upstream" (the route object of the final chunk)
     reason: str | None = None  # why it was served there (thermal, offline_first, ...)
+    models: dict[str, int] = field(default_factory=dict)  # tokens per model (usage.models; cut: chunks')
 
 
 @dataclass
@@ -221,24 +227,48 @@ class RunLog:
     cpu: list[tuple[float, float]] = field(default_factory=list)  # (simulated s, server CPU s so far)
 
 
-def stream_request(client: httpx.Client, prompt: str, log: RunLog, end: float) -> RequestRecord:
-    body = {
-        "messages": [{"role": "user", "content": prompt}],
+def request_body(prompt: str, seed: int, endpoint: str = "chat", model: str | None = None) -> dict[str, Any]:
+    """One benchmark request: a chat turn, or (endpoint "completions", for base models without a chat
+    template) the same question as plain text to continue."""
+    body: dict[str, Any] = {
         "max_tokens": MAX_TOKENS,
         "temperature": 0.7,
-        "seed": len(log.requests),
+        "seed": seed,
         "stream": True,
         "stream_options": {"include_usage": True},
         "governor_events": True,
     }
+    if endpoint == "completions":
+        body["prompt"] = f"Question: {prompt}\nAnswer:"
+    else:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    if model:
+        body["model"] = model
+    return body
+
+
+ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+def stream_request(
+    client: httpx.Client,
+    prompt: str,
+    log: RunLog,
+    end: float,
+    *,
+    endpoint: str = "chat",
+    model: str | None = None,
+) -> RequestRecord:
+    body = request_body(prompt, len(log.requests), endpoint, model)
     start = time.monotonic()
     rec = RequestRecord(start, None, 0, False)
     arrivals: list[tuple[float, int]] = []  # (time, characters) of each content chunk
     usage_tokens: int | None = None
+    chunk_model: str | None = None
     event = ""
     paused = False
     try:
-        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        with client.stream("POST", ENDPOINTS[endpoint], json=body) as r:
             if r.status_code != 200:
                 r.read()
                 rec.error = f"HTTP {r.status_code}: {r.text[:200]}"
@@ -268,12 +298,14 @@ def stream_request(client: httpx.Client, prompt: str, log: RunLog, end: float) -
                 now = time.monotonic()
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"]["completion_tokens"]
+                    rec.models = dict(chunk["usage"].get("models") or {})
                 if isinstance(chunk.get("route"), dict):
                     rec.served = chunk["route"].get("served")
                     rec.reason = chunk["route"].get("reason")
                 for choice in chunk.get("choices", []):
-                    text = choice["delta"].get("content") or ""
+                    text = _chunk_text(choice)
                     if text:
+                        chunk_model = chunk.get("model") or chunk_model
                         if rec.ttft_s is None:
                             rec.ttft_s = now - start
                         arrivals.append((now, len(text)))
@@ -284,7 +316,16 @@ def stream_request(client: httpx.Client, prompt: str, log: RunLog, end: float) -
         rec.error = f"{type(err).__name__}: {err}"
     finally:
         rec.tokens = _spread_tokens(arrivals, usage_tokens, log)
+        if not rec.models and rec.tokens and chunk_model:  # cut before its usage: the model that ran last
+            rec.models = {chunk_model: rec.tokens}
     return rec
+
+
+def _chunk_text(choice: dict[str, Any]) -> str:
+    """A chat chunk's delta content, or a completions chunk's text."""
+    if "delta" in choice:
+        return choice["delta"].get("content") or ""
+    return choice.get("text") or ""
 
 
 def _count_pause(rec: RequestRecord, state: dict[str, Any], was_paused: bool) -> bool:
@@ -326,11 +367,14 @@ def run_once(
     model_dir: Path | None,
     arrival_every_s: float | None = None,
     sample_every_s: float | None = None,
+    endpoint: str = "chat",
+    model: str | None = None,
 ) -> tuple[RunLog, dict[str, Any]]:
-    """One server, one run. Closed loop (the next request when the last one ended), or with
-    `arrival_every_s` open loop: a new request every that many simulated seconds, whatever is running, as an
-    app whose users do not wait for each other would send them. The device is sampled (GET /v1/thermal) once
-    per simulated second, or every `sample_every_s` wall seconds."""
+    """One server, one run (requests to `endpoint`, naming `model` when given). Closed loop (the next
+    request when the last one ended), or with `arrival_every_s` open loop: a new request every that many
+    simulated seconds, whatever is running, as an app whose users do not wait for each other would send
+    them. The device is sampled (GET /v1/thermal) once per simulated second, or every `sample_every_s` wall
+    seconds."""
     log = RunLog()
     wall_s = minutes * 60.0 / time_scale
     with server_process(settings, model_dir=model_dir) as srv:
@@ -356,6 +400,7 @@ def run_once(
                                 "critical_c": th["temperature"]["critical_c"],
                                 "level": th["level"],
                                 "variant": th["variant"],
+                                "model": th.get("model"),
                                 "threads": th["threads"],
                                 "limit_threads": th["limits"]["threads"],
                                 "paused": th["limits"]["pause_running"],
@@ -373,10 +418,10 @@ def run_once(
             _open_loop(srv.url, log, end, arrival_every_s / time_scale, settings.pause_timeout_s + 60)
         i = 0
         while arrival_every_s is None and time.monotonic() < end:
-            rec = stream_request(client, PROMPTS[i % len(PROMPTS)], log, end)
+            rec = stream_request(client, PROMPTS[i % len(PROMPTS)], log, end, endpoint=endpoint, model=model)
             log.requests.append(rec)
             i += 1
-            if i in (1, 10):
+            if i in RSS_AFTER:
                 log.rss_after[i] = srv.rss
             if not rec.ok:
                 time.sleep(0.1)  # an overheated device refuses at once: do not spin on it
@@ -389,7 +434,13 @@ def run_once(
             metrics = httpx.get(srv.url + "/metrics", timeout=5).text
         kills = _metric(metrics, "simmer_device_kills_total")
         audit = srv.audit()
-        meta = {"cold_start_s": round(srv.cold_start_s, 2), "kills": kills, "audit": audit, "t0": t0}
+        meta = {
+            "cold_start_s": round(srv.cold_start_s, 2),
+            "kills": kills,
+            "audit": audit,
+            "t0": t0,
+            "moves": moves_from_log(srv.log_lines()),
+        }
     return log, meta
 
 
@@ -413,6 +464,20 @@ def _open_loop(url: str, log: RunLog, end: float, every_wall_s: float, timeout_s
         time.sleep(max(0.0, next_at - time.monotonic()))
     for t in threads:
         t.join(timeout_s)
+
+
+def moves_from_log(lines: list[str]) -> dict[str, Any]:
+    """What the server logged (at info) about the ladder: the governor's rung moves (`rung a -> b: why`),
+    replies moved to another model mid-way, and models unloaded (with why)."""
+    rungs = [line.split("rung ", 1)[1] for line in lines if "simmer.governor: rung " in line]
+    switches = [line for line in lines if ": the governor moves the reply to " in line]
+    unloads = [line.split("unloaded ", 1)[1] for line in lines if "simmer.pool: unloaded " in line]
+    return {
+        "rung_moves": len(rungs),
+        "rung_log": rungs[:40],
+        "replies_moved": len(switches),
+        "unloads": unloads[:40],
+    }
 
 
 def _metric(text: str, name: str) -> float | None:
@@ -535,6 +600,7 @@ def summarize(
                 "temperature": s["temperature"] if s else None,
                 "level": s["level"] if s else None,
                 "variant": s["variant"] if s else None,
+                "model": s.get("model") if s else None,
                 "threads": s["limit_threads"] if s else None,
                 "cpu_budget_cores": s.get("cpu_budget_cores") if s else None,
                 "pace_tok_s": s.get("pace_tok_s") if s else None,
@@ -571,12 +637,19 @@ def summarize(
             "ready": round(log.rss_ready / 2**20, 1),
             "after_1_request": _mb(log.rss_after.get(1)),
             "after_10_requests": _mb(log.rss_after.get(10)),
+            "after_20_requests": _mb(log.rss_after.get(20)),
         },
+        "tokens_per_model": tokens_per_model(log.requests),
+        "moves": meta.get("moves"),
         **energy_summary(log, tok_s, total_s, time_scale, t0),
         "levels_seconds": {lv: sum(1 for s in series if s["level"] == lv) for lv in LEVEL_INDEX},
         "variants_seconds": {
             v: sum(1 for s in series if s["variant"] == v)
             for v in sorted({s["variant"] for s in series if s["variant"]})
+        },
+        "models_seconds": {
+            m: sum(1 for s in series if s.get("model") == m)
+            for m in sorted({s["model"] for s in series if s.get("model")})
         },
         "series": series,
     }
@@ -601,15 +674,7 @@ def bench_sustained(
     With `upstream` (a base URL, or "spawn" for a second simmer started here): offload vs no offload."""
     client_audit: list[str] = []
     install_socket_audit(client_audit.append)
-    base = settings.model_copy(
-        update={
-            "thermal_source": f"sim:{profile}",
-            "sim_time_scale": time_scale,
-            "keep_alive_s": 0.0,
-            "log_level": "warning",
-            "api_key": None,
-        }
-    )
+    base = bench_settings(settings, profile, time_scale)
     if upstream:
         return bench_offload(
             base,
@@ -683,6 +748,144 @@ def bench_sustained(
         plot_runs(runs, plot, profile=profile, time_scale=time_scale)
         report["plot"] = plot
     return report
+
+
+def bench_settings(
+    settings: Settings, profile: str, time_scale: float, log_level: str = "warning"
+) -> Settings:
+    """The server's settings in every run: the simulated device, no key, and the model kept loaded between
+    requests (keep_alive < 0) as an app serving all the time keeps it; with keep_alive 0 every reply
+    would unload it and the next one load it again."""
+    return settings.model_copy(
+        update={
+            "thermal_source": f"sim:{profile}",
+            "sim_time_scale": time_scale,
+            "keep_alive_s": -1.0,
+            "log_level": log_level,
+            "api_key": None,
+        }
+    )
+
+
+LADDER_TARGETS = {"tok_s_ratio": 2.0, "peak_over_throttle_c": 1.0, "growth_mb": 5.0}
+
+
+def ladder_runs(ladder: str) -> list[tuple[str, dict[str, Any]]]:
+    """Issue 13's three configurations, each on its own cold device: governed with the model ladder,
+    governed on the first model's variants alone, ungoverned (the first model at full speed)."""
+    first = ladder.split(",")[0].split(":")[0].strip()
+    return [
+        ("ladder", {"governor": True, "ladder": ladder, "model": first}),
+        ("variants", {"governor": True, "ladder": None, "model": first}),
+        ("ungoverned", {"governor": False, "ladder": None, "model": first}),
+    ]
+
+
+def bench_ladder(
+    settings: Settings,
+    ladder: str,
+    *,
+    endpoint: str = "completions",
+    profile: str = "phone",
+    minutes: float = 10.0,
+    time_scale: float = 10.0,
+    model_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Issue 13's benchmark: the ladder across models against variants alone and against no governor, in
+    one run, each configuration on the same simulated device starting cold. Requests name the ladder's
+    first model (a client asks for the best one; the governor places the reply on its rung)."""
+    client_audit: list[str] = []
+    install_socket_audit(client_audit.append)
+    base = bench_settings(settings, profile, time_scale, log_level="info")  # info: the moves are logged
+    load_start = os.getloadavg()
+    runs: dict[str, dict[str, Any]] = {}
+    audits: list[str] = []
+    for name, update in ladder_runs(ladder):
+        log, meta = run_once(
+            base.model_copy(update=update),
+            minutes=minutes,
+            time_scale=time_scale,
+            model_dir=model_dir,
+            endpoint=endpoint,
+            model=update["model"],
+        )
+        audits += meta.pop("audit")
+        runs[name] = summarize(log, meta, time_scale=time_scale, minutes=minutes)
+    report = {
+        "benchmark": "sustained-ladder",
+        "profile": profile,
+        "minutes": minutes,
+        "time_scale": time_scale,
+        "ladder": ladder,
+        "endpoint": ENDPOINTS[endpoint],
+        "max_tokens_per_request": MAX_TOKENS,
+        # a busy machine starves the server of CPU, and a server that cannot run cannot heat the device
+        "host": {
+            "cpus": os.cpu_count(),
+            "loadavg_1_5_15_start": [round(x, 2) for x in load_start],
+            "loadavg_1_5_15_end": [round(x, 2) for x in os.getloadavg()],
+        },
+        "targets": ladder_targets(runs),
+        "summary": {name: ladder_summary(run) for name, run in runs.items()},
+        "offline": {
+            "ok": summarize_audit(audits)["offline_ok"] and summarize_audit(client_audit)["offline_ok"],
+        },
+        "runs": {k: {kk: vv for kk, vv in v.items() if kk != "series"} for k, v in runs.items()},
+        "series": {k: v["series"] for k, v in runs.items()},
+    }
+    report["envelope"] = envelope(profile, runs, governed="ladder")
+    return report
+
+
+def ladder_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """One configuration's numbers for issue 13."""
+    rss = run["rss_mb"]
+    moves = run.get("moves") or {}
+    peak, throttle = run["peak_temperature_c"], run["throttle_c"]
+    return {
+        "tok_s_last_5min": run["tok_s_last_5min"],
+        "tok_s_mean": run["tok_s_mean"],
+        "peak_temperature_c": peak,
+        "throttle_c": throttle,
+        "peak_minus_throttle_c": None if peak is None or throttle is None else round(peak - throttle, 2),
+        "device_kills": run["device_kills"],
+        "requests": run["requests"],
+        "failed_requests": run["failed_requests"],
+        "failures": run["failures"],
+        "tokens_per_model": run["tokens_per_model"],
+        "models_seconds": run["models_seconds"],
+        "levels_seconds": run["levels_seconds"],
+        "rung_moves": moves.get("rung_moves"),
+        "replies_moved": moves.get("replies_moved"),
+        "unloads": moves.get("unloads"),
+        "rss_mb": rss,
+        "memory_growth_mb_1_to_10_requests": _growth(rss["after_10_requests"], rss["after_1_request"]),
+        "memory_growth_mb_10_to_20_requests": _growth(rss["after_20_requests"], rss["after_10_requests"]),
+    }
+
+
+def ladder_targets(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Issue 13's targets, on the ladder configuration (the ratio against the ungoverned one)."""
+    lad, ung = runs["ladder"], runs["ungoverned"]
+    ratio = lad["tok_s_last_5min"] / ung["tok_s_last_5min"] if ung["tok_s_last_5min"] else None
+    peak, throttle = lad["peak_temperature_c"], lad["throttle_c"]
+    growth = _growth(lad["rss_mb"]["after_10_requests"], lad["rss_mb"]["after_1_request"])
+    t = LADDER_TARGETS
+    return {
+        "ladder_over_ungoverned_tok_s_last_5min": round(ratio, 3) if ratio else None,
+        "variants_over_ungoverned_tok_s_last_5min": round(
+            runs["variants"]["tok_s_last_5min"] / ung["tok_s_last_5min"], 3
+        )
+        if ung["tok_s_last_5min"]
+        else None,
+        f"tok_s_ratio_ok (>= {t['tok_s_ratio']:g})": bool(ratio and ratio >= t["tok_s_ratio"]),
+        f"ladder_peak_below_throttle_plus_{t['peak_over_throttle_c']:g}": bool(
+            peak is not None and throttle is not None and peak < throttle + t["peak_over_throttle_c"]
+        ),
+        "ladder_zero_failed": lad["failed_requests"] == 0,
+        "ladder_memory_growth_mb_after_10_requests (rss after 10 - after 1)": growth,
+        f"memory_growth_ok (<= {t['growth_mb']:g} MB)": growth is not None and growth <= t["growth_mb"],
+    }
 
 
 def _runs(levels: bool) -> list[tuple[str, dict[str, Any]]]:
@@ -810,6 +1013,15 @@ def bench_offload(
         plot_runs(runs, plot, profile=profile, time_scale=time_scale, title="offload vs no offload")
         report["plot"] = plot
     return report
+
+
+def tokens_per_model(requests: list[RequestRecord]) -> dict[str, int]:
+    """Tokens each model produced over the run (the replies' usage.models)."""
+    out: dict[str, int] = {}
+    for rec in requests:
+        for model, n in rec.models.items():
+            out[model] = out.get(model, 0) + int(n)
+    return dict(sorted(out.items()))
 
 
 def _growth(after: float | None, before: float | None) -> float | None:

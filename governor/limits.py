@@ -53,9 +53,12 @@ class LevelLimits:
     tokens_per_second: float | None = None  # explicit pace; wins over cpu_budget_cores
     context_cap: int | None = None
     max_tokens: int | None = None
-    rung_step: int = 0  # rungs below the start rung (cheaper)
+    rung_step: int = 0  # rungs below the start rung (cheaper); clamped to the ladder's last (BOTTOM_RUNG)
     pause_new: bool = False
     pause_running: bool = False
+
+
+BOTTOM_RUNG = 1 << 16  # a rung_step past any ladder: the cheapest rung, however long the ladder is
 
 
 # Sized on the phone profile with 2 cores (docs/governor.md, "The thermal model"; leakage included): 2 busy
@@ -65,6 +68,16 @@ class LevelLimits:
 # With the pace controller on (the default) a thermal level's threads and CPU budget come from the controller
 # instead (resolve_limits): these rows' thread fractions and budgets then serve the other causes (memory,
 # battery, background at low priority) and pace_control off.
+# The ladder (rungs best first: each model's variants, then the next model's):
+#   nominal, fair -> the start rung (the memory tier's pick): fair's fewer threads cost no quality
+#   serious       -> one rung down: the next cheaper variant, or, with one rung per model (the nominal q4-a8
+#                    ladder), the next model; the pace controller holds the envelope on it, and one step
+#                    keeps a reply that moves mid-way on the nearest quality
+#   critical      -> the cheapest rung (BOTTOM_RUNG). Work is paused there, so its quality costs nothing
+#                    while it lasts, and it is the rung that frees the most: the worker unloads the idle
+#                    bigger models (critical from memory is an OOM kill ahead) and the device sheds their
+#                    memory while it cools. Cooling, the rung climbs back with the level (serious's one
+#                    step, then the start rung); with more than two rungs that reloads a bigger model once.
 DEFAULT_TABLE: dict[Level, LevelLimits] = {
     "nominal": LevelLimits(),
     "fair": LevelLimits(thread_fraction=0.5),
@@ -76,7 +89,7 @@ DEFAULT_TABLE: dict[Level, LevelLimits] = {
         cpu_budget_cores=0.25,
         context_cap=512,
         max_tokens=256,
-        rung_step=1,
+        rung_step=BOTTOM_RUNG,
         pause_new=True,
         pause_running=True,
     ),
@@ -271,6 +284,8 @@ def resolve_limits(
 ) -> Limits:
     """The concrete Limits for a level on this machine and ladder.
 
+    The rung is start_rung + the row's rung_step, clamped to the ladder's cheapest (the table's comment
+    says which level uses which rungs, and why).
     pace_cores is the pace controller's CPU budget. When the level's cause is thermal it replaces the
     row's budget and thread fraction (the controller, not the table, holds the thermal envelope; up to
     usable_cpus threads); otherwise the row's apply, with the tighter of the two budgets.

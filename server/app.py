@@ -76,6 +76,7 @@ def create_app(
         place=served.place,
         preload=served.preload,
         window=summarizer,
+        ladder=served.ladder,
     )
     if summarizer is not None:
         worker.add_idle_work(summarizer)

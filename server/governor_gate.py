@@ -174,6 +174,11 @@ class GovernorGate:
         return self.governor.snapshot().cause == "memory"
 
     @property
+    def rung(self) -> str | None:
+        """The model of the governor's rung now (the worker unloads idle models above it)."""
+        return self.governor.limits.model_id
+
+    @property
     def ladder(self) -> list[Rung]:
         return list(self.governor.ladder)
 

@@ -11,7 +11,7 @@ is the default model's own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from governor.limits import Rung, rungs_from_manifest
@@ -187,3 +187,34 @@ def _why(i: int, start: int, floor: int) -> str:
     if i != start:
         return "skipped rungs that cannot serve it"
     return "the governor's rung" if start != floor else "the requested model's rung"
+
+
+# -- the idle bigger models once the rung moved down -------------------------------------------------------
+# The rule table, for each loaded model (what the worker unloads; the governor only moved its rung):
+#
+#   no governor rung, or its model is not on the ladder       -> keep (keep_alive decides)
+#   the model is the rung's, below it, or not on the ladder   -> keep (keep_alive decides)
+#   above the rung's model on the ladder:
+#     serving a reply (busy)                                   -> keep: the reply moves down by a handover,
+#                                                                 and the model is looked at again after it
+#     a queued request is placed on it (only it can serve it)  -> keep, for that request
+#     idle                                                     -> unload now: the device is hot or short of
+#                                                                 memory, so the bigger model's memory goes
+#                                                                 back at once, not when its keep_alive ends
+# A request that names the bigger model is placed on the rung (never above it) and keeps nothing loaded.
+def shed_above(
+    ladder: Sequence[Rung], rung_model: str | None, busy: Mapping[str, bool], wanted: Collection[str]
+) -> list[str]:
+    """The loaded models (`busy`: model -> serving now) to unload now that the governor's rung is
+    `rung_model`'s; `wanted`: the models queued requests are placed on."""
+    first: dict[str, int] = {}
+    for i, rung in enumerate(ladder):
+        first.setdefault(rung.model_id, i)
+    if rung_model not in first:
+        return []
+    floor = first[rung_model]
+    return [
+        model
+        for model, serving in busy.items()
+        if model in first and first[model] < floor and not serving and model not in wanted
+    ]

@@ -47,6 +47,7 @@ class LoadedView:
     variant: str
     bytes: int  # the planner's estimate
     expires_in_s: float | None  # None: kept until the server stops
+    busy: bool = False  # serving a reply now
 
 
 @dataclass
@@ -84,6 +85,7 @@ class ModelPool:
                     item.engine.variant,
                     self.cost(item.entry, item.engine.variant).total,
                     None if item.expires_at == math.inf else max(0.0, item.expires_at - now),
+                    item.busy,
                 )
                 for mid, item in self._loaded.items()
             }

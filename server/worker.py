@@ -16,7 +16,9 @@ The governor seam (kept small on purpose), both called on the worker thread:
   job's CancelToken interrupts that wait when the client leaves), raise (device killed), and returns new
   limits or None.
 - `worker.publish_governor(state)` (any thread) sends a JSON-able state to every open job; streams that
-  asked for it (`governor_events: true`) forward it as SSE `event: governor`.
+  asked for it (`governor_events: true`) forward it as SSE `event: governor`. It also wakes an idle worker
+  to look at the governor's rung (`gate.rung`): once it moved below a loaded bigger model, that model is
+  unloaded when idle (`shed_above`, server/ladder.py), not at the end of its keep_alive.
 
 Which model a job runs on is placed per job and again at every changed limit (`place`, server/ladder.py):
 the governor's rung, never above the model the client asked for, skipping rungs that cannot serve it. When
@@ -37,15 +39,16 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from governor.limits import Rung
 from models.errors import Cancelled, SimmerError
 from models.protocol import Engine, EngineLimits, Prompt
 from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent, ToolUse
 from server.errors import ModelLoading, ServerBusy, ShuttingDown
-from server.ladder import Target
+from server.ladder import Target, shed_above
 from server.model_pool import ModelPool
 from server.summary import Windowed
 
@@ -65,11 +68,17 @@ class Gate(Protocol):
     @property
     def memory_pressure(self) -> bool: ...
 
+    @property
+    def rung(self) -> str | None:
+        """The model of the governor's rung now (None: no ladder, no governor). Read from any thread."""
+        ...
+
 
 class NoGate:
     """The default gate: never pauses, never changes limits."""
 
     memory_pressure = False
+    rung = None
 
     def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:
         return None
@@ -184,9 +193,11 @@ class Worker:
         place: Placer | None = None,
         preload: str | None = None,
         window: Window | None = None,
+        ladder: Sequence[Rung] = (),
     ) -> None:
         self.pool = pool
         self._window = window
+        self.ladder = list(ladder)  # the governor's rungs across models (what shed_above reads)
         self.max_queue = max_queue
         self.gate: Gate = gate or NoGate()
         self._metrics = metrics
@@ -203,6 +214,7 @@ class Worker:
         self._idle_work: list[IdleWork] = []
         self._idle_due = True
         self._idle_cancel = CancelToken()
+        self._rung_seen: str | None = None  # the governor's rung the worker last shed models for
         self._thread = threading.Thread(target=self._run, name="simmer-worker", daemon=True)
 
     # ---- event-loop side ------------------------------------------------------------------------
@@ -265,6 +277,7 @@ class Worker:
     def publish_governor(self, state: Mapping[str, Any]) -> None:
         with self._cond:
             jobs = list(self._queue) + ([self._current] if self._current else [])
+            self._cond.notify()  # an idle worker looks at the rung (_rung_moved)
         for job in jobs:
             job.sink(GovernorState(dict(state)))
 
@@ -337,6 +350,8 @@ class Worker:
                 while not self._queue and self.state != "closed":
                     if self._idle_due and any(w.pending() for w in self._idle_work):
                         break
+                    if self._rung_moved():
+                        break
                     expiry = self.pool.next_expiry()
                     timeout = None if expiry is None else max(0.0, expiry - self.pool.clock())
                     if timeout == 0.0:
@@ -351,6 +366,7 @@ class Worker:
                     self._idle_cancel = CancelToken()
             if job is None:
                 self.pool.expire()  # keep_alive: idle models past their time go, and free their memory
+                self._shed_above_rung()
                 self._run_idle_work()
                 continue
             try:
@@ -359,6 +375,28 @@ class Worker:
                 with self._cond:
                     self._current = None
                     self._idle_due = True
+                self._shed_above_rung()  # a reply that moved down left the bigger model idle
+
+    def _rung_moved(self) -> bool:
+        return self.gate.rung != self._rung_seen
+
+    def _shed_above_rung(self) -> None:
+        """Unload the idle models above the governor's rung (the rule table over shed_above): the worker
+        acts on the governor's decision, as it owns the models."""
+        rung = self.gate.rung
+        self._rung_seen = rung
+        if rung is None:
+            return
+        governed = replace(self._governed or EngineLimits(), model_id=rung, variant=None)
+        with self._cond:
+            queued = [job for job in self._queue if not job.cancel.cancelled]
+        wanted = {self._place(job, governed, set()).model_id for job in queued}
+        busy = {model_id: view.busy for model_id, view in self.pool.loaded().items()}
+        for model_id in shed_above(self.ladder, rung, busy, wanted):
+            try:
+                self.pool.unload(model_id, f"idle above the governor's rung ({rung})")
+            except Exception:  # the worker must go on serving; keep_alive tries again later
+                log.exception("unloading %s failed", model_id)
 
     def _run_idle_work(self) -> None:
         cancel = self._idle_cancel
@@ -431,6 +469,7 @@ class Worker:
             engine = self.pool.acquire(target.model_id, target.variant)
             self._sync_limits(engine, target)
             self._relieve_memory(engine)
+            self._shed_above_rung()
             windowed = self._prompt(engine, job)
             prompt: Prompt | None = windowed.prompt
             assert prompt is not None
@@ -474,6 +513,9 @@ class Worker:
                         last = t
                 if handover is None:
                     break
+                # the old model's generation holds its session: gone first, so that unloading the model
+                # (shed_above, memory pressure) hands its memory back now, not after the reply
+                del events
                 engine, prompt = self._hand_over(job, engine, handover, blocked)
                 resume = handover
         except SimmerError as err:
@@ -508,6 +550,7 @@ class Worker:
                 engine, job, handover
             )
         self._relieve_memory(engine)
+        self._shed_above_rung()  # the model the reply left, idle now, is above the rung: its memory goes
         target = self._place(job, self._governed, blocked)
         if target.model_id != engine.model_id:  # moved on again meanwhile: the next step hands over again
             target = Target(engine.model_id, handover.variant, "handover")

@@ -16,7 +16,7 @@ import ctypes
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -470,6 +470,15 @@ class LlamaEngine:
         return _Generation(self, prompt, params, cancel or CancelToken(), step_hook, resume).run()
 
 
+def _terminator(options: Any) -> Callable[[], None]:
+    """A cancel callback that stops a run in progress through its RunOptions."""
+
+    def terminate() -> None:
+        options.terminate = True
+
+    return terminate
+
+
 class _Full(Exception):
     """A reply handed to a model whose context it no longer fits, without truncation: it ends (length)."""
 
@@ -553,9 +562,6 @@ class _Generation:
         self.r.ctx = self.ctx[-(self.e.context_length // 2) :]
         self.r.truncated = True
         self.stale = True
-
-    def _terminate(self) -> None:
-        self.run_options.terminate = True
 
     def _run(self, ids: Sequence[int], keep: int = 1) -> np.ndarray:
         assert self.sess is not None and self.slot is not None
@@ -679,7 +685,9 @@ class _Generation:
             # A long prefill chunk is stopped between graph nodes (RunOptions.terminate). The options are
             # this generation's own: the token may be cancelled long after it ended (a client that leaves
             # late), and a flag on the shared session would then stop whichever request runs at that moment.
-            self.cancel.on_cancel(self._terminate)
+            # The token holds the options alone, not this generation: the generation (its session, its KV)
+            # must go when it ends, although the token lives on (the reply moved to another model).
+            self.cancel.on_cancel(_terminator(self.run_options))
             self._prefill()
             max_tokens = p.max_tokens
             if max_tokens is None and p.truncate:

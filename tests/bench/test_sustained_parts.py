@@ -132,3 +132,74 @@ def test_settings_env_when_routing_settings_then_child_gets_the_same(tmp_path: P
 def test_percentile_when_nearest_rank_then_a_real_value():
     values = [float(v) for v in range(1, 21)]
     assert percentile(values, 95) == 19.0 and percentile(values, 50) == 10.0 and percentile([3.0], 95) == 3.0
+
+
+# -- issue 13: the ladder benchmark ------------------------------------------------------------------------
+def test_request_body_when_completions_then_a_text_prompt_naming_the_model():
+    from bench.sustained import request_body
+
+    body = request_body("Why?", 3, "completions", "gemma3-270m")
+    assert body["prompt"].startswith("Question: Why?") and "messages" not in body
+    assert (body["model"], body["seed"]) == ("gemma3-270m", 3)
+    assert body["stream_options"] == {"include_usage": True}
+    chat = request_body("Why?", 0)
+    assert chat["messages"] == [{"role": "user", "content": "Why?"}] and "model" not in chat
+
+
+def test_chunk_text_when_chat_or_completions_chunk_then_its_text():
+    from bench.sustained import _chunk_text
+
+    assert _chunk_text({"delta": {"content": "a"}}) == "a"
+    assert _chunk_text({"delta": {}}) == ""
+    assert _chunk_text({"text": "b", "index": 0}) == "b"
+
+
+def test_moves_from_log_when_server_log_then_rung_moves_switches_and_unloads_counted():
+    from bench.sustained import moves_from_log
+
+    lines = [
+        "2026-12-01 07:00:00,000 INFO simmer.governor: nominal -> serious: forecast",
+        "2026-12-01 07:00:00,001 INFO simmer.governor: rung gemma3-270m/q4-a8 -> smollm2/q4-a8: serious (x)",
+        "2026-12-01 07:00:00,002 INFO simmer.server: cmpl-1: the governor moves the reply to smollm2 (why)",
+        "2026-12-01 07:00:00,003 INFO simmer.pool: unloaded gemma3-270m: the governor's rung is smollm2",
+        "2026-12-01 07:00:09,000 INFO simmer.governor: rung smollm2/q4-a8 -> gemma3-270m/q4-a8: fair (y)",
+    ]
+    moves = moves_from_log(lines)
+    assert moves["rung_moves"] == 2 and moves["replies_moved"] == 1
+    assert moves["rung_log"][0] == "gemma3-270m/q4-a8 -> smollm2/q4-a8: serious (x)"
+    assert moves["unloads"] == ["gemma3-270m: the governor's rung is smollm2"]
+
+
+def test_tokens_per_model_when_replies_moved_then_summed_per_model():
+    from bench.sustained import RequestRecord, tokens_per_model
+
+    a = RequestRecord(0.0, 0.1, 10, True, models={"big": 4, "small": 6})
+    b = RequestRecord(0.0, 0.1, 5, True, models={"small": 5})
+    assert tokens_per_model([a, b, RequestRecord(0.0, None, 0, False)]) == {"big": 4, "small": 11}
+
+
+def test_ladder_targets_when_runs_then_ratio_peak_failures_and_growth_judged():
+    from bench.sustained import ladder_runs, ladder_targets
+
+    def run(tok_s, peak, failed, after_1, after_10):
+        return {
+            "tok_s_last_5min": tok_s,
+            "peak_temperature_c": peak,
+            "throttle_c": 43.0,
+            "failed_requests": failed,
+            "rss_mb": {"after_1_request": after_1, "after_10_requests": after_10},
+        }
+
+    runs = {"ladder": run(30.0, 43.5, 0, 500.0, 503.0), "variants": run(20.0, 43.2, 0, 1, 1)}
+    runs["ungoverned"] = run(12.0, 60.0, 2, 500.0, 500.0)
+    t = ladder_targets(runs)
+    assert t["ladder_over_ungoverned_tok_s_last_5min"] == 2.5
+    assert t["tok_s_ratio_ok (>= 2)"] and t["ladder_peak_below_throttle_plus_1"] and t["ladder_zero_failed"]
+    assert t["memory_growth_ok (<= 5 MB)"] and t["variants_over_ungoverned_tok_s_last_5min"] == 1.667
+    runs["ladder"] = run(20.0, 44.0, 1, 500.0, 506.0)
+    t = ladder_targets(runs)
+    verdicts = ["tok_s_ratio_ok (>= 2)", "ladder_peak_below_throttle_plus_1", "ladder_zero_failed"]
+    assert not any(t[k] for k in verdicts) and t["memory_growth_ok (<= 5 MB)"] is False
+    names = [(name, update.get("ladder"), update["governor"]) for name, update in ladder_runs("a,b:q4")]
+    assert names == [("ladder", "a,b:q4", True), ("variants", None, True), ("ungoverned", None, False)]
+    assert all(update["model"] == "a" for _, update in ladder_runs("a,b:q4"))

@@ -250,3 +250,48 @@ def test_config_costs_when_fewer_threads_measured_dearer_than_the_manifest_then_
     one, two = config_costs(rung, 2, [ConfigCost("q4-a8", 1, False, 0.07, 14.0)])
     assert two == ConfigCost("q4-a8", 2, None, 0.07, pytest.approx(2 / 0.07))
     assert pick_config([one, two], 0.5)[0] == one
+
+
+# Which rung each level runs on (DEFAULT_TABLE's ladder rules), table by table.
+NOMINAL_PAIR = build_ladder([("big", "q4-a8", 0.010, 0.95, 200), ("small", "q4-a8", 0.005, 0.80, 90)])
+Q4_PAIR = [
+    Rung("big", "q4", 0.014, 0.98, 230),
+    Rung("big", "q4-a8", 0.010, 0.95, 200),
+    Rung("small", "q4", 0.007, 0.85, 95),
+    Rung("small", "q4-a8", 0.005, 0.80, 90),
+]
+ONE = [Rung("big", "q4-a8", 0.010, 0.95, 200)]
+
+
+@pytest.mark.parametrize(
+    ("lad", "start", "level", "rung"),
+    [
+        # the nominal q4-a8 ladder: one rung per model; serious and critical both reach the smaller model
+        (NOMINAL_PAIR, 0, "nominal", ("big", "q4-a8")),
+        (NOMINAL_PAIR, 0, "fair", ("big", "q4-a8")),
+        (NOMINAL_PAIR, 0, "serious", ("small", "q4-a8")),
+        (NOMINAL_PAIR, 0, "critical", ("small", "q4-a8")),
+        # SIMMER_VARIANT=q4: serious steps a variant down, critical to the cheapest rung (the other model)
+        (Q4_PAIR, 0, "nominal", ("big", "q4")),
+        (Q4_PAIR, 0, "fair", ("big", "q4")),
+        (Q4_PAIR, 0, "serious", ("big", "q4-a8")),
+        (Q4_PAIR, 0, "critical", ("small", "q4-a8")),
+        # a memory tier that started lower: the same steps from there
+        (Q4_PAIR, 1, "nominal", ("big", "q4-a8")),
+        (Q4_PAIR, 1, "serious", ("small", "q4")),
+        (Q4_PAIR, 1, "critical", ("small", "q4-a8")),
+        (Q4_PAIR, 3, "serious", ("small", "q4-a8")),
+        # one rung: nowhere to go
+        (ONE, 0, "serious", ("big", "q4-a8")),
+        (ONE, 0, "critical", ("big", "q4-a8")),
+    ],
+)
+def test_resolve_limits_when_level_then_the_table_says_which_rung(lad, start, level, rung):
+    limits = resolve_limits(level, usable_cpus=2, ladder=lad, start_rung=start)
+    assert (limits.model_id, limits.variant) == rung
+
+
+def test_default_table_when_critical_then_steps_further_than_serious():
+    assert DEFAULT_TABLE["nominal"].rung_step == DEFAULT_TABLE["fair"].rung_step == 0
+    assert DEFAULT_TABLE["serious"].rung_step == 1
+    assert DEFAULT_TABLE["critical"].rung_step > len(Q4_PAIR)

@@ -8,7 +8,7 @@ import pytest
 from governor.limits import Rung
 from models.errors import InvalidParameter, ModelNotInstalled
 from server.catalog import CatalogEntry
-from server.ladder import build_ladder, model_rungs, parse_ladder, pick_start, place
+from server.ladder import build_ladder, model_rungs, parse_ladder, pick_start, place, shed_above
 from server.memory_plan import Estimate
 
 MiB = 1 << 20
@@ -188,3 +188,25 @@ def test_place(governed, requested, bad, expected):
     target = place(THREE, governed, requested, usable(*bad))
     assert (target.model_id, target.variant) == expected
     assert target.reason
+
+
+# -- the idle bigger models once the rung moved down ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("rung", "busy", "wanted", "unload"),
+    [
+        # no rung, or a rung off the ladder: keep_alive decides
+        (None, {"big": False}, (), []),
+        ("stranger", {"big": False}, (), []),
+        # the rung's model, models below it and models off the ladder stay
+        ("big", {"big": False, "base": False, "small": False}, (), []),
+        ("small", {"small": False, "other": False}, (), []),
+        # above the rung and idle: unloaded, every one of them
+        ("base", {"big": False, "base": False, "small": False}, (), ["big"]),
+        ("small", {"big": False, "base": False, "small": False}, (), ["big", "base"]),
+        # serving a reply (it moves down by itself), or wanted by a queued request: kept
+        ("small", {"big": True, "base": False}, (), ["base"]),
+        ("small", {"big": False, "base": False}, ("big",), ["base"]),
+    ],
+)
+def test_shed_above(rung, busy, wanted, unload):
+    assert shed_above(THREE, rung, busy, wanted) == unload

@@ -74,6 +74,7 @@ class FakeGovernor:
     """A gate through the real seam: publishes a state change at the third step and lowers threads."""
 
     memory_pressure = False
+    rung = None
 
     def __init__(self) -> None:
         self.steps = 0

@@ -181,6 +181,7 @@ class SwitchingGate:
         self.target = target
         self.after = after
         self.steps = 0
+        self.rung: str | None = None  # the governor's rung: the target's once it moved
 
     def subscribe(self, callback) -> None:
         return None
@@ -191,6 +192,7 @@ class SwitchingGate:
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
         self.steps += 1
         if self.steps == self.after:
+            self.rung = self.target
             return EngineLimits(model_id=self.target, variant="f32")
         return None
 
@@ -279,8 +281,8 @@ def test_switch_when_memory_pressure_moves_the_reply_then_the_bigger_model_unloa
     _, names, switches, _ = stream(srv, "tiny-big", 16)
     assert names[0] == "tiny-big" and names[-1] == "tiny-small" and len(switches) == 1
     loaded = {m for m, e in models(srv).items() if e["loaded"]}
-    # keep_alive is forever here: only memory pressure unloads the model the reply left
-    assert loaded == ({"tiny-small"} if pressed else {"tiny-big", "tiny-small"})
+    # keep_alive is forever here, yet the model the reply left is above the governor's rung and idle: it goes
+    assert loaded == {"tiny-small"}
 
 
 @pytest.mark.parametrize("pressed", [False, True])
@@ -291,3 +293,101 @@ def test_request_when_memory_pressure_then_only_the_model_that_serves_stays_load
     assert complete(srv, "tiny-small").status_code == 200
     loaded = {m for m, e in models(srv).items() if e["loaded"]}
     assert loaded == ({"tiny-small"} if pressed else {"tiny-big", "tiny-small"})
+
+
+# -- an idle bigger model once the governor's rung moved below it ------------------------------------------
+class RungGate(SwitchingGate):
+    """The governor's rung moves while no request runs: `move(model)` sets it and publishes the change,
+    as the real gate's subscription does."""
+
+    def __init__(self) -> None:
+        super().__init__("tiny-small", after=10**9)
+        self.publish = None
+
+    def subscribe(self, callback) -> None:
+        self.publish = callback
+
+    def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
+        return None if self.rung is None else EngineLimits(model_id=self.rung, variant="f32")
+
+    def move(self, model: str) -> None:
+        self.rung = model
+        assert self.publish is not None
+        self.publish({"limits": {"model_id": model}})
+
+
+def loaded_now(srv) -> set[str]:
+    return {m for m, e in models(srv).items() if e["loaded"]}
+
+
+def wait_loaded(srv, expected: set[str]) -> None:
+    for _ in range(250):
+        if loaded_now(srv) == expected:
+            return
+        time.sleep(0.02)
+    assert loaded_now(srv) == expected
+
+
+def test_rung_when_it_moves_below_an_idle_bigger_model_then_the_worker_unloads_it_without_a_request(several):
+    gate = RungGate()
+    srv, served = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    assert complete(srv, "tiny-small").status_code == 200  # both loaded, kept (keep_alive forever)
+    assert loaded_now(srv) == {"tiny-big", "tiny-small"}
+    before = {m: v.bytes for m, v in served.pool.loaded().items()}
+
+    gate.move("tiny-small")
+    wait_loaded(srv, {"tiny-small"})
+    after = {m: v.bytes for m, v in served.pool.loaded().items()}
+    assert sum(after.values()) == sum(before.values()) - before["tiny-big"] and before["tiny-big"] > 0
+    for _ in range(250):  # the view drops it first; the count after its engine let go of its memory
+        if served.pool.unloads:
+            break
+        time.sleep(0.02)
+    assert served.pool.unloads == 1
+
+    # a request naming the bigger model is placed on the rung: it does not bring the bigger one back
+    assert complete(srv, "tiny-big").json()["model"] == "tiny-small"
+    assert loaded_now(srv) == {"tiny-small"}
+    # the rung back up unloads nothing below it; the bigger model loads when a request needs it
+    gate.move("tiny-big")
+    assert complete(srv, "tiny-big").json()["model"] == "tiny-big"
+    assert loaded_now(srv) == {"tiny-big", "tiny-small"} and served.pool.unloads == 1
+
+
+def test_rung_when_only_the_bigger_model_can_serve_then_it_loads_for_the_request(several):
+    """A chat request skips the base rung below: the chat model above it serves, although the rung is lower,
+    and it is unloaded once idle again (the device is hot or short of memory)."""
+    gate = RungGate()
+    srv, _ = several(governor=gate, ladder="tiny-small:f32,tiny-base:f32", model="tiny-small")
+    gate.move("tiny-base")
+    wait_loaded(srv, set())  # the preloaded chat model is above the rung
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        json={"model": "tiny-small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        timeout=30,
+    )
+    assert r.status_code == 200 and r.json()["model"] == "tiny-small"
+    wait_loaded(srv, set())
+
+
+def test_switch_when_the_bigger_model_is_unloaded_mid_reply_then_its_sessions_are_freed_at_once(several):
+    """Neither the reply's finished generation on the bigger model nor its cancel token may keep that model's
+    onnxruntime sessions alive past the unload (their memory would come back only after the reply)."""
+    import weakref
+
+    gate = SwitchingGate("tiny-small", after=8)
+    srv, served = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    alive_after_unload: list[bool] = []
+    unload = served.pool.unload
+
+    def watched(model_id: str, reason: str) -> bool:
+        engine = served.pool.engine(model_id)
+        refs = [weakref.ref(s) for s in engine._sessions.values()] if engine is not None else []
+        done = unload(model_id, reason)
+        alive_after_unload.extend(ref() is not None for ref in refs)
+        return done
+
+    served.pool.unload = watched
+    _, names, switches, _ = stream(srv, "tiny-big", 16)
+    assert names[-1] == "tiny-small" and len(switches) == 1
+    assert alive_after_unload and not any(alive_after_unload)
