@@ -17,6 +17,7 @@ from models.runtime.engine import window_split
 from models.types import SamplingParams
 from server.served import serve_folders
 from server.summary import NOTE_MARK, prefix_keys, with_note
+from server.worker import NoGate
 from tests.server.conftest import make_settings
 
 MAX_TOKENS = 4
@@ -286,22 +287,14 @@ def test_summary_when_ladder_then_its_smallest_chat_model_writes_it(tiny):
     assert (body["model"], body["summarized"]) == ("tiny-big", True)
 
 
-class CapGate:
+class CapGate(NoGate):
     """A governor seam that caps the context (as the limits table does under heat), nothing else."""
-
-    memory_pressure = False
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
 
-    def subscribe(self, callback) -> None:
-        return None
-
     def before_job(self, cancel, enqueued_at) -> EngineLimits:
         return EngineLimits(context_cap=self.cap)
-
-    def before_step(self, cancel) -> None:
-        return None
 
 
 def test_summary_when_governor_caps_context_then_dropped_turns_summarized(tiny):
