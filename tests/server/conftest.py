@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,3 +142,12 @@ def live(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
     yield make
     for srv in servers:
         srv.stop()
+
+
+def wait_ready(srv) -> None:
+    """Until the live server's model is ready (/health 200)."""
+    for _ in range(500):
+        if httpx.get(srv.url + "/health").status_code == 200:
+            return
+        time.sleep(0.02)
+    raise AssertionError(httpx.get(srv.url + "/health").text)

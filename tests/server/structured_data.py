@@ -4,6 +4,8 @@ Its weights are random, so what parses in those tests parses because of the gram
 
 from __future__ import annotations
 
+from pydantic import BaseModel, Field
+
 from models.runtime.engine import load_engine
 from tests.server.fakes import RecordingEngine
 
@@ -39,6 +41,16 @@ TIME = {
     },
 }
 ASK = [{"role": "user", "content": "Paris?"}]
+
+
+class River(BaseModel):
+    name: str = Field(max_length=12)
+    length_km: int = Field(ge=1, le=7000)
+
+
+class Country(BaseModel):
+    name: str = Field(max_length=12)
+    rivers: list[River] = Field(min_length=1, max_length=2)
 
 
 def structured_server(live, tiny_long_model_dir):

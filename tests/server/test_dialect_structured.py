@@ -13,11 +13,10 @@ import jsonschema
 import ollama
 import openai
 import pytest
-from pydantic import BaseModel, Field
 
 from models.runtime.engine import load_engine
 from tests.server.fakes import RecordingEngine
-from tests.server.structured_data import ASK, CITY, TIME, WEATHER, WEATHER_PARAMS, structured_server
+from tests.server.structured_data import ASK, CITY, TIME, WEATHER, WEATHER_PARAMS, Country, structured_server
 
 
 @pytest.fixture
@@ -54,16 +53,6 @@ def test_ollama_format_schema_when_client_chats_then_valid_json(srv, seed):
     jsonschema.validate(json.loads(r.message.content), CITY)
     grammar = srv.engine.generations[-1].params.grammar
     assert grammar is not None and '"maxLength": 10' in grammar  # the schema went to the sampler
-
-
-class River(BaseModel):
-    name: str = Field(max_length=12)
-    length_km: int = Field(ge=1, le=7000)
-
-
-class Country(BaseModel):
-    name: str = Field(max_length=12)
-    rivers: list[River] = Field(min_length=1, max_length=2)
 
 
 def test_ollama_format_when_pydantic_schema_as_ollama_documents_then_it_validates(srv):

@@ -16,18 +16,10 @@ from models.runtime.engine import load_engine
 from models.types import CancelToken, GenerationParams, SamplingParams, TokenEvent
 from server.memory_plan import MemoryBudget
 from server.served import serve_folders
-from tests.server.conftest import make_settings
+from tests.server.conftest import make_settings, wait_ready
 
 MiB = 1 << 20
 PROMPT = "The quick brown fox"
-
-
-def wait_ready(srv) -> None:
-    for _ in range(500):
-        if httpx.get(srv.url + "/health").status_code == 200:
-            return
-        time.sleep(0.02)
-    raise AssertionError(httpx.get(srv.url + "/health").text)
 
 
 @pytest.fixture

@@ -10,9 +10,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from pydantic import BaseModel, Field
 
-from tests.server.structured_data import ASK, CITY, TIME, WEATHER, structured_server
+from tests.server.structured_data import ASK, CITY, TIME, WEATHER, Country, structured_server
 
 
 @pytest.fixture
@@ -40,16 +39,6 @@ def test_response_format_json_schema_when_sdk_then_valid_json(srv, seed):
     )
     assert reply.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(reply.choices[0].message.content), CITY)
-
-
-class River(BaseModel):
-    name: str = Field(max_length=12)
-    length_km: int = Field(ge=1, le=7000)
-
-
-class Country(BaseModel):
-    name: str = Field(max_length=12)
-    rivers: list[River] = Field(min_length=1, max_length=2)
 
 
 def test_response_format_when_sdk_parse_with_pydantic_model_then_parsed(srv):

@@ -18,7 +18,7 @@ from models.types import SamplingParams
 from server.served import serve_folders
 from server.summary import NOTE_MARK, prefix_keys, with_note
 from server.worker import NoGate
-from tests.server.conftest import make_settings
+from tests.server.conftest import make_settings, wait_ready
 
 MAX_TOKENS = 4
 # The tiny random model prints only newlines greedily (a blank summary), or bytes that are no text: the
@@ -37,14 +37,6 @@ def conversation(turns: int = 10, size: int = 40) -> list[dict]:
         messages.append({"role": role, "content": f"turn {i}: " + "the cat sat on a mat " * (size // 20)})
     messages.append({"role": "user", "content": "and now?"})
     return messages
-
-
-def wait_ready(srv) -> None:
-    for _ in range(500):
-        if httpx.get(srv.url + "/health").status_code == 200:
-            return
-        time.sleep(0.02)
-    raise AssertionError(httpx.get(srv.url + "/health").text)
 
 
 def wait_idle(srv, timeout: float = 60.0) -> None:
