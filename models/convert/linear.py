@@ -30,6 +30,17 @@ layout (bits, block) are one MatMulNBits; where they do not, each run of one lay
 Concat joins them. With int8 activations, widening the 4-bit part to 8 bits instead was 1.2-1.5x slower
 (1.3-4.3x at one token); with fp32 ones, promoting everything to fp32 MatMul was 10-30 % faster but costs 8x
 the bytes of the 4-bit part, so the 4-bit part stays 4-bit.
+
+Why Q5_0 / Q6_K stay one 8-bit node in q4-a8 rather than a sum of narrower ones (bench/split_8bit.py, two
+runs on a shared machine in bench/results/split-8bit-shared-*.json): Q5_0 = d*(lo4 - 8) + 8d*(2*hi - 1) is
+exactly a 4-bit plus a 2-bit (or 4-bit) MatMulNBits with default zero points, and with int8 activations the
+sum equals the 8-bit node to ~3e-6 relative. But a 4-bit term alone costs 0.5-0.7x of the 8-bit node at 256
+tokens and the 2-bit kernel (onnxruntime 1.32, AVX2) is no cheaper than the 4-bit one, so every split (two
+nodes, one 4-bit node over [x, x], the 2-bit LUT kernel) measured 1.0-1.5x of the 8-bit node at 256 tokens
+and 0.9-2.7x at one token; Q6_K's 16-wide blocks as 4 + 4 bits were 1.3-1.5x and 1.7-4.7x, and 2-bit with
+16-wide blocks falls back to a dequantizing kernel (20-57x). With fp32 activations every split is 3-5x
+slower than fp32 MatMul at one token. Only fp32 MatMul beats the 8-bit node at 256 tokens (0.37-0.41x),
+at 4x the bytes and 1.5-2.2x the time at one token.
 """
 
 from __future__ import annotations
