@@ -33,6 +33,8 @@ SOURCES = {  # how each head runs in q4 / q4-a8
     "Q4_K": "4-bit + offset correction (a min) in both",
     "Q2_K": "4-bit, 16-wide blocks + offset correction in both",
     "Q4_1": "4-bit + offset correction in both",
+    "Q5_K": "nibble pair + offset correction / 8-bit + offset correction",
+    "Q3_K": "4-bit, 16-wide blocks in both",
 }
 SLICE = 64  # rows per slice when SLICE_BYTES is 1 (the smallest slice)
 
