@@ -137,12 +137,20 @@ TYPES = {
 }
 
 
+QUANTIZE_ROWS = 8192
+
+
 def tensor_bytes(w: np.ndarray, type_name: str, rng: np.random.Generator) -> np.ndarray:
     if type_name == "IQ4_NL":  # 32 values per block: f16 scale + 16 bytes of 4-bit codes
         blocks = rng.integers(0, 256, (w.shape[0], w.shape[1] // 32, 18), dtype=np.uint8)
         blocks[..., :2] = np.full((*blocks.shape[:2], 1), 0.01, np.float16).view(np.uint8)
         return blocks.reshape(w.shape[0], -1)
-    return quantize(w, type_name)
+    if len(w) <= QUANTIZE_ROWS:
+        return quantize(w, type_name)
+    # by rows (every format's blocks lie within a row): a vocabulary-sized matrix (bench/head_memory.py)
+    # would otherwise hold the K-quant search's temporaries for all of it at once
+    step = QUANTIZE_ROWS
+    return np.concatenate([quantize(w[i : i + step], type_name) for i in range(0, len(w), step)])
 
 
 def write_tiny_gguf(

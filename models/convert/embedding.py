@@ -13,6 +13,8 @@ Q8_0), so where its bytes live and how many copies stay resident is decided here
   as MatMulNBits nodes over 32 MiB slices of them (tied_head), so that loading holds one slice's original
   codes beside the packed head, not the whole table. With fp32 activations an 8-bit head is a nibble pair
   (linear.py): its own bytes, and the lookup keeps gathering from the 8-bit codes.
+- Every other head on MatMulNBits (an untied output.weight, a nibble pair, a widened or float table) is
+  sliced the same way (linear.row_sliced), over codes of its own.
 - Neither is read in at load when the mapped tables are large (session.prefault_mappings): of the lookup's
   alias only rows looked up become resident.
 
@@ -25,20 +27,26 @@ call (671 MB, `session.disable_prepacking`), and no stock gather reads the packe
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.convert.linear import FLOAT_TYPES, MS, form, linear, matmul_nbits, note, planned_array
-from models.gguf.quant import DEFAULT_ZP, Layout, Packing
+from models.convert.linear import (
+    FLOAT_TYPES,
+    MS,
+    form,
+    linear,
+    note,
+    planned_array,
+    row_sliced,
+)
+from models.gguf.quant import DEFAULT_ZP, Packing
 
 if TYPE_CHECKING:
     from models.convert.graph import GraphBuilder
 
 TABLE = "token_embd.weight"
 QWEIGHT, SCALES = "token_embd.qweight", "token_embd.scales"  # a packed table's codes and scales
-HEAD_CHUNK_BYTES = 32 << 20  # codes per MatMulNBits node of a tied head (tied_head)
 
 
 def embed_tokens(g: GraphBuilder) -> tuple[str, Packing | None]:
@@ -91,60 +99,43 @@ def embed_tokens(g: GraphBuilder) -> tuple[str, Packing | None]:
 
 def lm_head(g: GraphBuilder, last: str, embd_packed: Packing | None) -> None:
     """logits [1, positions kept, vocab]. A tied head runs on the lookup's table where the kernel
-    takes its codes as they are (MatMulNBits at any width with int8 activations, 4 bits with fp32 ones)."""
+    takes its codes as they are (MatMulNBits at any width with int8 activations, 4 bits with fp32 ones).
+    Every head on MatMulNBits is sliced by rows when it is large (row_sliced), tied or not."""
     cfg = g.cfg
     if not cfg.tied_embeddings:
-        logits, _ = linear(g, last, "lm_head", ["output.weight"], small=True)
+        logits = head(g, last, "output.weight")
     elif embd_packed is None:  # a float table
         f = form(g, TABLE, small=True)
-        note(g, TABLE, "head: " + f.describe())
         if f.packed is None:
+            note(g, TABLE, "head: " + f.describe())
             logits = g.node("Gemm", [last, g.init(TABLE, g.dequantized(TABLE))], transB=1)[0]
         else:
-            logits = matmul_nbits(g, last, f.packed, "lm_head")
+            logits = head(g, last, TABLE)
     else:
         f = form(g, TABLE, small=True, packed=embd_packed)
         if f.packed is not None and f.packed is embd_packed and not f.pair:
             note(g, TABLE, "head: " + f.describe() + " on the lookup's codes")
             logits = tied_head(g, last, embd_packed)
         else:
-            logits, _ = linear(g, last, "lm_head", [TABLE], small=True)
+            logits = head(g, last, TABLE, embd_packed)
     g.node("Reshape", [logits, g.const("logits_shape", np.array([1, -1, cfg.vocab], np.int64))])
     g.nodes[-1].output[0] = "logits"
 
 
-def head_chunk_rows(lay: Layout, chunk_bytes: int) -> int:
-    """Rows of the table per MatMulNBits node of a tied head: about `chunk_bytes` of codes, a multiple of
-    64 rows so that every slice starts 64-byte aligned in the weights file, as the whole table does."""
-    row_bytes = lay.nb * lay.block * lay.bits // 8
-    return max(64, chunk_bytes // row_bytes // 64 * 64)
+def head(g: GraphBuilder, last: str, name: str, packed: Packing | None = None) -> str:
+    """A head on codes of its own: MatMulNBits by slices (an untied output.weight, or a tied table at
+    another width or as a nibble pair than the lookup's), or fp32 MatMul where the variant says so."""
+    f = form(g, name, small=True, packed=packed)
+    if f.packed is None:
+        return linear(g, last, "lm_head", [name], small=True)[0]
+    note(g, name, "head: " + f.describe())
+    return row_sliced(g, last, f.packed, "lm_head", pair=f.pair)
 
 
 def tied_head(g: GraphBuilder, last: str, p: Packing) -> str:
-    """logits over the lookup's own codes and scales, as MatMulNBits over slices of the table concatenated.
-
-    Why slices (HEAD_CHUNK_BYTES each): onnxruntime prepacks each node's codes into memory of its own and
-    only then unmaps the initializer, so while the head is packed the original codes are resident too. For
-    Gemma 3's 262,144 x 640 table as one node that was 160 MB on top of everything at load, and it set the
-    peak RSS; slice by slice only one slice is. The lookup keeps its alias over the whole table."""
+    """logits over the lookup's own codes and scales, by slices of the table (row_sliced): the table is in
+    the weights file once, and the lookup keeps its alias over the whole of it."""
     lay = p.layout
-    codes = g.planned(lay.packed_shape, lambda: p.get().packed, np.uint8)
-    scales = g.planned(lay.scales_shape, lambda: p.get().scales)
-    rows = head_chunk_rows(lay, HEAD_CHUNK_BYTES)
-    if rows >= lay.n:
-        return matmul_nbits(
-            g, last, p, "token_embd", weight_names=(g.init(QWEIGHT, codes), g.init(SCALES, scales))
-        )
-    g.w.add(QWEIGHT, codes)  # written once (the lookup has it already); the graph reads it by slices
-    g.w.add(SCALES, scales)
-    sums: dict[int, str] = {}
-    outs = []
-    for i, lo in enumerate(range(0, lay.n, rows)):
-        hi = min(lo + rows, lay.n)
-        part = p.then(replace(lay, n=hi - lo), lambda whole, lo=lo, hi=hi: whole.rows(lo, hi))
-        names = (
-            g.alias(f"{QWEIGHT}.{i}", QWEIGHT, rows=(lo, hi)),
-            g.alias(f"{SCALES}.{i}", SCALES, rows=(lo, hi)),
-        )
-        outs.append(matmul_nbits(g, last, part, f"token_embd.{i}", sums, weight_names=names))
-    return g.node("Concat", outs, axis=-1)[0]
+    g.w.add(QWEIGHT, g.planned(lay.packed_shape, lambda: p.get().packed, np.uint8))  # the lookup's already
+    g.w.add(SCALES, g.planned(lay.scales_shape, lambda: p.get().scales))
+    return row_sliced(g, last, p, "token_embd", whole=(QWEIGHT, SCALES))

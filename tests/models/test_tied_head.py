@@ -13,7 +13,7 @@ import onnx
 import onnxruntime_genai as og
 import pytest
 
-from models.convert import embedding
+from models.convert import linear
 from models.convert.model import GGUFModel
 from models.convert.pipeline import convert
 from models.runtime.session import DecoderSession, KVCache, ModelShape
@@ -50,7 +50,7 @@ def whole_and_sliced(request, tmp_path_factory) -> tuple[Path, Path, Path]:
     t = GGUFModel(g).tensor("token_embd.weight")
     assert t.rows % 64, "the last slice should be a short one"
     with pytest.MonkeyPatch.context() as mp:  # slices of 64 rows (the smallest): several, the last short
-        mp.setattr(embedding, "HEAD_CHUNK_BYTES", 1)
+        mp.setattr(linear, "SLICE_BYTES", 1)
         frag = convert(g, sliced, variants=["q4", "q4-a8"], measure=False)
     (sliced / "manifest.json").write_text(json.dumps(frag))  # what the engine opens
     return g, whole, sliced
