@@ -28,6 +28,12 @@ _OLLAMA_STATS = (
     "eval_duration",
 )
 
+# simmer's sliding-window flags, in every body that ends a reply (OpenAI, Ollama's last line, Responses)
+_WINDOW = {
+    "truncated": {"type": "boolean", "description": "the sliding window dropped turns"},
+    "summarized": {"type": "boolean", "description": "dropped turns came as a summary note"},
+}
+
 SCHEMAS: dict[str, dict[str, Any]] = {
     "Error": {
         "type": "object",
@@ -102,8 +108,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             },
             "usage": {"$ref": _REF + "Usage"},
             "timings": {"type": "object"},
-            "truncated": {"type": "boolean"},
-            "summarized": {"type": "boolean", "description": "dropped turns came as a summary note"},
+            **_WINDOW,
         },
     },
     "ToolCall": {
@@ -148,8 +153,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             },
             "usage": {"$ref": _REF + "Usage"},
             "timings": {"type": "object"},
-            "truncated": {"type": "boolean"},
-            "summarized": {"type": "boolean", "description": "dropped turns came as a summary note"},
+            **_WINDOW,
         },
     },
     "ModelList": {
@@ -204,6 +208,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "done_reason": {"type": "string", "enum": ["stop", "length", "load", "unload"]},
             **{k: {"type": "integer", "minimum": 0} for k in _OLLAMA_STATS},
             "logprobs": {"type": "array"},
+            **_WINDOW,  # the last line (done: true) only
         },
     },
     "OllamaGenerate": {
@@ -218,6 +223,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "done_reason": {"type": "string", "enum": ["stop", "length", "load", "unload"]},
             **{k: {"type": "integer", "minimum": 0} for k in _OLLAMA_STATS},
             "logprobs": {"type": "array"},
+            **_WINDOW,  # the last line (done: true) only
         },
     },
     "OllamaProgress": {
@@ -324,6 +330,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 },
             },
             "store": {"type": "boolean", "enum": [False]},
+            **_WINDOW,  # once the reply ended (completed, incomplete)
         },
     },
 }

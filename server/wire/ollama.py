@@ -550,9 +550,12 @@ def final(
     stats: dict[str, int],
     calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The last object: done, done_reason and the statistics (with the whole reply when not streamed)."""
+    """The last object: done, done_reason and the statistics (with the whole reply when not streamed), and
+    simmer's window flags as the OpenAI bodies have them: truncated (turns were dropped) and summarized
+    (the dropped turns came as a summary note)."""
     out = piece(kind, model, text, tokens, calls)
     out.update({"done": True, "done_reason": done_reason(finish), **stats})
+    out.update({"truncated": finish.truncated, "summarized": finish.summarized})
     return out
 
 

@@ -10,6 +10,7 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
 
 from models.protocol import EngineLimits
@@ -129,6 +130,45 @@ def test_summary_when_turns_dropped_then_first_plain_and_after_idle_summarized(t
 
     final = chat_stream_last(srv, messages)  # the stream's final chunk says the same
     assert (final["truncated"], final["summarized"]) == (True, True)
+
+
+def ollama_lines(srv, path: str, body: dict) -> list[dict]:
+    """Ollama's NDJSON lines of a streamed reply, or its one object."""
+    with httpx.stream("POST", srv.url + path, json=body, timeout=60) as r:
+        assert r.status_code == 200
+        return [json.loads(line) for line in r.iter_lines() if line]
+
+
+def test_summary_when_other_dialects_then_they_report_truncated_and_summarized(tiny):
+    """Ollama's last line (and its one object) and the Responses API's finished response (the openai SDK's,
+    not streamed and streamed) say what the OpenAI bodies say."""
+    srv = tiny()
+    messages = conversation()
+    chat(srv, messages)
+    wait_idle(srv)
+    options = {"num_predict": MAX_TOKENS, "temperature": 0}
+    for stream in (False, True):
+        body = {"model": "tiny-small", "messages": messages, "options": options, "stream": stream}
+        lines = ollama_lines(srv, "/api/chat", body)
+        assert lines[-1]["done"] is True and (lines[-1]["truncated"], lines[-1]["summarized"]) == (True, True)
+        assert all("summarized" not in line for line in lines[:-1])
+    # one long prompt: its tokens are dropped, not turns (no summary)
+    long_prompt = {"model": "tiny-small", "prompt": "the cat sat " * 200, "options": options, "stream": False}
+    (body,) = ollama_lines(srv, "/api/generate", long_prompt)
+    assert (body["truncated"], body["summarized"]) == (True, False)
+    short = ollama_lines(srv, "/api/generate", {**long_prompt, "prompt": "hi"})
+    assert (short[0]["truncated"], short[0]["summarized"]) == (False, False)
+
+    sdk = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    args = {"model": "tiny-small", "input": messages[1:], "instructions": messages[0]["content"]}
+    args |= {"max_output_tokens": 16, "temperature": 0, "truncation": "auto"}
+    response = sdk.responses.create(**args)
+    assert (response.model_extra or {}).get("truncated") is True
+    assert (response.model_extra or {}).get("summarized") is True
+    last = list(sdk.responses.create(**args, stream=True))[-1]  # completed, or incomplete (the length)
+    assert last.type in ("response.completed", "response.incomplete")
+    assert (last.response.model_extra or {}).get("truncated") is True
+    assert (last.response.model_extra or {}).get("summarized") is True
 
 
 def test_summary_when_conversation_grows_then_summary_still_serves(tiny):
