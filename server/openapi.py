@@ -34,6 +34,12 @@ _WINDOW = {
     "summarized": {"type": "boolean", "description": "dropped turns came as a summary note"},
 }
 
+_BY_MODEL = {
+    "type": "object",
+    "additionalProperties": {"type": "integer", "minimum": 0},
+    "description": "which model produced how many tokens (the governor may move a reply to another model)",
+}
+
 SCHEMAS: dict[str, dict[str, Any]] = {
     "Error": {
         "type": "object",
@@ -209,6 +215,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             **{k: {"type": "integer", "minimum": 0} for k in _OLLAMA_STATS},
             "logprobs": {"type": "array"},
             **_WINDOW,  # the last line (done: true) only
+            "eval_count_by_model": _BY_MODEL,
         },
     },
     "OllamaGenerate": {
@@ -224,6 +231,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             **{k: {"type": "integer", "minimum": 0} for k in _OLLAMA_STATS},
             "logprobs": {"type": "array"},
             **_WINDOW,  # the last line (done: true) only
+            "eval_count_by_model": _BY_MODEL,
         },
     },
     "OllamaProgress": {
