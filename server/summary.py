@@ -184,8 +184,9 @@ class Summarizer:
         self._pending: collections.deque[_Work] = collections.deque(maxlen=PENDING_MAX)
         self._lock = threading.Lock()
         # counters for tests and metrics (never text)
-        self.written = 0
-        self.preempted = 0
+        self.written = 0  # summary pieces stored
+        self.preempted = 0  # pieces stopped by a request (resumed at the next idle moment)
+        self.failed = 0  # pieces dropped by an error (never retried)
         self.running = False  # inside run() (tests wait for it)
 
     # -- a request (worker thread, before the reply) --------------------------------------------------
@@ -266,6 +267,9 @@ class Summarizer:
         self.running = True
         try:
             self._run(pool, cancel)
+        except Exception:  # the summarizing model did not load, or a bug: the worker logs it
+            self.failed += 1
+            raise
         finally:
             self.running = False
 
@@ -287,6 +291,7 @@ class Summarizer:
                 try:
                     self._write(engine, work, cancel)
                 except SimmerError as err:  # dropped, never retried (no text in the log)
+                    self.failed += 1
                     log.warning("summary not written: %s", type(err).__name__)
 
     def _requeue(self, work: _Work) -> None:

@@ -12,7 +12,9 @@ import time
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from models.errors import InvalidParameter
 from models.protocol import EngineLimits
 from models.runtime.engine import window_split
 from models.types import SamplingParams
@@ -342,3 +344,64 @@ def test_summary_when_governor_caps_context_then_dropped_turns_summarized(tiny):
     second = chat(srv, messages)
     assert (second["truncated"], second["summarized"]) == (True, True)
     assert second["usage"]["prompt_tokens"] <= 160
+
+
+def metrics(srv) -> dict[str, float]:
+    """/metrics' summary and window samples (name -> value)."""
+    text = httpx.get(srv.url + "/metrics", timeout=5).text
+    assert "the cat sat" not in text  # numbers, never text
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if "summar" in sample.name or "truncated" in sample.name
+    }
+
+
+def test_metrics_when_summaries_written_preempted_failed_then_counted(tiny):
+    srv = tiny()
+    rt = srv.app.state.runtime
+    zero = metrics(srv)
+    assert zero["simmer_summaries_written_total"] == 0 and zero["simmer_truncated_replies_total"] == 0
+    assert chat(srv, [{"role": "user", "content": "hi"}])["truncated"] is False
+    messages = conversation()
+    chat(srv, messages)
+    wait_idle(srv)
+    after = metrics(srv)
+    assert after["simmer_truncated_replies_total"] == 1 and after["simmer_summarized_replies_total"] == 0
+    assert after["simmer_summaries_written_total"] == rt.summarizer.written >= 1
+    assert after["simmer_summaries_stored"] == len(rt.summarizer.store) >= 1
+    assert after["simmer_summaries_pending"] == 0
+    assert chat(srv, messages)["summarized"] is True
+    after = metrics(srv)
+    assert after["simmer_truncated_replies_total"] == 2 and after["simmer_summarized_replies_total"] == 1
+
+    # a preempted piece: the first step of the next summary waits for a request to arrive
+    def on_step(cancel) -> None:
+        deadline = time.monotonic() + 30
+        while not cancel.cancelled and time.monotonic() < deadline:
+            time.sleep(0.001)
+        rt.summarizer.on_step = None
+
+    rt.summarizer.on_step = on_step
+    other = conversation(turns=12)  # another conversation: new work
+    other[1]["content"] = "another first question " * 3
+    chat(srv, other)
+    for _ in range(500):
+        if rt.summarizer.running:
+            break
+        time.sleep(0.01)
+    chat(srv, [{"role": "user", "content": "hi"}])
+    wait_idle(srv)
+    assert metrics(srv)["simmer_summaries_preempted_total"] == rt.summarizer.preempted == 1
+
+    # a failed piece: the engine refuses the summary's prompt
+    def refuse(*args, **kwargs):
+        raise InvalidParameter("refused")
+
+    rt.summarizer._generate = refuse
+    third = conversation(turns=12)
+    third[1]["content"] = "a third first question " * 3
+    chat(srv, third)
+    wait_idle(srv)
+    assert metrics(srv)["simmer_summaries_failed_total"] == rt.summarizer.failed == 1
