@@ -80,6 +80,7 @@ def create_app(
     )
     if summarizer is not None:
         worker.add_idle_work(summarizer)
+        metrics.watch_summaries(summarizer)
     worker_box.append(worker)
     gate.subscribe(worker.publish_governor)
     if governed is not None:  # its pace controller hears of every load; export its state

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import threading
+from collections.abc import Iterator
 
 from models.runtime.engine import LlamaEngine
-from models.types import FinishEvent, GenerationParams, SamplingParams
+from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams
 from server.engine_config import EngineConfig
 from server.settings import Settings
+from server.summary import Summarizer
 
 
 def _parser(prog: str, with_prompt: bool) -> argparse.ArgumentParser:
@@ -34,9 +38,15 @@ def _params(args: argparse.Namespace) -> GenerationParams:
     )
 
 
-def _stream(engine: LlamaEngine, messages: list[dict], args: argparse.Namespace) -> str:
+def _stream(
+    engine: LlamaEngine, messages: list[dict], args: argparse.Namespace, summarizer: Summarizer | None = None
+) -> str:
     reserve = min(args.max_tokens, 256)
-    if engine.can_chat:
+    summarized = False
+    if engine.can_chat and summarizer is not None:  # the server's window: dropped turns come as a summary
+        windowed = summarizer.window(engine, messages, truncate=True, reserve=reserve, tools=None)
+        prompt, summarized = windowed.prompt, windowed.summarized
+    elif engine.can_chat:
         prompt = engine.chat_prompt(messages, truncate=True, reserve=reserve)
     else:  # a base model (no chat template) continues the text, as `ollama run` does with one
         prompt = engine.text_prompt("\n".join(m["content"] for m in messages), truncate=True, reserve=reserve)
@@ -54,7 +64,10 @@ def _stream(engine: LlamaEngine, messages: list[dict], args: argparse.Namespace)
                     f"[{engine.variant}, {ev.usage.prompt_tokens} prompt tokens "
                     f"({ev.usage.cached_tokens} cached), "
                     f"{t.prompt_per_second:.0f} tok/s prompt, {t.predicted_per_second:.1f} tok/s decode, "
-                    f"TTFT {t.ttft_ms:.0f} ms, {ev.finish_reason}]",
+                    f"TTFT {t.ttft_ms:.0f} ms, {ev.finish_reason}"
+                    + (", truncated" if prompt.truncated else "")
+                    + (", summarized" if summarized else "")
+                    + "]",
                     file=sys.stderr,
                 )
     return "".join(reply)
@@ -77,22 +90,76 @@ def cli_run(argv: list[str], settings: Settings) -> int:
     return 0
 
 
+class _OneEngine:
+    """The chat's engine as the summarizer's model source (the server's is its ModelPool)."""
+
+    def __init__(self, engine: LlamaEngine) -> None:
+        self.engine = engine
+
+    def fits_without_eviction(self, model_id: str) -> bool:
+        return model_id == self.engine.model_id
+
+    @contextlib.contextmanager
+    def borrow(self, model_id: str) -> Iterator[LlamaEngine]:
+        yield self.engine
+
+
+class _IdleSummary:
+    """The summary work of `simmer chat`, in a thread while the user types (the engine is otherwise idle);
+    the next line stops it at the engine's next step, before the reply uses the engine."""
+
+    def __init__(self, summarizer: Summarizer, engine: LlamaEngine) -> None:
+        self.summarizer = summarizer
+        self.models = _OneEngine(engine)
+        self.cancel = CancelToken()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.summarizer.pending():
+            self.cancel = CancelToken()
+            self.thread = threading.Thread(
+                target=self.summarizer.run,
+                args=(self.models, self.cancel),
+                name="simmer-summary",
+                daemon=True,
+            )
+            self.thread.start()
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.cancel.cancel()
+            self.thread.join()
+            self.thread = None
+
+
 def cli_chat(argv: list[str], settings: Settings) -> int:
-    """An interactive loop; the KV cache is reused between turns, so a follow-up prefills only itself."""
+    """An interactive loop; the KV cache is reused between turns, so a follow-up prefills only itself. A
+    conversation longer than the context keeps a summary of the turns it drops, as the server does
+    (SIMMER_SUMMARY), written by the chat's own model while the user types."""
     args = _parser("simmer chat", False).parse_args(argv)
     engine = _open(settings, args)
+    summarizer = Summarizer(lambda: engine.model_id) if settings.summary and engine.can_chat else None
+    idle = _IdleSummary(summarizer, engine) if summarizer is not None else None
     messages = _messages(args)
     print(
         f"simmer chat: {engine.model_id} ({engine.variant}). Empty line or Ctrl-D to quit.", file=sys.stderr
     )
-    while True:
-        try:
-            line = input("> ")
-        except (EOFError, KeyboardInterrupt):
-            print(file=sys.stderr)
-            return 0
-        if not line.strip():
-            return 0
-        messages.append({"role": "user", "content": line})
-        reply = _stream(engine, messages, args)
-        messages.append({"role": "assistant", "content": reply})
+    try:
+        while True:
+            try:
+                line = input("> ")
+            except (EOFError, KeyboardInterrupt):
+                print(file=sys.stderr)
+                return 0
+            if idle is not None:
+                idle.stop()
+            if not line.strip():
+                return 0
+            messages.append({"role": "user", "content": line})
+            reply = _stream(engine, messages, args, summarizer)
+            messages.append({"role": "assistant", "content": reply})
+            if idle is not None:
+                idle.start()
+    finally:
+        if idle is not None:
+            idle.stop()

@@ -43,6 +43,7 @@ class EngineConfig:
     chat_template: str | None  # SIMMER_CHAT_TEMPLATE's text, read once
     variant: str | None = None  # SIMMER_VARIANT: the variant a model opens on when it has it
     speculation: str = "auto"  # SIMMER_SPECULATION: prompt-lookup speculation
+    window_reply_contexts: int = 1  # SIMMER_WINDOW_REPLY_CONTEXTS: a sliding-window reply's bound
 
     @classmethod
     def from_settings(cls, settings: Settings, *, threads: int | None = None) -> EngineConfig:
@@ -57,6 +58,7 @@ class EngineConfig:
             chat_template=chat_template_override(settings),
             variant=settings.variant,
             speculation=settings.speculation,
+            window_reply_contexts=settings.window_reply_contexts,
         )
 
     def open(
@@ -78,6 +80,7 @@ class EngineConfig:
             prefix_budget_bytes=self.prefix_budget_bytes,
             chat_template=self.chat_template,
             speculation=self.speculation,
+            window_reply_contexts=self.window_reply_contexts,
         )
 
     def open_dir(self, model_dir: Path, *, variant: str | None = None) -> LlamaEngine:

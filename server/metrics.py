@@ -35,6 +35,12 @@ class Metrics:
             "simmer_inter_token_seconds", "Time between generated tokens", buckets=_ITL_BUCKETS, registry=r
         )
         self.busy = Counter("simmer_busy_seconds", "Seconds the worker spent on requests", registry=r)
+        self.truncated = Counter(
+            "simmer_truncated_replies", "Replies whose sliding window dropped part of the context", registry=r
+        )
+        self.summarized = Counter(
+            "simmer_summarized_replies", "Replies whose dropped turns came as a summary note", registry=r
+        )
         self.queue = Gauge("simmer_queue_depth", "Requests waiting for the worker", registry=r)
         if queue_depth is not None:
             self.queue.set_function(queue_depth)
@@ -48,6 +54,17 @@ class Metrics:
 
     def add_busy(self, seconds: float) -> None:
         self.busy.inc(seconds)
+
+    def count_window(self, truncated: bool, summarized: bool) -> None:
+        """A finished reply's sliding window."""
+        if truncated:
+            self.truncated.inc()
+        if summarized:
+            self.summarized.inc()
+
+    def watch_summaries(self, summarizer: Any) -> None:
+        """Export the summarizer's counters at scrape time (a server/summary.py Summarizer): numbers only."""
+        self.registry.register(SummaryCollector(summarizer))
 
     def add_tokens(self, prompt: int, completion: int) -> None:
         self.prompt_tokens.inc(prompt)
@@ -128,6 +145,29 @@ class GovernorCollector:
             yield CounterMetricFamily(
                 "simmer_device_kills", "Times the simulated device killed the app", sim.kills
             )
+
+
+class SummaryCollector:
+    """The sliding window's summaries (server/summary.py): pieces written, preempted by a request, failed;
+    summaries stored and pieces of work pending. Never their text."""
+
+    def __init__(self, summarizer: Any) -> None:
+        self.summarizer = summarizer
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.summarizer
+        yield CounterMetricFamily("simmer_summaries_written", "Summary pieces written", s.written)
+        yield CounterMetricFamily(
+            "simmer_summaries_preempted", "Summary pieces stopped by a request (resumed later)", s.preempted
+        )
+        yield CounterMetricFamily("simmer_summaries_failed", "Summary pieces dropped by an error", s.failed)
+        yield GaugeMetricFamily("simmer_summaries_stored", "Summaries kept (LRU)", len(s.store))
+        yield GaugeMetricFamily(
+            "simmer_summaries_pending", "Summary work waiting for an idle moment", len(s._pending)
+        )
 
 
 _KNOWN_ROUTES = {

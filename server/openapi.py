@@ -28,6 +28,18 @@ _OLLAMA_STATS = (
     "eval_duration",
 )
 
+# simmer's sliding-window flags, in every body that ends a reply (OpenAI, Ollama's last line, Responses)
+_WINDOW = {
+    "truncated": {"type": "boolean", "description": "the sliding window dropped turns"},
+    "summarized": {"type": "boolean", "description": "dropped turns came as a summary note"},
+}
+
+_BY_MODEL = {
+    "type": "object",
+    "additionalProperties": {"type": "integer", "minimum": 0},
+    "description": "which model produced how many tokens (the governor may move a reply to another model)",
+}
+
 SCHEMAS: dict[str, dict[str, Any]] = {
     "Error": {
         "type": "object",
@@ -102,8 +114,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             },
             "usage": {"$ref": _REF + "Usage"},
             "timings": {"type": "object"},
-            "truncated": {"type": "boolean"},
-            "summarized": {"type": "boolean", "description": "dropped turns came as a summary note"},
+            **_WINDOW,
         },
     },
     "ToolCall": {
@@ -148,8 +159,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             },
             "usage": {"$ref": _REF + "Usage"},
             "timings": {"type": "object"},
-            "truncated": {"type": "boolean"},
-            "summarized": {"type": "boolean", "description": "dropped turns came as a summary note"},
+            **_WINDOW,
         },
     },
     "ModelList": {
@@ -204,6 +214,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "done_reason": {"type": "string", "enum": ["stop", "length", "load", "unload"]},
             **{k: {"type": "integer", "minimum": 0} for k in _OLLAMA_STATS},
             "logprobs": {"type": "array"},
+            **_WINDOW,  # the last line (done: true) only
+            "eval_count_by_model": _BY_MODEL,
         },
     },
     "OllamaGenerate": {
@@ -218,6 +230,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "done_reason": {"type": "string", "enum": ["stop", "length", "load", "unload"]},
             **{k: {"type": "integer", "minimum": 0} for k in _OLLAMA_STATS},
             "logprobs": {"type": "array"},
+            **_WINDOW,  # the last line (done: true) only
+            "eval_count_by_model": _BY_MODEL,
         },
     },
     "OllamaProgress": {
@@ -324,6 +338,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 },
             },
             "store": {"type": "boolean", "enum": [False]},
+            **_WINDOW,  # once the reply ended (completed, incomplete)
         },
     },
 }

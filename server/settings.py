@@ -68,6 +68,12 @@ class Settings(BaseSettings):
         description="Seconds an idle model stays loaded (0 = unload after each reply, negative = keep); "
         "a request's keep_alive overrides it",
     )
+    window_reply_contexts: int = Field(
+        1,
+        ge=1,
+        description="A reply under the sliding window (truncate) stops (finish_reason length) after this "
+        "many contexts' worth of tokens, whatever max_tokens asks (Ollama's bound is 10)",
+    )
     summary: bool = Field(
         True,
         description="When the chat window drops turns, the smallest chat model of the ladder summarizes them "

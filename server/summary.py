@@ -41,13 +41,14 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from models.errors import SimmerError
 from models.protocol import Engine, Prompt
 from models.runtime.engine import window_split
 from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams, TokenEvent, ToolUse
-from server.model_pool import ModelPool
 
 log = logging.getLogger("simmer.summary")
 
@@ -159,6 +160,13 @@ class Windowed:
     messages: list[dict]  # what the prompt renders (with the note), for a continuation on another model
 
 
+class Models(Protocol):
+    """Where the summarizing model comes from: the server's ModelPool, or `simmer chat`'s one engine."""
+
+    def fits_without_eviction(self, model_id: str) -> bool: ...
+    def borrow(self, model_id: str) -> AbstractContextManager[Engine]: ...
+
+
 class Summarizer:
     """The summary window (on the worker thread: `window` per chat job) and its idle work (`pending`,
     `run`). `model()` names the summarizing model, None when there is none (then the plain window stays)."""
@@ -184,8 +192,9 @@ class Summarizer:
         self._pending: collections.deque[_Work] = collections.deque(maxlen=PENDING_MAX)
         self._lock = threading.Lock()
         # counters for tests and metrics (never text)
-        self.written = 0
-        self.preempted = 0
+        self.written = 0  # summary pieces stored
+        self.preempted = 0  # pieces stopped by a request (resumed at the next idle moment)
+        self.failed = 0  # pieces dropped by an error (never retried)
         self.running = False  # inside run() (tests wait for it)
 
     # -- a request (worker thread, before the reply) --------------------------------------------------
@@ -262,14 +271,17 @@ class Summarizer:
     def pending(self) -> bool:
         return bool(self._pending)
 
-    def run(self, pool: ModelPool, cancel: CancelToken) -> None:
+    def run(self, pool: Models, cancel: CancelToken) -> None:
         self.running = True
         try:
             self._run(pool, cancel)
+        except Exception:  # the summarizing model did not load, or a bug: the worker logs it
+            self.failed += 1
+            raise
         finally:
             self.running = False
 
-    def _run(self, pool: ModelPool, cancel: CancelToken) -> None:
+    def _run(self, pool: Models, cancel: CancelToken) -> None:
         model_id = self.model()
         if model_id is None:
             with self._lock:
@@ -287,6 +299,7 @@ class Summarizer:
                 try:
                     self._write(engine, work, cancel)
                 except SimmerError as err:  # dropped, never retried (no text in the log)
+                    self.failed += 1
                     log.warning("summary not written: %s", type(err).__name__)
 
     def _requeue(self, work: _Work) -> None:

@@ -115,6 +115,7 @@ class WorkerMetrics(Protocol):
     def observe_ttft(self, seconds: float) -> None: ...
     def observe_inter_token(self, seconds: float) -> None: ...
     def add_busy(self, seconds: float) -> None: ...
+    def count_window(self, truncated: bool, summarized: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -494,8 +495,11 @@ class Worker:
                     if isinstance(event, Handover):
                         handover = event
                         break
-                    if summarized and isinstance(event, FinishEvent):
-                        event = replace(event, summarized=True)
+                    if isinstance(event, FinishEvent):
+                        if summarized:
+                            event = replace(event, summarized=True)
+                        if self._metrics:
+                            self._metrics.count_window(event.truncated, event.summarized)
                     if account is not None:
                         if isinstance(event, TokenEvent):
                             account.token(event)

@@ -55,9 +55,12 @@ from models.types import (
 
 log = logging.getLogger("simmer.engine")
 
-# A reply with no max_tokens under a sliding window (truncate) stops after this many contexts' worth of
-# tokens if no EOS or stop string ends it first: Ollama's bound for open-ended generation (10 x num_ctx).
-OPEN_ENDED_CONTEXTS = 10
+# A reply under a sliding window (truncate) never runs out of context: without a bound, one that no EOS or
+# stop string ends runs until its client leaves, and so does one whose max_tokens is huge (1e300 is a valid
+# integer). It stops (finish_reason "length") after this many contexts' worth of tokens, whatever max_tokens
+# asks: by default one context, where llama.cpp's server (context shift off) stops a reply that fills its
+# context. Ollama's bound is 10 x num_ctx (SIMMER_WINDOW_REPLY_CONTEXTS=10).
+WINDOW_REPLY_CONTEXTS = 1
 
 
 @dataclass
@@ -141,6 +144,7 @@ class LlamaEngine:
         mask_prefetch: bool = True,
         speculation: str = "auto",
         max_draft: int = MAX_DRAFT,
+        window_reply_contexts: int = WINDOW_REPLY_CONTEXTS,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.manifest = manifest
@@ -179,6 +183,7 @@ class LlamaEngine:
         self.max_sessions = max(1, max_sessions)
         self.mask_prefetch = mask_prefetch  # constrained decoding: next mask during the forward pass
         self.max_tokens_limit: int | None = None
+        self.window_reply_contexts = max(1, window_reply_contexts)
         self.tokens_per_second: float | None = None
         # A folder installed as is (onnxruntime-genai layout) runs on the general path; ours on the fast one.
         genai = manifest["variants"][self.variant].get("genai")
@@ -690,9 +695,11 @@ class _Generation:
             self.cancel.on_cancel(_terminator(self.run_options))
             self._prefill()
             max_tokens = p.max_tokens
-            if max_tokens is None and p.truncate:
-                # A sliding window never runs out of context: bound the open-ended reply (as Ollama does).
-                max_tokens = OPEN_ENDED_CONTEXTS * e.context_length
+            if (
+                p.truncate
+            ):  # a sliding window never runs out of context: bound the reply (WINDOW_REPLY_CONTEXTS)
+                bound = e.window_reply_contexts * e.context_length
+                max_tokens = bound if max_tokens is None else min(max_tokens, bound)
             t_decode = time.perf_counter()
             last_emit = t_decode
             while True:

@@ -35,7 +35,7 @@ from server.schemas import ChatCompletionRequest, CompletionRequest, call_deltas
 from server.streaming import Batch, End, Error, JobStreamingResponse
 from server.wire import ollama as wire
 from server.wire.convert import renamed
-from server.worker import Started
+from server.worker import Started, Switched
 
 if TYPE_CHECKING:
     from server.app import Runtime
@@ -55,10 +55,15 @@ def _line(obj: dict[str, Any]) -> bytes:
 
 @dataclass
 class NdjsonRenderer:
-    """Ollama's answers to /api/chat and /api/generate: one object, or NDJSON ending with done: true."""
+    """Ollama's answers to /api/chat and /api/generate: one object, or NDJSON ending with done: true.
+    Each line names the model that produced it: the governor may start the reply on another model, or move
+    it to another mid-way (then the held text leaves under the old name and later lines name the new one)."""
 
     kind: wire.Kind
     name: str  # the model as the client named it (Ollama echoes it)
+
+    def _named(self, model: str | None) -> str:
+        return wire.name_as_given(self.name, model) if model else self.name
 
     def _stats(self, gen: Generation, finish: FinishEvent) -> dict[str, int]:
         now = time.monotonic()
@@ -68,18 +73,20 @@ class NdjsonRenderer:
     def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
         text = "".join(ev.text for ev in tokens) + finish.text
         calls = wire.ollama_calls(call_deltas(tokens, finish))
-        body = wire.final(self.kind, self.name, text, tokens, finish, self._stats(gen, finish), calls)
+        name = self._named(finish.model_id)
+        body = wire.final(self.kind, name, text, tokens, finish, self._stats(gen, finish), calls)
         return JSONResponse(body, headers={ROUTE_HEADER: gen.route.header()})
 
     def stream(self, gen: Generation, started: Started | None) -> Response:
         return JobStreamingResponse(
-            self._lines(gen),
+            self._lines(gen, self._named(started.model_id) if started is not None else self.name),
             media_type=NDJSON,
             headers={ROUTE_HEADER: gen.route.header()},
             on_close=gen.abandon,  # a no-op unless the generator never ran
         )
 
-    async def _lines(self, gen: Generation) -> AsyncIterator[bytes]:
+    async def _lines(self, gen: Generation, name: str) -> AsyncIterator[bytes]:
+        """`name`: the model producing the lines, from now on."""
         collector = wire.CallCollector()
         stream = gen.events_until_end()
         async with contextlib.aclosing(stream):
@@ -87,21 +94,25 @@ class NdjsonRenderer:
                 if isinstance(item, Batch):
                     calls = collector.add(call_deltas(item.events))
                     if item.text or calls or any(ev.logprob is not None for ev in item.events):
-                        yield _line(wire.piece(self.kind, self.name, item.text, item.events, calls))
+                        yield _line(wire.piece(self.kind, name, item.text, item.events, calls))
                 elif isinstance(item, End):
                     calls = collector.add(call_deltas(item.events, item.finish))
                     if item.text or item.events or calls:  # held text goes out before the final object
-                        yield _line(wire.piece(self.kind, self.name, item.text, item.events, calls))
+                        yield _line(wire.piece(self.kind, name, item.text, item.events, calls))
                     gen.mark_started()
+                    name = self._named(item.finish.model_id) if item.finish.model_id else name
                     yield _line(
-                        wire.final(self.kind, self.name, "", [], item.finish, self._stats(gen, item.finish))
+                        wire.final(self.kind, name, "", [], item.finish, self._stats(gen, item.finish))
                     )
                 elif isinstance(item, Error):
                     if item.events:
-                        yield _line(wire.piece(self.kind, self.name, item.text, item.events))
+                        yield _line(wire.piece(self.kind, name, item.text, item.events))
                     yield _line(error_payload(item.error, router.prefix + "/")[1])
                 elif isinstance(item, Started):
                     gen.mark_started()
+                    name = self._named(item.model_id)
+                elif isinstance(item, Switched):
+                    name = self._named(item.model_id)  # `coalesced` sent the held text under the old name
 
 
 def _not_found(rt: Runtime, name: str) -> SimmerError:

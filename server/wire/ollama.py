@@ -75,6 +75,15 @@ def ollama_name(model: str) -> str:
     return model if ":" in model else model + LATEST
 
 
+def name_as_given(given: str, model: str) -> str:
+    """`model` as the reply names it: the client's own name for the model it asked for (Ollama echoes it);
+    another model (the governor moved the reply) in the same style, with the default tag if the client
+    wrote one."""
+    if model_id(given) == model:
+        return given
+    return ollama_name(model) if given.endswith(LATEST) else model
+
+
 def created_at() -> str:
     """RFC 3339 in UTC with the fraction, as Ollama writes created_at."""
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -550,9 +559,14 @@ def final(
     stats: dict[str, int],
     calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The last object: done, done_reason and the statistics (with the whole reply when not streamed)."""
+    """The last object: done, done_reason and the statistics (with the whole reply when not streamed), and
+    simmer's window flags as the OpenAI bodies have them: truncated (turns were dropped) and summarized
+    (the dropped turns came as a summary note)."""
     out = piece(kind, model, text, tokens, calls)
     out.update({"done": True, "done_reason": done_reason(finish), **stats})
+    out.update({"truncated": finish.truncated, "summarized": finish.summarized})
+    if finish.usage.by_model:  # simmer: which model produced how many tokens (the governor may move a reply)
+        out["eval_count_by_model"] = {name_as_given(model, m): n for m, n in finish.usage.by_model.items()}
     return out
 
 

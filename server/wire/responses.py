@@ -517,9 +517,12 @@ class ResponseObject:
         usage: Usage | None = None,
         incomplete: dict[str, str] | None = None,
         error: dict[str, str] | None = None,
+        finish: FinishEvent | None = None,
     ) -> dict[str, Any]:
+        """`finish` (the reply's end) adds simmer's window flags, as the OpenAI bodies have them."""
         r = self.request
         choice = r.tool_choice.model_dump() if isinstance(r.tool_choice, BaseModel) else r.tool_choice
+        window = {"truncated": finish.truncated, "summarized": finish.summarized} if finish else {}
         return {
             "id": self.rid,
             "object": "response",
@@ -550,6 +553,7 @@ class ResponseObject:
             "safety_identifier": r.safety_identifier,
             "prompt_cache_key": r.prompt_cache_key,
             "usage": usage_object(usage) if usage is not None else None,
+            **window,
         }
 
     def output(self, text: str, tokens: list[TokenEvent], calls: list[dict[str, Any]], status: str) -> list:
@@ -566,7 +570,7 @@ class ResponseObject:
         status, incomplete = finish_status(finish)
         calls = assemble_calls(call_deltas(tokens, finish))
         output = self.output(text, tokens, calls, status)
-        return self.build(status, output, usage=finish.usage, incomplete=incomplete)
+        return self.build(status, output, usage=finish.usage, incomplete=incomplete, finish=finish)
 
 
 class EventStream:
@@ -712,7 +716,7 @@ class EventStream:
                 )
             events.append(self.event("response.output_item.done", output_index=index, item=item))
         output = [item for _, item in items]
-        final = r.build(status, output, usage=finish.usage, incomplete=incomplete)
+        final = r.build(status, output, usage=finish.usage, incomplete=incomplete, finish=finish)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return [*events, self.event(kind, response=final)]
 

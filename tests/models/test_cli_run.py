@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import pytest
 
@@ -51,3 +52,55 @@ def test_run_when_base_model_then_prompt_continued_as_text(tiny_base_model_dir, 
     _stream(engine, [{"role": "user", "content": "the cat"}], args)
     err = capsys.readouterr().err
     assert f"{len(engine.text_prompt('the cat').ids)} prompt tokens" in err
+
+
+def test_chat_when_turns_dropped_then_summarized_while_the_user_types(installed_tiny, capsys, monkeypatch):
+    """`simmer chat` keeps a summary of the turns its window drops, as the server does: written by the chat's
+    model in a thread while the next line is typed (here: input() waits until that work is done)."""
+    import time
+
+    from server import cli_run
+    from server.summary import Summarizer
+
+    monkeypatch.setenv("SIMMER_CONTEXT_LENGTH", "160")
+    made: list[Summarizer] = []
+
+    class Recorded(Summarizer):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            # the tiny random model writes newlines or bytes that are no text greedily: ASCII only
+            banned = [*range(0, 32), *range(127, 256)]
+            self.sampling = replace(self.sampling, logit_bias=tuple((3 + b, -100.0) for b in banned))
+            made.append(self)
+
+    monkeypatch.setattr(cli_run, "Summarizer", Recorded)
+    lines = iter([f"question {i}: " + "the cat sat on a mat " * 3 for i in range(6)] + [""])
+
+    def typed(prompt: str = "") -> str:
+        if made:  # the user types slowly: the summary work ends first
+            deadline = time.monotonic() + 60
+            while (made[0].pending() or made[0].running) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return next(lines)
+
+    monkeypatch.setattr("builtins.input", typed)
+    code = cli_run.cli_chat(["--model", installed_tiny, "--max-tokens", "6", "--stats"], cli_run.Settings())
+    err = capsys.readouterr().err
+    stats = [line for line in err.splitlines() if "tok/s decode" in line]
+    assert code == 0 and len(stats) == 6
+    assert "truncated" not in stats[0] and any("truncated" in s for s in stats)
+    assert made[0].written >= 1 and any("summarized" in s for s in stats)
+
+
+def test_chat_when_summary_off_then_plain_window(installed_tiny, capsys, monkeypatch):
+    from server import cli_run
+
+    monkeypatch.setenv("SIMMER_CONTEXT_LENGTH", "160")
+    monkeypatch.setenv("SIMMER_SUMMARY", "false")
+    lines = iter([f"question {i}: " + "the cat sat on a mat " * 3 for i in range(4)] + [""])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    assert (
+        cli_run.cli_chat(["--model", installed_tiny, "--max-tokens", "6", "--stats"], cli_run.Settings()) == 0
+    )
+    stats = [line for line in capsys.readouterr().err.splitlines() if "tok/s decode" in line]
+    assert any("truncated" in s for s in stats) and not any("summarized" in s for s in stats)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -212,21 +214,35 @@ def test_sliding_window_when_thousands_of_turns_then_few_encodings_and_the_same_
     assert len(real([msgs[0], *msgs[1 + earlier :]])) + 8 > tiny.context_length  # it did not fit
 
 
-def test_sliding_window_when_no_max_tokens_then_bounded_at_ten_contexts(tiny_model_dir):
-    """Under truncate the context never runs out: an open-ended reply that no EOS ends (ignore_eos here)
-    stops after OPEN_ENDED_CONTEXTS contexts' worth of tokens instead of running for ever."""
-    from models.runtime.engine import OPEN_ENDED_CONTEXTS
+@pytest.mark.parametrize("contexts", [None, 3])
+def test_sliding_window_when_no_or_huge_max_tokens_then_bounded_at_window_reply_contexts(
+    tiny_model_dir, contexts
+):
+    """Under truncate the context never runs out: a reply that no EOS ends (ignore_eos here) stops after
+    window_reply_contexts contexts' worth of tokens (default WINDOW_REPLY_CONTEXTS), with finish_reason
+    length, whether max_tokens is left out or huge, instead of running until its client leaves."""
+    from models.runtime.engine import WINDOW_REPLY_CONTEXTS
 
-    engine = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=16, prefill_chunk=256)
-    params = GenerationParams(GREEDY, max_tokens=None, truncate=True, ignore_eos=True)
-    tokens, fin = run(engine, engine.text_prompt("once"), params)
-    assert len(tokens) == OPEN_ENDED_CONTEXTS * 16 and fin.finish_reason == "length" and fin.truncated
+    extra = {} if contexts is None else {"window_reply_contexts": contexts}
+    engine = load_engine(
+        tiny_model_dir, variant="q4", threads=1, context_length=16, prefill_chunk=256, **extra
+    )
+    bound = (contexts or WINDOW_REPLY_CONTEXTS) * 16
+    for max_tokens in (None, 10**300, bound + 1):
+        params = GenerationParams(GREEDY, max_tokens=max_tokens, truncate=True, ignore_eos=True)
+        # at most a few events past the bound: an unbounded reply fails here instead of running for ever
+        events = list(
+            itertools.islice(engine.generate(engine.text_prompt("once upon a time"), params), bound + 3)
+        )
+        *tokens, fin = events
+        assert len(tokens) == bound and isinstance(fin, FinishEvent), max_tokens
+        assert fin.finish_reason == "length" and fin.truncated
     capped, fin = run(
         engine,
         engine.text_prompt("once"),
-        GenerationParams(GREEDY, max_tokens=20, truncate=True, ignore_eos=True),
+        GenerationParams(GREEDY, max_tokens=bound - 1, truncate=True, ignore_eos=True),
     )
-    assert len(capped) == 20  # a cap the request gives still rules
+    assert len(capped) == bound - 1  # a smaller cap the request gives still rules
 
 
 def test_variant_switch_when_mid_reply_then_reply_continues_coherently(tiny):

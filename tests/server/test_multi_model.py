@@ -383,3 +383,52 @@ def test_switch_when_the_bigger_model_is_unloaded_mid_reply_then_its_sessions_ar
     _, names, switches, _ = stream(srv, "tiny-big", 16)
     assert names[-1] == "tiny-small" and len(switches) == 1
     assert alive_after_unload and not any(alive_after_unload)
+
+
+# -- Ollama's NDJSON: each line names the model that produced it ------------------------------------------
+def ollama_stream(srv, body: dict) -> list[dict]:
+    with httpx.Client(base_url=srv.url, timeout=30) as c, c.stream("POST", "/api/generate", json=body) as r:
+        assert r.status_code == 200
+        return [json.loads(line) for line in r.iter_lines() if line]
+
+
+@pytest.mark.parametrize("second", ["tiny-small", "tiny-spm"])
+def test_switch_when_ollama_streams_then_lines_name_their_model_and_the_last_counts_tokens_per_model(
+    several, tiny_pair_dirs, tiny_spm_dir, second
+):
+    gate = SwitchingGate(second, after=8)
+    srv, _ = several(governor=gate, ladder=f"tiny-big:f32,{second}:f32", model="tiny-big")
+    options = {"num_predict": 24, "temperature": 0}
+    lines = ollama_stream(srv, {"model": "tiny-big", "prompt": PROMPT, "raw": True, "options": options})
+
+    *pieces, last = lines
+    names = [line["model"] for line in pieces]
+    assert names[0] == "tiny-big" and names[-1] == second
+    assert names == sorted(names, key=lambda n: n != "tiny-big")  # one change, never back
+    assert last["done"] is True and last["model"] == second and last["eval_count"] == 24
+    n_first = last["eval_count_by_model"]["tiny-big"]
+    assert last["eval_count_by_model"] == {"tiny-big": n_first, second: 24 - n_first} and 0 < n_first < 24
+    text = "".join(line["response"] for line in lines)
+    second_dir = tiny_pair_dirs[1] if second == "tiny-small" else tiny_spm_dir
+    assert text == reference(
+        tiny_pair_dirs[0], second_dir, n_first, 24, same_tokenizer=second == "tiny-small"
+    )
+
+
+def test_rung_when_a_request_is_placed_on_another_model_then_ollama_names_it_in_the_clients_style(several):
+    """The official client: the reply the governor placed on the smaller model names it, with the default
+    tag as the client wrote its own model's name; a model the reply stayed on is echoed as sent."""
+    import ollama
+
+    gate = RungGate()
+    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    client = ollama.Client(host=srv.url, timeout=30)
+    messages = [{"role": "user", "content": "hi"}]
+    options = {"num_predict": 3, "temperature": 0}
+    chunks = list(client.chat(model="tiny-big:latest", messages=messages, options=options, stream=True))
+    assert {c.model for c in chunks} == {"tiny-big:latest"}
+    gate.move("tiny-small")
+    chunks = list(client.chat(model="tiny-big:latest", messages=messages, options=options, stream=True))
+    assert {c.model for c in chunks} == {"tiny-small:latest"} and chunks[-1].done
+    whole = client.chat(model="tiny-big", messages=messages, options=options)  # not streamed
+    assert whole.model == "tiny-small"

@@ -10,8 +10,11 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from models.errors import InvalidParameter
 from models.protocol import EngineLimits
 from models.runtime.engine import window_split
 from models.types import SamplingParams
@@ -129,6 +132,45 @@ def test_summary_when_turns_dropped_then_first_plain_and_after_idle_summarized(t
 
     final = chat_stream_last(srv, messages)  # the stream's final chunk says the same
     assert (final["truncated"], final["summarized"]) == (True, True)
+
+
+def ollama_lines(srv, path: str, body: dict) -> list[dict]:
+    """Ollama's NDJSON lines of a streamed reply, or its one object."""
+    with httpx.stream("POST", srv.url + path, json=body, timeout=60) as r:
+        assert r.status_code == 200
+        return [json.loads(line) for line in r.iter_lines() if line]
+
+
+def test_summary_when_other_dialects_then_they_report_truncated_and_summarized(tiny):
+    """Ollama's last line (and its one object) and the Responses API's finished response (the openai SDK's,
+    not streamed and streamed) say what the OpenAI bodies say."""
+    srv = tiny()
+    messages = conversation()
+    chat(srv, messages)
+    wait_idle(srv)
+    options = {"num_predict": MAX_TOKENS, "temperature": 0}
+    for stream in (False, True):
+        body = {"model": "tiny-small", "messages": messages, "options": options, "stream": stream}
+        lines = ollama_lines(srv, "/api/chat", body)
+        assert lines[-1]["done"] is True and (lines[-1]["truncated"], lines[-1]["summarized"]) == (True, True)
+        assert all("summarized" not in line for line in lines[:-1])
+    # one long prompt: its tokens are dropped, not turns (no summary)
+    long_prompt = {"model": "tiny-small", "prompt": "the cat sat " * 200, "options": options, "stream": False}
+    (body,) = ollama_lines(srv, "/api/generate", long_prompt)
+    assert (body["truncated"], body["summarized"]) == (True, False)
+    short = ollama_lines(srv, "/api/generate", {**long_prompt, "prompt": "hi"})
+    assert (short[0]["truncated"], short[0]["summarized"]) == (False, False)
+
+    sdk = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    args = {"model": "tiny-small", "input": messages[1:], "instructions": messages[0]["content"]}
+    args |= {"max_output_tokens": 16, "temperature": 0, "truncation": "auto"}
+    response = sdk.responses.create(**args)
+    assert (response.model_extra or {}).get("truncated") is True
+    assert (response.model_extra or {}).get("summarized") is True
+    last = list(sdk.responses.create(**args, stream=True))[-1]  # completed, or incomplete (the length)
+    assert last.type in ("response.completed", "response.incomplete")
+    assert (last.response.model_extra or {}).get("truncated") is True
+    assert (last.response.model_extra or {}).get("summarized") is True
 
 
 def test_summary_when_conversation_grows_then_summary_still_serves(tiny):
@@ -302,3 +344,64 @@ def test_summary_when_governor_caps_context_then_dropped_turns_summarized(tiny):
     second = chat(srv, messages)
     assert (second["truncated"], second["summarized"]) == (True, True)
     assert second["usage"]["prompt_tokens"] <= 160
+
+
+def metrics(srv) -> dict[str, float]:
+    """/metrics' summary and window samples (name -> value)."""
+    text = httpx.get(srv.url + "/metrics", timeout=5).text
+    assert "the cat sat" not in text  # numbers, never text
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if "summar" in sample.name or "truncated" in sample.name
+    }
+
+
+def test_metrics_when_summaries_written_preempted_failed_then_counted(tiny):
+    srv = tiny()
+    rt = srv.app.state.runtime
+    zero = metrics(srv)
+    assert zero["simmer_summaries_written_total"] == 0 and zero["simmer_truncated_replies_total"] == 0
+    assert chat(srv, [{"role": "user", "content": "hi"}])["truncated"] is False
+    messages = conversation()
+    chat(srv, messages)
+    wait_idle(srv)
+    after = metrics(srv)
+    assert after["simmer_truncated_replies_total"] == 1 and after["simmer_summarized_replies_total"] == 0
+    assert after["simmer_summaries_written_total"] == rt.summarizer.written >= 1
+    assert after["simmer_summaries_stored"] == len(rt.summarizer.store) >= 1
+    assert after["simmer_summaries_pending"] == 0
+    assert chat(srv, messages)["summarized"] is True
+    after = metrics(srv)
+    assert after["simmer_truncated_replies_total"] == 2 and after["simmer_summarized_replies_total"] == 1
+
+    # a preempted piece: the first step of the next summary waits for a request to arrive
+    def on_step(cancel) -> None:
+        deadline = time.monotonic() + 30
+        while not cancel.cancelled and time.monotonic() < deadline:
+            time.sleep(0.001)
+        rt.summarizer.on_step = None
+
+    rt.summarizer.on_step = on_step
+    other = conversation(turns=12)  # another conversation: new work
+    other[1]["content"] = "another first question " * 3
+    chat(srv, other)
+    for _ in range(500):
+        if rt.summarizer.running:
+            break
+        time.sleep(0.01)
+    chat(srv, [{"role": "user", "content": "hi"}])
+    wait_idle(srv)
+    assert metrics(srv)["simmer_summaries_preempted_total"] == rt.summarizer.preempted == 1
+
+    # a failed piece: the engine refuses the summary's prompt
+    def refuse(*args, **kwargs):
+        raise InvalidParameter("refused")
+
+    rt.summarizer._generate = refuse
+    third = conversation(turns=12)
+    third[1]["content"] = "a third first question " * 3
+    chat(srv, third)
+    wait_idle(srv)
+    assert metrics(srv)["simmer_summaries_failed_total"] == rt.summarizer.failed == 1
