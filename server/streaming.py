@@ -129,6 +129,16 @@ class Error:
 Item = Batch | End | Error | GovernorState | Started | Switched
 
 
+def switch_report(item: Switched) -> dict[str, Any]:
+    """A move to another model as every dialect's stream reports it (old, new, reason, tokens_before)."""
+    return {
+        "old": item.old,
+        "new": f"{item.model_id}/{item.variant}",
+        "reason": item.reason,
+        "tokens_before": item.tokens,
+    }
+
+
 async def coalesced(
     job: Job,
     events: asyncio.Queue,
@@ -232,12 +242,7 @@ async def sse_stream(
                 # the reply goes on on another model: later chunks name it (the held text left before)
                 builder.started(item.model_id, item.variant)
                 if job.governor_events:
-                    switch = {
-                        "old": item.old,
-                        "new": f"{item.model_id}/{item.variant}",
-                        "reason": item.reason,
-                        "tokens_before": item.tokens,
-                    }
+                    switch = switch_report(item)
                     yield {"event": "governor", "data": json.dumps({"switch": switch}, separators=(",", ":"))}
 
 

@@ -2,7 +2,9 @@
 
 Generation goes through completion_flow like /v1/chat/completions (same worker, queue, governor, router);
 this module only renders the reply: one `response` object, or Server-Sent Events named after their `type`
-(response.created ... response.completed, or error + response.failed), without a [DONE] line.
+(response.created ... response.completed, or error + response.failed), without a [DONE] line. A reply the
+governor moves to another model mid-way gets a response.in_progress naming the new model (with simmer's
+`switch`, as chat's `event: governor` has it); the finished response names the model that finished it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from models.types import FinishEvent, TokenEvent
 from server.errors import error_payload
 from server.routes.completion_flow import Generation, respond, start
 from server.routing.router import HEADER as ROUTE_HEADER
-from server.streaming import Batch, End, Error, JobEventSource
+from server.streaming import Batch, End, Error, JobEventSource, switch_report
 from server.wire.convert import renamed
 from server.wire.responses import RENAME, EventStream, ResponseObject, ResponsesRequest
-from server.worker import Started
+from server.worker import Started, Switched
 
 router = APIRouter(prefix="/v1")
 
@@ -44,6 +46,8 @@ class ResponsesRenderer:
         return JSONResponse(body, headers={ROUTE_HEADER: gen.route.header()})
 
     def stream(self, gen: Generation, started: Started | None) -> Response:
+        if started is not None and started.model_id:  # placed on another model than asked for: say so at once
+            self.response.model = started.model_id
         return JobEventSource(
             self._events(gen),
             ping=gen.rt.keepalive_ping_s,
@@ -67,6 +71,12 @@ class ResponsesRenderer:
                         for event in events.delta(item.text, item.events, item.finish):
                             yield _sse(event)
                     for event in events.closing(item.finish):
+                        yield _sse(event)
+                elif isinstance(item, Started):  # the stream opened before the worker started the job
+                    for event in events.moved(item.model_id):
+                        yield _sse(event)
+                elif isinstance(item, Switched):  # `coalesced` sent the held text under the old model
+                    for event in events.moved(item.model_id, switch_report(item)):
                         yield _sse(event)
                 elif isinstance(item, Error):
                     for event in events.delta(item.text, item.events) if item.events else ():

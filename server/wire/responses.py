@@ -444,13 +444,16 @@ class ResponsesRequest(_Request):
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.total_tokens,
     }
+    if usage.by_model:  # simmer: output tokens per model, as chat's usage.models (the governor moves replies)
+        body["models"] = dict(usage.by_model)
+    return body
 
 
 def text_part(text: str, tokens: list[TokenEvent] | None = None) -> dict[str, Any]:
@@ -496,7 +499,9 @@ def finish_status(finish: FinishEvent) -> tuple[str, dict[str, str] | None]:
 
 
 class ResponseObject:
-    """Builds the `response` object of one request, the same in the reply and in every stream event."""
+    """Builds the `response` object of one request, the same in the reply and in every stream event.
+    `model` is the model producing the reply now: the governor may place it on another model, or move it to
+    another mid-way; the finished response names the model that finished it."""
 
     def __init__(self, rid: str, model: str, request: ResponsesRequest) -> None:
         self.rid = rid
@@ -567,6 +572,7 @@ class ResponseObject:
         return items
 
     def final(self, text: str, tokens: list[TokenEvent], finish: FinishEvent) -> dict[str, Any]:
+        self.model = finish.model_id or self.model
         status, incomplete = finish_status(finish)
         calls = assemble_calls(call_deltas(tokens, finish))
         output = self.output(text, tokens, calls, status)
@@ -664,6 +670,17 @@ class EventStream:
                 )
         return events
 
+    def moved(self, model: str | None, switch: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The reply runs on `model` from now on (the worker started it on another model than the one
+        asked for, or the governor moved it mid-way): a response.in_progress naming it, with the output as
+        it stands (and simmer's `switch`: old, new, reason, tokens_before). Nothing when it is the same."""
+        if not model or model == self.r.model:
+            return []
+        self.r.model = model
+        output = [item for _, item in self._items("in_progress")]
+        extra = {"switch": switch} if switch else {}
+        return [self.event("response.in_progress", response=self.r.build("in_progress", output), **extra)]
+
     def _items(self, status: str) -> list[tuple[int, dict[str, Any]]]:
         """(output_index, item) of every item opened so far, as they stand."""
         items = []
@@ -716,6 +733,7 @@ class EventStream:
                 )
             events.append(self.event("response.output_item.done", output_index=index, item=item))
         output = [item for _, item in items]
+        r.model = finish.model_id or r.model
         final = r.build(status, output, usage=finish.usage, incomplete=incomplete, finish=finish)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return [*events, self.event(kind, response=final)]

@@ -432,3 +432,103 @@ def test_rung_when_a_request_is_placed_on_another_model_then_ollama_names_it_in_
     assert {c.model for c in chunks} == {"tiny-small:latest"} and chunks[-1].done
     whole = client.chat(model="tiny-big", messages=messages, options=options)  # not streamed
     assert whole.model == "tiny-small"
+
+
+# -- OpenAI's Responses API: the response names the model producing it, usage counts per model ------------
+def responses_sdk(srv):
+    import openai
+
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+class AgainGate(SwitchingGate):
+    """`again()`: the governor's rung back on `first` for the next job, and the switch at the same step."""
+
+    def __init__(self, target: str, after: int, first: str = "tiny-big") -> None:
+        super().__init__(target, after)
+        self.first = first
+        self.back: EngineLimits | None = None
+
+    def again(self) -> None:
+        self.steps, self.rung = 0, self.first
+        self.back = EngineLimits(model_id=self.first, variant="f32")
+
+    def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
+        back, self.back = self.back, None
+        return back
+
+
+def chat_reference(srv, gate: AgainGate, max_tokens: int) -> dict:
+    """The same request as a chat completion on the same server, the gate's switch at the same step (the
+    OpenAI dialect's switch is checked against the engines alone above); then the rung back up."""
+    body = {
+        "model": "tiny-big",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    gate.again()
+    return r.json()
+
+
+@pytest.mark.parametrize("second", ["tiny-small", "tiny-spm"])
+def test_switch_when_responses_streams_then_events_name_the_current_model_and_usage_counts_per_model(
+    several, second
+):
+    gate = AgainGate(second, after=8)
+    srv, _ = several(governor=gate, ladder=f"tiny-big:f32,{second}:f32", model="tiny-big")
+    chat = chat_reference(srv, gate, 24)
+    events = list(
+        responses_sdk(srv).responses.create(
+            model="tiny-big", input=PROMPT, max_output_tokens=24, temperature=0, stream=True
+        )
+    )
+
+    lifecycle = [(e.type, e.response.model) for e in events if hasattr(e, "response")]
+    assert lifecycle[:2] == [("response.created", "tiny-big"), ("response.in_progress", "tiny-big")]
+    assert lifecycle[2:] == [("response.in_progress", second), (events[-1].type, second)]
+    moved = next(i for i, e in enumerate(events) if e.type == "response.in_progress" and i > 1)
+    switch = events[moved].switch  # simmer's, as chat's `event: governor` has it
+    assert (switch["old"], switch["new"]) == ("tiny-big/f32", f"{second}/f32") and switch["reason"]
+    final = events[-1].response
+    n_first = final.usage.models["tiny-big"]
+    assert switch["tokens_before"] == n_first and 0 < n_first < final.usage.output_tokens
+    assert final.usage.models == {"tiny-big": n_first, second: final.usage.output_tokens - n_first}
+    assert final.usage.models == chat["usage"]["models"] and chat["model"] == second
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    before = "".join(e.delta for e in events[:moved] if e.type == "response.output_text.delta")
+    assert before and "".join(deltas) == final.output_text == chat["choices"][0]["message"]["content"]
+    in_progress = events[moved].response.output[0]  # the output as it stood at the switch
+    assert in_progress.status == "in_progress" and in_progress.content[0].text == before
+
+
+def test_switch_when_responses_not_streamed_then_the_model_that_finished_and_usage_per_model(several):
+    gate = AgainGate("tiny-spm", after=8)
+    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-spm:f32", model="tiny-big")
+    chat = chat_reference(srv, gate, 24)
+    sdk = responses_sdk(srv)
+    r = sdk.responses.create(model="tiny-big", input=PROMPT, max_output_tokens=24, temperature=0)
+    assert r.model == "tiny-spm" and r.usage.models == chat["usage"]["models"]
+    n_first = r.usage.models["tiny-big"]
+    assert r.usage.models == {"tiny-big": n_first, "tiny-spm": r.usage.output_tokens - n_first}
+    assert 0 < n_first < r.usage.output_tokens
+    assert r.output_text == chat["choices"][0]["message"]["content"]
+
+
+def test_rung_when_a_responses_request_is_placed_on_another_model_then_every_response_names_it(several):
+    gate = RungGate()
+    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    gate.move("tiny-small")
+    client = responses_sdk(srv)
+    events = list(client.responses.create(model="tiny-big", input="hi", max_output_tokens=3, stream=True))
+    models_named = [(e.type, e.response.model) for e in events if hasattr(e, "response")]
+    assert models_named == [
+        ("response.created", "tiny-small"),
+        ("response.in_progress", "tiny-small"),
+        (events[-1].type, "tiny-small"),
+    ]
+    assert events[-1].response.usage.models == {"tiny-small": 3}
+    whole = client.responses.create(model="tiny-big", input="hi", max_output_tokens=3)
+    assert whole.model == "tiny-small" and whole.usage.models == {"tiny-small": 3}
