@@ -77,6 +77,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "type": "object",
                 "properties": {"cached_tokens": {"type": "integer", "minimum": 0}},
             },
+            "models": _BY_MODEL,
         },
     },
     "ChatCompletion": {
@@ -326,7 +327,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "object": {"type": "string", "enum": ["response"]},
             "created_at": {"type": "integer"},
             "status": {"type": "string", "enum": ["completed", "incomplete", "failed", "in_progress"]},
-            "model": {"type": "string"},
+            "model": {
+                "type": "string",
+                "description": "the model producing the reply (finished: the one that finished it); the "
+                "governor may place a reply on a smaller model or move it to another mid-way",
+            },
             "output": {"type": "array", "items": {"type": "object"}},
             "usage": {
                 "type": ["object", "null"],
@@ -335,6 +340,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     "input_tokens": {"type": "integer", "minimum": 0},
                     "output_tokens": {"type": "integer", "minimum": 0},
                     "total_tokens": {"type": "integer", "minimum": 0},
+                    "models": _BY_MODEL,  # output tokens per model, as chat's usage.models
                 },
             },
             "store": {"type": "boolean", "enum": [False]},
