@@ -532,3 +532,42 @@ def test_rung_when_a_responses_request_is_placed_on_another_model_then_every_res
     assert events[-1].response.usage.models == {"tiny-small": 3}
     whole = client.responses.create(model="tiny-big", input="hi", max_output_tokens=3)
     assert whole.model == "tiny-small" and whole.usage.models == {"tiny-small": 3}
+
+
+class SlowAfterSwitchGate(SwitchingGate):
+    """The switch, then every step slow: a reply long enough to leave in the middle of."""
+
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        if self.rung is not None:
+            time.sleep(0.02)
+        return super().before_step(cancel)
+
+
+def test_switch_when_a_responses_client_leaves_at_the_switch_then_the_worker_stops_and_serves_the_next(
+    several,
+):
+    gate = SlowAfterSwitchGate("tiny-spm", after=8)
+    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-spm:f32", model="tiny-big", context_length=256)
+    worker = srv.app.state.runtime.worker
+    body = {"model": "tiny-big", "input": PROMPT, "max_output_tokens": 150, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        with c.stream("POST", "/v1/responses", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():  # leave at the switch, before the new model's first text
+                if line.startswith("data: ") and '"switch"' in line:
+                    assert json.loads(line.removeprefix("data: "))["response"]["model"] == "tiny-spm"
+                    break
+            else:
+                raise AssertionError("no switch in the stream")
+        deadline = time.monotonic() + 10
+        while worker.busy and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not worker.busy
+        steps = gate.steps
+        time.sleep(0.2)
+        assert gate.steps == steps < 8 + 150 - 20  # the reply stopped, long before its 150 tokens
+        after = c.post("/v1/responses", json={**body, "stream": False, "max_output_tokens": 3})
+    assert after.status_code == 200, after.text
+    reply = after.json()
+    assert reply["status"] == "incomplete" and reply["usage"]["output_tokens"] == 3
+    assert reply["model"] == "tiny-spm"  # the governor's rung stays on the smaller model
