@@ -504,7 +504,7 @@ def test_switch_when_responses_streams_then_events_name_the_current_model_and_us
     assert in_progress.status == "in_progress" and in_progress.content[0].text == before
 
 
-def test_switch_when_responses_not_streamed_then_the_model_that_finished_and_usage_per_model(several):
+def test_switch_when_responses_not_streamed_or_sdk_helper_then_the_model_that_finished_and_its_usage(several):
     gate = AgainGate("tiny-spm", after=8)
     srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-spm:f32", model="tiny-big")
     chat = chat_reference(srv, gate, 24)
@@ -515,6 +515,13 @@ def test_switch_when_responses_not_streamed_then_the_model_that_finished_and_usa
     assert r.usage.models == {"tiny-big": n_first, "tiny-spm": r.usage.output_tokens - n_first}
     assert 0 < n_first < r.usage.output_tokens
     assert r.output_text == chat["choices"][0]["message"]["content"]
+    gate.again()  # the SDK's stream helper takes the response.in_progress at the switch in its stride
+    with sdk.responses.stream(model="tiny-big", input=PROMPT, max_output_tokens=24, temperature=0) as stream:
+        events = list(stream)  # 24 tokens: response.incomplete, which get_final_response() does not take
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response
+    assert text == final.output_text == r.output_text and final.model == "tiny-spm"
+    assert final.usage.models == r.usage.models
 
 
 def test_rung_when_a_responses_request_is_placed_on_another_model_then_every_response_names_it(several):
@@ -571,3 +578,39 @@ def test_switch_when_a_responses_client_leaves_at_the_switch_then_the_worker_sto
     reply = after.json()
     assert reply["status"] == "incomplete" and reply["usage"]["output_tokens"] == 3
     assert reply["model"] == "tiny-spm"  # the governor's rung stays on the smaller model
+
+
+class SlowRungGate(RungGate):
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        time.sleep(0.02)
+        return super().before_step(cancel)
+
+
+def test_rung_when_a_responses_stream_opened_while_queued_then_the_model_named_once_it_starts(several):
+    """The stream opens before the worker starts the job (queued past the ping interval): the response
+    named the model asked for; a response.in_progress names the rung's once the job starts there."""
+    import threading
+
+    gate = SlowRungGate()
+    srv, _ = several(
+        governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big", keepalive_ping_s=0.05
+    )
+    gate.move("tiny-small")
+    sdk = responses_sdk(srv)
+    long = {"model": "tiny-small", "prompt": PROMPT, "max_tokens": 40, "ignore_eos": True}  # 0.8 s at least
+    ahead = threading.Thread(target=httpx.post, args=(srv.url + "/v1/completions",), kwargs={"json": long})
+    ahead.start()
+    worker = srv.app.state.runtime.worker
+    deadline = time.monotonic() + 10
+    while not worker.busy and time.monotonic() < deadline:
+        time.sleep(0.005)
+    events = list(sdk.responses.create(model="tiny-big", input="hi", max_output_tokens=3, stream=True))
+    ahead.join(30)
+    named = [(e.type, e.response.model) for e in events if hasattr(e, "response")]
+    assert named == [
+        ("response.created", "tiny-big"),
+        ("response.in_progress", "tiny-big"),
+        ("response.in_progress", "tiny-small"),
+        (events[-1].type, "tiny-small"),
+    ]
+    assert not hasattr(events[2], "switch") or events[2].switch is None  # placed, not moved mid-reply
