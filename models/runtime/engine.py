@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotChat, ModelNotInstalled
-from models.protocol import EngineLimits, Prompt, StepHook
+from models.protocol import EngineLimits, Prompt, StepHook, pool_spins
 from models.runtime.chat import ChatTemplate, encode_chat
 from models.runtime.constraint import Constraint, ConstraintVocabulary
 from models.runtime.genai_config import DecoderIO, load_tokenizer
@@ -180,6 +180,7 @@ class LlamaEngine:
         self.mask_prefetch = mask_prefetch  # constrained decoding: next mask during the forward pass
         self.max_tokens_limit: int | None = None
         self.tokens_per_second: float | None = None
+        self.governor_spin: bool | None = None  # the governor's word on spinning (EngineLimits.spin)
         # A folder installed as is (onnxruntime-genai layout) runs on the general path; ours on the fast one.
         genai = manifest["variants"][self.variant].get("genai")
         self.io = DecoderIO.from_dict(genai) if genai else None
@@ -239,10 +240,9 @@ class LlamaEngine:
         return sess.new_cache(capacity)
 
     def session_key(self) -> tuple[str, int, bool]:
-        """Spinning thread pools decode about 40 % faster at the same CPU time per token when tokens come
-        back to back, but burn the gaps of a paced stream: "auto" spins only while unpaced."""
-        spinning = self.spin == "on" or (self.spin == "auto" and not self.tokens_per_second)
-        return (self.variant, self.threads, spinning)
+        """Spinning thread pools decode faster when tokens come back to back, but burn the gaps of a paced
+        stream: see pool_spins."""
+        return (self.variant, self.threads, pool_spins(self.spin, self.governor_spin, self.tokens_per_second))
 
     @property
     def speculates(self) -> bool:
@@ -318,6 +318,7 @@ class LlamaEngine:
         self.context_length = min(self.configured_context, limits.context_cap or self.configured_context)
         self.max_tokens_limit = limits.max_tokens
         self.tokens_per_second = limits.tokens_per_second
+        self.governor_spin = limits.spin
         return changed_variant
 
     def unload(self) -> None:

@@ -387,3 +387,35 @@ def test_context_cap_when_raised_above_the_slot_buffer_then_buffer_grows(tiny_mo
     tokens, fin = run(eng, p, GenerationParams(GREEDY, max_tokens=60, ignore_eos=True), step_hook=hook)
     assert len(tokens) == 60 and not fin.truncated
     assert eng._slots[0].cache.capacity >= len(p.ids) + 59
+
+
+@pytest.mark.parametrize(
+    ("setting", "governor", "pace", "spins"),
+    [
+        ("auto", None, None, True),  # unpaced, no word from the governor: spin
+        ("auto", False, None, False),  # the governor paces by a CPU budget alone (no tokens/s pace)
+        ("auto", False, 30.0, False),
+        ("auto", None, 30.0, False),  # a tokens/s pace on the engine without the governor's word
+        ("on", False, 30.0, True),  # the operator's choice stands
+        ("off", None, None, False),
+    ],
+)
+def test_pool_spins_when_setting_governor_and_pace_then_the_rule_table(setting, governor, pace, spins):
+    from models.protocol import pool_spins
+
+    assert pool_spins(setting, governor, pace) is spins
+
+
+def test_apply_limits_when_the_governor_says_no_spinning_then_a_quiet_session(tiny_model_dir):
+    import json
+
+    engine = LlamaEngine(
+        tiny_model_dir, json.loads((tiny_model_dir / "manifest.json").read_text()), threads=2
+    )
+    assert engine.session_key()[2] is True  # auto, unpaced
+    engine.apply_limits(EngineLimits(threads=2, spin=False))  # paced by a CPU budget: no tokens/s pace
+    assert engine.session_key() == (engine.variant, 2, False)
+    engine._session()
+    assert list(engine._sessions) == [(engine.variant, 2, False)]  # the spinning one went (max_sessions 1)
+    engine.apply_limits(EngineLimits(threads=2))
+    assert engine.session_key()[2] is True
