@@ -57,6 +57,7 @@ SPARSE_SAMPLE_S = 0.5  # wall seconds between device samples in the offload runs
 LEVEL_INDEX = {"nominal": 0, "fair": 1, "serious": 2, "critical": 3}
 RSS_AFTER = (1, 10, 20)  # the server's RSS reported after this many requests (it is read after every one)
 WARM_SPAN = 10  # requests over which memory growth once warm is measured
+WARM_KEY = f"ladder_memory_growth_mb_once_warm ({WARM_SPAN} requests after every model in use served once)"
 
 
 # -- the server as a child process ------------------------------------------------------------------------
@@ -888,7 +889,7 @@ def ladder_targets(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         ),
         "ladder_zero_failed": lad["failed_requests"] == 0,
         "ladder_memory_growth_mb_cold (rss after request 10 - after request 1)": cold,
-        f"ladder_memory_growth_mb_once_warm ({WARM_SPAN} requests after every model in use served once)": warm,
+        WARM_KEY: warm,
         f"memory_growth_ok (<= {t['growth_mb']:g} MB once warm)": warm is not None and warm <= t["growth_mb"],
     }
 

@@ -306,10 +306,11 @@ def resolve_limits(
     usable_cpus threads); otherwise the row's apply, with the tighter of the two budgets.
 
     The budget buys the configuration pick_config() names among the rung's: its threads and spinning by
-    measured cost, and its pace is tokens_per_second. Paced, the pools do not spin (pool_spin). The variant is the rung's: the ladder already steps
+    measured cost, and its pace is tokens_per_second. The variant is the rung's: the ladder already steps
     to cheaper variants by their measured CPU per token, and a variant switch mid-reply costs a re-prefill
     of the history, so it is not chased on a few per cent of measurement noise. Without a measured cost
-    the worker paces by cpu_budget_cores alone (Limits.pace_delay)."""
+    the worker paces by cpu_budget_cores alone (Limits.pace_delay). Paced, the pools do not spin
+    (pool_spin)."""
     row = table[level]
     max_threads = max(1, math.floor(usable_cpus * row.thread_fraction))
     rung_index = min(start_rung + row.rung_step, len(ladder) - 1) if ladder else -1

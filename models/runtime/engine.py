@@ -141,6 +141,7 @@ class LlamaEngine:
         mask_prefetch: bool = True,
         speculation: str = "auto",
         max_draft: int = MAX_DRAFT,
+        limits: EngineLimits | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.manifest = manifest
@@ -196,6 +197,8 @@ class LlamaEngine:
         self.template = ChatTemplate.from_tokenizer(self.tokenizer, chat_template)
         self._sessions: dict[tuple[str, int, bool], DecoderSession | GeneralDecoderSession] = {}
         self._slots: list[KVSlot] = []
+        if limits is not None:  # the governor's (threads, spinning): the one session built is the one it runs
+            self.apply_limits(limits)
         self._session()  # load now: a broken model fails at start, not at the first request
 
     # -- sessions and KV slots -----------------------------------------------------------------------

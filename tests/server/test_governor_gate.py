@@ -243,10 +243,10 @@ def test_pool_load_when_served_with_a_governor_then_the_pace_controller_credits_
     create_app(settings, served=served, governor=gate)  # wires the pool's loads to the governor
     opener, during = served.pool.opener, []
 
-    def slow_open(entry, variant):  # the load takes 3 s, and the governor polls in the middle of it
+    def slow_open(entry, variant, limits):  # the load takes 3 s, and the governor polls in the middle of it
         clock.advance(3)
         during.append(gov.tick().limits.cpu_budget_cores)
-        return opener(entry, variant)
+        return opener(entry, variant, limits)
 
     served.pool.opener = slow_open
     gov.tick()

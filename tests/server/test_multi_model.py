@@ -383,3 +383,23 @@ def test_switch_when_the_bigger_model_is_unloaded_mid_reply_then_its_sessions_ar
     _, names, switches, _ = stream(srv, "tiny-big", 16)
     assert names[-1] == "tiny-small" and len(switches) == 1
     assert alive_after_unload and not any(alive_after_unload)
+
+
+class PacedGate(SwitchingGate):
+    """The governor paces on one quiet thread from the first job on."""
+
+    def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
+        return EngineLimits(threads=1, spin=False, tokens_per_second=500.0)
+
+
+def test_load_when_the_governor_paces_then_one_session_built_for_its_threads_and_spinning(several, caplog):
+    """A model loaded for a job opens with the governor's limits: its one session is the one that runs (a
+    load used to build a spinning session at the configured threads, then the job's own: twice the CPU
+    of a session build, heat on a device the governor is holding at its envelope)."""
+    srv, served = several(governor=PacedGate("tiny-small", after=10**9), model="tiny-big", threads=2)
+    caplog.set_level("INFO", logger="simmer.engine")
+    assert complete(srv, "tiny-small").status_code == 200
+    engine = served.pool._loaded["tiny-small"].engine
+    assert list(engine._sessions) == [(engine.variant, 1, False)]
+    builds = [r for r in caplog.records if r.getMessage().startswith("loaded tiny-small/")]
+    assert len(builds) == 1 and "with 1 threads" in builds[0].getMessage()
