@@ -29,7 +29,9 @@ class EngineLimits:
 
 
 # Whether an engine's sessions spin (onnxruntime's session.intra_op.allow_spinning), from its setting
-# (SIMMER_SPIN), the governor's decision (EngineLimits.spin) and its own pace:
+# (SIMMER_SPIN), the governor's decision (EngineLimits.spin), its own pace and its threads:
+#   one thread    -> no (no pool to spin: a session keyed "spinning" would be the same session built again
+#                    every time the pace comes or goes)
 #   setting "on"  -> spin (the operator's choice, whatever the governor says)
 #   setting "off" -> never
 #   setting "auto":
@@ -38,7 +40,9 @@ class EngineLimits:
 #     otherwise (unpaced: nominal, or no governor)                         -> spin
 # The gate keys its cost meter with the same function (server/governor_gate.py); the engine its
 # sessions (models/runtime/engine.py session_key).
-def pool_spins(setting: str, governor: bool | None, tokens_per_second: float | None) -> bool:
+def pool_spins(setting: str, governor: bool | None, tokens_per_second: float | None, threads: int) -> bool:
+    if threads <= 1:
+        return False
     if setting != "auto":
         return setting == "on"
     return governor is not False and not tokens_per_second

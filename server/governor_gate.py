@@ -219,7 +219,8 @@ class GovernorGate:
             applied = self._applied
         if applied is None or applied.variant is None or not applied.threads:
             return
-        spinning = pool_spins(self._spin, applied.spin, applied.tokens_per_second)  # the engine's key
+        # the engine's session key
+        spinning = pool_spins(self._spin, applied.spin, applied.tokens_per_second, applied.threads)
         cost = self.meter.step(
             applied.variant, applied.threads, spinning, cpu_s, wall_s, model_id=applied.model_id
         )

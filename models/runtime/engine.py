@@ -245,7 +245,8 @@ class LlamaEngine:
     def session_key(self) -> tuple[str, int, bool]:
         """Spinning thread pools decode faster when tokens come back to back, but burn the gaps of a paced
         stream: see pool_spins."""
-        return (self.variant, self.threads, pool_spins(self.spin, self.governor_spin, self.tokens_per_second))
+        spinning = pool_spins(self.spin, self.governor_spin, self.tokens_per_second, self.threads)
+        return (self.variant, self.threads, spinning)
 
     @property
     def speculates(self) -> bool:
