@@ -219,8 +219,11 @@ class GovernorGate:
             applied = self._applied
         if applied is None or applied.variant is None or not applied.threads:
             return
-        # the engine's session key
-        spinning = pool_spins(self._spin, applied.spin, applied.tokens_per_second, applied.threads)
+        # The engine's session key, except at one thread, where the engine builds no pool: the meter keeps
+        # keying it by the setting (as before), because config_costs lets the manifest's prior stand in next
+        # to a "spinning" measurement only, and a quiet one-thread entry would change what an unpaced
+        # server picks (a one-thread measurement on a busy machine against a two-thread prior).
+        spinning = pool_spins(self._spin, applied.spin, applied.tokens_per_second, max(2, applied.threads))
         cost = self.meter.step(
             applied.variant, applied.threads, spinning, cpu_s, wall_s, model_id=applied.model_id
         )
