@@ -874,7 +874,9 @@ def ladder_targets(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ratio = lad["tok_s_last_5min"] / ung["tok_s_last_5min"] if ung["tok_s_last_5min"] else None
     peak, throttle = lad["peak_temperature_c"], lad["throttle_c"]
     cold = _growth(lad["rss_mb"]["after_10_requests"], lad["rss_mb"]["after_1_request"])
-    warm = (lad.get("memory_once_warm") or {}).get("growth_mb")
+    once_warm = lad.get("memory_once_warm") or {}
+    warm = once_warm.get("growth_mb")
+    span = once_warm.get("requests_after_warm") or 0  # a short run measures fewer: not judged
     t = LADDER_TARGETS
     return {
         "ladder_over_ungoverned_tok_s_last_5min": round(ratio, 3) if ratio else None,
@@ -890,7 +892,10 @@ def ladder_targets(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "ladder_zero_failed": lad["failed_requests"] == 0,
         "ladder_memory_growth_mb_cold (rss after request 10 - after request 1)": cold,
         WARM_KEY: warm,
-        f"memory_growth_ok (<= {t['growth_mb']:g} MB once warm)": warm is not None and warm <= t["growth_mb"],
+        "ladder_memory_requests_after_warm": span,
+        f"memory_growth_ok (<= {t['growth_mb']:g} MB once warm)": warm is not None
+        and span >= WARM_SPAN
+        and warm <= t["growth_mb"],
     }
 
 

@@ -181,14 +181,14 @@ def test_tokens_per_model_when_replies_moved_then_summed_per_model():
 def test_ladder_targets_when_runs_then_ratio_peak_failures_and_growth_judged():
     from bench.sustained import ladder_runs, ladder_targets
 
-    def run(tok_s, peak, failed, after_1, after_10, warm=None):
+    def run(tok_s, peak, failed, after_1, after_10, warm=None, span=10):
         return {
             "tok_s_last_5min": tok_s,
             "peak_temperature_c": peak,
             "throttle_c": 43.0,
             "failed_requests": failed,
             "rss_mb": {"after_1_request": after_1, "after_10_requests": after_10},
-            "memory_once_warm": {"growth_mb": warm},
+            "memory_once_warm": {"growth_mb": warm, "requests_after_warm": span},
         }
 
     ok = "memory_growth_ok (<= 5 MB once warm)"
@@ -210,6 +210,9 @@ def test_ladder_targets_when_runs_then_ratio_peak_failures_and_growth_judged():
     assert not any(t[k] for k in verdicts) and t[ok] is False
     runs["ladder"] = run(30.0, 43.5, 0, 500.0, 501.0, warm=None)  # never warm: not judged ok
     assert ladder_targets(runs)[ok] is False
+    runs["ladder"] = run(30.0, 43.5, 0, 500.0, 501.0, warm=1.0, span=2)  # 2 requests after warm: too few
+    t = ladder_targets(runs)
+    assert t[ok] is False and t["ladder_memory_requests_after_warm"] == 2
     names = [(name, update.get("ladder"), update["governor"]) for name, update in ladder_runs("a,b:q4")]
     assert names == [("ladder", "a,b:q4", True), ("variants", None, True), ("ungoverned", None, False)]
     assert all(update["model"] == "a" for _, update in ladder_runs("a,b:q4"))
