@@ -184,9 +184,9 @@ def test_before_step_when_running_then_the_meter_tells_the_governor_the_configur
     assert cost.cpu_s_per_token == pytest.approx(0.025)
 
 
-def test_before_step_when_paced_by_budget_alone_then_the_meter_keys_a_quiet_pool():
+def test_before_job_when_paced_by_budget_alone_then_the_governor_says_no_spinning():
     """No cost known yet (no ladder): the gate idles by the CPU budget (pace_delay) with no tokens/s pace;
-    the governor says the pools do not spin, the engine's sessions follow, and so does the meter's key."""
+    the governor says the pools do not spin (the engine's sessions follow: tests/models/test_engine.py)."""
     cpu = [0.0]
     gov = Governor(
         usable_cpus=2, table=make_table({"nominal": {"cpu_budget_cores": 1.0, "thread_fraction": 1.0}})
