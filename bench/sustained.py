@@ -55,7 +55,9 @@ MAX_TOKENS = 160
 WARM_UP_S = 120  # simulated seconds from cold before "no mid-reply pause" is asked of the governor
 SPARSE_SAMPLE_S = 0.5  # wall seconds between device samples in the offload runs
 LEVEL_INDEX = {"nominal": 0, "fair": 1, "serious": 2, "critical": 3}
-RSS_AFTER = (1, 10, 20)  # the server's RSS is read after this many requests
+RSS_AFTER = (1, 10, 20)  # the server's RSS reported after this many requests (it is read after every one)
+WARM_SPAN = 10  # requests over which memory growth once warm is measured
+WARM_KEY = f"ladder_memory_growth_mb_once_warm ({WARM_SPAN} requests after every model in use served once)"
 
 
 # -- the server as a child process ------------------------------------------------------------------------
@@ -222,7 +224,7 @@ class RunLog:
     token_times: list[float] = field(default_factory=list)
     requests: list[RequestRecord] = field(default_factory=list)
     rss_ready: int = 0
-    rss_after: dict[int, int] = field(default_factory=dict)
+    rss_after: dict[int, int] = field(default_factory=dict)  # requests done -> the server's RSS then
     chars_per_token: list[float] = field(default_factory=list)
     cpu: list[tuple[float, float]] = field(default_factory=list)  # (simulated s, server CPU s so far)
 
@@ -421,8 +423,7 @@ def run_once(
             rec = stream_request(client, PROMPTS[i % len(PROMPTS)], log, end, endpoint=endpoint, model=model)
             log.requests.append(rec)
             i += 1
-            if i in RSS_AFTER:
-                log.rss_after[i] = srv.rss
+            log.rss_after[i] = srv.rss
             if not rec.ok:
                 time.sleep(0.1)  # an overheated device refuses at once: do not spin on it
         stop.set()
@@ -639,6 +640,7 @@ def summarize(
             "after_10_requests": _mb(log.rss_after.get(10)),
             "after_20_requests": _mb(log.rss_after.get(20)),
         },
+        "memory_once_warm": warm_memory(log.requests, log.rss_after),
         "tokens_per_model": tokens_per_model(log.requests),
         "moves": meta.get("moves"),
         **energy_summary(log, tok_s, total_s, time_scale, t0),
@@ -859,8 +861,10 @@ def ladder_summary(run: dict[str, Any]) -> dict[str, Any]:
         "replies_moved": moves.get("replies_moved"),
         "unloads": moves.get("unloads"),
         "rss_mb": rss,
+        # cold: from request 1, while a ladder run may still be building its second model's sessions
         "memory_growth_mb_1_to_10_requests": _growth(rss["after_10_requests"], rss["after_1_request"]),
         "memory_growth_mb_10_to_20_requests": _growth(rss["after_20_requests"], rss["after_10_requests"]),
+        "memory_once_warm": run.get("memory_once_warm"),
     }
 
 
@@ -869,7 +873,10 @@ def ladder_targets(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     lad, ung = runs["ladder"], runs["ungoverned"]
     ratio = lad["tok_s_last_5min"] / ung["tok_s_last_5min"] if ung["tok_s_last_5min"] else None
     peak, throttle = lad["peak_temperature_c"], lad["throttle_c"]
-    growth = _growth(lad["rss_mb"]["after_10_requests"], lad["rss_mb"]["after_1_request"])
+    cold = _growth(lad["rss_mb"]["after_10_requests"], lad["rss_mb"]["after_1_request"])
+    once_warm = lad.get("memory_once_warm") or {}
+    warm = once_warm.get("growth_mb")
+    span = once_warm.get("requests_after_warm") or 0  # a short run measures fewer: not judged
     t = LADDER_TARGETS
     return {
         "ladder_over_ungoverned_tok_s_last_5min": round(ratio, 3) if ratio else None,
@@ -883,8 +890,12 @@ def ladder_targets(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             peak is not None and throttle is not None and peak < throttle + t["peak_over_throttle_c"]
         ),
         "ladder_zero_failed": lad["failed_requests"] == 0,
-        "ladder_memory_growth_mb_after_10_requests (rss after 10 - after 1)": growth,
-        f"memory_growth_ok (<= {t['growth_mb']:g} MB)": growth is not None and growth <= t["growth_mb"],
+        "ladder_memory_growth_mb_cold (rss after request 10 - after request 1)": cold,
+        WARM_KEY: warm,
+        "ladder_memory_requests_after_warm": span,
+        f"memory_growth_ok (<= {t['growth_mb']:g} MB once warm)": warm is not None
+        and span >= WARM_SPAN
+        and warm <= t["growth_mb"],
     }
 
 
@@ -1022,6 +1033,39 @@ def tokens_per_model(requests: list[RequestRecord]) -> dict[str, int]:
         for model, n in rec.models.items():
             out[model] = out.get(model, 0) + int(n)
     return dict(sorted(out.items()))
+
+
+def warm_memory(
+    requests: list[RequestRecord], rss_after: dict[int, int], span: int = WARM_SPAN
+) -> dict[str, Any]:
+    """The server's RSS growth once warm: over the `span` requests after the first request by which every
+    model the run used had served once (its sessions built). Counting from request 1 instead (the cold
+    number, rss_mb after_1/after_10) counts the second model's load in a ladder run as growth. A model
+    unloaded or loaded again inside the window still shows (as it should: that is memory the device sees);
+    `rss_mb_window` lists every request's RSS so a reader can tell a load from a creep."""
+    in_use = {m for r in requests for m, n in r.models.items() if n}
+    seen: set[str] = set()
+    warm = None
+    for i, rec in enumerate(requests, 1):
+        seen |= {m for m, n in rec.models.items() if n}
+        if in_use and seen >= in_use:
+            warm = i
+            break
+    out: dict[str, Any] = {"models_in_use": sorted(in_use), "warm_after_request": warm}
+    if warm is None or warm not in rss_after:
+        return {**out, "requests_after_warm": 0, "growth_mb": None}
+    end = max((k for k in rss_after if warm < k <= warm + span), default=warm)
+    window = [rss_after[k] for k in range(warm, end + 1) if k in rss_after]
+    return {
+        **out,
+        "requests_after_warm": end - warm,
+        "rss_mb_warm": _mb(rss_after[warm]),
+        "rss_mb_end": _mb(rss_after[end]),
+        "growth_mb": None if end == warm else _growth(_mb(rss_after[end]), _mb(rss_after[warm])),
+        "rss_mb_window": [_mb(x) for x in window],
+        "how": f"RSS after request warm_after_request + {span} (or the run's last) minus RSS after request "
+        "warm_after_request: the first request by which every model that served in this run had served once",
+    }
 
 
 def _growth(after: float | None, before: float | None) -> float | None:

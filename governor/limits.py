@@ -34,6 +34,7 @@ class Limits:
     pause_running: bool = False
     model_id: str | None = None
     cpu_budget_cores: float | None = None  # average busy cores allowed (the pace, when s/token is unknown)
+    spin: bool | None = None  # may thread pools spin between runs (pool_spin); None: the engine's setting
 
     def pace_delay(self, pass_seconds: float) -> float:
         """Seconds to idle after a forward pass that kept `threads` cores busy for `pass_seconds`, so the
@@ -270,6 +271,20 @@ def pick_config(
     return best, (None if budget_cores is None else budget_cores / best.cpu_s_per_token)
 
 
+# Whether the engine's thread pools may spin between runs (onnxruntime's allow_spinning), decided with the
+# pace because a pool's spinning is CPU time: under a thermal cap tokens/s = the envelope's busy cores x
+# tokens per CPU-second, and a pool that spins through the idle a pace leaves (the gate's idle after each
+# pass) spends envelope on no token. Measured (bench/pace_probe.py, q4-a8 decode, shared 2-core host):
+# two spinning threads made 0.49-0.58x the tokens per CPU-second of one thread, two quiet threads 0.80-0.86x.
+#   a CPU budget (the pace controller's or the row's) -> False
+#   a tokens/s pace (the row's own)                   -> False
+#   neither: unpaced (nominal, a cool device, an ungoverned server: the limits are not enforced, so no
+#            budget reaches here)                      -> None: the engine's setting (SIMMER_SPIN; auto spins,
+#                                                         back to back tokens come faster on a spinning pool)
+def pool_spin(budget_cores: float | None, tokens_per_second: float | None) -> bool | None:
+    return False if budget_cores is not None or tokens_per_second is not None else None
+
+
 def resolve_limits(
     level: Level,
     *,
@@ -294,7 +309,8 @@ def resolve_limits(
     measured cost, and its pace is tokens_per_second. The variant is the rung's: the ladder already steps
     to cheaper variants by their measured CPU per token, and a variant switch mid-reply costs a re-prefill
     of the history, so it is not chased on a few per cent of measurement noise. Without a measured cost
-    the worker paces by cpu_budget_cores alone (Limits.pace_delay)."""
+    the worker paces by cpu_budget_cores alone (Limits.pace_delay). Paced, the pools do not spin
+    (pool_spin)."""
     row = table[level]
     max_threads = max(1, math.floor(usable_cpus * row.thread_fraction))
     rung_index = min(start_rung + row.rung_step, len(ladder) - 1) if ladder else -1
@@ -324,4 +340,5 @@ def resolve_limits(
         pause_new=row.pause_new,
         pause_running=row.pause_running,
         cpu_budget_cores=budget,
+        spin=pool_spin(budget, pace),
     )

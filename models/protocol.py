@@ -20,9 +20,32 @@ class EngineLimits:
     context_cap: int | None = None
     max_tokens: int | None = None
     tokens_per_second: float | None = None
+    # May the thread pools spin between runs? False: the governor paces, and a pool spinning through the
+    # idle it leaves burns the thermal envelope on nothing. None: the engine's own setting (SIMMER_SPIN).
+    spin: bool | None = None
     # The model the reply should run on. Another model's id, returned by the step hook, ends the
     # generation with a Handover event (the engine cannot switch model itself: the caller owns the models).
     model_id: str | None = None
+
+
+# Whether an engine's sessions spin (onnxruntime's session.intra_op.allow_spinning), from its setting
+# (SIMMER_SPIN), the governor's decision (EngineLimits.spin), its own pace and its threads:
+#   one thread    -> no (no pool to spin: a session keyed "spinning" would be the same session built again
+#                    every time the pace comes or goes)
+#   setting "on"  -> spin (the operator's choice, whatever the governor says)
+#   setting "off" -> never
+#   setting "auto":
+#     the governor says False (it paces: a CPU budget or a tokens/s pace) -> no
+#     a tokens/s pace on the engine (EngineLimits without a word on spin)  -> no
+#     otherwise (unpaced: nominal, or no governor)                         -> spin
+# The gate keys its cost meter with the same function (server/governor_gate.py); the engine its
+# sessions (models/runtime/engine.py session_key).
+def pool_spins(setting: str, governor: bool | None, tokens_per_second: float | None, threads: int) -> bool:
+    if threads <= 1:
+        return False
+    if setting != "auto":
+        return setting == "on"
+    return governor is not False and not tokens_per_second
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 from governor.cgroup import usable_cpus
 from models.errors import InvalidParameter
+from models.protocol import EngineLimits
 from models.runtime.engine import LlamaEngine
 from server.settings import Settings
 
@@ -62,9 +63,16 @@ class EngineConfig:
         )
 
     def open(
-        self, path: Path, manifest: dict[str, Any], *, model_id: str, variant: str | None = None
+        self,
+        path: Path,
+        manifest: dict[str, Any],
+        *,
+        model_id: str,
+        variant: str | None = None,
+        limits: EngineLimits | None = None,
     ) -> LlamaEngine:
-        """A converted folder. `variant`, else SIMMER_VARIANT where the model has it, else its default."""
+        """A converted folder. `variant`, else SIMMER_VARIANT where the model has it, else its default.
+        `limits`: the governor's, applied before the first session is built (one session, not two)."""
         variants = manifest.get("variants") or {}
         chosen = variant or (self.variant if self.variant in variants else None)
         return LlamaEngine(
@@ -81,6 +89,7 @@ class EngineConfig:
             chat_template=self.chat_template,
             speculation=self.speculation,
             window_reply_contexts=self.window_reply_contexts,
+            limits=limits,
         )
 
     def open_dir(self, model_dir: Path, *, variant: str | None = None) -> LlamaEngine:
@@ -89,9 +98,13 @@ class EngineConfig:
         model_id = str(manifest.get("id") or Path(model_dir).name)
         return self.open(Path(model_dir), manifest, model_id=model_id, variant=variant)
 
-    def open_installed(self, model: str, *, variant: str | None = None) -> LlamaEngine:
+    def open_installed(
+        self, model: str, *, variant: str | None = None, limits: EngineLimits | None = None
+    ) -> LlamaEngine:
         """An installed model, as the store serves it (a version whose files changed falls back)."""
         from models.store.store import ModelStore
 
         installed = ModelStore(self.home).load(model)
-        return self.open(installed.path, installed.manifest, model_id=installed.id, variant=variant)
+        return self.open(
+            installed.path, installed.manifest, model_id=installed.id, variant=variant, limits=limits
+        )

@@ -32,7 +32,7 @@ from typing import Any
 from governor.governor import Governor, Snapshot
 from governor.limits import Limits, Rung, merge_cost
 from models.errors import Cancelled, DeviceOverheated
-from models.protocol import EngineLimits
+from models.protocol import EngineLimits, pool_spins
 from models.types import CancelToken
 from server.cost_meter import CostMeter
 from server.errors import DevicePaused
@@ -51,6 +51,7 @@ def to_engine_limits(limits: Limits) -> EngineLimits:
         context_cap=limits.context_cap,
         max_tokens=limits.max_tokens,
         tokens_per_second=limits.tokens_per_second,
+        spin=limits.spin,
         model_id=limits.model_id,
     )
 
@@ -218,8 +219,11 @@ class GovernorGate:
             applied = self._applied
         if applied is None or applied.variant is None or not applied.threads:
             return
-        paced = applied.tokens_per_second is not None
-        spinning = self._spin == "on" or (self._spin == "auto" and not paced)  # the engine's session_key
+        # The engine's session key, except at one thread, where the engine builds no pool: the meter keeps
+        # keying it by the setting (as before), because config_costs lets the manifest's prior stand in next
+        # to a "spinning" measurement only, and a quiet one-thread entry would change what an unpaced
+        # server picks (a one-thread measurement on a busy machine against a two-thread prior).
+        spinning = pool_spins(self._spin, applied.spin, applied.tokens_per_second, max(2, applied.threads))
         cost = self.meter.step(
             applied.variant, applied.threads, spinning, cpu_s, wall_s, model_id=applied.model_id
         )

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from models.errors import ModelNotFound
-from models.protocol import Engine
+from models.protocol import Engine, EngineLimits
 from models.runtime.engine import release_freed_memory
 from server.catalog import Catalog, CatalogEntry
 from server.keep_alive import describe as describe_keep_alive
@@ -28,7 +28,8 @@ from server.memory_plan import Estimate, MemoryBudget, Resident, mib, plan_load
 
 log = logging.getLogger("simmer.pool")
 
-Opener = Callable[[CatalogEntry, str | None], Engine]
+# (entry, variant, the limits it will run with first: its sessions are built for them, not built twice)
+Opener = Callable[[CatalogEntry, str | None, EngineLimits | None], Engine]
 Cost = Callable[[CatalogEntry, str | None], Estimate]
 
 
@@ -96,15 +97,18 @@ class ModelPool:
             return item.engine if item else None
 
     # -- the worker thread ------------------------------------------------------------------------------
-    def acquire(self, model_id: str, variant: str | None = None) -> Engine:
-        """The loaded engine of `model_id` (loading it first, maybe unloading idle ones), marked busy."""
+    def acquire(
+        self, model_id: str, variant: str | None = None, limits: EngineLimits | None = None
+    ) -> Engine:
+        """The loaded engine of `model_id` (loading it first, maybe unloading idle ones), marked busy.
+        `limits`: what a load opens it with (the governor's, on the worker's rung for this job)."""
         entry = self.catalog.get(model_id)
         if entry is None:
             raise ModelNotFound(f"The model '{model_id}' is not installed", param="model")
         with self._lock:
             item = self._loaded.get(entry.id)
         if item is None:
-            item = self._load(entry, variant)
+            item = self._load(entry, variant, limits)
         item.busy = True
         item.last_used = self.clock()
         item.expires_at = math.inf  # not while it serves
@@ -122,7 +126,7 @@ class ModelPool:
             entry = self.catalog.get(model_id)
             if entry is None:
                 raise ModelNotFound(f"The model '{model_id}' is not installed", param="model")
-            item = self._load(entry, None)
+            item = self._load(entry, None, None)
         expires_at = item.expires_at
         item.busy = True
         try:
@@ -209,7 +213,7 @@ class ModelPool:
         for model_id in ids:
             self.unload(model_id, "server stopping")
 
-    def _load(self, entry: CatalogEntry, variant: str | None) -> _Loaded:
+    def _load(self, entry: CatalogEntry, variant: str | None, limits: EngineLimits | None) -> _Loaded:
         model_id = entry.id
         need = self.cost(entry, variant or entry.default_variant)
         with self._lock:
@@ -225,7 +229,7 @@ class ModelPool:
         engine = self._kept.get(model_id)
         if engine is None:
             with self.loading():
-                engine = self.opener(entry, variant)
+                engine = self.opener(entry, variant, limits)
         if self.pinned:
             self._kept[model_id] = engine
         entry = self.catalog.get(engine.model_id) or entry  # a factory's engine names itself once loaded

@@ -29,7 +29,7 @@ from server.ladder import (
     place,
 )
 from server.memory_plan import Estimate, MemoryBudget, estimate
-from server.model_pool import ModelPool
+from server.model_pool import ModelPool, Opener
 from server.settings import Settings
 from server.worker import Job
 
@@ -118,7 +118,7 @@ def cost_function(config: EngineConfig) -> Callable[[CatalogEntry, str | None], 
 def _assemble(
     settings: Settings,
     catalog: Catalog,
-    opener: Callable[[CatalogEntry, str | None], Engine],
+    opener: Opener,
     config: EngineConfig,
     budget: MemoryBudget,
 ) -> Served:
@@ -162,8 +162,8 @@ def serve_store(settings: Settings, config: EngineConfig | None = None) -> Serve
     config = config or EngineConfig.from_settings(settings)
     catalog = StoreCatalog(settings.home, chat_override=config.chat_template is not None)
 
-    def opener(entry: CatalogEntry, variant: str | None) -> Engine:
-        return config.open_installed(entry.id, variant=variant)
+    def opener(entry: CatalogEntry, variant: str | None, limits: EngineLimits | None) -> Engine:
+        return config.open_installed(entry.id, variant=variant, limits=limits)
 
     return _assemble(settings, catalog, opener, config, memory_budget(settings))
 
@@ -172,9 +172,11 @@ def serve_folders(settings: Settings, folders: list[Path], config: EngineConfig 
     config = config or EngineConfig.from_settings(settings)
     catalog = FolderCatalog(folders, chat_override=config.chat_template is not None)
 
-    def opener(entry: CatalogEntry, variant: str | None) -> Engine:
+    def opener(entry: CatalogEntry, variant: str | None, limits: EngineLimits | None) -> Engine:
         assert entry.path is not None
-        return config.open(entry.path, dict(entry.manifest), model_id=entry.id, variant=variant)
+        return config.open(
+            entry.path, dict(entry.manifest), model_id=entry.id, variant=variant, limits=limits
+        )
 
     if catalog.get(settings.model) is None and not settings.ladder and catalog.entries():
         settings = settings.model_copy(update={"model": catalog.entries()[0].id})
@@ -185,8 +187,8 @@ def serve_single(settings: Settings, load: Callable[[], Engine]) -> Served:
     """One engine (tests, a factory): pinned in the pool; unloading frees its sessions, not the object."""
     catalog = SingleCatalog(settings.model)
 
-    def opener(entry: CatalogEntry, variant: str | None) -> Engine:
-        engine = load()
+    def opener(entry: CatalogEntry, variant: str | None, limits: EngineLimits | None) -> Engine:
+        engine = load()  # built already, or by a factory that knows no limits
         catalog.know(engine)
         return engine
 

@@ -417,6 +417,11 @@ class Worker:
         """The governor's limits on the job's own rung."""
         return replace(self._governed or EngineLimits(), model_id=target.model_id, variant=target.variant)
 
+    def _load_limits(self, target: Target) -> EngineLimits | None:
+        """What a model loaded for `target` opens with: the limits _sync_limits would apply right after, so
+        its first session is built for the governor's threads and spinning (a load builds one, not two)."""
+        return None if self._governed is None else self._limits_for(target)
+
     def _sync_limits(self, engine: Engine, target: Target) -> None:
         """Before a job (and after a handover): the engine runs with the governor's limits on the job's
         rung. Without a governor nothing is applied but a variant the rung names."""
@@ -467,7 +472,7 @@ class Worker:
             if job.cancel.cancelled:
                 return
             target = self._place(job, self._governed, blocked)
-            engine = self.pool.acquire(target.model_id, target.variant)
+            engine = self.pool.acquire(target.model_id, target.variant, self._load_limits(target))
             self._sync_limits(engine, target)
             self._relieve_memory(engine)
             self._shed_above_rung()
@@ -543,7 +548,11 @@ class Worker:
         old_name = f"{old.model_id}/{old.variant}"
         self.pool.release(old.model_id, job.keep_alive_s)
         try:
-            engine = self.pool.acquire(handover.model_id, handover.variant)
+            engine = self.pool.acquire(
+                handover.model_id,
+                handover.variant,
+                self._load_limits(Target(handover.model_id, handover.variant, "handover")),
+            )
         except SimmerError as err:
             log.warning(
                 "%s: cannot move to %s (%s); the reply stays on %s", job.id, handover.model_id, err, old_name

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotChat, ModelNotInstalled
-from models.protocol import EngineLimits, Prompt, StepHook
+from models.protocol import EngineLimits, Prompt, StepHook, pool_spins
 from models.runtime.chat import ChatTemplate, encode_chat
 from models.runtime.constraint import Constraint, ConstraintVocabulary
 from models.runtime.genai_config import DecoderIO, load_tokenizer
@@ -145,6 +145,7 @@ class LlamaEngine:
         speculation: str = "auto",
         max_draft: int = MAX_DRAFT,
         window_reply_contexts: int = WINDOW_REPLY_CONTEXTS,
+        limits: EngineLimits | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.manifest = manifest
@@ -185,6 +186,7 @@ class LlamaEngine:
         self.max_tokens_limit: int | None = None
         self.window_reply_contexts = max(1, window_reply_contexts)
         self.tokens_per_second: float | None = None
+        self.governor_spin: bool | None = None  # the governor's word on spinning (EngineLimits.spin)
         # A folder installed as is (onnxruntime-genai layout) runs on the general path; ours on the fast one.
         genai = manifest["variants"][self.variant].get("genai")
         self.io = DecoderIO.from_dict(genai) if genai else None
@@ -200,6 +202,8 @@ class LlamaEngine:
         self.template = ChatTemplate.from_tokenizer(self.tokenizer, chat_template)
         self._sessions: dict[tuple[str, int, bool], DecoderSession | GeneralDecoderSession] = {}
         self._slots: list[KVSlot] = []
+        if limits is not None:  # the governor's (threads, spinning): the one session built is the one it runs
+            self.apply_limits(limits)
         self._session()  # load now: a broken model fails at start, not at the first request
 
     # -- sessions and KV slots -----------------------------------------------------------------------
@@ -244,9 +248,9 @@ class LlamaEngine:
         return sess.new_cache(capacity)
 
     def session_key(self) -> tuple[str, int, bool]:
-        """Spinning thread pools decode about 40 % faster at the same CPU time per token when tokens come
-        back to back, but burn the gaps of a paced stream: "auto" spins only while unpaced."""
-        spinning = self.spin == "on" or (self.spin == "auto" and not self.tokens_per_second)
+        """Spinning thread pools decode faster when tokens come back to back, but burn the gaps of a paced
+        stream: see pool_spins."""
+        spinning = pool_spins(self.spin, self.governor_spin, self.tokens_per_second, self.threads)
         return (self.variant, self.threads, spinning)
 
     @property
@@ -323,6 +327,7 @@ class LlamaEngine:
         self.context_length = min(self.configured_context, limits.context_cap or self.configured_context)
         self.max_tokens_limit = limits.max_tokens
         self.tokens_per_second = limits.tokens_per_second
+        self.governor_spin = limits.spin
         return changed_variant
 
     def unload(self) -> None:

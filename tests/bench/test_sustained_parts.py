@@ -181,25 +181,60 @@ def test_tokens_per_model_when_replies_moved_then_summed_per_model():
 def test_ladder_targets_when_runs_then_ratio_peak_failures_and_growth_judged():
     from bench.sustained import ladder_runs, ladder_targets
 
-    def run(tok_s, peak, failed, after_1, after_10):
+    def run(tok_s, peak, failed, after_1, after_10, warm=None, span=10):
         return {
             "tok_s_last_5min": tok_s,
             "peak_temperature_c": peak,
             "throttle_c": 43.0,
             "failed_requests": failed,
             "rss_mb": {"after_1_request": after_1, "after_10_requests": after_10},
+            "memory_once_warm": {"growth_mb": warm, "requests_after_warm": span},
         }
 
-    runs = {"ladder": run(30.0, 43.5, 0, 500.0, 503.0), "variants": run(20.0, 43.2, 0, 1, 1)}
+    ok = "memory_growth_ok (<= 5 MB once warm)"
+    cold = "ladder_memory_growth_mb_cold (rss after request 10 - after request 1)"
+    # cold growth of 11 MB (the second model loading) but 3 MB once warm: the target is the warm one
+    runs = {"ladder": run(30.0, 43.5, 0, 500.0, 511.0, warm=3.0), "variants": run(20.0, 43.2, 0, 1, 1)}
     runs["ungoverned"] = run(12.0, 60.0, 2, 500.0, 500.0)
     t = ladder_targets(runs)
     assert t["ladder_over_ungoverned_tok_s_last_5min"] == 2.5
     assert t["tok_s_ratio_ok (>= 2)"] and t["ladder_peak_below_throttle_plus_1"] and t["ladder_zero_failed"]
-    assert t["memory_growth_ok (<= 5 MB)"] and t["variants_over_ungoverned_tok_s_last_5min"] == 1.667
-    runs["ladder"] = run(20.0, 44.0, 1, 500.0, 506.0)
+    assert t[ok] and t["variants_over_ungoverned_tok_s_last_5min"] == 1.667
+    assert (
+        t[cold] == 11.0
+        and t["ladder_memory_growth_mb_once_warm (10 requests after every model in use served once)"] == 3.0
+    )
+    runs["ladder"] = run(20.0, 44.0, 1, 500.0, 506.0, warm=6.0)
     t = ladder_targets(runs)
     verdicts = ["tok_s_ratio_ok (>= 2)", "ladder_peak_below_throttle_plus_1", "ladder_zero_failed"]
-    assert not any(t[k] for k in verdicts) and t["memory_growth_ok (<= 5 MB)"] is False
+    assert not any(t[k] for k in verdicts) and t[ok] is False
+    runs["ladder"] = run(30.0, 43.5, 0, 500.0, 501.0, warm=None)  # never warm: not judged ok
+    assert ladder_targets(runs)[ok] is False
+    runs["ladder"] = run(30.0, 43.5, 0, 500.0, 501.0, warm=1.0, span=2)  # 2 requests after warm: too few
+    t = ladder_targets(runs)
+    assert t[ok] is False and t["ladder_memory_requests_after_warm"] == 2
     names = [(name, update.get("ladder"), update["governor"]) for name, update in ladder_runs("a,b:q4")]
     assert names == [("ladder", "a,b:q4", True), ("variants", None, True), ("ungoverned", None, False)]
     assert all(update["model"] == "a" for _, update in ladder_runs("a,b:q4"))
+
+
+def test_warm_memory_when_second_model_serves_late_then_growth_counts_from_its_first_reply():
+    from bench.sustained import RequestRecord, warm_memory
+
+    mb = 2**20
+    reqs = [RequestRecord(0.0, 0.1, 5, True, models={"big": 5}) for _ in range(3)]
+    reqs.append(RequestRecord(0.0, 0.1, 5, True, models={"big": 2, "small": 3}))  # request 4: warm
+    reqs += [RequestRecord(0.0, 0.1, 5, True, models={"small": 5}) for _ in range(12)]
+    # the second model's sessions come in at request 4 (+60 MB), then 2 MB over the next 10 requests
+    rss = {i: (500 + (60 if i >= 4 else 0) + (0.2 * (i - 4) if i > 4 else 0)) * mb for i in range(1, 17)}
+    w = warm_memory(reqs, {i: int(v) for i, v in rss.items()})
+    assert w["warm_after_request"] == 4 and w["models_in_use"] == ["big", "small"]
+    assert w["requests_after_warm"] == 10 and w["growth_mb"] == 2.0
+    assert len(w["rss_mb_window"]) == 11 and w["rss_mb_warm"] == 560.0
+    # a run that ends 3 requests after it is warm measures those 3; one warm only at its end, nothing
+    short = warm_memory(reqs[:7], {i: int(rss[i]) for i in range(1, 8)})
+    assert short["requests_after_warm"] == 3 and short["growth_mb"] == 0.6
+    assert (
+        warm_memory(reqs[:4], {i: int(rss[i]) for i in range(1, 5)})["growth_mb"] is None
+    )  # warm at the end
+    assert warm_memory([], {})["warm_after_request"] is None

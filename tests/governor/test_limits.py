@@ -14,6 +14,7 @@ from governor.limits import (
     merge_cost,
     pick_config,
     pick_rung,
+    pool_spin,
     resolve_limits,
     rungs_from_manifest,
 )
@@ -295,3 +296,35 @@ def test_default_table_when_critical_then_steps_further_than_serious():
     assert DEFAULT_TABLE["nominal"].rung_step == DEFAULT_TABLE["fair"].rung_step == 0
     assert DEFAULT_TABLE["serious"].rung_step == 1
     assert DEFAULT_TABLE["critical"].rung_step > len(Q4_PAIR)
+
+
+@pytest.mark.parametrize(
+    ("budget", "pace", "spin"),
+    [
+        (None, None, None),  # unpaced: the engine's setting (auto spins)
+        (0.9, None, False),  # a budget without a known cost: the gate idles by pace_delay
+        (0.9, 60.0, False),  # the pace controller's budget and its pace
+        (None, 20.0, False),  # a row's own tokens/s pace
+    ],
+)
+def test_pool_spin_when_paced_then_no_spinning_else_the_engines_setting(budget, pace, spin):
+    assert pool_spin(budget, pace) is spin
+
+
+def test_resolve_limits_when_the_governor_paces_then_the_pools_do_not_spin():
+    lad = build_ladder([("m", "q4-a8", 0.026, 0.93, 1, 2, 60.0)])
+    costs = [ConfigCost("q4-a8", 1, False, 0.015, 66.0), ConfigCost("q4-a8", 2, True, 0.023, 85.0)]
+    paced = resolve_limits("serious", usable_cpus=2, ladder=lad, pace_cores=0.9, thermal=True, costs=costs)
+    assert paced.tokens_per_second is not None and paced.spin is False
+    # no cost known (no ladder): the budget alone, the gate idles by pace_delay: no spinning either
+    bare = resolve_limits("serious", usable_cpus=2, pace_cores=0.6, thermal=True)
+    assert (bare.tokens_per_second, bare.spin) == (None, False)
+    # the level table's memory serious (its own 0.75 core budget)
+    assert resolve_limits("serious", usable_cpus=2, ladder=lad).spin is False
+    # unpaced: nominal, a cool device whose controller allows every core, a governor that does not enforce
+    # (pace_cores None, level nominal): the engine's own setting
+    assert resolve_limits("nominal", usable_cpus=2, ladder=lad, costs=costs).spin is None
+    cool = resolve_limits("nominal", usable_cpus=2, ladder=lad, pace_cores=2.0, thermal=True)
+    assert cool.spin is None
+    # fair by the level table (pace control off): fewer threads, no pace, so the setting stands
+    assert resolve_limits("fair", usable_cpus=2, ladder=lad).spin is None

@@ -403,3 +403,55 @@ def test_context_cap_when_raised_above_the_slot_buffer_then_buffer_grows(tiny_mo
     tokens, fin = run(eng, p, GenerationParams(GREEDY, max_tokens=60, ignore_eos=True), step_hook=hook)
     assert len(tokens) == 60 and not fin.truncated
     assert eng._slots[0].cache.capacity >= len(p.ids) + 59
+
+
+@pytest.mark.parametrize(
+    ("setting", "governor", "pace", "threads", "spins"),
+    [
+        ("auto", None, None, 2, True),  # unpaced, no word from the governor: spin
+        ("auto", False, None, 2, False),  # the governor paces by a CPU budget alone (no tokens/s pace)
+        ("auto", False, 30.0, 2, False),
+        ("auto", None, 30.0, 2, False),  # a tokens/s pace on the engine without the governor's word
+        ("on", False, 30.0, 2, True),  # the operator's choice stands
+        ("off", None, None, 2, False),
+        ("auto", None, None, 1, False),  # one thread: no pool to spin
+        ("on", None, None, 1, False),
+    ],
+)
+def test_pool_spins_when_setting_governor_pace_and_threads_then_the_rule_table(
+    setting, governor, pace, threads, spins
+):
+    from models.protocol import pool_spins
+
+    assert pool_spins(setting, governor, pace, threads) is spins
+
+
+def test_apply_limits_when_the_governor_says_no_spinning_then_a_quiet_session(tiny_model_dir):
+    import json
+
+    engine = LlamaEngine(
+        tiny_model_dir, json.loads((tiny_model_dir / "manifest.json").read_text()), threads=2
+    )
+    assert engine.session_key()[2] is True  # auto, unpaced
+    engine.apply_limits(EngineLimits(threads=2, spin=False))  # paced by a CPU budget: no tokens/s pace
+    assert engine.session_key() == (engine.variant, 2, False)
+    engine._session()
+    assert list(engine._sessions) == [(engine.variant, 2, False)]  # the spinning one went (max_sessions 1)
+    engine.apply_limits(EngineLimits(threads=2))
+    assert engine.session_key()[2] is True
+
+
+def test_apply_limits_when_one_thread_and_the_pace_comes_and_goes_then_the_same_session(
+    tiny_model_dir, caplog
+):
+    import json
+
+    engine = LlamaEngine(
+        tiny_model_dir, json.loads((tiny_model_dir / "manifest.json").read_text()), threads=1
+    )
+    first = engine._session()
+    caplog.set_level("INFO", logger="simmer.engine")
+    for limits in (EngineLimits(threads=1, spin=False, tokens_per_second=30.0), EngineLimits(threads=1)):
+        engine.apply_limits(limits)
+        assert engine._session() is first  # one thread has no pool: paced or not, the same session
+    assert not [r for r in caplog.records if r.getMessage().startswith("loaded ")]

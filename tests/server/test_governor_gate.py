@@ -184,6 +184,47 @@ def test_before_step_when_running_then_the_meter_tells_the_governor_the_configur
     assert cost.cpu_s_per_token == pytest.approx(0.025)
 
 
+def test_before_job_when_paced_by_budget_alone_then_the_governor_says_no_spinning():
+    """No cost known yet (no ladder): the gate idles by the CPU budget (pace_delay) with no tokens/s pace;
+    the governor says the pools do not spin (the engine's sessions follow: tests/models/test_engine.py)."""
+    cpu = [0.0]
+    gov = Governor(
+        usable_cpus=2, table=make_table({"nominal": {"cpu_budget_cores": 1.0, "thread_fraction": 1.0}})
+    )
+    slept: list[float] = []
+    gate = GovernorGate(
+        gov, cpu_time=lambda: cpu[0], meter=CostMeter(window=8, publish_every=4), sleep=slept.append
+    )
+    gov.tick()
+    cancel = CancelToken()
+    limits = gate.before_job(cancel, time.monotonic())
+    assert (limits.tokens_per_second, limits.spin, limits.threads) == (None, False, 2)
+    assert limits.variant is None  # no ladder: the meter has no configuration to key (nothing measured)
+    gate.before_step(cancel)
+    time.sleep(0.005)
+    gate.before_step(cancel)
+    assert slept and slept[0] > 0  # pace_delay: two busy threads on a one-core budget idle a pass
+
+
+def test_measure_when_the_governor_says_no_spinning_then_the_cost_is_a_quiet_pools():
+    from models.protocol import EngineLimits
+
+    cpu = [0.0]
+    gov = Governor(usable_cpus=2)
+    gate = GovernorGate(gov, cpu_time=lambda: cpu[0], meter=CostMeter(window=8, publish_every=4), spin="auto")
+    gate._applied = EngineLimits(threads=2, variant="q4-a8", model_id="m", spin=False)  # a budget, no pace
+    for _ in range(5):
+        gate._measure(0.025, 0.0125)
+    (cost,) = gov.costs
+    assert (cost.threads, cost.spinning) == (2, False)
+    gate.meter = CostMeter(window=8, publish_every=4)
+    gov.costs = ()
+    gate._applied = EngineLimits(threads=2, variant="q4-a8", model_id="m")  # unpaced: auto spins
+    for _ in range(5):
+        gate._measure(0.025, 0.0125)
+    assert gov.costs[0].spinning is True
+
+
 # -- a model load: the pace controller credits none of it ---------------------------------------------------
 def test_pool_load_when_served_with_a_governor_then_the_pace_controller_credits_none_of_it(
     tmp_path, tiny_model_dir
@@ -202,10 +243,10 @@ def test_pool_load_when_served_with_a_governor_then_the_pace_controller_credits_
     create_app(settings, served=served, governor=gate)  # wires the pool's loads to the governor
     opener, during = served.pool.opener, []
 
-    def slow_open(entry, variant):  # the load takes 3 s, and the governor polls in the middle of it
+    def slow_open(entry, variant, limits):  # the load takes 3 s, and the governor polls in the middle of it
         clock.advance(3)
         during.append(gov.tick().limits.cpu_budget_cores)
-        return opener(entry, variant)
+        return opener(entry, variant, limits)
 
     served.pool.opener = slow_open
     gov.tick()

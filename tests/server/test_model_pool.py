@@ -50,7 +50,7 @@ def pool(budget_mib: int | None = 300, keep_alive_s: float = 300.0, **sizes_mib:
     unloaded: list[str] = []
     opened: list[str] = []
 
-    def opener(entry: CatalogEntry, variant: str | None):
+    def opener(entry: CatalogEntry, variant: str | None, limits=None):
         opened.append(entry.id)
         return Unloads(entry.id, unloaded)
 

@@ -614,3 +614,21 @@ def test_rung_when_a_responses_stream_opened_while_queued_then_the_model_named_o
         (events[-1].type, "tiny-small"),
     ]
     assert not hasattr(events[2], "switch") or events[2].switch is None  # placed, not moved mid-reply
+class PacedGate(SwitchingGate):
+    """The governor paces on one quiet thread from the first job on."""
+
+    def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
+        return EngineLimits(threads=1, spin=False, tokens_per_second=500.0)
+
+
+def test_load_when_the_governor_paces_then_one_session_built_for_its_threads_and_spinning(several, caplog):
+    """A model loaded for a job opens with the governor's limits: its one session is the one that runs (a
+    load used to build a spinning session at the configured threads, then the job's own: twice the CPU
+    of a session build, heat on a device the governor is holding at its envelope)."""
+    srv, served = several(governor=PacedGate("tiny-small", after=10**9), model="tiny-big", threads=2)
+    caplog.set_level("INFO", logger="simmer.engine")
+    assert complete(srv, "tiny-small").status_code == 200
+    engine = served.pool._loaded["tiny-small"].engine
+    assert list(engine._sessions) == [(engine.variant, 1, False)]
+    builds = [r for r in caplog.records if r.getMessage().startswith("loaded tiny-small/")]
+    assert len(builds) == 1 and "with 1 threads" in builds[0].getMessage()
