@@ -614,6 +614,8 @@ def test_rung_when_a_responses_stream_opened_while_queued_then_the_model_named_o
         (events[-1].type, "tiny-small"),
     ]
     assert not hasattr(events[2], "switch") or events[2].switch is None  # placed, not moved mid-reply
+
+
 class PacedGate(SwitchingGate):
     """The governor paces on one quiet thread from the first job on."""
 
