@@ -26,7 +26,7 @@ from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 from models.types import NOMINAL_VARIANT
 
-CONVERTER_VERSION = 8
+CONVERTER_VERSION = 9
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 QUALITY_PROMPTS = (

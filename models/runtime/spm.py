@@ -26,6 +26,7 @@ import bisect
 import heapq
 import itertools
 import re
+import zipfile
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
@@ -231,8 +232,8 @@ class SentencePiece:
             with np.load(Path(folder) / VOCAB_FILE) as f:
                 blob = f["text"].tobytes()
                 lengths, scores, types, pairs = f["lengths"], f["scores"], f["types"], f["pairs"]
-        except (OSError, KeyError, ValueError) as e:
-            raise InvalidModelFile(f"cannot load the tokenizer vocabulary from {folder}: {e}") from e
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            raise InvalidModelFile(f"cannot read {VOCAB_FILE} in {folder}: {e}") from e
         try:
             spm = cls(blob, lengths, scores, types, add_space_prefix=add_space_prefix, pairs=pairs)
         except InvalidModelFile as e:
