@@ -130,12 +130,12 @@ class Tokenizer:
         self.eos_ids: frozenset[int] = frozenset({*eos_ids, *([eos_id] if eos_id is not None else [])})
         if spm is not None:
             self.vocab_size = spm.vocab_size
-            kinds = spm.types
+            types = spm.types
             self.added_ids: frozenset[int] = frozenset(
-                i for i, t in enumerate(kinds) if t in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)
+                i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)
             )
             self.special_ids: frozenset[int] = frozenset(
-                i for i, t in enumerate(kinds) if t in (TOKEN_CONTROL, TOKEN_UNKNOWN)
+                i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_UNKNOWN)
             )
         else:
             assert hf is not None
