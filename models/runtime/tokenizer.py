@@ -111,7 +111,8 @@ class Tokenizer:
             kind = KIND_SENTENCEPIECE
         elif hf is None:
             raise ValueError("a Tokenizer needs a tokenizers.Tokenizer or a SentencePiece vocabulary")
-        kind = kind or infer_kind(hf)
+        else:
+            kind = kind or infer_kind(hf)
         if kind not in KINDS:
             raise InvalidModelFile(f"unknown tokenizer kind {kind!r} (known: {', '.join(KINDS)})")
         # With `spm`, encoding and the vocabulary are its own; `hf` (if any) only writes tokenizer.json.

@@ -66,7 +66,7 @@ def test_partition_when_special_inside_literal_span_then_text() -> None:
     inner = text.index("<end_of_turn>")
     ids = tok.encode(text, add_special_tokens=False, literal_spans=[(inner, inner + len("<end_of_turn>"))])
     end = tok.token_to_id("<end_of_turn>")
-    assert ids.count(end) == 1 and ids[-1] == end
+    assert end is not None and ids.count(end) == 1 and ids[-1] == end
     assert ids[0] == tok.token_to_id("<start_of_turn>")
 
 
