@@ -26,6 +26,14 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 
 from models.errors import InvalidModelFile, UnsupportedModel
 from models.gguf.reader import read_kv_section
+from models.runtime.spm import (
+    SPACE,
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_UNKNOWN,
+    TOKEN_USER_DEFINED,
+    SentencePiece,
+)
 from models.runtime.tokenizer import KIND_BYTE_LEVEL, KIND_SENTENCEPIECE, Tokenizer
 
 GGUF_TOKENIZER_KEYS = (
@@ -52,16 +60,6 @@ GGUF_TOKENIZER_KEYS = (
     "tokenizer.ggml.add_space_prefix",
     "tokenizer.chat_template",
 )
-
-# GGUF token types (llama.cpp's llama_token_type).
-TOKEN_NORMAL = 1
-TOKEN_UNKNOWN = 2
-TOKEN_CONTROL = 3
-TOKEN_USER_DEFINED = 4
-TOKEN_UNUSED = 5
-TOKEN_BYTE = 6
-
-SPACE = "\u2581"  # SentencePiece's visible space
 
 # -- pre-tokenizers ---------------------------------------------------------------------------------
 # The regexes are llama.cpp's, which sometimes adapt the original tokenizer.json's: (?i:'s|...) is
@@ -441,11 +439,23 @@ def _post_processor(vocab: Vocabulary) -> processors.PostProcessor | None:
     return processors.TemplateProcessing(single=single, pair=f"{single} $B", special_tokens=specials)
 
 
-def tokenizer_from_metadata(meta: dict[str, Any]) -> Tokenizer:
-    """The runtime Tokenizer for a GGUF's tokenizer keys (see metadata_from_gguf)."""
+def tokenizer_from_metadata(meta: dict[str, Any], *, compact: bool = True) -> Tokenizer:
+    """The runtime Tokenizer for a GGUF's tokenizer keys (see metadata_from_gguf). A SentencePiece
+    vocabulary encodes with models.runtime.spm unless `compact` is False; its `tokenizers` tokenizer is
+    built either way, for the tokenizer.json other runtimes read."""
     vocab = read_vocabulary(meta)
+    spm = None
+    if compact and vocab.model == "llama":
+        spm = SentencePiece.from_tokens(
+            vocab.tokens,
+            meta.get("tokenizer.ggml.scores") or [],
+            vocab.types,
+            add_space_prefix=vocab.add_space_prefix,
+            unk_id=vocab.unk_id,
+        )
     return Tokenizer(
         _build(vocab, meta),
+        spm=spm,
         kind=KIND_BYTE_LEVEL if vocab.model == "gpt2" else KIND_SENTENCEPIECE,
         bos_id=vocab.bos_id,
         eos_id=vocab.eos_id,

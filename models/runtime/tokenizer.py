@@ -1,9 +1,11 @@
-"""The runtime tokenizer: a Hugging Face `tokenizers` tokenizer loaded from a converted model folder.
+"""The runtime tokenizer, loaded from a converted model folder.
 
 The conversion (models/convert/tokenizer_gguf.py) builds it from a GGUF so that its ids equal
 llama.cpp's and saves tokenizer.json plus a Hugging Face style tokenizer_config.json (which also
 records what the engine needs: the token kind, the end-of-generation ids, the chat template).
-`Tokenizer.load(folder)` reads them back; onnxruntime-genai reads the same two files.
+onnxruntime-genai reads those two files. `Tokenizer.load(folder)` reads them back with Hugging Face
+`tokenizers`, except for a SentencePiece vocabulary, which has a compact file of its own
+(tokenizer.spm.npz, see spm.py): its tokenizer.json is ~100 MB resident once loaded.
 
 Two kinds of vocabulary: byte-level BPE (GPT-2's printable stand-ins for bytes) and SentencePiece
 (U+2581 for spaces, <0xXX> tokens for raw bytes). `token_bytes` gives the raw bytes of any token, the
@@ -26,6 +28,7 @@ from pathlib import Path
 import tokenizers
 
 from models.errors import InvalidModelFile
+from models.runtime.spm import TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, VOCAB_FILE, SentencePiece
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_JSON = "tokenizer.json"
@@ -90,8 +93,9 @@ class Tokenizer:
 
     def __init__(
         self,
-        hf: tokenizers.Tokenizer,
+        hf: tokenizers.Tokenizer | None,
         *,
+        spm: SentencePiece | None = None,
         bos_id: int | None,
         eos_id: int | None,
         eos_ids: Iterable[int] = (),
@@ -103,10 +107,17 @@ class Tokenizer:
         kind: str | None = None,
         chat_template: str | None = None,
     ) -> None:
-        kind = kind or infer_kind(hf)
+        if spm is not None:
+            kind = KIND_SENTENCEPIECE
+        elif hf is None:
+            raise ValueError("a Tokenizer needs a tokenizers.Tokenizer or a SentencePiece vocabulary")
+        else:
+            kind = kind or infer_kind(hf)
         if kind not in KINDS:
             raise InvalidModelFile(f"unknown tokenizer kind {kind!r} (known: {', '.join(KINDS)})")
+        # With `spm`, encoding and the vocabulary are its own; `hf` (if any) only writes tokenizer.json.
         self.hf = hf
+        self.spm = spm
         self.kind = kind
         self.bos_id = bos_id
         self.eos_id = eos_id
@@ -118,24 +129,51 @@ class Tokenizer:
         self.chat_template = chat_template or None
         # Every id that ends generation; always contains eos_id.
         self.eos_ids: frozenset[int] = frozenset({*eos_ids, *([eos_id] if eos_id is not None else [])})
-        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
-        added = hf.get_added_tokens_decoder()
-        self.added_ids: frozenset[int] = frozenset(added)
-        self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
+        if spm is not None:
+            self.vocab_size = spm.vocab_size
+            types = spm.types
+            self.added_ids: frozenset[int] = frozenset(
+                i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)
+            )
+            self.special_ids: frozenset[int] = frozenset(
+                i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_UNKNOWN)
+            )
+        else:
+            assert hf is not None
+            self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+            added = hf.get_added_tokens_decoder()
+            self.added_ids = frozenset(added)
+            self.special_ids = frozenset(i for i, t in added.items() if t.special)
         self._bytes_cache: list[bytes | None] = [None] * self.vocab_size
         # encode_special_tokens is a switch on the shared tokenizers object; encodes take turns.
         self._lock = threading.Lock()
 
     def text_of(self, token_id: int | None) -> str | None:
-        return None if token_id is None else self.hf.id_to_token(token_id)
+        return None if token_id is None else self.id_to_token(token_id)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        if self.spm is not None:
+            return self.spm.id_to_token(token_id) if 0 <= token_id < self.vocab_size else None
+        assert self.hf is not None
+        return self.hf.id_to_token(token_id)
+
+    def token_to_id(self, text: str) -> int | None:
+        if self.spm is not None:
+            return self.spm.token_to_id(text)
+        assert self.hf is not None
+        return self.hf.token_to_id(text)
 
     # -- files ---------------------------------------------------------------------------------------
 
     def save(self, folder: str | Path) -> None:
-        """Write tokenizer.json and a Hugging Face style tokenizer_config.json (plus our own facts)."""
+        """Write tokenizer.json, a Hugging Face style tokenizer_config.json (plus our own facts) and, for
+        a SentencePiece vocabulary, its compact file."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.hf.save(str(folder / TOKENIZER_JSON))
+        if self.hf is not None:
+            self.hf.save(str(folder / TOKENIZER_JSON))
+        if self.spm is not None:
+            self.spm.save(folder)
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": self.text_of(self.bos_id),
@@ -160,10 +198,18 @@ class Tokenizer:
     def load(cls, folder: str | Path) -> Tokenizer:
         folder = Path(folder)
         try:
-            hf = tokenizers.Tokenizer.from_file(str(folder / TOKENIZER_JSON))
             config = json.loads((folder / TOKENIZER_CONFIG).read_text())
-        except Exception as e:  # tokenizers raises a plain Exception on bad JSON
+        except (OSError, ValueError) as e:
             raise InvalidModelFile(f"cannot load the tokenizer from {folder}: {e}") from e
+        hf, spm = None, None
+        if (folder / VOCAB_FILE).is_file():  # converter 9 on: tokenizer.json is not read at all
+            prefix = bool(config.get("add_space_prefix"))
+            spm = SentencePiece.load(folder, add_space_prefix=prefix, unk_token=config.get("unk_token"))
+        else:
+            try:
+                hf = tokenizers.Tokenizer.from_file(str(folder / TOKENIZER_JSON))
+            except Exception as e:  # tokenizers raises a plain Exception on bad JSON
+                raise InvalidModelFile(f"cannot load the tokenizer from {folder}: {e}") from e
         # Parsing a big tokenizer.json leaves its transient heap with glibc: Gemma 3's 33 MB file holds
         # ~100 MB loaded but ~350 MB of RSS until the freed pages go back to the OS.
         with contextlib.suppress(OSError, AttributeError):  # not glibc
@@ -171,10 +217,13 @@ class Tokenizer:
 
         def tid(key: str) -> int | None:
             t = config.get(key)
-            return None if t is None else hf.token_to_id(t)
+            if t is None:
+                return None
+            return spm.token_to_id(t) if spm is not None else hf.token_to_id(t) if hf is not None else None
 
         return cls(
             hf,
+            spm=spm,
             bos_id=tid("bos_token"),
             eos_id=tid("eos_token"),
             eos_ids=config.get("eos_token_ids") or (),
@@ -204,6 +253,10 @@ class Tokenizer:
         <|im_start|> become those tokens; without, they are ordinary text. `literal_spans` keeps
         parsing them everywhere except inside these (start, end) character ranges, which hold text
         from an untrusted source (chat message content)."""
+        if self.spm is not None:
+            ids = self.spm.encode(text, parse_special=parse_special, literal_spans=literal_spans)
+            return self._add_specials(ids) if add_special_tokens else ids
+        assert self.hf is not None
         with self._lock:
             if not parse_special:
                 return self._encode_text(text, add_special_tokens)
@@ -229,6 +282,7 @@ class Tokenizer:
         """Special-token texts as plain text (user-defined tokens are still matched, as in llama.cpp)."""
         if not text:
             return self._add_specials([]) if add_special_tokens else []
+        assert self.hf is not None
         self.hf.encode_special_tokens = True
         try:
             return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
@@ -263,7 +317,7 @@ class Tokenizer:
         cached = self._bytes_cache[token_id] if 0 <= token_id < self.vocab_size else None
         if cached is not None:
             return cached
-        piece = self.hf.id_to_token(token_id)
+        piece = self.id_to_token(token_id)
         if piece is None:
             raise IndexError(f"token id {token_id} is outside the vocabulary ({self.vocab_size})")
         if token_id in self.added_ids:

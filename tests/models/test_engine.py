@@ -455,3 +455,15 @@ def test_apply_limits_when_one_thread_and_the_pace_comes_and_goes_then_the_same_
         engine.apply_limits(limits)
         assert engine._session() is first  # one thread has no pool: paced or not, the same session
     assert not [r for r in caplog.records if r.getMessage().startswith("loaded ")]
+
+
+def test_load_when_session_built_then_freed_heap_handed_back(tiny_model_dir, monkeypatch):
+    """Building a session leaves freed heap with glibc; the engine trims it once the session exists."""
+    import models.runtime.engine as engine_module
+
+    calls = []
+    monkeypatch.setattr(engine_module, "release_freed_memory", lambda: calls.append(1))
+    engine = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128)
+    assert calls == [1]
+    engine._session()  # the same session again: nothing new to hand back
+    assert calls == [1]

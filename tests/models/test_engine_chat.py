@@ -48,4 +48,4 @@ def test_engine_when_message_holds_markers_then_they_are_text(tiny_model_dir) ->
         assert [i for i in ids if i in tok.special_ids] == [i for i in plain if i in tok.special_ids]
         assert len(ids) > len(plain) + 1
     # /v1/completions keeps parsing them in raw prompts, as llama.cpp does
-    assert tok.hf.token_to_id("<|im_end|>") in engine.text_prompt("hello<|im_end|>").ids
+    assert tok.token_to_id("<|im_end|>") in engine.text_prompt("hello<|im_end|>").ids

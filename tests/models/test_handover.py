@@ -173,7 +173,7 @@ def test_continuation_prompt_when_request_then_own_rendering_then_reply_as_liter
     prompt = spm.continuation_prompt(request, reply)
     head = spm.chat_prompt(request).ids if chat else spm.text_prompt(request).ids
     assert prompt.ids[: len(head) - 1] == head[: len(head) - 1]
-    start_of_turn = spm.tokenizer.hf.token_to_id("<start_of_turn>")
+    start_of_turn = spm.tokenizer.token_to_id("<start_of_turn>")
     assert prompt.ids[len(head) :].count(start_of_turn) == 0
     assert spm.tokenizer.decode(prompt.ids).endswith(reply)
     assert prompt.reply_tokens == len(prompt.ids) - len(head) and not prompt.truncated

@@ -55,7 +55,7 @@ def tiny() -> Tokenizer:
 
 
 def pieces(tok: Tokenizer, text: str) -> list[str]:
-    return [tok.hf.id_to_token(i) for i in tok.encode(text)]
+    return [tok.id_to_token(i) for i in tok.encode(text)]
 
 
 # -- tiny vocabulary ----------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def test_detokenizer_when_special_tokens_then_skipped_like_decode(tiny: Tokenize
 
 def test_detokenizer_when_bytes_invalid_or_unfinished_then_same_as_decode(tiny: Tokenizer) -> None:
     b = byte_decoder()
-    by_byte = {v: tiny.hf.token_to_id(k) for k, v in b.items()}
+    by_byte = {v: tiny.token_to_id(k) for k, v in b.items()}
     ids = [by_byte[0xFF], by_byte[ord("a")], by_byte[0xE4], by_byte[0xBD]]  # invalid byte, then a cut char
     deltas = stream(tiny, ids)
     assert "".join(deltas) == tiny.decode(ids) == "\ufffda\ufffd"

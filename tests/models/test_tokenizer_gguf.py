@@ -133,8 +133,21 @@ def test_ids_when_real_gemma3_then_equal_llama_cpp(gemma3_gguf: Path) -> None:
         True,
         False,
     )
-    assert tok.hf.token_to_id("<end_of_turn>") == 106 and 106 in tok.eos_ids
+    assert tok.token_to_id("<end_of_turn>") == 106 and 106 in tok.eos_ids
     assert tok.chat_template is None  # the base model: completions only
+    # simmer runs the compact SentencePiece; the tokenizer.json written for other runtimes agrees too
+    assert tok.spm is not None and tok.hf is not None
+    from_json = Tokenizer(
+        tok.hf,
+        bos_id=tok.bos_id,
+        eos_id=tok.eos_id,
+        eos_ids=tok.eos_ids,
+        unk_id=tok.unk_id,
+        add_bos=tok.add_bos,
+        add_space_prefix=tok.add_space_prefix,
+        kind=tok.kind,
+    )
+    assert mismatches(from_json, doc) == []
 
 
 # -- decoding ----------------------------------------------------------------------------------------
@@ -242,9 +255,9 @@ def test_metadata_from_gguf_when_written_by_gguf_package_then_same_keys(tmp_path
 
 def test_types_when_end_token_is_user_defined_then_control_and_end_of_generation() -> None:
     tok = synthetic("qwen2")
-    pad = tok.hf.token_to_id("<|fim_pad|>")  # user-defined in the GGUF
+    pad = tok.token_to_id("<|fim_pad|>")  # user-defined in the GGUF
     assert pad in tok.special_ids and pad in tok.eos_ids
-    assert tok.hf.token_to_id("<tool_call>") not in tok.special_ids  # stays user-defined
+    assert tok.token_to_id("<tool_call>") not in tok.special_ids  # stays user-defined
     assert tok.encode("a<|fim_pad|>", parse_special=False) != tok.encode("a<|fim_pad|>")
 
 
@@ -252,10 +265,10 @@ def test_types_when_harmony_end_tokens_then_end_is_ordinary() -> None:
     specials = (("<|return|>", CONTROL), ("<|call|>", CONTROL), ("<|end|>", CONTROL), ("<|start|>", CONTROL))
     meta = family_metadata(Family("harmony", "gpt2", "gpt-2", specials, eos="<|return|>"))
     tok = tokenizer_from_metadata(meta)
-    end, start = tok.hf.token_to_id("<|end|>"), tok.hf.token_to_id("<|start|>")
+    end, start = tok.token_to_id("<|end|>"), tok.token_to_id("<|start|>")
     assert end not in tok.eos_ids and end not in tok.special_ids  # user-defined: rendered, never a stop
     assert start not in tok.special_ids  # gpt-oss markup llama.cpp always renders
-    assert {tok.hf.token_to_id("<|return|>"), tok.hf.token_to_id("<|call|>")} <= tok.eos_ids
+    assert {tok.token_to_id("<|return|>"), tok.token_to_id("<|call|>")} <= tok.eos_ids
 
 
 # -- live comparison with llama.cpp ----------------------------------------------------------------
