@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 TABLE = "token_embd.weight"
 QWEIGHT, SCALES = "token_embd.qweight", "token_embd.scales"  # a packed table's codes and scales
+HEAD_WRITES_LOGITS = True  # a tied head without correction emits the logits output itself (lm_head)
 
 
 def embed_tokens(g: GraphBuilder) -> tuple[str, Packing | None]:
@@ -115,6 +116,15 @@ def lm_head(g: GraphBuilder, last: str, embd_packed: Packing | None) -> None:
         f = form(g, TABLE, small=True, packed=embd_packed)
         if f.packed is not None and f.packed is embd_packed and not f.pair:
             note(g, TABLE, "head: " + f.describe() + " on the lookup's codes")
+            if HEAD_WRITES_LOGITS and not embd_packed.layout.correction:
+                # fed [1, positions, hidden], the head's last node (the slices' Concat, or the one
+                # MatMulNBits) writes [1, positions, vocab] straight into the caller's logits buffer: a final
+                # Reshape into a bound output copies all of them (1 MB a token for Gemma 3), a Reshape of
+                # the hidden state copies nothing. A head with a correction stays 2-D (its Gemm).
+                x = g.node("Reshape", [last, g.const("hidden_3d", np.array([1, -1, cfg.hidden], np.int64))])
+                tied_head(g, x[0], embd_packed)
+                g.nodes[-1].output[0] = "logits"
+                return
             logits = tied_head(g, last, embd_packed)
         else:
             logits = head(g, last, TABLE, embd_packed)

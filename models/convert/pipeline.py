@@ -26,8 +26,10 @@ from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 from models.types import NOMINAL_VARIANT
 
-CONVERTER_VERSION = 9  # 9: every large head on MatMulNBits sliced by rows (untied ones too); SentencePiece
-# vocabularies also written as tokenizer.spm.npz (the compact tokenizer simmer loads)
+# 9: every large head on MatMulNBits sliced by rows (untied ones too); SentencePiece vocabularies also
+# written as tokenizer.spm.npz (the compact tokenizer simmer loads)
+# 10: a tied head without correction writes the logits output itself (no Reshape copy)
+CONVERTER_VERSION = 10
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 QUALITY_PROMPTS = (

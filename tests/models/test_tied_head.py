@@ -13,7 +13,7 @@ import onnx
 import onnxruntime_genai as og
 import pytest
 
-from models.convert import linear
+from models.convert import embedding, linear
 from models.convert.model import GGUFModel
 from models.convert.pipeline import convert
 from models.runtime.session import DecoderSession, KVCache, ModelShape
@@ -92,3 +92,26 @@ def test_tied_head_when_sliced_then_onnxruntime_genai_runs_it_alike(whole_and_sl
     for prompt in ([1, 5, 17, 40, 33, 9], [2, 3]):
         ids, _ = og_greedy(model, list(prompt), 6)
         assert ids == ours_greedy(sliced, prompt, 6, context_length=64), prompt
+
+
+def test_tied_head_when_no_correction_then_it_writes_the_logits_output_with_the_same_values(tmp_path):
+    """Gemma 3's Q8_0 table: the head's own last node (Concat of the slices, or the one MatMulNBits) is the
+    logits output, with no Reshape copying a vocabulary's worth of floats into the bound buffer each token;
+    the values are bit for bit those of the graph that reshaped (converter 8)."""
+    g = write_tiny_gguf(tmp_path / "m.gguf", seed=5, **SOURCES["gemma3-Q8_0"])
+    c = GGUFModel(g).config
+    shape = ModelShape(c.n_layers, c.n_kv_heads, c.head_dim, c.vocab)
+    for chunk in (1, linear.SLICE_BYTES):  # sliced (a Concat) and one node
+        folders = {}
+        for writes in (True, False):
+            out = tmp_path / f"{chunk}-{writes}"
+            out.mkdir()
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(linear, "SLICE_BYTES", chunk)
+                mp.setattr(embedding, "HEAD_WRITES_LOGITS", writes)
+                convert(g, out, variants=["q4-a8"], measure=False)
+            folders[writes] = out
+        m = onnx.load(str(folders[True] / "q4-a8.onnx"), load_external_data=False)
+        last = next(n for n in m.graph.node if "logits" in n.output)
+        assert last.op_type == ("Concat" if chunk == 1 else "MatMulNBits")
+        np.testing.assert_array_equal(logits(folders[True], shape), logits(folders[False], shape))
