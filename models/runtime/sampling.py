@@ -121,6 +121,17 @@ def _sanitized(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def greedy_index(x: np.ndarray) -> int:
+    """argmax(_sanitized(x)) in one pass over `x` when its maximum is finite (every real model's logits):
+    np.argmax stops at the first NaN and picks +inf when there is one, so a finite value at the argmax
+    means the maximum is finite and _sanitized would have returned `x` itself. The second pass of that
+    check (x.max()) cost ~40 % of a greedy token's sampling over Gemma 3's 262,144 logits."""
+    i = int(np.argmax(x))
+    if np.isfinite(x[i]):
+        return i
+    return int(np.argmax(_sanitized(x)))
+
+
 def draw(ids: np.ndarray | None, probs: np.ndarray, u: float) -> int:
     """The token at uniform `u` in [0, 1) of the (ids, probs) distribution (inverse CDF; probabilities
     need not sum to exactly 1)."""
@@ -218,9 +229,9 @@ class Sampler:
         self._check_vocab(logits)
         # Overflow to +-inf and inf - inf are expected on extreme inputs and handled by _sanitized.
         with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
-            ids, x = self._masked(logits, history, allowed)
+            ids, x = self._masked(logits, history, allowed, sanitize=not self.greedy)
             if self.greedy:
-                token = int(np.argmax(x))
+                token = greedy_index(x)
             else:
                 sub, probs = self._probs(x)
                 token = draw(sub, probs, self.rng.random())
@@ -242,9 +253,9 @@ class Sampler:
         may pick belongs in this pipeline, not after it."""
         self._check_vocab(logits)
         with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
-            ids, x = self._masked(logits, history, allowed)
+            ids, x = self._masked(logits, history, allowed, sanitize=not self.greedy)
             if self.greedy:
-                top = int(np.argmax(x))
+                top = greedy_index(x)
                 return np.array([top if ids is None else ids[top]], np.int64), np.ones(1, np.float32)
             sub, probs = self._probs(x)
             if ids is not None:
@@ -252,10 +263,11 @@ class Sampler:
             return sub, probs
 
     def _masked(
-        self, logits: np.ndarray, history: Sequence[int], allowed: np.ndarray | None
+        self, logits: np.ndarray, history: Sequence[int], allowed: np.ndarray | None, sanitize: bool = True
     ) -> tuple[np.ndarray | None, np.ndarray]:
-        """(the allowed token ids, or None for all; their penalized, sanitized logits). The mask goes
-        before _sanitized, so a NaN or inf among the disallowed tokens cannot reach the allowed ones."""
+        """(the allowed token ids, or None for all; their penalized logits, sanitized unless told not to:
+        greedy_index sanitizes only when it must). The mask goes before _sanitized, so a NaN or inf among
+        the disallowed tokens cannot reach the allowed ones."""
         x = self.penalize(logits, history)
         ids: np.ndarray | None = None
         if allowed is not None:
@@ -263,7 +275,7 @@ class Sampler:
             if ids.size == 0:
                 raise ValueError("the constraint allows no token")
             x = x[ids]
-        return ids, _sanitized(x)
+        return ids, _sanitized(x) if sanitize else x
 
     def logprobs(self, logits: np.ndarray, token: int) -> tuple[float | None, TopLogprobs | None]:
         """(logprob, top alternatives) of `token` under the raw logits, both None unless asked for."""

@@ -20,6 +20,8 @@ from models.runtime.sampling import (
     SEED_MAX,
     SEED_MIN,
     Sampler,
+    _sanitized,
+    greedy_index,
     make_rng,
 )
 from models.types import SamplingParams
@@ -445,3 +447,42 @@ def test_sample_when_mask_then_logprobs_are_the_models_unmasked() -> None:
     assert masked[0] == 2 and free[0] == 0
     assert masked[2] == free[2]  # the top alternatives: the model's own (token 0 first)
     assert masked[1] == pytest.approx(float(logits[2] - np.log(np.exp(logits).sum())), abs=1e-5)
+
+
+# ---- greedy in one pass --------------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_logits)
+def test_greedy_index_when_any_logits_then_argmax_of_the_sanitized_logits(logits: np.ndarray) -> None:
+    """The one-pass greedy pick equals the two-pass one (argmax after _sanitized) on any logits: NaN,
+    +-inf, all -inf, ties (the first wins in both)."""
+    assert greedy_index(logits) == int(np.argmax(_sanitized(logits)))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(params_and_logits(), st.booleans(), st.integers(0, 2**32 - 1))
+def test_sample_when_greedy_then_same_token_as_argmax_of_sanitized_pipeline(
+    case: tuple[SamplingParams, np.ndarray, list[int]], masked: bool, mask_seed: int
+) -> None:
+    """Greedy with logit_bias, penalties and a mask: the token is the argmax of the penalized, masked,
+    sanitized logits, as before the one-pass pick."""
+    params, logits, history = case
+    params = SamplingParams(
+        temperature=0.0,
+        repetition_penalty=params.repetition_penalty,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        logit_bias=params.logit_bias,
+    )
+    allowed = None
+    if masked:
+        allowed = np.random.default_rng(mask_seed).random(logits.shape[0]) < 0.5
+        allowed[mask_seed % logits.shape[0]] = True
+    s, ref = (Sampler(params, make_rng(0), prompt_len=1) for _ in range(2))
+    token, _, _ = s.sample(logits, history, allowed)
+    with np.errstate(over="ignore", invalid="ignore"):  # as inside sample(): overflow lands on inf
+        ids, x = ref._masked(logits, history, allowed)
+    expected = int(np.argmax(x))
+    assert token == (expected if ids is None else int(ids[expected]))
+    assert s.distribution(logits, history, allowed)[0].tolist() == [token]
