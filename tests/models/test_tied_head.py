@@ -115,3 +115,11 @@ def test_tied_head_when_no_correction_then_it_writes_the_logits_output_with_the_
         last = next(n for n in m.graph.node if "logits" in n.output)
         assert last.op_type == ("Concat" if chunk == 1 else "MatMulNBits")
         np.testing.assert_array_equal(logits(folders[True], shape), logits(folders[False], shape))
+        rows = [  # every position's row at once (a speculative verification pass)
+            DecoderSession(folders[w] / "q4-a8.onnx", shape, 1).run_last(
+                np.array(IDS), KVCache(shape, 64), 0, len(IDS)
+            )
+            for w in (True, False)
+        ]
+        assert rows[0].shape == (len(IDS), c.vocab)
+        np.testing.assert_array_equal(rows[0], rows[1])
