@@ -193,6 +193,12 @@ class ConfigCost:
     model_id: str | None = None  # whose variant (None: any model's of this name, e.g. an engine bench table)
 
 
+# Busy cores per thread under which a manifest's speed was measured starved (see config_costs). Two quiet
+# threads here keep 1.6-1.8 cores busy (SmolLM2, Gemma 3); a store converted at machine load 5+ measured
+# Gemma 3 at 1.0 core of 2, and every server on it then decoded on one thread.
+STARVED_SHARE = 0.6
+
+
 def config_costs(rung: Rung, max_threads: int, measured: Sequence[ConfigCost] = ()) -> list[ConfigCost]:
     """The configurations of `rung`'s variant with 1..max_threads threads.
 
@@ -201,12 +207,17 @@ def config_costs(rung: Rung, max_threads: int, measured: Sequence[ConfigCost] = 
     in, from the manifest's one measurement (c CPU s/token and s tok/s at T threads; T unknown:
     max_threads) and the rule that a thread pool never makes a token cheaper: t threads cost c, or more if
     fewer threads were measured dearer here (the manifest may come from a quieter machine), and make at
-    most t / cost tokens per second (one thread: 1 / cost, at most s; more: s * t / T). A rung measured
-    nowhere has no configurations (the worker then paces by the CPU budget alone)."""
+    most t / cost tokens per second (one thread: 1 / cost, at most s; more: s * t / T). A measurement that
+    kept fewer than STARVED_SHARE x T cores busy (s * c) was starved of CPU by other work (a store
+    converted on a busy machine): its s says how busy the machine was, not what T threads make, so
+    s = T / c, and the meter's own measurements correct it. A rung measured nowhere has no configurations
+    (the worker then paces by the CPU budget alone)."""
     out: list[ConfigCost] = []
     c = rung.cpu_s_per_token
     big_t = rung.threads or max_threads
     s = rung.decode_tok_s or (big_t / c if c > 0 else 0.0)
+    if c > 0 and s * c < STARVED_SHARE * big_t:
+        s = big_t / c
     mine = [
         m
         for m in measured

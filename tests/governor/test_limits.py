@@ -328,3 +328,23 @@ def test_resolve_limits_when_the_governor_paces_then_the_pools_do_not_spin():
     assert cool.spin is None
     # fair by the level table (pace control off): fewer threads, no pace, so the setting stands
     assert resolve_limits("fair", usable_cpus=2, ladder=lad).spin is None
+
+
+@pytest.mark.parametrize(
+    ("cpu_s", "tok_s", "two_threads_tok_s", "unpaced_threads"),
+    [
+        (0.0579, 31.21, 31.21, 2),  # Gemma 3 converted on a quiet machine: 1.8 of 2 cores busy, kept
+        (0.026, 50.0, 50.0, 2),  # 1.3 of 2 busy: a real measurement, kept
+        (0.062, 16.06, 2 / 0.062, 2),  # Gemma 3 converted at machine load 5+: 1.0 of 2 busy, starved
+        (0.026, 40.0, 2 / 0.026, 2),  # 1.04 of 2 busy: starved
+    ],
+)
+def test_config_costs_when_the_manifest_was_measured_starved_then_its_speed_is_not_the_threads(
+    cpu_s, tok_s, two_threads_tok_s, unpaced_threads
+):
+    rung = Rung("m", "q4-a8", cpu_s, 0.9, 1, threads=2, decode_tok_s=tok_s)
+    one, two = config_costs(rung, 2)
+    assert one.tok_s == pytest.approx(1 / cpu_s)  # one thread fills one core
+    assert two.tok_s == pytest.approx(two_threads_tok_s)
+    assert pick_config([one, two], None)[0].threads == unpaced_threads
+    assert pick_config([one, two], 0.5)[0].threads == 1  # under a budget a pool never makes a token cheaper
