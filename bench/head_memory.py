@@ -20,6 +20,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -136,7 +137,7 @@ def probe(path: Path, threads: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("/work/cache/h-head"))
+    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "simmer-head-memory")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gguf", type=Path, action="append", default=[], help="a real GGUF to measure too")

@@ -632,5 +632,9 @@ def test_load_when_the_governor_paces_then_one_session_built_for_its_threads_and
     assert complete(srv, "tiny-small").status_code == 200
     engine = served.pool._loaded["tiny-small"].engine
     assert list(engine._sessions) == [(engine.variant, 1, False)]
-    builds = [r for r in caplog.records if r.getMessage().startswith("loaded tiny-small/")]
+    builds = [
+        r
+        for r in caplog.records
+        if r.name == "simmer.engine" and r.getMessage().startswith("loaded tiny-small/")
+    ]
     assert len(builds) == 1 and "with 1 threads" in builds[0].getMessage()

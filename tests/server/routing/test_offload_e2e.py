@@ -119,8 +119,15 @@ def test_auto_when_heat_paces_the_device_then_upstream_thermal_and_home_when_coo
         def pace(t: dict) -> float | None:
             return t["routing"]["pace"]["local_tok_s"]
 
-        cold = thermal()
-        assert pace(cold) is None or pace(cold) >= 1.5 * floor, describe()
+        # The device starts cool. In a long pytest process the server's startup (session build, the heap
+        # handed back) costs more CPU, and at 40x the simulated phone can read warm at first: let it cool.
+        wait_for(
+            lambda: (p := pace(thermal())) is None or p >= 1.5 * floor,
+            60,
+            "the device to start cool",
+            poll_s=0.5,
+            describe=describe,
+        )
         assert c.post("/v1/chat/completions", json=CHAT).json()["route"]["reason"] == "offline_first"
         heater.start()
         try:
