@@ -27,7 +27,10 @@ def _nibbles(q: np.ndarray) -> np.ndarray:
     return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
 
 
-def _session(nodes, inits, k: int, n: int, threads: int) -> ort.InferenceSession:
+def matmul_session(
+    nodes, inits, k: int, n: int, threads: int, options: dict[str, str] | None = None
+) -> ort.InferenceSession:
+    """x [m, k] -> y [m, n] over `nodes`, quiet threads; `options`: more session config entries."""
     graph = helper.make_graph(
         nodes,
         "g",
@@ -43,6 +46,8 @@ def _session(nodes, inits, k: int, n: int, threads: int) -> ort.InferenceSession
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    for key, value in (options or {}).items():
+        so.add_session_config_entry(key, value)
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
@@ -169,7 +174,7 @@ def bench(
             continue
         if n > 100_000 and name.startswith("8-bit acc1"):
             continue  # ~0.8 s a call: measured once in MODEL_NOTES, not worth the machine time
-        sessions[name] = _session(nodes, inits, k, n, threads)
+        sessions[name] = matmul_session(nodes, inits, k, n, threads)
     rng = np.random.default_rng(1)
     for m in ms:
         x = rng.standard_normal((m, k)).astype(np.float32)

@@ -41,7 +41,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
+
+from bench.quant_routes import matmul_session
 
 MS = "com.microsoft"
 ZP = {2: 2, 4: 8, 8: 128}
@@ -182,27 +184,6 @@ def fp32_graph(ws: list[Weights]) -> tuple[list, dict]:
     return nodes, inits
 
 
-def session(nodes, inits, k: int, n: int, threads: int, options: dict[str, str]) -> ort.InferenceSession:
-    g = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
-        [numpy_helper.from_array(a, name) for name, a in inits.items()],
-    )
-    model = helper.make_model(
-        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)], ir_version=8
-    )
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    for key, v in options.items():
-        so.add_session_config_entry(key, v)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 def int8_reference(x: np.ndarray, w: np.ndarray, block: int) -> np.ndarray:
     """x quantized per `block`-wide block to round(x / s), s = amax / 127 (MLAS's int8 activations)."""
     m, k = x.shape
@@ -231,9 +212,9 @@ def bench_shape(shape: str, acc: int, ms: list[int], threads: list[int], rounds:
             sessions = {}
             for name in names:
                 cs = [f[name] for f in forms]
-                sessions[name] = session(*graph(cs, k, n, acc), k, n, th, cs[0].options)
+                sessions[name] = matmul_session(*graph(cs, k, n, acc), k, n, th, cs[0].options)
             names_t = [*names, "fp32 MatMul"]
-            sessions["fp32 MatMul"] = session(*fp32_graph(ws), k, n, th, {})
+            sessions["fp32 MatMul"] = matmul_session(*fp32_graph(ws), k, n, th, {})
             outs = {name: sessions[name].run(None, {"x": x})[0] for name in names_t}
             times: dict[str, list[float]] = {name: [] for name in names_t}
             reps = 20 if m == 1 else 2

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.split_8bit import candidates, graph, random_weights, session
+from bench.quant_routes import matmul_session
+from bench.split_8bit import candidates, graph, random_weights
 
 
 def term_sum(c, k: int) -> np.ndarray:
@@ -40,5 +41,5 @@ def test_split_graphs_match_the_reference_with_fp32_activations(fmt: str) -> Non
     for name, c in candidates(w, acc=1).items():
         if name.startswith("4-bit alone"):
             continue
-        y = session(*graph([c], k, n, acc=1), k, n, 1, c.options).run(None, {"x": x})[0]
+        y = matmul_session(*graph([c], k, n, acc=1), k, n, 1, c.options).run(None, {"x": x})[0]
         assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max(), name

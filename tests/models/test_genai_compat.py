@@ -43,6 +43,16 @@ def ours_greedy(folder: Path, prompt: list[int], new_tokens: int, **kw) -> list[
     return [e.token_id for e in engine.generate(Prompt(list(prompt)), params) if hasattr(e, "token_id")]
 
 
+def assert_genai_runs_alike(folder: Path) -> None:
+    """onnxruntime-genai, reading our genai_config.json, decodes the q4-a8 graph to our greedy ids."""
+    cfg = json.loads((folder / "genai_config.json").read_text())
+    assert cfg["model"]["decoder"]["filename"] == "q4-a8.onnx"
+    model = og.Model(str(folder))
+    for prompt in ([1, 5, 17, 40, 33, 9], [2, 3]):
+        ids, _ = og_greedy(model, list(prompt), 6)
+        assert ids == ours_greedy(folder, prompt, 6, context_length=64), prompt
+
+
 def test_genai_when_our_tiny_folder_then_same_greedy_ids_and_logits(tiny_model_dir) -> None:
     from models.runtime.session import DecoderSession, KVCache, ModelShape
 
