@@ -705,9 +705,8 @@ class _Generation:
             self.cancel.on_cancel(_terminator(self.run_options))
             self._prefill()
             max_tokens = p.max_tokens
-            if (
-                p.truncate
-            ):  # a sliding window never runs out of context: bound the reply (WINDOW_REPLY_CONTEXTS)
+            # a sliding window never runs out of context: WINDOW_REPLY_CONTEXTS bounds the reply
+            if p.truncate:
                 bound = e.window_reply_contexts * e.context_length
                 max_tokens = bound if max_tokens is None else min(max_tokens, bound)
             t_decode = time.perf_counter()

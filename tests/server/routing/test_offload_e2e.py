@@ -119,15 +119,18 @@ def test_auto_when_heat_paces_the_device_then_upstream_thermal_and_home_when_coo
         def pace(t: dict) -> float | None:
             return t["routing"]["pace"]["local_tok_s"]
 
+        def wait_cool(what: str) -> None:
+            wait_for(
+                lambda: (p := pace(thermal())) is None or p >= 1.5 * floor,
+                60,
+                what,
+                poll_s=0.5,
+                describe=describe,
+            )
+
         # The device starts cool. In a long pytest process the server's startup (session build, the heap
         # handed back) costs more CPU, and at 40x the simulated phone can read warm at first: let it cool.
-        wait_for(
-            lambda: (p := pace(thermal())) is None or p >= 1.5 * floor,
-            60,
-            "the device to start cool",
-            poll_s=0.5,
-            describe=describe,
-        )
+        wait_cool("the device to start cool")
         assert c.post("/v1/chat/completions", json=CHAT).json()["route"]["reason"] == "offline_first"
         heater.start()
         try:
@@ -145,13 +148,7 @@ def test_auto_when_heat_paces_the_device_then_upstream_thermal_and_home_when_coo
         finally:
             stop.set()
             heater.join(30)
-        wait_for(
-            lambda: (p := pace(thermal())) is None or p >= 1.5 * floor,
-            60,
-            "cooling past the band",
-            poll_s=0.5,
-            describe=describe,
-        )
+        wait_cool("cooling past the band")
         r = c.post("/v1/chat/completions", json=CHAT)
         assert r.json()["route"] == {"served": "local", "reason": "offline_first"}, describe()
         routing = c.get("/v1/thermal").json()["routing"]
