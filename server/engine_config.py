@@ -45,6 +45,7 @@ class EngineConfig:
     variant: str | None = None  # SIMMER_VARIANT: the variant a model opens on when it has it
     speculation: str = "auto"  # SIMMER_SPECULATION: prompt-lookup speculation
     window_reply_contexts: int = 1  # SIMMER_WINDOW_REPLY_CONTEXTS: a sliding-window reply's bound
+    kv_prefault: bool = True  # SIMMER_KV_PREFAULT: a KV buffer resident when allocated (kv_zeros)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, threads: int | None = None) -> EngineConfig:
@@ -60,6 +61,7 @@ class EngineConfig:
             variant=settings.variant,
             speculation=settings.speculation,
             window_reply_contexts=settings.window_reply_contexts,
+            kv_prefault=settings.kv_prefault,
         )
 
     def open(
@@ -89,6 +91,7 @@ class EngineConfig:
             chat_template=self.chat_template,
             speculation=self.speculation,
             window_reply_contexts=self.window_reply_contexts,
+            kv_prefault=self.kv_prefault,
             limits=limits,
         )
 

@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     )
     prefix_cache_slots: int = Field(1, description="KV slots kept for prefix reuse (conversations cached)")
     prefix_cache_mb: int = Field(256, description="Memory budget for prefix-reuse KV slots")
+    kv_prefault: bool = Field(
+        True,
+        description="Write a KV buffer's pages when it is allocated, as llama.cpp does: RSS is the memory "
+        "plan from the first request on (false: pages come in as the context first grows)",
+    )
     keep_alive_s: float = Field(
         300.0,
         description="Seconds an idle model stays loaded (0 = unload after each reply, negative = keep); "

@@ -145,9 +145,11 @@ class LlamaEngine:
         speculation: str = "auto",
         max_draft: int = MAX_DRAFT,
         window_reply_contexts: int = WINDOW_REPLY_CONTEXTS,
+        kv_prefault: bool = False,
         limits: EngineLimits | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.kv_prefault = kv_prefault
         self.manifest = manifest
         self.model_id = model_id or manifest.get("id", self.model_dir.name)
         self.variants = variant_order(manifest)
@@ -245,12 +247,13 @@ class LlamaEngine:
         return sess
 
     def new_cache(self, capacity: int) -> Any:
-        """A KV cache of the layout the model needs (ours: one shared fp32 buffer)."""
+        """A KV cache of the layout the model needs (ours: one shared fp32 buffer), its pages written now
+        when `kv_prefault` (see kv_zeros)."""
         if self.io is None:
-            return KVCache(self.shape, capacity)
+            return KVCache(self.shape, capacity, self.kv_prefault)
         sess = self._session()
         assert isinstance(sess, GeneralDecoderSession)  # a folder's decoder I/O: the general path
-        return sess.new_cache(capacity)
+        return sess.new_cache(capacity, self.kv_prefault)
 
     def session_key(self) -> tuple[str, int, bool]:
         """Spinning thread pools decode faster when tokens come back to back, but burn the gaps of a paced

@@ -55,14 +55,30 @@ class ModelShape:
         return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim)
 
 
+def kv_zeros(dims: tuple[int, ...], dtype: Any, prefault: bool) -> np.ndarray:
+    """A zeroed KV buffer. A large np.zeros is calloc'd: the kernel maps its pages only when a position is
+    first written, so RSS grows with the longest context seen, a few MB at a time, for as long as the
+    process runs (issue 13's "memory growth once warm" measured 10 MB over ten requests, all of it KV).
+    With `prefault` every page is written now, as llama.cpp clears its KV buffer at init: RSS is the
+    memory planner's figure from the start (a model that fits is refused at load, never killed mid-reply)
+    and any growth afterwards is a real leak."""
+    a = np.zeros(dims, dtype)
+    if prefault:
+        a.fill(0)  # the write is the point: a read would map the shared zero page
+    return a
+
+
 class KVCache:
     """Per-layer key/value buffers [1, kv_heads, capacity, head_dim], wrapped once as OrtValues."""
 
-    def __init__(self, shape: ModelShape, capacity: int) -> None:
+    def __init__(self, shape: ModelShape, capacity: int, prefault: bool = False) -> None:
         self.shape = shape
         self.capacity = capacity
         dims = (1, shape.n_kv_heads, capacity, shape.head_dim)
-        self.arrays = [(np.zeros(dims, KV_DTYPE), np.zeros(dims, KV_DTYPE)) for _ in range(shape.n_layers)]
+        self.arrays = [
+            (kv_zeros(dims, KV_DTYPE, prefault), kv_zeros(dims, KV_DTYPE, prefault))
+            for _ in range(shape.n_layers)
+        ]
         self.ortvalues = [
             (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v)) for k, v in self.arrays
         ]
@@ -288,11 +304,15 @@ _ORT_INT_DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 class SharedKV(KVCache):
     """KVCache in the decoder's own dtype: past and present are one buffer per layer."""
 
-    def __init__(self, shape: ModelShape, capacity: int, dtype: type = np.float32) -> None:
+    def __init__(
+        self, shape: ModelShape, capacity: int, dtype: type = np.float32, prefault: bool = False
+    ) -> None:
         self.shape = shape
         self.capacity = capacity
         dims = (1, shape.n_kv_heads, capacity, shape.head_dim)
-        self.arrays = [(np.zeros(dims, dtype), np.zeros(dims, dtype)) for _ in range(shape.n_layers)]
+        self.arrays = [
+            (kv_zeros(dims, dtype, prefault), kv_zeros(dims, dtype, prefault)) for _ in range(shape.n_layers)
+        ]
         self.ortvalues = [
             (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v)) for k, v in self.arrays
         ]
@@ -303,7 +323,10 @@ class GrowingKV:
     """Separate past and present: the presents of one run ([1, kv_heads, length, head_dim], allocated by
     onnxruntime) are the pasts of the next, passed back without a copy."""
 
-    def __init__(self, shape: ModelShape, capacity: int, dtype: type = np.float32) -> None:
+    def __init__(
+        self, shape: ModelShape, capacity: int, dtype: type = np.float32, prefault: bool = False
+    ) -> None:
+        # `prefault` has nothing to touch: onnxruntime allocates each run's presents
         self.shape = shape
         self.capacity = capacity
         self.dtype = dtype
@@ -375,9 +398,9 @@ class GeneralDecoderSession:
         self.run_options = ort.RunOptions()
         prefault_mappings(self.path.parent)
 
-    def new_cache(self, capacity: int) -> SharedKV | GrowingKV:
+    def new_cache(self, capacity: int, prefault: bool = False) -> SharedKV | GrowingKV:
         kind = SharedKV if self.io.share_buffer else GrowingKV
-        return kind(self.shape, capacity, self.kv_dtype)
+        return kind(self.shape, capacity, self.kv_dtype, prefault)
 
     def run(
         self, ids: np.ndarray, kv: Any, past_len: int, run_options: ort.RunOptions | None = None

@@ -1,0 +1,52 @@
+"""A KV buffer's pages: written when the buffer is allocated (kv_prefault, the default that `simmer serve`
+uses), or mapped as the context first grows. RSS is read from /proc (Linux, like the governor)."""
+
+from __future__ import annotations
+
+import gc
+
+import psutil
+import pytest
+
+from models.runtime.session import KVCache, ModelShape
+from server.engine_config import EngineConfig
+from server.settings import Settings
+
+# one layer of one KV head: each buffer is 40 MiB, above glibc's largest mmap threshold (32 MiB), so
+# np.zeros gets fresh pages from the kernel and never recycled heap that an earlier test already touched
+SHAPE = ModelShape(n_layers=1, n_kv_heads=1, head_dim=64, vocab=8)
+CAPACITY = (40 << 20) // (64 * 4)
+BUFFERS_MB = 2 * 40
+
+
+def _rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+@pytest.mark.parametrize(("prefault", "low", "high"), [(True, 0.95, 1.2), (False, 0.0, 0.1)])
+def test_kv_pages_resident_at_allocation_only_when_prefaulted(prefault: bool, low: float, high: float) -> None:
+    gc.collect()
+    before = _rss_mb()
+    kv = KVCache(SHAPE, CAPACITY, prefault=prefault)
+    grown = _rss_mb() - before
+    assert kv.nbytes == BUFFERS_MB << 20
+    assert low * BUFFERS_MB <= grown <= high * BUFFERS_MB, grown
+    assert not any(k.any() or v.any() for k, v in kv.arrays)  # zeros either way
+
+
+def test_kv_prefault_setting_reaches_the_engine_config(tmp_path) -> None:
+    assert EngineConfig.from_settings(Settings(home=tmp_path)).kv_prefault is True
+    assert EngineConfig.from_settings(Settings(home=tmp_path, kv_prefault=False)).kv_prefault is False
+
+
+@pytest.mark.parametrize("prefault", [True, False])
+def test_engines_opened_by_engine_config_allocate_kv_as_the_setting_says(tiny_model_dir, prefault) -> None:
+    engine = EngineConfig.from_settings(Settings(kv_prefault=prefault), threads=1).open_dir(tiny_model_dir)
+    shape = engine.shape
+    capacity = (40 << 20) // (shape.n_kv_heads * shape.head_dim * 4)  # 40 MiB a buffer, as above
+    gc.collect()
+    before = _rss_mb()
+    kv = engine.new_cache(capacity)
+    grown = _rss_mb() - before
+    total = kv.nbytes / 2**20
+    assert (grown >= 0.95 * total) if prefault else (grown <= 0.1 * total), (grown, total)
