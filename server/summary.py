@@ -27,8 +27,12 @@ Why it is shaped like this:
 - Keyed by the turns alone (not the system message, not the model): a summary is a function of those turns
   only, so it is right for any request that starts with them, and a client that finds one learns nothing
   it did not send. Its text goes into that client's own system message (what it could write there itself).
-- Optional work: it runs only while the governor's level is nominal (`allowed`), and never unloads a model
-  to load the summarizer (ModelPool.fits_without_eviction, borrow).
+- Optional work: it runs only while the governor's level is nominal (`allowed`), and only on a summarizing
+  model that is already loaded (ModelPool.borrow): idle work never loads a model. A load cannot be
+  interrupted (1-3 s for SmolLM2 here, longer on a phone), so a request arriving during one would wait for
+  all of it; nor does it unload one (the next request would pay for the reload). The work waits, bounded,
+  until a request or the governor's rung loads that model (without a ladder it is the served model, loaded
+  whenever a request ran within its keep_alive); until then the plain window serves.
 - Privacy (seed 001: logs never contain prompt text): neither summaries nor messages are ever logged or
   exported; log lines carry counts only.
 """
@@ -163,8 +167,9 @@ class Windowed:
 class Models(Protocol):
     """Where the summarizing model comes from: the server's ModelPool, or `simmer chat`'s one engine."""
 
-    def fits_without_eviction(self, model_id: str) -> bool: ...
-    def borrow(self, model_id: str) -> AbstractContextManager[Engine]: ...
+    def borrow(self, model_id: str) -> AbstractContextManager[Engine | None]:
+        """The loaded engine of `model_id`, None when it is not loaded (never loaded for the work)."""
+        ...
 
 
 class Summarizer:
@@ -195,6 +200,7 @@ class Summarizer:
         self.written = 0  # summary pieces stored
         self.preempted = 0  # pieces stopped by a request (resumed at the next idle moment)
         self.failed = 0  # pieces dropped by an error (never retried)
+        self.unloaded = 0  # idle moments the summarizing model was not loaded (the work waited)
         self.running = False  # inside run() (tests wait for it)
 
     # -- a request (worker thread, before the reply) --------------------------------------------------
@@ -287,10 +293,18 @@ class Summarizer:
             with self._lock:
                 self._pending.clear()  # no chat model to write it: the plain window stays
             return
-        # Never unload a model for a summary: the next request would pay for the reload. The work waits.
-        if cancel.cancelled or not self.allowed() or not pool.fits_without_eviction(model_id):
+        if cancel.cancelled or not self.allowed():
             return
+        # Only a loaded model writes (see the module docstring). Loading it in a background thread while the
+        # worker takes jobs was the other way: it keeps summaries on a ladder whose smallest model is not
+        # loaded, but the load would then compete with the reply for the device's few cores and memory (an
+        # in-flight load the planner must reserve room for, and a session build that slows the tokens), and
+        # the pool would change off the worker thread or need a hand-over; waiting keeps one thread owning
+        # the models and the reply alone on the device.
         with pool.borrow(model_id) as engine:
+            if engine is None:
+                self.unloaded += 1
+                return
             while not cancel.cancelled and self.allowed():
                 with self._lock:
                     if not self._pending:
