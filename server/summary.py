@@ -298,10 +298,11 @@ class Summarizer:
         # Only a loaded model writes (see the module docstring). Loading it in a background thread while the
         # worker takes jobs was the other way: it keeps summaries on a ladder whose smallest model is not
         # loaded, but the load competes with the reply for the device's few cores and memory. Measured on a
-        # shared 2-core machine (6 interleaved rounds): a 48-token Gemma 3 reply decoded while SmolLM2 loaded
-        # in a thread took 1.7 s longer (median; 0.73x tok/s), more than the 1.3 s the load takes alone, the
-        # longest a request waits for it on the worker. It would also need room reserved for an in-flight
-        # load and a hand-over of the engine to the worker. Waiting keeps one thread owning the models.
+        # shared 2-core machine (bench/load_contention.py, two runs of 6 interleaved rounds): a 48-token
+        # Gemma 3 reply decoded while SmolLM2 loaded in a thread took 1.3 and 1.7 s longer (medians), as long
+        # as or longer than the load alone (1.2, 1.3 s), the longest a request waits for it on the worker.
+        # It would also need room reserved for an in-flight load and a hand-over of the engine to the worker.
+        # Waiting keeps one thread owning the models.
         with pool.borrow(model_id) as engine:
             if engine is None:
                 self.unloaded += 1
