@@ -29,10 +29,11 @@ Why it is shaped like this:
   it did not send. Its text goes into that client's own system message (what it could write there itself).
 - Optional work: it runs only while the governor's level is nominal (`allowed`), and only on a summarizing
   model that is already loaded (ModelPool.borrow): idle work never loads a model. A load cannot be
-  interrupted (1-3 s for SmolLM2 here, longer on a phone), so a request arriving during one would wait for
-  all of it; nor does it unload one (the next request would pay for the reload). The work waits, bounded,
-  until a request or the governor's rung loads that model (without a ladder it is the served model, loaded
-  whenever a request ran within its keep_alive); until then the plain window serves.
+  interrupted (1.1-1.9 s for SmolLM2 on a shared 2-core machine, longer on a phone), so a request arriving
+  during one would wait for all of it; nor does it unload one (the next request would pay for the reload).
+  The work waits, bounded, until a request or the governor's rung loads that model (without a ladder it is
+  the served model, loaded whenever a request ran within its keep_alive; with keep_alive 0 it never is);
+  until then the plain window serves.
 - Privacy (seed 001: logs never contain prompt text): neither summaries nor messages are ever logged or
   exported; log lines carry counts only.
 """
