@@ -96,12 +96,9 @@ class _OneEngine:
     def __init__(self, engine: LlamaEngine) -> None:
         self.engine = engine
 
-    def fits_without_eviction(self, model_id: str) -> bool:
-        return model_id == self.engine.model_id
-
     @contextlib.contextmanager
-    def borrow(self, model_id: str) -> Iterator[LlamaEngine]:
-        yield self.engine
+    def borrow(self, model_id: str) -> Iterator[LlamaEngine | None]:
+        yield self.engine if model_id == self.engine.model_id else None
 
 
 class _IdleSummary:

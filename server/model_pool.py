@@ -116,44 +116,23 @@ class ModelPool:
         return item.engine
 
     @contextlib.contextmanager
-    def borrow(self, model_id: str) -> Iterator[Engine]:
-        """Idle work's use of a model (a summary): marked busy while borrowed, but it is not "the engine that
-        ran last" and keeps the keep_alive a request gave it (a model it had to load gets the default)."""
+    def borrow(self, model_id: str) -> Iterator[Engine | None]:
+        """Idle work's use of a loaded model (a summary), or None when `model_id` is not loaded: idle work
+        never loads one (a load cannot be interrupted, so a request arriving meanwhile would wait for all of
+        it; server/summary.py). Marked busy while borrowed, but it is not "the engine that ran last" and
+        keeps the keep_alive a request gave it."""
         with self._lock:
             item = self._loaded.get(model_id)
-        loaded_here = item is None
         if item is None:
-            entry = self.catalog.get(model_id)
-            if entry is None:
-                raise ModelNotFound(f"The model '{model_id}' is not installed", param="model")
-            item = self._load(entry, None, None)
+            yield None
+            return
         expires_at = item.expires_at
         item.busy = True
         try:
             yield item.engine
         finally:
             item.busy = False
-            if loaded_here:
-                keep = self.keep_alive_s
-                item.last_used = self.clock()
-                item.expires_at = item.last_used + keep if keep != math.inf else math.inf
-                if keep <= 0:
-                    self.unload(item.engine.model_id, "keep_alive 0: unloaded after idle work")
-            else:
-                item.expires_at = expires_at
-
-    def fits_without_eviction(self, model_id: str) -> bool:
-        """`model_id` is loaded, or loads without unloading another model (idle work must not evict the
-        model the next request needs)."""
-        entry = self.catalog.get(model_id)
-        if entry is None:
-            return False
-        with self._lock:
-            if entry.id in self._loaded:
-                return True
-            held = sum(self.cost(i.entry, i.engine.variant).total for i in self._loaded.values())
-        free = self.budget.free(held)
-        return free is None or self.cost(entry, entry.default_variant).total <= free
+            item.expires_at = expires_at
 
     def release(self, model_id: str, keep_alive_s: float | None = None) -> None:
         """The request is done with it (`model_id`: the engine's own id): keep it loaded for keep_alive

@@ -355,7 +355,11 @@ _SSE_EVENT = {
     "description": "One Server-Sent Event: `data` is a JSON chunk, an error object or the final `[DONE]`",
     "required": ["data"],
     "properties": {
-        "event": {"type": "string", "description": "absent (message), or `governor` when asked for"},
+        "event": {
+            "type": "string",
+            "description": "absent (message) in OpenAI's chat and completions, the event's `type` in the "
+            "Responses API; `governor` when asked for (`governor_events`)",
+        },
         "data": {"type": "string"},
         "id": {"type": "string"},
         "retry": {"type": "integer"},

@@ -139,6 +139,16 @@ def switch_report(item: Switched) -> dict[str, Any]:
     }
 
 
+def governor_event(job: Job, item: GovernorState | Switched) -> dict[str, str] | None:
+    """The `event: governor` SSE event of a governor state, or of a move to another model, for a stream
+    that asked for them (`governor_events: true`); None otherwise: SDKs do not expect named events. Every
+    SSE dialect (OpenAI's chunks, the Responses API's events) sends the same."""
+    if not job.governor_events:
+        return None
+    data = item.state if isinstance(item, GovernorState) else {"switch": switch_report(item)}
+    return {"event": "governor", "data": json.dumps(data, separators=(",", ":"))}
+
+
 async def coalesced(
     job: Job,
     events: asyncio.Queue,
@@ -234,16 +244,15 @@ async def sse_stream(
                 yield error_chunk(item.error)
                 yield {"data": DONE}
             elif isinstance(item, GovernorState):
-                if job.governor_events:
-                    yield {"event": "governor", "data": json.dumps(item.state, separators=(",", ":"))}
+                if (event := governor_event(job, item)) is not None:
+                    yield event
             elif isinstance(item, Started):
                 builder.started(item.model_id, item.variant)
             elif isinstance(item, Switched):
                 # the reply goes on on another model: later chunks name it (the held text left before)
                 builder.started(item.model_id, item.variant)
-                if job.governor_events:
-                    switch = switch_report(item)
-                    yield {"event": "governor", "data": json.dumps({"switch": switch}, separators=(",", ":"))}
+                if (event := governor_event(job, item)) is not None:
+                    yield event
 
 
 class _ClosesJob:

@@ -27,8 +27,13 @@ Why it is shaped like this:
 - Keyed by the turns alone (not the system message, not the model): a summary is a function of those turns
   only, so it is right for any request that starts with them, and a client that finds one learns nothing
   it did not send. Its text goes into that client's own system message (what it could write there itself).
-- Optional work: it runs only while the governor's level is nominal (`allowed`), and never unloads a model
-  to load the summarizer (ModelPool.fits_without_eviction, borrow).
+- Optional work: it runs only while the governor's level is nominal (`allowed`), and only on a summarizing
+  model that is already loaded (ModelPool.borrow): idle work never loads a model. A load cannot be
+  interrupted (1.1-1.9 s for SmolLM2 on a shared 2-core machine, longer on a phone), so a request arriving
+  during one would wait for all of it; nor does it unload one (the next request would pay for the reload).
+  The work waits, bounded, until a request or the governor's rung loads that model (without a ladder it is
+  the served model, loaded whenever a request ran within its keep_alive; with keep_alive 0 it never is);
+  until then the plain window serves.
 - Privacy (seed 001: logs never contain prompt text): neither summaries nor messages are ever logged or
   exported; log lines carry counts only.
 """
@@ -163,8 +168,9 @@ class Windowed:
 class Models(Protocol):
     """Where the summarizing model comes from: the server's ModelPool, or `simmer chat`'s one engine."""
 
-    def fits_without_eviction(self, model_id: str) -> bool: ...
-    def borrow(self, model_id: str) -> AbstractContextManager[Engine]: ...
+    def borrow(self, model_id: str) -> AbstractContextManager[Engine | None]:
+        """The loaded engine of `model_id`, None when it is not loaded (never loaded for the work)."""
+        ...
 
 
 class Summarizer:
@@ -195,6 +201,7 @@ class Summarizer:
         self.written = 0  # summary pieces stored
         self.preempted = 0  # pieces stopped by a request (resumed at the next idle moment)
         self.failed = 0  # pieces dropped by an error (never retried)
+        self.unloaded = 0  # idle moments the summarizing model was not loaded (the work waited)
         self.running = False  # inside run() (tests wait for it)
 
     # -- a request (worker thread, before the reply) --------------------------------------------------
@@ -287,10 +294,20 @@ class Summarizer:
             with self._lock:
                 self._pending.clear()  # no chat model to write it: the plain window stays
             return
-        # Never unload a model for a summary: the next request would pay for the reload. The work waits.
-        if cancel.cancelled or not self.allowed() or not pool.fits_without_eviction(model_id):
+        if cancel.cancelled or not self.allowed():
             return
+        # Only a loaded model writes (see the module docstring). Loading it in a background thread while the
+        # worker takes jobs was the other way: it keeps summaries on a ladder whose smallest model is not
+        # loaded, but the load competes with the reply for the device's few cores and memory. Measured on a
+        # shared 2-core machine (bench/load_contention.py, two runs of 6 interleaved rounds): a 48-token
+        # Gemma 3 reply decoded while SmolLM2 loaded in a thread took 1.3 and 1.7 s longer (medians), as long
+        # as or longer than the load alone (1.2, 1.3 s), the longest a request waits for it on the worker.
+        # It would also need room reserved for an in-flight load and a hand-over of the engine to the worker.
+        # Waiting keeps one thread owning the models.
         with pool.borrow(model_id) as engine:
+            if engine is None:
+                self.unloaded += 1
+                return
             while not cancel.cancelled and self.allowed():
                 with self._lock:
                     if not self._pending:

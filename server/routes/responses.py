@@ -5,6 +5,8 @@ this module only renders the reply: one `response` object, or Server-Sent Events
 (response.created ... response.completed, or error + response.failed), without a [DONE] line. A reply the
 governor moves to another model mid-way gets a response.in_progress naming the new model (with simmer's
 `switch`, as chat's `event: governor` has it); the finished response names the model that finished it.
+A stream that asked for `governor_events` also gets chat's `event: governor` events (state changes and
+switches, server/streaming.py's governor_event), outside the numbered response.* sequence.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from models.types import FinishEvent, TokenEvent
 from server.errors import error_payload
 from server.routes.completion_flow import Generation, respond, start
 from server.routing.router import HEADER as ROUTE_HEADER
-from server.streaming import Batch, End, Error, JobEventSource, switch_report
+from server.streaming import Batch, End, Error, JobEventSource, governor_event, switch_report
 from server.wire.convert import renamed
 from server.wire.responses import RENAME, EventStream, ResponseObject, ResponsesRequest
-from server.worker import Started, Switched
+from server.worker import GovernorState, Started, Switched
 
 router = APIRouter(prefix="/v1")
 
@@ -78,6 +80,11 @@ class ResponsesRenderer:
                 elif isinstance(item, Switched):  # `coalesced` sent the held text under the old model
                     for event in events.moved(item.model_id, switch_report(item)):
                         yield _sse(event)
+                    if (governor := governor_event(gen.job, item)) is not None:
+                        yield governor
+                elif isinstance(item, GovernorState):
+                    if (governor := governor_event(gen.job, item)) is not None:
+                        yield governor
                 elif isinstance(item, Error):
                     for event in events.delta(item.text, item.events) if item.events else ():
                         yield _sse(event)

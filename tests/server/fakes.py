@@ -4,6 +4,7 @@
   words of a fixed text, one word per token, with a configurable time per token.
 - `RecordingEngine`: wraps ANY engine (scripted or real) and records each generate() call using only what
   the contract exposes, so the same assertions hold against the real ONNX engine.
+- `FakeGovernor`: a gate through the real seam that publishes one state change mid-reply.
 """
 
 from __future__ import annotations
@@ -360,3 +361,27 @@ class RecordingEngine:
         """Block until predicate(generations) holds (re-checked whenever a generation starts or ends)."""
         with self._cond:
             return self._cond.wait_for(lambda: predicate(self.generations), timeout)
+
+
+class FakeGovernor:
+    """A gate through the real seam: publishes a state change at the third step and lowers threads."""
+
+    memory_pressure = False
+    rung = None
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.publish: Callable[[dict], None] | None = None
+
+    def subscribe(self, callback: Callable[[dict], None]) -> None:
+        self.publish = callback
+
+    def before_job(self, cancel, enqueued_at) -> EngineLimits | None:
+        return None
+
+    def before_step(self, cancel=None) -> EngineLimits | None:
+        self.steps += 1
+        if self.steps == 3 and self.publish:
+            self.publish({"level": "moderate", "reason": "test"})
+            return EngineLimits(threads=1)
+        return None

@@ -10,11 +10,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 
 import httpx
 
-from models.protocol import EngineLimits
+from tests.server.fakes import FakeGovernor
 
 SERVE_SCRIPT = textwrap.dedent(
     """
@@ -68,30 +67,6 @@ def test_serve_when_sigterm_during_stream_then_error_chunk_done_and_exit_within_
             proc.kill()
             proc.wait()
         proc.stderr.close()
-
-
-class FakeGovernor:
-    """A gate through the real seam: publishes a state change at the third step and lowers threads."""
-
-    memory_pressure = False
-    rung = None
-
-    def __init__(self) -> None:
-        self.steps = 0
-        self.publish: Callable[[dict], None] | None = None
-
-    def subscribe(self, callback: Callable[[dict], None]) -> None:
-        self.publish = callback
-
-    def before_job(self, cancel, enqueued_at) -> EngineLimits | None:
-        return None
-
-    def before_step(self, cancel=None) -> EngineLimits | None:
-        self.steps += 1
-        if self.steps == 3 and self.publish:
-            self.publish({"level": "moderate", "reason": "test"})
-            return EngineLimits(threads=1)
-        return None
 
 
 def test_stream_when_governor_publishes_and_client_opted_in_then_governor_event(live) -> None:

@@ -159,20 +159,16 @@ def test_acquire_when_serving_then_not_expired_meanwhile():
 
 
 def test_borrow_when_idle_work_uses_a_model_then_keep_alive_and_current_unchanged():
-    """Idle work (a summary) borrows a model: the request's keep_alive stays, and it is not "the engine that
-    ran last"."""
-    p, *_ = pool(budget_mib=300)
+    """Idle work (a summary) borrows a loaded model: the request's keep_alive stays, and it is not "the engine
+    that ran last". A model that is not loaded is not loaded for it (None): a load cannot be interrupted."""
+    p, _, opened, _ = pool(budget_mib=300)
     p.acquire("a")
     p.release("a", keep_alive_s=math.inf)  # a request asked to keep it
     with p.borrow("a") as engine:
-        assert engine.model_id == "a" and p.next_expiry() is None
-    assert p.loaded()["a"].expires_in_s is None  # still kept (release() would have set the default)
-    with p.borrow("b"):  # not loaded: loaded for the work, then the default keep_alive
-        pass
+        assert engine is not None and engine.model_id == "a" and p.next_expiry() is None
+        assert p.loaded()["a"].busy
+    assert p.loaded()["a"].expires_in_s is None and not p.loaded()["a"].busy  # still kept, idle
+    with p.borrow("b") as engine:  # fits, but not loaded: not loaded for idle work
+        assert engine is None
+    assert opened == ["a"] and set(p.loaded()) == {"a"}
     assert p.current is not None and p.current.model_id == "a"
-    assert p.loaded()["b"].expires_in_s == 300.0
-    assert p.fits_without_eviction("c")  # 200 of 300 MiB held
-    q = pool(budget_mib=150, a=100, b=100)[0]
-    q.acquire("a")
-    q.release("a")
-    assert q.fits_without_eviction("a") and not q.fits_without_eviction("b")  # b would evict a

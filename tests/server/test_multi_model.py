@@ -504,6 +504,28 @@ def test_switch_when_responses_streams_then_events_name_the_current_model_and_us
     assert in_progress.status == "in_progress" and in_progress.content[0].text == before
 
 
+def test_switch_when_responses_streams_with_governor_events_then_chat_s_switch_event_too(several):
+    gate = SwitchingGate("tiny-small", after=8)
+    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    body = {"model": "tiny-big", "input": PROMPT, "max_output_tokens": 24, "stream": True}
+    events, name = [], None
+    with (
+        httpx.Client(base_url=srv.url, timeout=30) as c,
+        c.stream("POST", "/v1/responses", json={**body, "governor_events": True}) as r,
+    ):
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line.removeprefix("data: "))))
+                name = None
+    at = next(i for i, (name, _) in enumerate(events) if name == "governor")
+    moved = events[at - 1][1]  # right after the response.in_progress naming the new model
+    assert moved["type"] == "response.in_progress" and moved["response"]["model"] == "tiny-small"
+    assert events[at][1] == {"switch": moved["switch"]}  # chat's `event: governor` at a switch
+    assert [name for name, _ in events].count("governor") == 1
+
+
 def test_switch_when_responses_not_streamed_or_sdk_helper_then_the_model_that_finished_and_its_usage(several):
     gate = AgainGate("tiny-spm", after=8)
     srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-spm:f32", model="tiny-big")

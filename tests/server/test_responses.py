@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.server.conftest import MODEL
-from tests.server.fakes import REPLY
+from tests.server.fakes import REPLY, FakeGovernor
 
 WORDS = REPLY.split(" ")
 FN = {"type": "function", "name": "f", "parameters": {"type": "object"}}
@@ -105,6 +105,51 @@ def test_stream_when_the_engine_fails_midway_then_error_and_response_failed(live
     assert not any(e["type"] == "response.completed" for e in events)
 
 
+def sse_events(srv, body: dict) -> list[tuple[str | None, dict]]:
+    """(event name, data) of each Server-Sent Event of a streamed /v1/responses request."""
+    events, name = [], None
+    with (
+        httpx.Client(base_url=srv.url, timeout=30) as c,
+        c.stream("POST", "/v1/responses", json={"model": MODEL, "stream": True, **body}) as r,
+    ):
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line.removeprefix("data: "))))
+                name = None
+    return events
+
+
+def test_stream_when_governor_events_then_chat_s_governor_event_beside_the_numbered_ones(live) -> None:
+    gov = FakeGovernor()  # publishes at the third step
+    srv = live(governor=gov, token_delay_s=0.002)
+    events = sse_events(srv, {"input": "hi", "max_output_tokens": 10, "governor_events": True})
+    governor = [data for name, data in events if name == "governor"]
+    assert governor == [{"level": "moderate", "reason": "test"}]  # what chat's `event: governor` carries
+    at = next(i for i, (name, _) in enumerate(events) if name == "governor")
+    before = [data["type"] for _, data in events[:at]]
+    assert "response.output_text.delta" in before  # forwarded mid-reply, as it happened
+    numbered = [data for name, data in events if name != "governor"]
+    assert all(name == data["type"] for name, data in events if name != "governor")
+    assert [e["sequence_number"] for e in numbered] == list(range(len(numbered)))
+    assert (
+        numbered[-1]["type"] == "response.incomplete"
+        and numbered[-1]["response"]["usage"]["output_tokens"] == 10
+    )
+
+
+@pytest.mark.parametrize("opt", [{}, {"governor_events": False}])
+def test_stream_when_governor_events_not_asked_then_no_governor_event(live, opt) -> None:
+    gov = FakeGovernor()
+    srv = live(governor=gov, token_delay_s=0.002)
+    events = sse_events(srv, {"input": "hi", "max_output_tokens": 10, **opt})
+    assert gov.steps >= 3  # the governor did publish
+    assert all(name == data["type"] for name, data in events)  # every event a response.* (or error) one
+    assert events[-1][1]["type"] == "response.incomplete"
+
+
 def test_logprobs_when_included_then_on_the_output_text(live) -> None:
     srv = live()
     r = sdk(srv).responses.create(
@@ -165,6 +210,8 @@ def test_logprobs_when_included_then_on_the_output_text(live) -> None:
         ({"input": []}, "input", "empty"),
         ({"max_output_tokens": 0}, "max_output_tokens", ""),
         ({"temperature": 3}, "temperature", ""),
+        ({"governor_events": "yes"}, "governor_events", ""),
+        ({"governor_events": 1}, "governor_events", ""),
     ],
 )
 def test_create_when_unsupported_or_bad_then_400_naming_the_field(live, fields, param, words) -> None:

@@ -305,18 +305,64 @@ def test_summary_real_smollm2_when_turns_dropped_then_written_and_served(live, t
     assert (second["truncated"], second["summarized"]) == (True, True)
 
 
-def test_summary_when_ladder_then_its_smallest_chat_model_writes_it(tiny):
-    """SIMMER_LADDER=tiny-big,tiny-small serving tiny-big: tiny-small (loaded for the work, since it fits
-    without unloading tiny-big) writes the summary; tiny-big stays the model in use."""
+def test_summary_when_its_model_is_not_loaded_then_a_request_never_waits_for_its_load(tiny):
+    """SIMMER_LADDER=tiny-big,tiny-small serving tiny-big: the summary's model, tiny-small, is not loaded, and
+    its load (the pool's opener, slow here: it waits for the test) cannot be interrupted. The idle moment
+    does not load it, so a request submitted then is served at once; the summary waits until a request loads
+    tiny-small, and tiny-small writes it at the next idle moment."""
     srv = tiny(model="tiny-big", ladder="tiny-big,tiny-small,tiny-base")
     rt = srv.app.state.runtime
-    assert rt.summarizer.model() == "tiny-small"  # the base model at the bottom cannot chat: skipped
-    assert "tiny-small" not in rt.served.pool.loaded()
+    summarizer, pool = rt.summarizer, rt.served.pool
+    assert summarizer.model() == "tiny-small"  # the base model at the bottom cannot chat: skipped
+    assert "tiny-small" not in pool.loaded()
+    order: list[str] = []
+    release = threading.Event()
+    opener = pool.opener
+
+    def slow_opener(entry, variant, limits):
+        if entry.id == "tiny-small":
+            order.append("load started")
+            release.wait(60)
+        return opener(entry, variant, limits)
+
+    run = summarizer.run
+
+    def watched_run(models, cancel) -> None:
+        run(models, cancel)
+        order.append("idle work done")
+
+    pool.opener, summarizer.run = slow_opener, watched_run
     messages = conversation()
-    assert chat(srv, messages, model="tiny-big")["summarized"] is False
+    assert chat(srv, messages, model="tiny-big")["summarized"] is False  # queues the summary
+    deadline = time.monotonic() + 30
+    while not order and time.monotonic() < deadline:  # the idle moment (where the load used to start)
+        time.sleep(0.01)
+    assert order, "the idle work did not run"
+    served = threading.Event()
+
+    def second() -> None:
+        assert chat(srv, messages, model="tiny-big")["summarized"] is False
+        order.append("reply")
+        served.set()
+
+    client = threading.Thread(target=second)
+    client.start()
+    served.wait(20)  # a bound for the old behaviour only: then the load is released below
+    order.append("load released")
+    release.set()
+    client.join(60)
+    released = order.index("load released")
+    assert order[0] == "idle work done" and "load started" not in order  # the idle moment loaded nothing...
+    assert order.index("reply") < released  # ...so the reply did not wait for the test to end a load
+    assert summarizer.written == 0 and summarizer.pending() and summarizer.unloaded >= 1
+
+    assert chat(srv, messages, model="tiny-small")["model"] == "tiny-small"  # a request loads it
     wait_idle(srv)
-    assert rt.summarizer.written >= 1 and "tiny-small" in rt.served.pool.loaded()
-    assert rt.model_id() == "tiny-big"  # idle work is not "the engine that ran last"
+    later = order[released + 1 :]
+    assert (
+        later[0] == "load started" and "idle work done" in later
+    )  # loaded for the request, then the summary
+    assert summarizer.written >= 1
     body = chat(srv, messages, model="tiny-big")
     assert (body["model"], body["summarized"]) == ("tiny-big", True)
 
