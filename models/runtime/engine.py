@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotChat, ModelNotInstalled
+from models.errors import (
+    Cancelled,
+    ContextLengthExceeded,
+    InvalidParameter,
+    ModelNotChat,
+    ModelNotInstalled,
+    SimmerError,
+)
 from models.protocol import ChatTurns, EngineLimits, Prompt, StepHook, pool_spins
 from models.runtime.chat import ChatTemplate, encode_chat
 from models.runtime.constraint import Constraint, ConstraintVocabulary
@@ -583,12 +590,15 @@ class _Generation:
                 min(x for x in (self.max_tokens, e.max_tokens_limit, 1 << 30) if x is not None) - r.generated
             )
             room = e.context_length - min(max(left, 1), e.context_length // 2) - len(reply)
-            best, _ = newest_turns(
-                turns,
-                w.dropped + 1,
-                lambda start: e._encode_chat(system + turns[start:], w.tools),
-                lambda candidate: len(candidate) <= room,
-            )
+            try:
+                best, _ = newest_turns(
+                    turns,
+                    w.dropped + 1,
+                    lambda start: e._encode_chat(system + turns[start:], w.tools),
+                    lambda candidate: len(candidate) <= room,
+                )
+            except SimmerError:  # a template that refuses the shorter history: the reply must go on
+                best = None
             if best is not None:
                 start, ids = best
                 log.info(

@@ -455,6 +455,22 @@ def test_context_cap_when_lowered_mid_reply_under_one_huge_turn_then_tokens_slid
     assert len(slot) <= 64 and full[-len(slot) :] == slot  # the context's end, cut at a token
 
 
+def test_context_cap_when_lowered_mid_reply_and_the_template_refuses_fewer_turns_then_tokens_slide(
+    tiny_model_dir,
+):
+    """A chat template that raises for the shorter history (raise_exception): the reply goes on, its
+    context slid by tokens, instead of failing mid-way."""
+    strict = (
+        "{% if messages|length < 12 %}{{ raise_exception('the whole history, please') }}{% endif %}"
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    )
+    eng = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=256, chat_template=strict)
+    p = eng.chat_prompt(chat_history())
+    params = GenerationParams(GREEDY, max_tokens=16, truncate=True, ignore_eos=True)
+    tokens, fin = run(eng, p, params, step_hook=lower_cap_after(3, len(p.ids) - 8))
+    assert len(tokens) == 16 and fin.finish_reason == "length" and fin.truncated and fin.turns_dropped == 0
+
+
 def test_context_cap_when_raised_above_the_slot_buffer_then_buffer_grows(tiny_model_dir):
     eng = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128)
     eng.apply_limits(EngineLimits(context_cap=24))  # e.g. the governor at "serious": slots are small
