@@ -49,6 +49,16 @@ def pool_spins(setting: str, governor: bool | None, tokens_per_second: float | N
 
 
 @dataclass(frozen=True)
+class ChatTurns:
+    """What a chat prompt renders: its messages (before the window) and the tools shown. A reply whose
+    context fills (or whose cap the governor lowers) slides its window by whole turns from these, as the
+    request's window does, instead of cutting the context at an arbitrary token."""
+
+    messages: list[dict]
+    tools: ToolUse | None = None
+
+
+@dataclass(frozen=True)
 class Prompt:
     ids: list[int]
     truncated: bool = False
@@ -57,6 +67,7 @@ class Prompt:
     # models/runtime/engine.py window_split) it dropped from the front; len(turns) when even the last turn
     # had to be cut mid-way. A summary of the dropped turns (server/summary.py) keys on it.
     dropped: int = 0
+    chat: ChatTurns | None = None  # a chat prompt's messages (None: a raw text, or a continuation)
 
 
 StepHook = Callable[[], EngineLimits | None]

@@ -2,9 +2,9 @@
 the history"; issue 13 item 11).
 
 When the chat window drops turns (the request asked for `truncate`, or the governor's context cap made the
-conversation too long), the dropped turns are not simply lost: the smallest chat model writes a running
-summary of them while the worker is idle, and a later request of the same conversation carries it as a
-marked note in its system message.
+conversation too long, before the reply or during it: `dropped`), the dropped turns are not simply lost:
+the smallest chat model writes a running summary of them while the worker is idle, and a later request of
+the same conversation carries it as a marked note in its system message.
 
 Why it is shaped like this:
 - The API is stateless (the client resends every message), so a summary is keyed by a hash of the dropped
@@ -229,6 +229,24 @@ class Summarizer:
         if covered < cut:
             self._queue(turns, keys, covered, cut, found[1] if found and covered else "")
         return served
+
+    def dropped(self, messages: list[dict], windowed: Windowed, turns: int) -> None:
+        """After a reply (worker thread): its window dropped `turns` turns of the prompt's messages in all,
+        more than before it started (the context filled, or the governor lowered the cap mid-reply). Queue
+        their summary as window() queues the turns a request drops: a later request of this conversation
+        (which drops at least as many) finds it. Idle work: only the queueing happens here."""
+        _, all_turns = window_split(messages)
+        _, prompt_turns = window_split(windowed.messages)
+        n = len(all_turns)
+        cut = n - len(prompt_turns) + turns  # the turns a note stood for, then the ones the window dropped
+        if cut <= 0 or cut >= n:
+            return
+        keys = prefix_keys(all_turns[: n - 1])
+        with self._lock:
+            found = self.store.longest(keys)  # one that covers more (a look-ahead) stands for them already
+        covered, summary = found if found is not None else (0, "")
+        if covered < cut:
+            self._queue(all_turns, keys, covered, cut, summary)
 
     def _noted(
         self,

@@ -97,6 +97,10 @@ class Window(Protocol):
         self, engine: Engine, messages: list[dict], *, truncate: bool, reserve: int, tools: ToolUse | None
     ) -> Windowed: ...
 
+    def dropped(self, messages: list[dict], windowed: Windowed, turns: int) -> None:
+        """After the reply: its window dropped `turns` turns of windowed.messages, some during the reply."""
+        ...
+
 
 class IdleWork(Protocol):
     """Work for an idle worker (never on a reply's critical path)."""
@@ -480,6 +484,7 @@ class Worker:
             prompt: Prompt | None = windowed.prompt
             assert prompt is not None
             summarized = windowed.summarized
+            requested = job.payload
             if summarized:  # a reply continued on another tokenizer renders the same messages, note included
                 job = replace(job, payload=windowed.messages)
             if account is not None:
@@ -487,6 +492,7 @@ class Worker:
             job.sink(Started(len(prompt.ids), prompt.truncated, engine.variant, engine.model_id, summarized))
             resume: Handover | None = None
             last = None
+            finish: FinishEvent | None = None
             while True:
                 handover: Handover | None = None
                 events = engine.generate(
@@ -501,6 +507,7 @@ class Worker:
                         handover = event
                         break
                     if isinstance(event, FinishEvent):
+                        finish = event
                         if summarized:
                             event = replace(event, summarized=True)
                         if self._metrics:
@@ -527,6 +534,8 @@ class Worker:
                 del events
                 engine, prompt = self._hand_over(job, engine, handover, blocked)
                 resume = handover
+            if finish is not None and finish.turns_dropped > windowed.prompt.dropped:
+                self._dropped_mid_reply(job, requested, windowed, finish.turns_dropped)
         except SimmerError as err:
             job.sink(Failed(err))
         except Exception as err:
@@ -538,6 +547,16 @@ class Worker:
             if self._metrics:
                 self._metrics.add_busy(time.monotonic() - started)
             job.worker_done()
+
+    def _dropped_mid_reply(self, job: Job, messages: object, windowed: Windowed, turns: int) -> None:
+        """The window dropped more turns during the reply (the context filled, or the governor lowered the
+        cap): their summary is queued once the client has the whole reply, as idle work."""
+        if self._window is None or not isinstance(messages, list):
+            return
+        try:
+            self._window.dropped(messages, windowed, turns)
+        except Exception:  # the reply is done and sent: a summary is optional
+            log.exception("%s: queueing the summary of the dropped turns failed", job.id)
 
     def _hand_over(
         self, job: Job, old: Engine, handover: Handover, blocked: set[str]

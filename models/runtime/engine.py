@@ -24,8 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter, ModelNotChat, ModelNotInstalled
-from models.protocol import EngineLimits, Prompt, StepHook, pool_spins
+from models.errors import (
+    Cancelled,
+    ContextLengthExceeded,
+    InvalidParameter,
+    ModelNotChat,
+    ModelNotInstalled,
+    SimmerError,
+)
+from models.protocol import ChatTurns, EngineLimits, Prompt, StepHook, pool_spins
 from models.runtime.chat import ChatTemplate, encode_chat
 from models.runtime.constraint import Constraint, ConstraintVocabulary
 from models.runtime.genai_config import DecoderIO, load_tokenizer
@@ -41,6 +48,7 @@ from models.runtime.session import (
 from models.runtime.speculative import MAX_DRAFT, RowCost, Speculation
 from models.runtime.tokenizer import Tokenizer, tokenizer_key
 from models.runtime.tools import CallFormat, CallReader, detect_format, prepare_messages, tool_grammar
+from models.runtime.window import newest_turns, window_split
 from models.types import (
     NOMINAL_VARIANT,
     CancelToken,
@@ -72,13 +80,6 @@ class KVSlot:
     @property
     def tokens(self) -> list[int]:
         return self.cache.tokens
-
-
-def window_split(messages: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The sliding window's two parts: the pinned system message (the first one, if any) and the turns it
-    drops from the front (every other message, in order)."""
-    system = [m for m in messages if m.get("role") == "system"][:1]
-    return system, [m for m in messages if m not in system]
 
 
 def release_freed_memory() -> None:
@@ -364,32 +365,27 @@ class LlamaEngine:
         self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None
     ) -> Prompt:
         ids = self._encode_chat(messages, tools)
+        chat = ChatTurns(messages, tools)
         if self._fit(ids, reserve):
-            return Prompt(ids)
+            return Prompt(ids, chat=chat)
         if not truncate:
             raise self._too_long(len(ids), reserve)
-        # sliding window: keep the system message(s) and as many of the newest turns as fit. A window starts
-        # with a user turn, as chats do (or is the last turn alone). Fewer turns never make a longer prompt,
-        # so the first start that fits is found by bisection: a history of thousands of turns costs a few
-        # dozen encodings, not one per turn (which made a 1 MB body hold the worker for minutes).
+        # sliding window: keep the system message(s) and as many of the newest turns as fit
         system, turns = window_split(messages)
-        n = len(turns)
-        starts = [i for i in range(1, n - 1) if turns[i].get("role") == "user"] + ([n - 1] if n > 1 else [])
-        lo, hi, best = 0, len(starts) - 1, None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            candidate = self._encode_chat(system + turns[starts[mid] :], tools)
-            if self._fit(candidate, reserve):
-                best, hi = (starts[mid], candidate), mid - 1
-            else:
-                lo, ids = mid + 1, candidate
+        best, failed = newest_turns(
+            turns,
+            1,
+            lambda start: self._encode_chat(system + turns[start:], tools),
+            lambda candidate: self._fit(candidate, reserve),
+        )
         if best is not None:
-            return Prompt(best[1], truncated=True, dropped=best[0])
+            return Prompt(best[1], truncated=True, dropped=best[0], chat=chat)
         # even the last turn alone is too long: keep its end
+        ids = failed or ids
         budget = self.context_length - max(reserve, 1)
         if budget <= 0:
             raise self._too_long(len(ids), reserve)
-        return Prompt(ids[-budget:], truncated=True, dropped=len(turns))
+        return Prompt(ids[-budget:], truncated=True, dropped=len(turns), chat=chat)
 
     @property
     def can_chat(self) -> bool:
@@ -531,7 +527,13 @@ class _Generation:
             if prompt is None:
                 raise ValueError("generate() needs a prompt or a Handover to resume")
             self.r = ReplyState.start(
-                params, engine.tokenizer, engine.tokenizer_key, prompt.ids, prompt.truncated
+                params,
+                engine.tokenizer,
+                engine.tokenizer_key,
+                prompt.ids,
+                prompt.truncated,
+                prompt.chat,
+                prompt.dropped,
             )
         else:
             self.r = resume.state
@@ -548,6 +550,7 @@ class _Generation:
         # Speculation lives with this generation, not the ReplyState: a reply handed to another model
         # starts drafting afresh there (its own session, rows, costs; maybe another vocabulary).
         self.spec: Speculation | None = None
+        self.max_tokens = params.max_tokens  # the reply's bound (run() adds the sliding window's)
 
     @property
     def ctx(self) -> list[int]:
@@ -575,10 +578,47 @@ class _Generation:
             self._window()
 
     def _window(self) -> None:
-        """Context full (or the cap lowered): keep the newest half of the context, a sliding window."""
-        log.info("context cap %d reached: sliding window", self.e.context_length)
-        self.r.ctx = self.ctx[-(self.e.context_length // 2) :]
-        self.r.truncated = True
+        """Context full (or the cap lowered): a sliding window. A chat prompt drops whole turns from the
+        front, as the request's window does (chat_prompt): the system message and the newest turns that fit
+        with the reply so far and room for the rest of it (up to half the context, so the window does not
+        slide again at once). When no whole turn can go (a raw text, one huge turn, a reply that leaves no
+        room for its question), keep the newest half of the context, tokens. The KV is rebuilt from the new
+        context (stale); the reply's text, ids and sampler go on untouched."""
+        e, r = self.e, self.r
+        w = r.window
+        if w is not None:
+            system, turns = window_split(w.messages)
+            reply = self.ctx[w.head :]
+            left = (
+                min(x for x in (self.max_tokens, e.max_tokens_limit, 1 << 30) if x is not None) - r.generated
+            )
+            room = e.context_length - min(max(left, 1), e.context_length // 2) - len(reply)
+            try:
+                best, _ = newest_turns(
+                    turns,
+                    w.dropped + 1,
+                    lambda start: e._encode_chat(system + turns[start:], w.tools),
+                    lambda candidate: len(candidate) <= room,
+                )
+            except SimmerError:  # a template that refuses the shorter history: the reply must go on
+                best = None
+            if best is not None:
+                start, ids = best
+                log.info(
+                    "context cap %d reached: sliding window, %d more turns dropped",
+                    e.context_length,
+                    start - w.dropped,
+                )
+                r.ctx = [*ids, *reply]
+                w.dropped, w.head = start, len(ids)
+                r.turns_dropped = start
+                r.truncated = True
+                self.stale = True
+                return
+        log.info("context cap %d reached: sliding window (tokens)", e.context_length)
+        r.ctx = self.ctx[-(e.context_length // 2) :]
+        r.window = None  # a message cut mid-way: the context's turns can no longer be told apart
+        r.truncated = True
         self.stale = True
 
     def _run(self, ids: Sequence[int], keep: int = 1) -> np.ndarray:
@@ -712,6 +752,7 @@ class _Generation:
             if p.truncate:
                 bound = e.window_reply_contexts * e.context_length
                 max_tokens = bound if max_tokens is None else min(max_tokens, bound)
+            self.max_tokens = max_tokens
             t_decode = time.perf_counter()
             last_emit = t_decode
             while True:
@@ -816,6 +857,7 @@ class _Generation:
             usage=r.usage,
             timings=t,
             truncated=r.truncated,
+            turns_dropped=r.turns_dropped,
             variant=e.variant,
             text=held_text,
             tool_calls=end_calls,

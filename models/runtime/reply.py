@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from models.protocol import ChatTurns
 from models.runtime.constraint import Constraint
 from models.runtime.sampling import Sampler, make_rng
 from models.runtime.stops import StopMatcher
 from models.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 from models.runtime.tools import CallReader
+from models.runtime.window import TurnWindow, window_split
 from models.types import GenerationParams, Timings, Usage
 
 
@@ -44,6 +46,9 @@ class ReplyState:
     # reader (it reads text, so it stays)
     constraint: Constraint | None = None
     reader: CallReader | None = None
+    # a chat prompt's turns (None: a raw text, a turn cut mid-way, or the context slid by tokens)
+    window: TurnWindow | None = None
+    turns_dropped: int = 0  # turns of the chat prompt's messages dropped from the front (see FinishEvent)
 
     @classmethod
     def start(
@@ -53,8 +58,12 @@ class ReplyState:
         tokenizer_key: str,
         ids: list[int],
         truncated: bool,
+        chat: ChatTurns | None = None,
+        dropped: int = 0,
     ) -> ReplyState:
         rng = make_rng(params.sampling.seed)
+        turns = None if chat is None else len(chat.messages) - len(window_split(chat.messages)[0])
+        whole = turns is not None and dropped < turns  # else even the last turn was cut: no turn to drop
         return cls(
             params=params,
             stops=StopMatcher(params.stop),
@@ -66,6 +75,8 @@ class ReplyState:
             ctx=list(ids),
             detok=IncrementalDetokenizer(tokenizer),
             sampler=Sampler(params.sampling, rng, prompt_len=len(ids)),
+            window=TurnWindow(chat.messages, chat.tools, dropped, len(ids)) if chat and whole else None,
+            turns_dropped=dropped if chat else 0,
         )
 
     def retokenized(
@@ -77,6 +88,7 @@ class ReplyState:
         held. The sampler keeps its RNG (same seed, same draws from here); its penalties count the ids of
         the new vocabulary, the last `reply_tokens` of them as generated."""
         self.tokenizer_key = tokenizer_key
+        self.window = None  # the request and the reply as one text: its turns are no longer told apart
         self.history = list(ids)
         self.ctx = list(ids)
         self.detok = IncrementalDetokenizer(tokenizer)

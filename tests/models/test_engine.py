@@ -9,7 +9,7 @@ import pytest
 
 from models.errors import ContextLengthExceeded
 from models.protocol import EngineLimits, Prompt
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import LlamaEngine, load_engine, window_split
 from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams, TokenEvent
 from tests.reference_llama import ReferenceLlama
 
@@ -387,7 +387,88 @@ def test_context_cap_when_lowered_mid_reply_then_window_slides(tiny_model_dir):
     params = GenerationParams(GREEDY, max_tokens=60, truncate=True, ignore_eos=True)
     tokens, fin = run(eng, p, params, step_hook=hook)
     assert len(tokens) == 60 and fin.finish_reason == "length" and fin.truncated
-    assert len(eng._slots[0].tokens) <= 24
+    assert fin.turns_dropped == 0  # a raw text has no turns: its tokens slide
+    slot = eng._slots[0].tokens
+    assert len(slot) <= 24 and [*p.ids, *(t.token_id for t in tokens[:-1])][-len(slot) :] == slot
+
+
+def lower_cap_after(step: int, cap: int):
+    """A step hook (the governor's seam) that lowers the context cap at its `step`-th call: the first call
+    is before the prefill, the next ones after each token (the prefill is one chunk)."""
+    calls = []
+
+    def hook():
+        calls.append(1)
+        return EngineLimits(context_cap=cap) if len(calls) == step else None
+
+    return hook
+
+
+def chat_history(pairs: int = 5) -> list[dict]:
+    messages = [{"role": "system", "content": "be brief"}]
+    for i in range(pairs):
+        messages += [
+            {"role": "user", "content": f"question {i}"},
+            {"role": "assistant", "content": f"answer {i}"},
+        ]
+    return [*messages, {"role": "user", "content": "last question"}]
+
+
+def test_context_cap_when_lowered_mid_chat_reply_then_whole_turns_dropped(tiny_model_dir):
+    """The governor lowers the cap mid-reply under a chat prompt: the window drops the oldest turns whole
+    (the KV is rebuilt from the system message, the newest turns that fit with the reply's room, and the
+    reply so far), as the request's window does, not the context's newest half cut at some token. The reply
+    goes on from that context: a fresh reply from it gives the same tokens."""
+    eng = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=256)
+    messages = chat_history()
+    system, turns = window_split(messages)
+    p = eng.chat_prompt(messages, truncate=True)
+    assert not p.truncated and 128 < len(p.ids) < 256 - 16
+    params = GenerationParams(GREEDY, max_tokens=16, truncate=True, ignore_eos=True)
+    tokens, fin = run(eng, p, params, step_hook=lower_cap_after(3, 128))  # after the reply's 2nd token
+    reply = [t.token_id for t in tokens]
+    assert len(reply) == 16 and fin.truncated and fin.turns_dropped > 0
+    k = fin.turns_dropped
+    assert turns[k]["role"] == "user"  # a window starts with a user turn
+    kept = eng.chat_prompt(system + turns[k:]).ids
+    assert eng._slots[0].tokens == [*kept, *reply[:-1]]  # no partial message, the whole reply
+    # the newest turns that fit: one more turn pair would not leave room for the rest of the reply
+    assert len(kept) + 16 <= 128 < len(eng.chat_prompt(system + turns[k - 2 :]).ids) + 16
+    assert "be brief" in eng.tokenizer.decode(kept) and "question 0" not in eng.tokenizer.decode(kept)
+
+    eng.reset_cache()
+    again, _ = run(eng, Prompt([*kept, *reply[:2]]), GenerationParams(GREEDY, max_tokens=14, ignore_eos=True))
+    assert [t.token_id for t in again] == reply[2:]
+
+
+def test_context_cap_when_lowered_mid_reply_under_one_huge_turn_then_tokens_slide(tiny_model_dir):
+    """No whole turn can go (the prompt is one long question): the window keeps the context's newest half,
+    tokens, as a raw text's does; the reply still goes on and says it was truncated."""
+    eng = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=256)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "blah " * 40}]
+    p = eng.chat_prompt(messages)
+    params = GenerationParams(GREEDY, max_tokens=16, truncate=True, ignore_eos=True)
+    tokens, fin = run(eng, p, params, step_hook=lower_cap_after(3, 64))
+    assert len(tokens) == 16 and fin.truncated and fin.turns_dropped == 0
+    full = [*p.ids, *(t.token_id for t in tokens[:-1])]
+    slot = eng._slots[0].tokens
+    assert len(slot) <= 64 and full[-len(slot) :] == slot  # the context's end, cut at a token
+
+
+def test_context_cap_when_lowered_mid_reply_and_the_template_refuses_fewer_turns_then_tokens_slide(
+    tiny_model_dir,
+):
+    """A chat template that raises for the shorter history (raise_exception): the reply goes on, its
+    context slid by tokens, instead of failing mid-way."""
+    strict = (
+        "{% if messages|length < 12 %}{{ raise_exception('the whole history, please') }}{% endif %}"
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    )
+    eng = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=256, chat_template=strict)
+    p = eng.chat_prompt(chat_history())
+    params = GenerationParams(GREEDY, max_tokens=16, truncate=True, ignore_eos=True)
+    tokens, fin = run(eng, p, params, step_hook=lower_cap_after(3, len(p.ids) - 8))
+    assert len(tokens) == 16 and fin.finish_reason == "length" and fin.truncated and fin.turns_dropped == 0
 
 
 def test_context_cap_when_raised_above_the_slot_buffer_then_buffer_grows(tiny_model_dir):

@@ -19,7 +19,7 @@ from models.protocol import EngineLimits
 from models.runtime.engine import window_split
 from models.types import SamplingParams
 from server.served import serve_folders
-from server.summary import NOTE_MARK, prefix_keys, with_note
+from server.summary import NOTE_MARK, message_line, prefix_keys, with_note
 from server.worker import NoGate
 from tests.server.conftest import make_settings, wait_ready
 
@@ -390,6 +390,63 @@ def test_summary_when_governor_caps_context_then_dropped_turns_summarized(tiny):
     second = chat(srv, messages)
     assert (second["truncated"], second["summarized"]) == (True, True)
     assert second["usage"]["prompt_tokens"] <= 160
+
+
+class MidReplyCapGate(NoGate):
+    """The governor lowers the context cap during the first reply (at its `at`-th step: before the prefill,
+    then after each token) and keeps it lowered for the jobs after it."""
+
+    def __init__(self, cap: int, at: int = 3) -> None:
+        self.cap, self.at, self.steps = cap, at, 0
+
+    def before_job(self, cancel, enqueued_at) -> EngineLimits | None:
+        return EngineLimits(context_cap=self.cap) if self.steps >= self.at else None
+
+    def before_step(self, cancel) -> EngineLimits | None:
+        self.steps += 1
+        return EngineLimits(context_cap=self.cap) if self.steps == self.at else None
+
+
+def test_summary_when_cap_lowered_mid_reply_then_whole_turns_dropped_and_their_summary_queued(tiny):
+    """The conversation fits the configured 256 tokens, and the governor lowers the cap to 160 during the
+    reply: the window drops the oldest turns whole mid-reply (the KV rebuilt from the system message, the
+    newest turns and the reply so far), the reply says truncated, and once the client has it the dropped
+    turns' summary is queued as the request's window queues it (with its look-ahead). The next idle moment
+    writes it, and a later request of the conversation (under the lowered cap) carries it."""
+    messages = conversation(turns=4)
+    gate = MidReplyCapGate(160)
+    srv = tiny(governor=gate)
+    rt = srv.app.state.runtime
+    engine = rt.served.pool.engine("tiny-small")
+    system, turns = window_split(messages)
+    n = len(turns)
+    assert 160 < len(engine.chat_prompt(messages, reserve=8).ids) < 256  # fits until the cap is lowered
+    rt.summarizer.allowed = lambda: False  # the work waits, so the test can read it
+    body = chat(srv, messages, max_tokens=8, ignore_eos=True)
+    assert body["usage"]["completion_tokens"] == 8 and gate.steps > 3  # lowered mid-reply
+    assert (body["truncated"], body["summarized"]) == (True, False)
+
+    slot = max(engine._slots, key=lambda s: s.last_used).tokens
+    encode = engine._encode_chat  # the window's own encoding (chat_prompt would refuse: the cap is 160 now)
+    starts = [k for k in range(1, n) if slot[: len(ids := encode(system + turns[k:]))] == ids]
+    assert len(starts) == 1 and turns[starts[0]]["role"] == "user"  # whole turns kept, the system message too
+    cut = starts[0]
+    assert len(encode(system + turns[cut:])) + 8 <= 160
+
+    with rt.summarizer._lock:
+        (work,) = rt.summarizer._pending
+    keys = prefix_keys(turns[: n - 1])
+    lines = [line for _, line in work.lines]
+    assert work.summary == "" and lines[:cut] == [message_line(t) for t in turns[:cut]]  # every dropped turn
+    target = len(lines)  # ...then the look-ahead: up to a user turn, never the question
+    assert cut <= target < n and turns[target]["role"] == "user" and work.lines[-1][0] == keys[target - 1]
+
+    rt.summarizer.allowed = lambda: True
+    assert chat(srv, [{"role": "user", "content": "hi"}])["truncated"] is False  # an idle moment after it
+    wait_idle(srv)
+    assert rt.summarizer.store.longest(keys) is not None
+    later = chat(srv, messages)
+    assert (later["truncated"], later["summarized"]) == (True, True)
 
 
 def metrics(srv) -> dict[str, float]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.protocol import EngineLimits
+from models.protocol import EngineLimits, Prompt
 from models.types import CancelToken
 from server.served import serve_folders
 from server.summary import (
@@ -14,6 +14,7 @@ from server.summary import (
     NOTE_MARK,
     Summarizer,
     SummaryStore,
+    Windowed,
     message_line,
     prefix_keys,
     summary_model,
@@ -125,3 +126,44 @@ def test_summarizer_when_governor_not_calm_then_work_waits(tmp_path, tiny_pair_d
     summarizer.window(engine, conversation(turns=12), truncate=True, reserve=4, tools=None)
     summarizer.run(pool, cancelled)  # a job already waits: not even started
     assert summarizer.pending() and summarizer.preempted == 0
+
+
+def dropped_work(stored: int, noted: int, turns_dropped: int) -> tuple[str, list[str]] | None:
+    """What Summarizer.dropped queues for conversation(turns=8) (n = 9 turns with the question) when the
+    store holds a summary of its first `stored` turns, the prompt carried a note standing for its first
+    `noted` turns, and the reply's window had dropped `turns_dropped` of the prompt's turns when it ended."""
+    messages = conversation(turns=8)
+    turns = messages[1:]
+    keys = prefix_keys(turns[:-1])
+    summarizer = Summarizer(lambda: "m")
+    if stored:
+        summarizer.store.put(keys[stored - 1], f"first {stored}")
+    shown = with_note([messages[0], *turns[noted:]], f"first {noted}") if noted else messages
+    summarizer.dropped(messages, Windowed(Prompt([0]), bool(noted), shown), turns_dropped)
+    if not summarizer.pending():
+        return None
+    (work,) = summarizer._pending
+    first = turns.index(next(t for t in turns if message_line(t) == work.lines[0][1]))
+    assert [key for key, _ in work.lines] == keys[first : first + len(work.lines)]
+    return work.summary, [f"turn {i}" for i in range(first, first + len(work.lines))]
+
+
+@pytest.mark.parametrize(
+    ("stored", "noted", "turns_dropped", "summary", "span"),
+    [
+        # dropped mid-reply, no summary yet: turns 0..3 dropped, the look-ahead reaches turn 6 (a user turn)
+        (0, 0, 4, "", range(0, 6)),
+        # the prompt's note stood for 2 turns, the reply dropped 2 more of its own: extend the summary of 2
+        (2, 2, 2, "first 2", range(2, 6)),
+        # a summary of more than was dropped exists already (the request's look-ahead): nothing to do
+        (6, 0, 4, None, None),
+        # nothing, or everything (even the question) dropped: no work
+        (0, 0, 0, None, None),
+        (0, 0, 9, None, None),
+    ],
+)
+def test_summarizer_dropped_when_the_reply_window_drops_turns_then_their_work_queued(
+    stored, noted, turns_dropped, summary, span
+):
+    expected = None if summary is None else (summary, [f"turn {i}" for i in span])
+    assert dropped_work(stored, noted, turns_dropped) == expected
