@@ -25,7 +25,7 @@ from server.schemas import SamplingDefaults
 from server.security import CorsMiddleware, SecurityMiddleware
 from server.served import Served, serve_single
 from server.settings import Settings
-from server.summary import Summarizer, summary_model
+from server.summary import Summarizer, summary_models
 from server.worker import Gate, NoGate, Worker
 
 __all__ = ["Runtime", "create_app"]
@@ -56,13 +56,13 @@ def create_app(
     worker_box: list[Worker] = []
     metrics = Metrics(queue_depth=lambda: worker_box[0].queue_depth if worker_box else 0)
 
-    # The sliding window's summary: written by the smallest chat model of the ladder, in idle time only.
+    # The sliding window's summary: the smallest loaded chat model of the ladder writes it, in idle time only.
     def calm() -> bool:  # a summary is optional work: only while the governor is at nominal
         return governed is None or governed.snapshot().level == "nominal"
 
     summarizer = (
         Summarizer(
-            lambda: summary_model(served.ladder_models(), served.default_model, served.can_chat),
+            lambda: summary_models(served.ladder_models(), served.default_model, served.can_chat),
             allowed=calm,
         )
         if settings.summary

@@ -135,7 +135,7 @@ def cli_chat(argv: list[str], settings: Settings) -> int:
     (SIMMER_SUMMARY), written by the chat's own model while the user types."""
     args = _parser("simmer chat", False).parse_args(argv)
     engine = _open(settings, args)
-    summarizer = Summarizer(lambda: engine.model_id) if settings.summary and engine.can_chat else None
+    summarizer = Summarizer(lambda: [engine.model_id]) if settings.summary and engine.can_chat else None
     idle = _IdleSummary(summarizer, engine) if summarizer is not None else None
     messages = _messages(args)
     print(

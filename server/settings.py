@@ -81,8 +81,8 @@ class Settings(BaseSettings):
     )
     summary: bool = Field(
         True,
-        description="When the chat window drops turns, the smallest chat model of the ladder summarizes them "
-        "while idle and later requests carry the summary (false: the plain window)",
+        description="When the chat window drops turns, the smallest loaded chat model of the ladder "
+        "summarizes them while idle and later requests carry the summary (false: the plain window)",
     )
     chat_template: Path | None = Field(
         None, description="Jinja chat template file used instead of the model's (gives a base model chat)"

@@ -27,13 +27,14 @@ Why it is shaped like this:
 - Keyed by the turns alone (not the system message, not the model): a summary is a function of those turns
   only, so it is right for any request that starts with them, and a client that finds one learns nothing
   it did not send. Its text goes into that client's own system message (what it could write there itself).
-- Optional work: it runs only while the governor's level is nominal (`allowed`), and only on a summarizing
-  model that is already loaded (ModelPool.borrow): idle work never loads a model. A load cannot be
-  interrupted (1.1-1.9 s for SmolLM2 on a shared 2-core machine, longer on a phone), so a request arriving
-  during one would wait for all of it; nor does it unload one (the next request would pay for the reload).
-  The work waits, bounded, until a request or the governor's rung loads that model (without a ladder it is
-  the served model, loaded whenever a request ran within its keep_alive; with keep_alive 0 it never is);
-  until then the plain window serves.
+- Optional work: it runs only while the governor's level is nominal (`allowed`), and only on a chat model
+  that is already loaded (ModelPool.borrow): idle work never loads a model. A load cannot be interrupted
+  (1.1-1.9 s for SmolLM2 on a shared 2-core machine, longer on a phone), so a request arriving during one
+  would wait for all of it; nor does it unload one (the next request would pay for the reload). The writer
+  is the ladder's smallest chat model when it is loaded, else the smallest loaded one above it (at nominal
+  level a ladder serves from its top, so the smallest model is seldom loaded; the model that served the
+  request is, within its keep_alive). With none loaded (keep_alive 0) the work waits, bounded, and the plain
+  window serves.
 - Privacy (seed 001: logs never contain prompt text): neither summaries nor messages are ever logged or
   exported; log lines carry counts only.
 """
@@ -175,18 +176,19 @@ class Models(Protocol):
 
 class Summarizer:
     """The summary window (on the worker thread: `window` per chat job) and its idle work (`pending`,
-    `run`). `model()` names the summarizing model, None when there is none (then the plain window stays)."""
+    `run`). `models()` names the chat models that may write, preferred (smallest) first; none: the plain
+    window stays."""
 
     def __init__(
         self,
-        model: Callable[[], str | None],
+        models: Callable[[], list[str]],
         *,
         store: SummaryStore | None = None,
         max_tokens: int = SUMMARY_MAX_TOKENS,
         on_step: Callable[[CancelToken], None] | None = None,
         allowed: Callable[[], bool] = lambda: True,
     ) -> None:
-        self.model = model
+        self.models = models
         # The governor's say (app.py: only while its level is nominal): a summary is optional work, and heat
         # or a paused (background) app leave the device alone; the work waits for a cooler idle moment.
         self.allowed = allowed
@@ -201,7 +203,7 @@ class Summarizer:
         self.written = 0  # summary pieces stored
         self.preempted = 0  # pieces stopped by a request (resumed at the next idle moment)
         self.failed = 0  # pieces dropped by an error (never retried)
-        self.unloaded = 0  # idle moments the summarizing model was not loaded (the work waited)
+        self.unloaded = 0  # idle moments no summarizing model was loaded (the work waited)
         self.running = False  # inside run() (tests wait for it)
 
     # -- a request (worker thread, before the reply) --------------------------------------------------
@@ -307,35 +309,39 @@ class Summarizer:
             self.running = False
 
     def _run(self, pool: Models, cancel: CancelToken) -> None:
-        model_id = self.model()
-        if model_id is None:
+        candidates = self.models()
+        if not candidates:
             with self._lock:
                 self._pending.clear()  # no chat model to write it: the plain window stays
             return
         if cancel.cancelled or not self.allowed():
             return
-        # Only a loaded model writes (see the module docstring). Loading it in a background thread while the
-        # worker takes jobs was the other way: it keeps summaries on a ladder whose smallest model is not
-        # loaded, but the load competes with the reply for the device's few cores and memory. Measured on a
+        # Only a loaded model writes (see the module docstring): the smallest loaded one. Loading the smallest
+        # in a background thread while the worker takes jobs was the other way, but the load competes with
+        # the reply for the device's few cores and memory. Measured on a
         # shared 2-core machine (bench/load_contention.py, two runs of 6 interleaved rounds): a 48-token
         # Gemma 3 reply decoded while SmolLM2 loaded in a thread took 1.3 and 1.7 s longer (medians), as long
         # as or longer than the load alone (1.2, 1.3 s), the longest a request waits for it on the worker.
         # It would also need room reserved for an in-flight load and a hand-over of the engine to the worker.
         # Waiting keeps one thread owning the models.
-        with pool.borrow(model_id) as engine:
-            if engine is None:
-                self.unloaded += 1
-                return
-            while not cancel.cancelled and self.allowed():
-                with self._lock:
-                    if not self._pending:
-                        return
-                    work = self._pending.pop()  # the newest: the conversation most likely to come back
-                try:
-                    self._write(engine, work, cancel)
-                except SimmerError as err:  # dropped, never retried (no text in the log)
-                    self.failed += 1
-                    log.warning("summary not written: %s", type(err).__name__)
+        for model_id in candidates:
+            with pool.borrow(model_id) as engine:
+                if engine is not None:
+                    self._drain(engine, cancel)
+                    return
+        self.unloaded += 1
+
+    def _drain(self, engine: Engine, cancel: CancelToken) -> None:
+        while not cancel.cancelled and self.allowed():
+            with self._lock:
+                if not self._pending:
+                    return
+                work = self._pending.pop()  # the newest: the conversation most likely to come back
+            try:
+                self._write(engine, work, cancel)
+            except SimmerError as err:  # dropped, never retried (no text in the log)
+                self.failed += 1
+                log.warning("summary not written: %s", type(err).__name__)
 
     def _requeue(self, work: _Work) -> None:
         with self._lock:
@@ -425,12 +431,9 @@ def _chat_prompt(
     return engine.chat_prompt(messages, truncate=truncate, reserve=reserve, tools=tools)
 
 
-def summary_model(
+def summary_models(
     ladder_models: list[str], default_model: str, can_chat: Callable[[str], bool]
-) -> str | None:
-    """The smallest chat model of the ladder (its last one that can chat: the ladder runs best first);
-    without a ladder the served model itself; None when none can chat."""
-    for model_id in reversed(ladder_models or [default_model]):
-        if can_chat(model_id):
-            return model_id
-    return None
+) -> list[str]:
+    """The chat models that may write a summary, smallest first (the ladder runs best first); without a
+    ladder the served model itself; empty when none can chat."""
+    return [m for m in reversed(ladder_models or [default_model]) if can_chat(m)]

@@ -24,7 +24,9 @@ def _rss_mb() -> float:
 
 
 @pytest.mark.parametrize(("prefault", "low", "high"), [(True, 0.95, 1.2), (False, 0.0, 0.1)])
-def test_kv_pages_resident_at_allocation_only_when_prefaulted(prefault: bool, low: float, high: float) -> None:
+def test_kv_pages_resident_at_allocation_only_when_prefaulted(
+    prefault: bool, low: float, high: float
+) -> None:
     gc.collect()
     before = _rss_mb()
     kv = KVCache(SHAPE, CAPACITY, prefault=prefault)

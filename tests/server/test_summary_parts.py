@@ -17,7 +17,7 @@ from server.summary import (
     Windowed,
     message_line,
     prefix_keys,
-    summary_model,
+    summary_models,
     with_note,
 )
 from tests.server.conftest import make_settings
@@ -93,15 +93,15 @@ def test_store_when_full_then_least_recently_used_goes_and_longest_prefix_wins()
 @pytest.mark.parametrize(
     ("ladder", "chat", "expected"),
     [
-        (["big", "small"], {"big", "small"}, "small"),  # the smallest chat model: the ladder's last
-        (["big", "small", "base"], {"big", "small"}, "small"),  # a base model cannot write it
-        (["base"], set(), None),
-        ([], {"served"}, "served"),  # no ladder: the served model itself
-        ([], set(), None),
+        (["big", "small"], {"big", "small"}, ["small", "big"]),  # smallest first: the ladder's last
+        (["big", "small", "base"], {"big", "small"}, ["small", "big"]),  # a base model cannot write it
+        (["base"], set(), []),
+        ([], {"served"}, ["served"]),  # no ladder: the served model itself
+        ([], set(), []),
     ],
 )
-def test_summary_model_table(ladder, chat, expected):
-    assert summary_model(ladder, "served", lambda m: m in chat) == expected
+def test_summary_models_table(ladder, chat, expected):
+    assert summary_models(ladder, "served", lambda m: m in chat) == expected
 
 
 def test_summarizer_when_governor_not_calm_then_work_waits(tmp_path, tiny_pair_dirs):
@@ -111,7 +111,7 @@ def test_summarizer_when_governor_not_calm_then_work_waits(tmp_path, tiny_pair_d
     engine.apply_limits(EngineLimits(context_cap=256))
     pool.release("tiny-small")
     calm = [False]
-    summarizer = Summarizer(lambda: "tiny-small", allowed=lambda: calm[0])
+    summarizer = Summarizer(lambda: ["tiny-small"], allowed=lambda: calm[0])
     summarizer.sampling = TEXT_ONLY
     windowed = summarizer.window(engine, conversation(), truncate=True, reserve=4, tools=None)
     assert windowed.prompt.truncated and not windowed.summarized and summarizer.pending()
@@ -135,7 +135,7 @@ def dropped_work(stored: int, noted: int, turns_dropped: int) -> tuple[str, list
     messages = conversation(turns=8)
     turns = messages[1:]
     keys = prefix_keys(turns[:-1])
-    summarizer = Summarizer(lambda: "m")
+    summarizer = Summarizer(lambda: ["m"])
     if stored:
         summarizer.store.put(keys[stored - 1], f"first {stored}")
     shown = with_note([messages[0], *turns[noted:]], f"first {noted}") if noted else messages
