@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -151,3 +152,20 @@ def wait_ready(srv) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(httpx.get(srv.url + "/health").text)
+
+
+def responses_events(srv: LiveServer, body: dict) -> list[tuple[str | None, dict]]:
+    """(event name, data) of each Server-Sent Event of a streamed /v1/responses request."""
+    events, name = [], None
+    with (
+        httpx.Client(base_url=srv.url, timeout=30) as c,
+        c.stream("POST", "/v1/responses", json={"stream": True, **body}) as r,
+    ):
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line.removeprefix("data: "))))
+                name = None
+    return events

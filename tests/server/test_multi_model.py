@@ -16,7 +16,7 @@ from models.runtime.engine import load_engine
 from models.types import CancelToken, GenerationParams, SamplingParams, TokenEvent
 from server.memory_plan import MemoryBudget
 from server.served import serve_folders
-from tests.server.conftest import make_settings, wait_ready
+from tests.server.conftest import make_settings, responses_events, wait_ready
 
 MiB = 1 << 20
 PROMPT = "The quick brown fox"
@@ -507,18 +507,8 @@ def test_switch_when_responses_streams_then_events_name_the_current_model_and_us
 def test_switch_when_responses_streams_with_governor_events_then_chat_s_switch_event_too(several):
     gate = SwitchingGate("tiny-small", after=8)
     srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
-    body = {"model": "tiny-big", "input": PROMPT, "max_output_tokens": 24, "stream": True}
-    events, name = [], None
-    with (
-        httpx.Client(base_url=srv.url, timeout=30) as c,
-        c.stream("POST", "/v1/responses", json={**body, "governor_events": True}) as r,
-    ):
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                name = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                events.append((name, json.loads(line.removeprefix("data: "))))
-                name = None
+    body = {"model": "tiny-big", "input": PROMPT, "max_output_tokens": 24, "governor_events": True}
+    events = responses_events(srv, body)
     at = next(i for i, (name, _) in enumerate(events) if name == "governor")
     moved = events[at - 1][1]  # right after the response.in_progress naming the new model
     assert moved["type"] == "response.in_progress" and moved["response"]["model"] == "tiny-small"

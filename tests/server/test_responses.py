@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import MODEL
+from tests.server.conftest import MODEL, responses_events
 from tests.server.fakes import REPLY, FakeGovernor
 
 WORDS = REPLY.split(" ")
@@ -106,20 +106,7 @@ def test_stream_when_the_engine_fails_midway_then_error_and_response_failed(live
 
 
 def sse_events(srv, body: dict) -> list[tuple[str | None, dict]]:
-    """(event name, data) of each Server-Sent Event of a streamed /v1/responses request."""
-    events, name = [], None
-    with (
-        httpx.Client(base_url=srv.url, timeout=30) as c,
-        c.stream("POST", "/v1/responses", json={"model": MODEL, "stream": True, **body}) as r,
-    ):
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                name = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                events.append((name, json.loads(line.removeprefix("data: "))))
-                name = None
-    return events
+    return responses_events(srv, {"model": MODEL, **body})
 
 
 def test_stream_when_governor_events_then_chat_s_governor_event_beside_the_numbered_ones(live) -> None:
