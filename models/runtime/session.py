@@ -56,15 +56,29 @@ class ModelShape:
 
 
 def kv_zeros(dims: tuple[int, ...], dtype: Any, prefault: bool) -> np.ndarray:
-    """A zeroed KV buffer. A large np.zeros is calloc'd: the kernel maps its pages only when a position is
-    first written, so RSS grows with the longest context seen, a few MB at a time, for as long as the
-    process runs (issue 13's "memory growth once warm" measured 10 MB over ten requests, all of it KV).
-    With `prefault` every page is written now, as llama.cpp clears its KV buffer at init: RSS is the
-    memory planner's figure from the start (a model that fits is refused at load, never killed mid-reply)
-    and any growth afterwards is a real leak."""
-    a = np.zeros(dims, dtype)
+    """A zeroed KV buffer in its own anonymous mapping (where the OS has them), so its memory behaves the
+    same in any process: the kernel maps a page only when it is first written, and dropping the buffer
+    (an unload, a bigger slot) unmaps it at once. A np.zeros of the same size may come from heap a longer
+    process freed earlier, which calloc writes over (resident at once) and a free keeps in the heap.
+    Lazily mapped, RSS grows with the longest context seen, a few MB at a time, for as long as the process
+    runs (issue 13's "memory growth once warm" measured 10 MB over ten requests, all of it KV). With
+    `prefault` every page is mapped now, as llama.cpp clears its KV buffer at init: RSS is the memory
+    planner's figure from the start (a model that fits is refused at load, never killed mid-reply) and any
+    growth afterwards is a real leak."""
+    count = int(np.prod(dims))
+    nbytes = count * np.dtype(dtype).itemsize
+    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):  # no anonymous mmap (Windows): the heap
+        a = np.zeros(dims, dtype)
+        if prefault:
+            a.fill(0)  # the write is the point: a read would map the shared zero page
+        return a
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
     if prefault:
-        a.fill(0)  # the write is the point: a read would map the shared zero page
+        flags |= getattr(mmap, "MAP_POPULATE", 0)  # Linux: the kernel maps every page in the one call
+    buf = mmap.mmap(-1, nbytes, flags=flags)
+    a = np.frombuffer(buf, dtype, count).reshape(dims)  # the array keeps the mapping alive, and frees it
+    if prefault and not getattr(mmap, "MAP_POPULATE", 0):
+        a.fill(0)
     return a
 
 

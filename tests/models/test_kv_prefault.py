@@ -4,6 +4,9 @@ uses), or mapped as the context first grows. RSS is read from /proc (Linux, like
 from __future__ import annotations
 
 import gc
+import json
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -52,3 +55,32 @@ def test_engines_opened_by_engine_config_allocate_kv_as_the_setting_says(tiny_mo
     grown = _rss_mb() - before
     total = kv.nbytes / 2**20
     assert (grown >= 0.95 * total) if prefault else (grown <= 0.1 * total), (grown, total)
+
+
+# A long process's heap: glibc's mmap threshold raised by a freed ~30 MiB block, 96 MiB of heap freed under
+# a live block (so it is not the top) and handed back by malloc_trim, as release_freed_memory does after a
+# session build. A np.zeros of 40 MiB then comes from that heap and calloc writes it: resident at once. The
+# KV's own mapping is not: the control shows the state is reproduced, the KV line what kv_zeros does in it.
+HEAP_SCRIPT = """
+import ctypes, gc, json, numpy as np, psutil
+from models.runtime.session import kv_zeros
+rss = lambda: psutil.Process().memory_info().rss / 2**20
+x = np.ones(30 << 20, np.uint8); del x
+chunks = [np.ones(16 << 20, np.uint8) for _ in range(6)]
+pin = np.ones(1 << 16, np.uint8)
+del chunks; gc.collect(); ctypes.CDLL("libc.so.6").malloc_trim(0)
+b = rss(); control = np.zeros((40 << 20) // 4, np.float32); control_mb = rss() - b
+b = rss(); kv = kv_zeros(((40 << 20) // 4,), np.float32, False); kv_mb = rss() - b
+b = rss(); full = kv_zeros(((40 << 20) // 4,), np.float32, True); full_mb = rss() - b
+b = rss(); del full; gc.collect(); freed_mb = b - rss()
+print(json.dumps([control_mb, kv_mb, full_mb, freed_mb]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
+def test_kv_when_the_heap_holds_trimmed_free_memory_then_still_lazy_and_freed_at_once() -> None:
+    out = subprocess.run([sys.executable, "-c", HEAP_SCRIPT], capture_output=True, text=True, check=True)
+    control_mb, kv_mb, full_mb, freed_mb = json.loads(out.stdout)
+    assert control_mb >= 0.95 * 40  # the heap state that made np.zeros resident is reproduced
+    assert kv_mb <= 0.1 * 40
+    assert full_mb >= 0.95 * 40 and freed_mb >= 0.95 * 40  # prefaulted, and unmapped when dropped
