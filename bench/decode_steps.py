@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.engine import known_prompt, machine, run_probe
-from bench.engine_probe import DECODE_TOKENS, LlamaCppDriver, SimmerDriver, long_ids
+from bench.engine_probe import DECODE_TOKENS, PROMPT_TOKENS, LlamaCppDriver, SimmerDriver, long_ids
 
 
 def _median_ms(xs: list[float]) -> float:
@@ -87,7 +87,7 @@ def _simmer(cfg: dict[str, Any]) -> dict[str, Any]:
         return out
 
     sess.run_last = timed_run_last  # type: ignore[method-assign]
-    prompt = long_ids()
+    prompt = long_ids(n=cfg.get("prompt_tokens", PROMPT_TOKENS))
     driver.generate(prompt[:32], 8, reuse=False)  # warm-up
     out: dict[str, Any] = {"config": {k: v for k, v in cfg.items() if k != "known_ids"}}
     n_runs = len(runs)
@@ -177,7 +177,7 @@ def _llama(cfg: dict[str, Any]) -> dict[str, Any]:
 
     driver = LlamaCppDriver(cfg)
     llm = driver.llm
-    prompt = long_ids()
+    prompt = long_ids(n=cfg.get("prompt_tokens", PROMPT_TOKENS))
     driver.generate(prompt[:32], 8, reuse=False)  # warm-up
     llm.n_tokens = 0
     llm.eval(prompt)
@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help="context before decoding")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -237,9 +238,18 @@ def main(argv: list[str] | None = None) -> None:
             "variant": args.variant,
             "threads": args.threads,
             "known_ids": known,
+            "prompt_tokens": args.prompt_tokens,
         }
         for label, d in simmers
-    ] + [{"engine": "llama.cpp", "label": "llama.cpp", "gguf": str(args.gguf), "threads": args.threads}]
+    ] + [
+        {
+            "engine": "llama.cpp",
+            "label": "llama.cpp",
+            "gguf": str(args.gguf),
+            "threads": args.threads,
+            "prompt_tokens": args.prompt_tokens,
+        }
+    ]
     results: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for rnd in range(args.rounds):
         order = configs[rnd % len(configs) :] + configs[: rnd % len(configs)]
