@@ -143,7 +143,7 @@ def prefault_mappings(
     loaded, left out of the decision: a session rebuilt for another thread count or spinning maps the
     same tables while the one it replaces is still alive, and counting both (SmolLM2: 2 x 54 MB) left its
     27 MB lookup table only advised, read in a few rows per new token for as long as the process runs
-    (4.5 MB over ten warm requests of the ladder benchmark, after the governor's thread change).
+    (7.7 MB over the ten replies after the governor's thread change: bench/warm_memory.py).
 
     onnxruntime maps the weights file and unmaps what its kernels prepack, so what stays mapped is read in
     place: small tensors read whole by every token (norms), and tables of which a token reads a few rows
