@@ -85,7 +85,7 @@ def run(model_dir: Path, replies: int, variant: str | None) -> dict:
     rss = [r["rss_mb"] for r in rows]
     end = min(11, len(rss))
     return {
-        "model_dir": str(model_dir),
+        "model": f"{model_dir.parent.name}/{model_dir.name}",  # the store's id/folder, not a local path
         "replies": rows,
         "growth_mb_reply_1_to_11": round(rss[end - 1] - rss[0], 2),
         "weights_grown_kb_after_reply_1": sum(r["grown_kb"].get("weights", 0) for r in rows[1:]),
