@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -113,14 +113,37 @@ PREFAULT_ALL_MAX = 96 << 20  # when all that stays mapped is at most this, all o
 PREFAULT_MAX_BYTES = 4 << 20  # otherwise mappings up to this size are; larger ones are only advised
 
 
+def folder_mappings(folder: Path, maps: Path = Path("/proc/self/maps")) -> dict[str, tuple[int, int]]:
+    """This process's readable mappings of files in `folder`: {maps line up to the path (address range,
+    permissions, offset, device, inode): (start, length)}. Empty where there is no procfs."""
+    try:
+        lines = maps.read_text().splitlines()
+    except OSError:
+        return {}
+    root = str(Path(folder).resolve()) + "/"
+    found = {}
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or not parts[5].startswith(root) or "r" not in parts[1]:
+            continue
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        found[" ".join(parts[:5])] = (start, end - start)
+    return found
+
+
 def prefault_mappings(
     folder: Path,
     maps: Path = Path("/proc/self/maps"),
     touch_max: int = PREFAULT_MAX_BYTES,
     all_max: int = PREFAULT_ALL_MAX,
+    skip: Collection[str] = (),
 ) -> int:
     """Bring the weights that this process maps from files in `folder` into memory at load; returns the
-    bytes made resident.
+    bytes made resident. `skip`: mappings (folder_mappings keys) that were there before the session being
+    loaded, left out of the decision: a session rebuilt for another thread count or spinning maps the
+    same tables while the one it replaces is still alive, and counting both (SmolLM2: 2 x 54 MB) left its
+    27 MB lookup table only advised, read in a few rows per new token for as long as the process runs
+    (7.7 MB over the ten replies after the governor's thread change: bench/warm_memory.py).
 
     onnxruntime maps the weights file and unmaps what its kernels prepack, so what stays mapped is read in
     place: small tensors read whole by every token (norms), and tables of which a token reads a few rows
@@ -136,18 +159,7 @@ def prefault_mappings(
       cached pages per fault). RSS grows as new rows are looked up, up to what reading it all costs.
     The pages are the file's own (clean, shared with the page cache), so neither copies anything. Linux
     only; elsewhere a no-op."""
-    try:
-        lines = maps.read_text().splitlines()
-    except OSError:
-        return 0
-    root = str(Path(folder).resolve()) + "/"
-    spans = []
-    for line in lines:
-        parts = line.split(maxsplit=5)
-        if len(parts) < 6 or not parts[5].startswith(root) or "r" not in parts[1]:
-            continue
-        start, end = (int(x, 16) for x in parts[0].split("-"))
-        spans.append((start, end - start))
+    spans = [span for key, span in folder_mappings(folder, maps).items() if key not in skip]
     limit = max(all_max, touch_max) if sum(n for _, n in spans) <= all_max else touch_max
     total = 0
     for start, n in spans:
@@ -176,6 +188,11 @@ def session_options(threads: int, spinning: bool = False) -> ort.SessionOptions:
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
+    # onnxruntime's memory patterns cache one plan per distinct set of input shapes, never dropped: every
+    # attention length a decode step sees adds ~25 KB (SmolLM2 and Gemma 3 alike), 24 MB by position 1000,
+    # up to ~100 MB over a 2048-token context. Without them the arena serves each run's tensors: the same
+    # speed measured (decode and a 200-token prefill within 6 %, either way), and heap flat once warm.
+    so.enable_mem_pattern = False
     # a spinning pool burns a core while idle: on a phone that is heat for nothing
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -187,10 +204,11 @@ class DecoderSession:
         self.path = Path(path)
         self.shape = shape
         self.threads = threads
+        before = folder_mappings(self.path.parent)
         self.sess = ort.InferenceSession(
             str(path), session_options(threads, spinning), providers=["CPUExecutionProvider"]
         )
-        prefault_mappings(self.path.parent)
+        prefault_mappings(self.path.parent, skip=before)
         # Graphs from converter 7 on take num_logits_to_keep (an input with a default, which onnxruntime
         # lists as an overridable initializer); older folders give the last position only.
         self.multi_logits = any(
@@ -383,6 +401,7 @@ class GeneralDecoderSession:
         self.io = io
         self.shape = ModelShape(io.n_layers, io.n_kv_heads, io.head_dim, io.vocab)
         self.threads = threads
+        before = folder_mappings(self.path.parent)
         self.sess = ort.InferenceSession(
             str(path), session_options(threads, spinning), providers=["CPUExecutionProvider"]
         )
@@ -410,7 +429,7 @@ class GeneralDecoderSession:
         self.mask_dtype = _ORT_INT_DTYPES.get(ins.get(self.mask_name or "", ""), np.int64)
         self.positions_dtype = _ORT_INT_DTYPES.get(ins.get(self.positions_name or "", ""), np.int64)
         self.run_options = ort.RunOptions()
-        prefault_mappings(self.path.parent)
+        prefault_mappings(self.path.parent, skip=before)
 
     def new_cache(self, capacity: int, prefault: bool = False) -> SharedKV | GrowingKV:
         kind = SharedKV if self.io.share_buffer else GrowingKV

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from models.runtime.session import PREFAULT_ALL_MAX, prefault_mappings
+from models.runtime.session import PREFAULT_ALL_MAX, folder_mappings, prefault_mappings
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
 
@@ -69,6 +69,25 @@ def test_prefault_when_mappings_exceed_all_max_then_large_ones_advised_not_resid
         n.close()
 
 
+def test_prefault_when_an_earlier_session_maps_the_same_file_then_only_the_new_mappings_decide(tmp_path):
+    # A session rebuilt for another thread count maps the same tables while the one it replaces is alive:
+    # the new mappings alone fit all_max, both together do not.
+    path = tmp_path / "weights.data"
+    path.write_bytes(b"\4" * (4 << 20))
+    with path.open("rb") as f:
+        old = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        assert prefault_mappings(tmp_path, touch_max=2 << 20, all_max=5 << 20) == 4 << 20
+        before = folder_mappings(tmp_path)
+        assert len(before) == 1
+        new = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        new.madvise(mmap.MADV_DONTNEED)
+        assert resident(path) == (8192, 4096)  # the old mapping in, the new one not
+        assert prefault_mappings(tmp_path, touch_max=2 << 20, all_max=5 << 20, skip=before) == 4 << 20
+        assert resident(path) == (8192, 8192)
+        old.close()
+        new.close()
+
+
 def test_prefault_when_no_procfs_then_nothing(tmp_path):
     assert prefault_mappings(tmp_path, maps=tmp_path / "missing") == 0
 
@@ -82,3 +101,21 @@ def test_session_when_real_model_loaded_then_its_mapped_weights_are_resident(smo
     size, rss = resident(Path(smollm2_model_dir).resolve() / "weights.data")
     assert 20_000 < size <= PREFAULT_ALL_MAX // 1024  # the embedding table (~27 MiB) is read in place
     assert rss >= size - 64  # all of it in at load (a partial page at a mapping's end may differ)
+
+
+@pytest.mark.slow
+def test_session_when_rebuilt_for_other_threads_then_its_mapped_weights_are_resident_too(smollm2_model_dir):
+    """The governor's thread change builds a session while the old one is alive (engine._session): the new
+    one's lookup table is read in at load as the first one's was, not a few rows per new token afterwards
+    (the ladder benchmark's creep once warm)."""
+    from models.protocol import EngineLimits
+    from models.runtime.engine import load_engine
+
+    engine = load_engine(smollm2_model_dir, variant="q4", threads=1, context_length=256)
+    engine._session()
+    engine.apply_limits(EngineLimits(threads=2))
+    engine._session()
+    assert list(engine._sessions) == [("q4", 2, engine.session_key()[2])]  # the one-thread session is gone
+    size, rss = resident(Path(smollm2_model_dir).resolve() / "weights.data")  # the new session's alone
+    assert 20_000 < size <= PREFAULT_ALL_MAX // 1024
+    assert rss >= size - 64
