@@ -20,6 +20,26 @@ GEMMA3_SIZE = 253_113_024
 GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every collected test has its own node id, or the run stops.
+
+    pytest-xdist schedules by node id: tests sharing one are run once, silently (the schemathesis campaign
+    ran 1 of its 20 operations under `-n 2`). schemathesis 4 makes one item per API operation, named
+    `test_x[POST /v1/chat/completions]`, but pytest 9.2 builds the id from the `originalname` schemathesis
+    gives (the bare function name), so all its items share one id: theirs is rebuilt from the item's name.
+    """
+    for item in items:
+        want = f"{item.parent.nodeid}::{item.name}" if item.parent is not None else item.nodeid
+        if type(item).__name__ == "SchemathesisFunction" and item.nodeid != want:
+            item._id = type(item._id).parse(want)  # pytest >= 9.2 keeps a structured NodeId
+    seen: dict[str, int] = {}
+    for item in items:
+        seen[item.nodeid] = seen.get(item.nodeid, 0) + 1
+    shared = sorted(nodeid for nodeid, n in seen.items() if n > 1)
+    if shared:
+        raise pytest.UsageError(f"tests sharing a node id (pytest-xdist would run one of each): {shared}")
+
+
 def test_cache_dir() -> Path:
     root = Path(os.environ.get("SIMMER_TEST_CACHE", Path.home() / ".cache" / "simmer-test"))
     root.mkdir(parents=True, exist_ok=True)
