@@ -20,11 +20,13 @@ run: $(STAMP)
 # Lint, then the whole test suite. Installs, when it can, Chromium for the browser tests and the llama.cpp
 # peer (llama-cpp-python compiles llama.cpp once, ~5 minutes; pip reuses the wheel after) for the tests
 # that compare with it; without them those tests skip and say why.
+# pytest runs on 2 worker processes (pytest-xdist); --dist loadfile keeps each file's tests, and so its
+# module fixtures, in one process. pytest's exit code 5 (no test ran) still fails the target.
 test: lint
 	-bash tests/install_browser.sh
 	$(BIN)/python -c 'import llama_cpp' 2>/dev/null || $(BIN)/python -m pip install -q \
 		'llama-cpp-python[server]==0.3.36' || echo "llama.cpp peer not installed: its comparison tests skip"
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # ruff; pyright (basic) on the packages [tool.pyright] lists; import-linter's layering contracts
 # ([tool.importlinter] in pyproject.toml). All offline: pyright's node comes from a wheel.

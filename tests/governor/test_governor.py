@@ -9,6 +9,7 @@ from governor.governor import Governor
 from governor.limits import build_ladder
 from governor.policy import PolicyConfig
 from governor.sensors import BatteryReading, MemoryReading, SimulatedThermalSource
+from tests import aio
 from tests.governor.fakes import FakeClock, FakeSensor, make_sim
 
 LADDER = build_ladder([("m", "q4", 0.014, 1.0, 230_000_000), ("m", "q4-a8", 0.010, 0.95, 200_000_000)])
@@ -136,7 +137,7 @@ def test_subscribe_async_when_change_then_snapshot_arrives_on_the_loop():
         unsubscribe()
         return snap.level
 
-    assert asyncio.run(main()) == "critical"
+    assert aio.run(main()) == "critical"
 
 
 def test_to_dict_when_simulated_then_json_body_with_source_and_limits():

@@ -20,7 +20,7 @@ from models.convert.graph import VARIANTS, WeightFile, build_variant
 from models.convert.model import GGUFModel
 from models.convert.reference import ReferenceForward
 from models.runtime.session import DecoderSession, KVCache, ModelShape
-from tests.conftest import GEMMA3_SHA256, converted_cache_dir
+from tests.conftest import GEMMA3_SHA256, converted_cache_dir, exclusive
 
 pytestmark = pytest.mark.slow
 
@@ -47,17 +47,19 @@ def gemma3_dir(gemma3_model) -> Path:
     target = converted_cache_dir() / "gemma3-270m-graph"
     if (target / f"{EXACT_VARIANT}.onnx").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    try:
-        weights = WeightFile(tmp / "weights.data")
+    with exclusive(target):  # another pytest-xdist worker may be building it: wait, then look again
+        if (target / f"{EXACT_VARIANT}.onnx").exists():
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
         try:
-            build_variant(gemma3_model, VARIANTS[EXACT_VARIANT], weights, tmp / f"{EXACT_VARIANT}.onnx")
+            weights = WeightFile(tmp / "weights.data")
+            try:
+                build_variant(gemma3_model, VARIANTS[EXACT_VARIANT], weights, tmp / f"{EXACT_VARIANT}.onnx")
+            finally:
+                weights.close()
+            tmp.rename(target)
         finally:
-            weights.close()
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

@@ -8,6 +8,7 @@ import json
 import openai
 import pytest
 
+from tests import aio
 from tests.server.conftest import MODEL
 
 MSG = [{"role": "user", "content": "Say something"}]
@@ -70,7 +71,7 @@ def test_chat_when_openai_sdk_async_then_concurrent_requests_complete(live) -> N
             )
             return [r.choices[0].message.content or "" for r in resps]
 
-    texts = asyncio.run(main())
+    texts = aio.run(main())
     assert len(texts) == 3 and all(texts)
 
 

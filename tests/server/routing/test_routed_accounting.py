@@ -17,6 +17,7 @@ from server.accounting import RequestAccount
 from server.routing.router import Router
 from server.routing.upstream import UpstreamClient
 from server.worker import Failed, Job
+from tests import aio
 from tests.server.routing.conftest import free_port
 from tests.server.routing.scripted import Script, ScriptedUpstream, chat_chunk
 from tests.server.routing.test_router import BODY, local_side
@@ -73,7 +74,7 @@ def test_account_when_served_upstream_then_the_relay_is_the_worker_half() -> Non
             await router.aclose()
             return events, written
 
-        _events, written = asyncio.run(scenario())
+        _events, written = aio.run(scenario())
     finally:
         upstream.stop()
     assert len(written) == 1
@@ -120,7 +121,7 @@ def test_account_when_local_refusal_goes_upstream_then_one_record_after_the_upst
             await router.aclose()
             return snapshot, written
 
-        before_end, written = asyncio.run(scenario())
+        before_end, written = aio.run(scenario())
     finally:
         upstream.stop()
     assert before_end == []  # not written while the upstream still served the job
@@ -159,7 +160,7 @@ def test_account_when_local_refusal_stays_then_one_record() -> None:
             await router.aclose()
             return events, written
 
-        events, written = asyncio.run(scenario())
+        events, written = aio.run(scenario())
     finally:
         upstream.stop()
     assert isinstance(events[0], Failed)
@@ -189,7 +190,7 @@ def test_account_when_upstream_fails_before_start_and_local_takes_it_then_the_lo
         await router.aclose()
         return submitted, snapshot, written
 
-    submitted, before_local, written = asyncio.run(scenario())
+    submitted, before_local, written = aio.run(scenario())
     assert len(submitted) == 1  # the local side took it over
     assert before_local == []  # the upstream side did not end the worker half
     assert len(written) == 1

@@ -12,6 +12,7 @@ from server.routing.router import LocalSide, Router
 from server.routing.upstream import UpstreamClient
 from server.schemas import ChatCompletionRequest
 from server.worker import Failed, Job
+from tests import aio
 from tests.server.routing.scripted import Script, ScriptedUpstream, chat_chunk
 
 BODY = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}])
@@ -65,7 +66,7 @@ def test_router_when_client_leaves_before_upstream_task_runs_then_probe_freed() 
         await router.aclose()
         return breaker.state
 
-    assert asyncio.run(scenario()) == "half_open"  # not stuck "open" with a probe that will never report
+    assert aio.run(scenario()) == "half_open"  # not stuck "open" with a probe that will never report
 
 
 def test_router_when_shutdown_mid_relay_then_job_told_shutting_down() -> None:
@@ -91,7 +92,7 @@ def test_router_when_shutdown_mid_relay_then_job_told_shutting_down() -> None:
             await router.aclose()
             return events
 
-        events = asyncio.run(scenario())
+        events = aio.run(scenario())
     finally:
         upstream.stop()
     assert len(events) == 1 and isinstance(events[0], Failed)
@@ -141,10 +142,10 @@ def test_router_when_local_refuses_before_start_then_auto_goes_upstream() -> Non
             await router.aclose()
             return route, events
 
-        route, events = asyncio.run(scenario(None))
+        route, events = aio.run(scenario(None))
         assert (route.side, route.reason) == ("upstream", "context")
         assert "".join(getattr(e, "text", "") for e in events) == "hello world"
-        route, events = asyncio.run(scenario("local"))
+        route, events = aio.run(scenario("local"))
         assert (route.side, route.reason) == ("local", "request")
         assert isinstance(events[0], Failed) and events[0].error.code == "context_length_exceeded"
         assert json.loads(json.dumps(upstream.received[0][0]))["messages"] == [
@@ -201,7 +202,7 @@ def test_router_when_heat_slows_the_pace_then_auto_plans_upstream_and_home_past_
     assert plan(6.0, tokens_ahead=100) == ("upstream", "thermal")  # 16.7 s ahead at 6 tok/s
     ahead["n"] = 100
     assert router.plan(None, "local", None, truncate=False).side == "local"  # a request may forbid it
-    asyncio.run(router.aclose())
+    aio.run(router.aclose())
 
 
 def test_router_when_policy_local_then_the_pace_floor_never_trips() -> None:
@@ -215,7 +216,7 @@ def test_router_when_policy_local_then_the_pace_floor_never_trips() -> None:
         min_local_tok_s=5.0,
     )
     assert (router.plan(None, None, None, truncate=False).side, router.slow) == ("local", False)
-    asyncio.run(router.aclose())
+    aio.run(router.aclose())
 
 
 def test_device_view_when_heat_binds_the_budget_then_the_pace_reaches_routing() -> None:
@@ -298,7 +299,7 @@ def test_router_when_new_work_is_held_then_queued_auto_jobs_move_and_the_others_
             await router.aclose()
             return route, events, queue
 
-        route, events, queue = asyncio.run(
+        route, events, queue = aio.run(
             scenario(paused=True, breaker_open=False, body_route=None, in_queue=True)
         )
         assert (route.side, route.reason, queue) == ("upstream", "thermal", [])
@@ -308,11 +309,9 @@ def test_router_when_new_work_is_held_then_queued_auto_jobs_move_and_the_others_
             {"paused": True, "breaker_open": True, "body_route": None, "in_queue": True},
             {"paused": True, "breaker_open": False, "body_route": "local", "in_queue": True},
         ):
-            route, events, queue = asyncio.run(scenario(**kwargs))
+            route, events, queue = aio.run(scenario(**kwargs))
             assert (route.side, len(queue), events) == ("local", 1, []), kwargs
-        route, events, _ = asyncio.run(
-            scenario(paused=True, breaker_open=False, body_route=None, in_queue=False)
-        )
+        route, events, _ = aio.run(scenario(paused=True, breaker_open=False, body_route=None, in_queue=False))
         assert (route.side, events) == ("local", [])
         assert len(upstream.received) == 1
     finally:
