@@ -137,20 +137,29 @@ def sample(proc: psutil.Process, t0: float) -> dict[str, float]:
         }
 
 
-def smaps_summary(pid: int, top: int = 12) -> dict[str, float]:
-    """Resident MiB by mapping (file name, [heap], [anon], ...): where the memory is (Linux; else empty)."""
+def smaps_rss(path: Path | str) -> Counter:
+    """Resident KiB per mapping name in an smaps file: a file's path, [heap], [stack], ..., [anon] for an
+    unnamed one (Linux; empty where it cannot be read)."""
     totals: Counter = Counter()
     name = "[anon]"
     try:
-        with open(f"/proc/{pid}/smaps") as f:
+        with open(path) as f:
             for line in f:
                 if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
                     parts = line.split(maxsplit=5)
-                    name = parts[5].strip().rsplit("/", 1)[-1] if len(parts) > 5 else "[anon]"
+                    name = parts[5].strip() if len(parts) > 5 else "[anon]"
                 elif line.startswith("Rss:"):
                     totals[name] += int(line.split()[1])
     except OSError:
-        return {}
+        return Counter()
+    return totals
+
+
+def smaps_summary(pid: int, top: int = 12) -> dict[str, float]:
+    """Resident MiB by mapping (file name, [heap], [anon], ...): where the memory is (Linux; else empty)."""
+    totals: Counter = Counter()
+    for name, kib in smaps_rss(f"/proc/{pid}/smaps").items():
+        totals[name.rsplit("/", 1)[-1]] += kib
     return {k: round(v / 1024, 2) for k, v in totals.most_common(top)}
 
 

@@ -16,6 +16,7 @@ import ctypes
 import json
 from pathlib import Path
 
+from bench.soak import smaps_rss
 from bench.sustained import MAX_TOKENS, PROMPTS
 from models.protocol import EngineLimits
 from models.types import GenerationParams, SamplingParams, TokenEvent
@@ -39,19 +40,13 @@ def heap_in_use() -> int:
 def rss_by_kind(smaps: Path = Path("/proc/self/smaps")) -> collections.Counter:
     """Resident kB per kind: weights (a model's weights.data), heap, anon, file (libraries, tokenizers)."""
     by: collections.Counter = collections.Counter()
-    kind = "anon"
-    for line in smaps.read_text().splitlines():
-        parts = line.split()
-        if not parts[0].endswith(":"):
-            name = parts[5] if len(parts) > 5 else ""
-            if name == "[heap]":
-                kind = "heap"
-            elif name.endswith("/weights.data"):
-                kind = "weights"
-            else:
-                kind = "file" if name.startswith("/") else "anon"
-        elif parts[0] == "Rss:":
-            by[kind] += int(parts[1])
+    for name, kib in smaps_rss(smaps).items():
+        if name == "[heap]":
+            by["heap"] += kib
+        elif name.endswith("/weights.data"):
+            by["weights"] += kib
+        else:
+            by["file" if name.startswith("/") else "anon"] += kib
     return by
 
 

