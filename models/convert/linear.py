@@ -11,7 +11,8 @@ How one tensor runs, by variant (`form`):
 | F32 F16 BF16 | fp32 MatMul | fp32 MatMul | 4-bit symmetric (a head: 8) | 8-bit symmetric |
 Formats with a min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) add blocksum(x) @ offsets^T, exactly (quant.py).
 
-Why fp32 MatMul for the 8-bit formats of the exact variant (bench/quant_routes.py, group route8: Gemma 3
+Why fp32 MatMul for the 8-bit formats of the exact variant (bench/experiments/quant_routes.py, group route8:
+Gemma 3
 270M's qkv / gate_up / down shapes, 18 distinct matrices per call so the weights stream from memory as in a
 decode step, 2 threads, interleaved rounds on a shared machine; times relative to 8-bit, int8 activations):
 | route | 1 token | 256 tokens |
@@ -31,7 +32,8 @@ Concat joins them. With int8 activations, widening the 4-bit part to 8 bits inst
 (1.3-4.3x at one token); with fp32 ones, promoting everything to fp32 MatMul was 10-30 % faster but costs 8x
 the bytes of the 4-bit part, so the 4-bit part stays 4-bit.
 
-Why Q5_0 / Q6_K stay one 8-bit node in q4-a8 rather than a sum of narrower ones (bench/split_8bit.py, two
+Why Q5_0 / Q6_K stay one 8-bit node in q4-a8 rather than a sum of narrower ones
+(bench/experiments/split_8bit.py, two
 runs on a shared machine in bench/results/split-8bit-shared-*.json): Q5_0 = d*(lo4 - 8) + 8d*(2*hi - 1) is
 exactly a 4-bit plus a 2-bit (or 4-bit) MatMulNBits with default zero points, and with int8 activations the
 sum equals the 8-bit node to ~3e-6 relative. But a 4-bit term alone costs 0.5-0.7x of the 8-bit node at 256
@@ -248,7 +250,8 @@ def row_sliced(
 
     Why slices: onnxruntime prepacks each node's codes into memory of its own and only then unmaps the
     initializer, so while a head is packed its original codes are resident too; slice by slice only one
-    slice is. Peak RSS while the session is created, one node -> slices (bench/head_memory.py, MB over the
+    slice is. Peak RSS while the session is created, one node -> slices (bench/experiments/head_memory.py, MB
+    over the
     RSS before it, a shared machine, identical to 0.2 MB over three interleaved rounds):
     | head | q4-a8 | q4 (exact) |
     |---|---|---|

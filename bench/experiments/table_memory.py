@@ -1,7 +1,7 @@
 """Memory and speed of a vocabulary-sized table: the embedding lookup and the LM head of a real GGUF,
 built by the converter's own embedding.py into a standalone graph, each layout measured in its own process.
 
-    python -m bench.table_memory GGUF [--threads 2] [--rounds 5]
+    python -m bench.experiments.table_memory GGUF [--threads 2] [--rounds 5]
 
 Gemma 3 270M's tied token_embd (262,144 x 640, Q8_0, 168 MB) is larger than all its layers together, and
 the architecture needs no support for this: only the table is read. Per layout: resident memory (RSS) before
@@ -146,7 +146,13 @@ def main() -> None:
             names = names[r % len(names) :] + names[: r % len(names)]
             for name in names:
                 i = list(LAYOUTS).index(name)
-                cmd = [sys.executable, "-m", "bench.table_memory", "--probe", str(out / f"layout{i}.onnx")]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "bench.experiments.table_memory",
+                    "--probe",
+                    str(out / f"layout{i}.onnx"),
+                ]
                 cmd += ["--threads", str(a.threads), "--steps", str(a.steps)]
                 res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
                 results[name].append(res)

@@ -1,5 +1,6 @@
-"""bench/min_correction.py strips exactly the min term's nodes (else its timing difference would measure
-something else): every block-sum MatMul and correction Gemm go, nothing else, and the graph still runs."""
+"""bench/experiments/min_correction.py strips exactly the min term's nodes (else its timing difference would
+measure something else): every block-sum MatMul and correction Gemm go, nothing else, and the graph still
+runs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections import Counter
 import numpy as np
 import onnx
 
-from bench.min_correction import stripped_copy
+from bench.experiments.min_correction import stripped_copy
 
 
 def _ops(path) -> Counter:

@@ -1,7 +1,8 @@
 """An int8 KV cache on stock onnxruntime (issue 16 item 3): GroupQueryAttention's quantized cache against the
 fp32 cache, and llama.cpp's q8_0 KV cache against its f16 cache, on the same token ids, same metric.
 
-    python -m bench.kv_int8 --model-dir <converted folder> --gguf <the same model's GGUF> [--threads 1]
+    python -m bench.experiments.kv_int8 --model-dir <converted folder> --gguf <the same model's GGUF>
+        [--threads 1]
 prints one JSON object.
 
 What onnxruntime 1.32's CPU GroupQueryAttention offers: an int8 cache (`kv_cache_bit_width` 8, int8

@@ -2,7 +2,7 @@
 time to encode a long message and to stream-decode its ids. Each folder is loaded in a fresh process,
 folders alternate (A/B interleaved), and the ids of every folder must be equal.
 
-    python -m bench.tokenizer_rss FOLDER [FOLDER ...] [--reps 2] [--json out.json]
+    python -m bench.experiments.tokenizer_rss FOLDER [FOLDER ...] [--reps 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.reps):
         for folder in args.folders:
             done = subprocess.run(
-                [sys.executable, "-m", "bench.tokenizer_rss", "--probe", folder],
+                [sys.executable, "-m", "bench.experiments.tokenizer_rss", "--probe", folder],
                 capture_output=True,
                 text=True,
                 check=True,

@@ -1,6 +1,6 @@
 """Is a verification pass exact on a variant, and what would an always-batched decode cost?
 
-    python -m bench.rows_probe MODEL_DIR VARIANT [THREADS]
+    python -m bench.experiments.rows_probe MODEL_DIR VARIANT [THREADS]
 
 prints one JSON object (issue 16's q4-a8 question, on the real graph):
 - `one_vs_batch`: the logits of 1..M positions fed in one pass against the same positions fed one at a time

@@ -1,6 +1,6 @@
 """Micro-benchmark of the ways one quantized matrix can run in onnxruntime, on Gemma-3-270M-sized shapes.
 
-    python -m bench.quant_routes [--threads 2] [--rounds 7] [--only NAME ...]
+    python -m bench.experiments.quant_routes [--threads 2] [--rounds 7] [--only NAME ...]
 
 Each candidate is a one-node (or two-node) ONNX graph y = x @ W^T over random codes. All sessions are
 created first, then timed round-robin (the order rotates every round) so that drift on a shared machine hits

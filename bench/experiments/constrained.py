@@ -5,7 +5,9 @@ constrained reply had), constrained with the mask computed during the forward pa
 and constrained with the mask computed in line. Decode time per token comes from the engine's own timings
 (prefill excluded). On a shared machine only the ratios mean something.
 
-    python -m bench.constrained --model-dir DIR   (DIR: a converted SmolLM2 folder, as `simmer list` shows)
+    python -m bench.experiments.constrained --model-dir DIR
+
+(DIR: a converted SmolLM2 folder, as `simmer list` shows)
 """
 
 from __future__ import annotations

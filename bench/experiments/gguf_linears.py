@@ -2,9 +2,9 @@
 how close each is to x @ W^T in float64 over GGML's dequantized weights, and its time per call at one token
 (decode) and at 256 (prefill), rounds interleaved.
 
-    python -m bench.gguf_linears GGUF [--layers 0 2] [--threads 2] [--rounds 5]
-    python -m bench.gguf_linears GGUF --memory     # every layer's projections in one graph per variant:
-                                                   # resident memory after loading it and after one run
+    python -m bench.experiments.gguf_linears GGUF [--layers 0 2] [--threads 2] [--rounds 5]
+    python -m bench.experiments.gguf_linears GGUF --memory
+        # every layer's projections in one graph per variant: resident memory after loading, after a run
 
 Made for Gemma 3 270M's Q4_K_M file (Q5_0 / Q8_0 / Q4_K / Q6_K projections) before its architecture was
 supported: only the tensors are read.
@@ -22,7 +22,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from bench.table_memory import GGUFTensors
+from bench.experiments.table_memory import GGUFTensors
 from models.convert.graph import OPSET, VARIANTS, GraphBuilder, WeightFile
 from models.convert.linear import MS, linear
 from models.runtime.session import session_options
@@ -106,7 +106,7 @@ def memory(a: argparse.Namespace) -> None:
         results: dict[str, list[dict]] = {v: [] for v in paths}
         for _ in range(a.rounds):
             for v, p in paths.items():
-                cmd = [sys.executable, "-m", "bench.gguf_linears", str(a.gguf), "--probe", str(p)]
+                cmd = [sys.executable, "-m", "bench.experiments.gguf_linears", str(a.gguf), "--probe", str(p)]
                 out = subprocess.run(
                     [*cmd, "--threads", str(a.threads)], check=True, capture_output=True, text=True
                 )

@@ -16,7 +16,7 @@ Each runs free (token after token) and paced: after every forward pass the step 
 the pass, as the gate idles to hold a pace (server/governor_gate.decide_step); 0.15 is about a serious
 level's budget on the phone profile (0.87 busy cores at one thread).
 
-    python -m bench.pace_probe --home DIR --models gemma3-270m,smollm2-135m-instruct [--rounds 5]
+    python -m bench.experiments.pace_probe --home DIR --models gemma3-270m,smollm2-135m-instruct [--rounds 5]
 """
 
 from __future__ import annotations

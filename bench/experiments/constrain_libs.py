@@ -6,7 +6,7 @@ SentencePiece-derived BPE, 262,144 tokens) and each library importable in this i
 - mask time per token while walking a valid instance token by token (fill the bitmask, then consume),
 - RSS growth of the process over setup + compile.
 
-    python -m bench.constrain_libs --lib llguidance --gguf SmolLM2.gguf --gguf gemma.gguf
+    python -m bench.experiments.constrain_libs --lib llguidance --gguf SmolLM2.gguf --gguf gemma.gguf
 
 xgrammar imports torch at import time (and its wheel requires torch, triton and transformers), so it is not
 a simmer dependency: run its column in a scratch venv that has it, with PYTHONPATH pointing at simmer.

@@ -1,7 +1,7 @@
 """Load-time peak memory of an untied vocabulary head: one MatMulNBits node (converter 8) against slices of
 its rows (converter 9, models/convert/linear.py row_sliced).
 
-    python -m bench.head_memory [--out DIR] [--rounds 3] [--threads 2]   (from the repo root)
+    python -m bench.experiments.head_memory [--out DIR] [--rounds 3] [--threads 2]   (from the repo root)
 
 Writes synthetic GGUFs into DIR (one tiny Q8_0 block, a Q8_0 table and an untied output.weight of a real
 model's shape, by tests/tiny_gguf.py), converts each twice (`linear.SLICE_BYTES` out of reach: one node;
@@ -159,7 +159,7 @@ def main() -> None:
             cmd = [
                 sys.executable,
                 "-m",
-                "bench.head_memory",
+                "bench.experiments.head_memory",
                 "--probe",
                 str(path),
                 "--threads",

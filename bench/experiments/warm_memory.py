@@ -5,7 +5,7 @@ rebuilt while the old one is alive), then the sustained benchmark's completions 
 After each reply: RSS by kind of mapping (/proc/self/smaps: the weights file, the heap, anonymous) and
 glibc's bytes in use (mallinfo2). Linux and glibc only.
 
-    SIMMER_HOME=... python -m bench.warm_memory --model-dir <folder> [--replies 20]
+    SIMMER_HOME=... python -m bench.experiments.warm_memory --model-dir <folder> [--replies 20]
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def run(model_dir: Path, replies: int, variant: str | None) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.warm_memory")
+    p = argparse.ArgumentParser(prog="python -m bench.experiments.warm_memory")
     p.add_argument("--model-dir", required=True, type=Path)
     p.add_argument("--variant")
     p.add_argument("--replies", type=int, default=20)

@@ -1,7 +1,7 @@
 """What the exact min term of Q4_1 / Q4_K tensors costs a decode step, against llama.cpp in the same run.
 
-    python -m bench.min_correction MODEL_DIR GGUF [--variant q4-a8] [--rounds 3] [--prompt-tokens 16]
-        [--out F.json]
+    python -m bench.experiments.min_correction MODEL_DIR GGUF [--variant q4-a8] [--rounds 3]
+        [--prompt-tokens 16] [--out F.json]
 
 GGUF formats with a min store w = d * q + m per 32-block. MatMulNBits has no exact place for m: its zero
 points are integers (W = scale * (u - zp)), and a float zero point takes onnxruntime's unpacked path,
@@ -12,8 +12,8 @@ on one thread, 240 of them in SmolLM2 135M.
 This bench measures that cost on the real graph. It writes a copy of the variant's graph without those
 nodes (the MatMulNBits output goes straight on, so its text is wrong: timing only, never served) beside
 the model folder, with the weights file hard-linked (copied across file systems), and runs
-bench.decode_steps on the original, the copy and llama.cpp on the same GGUF, interleaved, each probe in
-its own process. The difference between the first two is what the min term costs; the copy against
+bench.experiments.decode_steps on the original, the copy and llama.cpp on the same GGUF, interleaved, each
+probe in its own process. The difference between the first two is what the min term costs; the copy against
 llama.cpp is how the rest of the engine compares.
 """
 
@@ -28,8 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import decode_steps
 from bench.engine_probe import PROMPT_TOKENS
+from bench.experiments import decode_steps
 
 INDICATOR = "block_indicator"
 

@@ -1,7 +1,7 @@
 """Micro-benchmark: can Gemma 3's 8-bit-mapped tensors (Q5_0, Q6_K) run faster as sums of narrower
 MatMulNBits terms than as one 8-bit MatMulNBits?
 
-    python -m bench.split_8bit [--threads 1 2] [--rounds 7] [--json bench/results/NAME.json]
+    python -m bench.experiments.split_8bit [--threads 1 2] [--rounds 7] [--json bench/results/NAME.json]
 
 The idea (issue 12, q4-a8 variant): a Q5_0 weight is d * (q - 16) with q = lo4 + 16 * hi1, so it is exactly
 the sum of a 4-bit term d * (lo4 - 8) and a term holding the high bit, 8d * (2 * hi1 - 1), which fits 2 bits
@@ -22,12 +22,12 @@ Candidates per shape (all y = x @ W^T over the same random codes):
   8-bit tensors, models/convert/linear.py), the same graph at both accuracy levels.
 `--acc 1` runs the MatMulNBits candidates with fp32 activations (accuracy_level 1, the exact variant).
 
-Timing as in bench/quant_routes.py: every session built first, then timed round-robin (the order rotates
-each round) in one process, so drift on a shared machine hits every candidate alike; medians per call. At
-M = 1 each candidate holds `--copies` distinct weight sets (outputs summed) so the weights stream from memory
-as in a decode step. Numerics: max |y - ref| / max |ref| against a numpy reference of the exactly dequantized
-weights (fp32 x) and against a numpy model of int8 activations (x rounded per block to amax/127), plus the
-difference from the 8-bit node's own output.
+Timing as in bench/experiments/quant_routes.py: every session built first, then timed round-robin (the order
+rotates each round) in one process, so drift on a shared machine hits every candidate alike; medians per call.
+At M = 1 each candidate holds `--copies` distinct weight sets (outputs summed) so the weights stream from
+memory as in a decode step. Numerics: max |y - ref| / max |ref| against a numpy reference of the exactly
+dequantized weights (fp32 x) and against a numpy model of int8 activations (x rounded per block to amax/127),
+plus the difference from the 8-bit node's own output.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import helper
 
-from bench.quant_routes import matmul_session
+from bench.experiments.quant_routes import matmul_session
 
 MS = "com.microsoft"
 ZP = {2: 2, 4: 8, 8: 128}

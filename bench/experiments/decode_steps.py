@@ -1,6 +1,7 @@
 """Where one decode step's wall time goes, simmer against llama.cpp on the same GGUF, interleaved.
 
-    python -m bench.decode_steps MODEL_DIR GGUF [--variant q4-a8] [--threads 2] [--rounds 3] [--out F.json]
+    python -m bench.experiments.decode_steps MODEL_DIR GGUF [--variant q4-a8] [--threads 2] [--rounds 3]
+        [--out F.json]
 
 Each probe runs in its own process (bench/engine_probe.py's drivers, so both engines are opened and driven
 as `simmer bench engine` does them): warm-up, then the 500-token prompt and 128 greedy tokens. simmer's
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         order = configs[rnd % len(configs) :] + configs[: rnd % len(configs)]
         for cfg in order:
             print(f"[decode_steps] round {rnd + 1}/{args.rounds} {cfg['label']}", file=sys.stderr, flush=True)
-            results[cfg["label"]].append(run_probe(cfg, module="bench.decode_steps"))
+            results[cfg["label"]].append(run_probe(cfg, module="bench.experiments.decode_steps"))
     profiles = {}
     if not args.no_profile:
         for label, _d in simmers:
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
                 "profile": f"/tmp/decode_steps_{label}",
             }
             print(f"[decode_steps] profiled {label}", file=sys.stderr, flush=True)
-            profiles[label] = run_probe(cfg, module="bench.decode_steps")
+            profiles[label] = run_probe(cfg, module="bench.experiments.decode_steps")
     summary = {}
     for label, runs in results.items():
         ok = [r for r in runs if "error" not in r]

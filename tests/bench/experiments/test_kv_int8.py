@@ -1,5 +1,5 @@
-"""bench/kv_int8.py's two int8 caches on the tiny model: what they store is what the bench says they
-store, and the logits stay near the fp32 cache's."""
+"""bench/experiments/kv_int8.py's two int8 caches on the tiny model: what they store is what the bench says
+they store, and the logits stay near the fp32 cache's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import json
 
 import numpy as np
 
-from bench.kv_int8 import BlockQSession, TypedKV, blockq_graph, calibrate, quantized_graph, scales_for
+from bench.experiments.kv_int8 import (
+    BlockQSession,
+    TypedKV,
+    blockq_graph,
+    calibrate,
+    quantized_graph,
+    scales_for,
+)
 from models.runtime.session import DecoderSession, ModelShape
 
 IDS = [1, 17, 42, 99, 5, 63, 120, 7, 33, 88, 2, 71]

@@ -1,13 +1,13 @@
-"""The split forms bench/split_8bit.py times are exact decompositions of the 8-bit matrix (else its timings
-compare different matrices)."""
+"""The split forms bench/experiments/split_8bit.py times are exact decompositions of the 8-bit matrix (else
+its timings compare different matrices)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.quant_routes import matmul_session
-from bench.split_8bit import candidates, graph, random_weights
+from bench.experiments.quant_routes import matmul_session
+from bench.experiments.split_8bit import candidates, graph, random_weights
 
 
 def term_sum(c, k: int) -> np.ndarray:

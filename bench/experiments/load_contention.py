@@ -6,7 +6,8 @@ interleaved round by round (the machine's speed drifts): a greedy reply of `--to
 alone, the same reply while the other model loads in a thread, and that load alone (the longest a request
 waits for a load on the worker thread). It prints each round and the medians.
 
-    python -m bench.load_contention --serve DIR --load DIR [--tokens 48] [--rounds 6] [--threads 2]
+    python -m bench.experiments.load_contention --serve DIR --load DIR [--tokens 48] [--rounds 6]
+        [--threads 2]
 """
 
 from __future__ import annotations
