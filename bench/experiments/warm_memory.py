@@ -12,29 +12,15 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import json
 from pathlib import Path
 
-from bench.soak import smaps_rss
+from bench.memory import heap_in_use, smaps_rss
 from bench.sustained import MAX_TOKENS, PROMPTS
 from models.protocol import EngineLimits
 from models.types import GenerationParams, SamplingParams, TokenEvent
 from server.engine_config import EngineConfig
 from server.settings import Settings
-
-_MALLINFO2 = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in _MALLINFO2.split()]
-
-
-def heap_in_use() -> int:
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    m = libc.mallinfo2()
-    return m.uordblks + m.hblkhd
 
 
 def rss_by_kind(smaps: Path = Path("/proc/self/smaps")) -> collections.Counter:

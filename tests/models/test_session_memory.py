@@ -21,7 +21,7 @@ import json, sys
 from pathlib import Path
 import numpy as np
 import models.runtime.session as S
-from bench.experiments.warm_memory import heap_in_use as in_use
+from bench.memory import heap_in_use as in_use
 
 folder, patterns = Path(sys.argv[1]), sys.argv[2]
 if patterns == "on":  # the control: onnxruntime's default
