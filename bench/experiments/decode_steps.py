@@ -15,7 +15,7 @@ llama-cpp-python wrapper and the argmax the driver does). A profiled simmer prob
 enable_profiling) sums the kernels' time per op type in the decode runs, the head's MatMulNBits slices
 and its Concat apart; profiling slows every node a little, so read its shares, not its milliseconds.
 
-What it found on Gemma 3 270M q4-a8 (bench/results/decode-steps-*-shared-2026-12-01.json, a shared
+What it found on Gemma 3 270M q4-a8 (bench/experiments/results/decode-steps-*-shared-2026-12-01.json, a shared
 machine): Python outside the session ~0.25 ms a token (sampling most of it), the session's own Python
 ~0.09 ms, onnxruntime between its kernels ~2.5 % of a run; of the kernels, the weights' MatMulNBits ~75 %,
 GroupQueryAttention ~12 % (at 500 tokens), the ~400 small nodes (norms, Reshape, Split, the Q4_K block-sum

@@ -21,9 +21,9 @@ Evaluation, both engines one token per forward pass:
   difference;
 - decode speed after a 500-token prompt, interleaved rounds (a shared machine: read the ratios).
 
-Measured on SmolLM2 q4-a8 (bench/results/kv-int8-shared-2026-12-01.json, 1437 positions): llama.cpp q8_0
-0.967 top-1, GroupQueryAttention's int8 cache 0.945 at best (1.2x decode at ctx 500, 0.25x KV bytes),
-graph_block32 0.962 (0.71x decode). Neither reaches q8_0's agreement, so simmer has no int8 KV rung.
+Measured on SmolLM2 q4-a8 (bench/experiments/results/kv-int8-shared-2026-12-01.json, 1437 positions):
+llama.cpp q8_0 0.967 top-1, GroupQueryAttention's int8 cache 0.945 at best (1.2x decode at ctx 500, 0.25x KV
+bytes), graph_block32 0.962 (0.71x decode). Neither reaches q8_0's agreement, so simmer has no int8 KV rung.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Micro-benchmark: can Gemma 3's 8-bit-mapped tensors (Q5_0, Q6_K) run faster as sums of narrower
 MatMulNBits terms than as one 8-bit MatMulNBits?
 
-    python -m bench.experiments.split_8bit [--threads 1 2] [--rounds 7] [--json bench/results/NAME.json]
+    python -m bench.experiments.split_8bit [--threads 1 2] [--rounds 7]
+        [--json bench/experiments/results/NAME.json]
 
 The idea (issue 12, q4-a8 variant): a Q5_0 weight is d * (q - 16) with q = lo4 + 16 * hi1, so it is exactly
 the sum of a 4-bit term d * (lo4 - 8) and a term holding the high bit, 8d * (2 * hi1 - 1), which fits 2 bits

@@ -33,8 +33,8 @@ Concat joins them. With int8 activations, widening the 4-bit part to 8 bits inst
 the bytes of the 4-bit part, so the 4-bit part stays 4-bit.
 
 Why Q5_0 / Q6_K stay one 8-bit node in q4-a8 rather than a sum of narrower ones
-(bench/experiments/split_8bit.py, two
-runs on a shared machine in bench/results/split-8bit-shared-*.json): Q5_0 = d*(lo4 - 8) + 8d*(2*hi - 1) is
+(bench/experiments/split_8bit.py, two runs on a shared machine in
+bench/experiments/results/split-8bit-shared-*.json): Q5_0 = d*(lo4 - 8) + 8d*(2*hi - 1) is
 exactly a 4-bit plus a 2-bit (or 4-bit) MatMulNBits with default zero points, and with int8 activations the
 sum equals the 8-bit node to ~3e-6 relative. But a 4-bit term alone costs 0.5-0.7x of the 8-bit node at 256
 tokens and the 2-bit kernel (onnxruntime 1.32, AVX2) is no cheaper than the 4-bit one, so every split (two
