@@ -22,9 +22,9 @@ decode step, 2 threads, interleaved rounds on a shared machine; times relative t
 | fp32 MatMul on the dequantized weights | 1.7-3.4x | 0.34-0.40x |
 All three are exact; fp32 MatMul is the fastest at both sizes (2.9-3.7x faster than the nibble pair at one
 token), for 4x the bytes of the 8-bit codes. A vocabulary-sized head is where those bytes hurt: Gemma 3's
-tied 262,144 x 640 table as an fp32 head is 649 MB resident against 231 MB as a nibble pair (bench/
-table_memory.py), though 3.4x slower there (169 against 577 ms a token on the loaded machine); a head takes
-the nibble pair (`small=True`).
+tied 262,144 x 640 table as an fp32 head is 649 MB resident against 231 MB as a nibble pair
+(bench/experiments/table_memory.py), though 3.4x slower there (169 against 577 ms a token on the loaded
+machine); a head takes the nibble pair (`small=True`).
 
 Fusion (group mixed, llama.cpp Q4_K_M's attn_q/attn_k Q4_K with attn_v Q6_K): projections that share a
 layout (bits, block) are one MatMulNBits; where they do not, each run of one layout gets its own node and a
