@@ -1,5 +1,4 @@
-"""A sliding window with a summary (seed 001 section 6.4: "keep only the last few turns and one summary of
-the history"; issue 13 item 11).
+"""A sliding window with a summary: keep only the last few turns and one summary of the history.
 
 When the chat window drops turns (the request asked for `truncate`, or the governor's context cap made the
 conversation too long, before the reply or during it: `dropped`), the dropped turns are not simply lost:

@@ -1,4 +1,4 @@
-"""llguidance or xgrammar? Measures both on simmer's own tokenizers (issue 15). Prints JSON.
+"""llguidance or xgrammar? Measures both on simmer's own tokenizers. Prints JSON.
 
 For each tokenizer built from a GGUF by simmer's converter (SmolLM2: byte-level BPE, 49,152 tokens; Gemma 3:
 SentencePiece-derived BPE, 262,144 tokens) and each library importable in this interpreter:

@@ -1,4 +1,4 @@
-"""What a JSON-schema constraint costs per decoded token, on a real model (issue 15). Prints JSON.
+"""What a JSON-schema constraint costs per decoded token, on a real model. Prints JSON.
 
 Interleaved A/B/C rounds in one process on one engine: unconstrained (ignore_eos, as many tokens as the
 constrained reply had), constrained with the mask computed during the forward pass (prefetch, the default)

@@ -1,4 +1,4 @@
-"""An int8 KV cache on stock onnxruntime (issue 16 item 3): GroupQueryAttention's quantized cache against the
+"""An int8 KV cache on stock onnxruntime: GroupQueryAttention's quantized cache against the
 fp32 cache, and llama.cpp's q8_0 KV cache against its f16 cache, on the same token ids, same metric.
 
     python -m bench.experiments.kv_int8 --model-dir <converted folder> --gguf <the same model's GGUF>

@@ -2,7 +2,7 @@
 
     python -m bench.experiments.rows_probe MODEL_DIR VARIANT [THREADS]
 
-prints one JSON object (issue 16's q4-a8 question, on the real graph):
+prints one JSON object (is q4-a8's verification pass exact? on the real graph):
 - `one_vs_batch`: the logits of 1..M positions fed in one pass against the same positions fed one at a time
   (max |difference|, argmax flips), after a 40-token prefix;
 - `batch_vs_batch`: the first two rows of an M-row pass against a 2-row pass (0.0: rows of passes with

@@ -4,7 +4,7 @@ MatMulNBits terms than as one 8-bit MatMulNBits?
     python -m bench.experiments.split_8bit [--threads 1 2] [--rounds 7]
         [--json bench/experiments/results/NAME.json]
 
-The idea (issue 12, q4-a8 variant): a Q5_0 weight is d * (q - 16) with q = lo4 + 16 * hi1, so it is exactly
+The idea, for the q4-a8 variant: a Q5_0 weight is d * (q - 16) with q = lo4 + 16 * hi1, so it is exactly
 the sum of a 4-bit term d * (lo4 - 8) and a term holding the high bit, 8d * (2 * hi1 - 1), which fits 2 bits
 (codes 2*hi1 + 1, zero point 2) or 4 bits (codes 7 + 2*hi1, zero point 8), over the same 32-wide blocks and
 with the default zero points (no zero-point tensor). Q6_K (16-wide blocks) is q6 = lo4 + 16 * hi2: d * (lo4 -

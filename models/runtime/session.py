@@ -61,7 +61,7 @@ def kv_zeros(dims: tuple[int, ...], dtype: Any, prefault: bool) -> np.ndarray:
     (an unload, a bigger slot) unmaps it at once. A np.zeros of the same size may come from heap a longer
     process freed earlier, which calloc writes over (resident at once) and a free keeps in the heap.
     Lazily mapped, RSS grows with the longest context seen, a few MB at a time, for as long as the process
-    runs (issue 13's "memory growth once warm" measured 10 MB over ten requests, all of it KV). With
+    runs (the ladder benchmark's memory growth once warm measured 10 MB over ten requests, all KV). With
     `prefault` every page is mapped now, as llama.cpp clears its KV buffer at init: RSS is the memory
     planner's figure from the start (a model that fits is refused at load, never killed mid-reply) and any
     growth afterwards is a real leak."""
@@ -150,7 +150,7 @@ def prefault_mappings(
     (the embedding lookup, the RoPE caches).
     - Read in now, one byte a page: everything when it all fits in `all_max` (SmolLM2: 54 MB), else every
       mapping up to `touch_max`. Those pages come in at load rather than a few per token for hours, which
-      looked like a slow leak (issue 11's soak).
+      looked like a slow leak (the soak benchmark).
     - Only advised (MADV_WILLNEED) otherwise: the larger mappings of a model whose mapped tables are large
       (Gemma 3: the lookup's 168 + 21 MB and four 17 MB RoPE caches for a 32k context). The kernel reads
       them into the page cache, so a row seen for the first time mid-reply costs a minor fault, never a

@@ -1,4 +1,4 @@
-"""The hostile-input table (issue 11): each request, as raw bytes on ONE keep-alive connection, gets its
+"""The hostile-input table: each request, as raw bytes on ONE keep-alive connection, gets its
 expected status and error code, and the connection still serves the next request.
 
 The server runs the tiny real model. Requests go through http.client, which sends paths, headers and
@@ -152,7 +152,7 @@ CASES = [
     ),
     Case("tool_choice", chat(tool_choice="auto"), BAD, IP, "tool_choice"),
     Case("tool_choice none", chat(tool_choice="none"), BAD, IP, "tool_choice"),
-    # tools (issue 15); the tiny model's 128 tokens hold no tools description, so the 200s use "none"
+    # tools; the tiny model's 128 tokens hold no tools description, so the 200s use "none"
     Case("tools, choice none", chat(tools=[FN], tool_choice="none"), 200),
     Case("tools not a list", chat(tools={"type": "function"}), BAD, IP, "tools"),
     Case(
@@ -244,7 +244,7 @@ CASES = [
     ),
     Case("role missing", {"messages": [{"content": "x"}]}, BAD, IP, "messages[0].role"),
     Case("messages empty", {"messages": []}, BAD, IP, "messages"),
-    # structured output (issue 15)
+    # structured output
     Case("response_format json_object", chat(response_format={"type": "json_object"}), 200),
     Case(
         "response_format json_schema",
@@ -420,7 +420,7 @@ CASES = [
     Case("responses: truncation auto", resp(input="word " * 2000, truncation="auto"), 200, path=RESP),
     Case("responses: emoji", resp(input="🙂👍🏽🇫🇷"), 200, path=RESP),
     Case("responses: max_output_tokens 10**30", resp(max_output_tokens=10**30), 200, path=RESP),
-    # structured output and function tools (issue 15)
+    # structured output and function tools
     Case(
         "responses: text.format json_object", resp(text={"format": {"type": "json_object"}}), 200, path=RESP
     ),
@@ -679,7 +679,7 @@ OLLAMA_CASES = [
         200,
     ),
     OllamaCase("NUL bytes and emoji", "/api/generate", ogen(prompt="a\x00b 🙂👍🏽", raw=True), 200),
-    # structured output and tools (issue 15): the tiny model's 128 tokens hold no tools description, so the
+    # structured output and tools: the tiny model's 128 tokens hold no tools description, so the
     # 200s with tools use simmer's tool_choice "none"
     OllamaCase("format json", "/api/chat", ochat(format="json"), 200),
     OllamaCase(

@@ -1,4 +1,4 @@
-"""The schemathesis campaign (issue 11) in the suite: every operation of the server's OpenAPI document,
+"""The schemathesis campaign in the suite: every operation of the server's OpenAPI document,
 every default check, positive and negative data, at least 1,000 generated requests, against a live
 uvicorn serving the tiny real model behind a governor (so the lifecycle route is live).
 
