@@ -12,9 +12,9 @@ How one tensor runs, by variant (`form`):
 Formats with a min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) add blocksum(x) @ offsets^T, exactly (quant.py).
 
 Why fp32 MatMul for the 8-bit formats of the exact variant (bench/experiments/quant_routes.py, group route8:
-Gemma 3
-270M's qkv / gate_up / down shapes, 18 distinct matrices per call so the weights stream from memory as in a
-decode step, 2 threads, interleaved rounds on a shared machine; times relative to 8-bit, int8 activations):
+Gemma 3 270M's qkv / gate_up / down shapes, 18 distinct matrices per call so the weights stream from memory as
+in a decode step, 2 threads, interleaved rounds on a shared machine; times relative to 8-bit, int8
+activations):
 | route | 1 token | 256 tokens |
 |---|---|---|
 | MatMulNBits 8-bit, fp32 activations | 32-48x | 0.55-0.66x |
@@ -249,10 +249,9 @@ def row_sliced(
     aliases by rows; without it each slice writes codes of its own (an untied head).
 
     Why slices: onnxruntime prepacks each node's codes into memory of its own and only then unmaps the
-    initializer, so while a head is packed its original codes are resident too; slice by slice only one
-    slice is. Peak RSS while the session is created, one node -> slices (bench/experiments/head_memory.py, MB
-    over the
-    RSS before it, a shared machine, identical to 0.2 MB over three interleaved rounds):
+    initializer, so while a head is packed its original codes are resident too; slice by slice only one slice
+    is. Peak RSS while the session is created, one node -> slices (bench/experiments/head_memory.py, MB over
+    the RSS before it, a shared machine, identical to 0.2 MB over three interleaved rounds):
     | head | q4-a8 | q4 (exact) |
     |---|---|---|
     | untied Q8_0 151,936 x 896 (Qwen 2.5 0.5B's shape), 5 slices | 338 -> 226 | 280 -> 180 (nibble pair) |

@@ -4,8 +4,8 @@ without re-quantizing.
 MatMulNBits computes y = x @ W^T with W[n, j] = (u[n, j] - zp) * scale[n, j // block] for codes u and an
 integer zero point zp. We keep the default zero point (8 for 4 bits, 128 for 8 bits): integer zero points
 keep the fast kernels, float ones take a slow path, and an explicit zero-point tensor costs 10-35 % at 4 bits
-with fp32 activations (bench/experiments/quant_routes.py, group zp). Every GGML value is scale * q (+ offset),
-so:
+with fp32 activations (bench/experiments/quant_routes.py, group zp). Every GGML value is scale * q
+(+ offset), so:
 
 - codes u = q + zp for the symmetric formats (Q4_0, Q3_K at 4 bits; Q5_0, Q6_K, Q8_0 at 8);
 - a format with a min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) stores q = 0..qmax: its codes are u = q - c + zp with c

@@ -1,10 +1,9 @@
 """Constrained decoding: the set of tokens a grammar allows next, as a mask the sampler applies.
 
 Built on llguidance (the library onnxruntime-genai uses; bench/experiments/constrain_libs.py and
-docs/structured.md say
-why not xgrammar). Its grammars come from a JSON schema, a Lark grammar (which can embed JSON schemas with
-`%json {...}`: tool calls use that) or a llama.cpp GBNF grammar. The grammar text is what travels in
-GenerationParams; the tokenizer side is bound when a reply starts.
+docs/structured.md say why not xgrammar). Its grammars come from a JSON schema, a Lark grammar (which can
+embed JSON schemas with `%json {...}`: tool calls use that) or a llama.cpp GBNF grammar. The grammar text is
+what travels in GenerationParams; the tokenizer side is bound when a reply starts.
 
 - `ConstraintVocabulary`: llguidance's view of one Tokenizer (token bytes, special and end ids). Building it
   costs about a second for SmolLM2's 49k vocabulary and several for Gemma 3's 262k, so it is built once per

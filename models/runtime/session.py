@@ -269,8 +269,7 @@ class DecoderSession:
         int8 activations round it up to a whole quantum now and then and 30 layers amplify it to 0.3-0.8
         (argmax flips), also on an all-8-bit graph. Rows of passes with two or more positions are
         bitwise equal whatever their number (bench/experiments/rows_probe.py). Four probe passes on a
-        throwaway cache,
-        once per session."""
+        throwaway cache, once per session."""
         if not self.multi_logits:
             return False
         probe = [(j * 7919 + 11) % self.shape.vocab for j in range(6)]
