@@ -64,8 +64,10 @@ class ThermalSource(Protocol):
 
 # Sensors a default choice may govern on: CPU package/cores and phone skin sensors. Matched as whole
 # words of the psutil name/label or the zone type, case-insensitively; pick a sensor by name to override.
+# Not "core": Intel's per-core sensors are named by "coretemp" already, and on phones the word names other
+# blocks' cores (Qualcomm's modem zone is `mdm-core-usr`, often the hottest zone of all).
 _CPU_OR_SKIN_WORDS = frozenset(
-    {"cpu", "core", "package", "pkg", "soc", "skin", "tctl", "tdie", "coretemp", "k10temp", "zenpower"}
+    {"cpu", "package", "pkg", "soc", "skin", "tctl", "tdie", "coretemp", "k10temp", "zenpower"}
 )
 
 
@@ -137,10 +139,17 @@ class ThermalZone:
     type: str
     celsius: float
     trips: tuple[tuple[str, float], ...]  # (trip type, C), e.g. ("passive", 85.0)
+    policy: str | None = None  # the zone's kernel governor: step_wise, power_allocator, user_space...
 
     @property
     def throttle_c(self) -> float | None:
-        """The lowest passive trip: where the kernel starts throttling (else "hot")."""
+        """The lowest passive trip: where the kernel starts throttling (else "hot").
+
+        None for a zone the kernel leaves to a daemon (`user_space`: Qualcomm's and Google's Android kernels
+        govern every zone so): its trips only notify that daemon (115 and 125 C on Qualcomm's), and the
+        daemon throttles on thresholds of its own that sysfs does not show."""
+        if self.policy == "user_space":
+            return None
         for kinds in (("passive",), ("hot",)):
             temps = [t for kind, t in self.trips if kind in kinds]
             if temps:
@@ -172,7 +181,11 @@ def read_thermal_zones(sysfs_root: Path | str = "/sys") -> list[ThermalZone]:
             kind = read_text(d / f"trip_point_{index}_type")
             if value is not None and kind and value > 0:
                 trips.append((kind, value / 1000.0))
-        zones.append(ThermalZone(d.name, read_text(d / "type") or d.name, milli / 1000.0, tuple(trips)))
+        zones.append(
+            ThermalZone(
+                d.name, read_text(d / "type") or d.name, milli / 1000.0, tuple(trips), read_text(d / "policy")
+            )
+        )
     return zones
 
 
