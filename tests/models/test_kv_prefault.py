@@ -14,6 +14,7 @@ import pytest
 from models.runtime.session import KVCache, ModelShape
 from server.engine_config import EngineConfig
 from server.settings import Settings
+from tests.emulation import needs_map_populate
 
 # one layer of one KV head: each buffer is 40 MiB, above glibc's largest mmap threshold (32 MiB), so
 # np.zeros gets fresh pages from the kernel and never recycled heap that an earlier test already touched
@@ -26,7 +27,10 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-@pytest.mark.parametrize(("prefault", "low", "high"), [(True, 0.95, 1.2), (False, 0.0, 0.1)])
+@pytest.mark.parametrize(
+    ("prefault", "low", "high"),
+    [pytest.param(True, 0.95, 1.2, marks=needs_map_populate()), (False, 0.0, 0.1)],
+)
 def test_kv_pages_resident_at_allocation_only_when_prefaulted(
     prefault: bool, low: float, high: float
 ) -> None:
@@ -44,7 +48,7 @@ def test_kv_prefault_setting_reaches_the_engine_config(tmp_path) -> None:
     assert EngineConfig.from_settings(Settings(home=tmp_path, kv_prefault=False)).kv_prefault is False
 
 
-@pytest.mark.parametrize("prefault", [True, False])
+@pytest.mark.parametrize("prefault", [pytest.param(True, marks=needs_map_populate()), False])
 def test_engines_opened_by_engine_config_allocate_kv_as_the_setting_says(tiny_model_dir, prefault) -> None:
     engine = EngineConfig.from_settings(Settings(kv_prefault=prefault), threads=1).open_dir(tiny_model_dir)
     shape = engine.shape
@@ -78,6 +82,7 @@ print(json.dumps([control_mb, kv_mb, full_mb, freed_mb]))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
+@needs_map_populate()
 def test_kv_when_the_heap_holds_trimmed_free_memory_then_still_lazy_and_freed_at_once() -> None:
     out = subprocess.run([sys.executable, "-c", HEAP_SCRIPT], capture_output=True, text=True, check=True)
     control_mb, kv_mb, full_mb, freed_mb = json.loads(out.stdout)
