@@ -19,12 +19,12 @@ from models.convert.disk_plan import estimate_output
 from models.convert.graph import VARIANTS, WeightFile, build_variant
 from models.convert.linear import FLOAT_TYPES
 from models.convert.model import GGUFModel
+from models.convert.nominal import choose_nominal, kl_mean
 from models.convert.reference import ReferenceForward
 from models.convert.tokenizer_gguf import metadata_from_reader, tokenizer_from_metadata
 from models.errors import VerificationFailed
 from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
-from models.types import NOMINAL_VARIANT
 
 # 9: every large head on MatMulNBits sliced by rows (untied ones too); SentencePiece vocabularies also
 # written as tokenizer.spm.npz (the compact tokenizer simmer loads)
@@ -100,8 +100,6 @@ def convert(
             quant_maps[name] = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
     finally:
         weights.close()
-    default = NOMINAL_VARIANT if NOMINAL_VARIANT in names else names[-1]
-    write_genai_config(out_dir, model, default, tokenizer)
 
     architecture = architecture_entry(model)
     shape = ModelShape.from_architecture(architecture)
@@ -115,15 +113,20 @@ def convert(
             "onnx_bytes": onnx_file.stat().st_size,
             "quant_map": quant_maps[name],
         }
+    int8_kl = None
     if measure:
         report("measuring quality", 0.5)
         prompts = [tokenizer.encode(p, add_special_tokens=False) for p in QUALITY_PROMPTS]
         ref = ReferenceForward(model)
         ref_logits = [ref.logits(ids[:QUALITY_MAX_TOKENS]) for ids in prompts]
+        ref.int8_activations = True  # what int8 activations cost in themselves (convert/nominal.py)
+        int8_kl = kl_mean(ref_logits, [ref.logits(ids[:QUALITY_MAX_TOKENS]) for ids in prompts])
         del ref
         for i, name in enumerate(names):
             report(f"measuring {name}", 0.55 + 0.45 * i / len(names))
             entries[name] |= measure_variant(out_dir / f"{name}.onnx", shape, prompts, ref_logits, threads)
+    default, why = choose_nominal(names, entries, int8_kl)
+    write_genai_config(out_dir, model, default, tokenizer)
     report("done", 1.0)
     return {
         "converter_version": CONVERTER_VERSION,
@@ -132,6 +135,8 @@ def convert(
         "source_tensor_types": model.tensor_types(),
         "variants": entries,
         "default_variant": default,
+        "default_variant_reason": why,
+        "int8_reference_kl": None if int8_kl is None else round(int8_kl, 8),
         "tokenizer": "tokenizer.json",
         "chat_template": CHAT_TEMPLATE_FILE if tokenizer.chat_template else None,
         "kv_bytes_per_token": shape.kv_bytes_per_token(),
@@ -177,12 +182,15 @@ def measure_variant(
     load_s = time.perf_counter() - t0
     kv = KVCache(shape, 256)
     errors, agree, total = [], 0, 0
+    outputs: list[np.ndarray] = []
     for ids, ref in zip(prompts, ref_logits, strict=True):
+        rows = np.empty_like(ref)
         for pos in range(len(ref)):  # token by token: exercises the KV path too
-            logits = sess.run(np.array([ids[pos]]), kv, pos)
+            rows[pos] = logits = sess.run(np.array([ids[pos]]), kv, pos)
             errors.append(float(np.abs(logits - ref[pos]).max()))
             agree += int(logits.argmax() == ref[pos].argmax())
             total += 1
+        outputs.append(rows)
     # decode speed after a 128-token prompt, greedy feedback
     prompt = np.resize(np.concatenate([np.asarray(p) for p in prompts]), 128)
     logits = sess.run(prompt, kv, 0)
@@ -198,6 +206,7 @@ def measure_variant(
             "max_logit_error": round(max(errors), 6),
             "mean_logit_error": round(float(np.mean(errors)), 6),
             "top1_agreement": round(agree / total, 4),
+            "kl_mean": round(kl_mean(ref_logits, outputs), 8),
             "positions": total,
         },
         "speed": {

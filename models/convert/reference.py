@@ -26,9 +26,23 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def q8_blocks(x: np.ndarray, block: int = 32) -> np.ndarray:
+    """x with each run of `block` values along the last axis rounded to int8 on its own scale (max |v| / 127):
+    the activations llama.cpp's quantized matmuls see (Q8_0/Q8_1), and onnxruntime's int8 kernels on x86."""
+    shape = x.shape
+    b = x.reshape(-1, shape[-1] // block, block)
+    scale = np.abs(b).max(-1, keepdims=True) / np.float32(127)
+    q = np.round(np.divide(b, scale, out=np.zeros_like(b), where=scale > 0))
+    return (q * scale).reshape(shape).astype(np.float32)
+
+
 class ReferenceForward:
-    def __init__(self, model: GGUFModel) -> None:
+    def __init__(self, model: GGUFModel, *, int8_activations: bool = False) -> None:
+        """`int8_activations`: every matmul's input rounded to int8 per 32-block first (q8_blocks), the
+        arithmetic of an int8 variant done exactly: its distance from the fp32 forward is the error that
+        quantizing activations this way costs, on any machine."""
         self.m = model
+        self.int8_activations = int8_activations
         self.cfg = c = model.config
         self.family = model.family
         self._layers: dict[int, dict[str, np.ndarray]] = {}
@@ -46,6 +60,12 @@ class ReferenceForward:
                     w[name[len(p) :]] = a.reshape(-1) if a.shape[0] == 1 else a
             self._layers[i] = w
         return self._layers[i]
+
+    def _mm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """x @ w.T, w as a torch Linear's (out, in)."""
+        if self.int8_activations and x.shape[-1] % 32 == 0:
+            x = q8_blocks(x)
+        return x @ w.T
 
     def _rms(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         ms = (x.astype(np.float64) ** 2).mean(-1, keepdims=True)
@@ -86,7 +106,7 @@ class ReferenceForward:
         for i in range(c.n_layers):
             w = self._layer(i)
             h = self._rms(x, w["attn_norm.weight"])
-            q, k, v = (h @ w[f"attn_{n}.weight"].T for n in "qkv")
+            q, k, v = (self._mm(h, w[f"attn_{n}.weight"]) for n in "qkv")
             if fam.qkv_bias:
                 q, k, v = q + w["attn_q.bias"], k + w["attn_k.bias"], v + w["attn_v.bias"]
             q = q.reshape(s, c.n_heads, c.head_dim).transpose(1, 0, 2)
@@ -99,12 +119,14 @@ class ReferenceForward:
             scores = q @ k.transpose(0, 2, 1) * np.float32(c.attention_scale) + self._mask(s, i)
             scores = np.exp(scores - scores.max(-1, keepdims=True))
             scores /= scores.sum(-1, keepdims=True)
-            a = (scores @ v).transpose(1, 0, 2).reshape(s, -1) @ w["attn_output.weight"].T
+            a = self._mm((scores @ v).transpose(1, 0, 2).reshape(s, -1), w["attn_output.weight"])
             if fam.sandwich_norms:
                 a = self._rms(a, w["post_attention_norm.weight"])
             x = x + a
             h = self._rms(x, w["ffn_norm.weight"])
-            f = (act(h @ w["ffn_gate.weight"].T) * (h @ w["ffn_up.weight"].T)) @ w["ffn_down.weight"].T
+            f = self._mm(
+                act(self._mm(h, w["ffn_gate.weight"])) * self._mm(h, w["ffn_up.weight"]), w["ffn_down.weight"]
+            )
             if fam.sandwich_norms:
                 f = self._rms(f, w["post_ffw_norm.weight"])
             x = x + f
@@ -119,5 +141,5 @@ class ReferenceForward:
         out = np.empty((len(h), self.cfg.vocab), np.float32)
         for start in range(0, self.cfg.vocab, HEAD_CHUNK):
             chunk = slice(start, min(start + HEAD_CHUNK, self.cfg.vocab))
-            out[:, chunk] = h @ dequantize_rows(head, chunk).T
+            out[:, chunk] = self._mm(h, dequantize_rows(head, chunk))
         return out

@@ -767,8 +767,11 @@ def build_manifest(
         "context_length": fragment.get("context_length"),
         "architecture": fragment.get("architecture", {}),
         "variants": variants,
-        # the converter's choice of the variant to open on (the nominal one, q4-a8 where it exists)
+        # the converter's choice of the variant to open on, from the quality measured on this machine
+        # (models/convert/nominal.py: q4-a8 unless this CPU's int8 kernels cost it more than int8 itself)
         "default_variant": fragment.get("default_variant"),
+        "default_variant_reason": fragment.get("default_variant_reason"),
+        "int8_reference_kl": fragment.get("int8_reference_kl"),
         "converter_version": fragment.get("converter_version"),
         "tokenizer": fragment.get("tokenizer"),
         "chat_template": fragment.get("chat_template"),
