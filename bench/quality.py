@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from models.convert.nominal import kl_rows
+
 QUALITY_POSITIONS = 256
 
 # Prose, code, numbers, facts and a chat turn: no single kind of token decides the mean.
@@ -54,17 +56,6 @@ What is the difference between a list and a tuple in Python?<|im_end|>
 A list is mutable: you can add, remove or change its items after creating it. A tuple is immutable, so \
 it cannot change once made, which makes it usable as a dictionary key.<|im_end|>
 """
-
-
-def kl_rows(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    """KL(P_ref || P) of each row's softmax, in nats (float64)."""
-    ref = ref_logits.astype(np.float64)
-    new = logits.astype(np.float64)
-    ref_lp = ref - ref.max(axis=-1, keepdims=True)
-    ref_lp -= np.log(np.exp(ref_lp).sum(axis=-1, keepdims=True))
-    new_lp = new - new.max(axis=-1, keepdims=True)
-    new_lp -= np.log(np.exp(new_lp).sum(axis=-1, keepdims=True))
-    return np.maximum(0.0, (np.exp(ref_lp) * (ref_lp - new_lp)).sum(axis=-1))
 
 
 def _sig(x: float) -> float:
@@ -143,7 +134,11 @@ def measure(gguf: Path, model_dir: Path, variants: list[str], threads: int, peer
 
     ids = Tokenizer.load(model_dir).encode(TEXT, add_special_tokens=False)[:QUALITY_POSITIONS]
     t0 = time.perf_counter()
-    ref = ReferenceForward(GGUFModel(gguf)).logits(ids)
+    forward = ReferenceForward(GGUFModel(gguf))
+    ref = forward.logits(ids)
+    forward.int8_activations = True
+    int8 = forward.logits(ids)
+    del forward
     report: dict[str, Any] = {
         "method": (
             "KL(P_fp32_reference || P_variant) per position, teacher-forced over bench/quality.py's TEXT, "
@@ -154,6 +149,8 @@ def measure(gguf: Path, model_dir: Path, variants: list[str], threads: int, peer
         "threads": threads,
         **machine(),
         "reference_s": round(time.perf_counter() - t0, 1),
+        # the same forward with every matmul input rounded to int8 per 32-block: llama.cpp's arithmetic
+        "int8_reference": summarize(ref, int8),
         "variants": {},
     }
     for name in variants:
