@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.simmer-installed
 
-.PHONY: run test lint format bench docker-test clean
+.PHONY: run test lint format bench docker-test test-arm64 clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ bench: $(STAMP)
 
 docker-test:
 	bash docker/test.sh
+
+# The suite on arm64 (Debian bookworm under qemu-user; needs root for the chroot): the not-slow tests and one
+# end-to-end test. Not part of CI. The first run builds and caches the root filesystem (docs/arm64.md).
+test-arm64:
+	bash tests/arm64/run.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache
