@@ -77,7 +77,8 @@ def test_convert_when_measured_then_manifest_records_the_choice_and_its_measurem
     manifest = json.loads((tiny_model_dir / "manifest.json").read_text())
     assert manifest["int8_reference_kl"] > 0
     assert all("kl_mean" in v["quality"] for v in manifest["variants"].values())
-    chosen, why = choose_nominal(list(manifest["variants"]), manifest["variants"], manifest["int8_reference_kl"])
+    variants = manifest["variants"]
+    chosen, why = choose_nominal(list(variants), variants, manifest["int8_reference_kl"])
     assert (manifest["default_variant"], manifest["default_variant_reason"]) == (chosen, why)
     genai = json.loads((tiny_model_dir / "genai_config.json").read_text())
     assert genai["model"]["decoder"]["filename"] == manifest["variants"][chosen]["file"]
