@@ -9,11 +9,20 @@
 #   6. online: the same limits, hardened like compose.yaml, port published on 127.0.0.1; from the host the
 #      openai SDK streams a chat completion, /v1/thermal must report the 1 GiB cgroup limit and the engine 1
 #      thread; no key -> refused; foreign Host header -> refused
-#   7. removes what it started (containers, volume; dockerd if it started it). Keeps the base image and the
-#      built image (the layer cache keeps the next run short).
+#   7. with SIMMER_DOCKER_ARM64=1 (off by default: emulated, it takes far longer than the rest, and CI runs
+#      this script), linux/arm64 from the same Dockerfile, the host made able to run arm64 programs (qemu-user
+#      through binfmt_misc) when it is not: `docker buildx build --platform linux/arm64 --load` (the daemon's
+#      own `docker build --platform` where buildx is not installed) on an arm64 base (the stand-in made for
+#      arm64 when python:3.11-slim cannot be pulled), then the same checks as 6 under emulation, its model
+#      volume seeded from the amd64 image (the converted files are the same on every CPU)
+#   8. removes what it started (containers, volumes; dockerd if it started it). Keeps the base images and the
+#      built images (the layer cache keeps the next run short).
 #
 # env: SIMMER_DOCKER_IMAGE (simmer:test), SIMMER_BASE_IMAGE (python:3.11-slim), PYTHON (.venv/bin/python),
-#      SIMMER_DOCKER_KEEP_DAEMON=1 (leave a dockerd started here running), SIMMER_DOCKER_TIMEOUT (300 s to healthy)
+#      SIMMER_DOCKER_KEEP_DAEMON=1 (leave a dockerd started here running), SIMMER_DOCKER_TIMEOUT (300 s to healthy),
+#      SIMMER_DOCKER_ARM64 (0: skip step 7, the default; 1: run it, failing when the host cannot; auto: run
+#      it when qemu-user is already registered with binfmt_misc, nothing installed),
+#      SIMMER_DOCKER_ARM64_TIMEOUT (1200 s to healthy under emulation)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +35,7 @@ memory_bytes=1073741824
 
 run_id="simmer-test-$$"
 volume="$run_id-models"
+volume_arm64="$run_id-models-arm64"
 work="$(mktemp -d /tmp/simmer-docker-test.XXXXXX)"
 containers=()
 dockerd_pid=""
@@ -50,7 +60,7 @@ cleanup() {
         done
     fi
     for c in "${containers[@]}"; do docker rm -f -v "$c" >/dev/null 2>&1; done
-    docker volume rm -f "$volume" >/dev/null 2>&1
+    docker volume rm -f "$volume" "$volume_arm64" >/dev/null 2>&1
     if [ -n "$dockerd_pid" ] && [ "${SIMMER_DOCKER_KEEP_DAEMON:-0}" != "1" ]; then
         kill "$dockerd_pid" 2>/dev/null
         for _ in $(seq 1 30); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 1; done
@@ -144,8 +154,8 @@ fi
 api_key="$("$python" -c 'import secrets; print(secrets.token_urlsafe(24))')"
 run_opts=(--label org.simmer.test=1 --memory 1g --memory-swap 1g --cpus 1)
 
-wait_healthy() { # container -> waits for Docker's HEALTHCHECK to pass
-    local c=$1 status deadline=$((SECONDS + health_timeout))
+wait_healthy() { # container [timeout s] -> waits for Docker's HEALTHCHECK to pass
+    local c=$1 status deadline=$((SECONDS + ${2:-$health_timeout}))
     while :; do
         status="$(docker inspect -f '{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}' "$c")"
         case "$status" in
@@ -157,7 +167,7 @@ wait_healthy() { # container -> waits for Docker's HEALTHCHECK to pass
             | grep -q -E '"status": *"error"'; then
             fail "$c: model load failed: $(docker inspect -f '{{with .State.Health}}{{range .Log}}{{.Output}}{{end}}{{end}}' "$c" | tail -n 1)"
         fi
-        [ "$SECONDS" -lt "$deadline" ] || fail "$c not healthy after ${health_timeout}s ($status)"
+        [ "$SECONDS" -lt "$deadline" ] || fail "$c not healthy after ${2:-$health_timeout}s ($status)"
         sleep 2
     done
 }
@@ -198,4 +208,77 @@ wait_healthy "$online"
 step "openai SDK stream + limits + protections (http://127.0.0.1:$port)"
 "$python" docker/smoke_client.py --base-url "http://127.0.0.1:$port" --api-key "$api_key" \
     --expect-memory-bytes "$memory_bytes" --expect-threads 1
-echo "PASS"
+docker rm -f -v "$online" >/dev/null
+echo "PASS (linux/$(docker image inspect -f '{{.Architecture}}' "$image"))"
+
+# ---- 7. linux/arm64 under emulation ----------------------------------------------------------------------------
+arm64_mode="${SIMMER_DOCKER_ARM64:-0}"
+step "linux/arm64 image under emulation (SIMMER_DOCKER_ARM64=$arm64_mode)"
+why_not_arm64=""
+if [ "$arm64_mode" = 0 ]; then
+    why_not_arm64="SIMMER_DOCKER_ARM64=0 (the default; 1 builds and serves the arm64 image under qemu-user)"
+elif [ "$(uname -m)" = aarch64 ]; then
+    why_not_arm64="this host is arm64: the image built above is the arm64 one"
+elif [ "$arm64_mode" = auto ] && ! grep -q '^flags: .*F' /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null; then
+    why_not_arm64="qemu-aarch64 is not registered with binfmt_misc (SIMMER_DOCKER_ARM64=1 sets it up)"
+else
+    # shellcheck source=tests/arm64/host.sh
+    source tests/arm64/host.sh
+    arm64_host_ready >"$work/arm64-host.log" 2>&1 \
+        || why_not_arm64="this host cannot run arm64 programs: $(tail -n 1 "$work/arm64-host.log")"
+fi
+if [ -n "$why_not_arm64" ]; then
+    [ "$arm64_mode" != 1 ] || fail "arm64 required (SIMMER_DOCKER_ARM64=1) but skipped: $why_not_arm64"
+    echo "SKIP arm64: $why_not_arm64"
+    exit 0
+fi
+
+image_arm64="$image-arm64"
+is_arm64() { [ "$(docker image inspect -f '{{.Architecture}}' "$1" 2>/dev/null)" = arm64 ]; }
+if is_arm64 "$wanted_base"; then
+    base_arm64="$wanted_base"
+elif is_arm64 "$standin_base-arm64"; then
+    base_arm64="$standin_base-arm64"
+elif timeout 120 docker pull -q --platform linux/arm64 "$wanted_base" >/dev/null 2>&1 && is_arm64 "$wanted_base"; then
+    base_arm64="$wanted_base"
+else
+    echo "no arm64 $wanted_base (registry unreachable?): building the stand-in $standin_base-arm64 (debootstrap, emulated)"
+    bash docker/make-base-image.sh "$standin_base-arm64" linux/arm64
+    base_arm64="$standin_base-arm64"
+fi
+echo "base: $base_arm64 ($(docker image inspect -f '{{.Os}}/{{.Architecture}}' "$base_arm64"))"
+
+step "build $image_arm64 for linux/arm64 (BAKE_MODEL=0: the model volume is seeded from $image)"
+if docker buildx version >/dev/null 2>&1; then
+    builder=(docker buildx build --load)
+else
+    echo "docker buildx is not installed: the daemon's builder, docker build --platform linux/arm64"
+    builder=(docker build)
+fi
+old_arm64="$(docker image inspect -f '{{.Id}}' "$image_arm64" 2>/dev/null || true)"
+nice -n 19 "${builder[@]}" --platform linux/arm64 -f docker/Dockerfile --build-arg BASE="$base_arm64" \
+    -t "$image_arm64" . >"$work/build-arm64.log" 2>&1 || { tail -n 40 "$work/build-arm64.log"; fail "arm64 build"; }
+new_arm64="$(docker image inspect -f '{{.Id}}' "$image_arm64")"
+if [ -n "$old_arm64" ] && [ "$old_arm64" != "$new_arm64" ]; then docker rmi "$old_arm64" >/dev/null 2>&1 || true; fi
+is_arm64 "$image_arm64" || fail "$image_arm64 is not an arm64 image"
+docker image ls "$image_arm64" --format '{{.Repository}}:{{.Tag}} {{.Size}}'
+
+step "serve $image_arm64 under emulation (--memory 2g --cpus 2, a Cortex-A76 /proc/cpuinfo)"
+docker volume create --label org.simmer.test=1 "$volume_arm64" >/dev/null
+docker run --rm --network none -v "$volume_arm64":/data "$image" true # seeds the volume with the baked model
+# qemu-user shows the host's x86 /proc/cpuinfo, which onnxruntime cannot read (a real arm64 host has its own)
+bash tests/arm64/cpuinfo.sh cortex-a76 >"$work/cpuinfo-arm64"
+port="$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+online_arm64="$run_id-online-arm64"
+containers+=("$online_arm64")
+docker run -d --name "$online_arm64" --platform linux/arm64 --label org.simmer.test=1 \
+    --memory 2g --memory-swap 2g --cpus 2 --health-interval 5s --read-only --tmpfs /tmp --cap-drop ALL \
+    --security-opt no-new-privileges -v "$work/cpuinfo-arm64":/proc/cpuinfo:ro \
+    -p "127.0.0.1:$port:8000" -e SIMMER_API_KEY="$api_key" -v "$volume_arm64":/data "$image_arm64" >/dev/null
+echo "machine in the container: $(docker exec "$online_arm64" uname -m)"
+wait_healthy "$online_arm64" "${SIMMER_DOCKER_ARM64_TIMEOUT:-1200}"
+
+step "openai SDK stream + limits + protections, arm64 (http://127.0.0.1:$port)"
+"$python" docker/smoke_client.py --base-url "http://127.0.0.1:$port" --api-key "$api_key" \
+    --expect-memory-bytes $((2 * memory_bytes)) --expect-threads 2
+echo "PASS (linux/arm64 under emulation)"

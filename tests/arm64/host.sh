@@ -57,15 +57,17 @@ trust_host_cas() {
     done
 }
 
-# in_root ROOT CPUINFO CMD...: CMD in ROOT under chroot, in a private mount namespace (every mount goes away
+# in_root ROOT CPUINFO CMD...: CMD in ROOT under chroot (nice -n 19), in a private mount namespace (every mount goes away
 # with the process, whatever kills it): /proc with CPUINFO over /proc/cpuinfo, /dev, /sys read-only, the host's
-# DNS, pip's cache and the model cache from $arm64_cache. Extra bind mounts: ARM64_BINDS="host:inside ...".
+# DNS, pip's cache and the model cache from $arm64_cache. Extra bind mounts: ARM64_BINDS="host:inside ...";
+# extra environment: ARM64_ENV="KEY=VALUE ...".
 in_root() {
     local root=$1 cpuinfo=$2
     shift 2
     mkdir -p "$arm64_cache/pip" "$arm64_cache/simmer-test"
     # shellcheck disable=SC2016
-    unshare --mount --propagation private bash -euc '
+    # nice: everything in the root runs emulated, the slowest work on the machine
+    nice -n 19 unshare --mount --propagation private bash -euc '
         root=$1 cpuinfo=$2 cache=$3 binds=$4; shift 4
         mount -t proc proc "$root/proc"
         mount --bind "$cpuinfo" "$root/proc/cpuinfo"
@@ -83,6 +85,6 @@ in_root() {
             PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 \
             SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
             REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
-            ${QEMU_CPU:+QEMU_CPU=$QEMU_CPU} "$@"
+            ${QEMU_CPU:+QEMU_CPU=$QEMU_CPU} ${ARM64_ENV:-} "$@"
     ' in_root "$root" "$cpuinfo" "$arm64_cache" "${ARM64_BINDS:-}" "$@"
 }

@@ -69,7 +69,9 @@ git -C "$repo" ls-files -z --cached --others --exclude-standard \
     | (cd "$repo" && tar --null --ignore-failed-read -T - -cf -) | tar -C "$root/src" -xf -
 cpuinfo="$work/cpuinfo"
 bash "$arm64_here/cpuinfo.sh" cortex-a76 >"$cpuinfo"
-QEMU_CPU=cortex-a76 nice -n 19 in_root "$root" "$cpuinfo" \
+# PIP_NO_COMPILE: emulated, compiling every installed module's bytecode up front costs more than the modules a
+# run imports compile at first import.
+QEMU_CPU=cortex-a76 ARM64_ENV=PIP_NO_COMPILE=1 in_root "$root" "$cpuinfo" \
     bash -c 'cd /src && make .venv/.simmer-installed PYTHON=python3 && .venv/bin/python -c "import onnxruntime, server, models, governor; print(\"onnxruntime\", onnxruntime.__version__)"' >&2
 # The source is copied in fresh on every run; only the venv (and its stamp) stay in the tarball.
 find "$root/src" -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} +

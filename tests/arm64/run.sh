@@ -12,12 +12,14 @@
 #    run or when pyproject.toml changes, ~30 min on 2 cores; reused after)
 # 2. unpacked into a temporary folder; the working tree (tracked and untracked files, not ignored ones) is
 #    copied to /src beside the cached /src/.venv
-# 3. the suite as `make test` runs it (pytest -n 2 --dist loadfile), minus the slow tests, then the one slow
-#    end-to-end test; pulls and converted models are cached in $SIMMER_ARM64_CACHE/simmer-test
+# 3. the tests that depend on the architecture (tests/models, tests/governor; ARM64_TESTS=tests: all of them)
+#    as `make test` runs them (pytest -n 2 --dist loadfile), minus the slow ones, then the one slow end-to-end
+#    test; pulls and converted models are cached in $SIMMER_ARM64_CACHE/simmer-test
 # Everything emulated runs under nice -n 19. Each step prints its wall time; the last line is the verdict.
 #
 # env: QEMU_CPU (cortex-a76: the core emulated, and the /proc/cpuinfo shown), SIMMER_ARM64_CACHE
-#      (~/.cache/simmer-arm64), PYTEST_ARGS (extra arguments for the not-slow run), SIMMER_ARM64_OUT
+#      (~/.cache/simmer-arm64), ARM64_TESTS (tests/models tests/governor), PYTEST_ARGS (extra arguments for
+#      the not-slow run), SIMMER_ARM64_OUT
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 # shellcheck source=tests/arm64/host.sh
@@ -55,17 +57,21 @@ run_in() { # run_in CORE CMD...: CMD in the root on the emulated CORE, its /proc
     local core=$1 cpuinfo="$work/cpuinfo-$1"
     shift
     bash "$arm64_here/cpuinfo.sh" "$core" >"$cpuinfo"
-    QEMU_CPU="$core" nice -n 19 in_root "$root" "$cpuinfo" "$@"
+    QEMU_CPU="$core" in_root "$root" "$cpuinfo" "$@"
 }
 
 case "$mode" in
 test)
-    step "in the root ($QEMU_CPU): make .venv/.simmer-installed (README), then pytest -m 'not slow' -n 2"
+    # What depends on the architecture: onnxruntime's kernels, numpy, tokenizers, the GGUF and ONNX code
+    # (tests/models), psutil and the sensors (tests/governor). The server's tests run the same Python on
+    # any CPU, and emulated the whole suite takes hours: ARM64_TESTS=tests runs it all.
+    tests="${ARM64_TESTS:-tests/models tests/governor}"
+    step "in the root ($QEMU_CPU): make .venv/.simmer-installed (README), then pytest -m 'not slow' -n 2 $tests"
     set +e
     # shellcheck disable=SC2016
     run_in "$QEMU_CPU" bash -c 'cd /src && make .venv/.simmer-installed PYTHON=python3 >/dev/null \
         && .venv/bin/python -c "import platform, onnxruntime; print(platform.machine(), \"onnxruntime\", onnxruntime.__version__)" \
-        && .venv/bin/python -m pytest -m "not slow" -n 2 --dist loadfile -q -p no:cacheprovider '"${PYTEST_ARGS:-}"
+        && .venv/bin/python -m pytest -m "not slow" -n 2 --dist loadfile -q -p no:cacheprovider '"$tests ${PYTEST_ARGS:-}"
     suite=$?
     step "in the root ($QEMU_CPU): the end-to-end test (simmer pull, simmer serve, a greedy chat against x86's answer)"
     run_in "$QEMU_CPU" bash -c 'cd /src && .venv/bin/python -m pytest -q -p no:cacheprovider -rA tests/test_exact_answer_e2e.py'
