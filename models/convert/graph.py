@@ -28,7 +28,8 @@ from onnx import TensorProto, helper
 
 from models.convert.block import attention, mlp, rms_norm, skip_norm
 from models.convert.embedding import embed_tokens, lm_head
-from models.convert.linear import MS
+from models.convert.fast_plan import PLANS, Plan
+from models.convert.linear import MS, REQUANT_TAG
 from models.convert.model import GGUFModel
 from models.gguf.quant import Packing, packing
 from models.gguf.reader import Tensor, dequantize_chunked
@@ -47,6 +48,7 @@ class VariantSpec:
     exact_blocks: bool  # block formats at their own width (exact); False: everything dequantized to fp32
     min_bits: int = 4  # block formats narrower than this are widened (exactly)
     float_bits: int | None = None  # float matrices quantized symmetrically to this width; None: kept fp32
+    requant: Plan | None = None  # matrices re-encoded for the cheapest kernels (convert/fast_plan.py)
 
 
 VARIANTS = {
@@ -55,6 +57,8 @@ VARIANTS = {
     # the exact variant: GGUF blocks as they are, fp32 activations
     "q4": VariantSpec("q4", 1, exact_blocks=True),
     "q4-a8": VariantSpec("q4-a8", 4, exact_blocks=True, float_bits=4),
+    # re-encoded for the fewest bytes per token; installed only within the measured quality floor
+    "fast": VariantSpec("fast", 4, exact_blocks=True, float_bits=4, requant=PLANS[0]),
 }
 
 
@@ -149,6 +153,11 @@ class WeightFile:
         self._cache[name] = t
         return t
 
+    def flush(self) -> None:
+        """What is written so far, readable by another reader of the file (a session measuring a variant)."""
+        if self._f is not None:
+            self._f.flush()
+
     def close(self) -> None:
         if self._f is not None:
             self._f.flush()
@@ -156,8 +165,36 @@ class WeightFile:
             self._f.close()
 
 
+class SplitWeights:
+    """A variant's initializers over two files: its own (named with linear.REQUANT_TAG: the re-encoded
+    weights no other variant shares) in `own`, the rest in the shared file, deduplicated there against the
+    other variants as usual. A variant refused after it was built then goes with its own file, leaving
+    the shared one as the other variants need it."""
+
+    def __init__(self, shared: WeightFile, own: WeightFile) -> None:
+        self.shared, self.own = shared, own
+
+    def _file(self, name: str) -> WeightFile:
+        return self.own if REQUANT_TAG in name else self.shared
+
+    def add(self, name: str, value: np.ndarray | Planned) -> TensorProto:
+        return self._file(name).add(name, value)
+
+    def alias(
+        self,
+        name: str,
+        existing: str,
+        dims: tuple[int, ...] | None = None,
+        rows: tuple[int, int] | None = None,
+    ) -> TensorProto:
+        return self._file(existing).alias(name, existing, dims, rows)
+
+
+Weights = WeightFile | SplitWeights
+
+
 class GraphBuilder:
-    def __init__(self, model: GGUFModel, spec: VariantSpec, weights: WeightFile) -> None:
+    def __init__(self, model: GGUFModel, spec: VariantSpec, weights: Weights) -> None:
         self.m = model
         self.cfg = model.config
         self.family = model.family
@@ -302,7 +339,7 @@ class GraphBuilder:
         return model
 
 
-def build_variant(model: GGUFModel, spec: VariantSpec, weights: WeightFile, out: Path) -> dict[str, str]:
+def build_variant(model: GGUFModel, spec: VariantSpec, weights: Weights, out: Path) -> dict[str, str]:
     """Write `out` (an .onnx file) whose initializers live in `weights`; returns the variant's quant map."""
     builder = GraphBuilder(model, spec, weights)
     graph = builder.build()

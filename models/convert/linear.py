@@ -50,7 +50,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.gguf.quant import BLOCK, Layout, Packing, as_nibble_pair, packing, widen
+from models.convert.requant import ROWS_PER_CHUNK, Encoding, requantize
+from models.gguf.quant import (
+    BLOCK,
+    Layout,
+    PackedNBits,
+    Packing,
+    as_nibble_pair,
+    concat_packed,
+    packing,
+    widen,
+)
+from models.gguf.reader import Tensor, dequantize_rows
 
 if TYPE_CHECKING:
     from models.convert.graph import GraphBuilder, Planned
@@ -58,6 +69,7 @@ if TYPE_CHECKING:
 MS = "com.microsoft"
 FLOAT_TYPES = ("F32", "F16", "BF16")
 SLICE_BYTES = 32 << 20  # codes per MatMulNBits node of a vocabulary-sized head (row_sliced)
+REQUANT_TAG = ".rq"  # in the name of every re-encoded initializer: no exact variant's can collide with it
 
 
 @dataclass
@@ -69,11 +81,15 @@ class Form:
     pair: bool = False
     weight: Planned | None = None
     exact: bool = True
+    requant: bool = False  # re-encoded by convert/requant.py (its initializers are named apart)
 
     def describe(self) -> str:
         if self.packed is None:
             return "fp32 MatMul on the dequantized weights, exact"
         p = self.packed.layout
+        if self.requant:
+            zp = " + zero points" if p.zero_points else ""
+            return f"{p.bits}-bit block {p.block}{zp}, re-encoded (error-aware rounding, not exact)"
         if self.pair:
             how = f"nibble pair (8-bit codes as two 4-bit halves over the input twice), block {p.block}"
         else:
@@ -86,13 +102,16 @@ class Form:
     def layout(self) -> tuple:
         if self.packed is None:
             return ("fp32",)
-        return ("pair" if self.pair else "nbits", self.packed.layout.bits, self.packed.layout.block)
+        kind = "requant" if self.requant else "pair" if self.pair else "nbits"
+        return (kind, self.packed.layout.bits, self.packed.layout.block)
 
 
 def form(g: GraphBuilder, name: str, small: bool = False, packed: Packing | None = None) -> Form:
     """The rule table in the module docstring, for one tensor of this variant, decided from the tensor's
     type alone. `packed`: the tensor already planned at its own width (the embedding table's)."""
     spec, t = g.spec, g.tensor(name)
+    if spec.requant is not None and (enc := spec.requant.choose(t.type_name, t.cols, head=small)) is not None:
+        return Form(packed=requantized(t, enc), exact=False, requant=True)
     fp32 = Form(weight=g.planned((t.rows, t.cols), t.dequantize))
     if not spec.exact_blocks:
         return fp32
@@ -107,6 +126,22 @@ def form(g: GraphBuilder, name: str, small: bool = False, packed: Packing | None
     if p.layout.bits == 8 and spec.accuracy_level < 4:
         return Form(packed=p, pair=True) if small else fp32
     return Form(packed=p)
+
+
+def requantized(t: Tensor, enc: Encoding) -> Packing:
+    """The tensor re-encoded (convert/requant.py), planned from its shape, computed a row chunk at a time
+    from its dequantized rows (a vocabulary-sized table is never whole in fp32)."""
+    lay = Layout(enc.bits, t.rows, t.cols, enc.block, zero_points=enc.zero_point)
+
+    def make() -> PackedNBits:
+        step = ROWS_PER_CHUNK * 16
+        parts = [
+            requantize(dequantize_rows(t, slice(lo, min(lo + step, t.rows))), enc)
+            for lo in range(0, t.rows, step)
+        ]
+        return concat_packed(parts)
+
+    return Packing(lay, make)
 
 
 def planned_array(a: np.ndarray | None) -> np.ndarray:
@@ -151,6 +186,7 @@ def linear(
         # a run's initializers are named after its tensors and layout: variants that map them alike share
         # the bytes in the weights file, and ones that do not never collide
         k = key if len(runs) == 1 else f"{key}.{start}_{start + len(fs)}"
+        k += REQUANT_TAG if fs[0].requant else ""
         start += len(fs)
         if fs[0].packed is None:
             ws = [f.weight for f in fs if f.weight is not None]

@@ -7,8 +7,10 @@ numpy + onnx only (no torch). The governor orders its ladder of variants by the 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,12 @@ import numpy as np
 import psutil
 
 from models.convert.disk_plan import estimate_output
-from models.convert.graph import VARIANTS, WeightFile, build_variant
+from models.convert.fast_plan import PLANS
+from models.convert.floor import check, fallback_floor, peer_floor
+from models.convert.graph import VARIANTS, SplitWeights, WeightFile, build_variant
 from models.convert.linear import FLOAT_TYPES
 from models.convert.model import GGUFModel
+from models.convert.quality import METHOD, QUALITY_POSITIONS, compare, peer_logits, quality_ids
 from models.convert.reference import ReferenceForward
 from models.convert.tokenizer_gguf import metadata_from_reader, tokenizer_from_metadata
 from models.errors import VerificationFailed
@@ -29,17 +34,15 @@ from models.types import NOMINAL_VARIANT
 # 9: every large head on MatMulNBits sliced by rows (untied ones too); SentencePiece vocabularies also
 # written as tokenizer.spm.npz (the compact tokenizer simmer loads)
 # 10: a tied head without correction writes the logits output itself (no Reshape copy)
-CONVERTER_VERSION = 10
+# 11: the `fast` variant (re-encoded, installed only within the measured quality floor); quality measured
+# as KL over a fixed text; the default variant is the fastest measured of q4-a8 and fast
+CONVERTER_VERSION = 11
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
-QUALITY_PROMPTS = (
-    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-    "The quick brown fox jumps over the lazy dog. In 1969, 3 astronauts flew to the Moon",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n",
-)
-QUALITY_MAX_TOKENS = 24
 # a variant whose greedy choices disagree with the reference this often is broken, not just approximate
-MIN_TOP1_AGREEMENT = {"f32": 0.99, "q8": 0.85, "q4": 0.99, "q4-a8": 0.75}
+MIN_TOP1_AGREEMENT = {"f32": 0.99, "q8": 0.85, "q4": 0.99, "q4-a8": 0.75, "fast": 0.75}
+
+log = logging.getLogger("simmer.convert")
 
 Progress = Callable[[str, float], None]
 
@@ -51,12 +54,14 @@ def plan_variants(model: GGUFModel) -> list[str]:
     variant (its own blocks, fp32 activations), and `q4-a8` (the same blocks, int8 activations: llama.cpp's
     arithmetic, fastest). No `f32`: q4 is exact already and fp32 copies cost 4-8x the bytes (Gemma 3's
     262,144 x 640 table alone is 671 MB in fp32). No `q8`: every 8-bit format is 8-bit in q4-a8 already, and
-    widening the 4-bit ones buys nothing once activations are int8.
+    widening the 4-bit ones buys nothing once activations are int8. And `fast`, re-encoded for the fewest
+    bytes per token (convert/requant.py), which is installed only if its measured KL is within the floor
+    (convert/floor.py).
     A float source (F32/F16/BF16 matrices) gets `f32` (exact) and two re-quantized ones, `q8` and `q4-a8`,
     whose cost the quality measurement records."""
     matrices = [t for t in model.reader.tensors if len(t.shape) == 2]
     if any(SUPPORTED_TYPES.get(t.tensor_type) not in FLOAT_TYPES for t in matrices):
-        return ["q4", "q4-a8"]
+        return ["q4", "q4-a8", "fast"]
     return ["f32", "q8", "q4-a8"]
 
 
@@ -69,11 +74,14 @@ def convert(
     measure: bool = True,
     threads: int = 2,
     disk_plan: Callable[[dict[str, int]], None] | None = None,
+    floor: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the variants into `out_dir` (existing, empty) and return the manifest fragment.
 
     `disk_plan`, when given, gets the bytes each output file will take (models/convert/disk_plan.py) once
-    the GGUF is read and before anything is written: the store checks free space there (and may raise)."""
+    the GGUF is read and before anything is written: the store checks free space there (and may raise).
+    `floor`: the quality floor re-encoded variants are held to (convert/floor.py); by default it is
+    measured: llama.cpp's KL on the same GGUF when llama-cpp-python is installed, else the fixed budget."""
     report = progress or (lambda stage, frac: None)
     out_dir = Path(out_dir)
     report("reading GGUF", 0.0)
@@ -83,8 +91,13 @@ def convert(
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    refused: dict[str, str] = {}
+    if not measure:  # a re-encoded variant is installed only once its quality is measured
+        for n in names:
+            if VARIANTS[n].requant is not None:
+                refused[n] = "not installed: no quality floor was measured (a conversion without measuring)"
     if disk_plan is not None:
-        disk_plan(estimate_output(model, names))
+        disk_plan(estimate_output(model, [n for n in names if n not in refused]))
 
     report("tokenizer", 0.05)
     tokenizer = tokenizer_from_metadata(metadata_from_reader(model.reader))  # no second parse of the file
@@ -92,50 +105,166 @@ def convert(
     if tokenizer.chat_template:  # no template: the model serves completions only
         (out_dir / CHAT_TEMPLATE_FILE).write_text(tokenizer.chat_template)
 
+    exact = [n for n in names if VARIANTS[n].requant is None]
     weights = WeightFile(out_dir / WEIGHTS_FILE)
-    quant_maps: dict[str, dict[str, str]] = {}
-    try:
-        for i, name in enumerate(names):
-            report(f"building {name}", 0.1 + 0.4 * i / len(names))
-            quant_maps[name] = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
-    finally:
-        weights.close()
-    default = NOMINAL_VARIANT if NOMINAL_VARIANT in names else names[-1]
-    write_genai_config(out_dir, model, default, tokenizer)
-
     architecture = architecture_entry(model)
     shape = ModelShape.from_architecture(architecture)
     entries: dict[str, dict[str, Any]] = {}
-    for name in names:
-        onnx_file = out_dir / f"{name}.onnx"
-        entries[name] = {
-            "file": onnx_file.name,
-            "files": [onnx_file.name, WEIGHTS_FILE],
-            "weights_bytes": referenced_bytes(onnx_file),
-            "onnx_bytes": onnx_file.stat().st_size,
-            "quant_map": quant_maps[name],
-        }
-    if measure:
-        report("measuring quality", 0.5)
-        prompts = [tokenizer.encode(p, add_special_tokens=False) for p in QUALITY_PROMPTS]
-        ref = ReferenceForward(model)
-        ref_logits = [ref.logits(ids[:QUALITY_MAX_TOKENS]) for ids in prompts]
-        del ref
-        for i, name in enumerate(names):
-            report(f"measuring {name}", 0.55 + 0.45 * i / len(names))
-            entries[name] |= measure_variant(out_dir / f"{name}.onnx", shape, prompts, ref_logits, threads)
+    try:
+        for i, name in enumerate(exact):
+            report(f"building {name}", 0.1 + 0.3 * i / len(names))
+            qmap = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
+            entries[name] = variant_entry(out_dir, name, qmap)
+        weights.flush()  # measured below while the re-encoded variants still write to it
+        ref_logits, ids = None, []
+        if measure:
+            report("measuring quality", 0.4)
+            ids = quality_ids(tokenizer.encode)[: min(QUALITY_POSITIONS, cfg.context_length - 8) + 1]
+            ref_logits = ReferenceForward(model).logits(ids[:-1])
+            for i, name in enumerate(exact):
+                report(f"measuring {name}", 0.5 + 0.2 * i / len(exact))
+                entries[name] |= measure_variant(out_dir / f"{name}.onnx", shape, ids, ref_logits, threads)
+        for name in (n for n in names if n not in exact and n not in refused):
+            assert ref_logits is not None  # measured: refused above otherwise
+            if floor is None:
+                report("measuring llama.cpp", 0.7)
+                floor = measure_floor(Path(gguf_path), ids, ref_logits, threads)
+            entry, why = build_reencoded(
+                model, name, out_dir, weights, shape, ids, ref_logits, floor, threads, report
+            )
+            if entry is None:
+                refused[name] = f"not installed: {why}"
+            else:
+                entries[name] = entry
+    finally:
+        weights.close()
+    for name, why in refused.items():
+        log.warning("variant %s %s", name, why)
+    names = [n for n in names if n not in refused]
+    if not names:
+        raise VerificationFailed(
+            "no variant left to install: " + "; ".join(f"{k} {v}" for k, v in refused.items())
+        )
+    default = nominal_variant(names, entries)
+    write_genai_config(out_dir, model, default, tokenizer)
     report("done", 1.0)
     return {
         "converter_version": CONVERTER_VERSION,
         "architecture": architecture,
         "context_length": cfg.context_length,
         "source_tensor_types": model.tensor_types(),
-        "variants": entries,
+        "variants": {n: entries[n] for n in names},
         "default_variant": default,
+        "quality_floor": floor,
+        "refused_variants": refused,
         "tokenizer": "tokenizer.json",
         "chat_template": CHAT_TEMPLATE_FILE if tokenizer.chat_template else None,
         "kv_bytes_per_token": shape.kv_bytes_per_token(),
     }
+
+
+def variant_entry(out_dir: Path, name: str, quant_map: dict[str, str]) -> dict[str, Any]:
+    onnx_file = out_dir / f"{name}.onnx"
+    own = out_dir / own_data_file(name)
+    return {
+        "file": onnx_file.name,
+        "files": [onnx_file.name, WEIGHTS_FILE, *([own.name] if own.exists() else [])],
+        "weights_bytes": referenced_bytes(onnx_file),
+        "onnx_bytes": onnx_file.stat().st_size,
+        "quant_map": quant_map,
+    }
+
+
+def build_reencoded(
+    model: GGUFModel,
+    name: str,
+    out_dir: Path,
+    weights: WeightFile,
+    shape: ModelShape,
+    ids: list[int],
+    ref_logits: np.ndarray,
+    floor: dict[str, Any],
+    threads: int,
+    report: Progress,
+) -> tuple[dict[str, Any] | None, str]:
+    """Build and measure the re-encoded variant plan by plan (convert/fast_plan.py, cheapest first) until
+    one is within the floor: (its manifest entry, "") or (None, why none was). A refused attempt leaves
+    nothing behind: its graph and its own weights file are removed; the shared file gets nothing of its own
+    (every initializer it shares is one an exact variant wrote, or would write, under the same name)."""
+    attempts: list[dict[str, Any]] = []
+    for plan in PLANS:
+        report(f"building {name} ({plan.name} plan)", 0.75)
+        own = WeightFile(out_dir / own_data_file(name))
+        try:
+            spec = replace(VARIANTS[name], requant=plan)
+            qmap = build_variant(model, spec, SplitWeights(weights, own), out_dir / f"{name}.onnx")
+        finally:
+            own.close()
+        weights.flush()
+        if own.size == 0:
+            attempts.append(
+                {"plan": plan.name, "verdict": "re-encodes no tensor of this GGUF (the same as q4-a8)"}
+            )
+            remove_variant_files(out_dir, name)
+            continue
+        report(f"measuring {name} ({plan.name} plan)", 0.85)
+        entry: dict[str, Any] = variant_entry(out_dir, name, qmap) | {"plan": plan.name}
+        entry |= measure_variant(out_dir / f"{name}.onnx", shape, ids, ref_logits, threads)
+        why = check(entry["quality"], floor)
+        q = entry["quality"]
+        attempts.append(
+            {
+                "plan": plan.name,
+                "kl_mean": q["kl_mean"],
+                "kl_p99": q["kl_p99"],
+                "verdict": why or "within the floor",
+            }
+        )
+        if why is None:
+            return entry | {"attempts": attempts}, ""
+        log.info("variant %s, %s plan: %s", name, plan.name, why)
+        remove_variant_files(out_dir, name)
+    return None, "; ".join(f"{a['plan']} plan: {a['verdict']}" for a in attempts)
+
+
+def own_data_file(variant: str) -> str:
+    return f"{variant}.data"
+
+
+def measure_floor(gguf: Path, ids: list[int], ref_logits: np.ndarray, threads: int) -> dict[str, Any]:
+    """llama.cpp's KL on the same GGUF and token ids when llama-cpp-python is installed, else the fixed
+    fallback budget (convert/floor.py)."""
+    try:
+        peer = peer_logits(gguf, ids, len(ref_logits), threads)
+    except Exception as e:  # a build of llama.cpp that cannot read this file: say so, use the budget
+        log.warning("llama.cpp could not measure %s (%s): the fallback quality budget applies", gguf.name, e)
+        peer = None
+    if peer is None:
+        return fallback_floor()
+    step, method, close = peer
+    try:
+        probe = step(ids[0], 0)
+        if probe.shape[-1] != ref_logits.shape[-1]:
+            log.warning("llama.cpp's vocabulary differs in size: the fallback quality budget applies")
+            return fallback_floor()
+        return peer_floor(compare(ref_logits, step, ids).summary(method))
+    finally:
+        close()
+
+
+def remove_variant_files(out_dir: Path, name: str) -> None:
+    for rel in (f"{name}.onnx", own_data_file(name)):
+        (out_dir / rel).unlink(missing_ok=True)
+
+
+def nominal_variant(names: list[str], entries: dict[str, dict[str, Any]]) -> str:
+    """The variant a model opens on: the fastest measured (CPU seconds per token) of q4-a8 and the
+    re-encoded ones still installed (so within the floor); q4-a8 when nothing was measured."""
+    candidates = [n for n in names if n == NOMINAL_VARIANT or VARIANTS[n].requant is not None]
+    measured = [n for n in candidates if "speed" in entries[n]]
+    if measured:
+        return min(measured, key=lambda n: entries[n]["speed"]["cpu_s_per_token"])
+    return NOMINAL_VARIANT if NOMINAL_VARIANT in names else names[-1]
 
 
 def architecture_entry(model: GGUFModel) -> dict[str, Any]:
@@ -168,23 +297,26 @@ def referenced_bytes(onnx_file: Path) -> int:
 
 
 def measure_variant(
-    path: Path, shape: ModelShape, prompts: list[list[int]], ref_logits: list[np.ndarray], threads: int
+    path: Path, shape: ModelShape, ids: list[int], ref_logits: np.ndarray, threads: int
 ) -> dict[str, Any]:
+    """Quality (convert/quality.py: KL and top-1 against the reference, token by token, which exercises
+    the KV path too; and the largest logit error) and decode speed on this machine."""
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
     t0 = time.perf_counter()
     sess = DecoderSession(path, shape, threads)
     load_s = time.perf_counter() - t0
-    kv = KVCache(shape, 256)
-    errors, agree, total = [], 0, 0
-    for ids, ref in zip(prompts, ref_logits, strict=True):
-        for pos in range(len(ref)):  # token by token: exercises the KV path too
-            logits = sess.run(np.array([ids[pos]]), kv, pos)
-            errors.append(float(np.abs(logits - ref[pos]).max()))
-            agree += int(logits.argmax() == ref[pos].argmax())
-            total += 1
+    kv = KVCache(shape, max(len(ids), 128 + 48))
+    errors: list[float] = []
+
+    def step(token: int, pos: int) -> np.ndarray:
+        logits = sess.run(np.array([token]), kv, pos)
+        errors.append(float(np.abs(logits - ref_logits[pos]).max()))
+        return logits
+
+    quality = compare(ref_logits, step, ids).summary(METHOD.format(n=len(ref_logits)))
     # decode speed after a 128-token prompt, greedy feedback
-    prompt = np.resize(np.concatenate([np.asarray(p) for p in prompts]), 128)
+    prompt = np.resize(np.asarray(ids), 128)
     logits = sess.run(prompt, kv, 0)
     n = 48
     c0, t1 = time.process_time(), time.perf_counter()
@@ -192,14 +324,9 @@ def measure_variant(
         logits = sess.run(np.array([int(logits.argmax())]), kv, 128 + i)
     wall, cpu = time.perf_counter() - t1, time.process_time() - c0
     rss1 = proc.memory_info().rss
-    del sess, kv
     return {
-        "quality": {
-            "max_logit_error": round(max(errors), 6),
-            "mean_logit_error": round(float(np.mean(errors)), 6),
-            "top1_agreement": round(agree / total, 4),
-            "positions": total,
-        },
+        "quality": quality
+        | {"max_logit_error": round(max(errors), 6), "mean_logit_error": round(float(np.mean(errors)), 6)},
         "speed": {
             "decode_tok_s": round(n / wall, 2),
             "cpu_s_per_token": round(cpu / n, 5),
