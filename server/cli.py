@@ -156,9 +156,9 @@ def cmd_list(args: argparse.Namespace, settings: Settings, converter: Converter 
 def _variant_lines(m: ModelInfo) -> list[str]:
     """Each variant's measured quality and speed (models/variant_facts.py), the floor, what it refused."""
     head = f"{m.id} {m.version}: default {m.default_variant or '-'}"
-    if m.floor:
-        f = m.floor
-        head += f"; quality floor ({f['source']}): KL {f['kl_mean']:.2g} (p99 {f['kl_p99']:.2g})"
+    f = m.floor or {}
+    if isinstance(f.get("kl_mean"), float | int) and isinstance(f.get("kl_p99"), float | int):
+        head += f"; quality floor ({f.get('source')}): KL {f['kl_mean']:.2g} (p99 {f['kl_p99']:.2g})"
     width = max(len(n) for n in [*m.variants, *m.refused]) if m.variants or m.refused else 0
     lines = [head]
     lines += ["  " + describe(name.ljust(width), m.facts.get(name, {})) for name in m.variants]

@@ -110,7 +110,8 @@ def form(g: GraphBuilder, name: str, small: bool = False, packed: Packing | None
     """The rule table in the module docstring, for one tensor of this variant, decided from the tensor's
     type alone. `packed`: the tensor already planned at its own width (the embedding table's)."""
     spec, t = g.spec, g.tensor(name)
-    if spec.requant is not None and (enc := spec.requant.choose(t.type_name, t.cols, head=small)) is not None:
+    enc = spec.requant.choose(t.type_name, t.cols, head=small) if spec.requant is not None else None
+    if enc is not None and not exact_already(t, enc):
         return Form(packed=requantized(t, enc), exact=False, requant=True)
     fp32 = Form(weight=g.planned((t.rows, t.cols), t.dequantize))
     if not spec.exact_blocks:
@@ -126,6 +127,16 @@ def form(g: GraphBuilder, name: str, small: bool = False, packed: Packing | None
     if p.layout.bits == 8 and spec.accuracy_level < 4:
         return Form(packed=p, pair=True) if small else fp32
     return Form(packed=p)
+
+
+def exact_already(t: Tensor, enc: Encoding) -> bool:
+    """Whether the tensor's exact mapping is that encoding already (Q8_0 and Q5_0 at 8 bits block 32, Q4_0 at
+    4 bits block 32, all symmetric): re-encoding would reproduce its codes under another name, so it keeps
+    them, shared with the exact variants."""
+    if t.type_name in FLOAT_TYPES or enc.zero_point:
+        return False
+    lay = Layout.of(t.type_name, t.rows, t.cols)
+    return (lay.bits, lay.block, lay.correction) == (enc.bits, enc.block, False)
 
 
 def requantized(t: Tensor, enc: Encoding) -> Packing:
