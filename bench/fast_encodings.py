@@ -62,6 +62,7 @@ class Graph:
         self.inits: list[TensorProto] = []
         self.n = 0
         self.rng = np.random.default_rng(0)
+        self.shared: set[str] = set()
 
     def name(self, base: str) -> str:
         self.n += 1
@@ -90,9 +91,11 @@ class Graph:
         )
         if not corr:
             return y
-        ind = self.add(
-            self.name("ind"), np.kron(np.eye(nb, dtype=np.float32), np.ones((block, 1), np.float32))
-        )
+        # one indicator per input size, shared as the converter shares it (read from cache, not memory)
+        ind = f"block_indicator_{k}_{block}"
+        if ind not in self.shared:
+            self.shared.add(ind)
+            self.add(ind, np.kron(np.eye(nb, dtype=np.float32), np.ones((block, 1), np.float32)))
         sums = self.name("sums")
         self.nodes.append(helper.make_node("MatMul", [x, ind], [sums]))
         c = self.add(self.name("c"), (self.rng.random((nb, n), np.float32) * 0.01).astype(np.float32))

@@ -42,6 +42,6 @@ class Plan:
 
 
 PLANS = (
-    Plan("4-bit", Encoding(4, 64, zero_point=True), Encoding(8, 32, False), Encoding(8, 32, False)),
+    Plan("4-bit", Encoding(4, 32, zero_point=True), Encoding(8, 32, False), Encoding(8, 32, False)),
     Plan("8-bit", None, Encoding(8, 32, False), Encoding(8, 32, False)),
 )
