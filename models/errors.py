@@ -116,8 +116,8 @@ class VerificationFailed(SimmerError):
 
 
 class ContextLengthExceeded(SimmerError):
-    """The prompt (plus the tokens asked for the reply) does not fit the context. The numbers, when known,
-    let each API word the refusal its own way (server/errors.py)."""
+    """The prompt does not fit the context. The numbers, when known, let each API word the refusal its own
+    way (server/errors.py)."""
 
     code = "context_length_exceeded"
 
@@ -128,12 +128,10 @@ class ContextLengthExceeded(SimmerError):
         param: str | None = None,
         context_length: int | None = None,
         prompt_tokens: int | None = None,
-        reserved_tokens: int = 0,
     ) -> None:
         super().__init__(message, param=param)
         self.context_length = context_length
         self.prompt_tokens = prompt_tokens
-        self.reserved_tokens = reserved_tokens
 
 
 class InvalidParameter(SimmerError):

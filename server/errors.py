@@ -175,19 +175,12 @@ def context_overflow(err: ContextLengthExceeded, path: str | None) -> ContextLen
     window = 'truncation: "auto"' if field == "input" else "truncate: true"
     if err.context_length is None or err.prompt_tokens is None:
         return ContextLengthExceeded(err.message, param=field)
-    n, m, r = err.context_length, err.prompt_tokens, err.reserved_tokens
-    if r and m < n:  # the prompt fits; the reply asked for does not
-        message = (
-            f"This model's maximum context length is {n} tokens. However, you requested {m + r} tokens "
-            f"({m} in the {field}, {r} for the completion). Please reduce the length of the {field} or "
-            f"of the completion, or set {window}."
-        )
-    else:
-        message = (
-            f"This model's maximum context length is {n} tokens. However, your {field} resulted in {m} "
-            f"tokens. Please reduce the length of the {field}, or set {window}."
-        )
-    return ContextLengthExceeded(message, param=field, context_length=n, prompt_tokens=m, reserved_tokens=r)
+    n, m = err.context_length, err.prompt_tokens
+    message = (
+        f"This model's maximum context length is {n} tokens. However, your {field} resulted in {m} tokens. "
+        f"Please reduce the length of the {field}, or set {window}."
+    )
+    return ContextLengthExceeded(message, param=field, context_length=n, prompt_tokens=m)
 
 
 def error_payload(err: BaseException, path: str | None = None) -> tuple[int, dict, dict[str, str]]:

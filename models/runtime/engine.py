@@ -361,7 +361,6 @@ class LlamaEngine:
             param="messages",
             context_length=self.context_length,
             prompt_tokens=n,
-            reserved_tokens=reserve,
         )
 
     def chat_prompt(

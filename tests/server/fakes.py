@@ -78,7 +78,6 @@ class ScriptedEngine:
                 param="messages",
                 context_length=self.context_length,
                 prompt_tokens=len(ids),
-                reserved_tokens=reserve,
             )
         return Prompt(ids[len(ids) - room :], truncated=True)
 
