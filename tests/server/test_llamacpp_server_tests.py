@@ -131,6 +131,7 @@ def cases(report: ET.Element) -> dict[str, tuple[str, str]]:
     return out
 
 
+@pytest.mark.slow
 def test_llamacpp_server_tests_when_run_against_simmer_then_every_applicable_case_passes(report) -> None:
     results = cases(report)
     failed = {
