@@ -782,7 +782,8 @@ class EventStream:
         """The `error` event names simmer's code; the failed response's `error.code` is one of the codes
         OpenAI's spec lists for it: `invalid_prompt` for a request the server refused, else `server_error`."""
         listed = "invalid_prompt" if kind == "invalid_request_error" else "server_error"
-        failed = self.r.build("failed", self._output("incomplete"), error={"code": listed, "message": message})
+        error = {"code": listed, "message": message}
+        failed = self.r.build("failed", self._output("incomplete"), error=error)
         return [
             self.event("error", code=code, message=message, param=param),
             self.event("response.failed", response=failed),
