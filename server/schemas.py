@@ -574,7 +574,7 @@ def chat_logprobs(events: list[TokenEvent]) -> dict | None:
         content.append(
             {"token": text, "logprob": ev.logprob, "bytes": list(text.encode()), "top_logprobs": tops}
         )
-    return {"content": content}
+    return {"content": content, "refusal": None}
 
 
 def completion_logprobs(events: list[TokenEvent], offset: int = 0) -> dict | None:
@@ -643,10 +643,11 @@ def _stream_calls(deltas: list[ToolCallDelta]) -> list[dict]:
 def chat_completion(
     rid: str, model: str, text: str, tokens: list[TokenEvent], finish: FinishEvent, variant: str | None
 ) -> dict:
-    message: dict[str, Any] = {"role": "assistant", "content": text}
+    # refusal: OpenAI's spec requires the field; simmer's models never refuse by a separate channel
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
     calls = assemble_calls(call_deltas(tokens, finish))
     if calls:
-        message = {"role": "assistant", "content": text or None, "tool_calls": calls}
+        message = {"role": "assistant", "content": text or None, "refusal": None, "tool_calls": calls}
     return {
         "id": rid,
         "object": "chat.completion",
@@ -698,6 +699,7 @@ class ChunkBuilder:
         self.created = now()
         self._role_sent = False
         self._offset = 0  # text offset for completion logprobs
+        self._held: list[TokenEvent] = []  # tokens of batches that showed nothing yet (their logprobs)
         self.variant: str | None = None  # known once the worker starts the job
         # Fields of the final chunk (and the usage chunk) known only at the end: the route object.
         self.final_fields: Callable[[], dict] = dict
@@ -720,34 +722,62 @@ class ChunkBuilder:
             "choices": choices,
         }
 
-    def delta(self, text: str, tokens: list[TokenEvent], finish: FinishEvent | None = None) -> dict:
-        finish_reason = _finish_reason(finish) if finish else None
+    def delta(self, text: str, tokens: list[TokenEvent], finish: FinishEvent | None = None) -> list[dict]:
+        """The chunks for one batch of tokens (and the finish, at the end): none when the batch shows nothing
+        (bytes the detokenizer holds, a call's envelope); its tokens' logprobs then go with the next chunk.
+        As OpenAI streams: the role comes alone in the first chunk (`content` null); no delta carries empty
+        content; the last chunk's delta is empty, with the finish_reason."""
+        tokens = self._held + tokens
+        self._held = []
+        chunks = []
         if self.kind == "chat":
             calls = _stream_calls(call_deltas(tokens, finish))
-            delta: dict[str, Any] = {"content": text} if text or not calls else {}
+            if not self._role_sent:  # the role-only opening chunk, before anything else
+                self._role_sent = True
+                chunks.append(self._choice({"role": "assistant", "content": None}))
+            delta: dict[str, Any] = {"content": text} if text else {}
             if calls:
                 delta["tool_calls"] = calls
-            if not self._role_sent:
-                delta = {"role": "assistant", **delta}
-                self._role_sent = True
-            choice = {
-                "index": 0,
-                "delta": delta,
-                "logprobs": chat_logprobs(tokens),
-                "finish_reason": finish_reason,
-            }
+            if delta:
+                chunks.append(self._choice(delta, chat_logprobs(tokens)))
+            elif finish is None:
+                self._held = tokens
+            if finish is not None:
+                logprobs = None if delta else chat_logprobs(tokens)
+                chunks.append(self._choice({}, logprobs, finish))
         else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": completion_logprobs(tokens, self._offset),
-                "finish_reason": finish_reason,
-            }
-            self._offset += len(text)
+            if text or finish is not None:
+                choice = {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": completion_logprobs(tokens, self._offset),
+                    "finish_reason": _finish_reason(finish) if finish else None,
+                }
+                self._offset += len(text)
+                chunks.append(
+                    self._final(self._chunk([choice], finish.variant), finish)
+                    if finish
+                    else self._chunk([choice])
+                )
+            else:
+                self._held = tokens
+        return chunks
+
+    def _choice(
+        self, delta: dict[str, Any], logprobs: dict | None = None, finish: FinishEvent | None = None
+    ) -> dict:
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": _finish_reason(finish) if finish else None,
+        }
         chunk = self._chunk([choice], finish.variant if finish else None)
-        if finish is not None:
-            chunk.update(_extras(finish))
-            chunk.update(self.final_fields())
+        return self._final(chunk, finish) if finish else chunk
+
+    def _final(self, chunk: dict, finish: FinishEvent) -> dict:
+        chunk.update(_extras(finish))
+        chunk.update(self.final_fields())
         return chunk
 
     def usage(self, finish: FinishEvent) -> dict:

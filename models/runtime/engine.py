@@ -359,6 +359,8 @@ class LlamaEngine:
             + (f" and {reserve} more were asked for the reply" if reserve else "")
             + ". Shorten the prompt, lower max_tokens, or set truncate=true.",
             param="messages",
+            context_length=self.context_length,
+            prompt_tokens=n,
         )
 
     def chat_prompt(
@@ -701,6 +703,8 @@ class _Generation:
             raise ContextLengthExceeded(
                 f"This model's context is {e.context_length} tokens; the prompt has {len(self.ctx)} tokens.",
                 param="messages",
+                context_length=e.context_length,
+                prompt_tokens=len(self.ctx),
             )
         while self.resumed and len(self.ctx) >= e.context_length:  # a smaller model took the reply over
             if not self.params.truncate:

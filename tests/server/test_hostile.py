@@ -198,7 +198,7 @@ CASES = [
     Case(
         "parameters with 2**80",
         chat(tools=[fn(parameters={"type": "object", "x": 2**80})], tool_choice="required"),
-        413,
+        BAD,
         "context_length_exceeded",
     ),
     Case(
@@ -308,7 +308,23 @@ CASES = [
         "unsupported_content_type",
         headers={"Content-Type": "text/plain"},
     ),
-    Case("no Content-Type", chat(), 415, "unsupported_content_type", headers={}),
+    # no Content-Type at all: JSON, as Ollama reads it, unless a browser sent it (a "simple" request)
+    Case("no Content-Type", chat(), 200, headers={}),
+    Case(
+        "no Content-Type, from a page",
+        chat(),
+        415,
+        "unsupported_content_type",
+        headers={"Origin": "http://evil.example"},
+    ),
+    Case(
+        "no Content-Type, a browser's fetch metadata",
+        chat(),
+        415,
+        "unsupported_content_type",
+        headers={"Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Site": "cross-site"},
+    ),
+    Case("no Content-Type, not JSON", b"messages=hi", BAD, "invalid_json", headers={}),
     Case(
         "Content-Type form",
         chat(),
@@ -328,7 +344,7 @@ CASES = [
     Case(
         "prompt beyond the context",
         chat(messages=[{"role": "user", "content": "word " * 2000}]),
-        413,
+        BAD,
         "context_length_exceeded",
     ),
     # text that is fine
@@ -413,7 +429,7 @@ CASES = [
     Case(
         "responses: input beyond the context",
         resp(input="word " * 2000),
-        413,
+        BAD,
         "context_length_exceeded",
         path=RESP,
     ),
@@ -668,7 +684,7 @@ OLLAMA_CASES = [
         "prompt beyond the context, truncate false",
         "/api/generate",
         ogen(prompt="word " * 2000, truncate=False),
-        413,
+        BAD,
         "context",
         "context_length_exceeded",
     ),

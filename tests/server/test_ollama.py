@@ -163,7 +163,7 @@ def test_truncate_when_false_then_a_prompt_over_the_context_is_refused(live) -> 
     }
     with srv.client() as c:
         refused = c.post("/api/chat", json={**body, "truncate": False})  # Ollama's field; its client lacks it
-        assert refused.status_code == 413 and "context" in refused.json()["error"]
+        assert refused.status_code == 400 and "maximum context length" in refused.json()["error"]
         r = c.post("/api/chat", json=body)
         assert r.status_code == 200 and r.json()["done"]  # truncate (Ollama's default): a sliding window
 
