@@ -32,6 +32,7 @@ class Runtime:
     store_home: Path | None = None  # the model store, for /health's model_problem (None: not from a store)
     model_store: ModelStore | None = None  # installed models: Ollama's /api/tags, /api/show, pull, delete
     summarizer: Summarizer | None = None  # the sliding window's summary (None: SIMMER_SUMMARY=false)
+    pull_dirs: tuple[Path, ...] = ()  # the only folders /api/pull may install a local path from
 
     def model_id(self) -> str:
         """The model in use: the one that ran last (or loaded at start), else the default."""

@@ -45,6 +45,11 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("SIMMER_HF_TOKEN", "HF_TOKEN", "hf_token"),
         description="Hub token for gated/private repos (or HF_TOKEN; default: huggingface-cli login's)",
     )
+    pull_dirs: list[Path] = Field(
+        default_factory=list,
+        description="Folders whose GGUF files and model folders a client may install with /api/pull "
+        "(JSON list; a local path anywhere else: only `simmer pull` on the machine)",
+    )
     hf_offline: bool = Field(
         False,
         validation_alias=AliasChoices("SIMMER_HF_OFFLINE", "HF_HUB_OFFLINE", "hf_offline"),

@@ -341,7 +341,8 @@ async def pull(body: wire.PullRequest, request: Request) -> Response:
     if store is None:
         raise ApiError(400, "invalid_parameter", "this server has no model store", param="model")
     name = body.model_id
-    spec = await asyncio.to_thread(registry.resolve, name, hub=store.hub)  # an unknown name: 404 at once
+    # An unknown name: 404 at once. A local path only from SIMMER_PULL_DIRS, decided before it is read.
+    spec = await asyncio.to_thread(registry.resolve, name, hub=store.hub, local_dirs=rt.pull_dirs)
     progress = PullProgress(asyncio.get_running_loop())
 
     def install() -> Any:
@@ -350,7 +351,7 @@ async def pull(body: wire.PullRequest, request: Request) -> Response:
             notice = license_notice(spec.source, store.downloads_dir)
         if notice:
             progress.note(notice)
-        return store.pull(name, progress)
+        return store.pull(name, progress, local_dirs=rt.pull_dirs)
 
     task = asyncio.ensure_future(asyncio.to_thread(install))
     task.add_done_callback(lambda t: _pulled(spec.id, t))
