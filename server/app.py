@@ -100,6 +100,7 @@ def create_app(
             worker.join(SHUTDOWN_JOIN_S)
             if governed is not None:
                 governed.stop()
+            runtime.store_executor.shutdown(wait=False, cancel_futures=True)  # pulls not started yet
 
     app = FastAPI(title="simmer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.runtime = runtime = Runtime(

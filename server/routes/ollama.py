@@ -330,7 +330,8 @@ async def delete(body: wire.ModelRequest, request: Request) -> Response:
     installed = await asyncio.to_thread(model_catalog.installed, rt.model_store)
     if rt.model_store is None or not any(m.id == model for m in installed):
         raise ModelNotFound(f"model '{body.given}' not found", param="model")
-    await asyncio.to_thread(rt.model_store.remove, model)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(rt.store_executor, rt.model_store.remove, model)  # may wait for a pull
     return Response(status_code=200)
 
 
@@ -353,7 +354,8 @@ async def pull(body: wire.PullRequest, request: Request) -> Response:
             progress.note(notice)
         return store.pull(name, progress, local_dirs=rt.pull_dirs)
 
-    task = asyncio.ensure_future(asyncio.to_thread(install))
+    # its own threads: a pull may wait for the model's lock (another pull, `simmer pull --force`)
+    task = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(rt.store_executor, install))
     task.add_done_callback(lambda t: _pulled(spec.id, t))
     if not body.stream:
         await asyncio.shield(task)  # a client that leaves does not stop the install (as Ollama resumes)

@@ -495,3 +495,35 @@ def test_delete_when_the_served_model_then_refused(live) -> None:
     with pytest.raises(ollama.ResponseError) as err:
         client(srv).delete(MODEL)
     assert err.value.status_code == 400 and "being served" in err.value.error
+
+
+def test_pull_when_many_wait_on_a_held_model_lock_then_other_routes_still_answer_at_once(
+    live, tmp_path: Path
+) -> None:
+    """A `simmer pull --force` holds the model's lock; 40 pulls of that model wait for it (more than asyncio's
+    default pool has threads, on any machine). /api/tags, /v1/models and /tokenize, which use a thread for
+    their reading, must still answer at once; once the lock is let go, every pull ends."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import models.convert.pipeline  # noqa: F401  (imported by the first pull: its seconds of GIL are not this)
+    from models.store import filelock
+
+    srv = live(hf_offline=True)  # the pulls end at once (offline, nothing cached) when they get the lock
+    lock = tmp_path / "models" / ".locks" / "model.lock"
+    with ThreadPoolExecutor(40) as pool, filelock.held(lock):
+        body = {"model": "hf:owner/repo/model.gguf", "stream": False}
+        pulls = [pool.submit(httpx.post, srv.url + "/api/pull", json=body, timeout=60) for _ in range(40)]
+        time.sleep(1.0)  # every pull is in, waiting for the lock
+        assert not any(p.done() for p in pulls)
+        with httpx.Client(base_url=srv.url, timeout=5) as c:
+            for method, path, json_body in (
+                ("GET", "/api/tags", None),
+                ("GET", "/v1/models", None),
+                ("POST", "/tokenize", {"content": "hello"}),
+            ):
+                started = time.monotonic()
+                assert c.request(method, path, json=json_body).status_code == 200, path
+                assert time.monotonic() - started < 2, path
+    answers = [p.result(timeout=60) for p in pulls]
+    assert {r.status_code for r in answers} == {502}, {r.text for r in answers}
+    assert all("offline" in r.json()["error"] for r in answers)
