@@ -101,6 +101,7 @@ def create_app(
             if governed is not None:
                 governed.stop()
             runtime.store_executor.shutdown(wait=False, cancel_futures=True)  # pulls not started yet
+            runtime.tokenizer_executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="simmer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.runtime = runtime = Runtime(

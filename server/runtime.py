@@ -41,6 +41,10 @@ class Runtime:
     store_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="simmer-store")
     )
+    # The tokenizer routes' work, one request at a time (server/tokenizers.py says why).
+    tokenizer_executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="simmer-tokenizer")
+    )
 
     def model_id(self) -> str:
         """The model in use: the one that ran last (or loaded at start), else the default."""

@@ -320,19 +320,30 @@ async def version() -> dict[str, str]:
 async def delete(body: wire.ModelRequest, request: Request) -> Response:
     rt: Runtime = request.app.state.runtime
     model = body.model_id
-    if model in rt.served_ids():
-        raise ApiError(
-            400,
-            "invalid_parameter",
-            f"model '{body.given}' is being served: serve another model (SIMMER_MODEL) before deleting it",
-            param="model",
-        )
+    in_use = _in_use(rt, model)
+    if in_use:
+        raise ApiError(400, "invalid_parameter", f"model '{body.given}' {in_use}", param="model")
     installed = await asyncio.to_thread(model_catalog.installed, rt.model_store)
     if rt.model_store is None or not any(m.id == model for m in installed):
         raise ModelNotFound(f"model '{body.given}' not found", param="model")
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(rt.store_executor, rt.model_store.remove, model)  # may wait for a pull
     return Response(status_code=200)
+
+
+def _in_use(rt: Runtime, model: str) -> str | None:
+    """Why `model` cannot be deleted now (None: it can): the server's own model, a rung of its ladder, or
+    loaded (any other installed model can go)."""
+    if model == rt.model:
+        return "is the model this server serves (SIMMER_MODEL): serve another one before deleting it"
+    if model in rt.served.ladder_models():
+        return "is on the governor's ladder (SIMMER_LADDER): take it off before deleting it"
+    if model in rt.served.pool.loaded() or model == rt.model_id():
+        return (
+            "is loaded: delete it once it unloads (after its keep_alive, or at once after a request "
+            'with "keep_alive": 0)'
+        )
+    return None
 
 
 @router.post("/pull")

@@ -61,7 +61,9 @@ def test_server_when_loopback_host_header_then_served(live, host: str) -> None:
     assert r.status_code == 200
 
 
-def test_server_when_lan_client_with_the_right_key_and_a_foreign_host_then_403_naming_the_setting(live) -> None:
+def test_server_when_lan_client_with_the_right_key_and_a_foreign_host_then_403_naming_the_setting(
+    live,
+) -> None:
     """`--host 0.0.0.0` with a key: a LAN client that uses the machine's address must learn what to set."""
     srv = live(api_key="s3cret")
     headers = {"Host": "192.168.1.20:8000", "Authorization": "Bearer s3cret"}
