@@ -7,12 +7,14 @@ traceback thousands of times a second, and /health stops answering. So, for ever
 - the request head must be complete within `header_timeout_s` of the connection (or of the previous
   response, on a keep-alive connection), else the connection is closed;
 - the body must be complete within `body_timeout_s` of the head, unless the reply has started;
-- at most `max_connections` are open. A new connection beyond that closes the oldest unfinished one (still
-  sending its request head, or its body before any reply: a slow client's, not a request at work), so a
-  fresh request such as /health always gets in; when every connection is at work, the new one is closed.
-  The cap is derived from the open-file limit, keeping a reserve of descriptors for models, logs and
-  pulls; asyncio accepts at most ACCEPT_BURST connections in one go (uvicorn's backlog), so it cannot
-  overrun the limit before the cap sees them, while the kernel still queues LISTEN_QUEUE.
+- at most `max_connections` are open. A new connection beyond that closes the oldest unfinished one: one
+  still sending its request head after HEAD_GRACE_S, else one still sending its body before any reply
+  (a request that costs more to start again), else the oldest of all. Those are slow clients', not
+  requests at work, and a fresh request such as /health gets the grace to send its head: so it gets in.
+  When every connection is at work, the new one is closed.
+  The cap is derived from the open-file limit (fd_budget), keeping a reserve of descriptors; asyncio accepts
+  a limited burst of connections in one go (uvicorn's backlog), so it cannot overrun the limit before the
+  cap sees them, while the kernel still queues LISTEN_QUEUE.
 And the asyncio log line for a failed accept() is written at most once per LOG_EVERY_S, with a count.
 
 The guard lives in a subclass of uvicorn's h11 protocol (`guarded_protocol`), handed to uvicorn.Config.
@@ -27,6 +29,7 @@ import resource
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import h11
@@ -34,40 +37,43 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("simmer.server")
 
-# asyncio accepts up to its listen backlog in one go before any connection_made runs: keep that burst
-# small (the kernel's queue is set larger after the listen, LISTEN_QUEUE), and the descriptors for it apart.
-ACCEPT_BURST = 16
-LISTEN_QUEUE = 2048
-# Descriptors kept for everything but client sockets: accepted sockets whose connection_made has not run
-# yet and closed ones not yet released (a few bursts: each takes a turn of the event loop), model files,
-# logs, a pull's pipes.
-FD_RESERVE_MIN = 4 * ACCEPT_BURST + 64
-FD_RESERVE_FRACTION = 0.25
+LISTEN_QUEUE = 2048  # the kernel's queue of connections not yet accepted
 LOG_EVERY_S = 10.0
+HEAD_GRACE_S = 1.0  # a new connection's time to send its request head before it may make room for others
 ACCEPT_FAILED = "socket.accept() out of system resource"
 
 
-def connection_cap(max_connections: int | None) -> int:
-    """The configured cap, else the open-file limit less a reserve (at least 16 connections)."""
-    if max_connections is not None:
-        return max(1, max_connections)
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        soft = 65536
-    reserve = max(FD_RESERVE_MIN, int(soft * FD_RESERVE_FRACTION))
-    return max(16, soft - reserve)
+@dataclass(frozen=True)
+class FdBudget:
+    cap: int  # connections open at most
+    burst: int  # connections asyncio accepts in one go (uvicorn's backlog) before any connection_made runs
+
+
+def fd_budget(max_connections: int | None, soft_limit: int | None = None) -> FdBudget:
+    """What the open-file limit allows. asyncio accepts a burst of sockets before the cap sees any of them,
+    and a closed socket is released a turn of the event loop later: a few bursts of descriptors are kept
+    apart for that, and 64 for model files, logs and a pull's pipes. The burst grows with the limit (more
+    accepted per turn of the loop: a flood queued in the kernel drains faster)."""
+    if soft_limit is None:
+        soft_limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft_limit == resource.RLIM_INFINITY:
+        soft_limit = 65536
+    burst = min(128, max(8, soft_limit // 16))
+    cap = max_connections if max_connections is not None else max(16, soft_limit - (4 * burst + 64))
+    return FdBudget(cap=max(1, cap), burst=burst)
 
 
 class ConnectionGuard:
-    """The open connections of one server, the unfinished ones among them (oldest first: still sending a
-    request head, or a body before any reply), and the limits. Used from the event loop only."""
+    """The open connections of one server, the unfinished ones among them by phase (oldest first: still
+    sending a request head, or a body before any reply), and the limits. Used from the event loop only."""
 
     def __init__(self, *, cap: int, header_timeout_s: float, body_timeout_s: float) -> None:
         self.cap = cap
         self.header_timeout_s = header_timeout_s
         self.body_timeout_s = body_timeout_s
         self.open: set[GuardedH11] = set()
-        self.unfinished: dict[GuardedH11, None] = {}  # insertion order: the oldest first
+        # phase ("header", "body") -> its connections and when each entered it, the oldest first
+        self.unfinished: dict[str, dict[GuardedH11, float]] = {"header": {}, "body": {}}
         self.closed = {"evicted": 0, "refused": 0, "header_timeout": 0, "body_timeout": 0}
         self._reported = dict(self.closed)
         self._reported_at = 0.0
@@ -75,7 +81,7 @@ class ConnectionGuard:
     def admit(self, conn: GuardedH11) -> bool:
         """Room for `conn` (making it by closing the oldest unfinished connection)?"""
         if len(self.open) >= self.cap:
-            victim = next(iter(self.unfinished), None)
+            victim = self._victim()
             if victim is None:
                 self.count("refused")
                 return False
@@ -85,9 +91,20 @@ class ConnectionGuard:
         self.open.add(conn)
         return True
 
+    def _victim(self) -> GuardedH11 | None:
+        heads, bodies = self.unfinished["header"], self.unfinished["body"]
+        oldest_head = next(iter(heads.items()), None)
+        if oldest_head is not None and time.monotonic() - oldest_head[1] >= HEAD_GRACE_S:
+            return oldest_head[0]
+        return next(iter(bodies), None) or (oldest_head[0] if oldest_head else None)
+
     def forget(self, conn: GuardedH11) -> None:
         self.open.discard(conn)
-        self.unfinished.pop(conn, None)
+        self.forget_unfinished(conn)
+
+    def forget_unfinished(self, conn: GuardedH11) -> None:
+        for phase in self.unfinished.values():
+            phase.pop(conn, None)
 
     def count(self, reason: str) -> None:
         self.closed[reason] += 1
@@ -148,13 +165,13 @@ class GuardedH11(H11Protocol):
         elif state is h11.SEND_BODY and not (self.cycle is not None and self.cycle.response_started):
             self._unfinished("body", self.guard.body_timeout_s)
         else:  # at work: the request is in (or its reply under way)
-            self.guard.unfinished.pop(self, None)
+            self.guard.forget_unfinished(self)
             self._cancel()
 
     def _unfinished(self, phase: str, seconds: float) -> None:
         if self._phase != phase:
-            self.guard.unfinished.pop(self, None)  # a new phase: at the back of the line
-        self.guard.unfinished.setdefault(self, None)
+            self.guard.forget_unfinished(self)  # a new phase: at the back of its line
+        self.guard.unfinished[phase].setdefault(self, time.monotonic())
         self._arm(phase, seconds)
 
     def _arm(self, phase: str, seconds: float) -> None:
@@ -182,7 +199,7 @@ class GuardedH11(H11Protocol):
 
 def widen_listen_queue(listeners: list[Any]) -> None:
     """The kernel's queue of connections not yet accepted, LISTEN_QUEUE long, on sockets that listen with
-    ACCEPT_BURST (listen() again on a listening socket only changes the queue's length)."""
+    the accept burst as backlog (listen() again on a listening socket only changes the queue's length)."""
     for listener in listeners:
         with socket.socket(fileno=os.dup(listener.fileno())) as sock:
             sock.listen(LISTEN_QUEUE)

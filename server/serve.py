@@ -17,9 +17,8 @@ from models.errors import SimmerError
 from models.protocol import Engine
 from server.app import create_app
 from server.connections import (
-    ACCEPT_BURST,
     ConnectionGuard,
-    connection_cap,
+    fd_budget,
     guarded_protocol,
     rate_limited_exception_handler,
     widen_listen_queue,
@@ -81,15 +80,16 @@ def build_server(
     if governor is None:
         governor = gate_for(settings, served)
     app = create_app(settings, engine_factory=engine_factory, served=served, governor=governor)
+    budget = fd_budget(settings.max_connections)
     guard = ConnectionGuard(
-        cap=connection_cap(settings.max_connections),
+        cap=budget.cap,
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
     )
     config = uvicorn.Config(
         app,
         http=guarded_protocol(guard),  # timeouts for unfinished requests, a cap on connections
-        backlog=ACCEPT_BURST,  # what asyncio accepts in one go; the kernel's queue is widened after
+        backlog=budget.burst,  # what asyncio accepts in one go; the kernel's queue is widened after
         host=settings.host,
         port=settings.port,
         log_config=None,  # keep our logging setup (plain or JSON)
