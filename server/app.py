@@ -100,6 +100,8 @@ def create_app(
             worker.join(SHUTDOWN_JOIN_S)
             if governed is not None:
                 governed.stop()
+            runtime.store_executor.shutdown(wait=False, cancel_futures=True)  # pulls not started yet
+            runtime.tokenizer_executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="simmer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.runtime = runtime = Runtime(
@@ -118,6 +120,7 @@ def create_app(
         store_home=settings.home,
         model_store=ModelStore(settings.home, hub=hub_config(settings)),
         summarizer=summarizer,
+        pull_dirs=tuple(settings.pull_dirs),
     )
     # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
     runtime.router = build_router(

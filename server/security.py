@@ -69,6 +69,16 @@ def assume_json(scope: Scope, headers: dict[str, str]) -> None:
     scope["headers"] = [*scope["headers"], (b"content-type", b"application/json")]
 
 
+def host_refused(header: str) -> str:
+    """What a client that reached the server by a name it does not know (a LAN address) must set."""
+    name = host_name(header)[:100] or "(none)"
+    return (
+        f"Host header {name!r} not allowed: this server answers loopback names and those in "
+        f"SIMMER_ALLOWED_HOSTS (a JSON list, e.g. SIMMER_ALLOWED_HOSTS='[\"{name}\"]'), which guards against "
+        "DNS rebinding"
+    )
+
+
 def check_bind(host: str, api_key: str | None) -> None:
     """Refuse to expose the server beyond this machine without an API key."""
     if not is_loopback(host) and not api_key:
@@ -109,7 +119,9 @@ class SecurityMiddleware:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         path = scope.get("path", "")
         if not self._host_ok(headers.get("host", "")):
-            await send_error(send, ApiError(403, "host_not_allowed", "Host header not allowed"), path)
+            await send_error(
+                send, ApiError(403, "host_not_allowed", host_refused(headers.get("host", ""))), path
+            )
             return
         needs_key = self.api_key and not is_open_path(path) and scope.get("method") != "OPTIONS"
         if needs_key and not self._key_ok(headers.get("authorization", "")):

@@ -30,13 +30,12 @@ import contextlib
 import dataclasses
 import datetime as dt
 import errno
-import fcntl
 import json
 import logging
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,10 +48,11 @@ from models.errors import (
     VerificationFailed,
 )
 from models.runtime.session import kv_bytes_per_token
-from models.store import integrity, registry
+from models.store import filelock, integrity, registry
 from models.store.durable import disk_full_error
 from models.store.durable import fsync_dir as _fsync_dir
 from models.store.hub import HubConfig
+from models.store.paths import inside
 from models.store.sources import FetchedFile, Progress, sha256_file
 
 SCHEMA = 1
@@ -185,6 +185,10 @@ class ModelStore:
     def downloads_dir(self) -> Path:
         return self.home / "downloads"
 
+    def _path(self, *parts: str) -> Path:
+        """models/<parts>: every path the store writes under its models folder is named here."""
+        return inside(self.models_dir, *parts, what="a model folder")
+
     def _converter(self) -> Converter:
         if self.converter is None:
             self.converter = default_converter()
@@ -200,14 +204,19 @@ class ModelStore:
         sha256: str | None = None,
         variants: list[str] | None = None,
         force: bool = False,
+        local_dirs: Sequence[Path] | None = None,
     ) -> InstalledModel:
-        """Fetch, convert, verify and install `name`. Does nothing when it is already installed."""
-        spec = registry.resolve(name, sha256=sha256, hub=self.hub)
+        """Fetch, convert, verify and install `name`. Does nothing when it is already installed.
+        `local_dirs`: the only folders a local path may name (None: any; see registry.resolve)."""
+        spec = registry.resolve(name, sha256=sha256, hub=self.hub, local_dirs=local_dirs)
         conv = spec.installer or self._converter()
-        model_dir = self.models_dir / spec.id
+        model_dir = self._path(spec.id)
         watch = _DiskWatch(retry=f"simmer pull {name}" + (" --force" if force else ""))
-        with self._disk_full_as_error(watch), self._lock(spec.id):
-            model_dir.mkdir(parents=True, exist_ok=True)
+        with (
+            self._disk_full_as_error(watch),
+            self._lock(spec.id),
+            self._no_trace_on_failure(model_dir),
+        ):
             self._clean_stale(model_dir)
             if not force and spec.source.sha256:
                 done = self._already_installed(
@@ -254,7 +263,7 @@ class ModelStore:
     ) -> InstalledModel | None:
         """A complete folder for this version that is not current (kept previous, or a pull killed just
         before the commit point): check every hash and make it current instead of converting again."""
-        if not (self.models_dir / model_id / version).is_dir():
+        if not self._path(model_id, version).is_dir():
             return None
         try:
             model = self._check_version(model_id, version, progress, full=True)
@@ -278,7 +287,7 @@ class ModelStore:
         variants: list[str] | None,
         watch: _DiskWatch,
     ) -> InstalledModel:
-        model_dir = self.models_dir / spec.id
+        model_dir = self._path(spec.id)
         previous = self._read_current(spec.id)
         if previous and previous != version:
             keeping = f"; current version stays {previous}"
@@ -399,14 +408,14 @@ class ModelStore:
         current = self._read_current(model_id)
         if current is None:
             return None
-        mark = integrity.read_bad(self.models_dir / model_id / current)
+        mark = integrity.read_bad(self._path(model_id, current))
         if mark is None:
             return None
         serving = next(
             (
                 v
                 for v in self._candidates(model_id, current)[1:]
-                if integrity.read_bad(self.models_dir / model_id / v) is None
+                if integrity.read_bad(self._path(model_id, v)) is None
             ),
             None,
         )
@@ -464,18 +473,18 @@ class ModelStore:
 
     def manifest(self, model_id: str, version: str) -> dict[str, Any] | None:
         """The manifest of an installed version (None when it has no valid one). Reads one small file."""
-        return _read_manifest(self.models_dir / model_id / version, model_id, version)
+        return _read_manifest(self._path(model_id, version), model_id, version)
 
     def remove(self, name: str) -> None:
         """Remove every version of a model. `current` goes first, so a kill leaves it not installed."""
         model_id = registry.model_id(name)
-        model_dir = self.models_dir / model_id
+        model_dir = self._path(model_id)
         with self._lock(model_id):
             if not model_dir.is_dir():
                 raise self._not_installed(model_id)
             (model_dir / CURRENT).unlink(missing_ok=True)
             _fsync_dir(model_dir)
-            trash = self.models_dir / f".trash-{model_id}-{secrets.token_hex(6)}"
+            trash = self._path(f".trash-{model_id}-{secrets.token_hex(6)}")
             model_dir.rename(trash)
             _fsync_dir(self.models_dir)
             shutil.rmtree(trash, ignore_errors=True)
@@ -495,7 +504,7 @@ class ModelStore:
         it came from (a local path or an hf: name, as recorded in the manifest)."""
         arg = model_id
         manifest = (
-            _read_manifest(self.models_dir / model_id / version, model_id, version)
+            _read_manifest(self._path(model_id, version), model_id, version)
             if version and model_id not in registry.KNOWN_MODELS
             else None
         )
@@ -523,7 +532,7 @@ class ModelStore:
     def _candidates(self, model_id: str, current: str) -> list[str]:
         """Versions a load may serve, in order: the current one, then the others newest first (the store
         keeps at most one other: the version the current one replaced)."""
-        model_dir = self.models_dir / model_id
+        model_dir = self._path(model_id)
         others = []
         for vdir in model_dir.iterdir():
             if vdir.is_dir() and not vdir.name.startswith(".") and vdir.name != current:
@@ -533,7 +542,7 @@ class ModelStore:
         return [current] + [v for _, v in sorted(others, reverse=True)]
 
     def _load_version(self, model_id: str, version: str) -> InstalledModel:
-        vdir = self.models_dir / model_id / version
+        vdir = self._path(model_id, version)
         manifest = _read_manifest(vdir, model_id, version)
         if manifest is None:
             raise ModelNotInstalled(
@@ -545,7 +554,7 @@ class ModelStore:
 
     def _load_good(self, model_id: str, version: str) -> InstalledModel:
         """A version fit to serve: not marked bad, every file as verified (see _check_version)."""
-        mark = integrity.read_bad(self.models_dir / model_id / version)
+        mark = integrity.read_bad(self._path(model_id, version))
         if mark is not None:
             raise VerificationFailed(
                 f"{model_id} {version} was marked bad at {mark.get('marked_at')}: {mark.get('reason')}"
@@ -586,7 +595,7 @@ class ModelStore:
 
     def _read_current(self, model_id: str) -> str | None:
         try:
-            text = (self.models_dir / model_id / CURRENT).read_text(encoding="utf-8").strip()
+            text = self._path(model_id, CURRENT).read_text(encoding="utf-8").strip()
         except (FileNotFoundError, NotADirectoryError):
             return None
         # The pointer names a sibling folder; anything else is treated as no pointer at all.
@@ -595,7 +604,7 @@ class ModelStore:
     def _write_current(self, model_id: str, version: str) -> None:
         if self._read_current(model_id) == version:
             return  # already names it: nothing to write (and nothing to fail on a full disk)
-        model_dir = self.models_dir / model_id
+        model_dir = self._path(model_id)
         tmp = model_dir / f"{TMP_PREFIX}current-{secrets.token_hex(6)}"
         try:
             with tmp.open("w", encoding="utf-8") as f:
@@ -612,7 +621,7 @@ class ModelStore:
         """Keep the current version and the one it replaced; remove older ones. None: keep all."""
         if keep is None:
             return
-        model_dir = self.models_dir / model_id
+        model_dir = self._path(model_id)
         for vdir in model_dir.iterdir():
             if vdir.is_dir() and not vdir.name.startswith(".") and vdir.name not in keep:
                 shutil.rmtree(vdir, ignore_errors=True)
@@ -715,14 +724,22 @@ class ModelStore:
 
     @contextlib.contextmanager
     def _lock(self, model_id: str) -> Iterator[None]:
-        locks = self.models_dir / ".locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        with (locks / f"{model_id}.lock").open("a") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        """One pull or removal of `model_id` at a time, across processes (the lock file is there only
+        while held)."""
+        with filelock.held(self._path(".locks", f"{model_id}.lock")):
+            yield
+
+    @contextlib.contextmanager
+    def _no_trace_on_failure(self, model_dir: Path) -> Iterator[None]:
+        """The model's folder for an install; when the install fails and leaves it empty (a first
+        install: nothing was there before), the folder goes too."""
+        model_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(OSError):  # not empty: another version is installed, keep it
+                model_dir.rmdir()
+            raise
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from models.errors import Cancelled, ModelNotChat
+from models.errors import Cancelled, ModelNotChat, ModelNotFound
 from models.runtime.constraint import check_grammar
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
@@ -173,6 +173,8 @@ async def start(
     model = route.model
     params = body.to_params(rt.sampling_defaults)
     if route.side == "local":
+        if rt.served.entry(model) is None:  # known a moment ago (it ran last), removed from the store since
+            raise ModelNotFound(f"The model '{model}' is not installed", param="model")
         # at once, before any queue: a chat request needs a model (or a ladder rung below it) that chats
         if kind == "chat" and not rt.served.serves_chat(model):
             raise ModelNotChat.for_model(model)

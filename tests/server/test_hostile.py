@@ -526,8 +526,14 @@ CASES = [
 @pytest.fixture(scope="module")
 def hostile_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[LiveServer, LlamaEngine]]:
     engine = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128)
+    pull_dir = tmp_path_factory.mktemp("pulls")  # SIMMER_PULL_DIRS: a file that is no GGUF, a link out
+    (pull_dir / "notes.gguf").write_text("these are notes, not a model")
+    (pull_dir / "passwd.gguf").symlink_to("/etc/passwd")
     settings = make_settings(
-        tmp_path_factory.mktemp("hostile"), model=engine.model_id, cors_origins=["http://localhost:3000"]
+        tmp_path_factory.mktemp("hostile"),
+        model=engine.model_id,
+        cors_origins=["http://localhost:3000"],
+        pull_dirs=[pull_dir],
     )
     srv = start_server(settings, engine=engine)
     yield srv, engine
@@ -611,12 +617,17 @@ class OllamaCase:
     status: int
     words: str = ""  # in the error message (when an error is expected)
     code: str | None = None  # the simmer code behind it (its status is _STATUS's)
+    never: str = ""  # not in the error message (a file's content)
     headers: dict[str, str] = field(default_factory=lambda: dict(JSON))
     method: str = "POST"
 
 
 def ochat(model: str = "{model}", **fields: Any) -> dict:
     return {"model": model, "messages": HI, "stream": False, "options": {"num_predict": 2}, **fields}
+
+
+def pull(model: str) -> dict:
+    return {"model": model, "stream": False}
 
 
 def ogen(model: str = "{model}", **fields: Any) -> dict:
@@ -766,21 +777,61 @@ OLLAMA_CASES = [
         "model_not_found",
         method="DELETE",
     ),
+    # a local path: only from SIMMER_PULL_DIRS, the same refusal whether the file exists or not (no oracle),
+    # no byte of a file in any error (issue 26)
+    OllamaCase("pull: /etc/passwd", "/api/pull", pull("/etc/passwd"), BAD, "SIMMER_PULL_DIRS", IP, "'root'"),
     OllamaCase(
-        "pull: not a GGUF",
+        "pull: /proc/self/environ", "/api/pull", pull("/proc/self/environ"), BAD, "SIMMER_PULL_DIRS", IP
+    ),
+    OllamaCase("pull: a missing file", "/api/pull", pull("/etc/hostname.gguf"), BAD, "SIMMER_PULL_DIRS", IP),
+    OllamaCase("pull: a file that is no GGUF", "/api/pull", pull("{not_gguf}"), BAD, "SIMMER_PULL_DIRS", IP),
+    OllamaCase("pull: ~", "/api/pull", pull("~/x.gguf"), BAD, "SIMMER_PULL_DIRS", IP),
+    OllamaCase(
+        "pull: .. out of SIMMER_PULL_DIRS",
         "/api/pull",
-        {"model": "/etc/hostname.gguf", "stream": False},
+        pull("{pull_dir}/../x.gguf"),
+        BAD,
+        "SIMMER_PULL_DIRS",
+        IP,
+    ),
+    OllamaCase(
+        "pull: a symlink out of SIMMER_PULL_DIRS",
+        "/api/pull",
+        pull("{pull_dir}/passwd.gguf"),
+        BAD,
+        "SIMMER_PULL_DIRS",
+        IP,
+        "'root'",
+    ),
+    OllamaCase(
+        "pull: no GGUF in SIMMER_PULL_DIRS",
+        "/api/pull",
+        pull("{pull_dir}/notes.gguf"),
+        BAD,
+        "not a GGUF",
+        "invalid_model_file",
+        "these",
+    ),
+    OllamaCase(
+        "pull: missing in SIMMER_PULL_DIRS",
+        "/api/pull",
+        pull("{pull_dir}/ghost.gguf"),
         404,
         "no such file",
         "model_not_found",
     ),
+    # hf: names: no part may climb out of the download cache (it deleted and wrote files elsewhere)
     OllamaCase(
-        "pull: a file that is no GGUF",
+        "pull: hf: climbing out",
         "/api/pull",
-        {"model": "{not_gguf}", "stream": False},
+        pull("hf:" + "../" * 12 + "etc/x.gguf@."),
         BAD,
-        "GGUF",
-        "invalid_model_file",
+        "plain name",
+        IP,
+    ),
+    OllamaCase("pull: hf: revision ..", "/api/pull", pull("hf:owner/repo/x.gguf@.."), BAD, "plain name", IP),
+    OllamaCase(
+        "pull: hf: a backslash", "/api/pull", pull("hf:owner/repo/a\\..\\x.gguf"), BAD, "plain name", IP
     ),
     OllamaCase("pull: unknown id", "/api/pull", {"model": "nope"}, 404, "unknown model", "model_not_found"),
     OllamaCase("pull: bad hf name", "/api/pull", {"model": "hf:x"}, BAD, "Hugging Face", IP),
@@ -809,9 +860,10 @@ OLLAMA_CASES = [
 ]
 
 
-def render(body: Body, engine: LlamaEngine, not_gguf: str) -> bytes | None:
+def render(body: Body, engine: LlamaEngine, not_gguf: str, pull_dir: Path) -> bytes | None:
     if isinstance(body, dict):
         text = json.dumps(body).replace('"{model}"', json.dumps(engine.model_id))
+        text = text.replace("{pull_dir}", json.dumps(str(pull_dir))[1:-1])
         return text.replace('"{not_gguf}"', json.dumps(not_gguf)).encode()
     return body  # type: ignore[return-value]
 
@@ -825,7 +877,8 @@ def test_hostile_ollama_request_when_sent_then_status_and_ollama_error_and_conne
     not_gguf.write_text("these are notes, not a model")
     as_case = Case(case.id, None, case.status, path=case.path, method=case.method, headers=case.headers)
     try:
-        response, data = send(connection, srv.host_header, as_case, render(case.body, engine, str(not_gguf)))
+        body = render(case.body, engine, str(not_gguf), srv.settings.pull_dirs[0])
+        response, data = send(connection, srv.host_header, as_case, body)
     except (OSError, http.client.HTTPException):
         connection.close()
         raise
@@ -834,6 +887,7 @@ def test_hostile_ollama_request_when_sent_then_status_and_ollama_error_and_conne
         body = json.loads(data)
         assert set(body) == {"error"} and isinstance(body["error"], str), body
         assert case.words in body["error"] and "Traceback" not in body["error"], body
+        assert not case.never or case.never not in body["error"], body
         if case.code is not None:
             from server.errors import _STATUS
 
