@@ -778,7 +778,7 @@ OLLAMA_CASES = [
         method="DELETE",
     ),
     # a local path: only from SIMMER_PULL_DIRS, the same refusal whether the file exists or not (no oracle),
-    # no byte of a file in any error (issue 26)
+    # no byte of a file in any error
     OllamaCase("pull: /etc/passwd", "/api/pull", pull("/etc/passwd"), BAD, "SIMMER_PULL_DIRS", IP, "'root'"),
     OllamaCase(
         "pull: /proc/self/environ", "/api/pull", pull("/proc/self/environ"), BAD, "SIMMER_PULL_DIRS", IP
