@@ -28,7 +28,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from models.errors import Cancelled, ModelNotChat
-from models.runtime.constraint import check_grammar
+from models.runtime.constraint import GRAMMAR_CHECKS, check_grammar
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
 from server.accounting import RequestAccount
@@ -153,6 +153,11 @@ def _error_code(error: BaseException) -> str:
     return getattr(error, "code", None) or "internal_error"
 
 
+def _check_constraints(body: _GenerationRequest) -> None:
+    for grammar, param in body.constraint_checks():
+        check_grammar(grammar, param)
+
+
 async def start(
     request: Request,
     kind: Literal["chat", "text"],
@@ -171,6 +176,9 @@ async def start(
     # routing: where this request is served and why (refuses an unknown model or a forbidden upstream)
     route = rt.router.plan(body.model, body.route, request.headers.get(ROUTE_HEADER), truncate=body.truncate)
     model = route.model
+    # The grammar the reply follows, built and compiled before anything reads it, off the event loop on a
+    # thread with a large stack: a schema or grammar llguidance refuses is a 400 naming it, before any work.
+    await asyncio.wrap_future(GRAMMAR_CHECKS.submit(_check_constraints, body))
     params = body.to_params(rt.sampling_defaults)
     if route.side == "local":
         # at once, before any queue: a chat request needs a model (or a ladder rung below it) that chats
@@ -179,9 +187,6 @@ async def start(
         entry = rt.served.entry(model)
         if entry is not None and entry.vocab_size is not None:  # logit_bias ids against the vocabulary
             validate_sampling(params.sampling, entry.vocab_size)
-    checks = body.constraint_checks()
-    if checks:  # a schema llguidance cannot compile: a 400 naming it, before any work (off the event loop)
-        await asyncio.to_thread(lambda: [check_grammar(grammar, param) for grammar, param in checks])
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     account = RequestAccount(

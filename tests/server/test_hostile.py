@@ -79,6 +79,28 @@ def fn(**function: Any) -> dict:
     return {"type": "function", "function": {**FN["function"], **function}}
 
 
+def ref_chain(n: int, *, objects: bool = False) -> dict:
+    """Definitions each referring to the next; 1,300 of them (85 KB) overflowed llguidance's native stack
+    and killed the server (tests/server/test_grammar_crash.py is the subprocess version)."""
+    if objects:
+        defs = {
+            f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(n)
+        }
+    else:
+        defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"type": "null"}]} for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    return {"type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}, "required": ["a"], "$defs": defs}
+
+
+def gbnf_chain(rules: int) -> str:
+    lines = ["root ::= r0", *(f'r{i} ::= "a" r{i + 1} | "b"' for i in range(rules - 2))]
+    return "\n".join([*lines, f'r{rules - 2} ::= "c"'])
+
+
+CHAIN = ref_chain(1300)
+SELF_REF = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}
+
+
 BAD = 400
 IP = "invalid_parameter"
 HI_JSON = '{"messages": [{"role": "user", "content": "hi"}], '
@@ -290,6 +312,52 @@ CASES = [
     Case("grammar that does not parse", text(grammar="root ::= ("), BAD, IP, "grammar", TEXT),
     Case("grammar and json_schema", text(grammar='root ::= "a"', json_schema={}), BAD, IP, "grammar", TEXT),
     Case("grammar streamed", text(grammar='root ::= "a"', stream=True), 200, path=TEXT),
+    # grammars that crashed or stalled the server (issue 26): bounded before llguidance, compiled on a thread
+    # with a large stack; what fails is a 400 naming the field
+    Case(
+        "schema: 85 KB $ref chain",
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": CHAIN}}),
+        BAD,
+        IP,
+        "response_format",
+    ),
+    Case("json_schema: 85 KB $ref chain", text(json_schema=CHAIN), BAD, IP, "json_schema", TEXT),
+    Case(
+        "tool parameters: 85 KB $ref chain",
+        chat(tools=[fn(parameters=CHAIN)], tool_choice="required"),
+        BAD,
+        IP,
+        "tools[0].function.parameters",
+    ),
+    Case(
+        "schema: $ref chain past the depth bound",
+        text(json_schema=ref_chain(200, objects=True)),
+        BAD,
+        IP,
+        "json_schema",
+        TEXT,
+    ),
+    Case(
+        "schema: $ref to a remote document",
+        text(json_schema={"$ref": "https://x.test/s.json"}),
+        BAD,
+        IP,
+        "json_schema",
+        TEXT,
+    ),
+    Case(
+        "schema: a $ref cycle (no output possible)", text(json_schema=SELF_REF), BAD, IP, "json_schema", TEXT
+    ),
+    Case("grammar: 4,000-rule chain", text(grammar=gbnf_chain(4000)), BAD, IP, "grammar", TEXT),
+    Case("grammar: 1,000-rule chain (the bound)", text(grammar=gbnf_chain(1000)), 200, path=TEXT),
+    Case(
+        "grammar: 70,000 characters",
+        text(grammar='root ::= "' + "a" * 70_000 + '"'),
+        BAD,
+        IP,
+        "grammar",
+        TEXT,
+    ),
     Case("completions logprobs 21", text(logprobs=21), BAD, IP, "logprobs", TEXT),
     Case("prompt batch", text(prompt=["a", "b"]), BAD, IP, "prompt", TEXT),
     Case("10k-level nesting", nested(10_000), BAD, "invalid_json"),
@@ -439,6 +507,14 @@ CASES = [
         RESP,
     ),
     Case("responses: text.format a string", resp(text={"format": "json"}), BAD, IP, "text.format", RESP),
+    Case(
+        "responses: text.format 85 KB $ref chain",
+        resp(text={"format": {"type": "json_schema", "name": "x", "schema": CHAIN}}),
+        BAD,
+        IP,
+        "text.format",
+        RESP,
+    ),
     Case("responses: hosted tool", resp(tools=[{"type": "web_search"}]), BAD, IP, "tools[0].type", RESP),
     Case(
         "responses: function tool, choice none",
@@ -691,6 +767,15 @@ OLLAMA_CASES = [
         "format unsupported", "/api/generate", ogen(format={"not": {}}), BAD, "format: unsupported", IP
     ),
     OllamaCase("format with 2**80", "/api/chat", ochat(format={"enum": [2**80]}), 200),
+    OllamaCase(
+        "format: 85 KB $ref chain",
+        "/api/chat",
+        ochat(format=CHAIN),
+        BAD,
+        "format: the schema is too large",
+        IP,
+    ),
+    OllamaCase("format: $ref cycle", "/api/generate", ogen(format=SELF_REF), BAD, "format: unsupported", IP),
     OllamaCase("tools, choice none", "/api/chat", ochat(tools=[FN], tool_choice="none"), 200),
     OllamaCase("tools a dict", "/api/chat", ochat(tools={"type": "function"}), BAD, "tools", IP),
     OllamaCase("tool name with a space", "/api/chat", ochat(tools=[fn(name="a b")]), BAD, "tools[0]", IP),
