@@ -6,9 +6,11 @@ depth far below what a default thread holds; running the work on threads whose s
 margin on top, whatever the platform's default (8 MB with glibc, 128 KB with musl, about 1 MB on Android).
 The stack is reserved address space: only the pages a compile touches are ever backed by memory.
 
-Measured (docs/structured.md): a thread costs nothing per call that a thread pool does not; a worker
-process (the other way to survive a crash) would add a process of its own (its interpreter and llguidance)
-and a pickle round trip per grammar, and the worker would still compile the same grammar in-process.
+Why threads and not a worker process (measured on the shared 2-core machine, docs/structured.md): a check on
+one of these threads costs what it costs on asyncio's default pool (6.5 ms round trip for a small schema,
+350-370 ms for 1,000 properties); a spawned worker process took 1.8 s to start and holds its own
+interpreter, and it would only guard the check: the worker thread must still compile the same grammar
+in-process, over the model's tokenizer. The bounds make the overflow impossible; the stack is the margin.
 """
 
 from __future__ import annotations
