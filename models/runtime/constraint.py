@@ -43,6 +43,7 @@ import numpy as np
 from models.errors import InvalidParameter
 from models.runtime.gbnf import gbnf_to_lark
 from models.runtime.grammar_threads import StackExecutor
+from models.runtime.json_bounds import bound_schema
 from models.runtime.schema_limits import check_schema_limits
 from models.runtime.tokenizer import Tokenizer
 
@@ -116,11 +117,38 @@ class _Wrapped:
             (b"\xff" if i in specials else b"") + tok.token_bytes(i) for i in range(tok.vocab_size)
         ]
         self._tok = tok
+        self._by_bytes: dict[bytes, int] | None = None  # for _longest_match, built on first use
+        self._longest = 1
 
     def __call__(self, text: bytes | str) -> list[int]:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", errors="replace")
-        return self._tok.encode(text, add_special_tokens=False, parse_special=False)
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
+        ids = self._tok.encode(
+            data.decode("utf-8", errors="replace"), add_special_tokens=False, parse_special=False
+        )
+        if b"".join(self.tokens[i] for i in ids) == data:
+            return ids
+        # An encoder that adds a prefix space (SentencePiece's add_space_prefix) spells "}" as "▁" "}":
+        # llguidance would then allow the "▁" its grammar refuses. The bytes exactly, longest token first.
+        return self._longest_match(data)
+
+    def _longest_match(self, data: bytes) -> list[int]:
+        if self._by_bytes is None:
+            specials = set(self.special_token_ids)
+            self._by_bytes = {t: i for i, t in enumerate(self.tokens) if i not in specials and t}
+            self._longest = max(map(len, self._by_bytes), default=1)
+        by_bytes = self._by_bytes
+        out: list[int] = []
+        at = 0
+        while at < len(data):
+            for size in range(min(self._longest, len(data) - at), 0, -1):
+                token = by_bytes.get(data[at : at + size])
+                if token is not None:
+                    out.append(token)
+                    at += size
+                    break
+            else:
+                return out  # a byte no token spells: as far as it goes
+        return out
 
 
 # ---- grammars ---------------------------------------------------------------------------------------
@@ -133,13 +161,13 @@ def _with_layout(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def json_schema_grammar(schema: dict[str, Any] | None, param: str = "response_format") -> str:
-    """The grammar of JSON text valid against `schema` (None: any JSON object, OpenAI's json_object).
-    Raises InvalidParameter(param) for a schema too large or too deep to compile safely (schema_limits) or
-    one llguidance cannot even read (an integer beyond 64 bits)."""
+    """The grammar of JSON text valid against `schema` (None: any JSON object, OpenAI's json_object), its
+    numbers and strings bounded (json_bounds). Raises InvalidParameter(param) for a schema too large or too
+    deep to compile safely (schema_limits) or one llguidance cannot even read (an integer beyond 64 bits)."""
     schema = schema or ANY_JSON_OBJECT
     check_schema_limits(schema, param)
     try:
-        return llg.LLMatcher.grammar_from_json_schema(json.dumps(_with_layout(schema)))
+        return llg.LLMatcher.grammar_from_json_schema(json.dumps(_with_layout(bound_schema(schema))))
     except ValueError as e:
         raise InvalidParameter(f"{param}: the schema cannot be read: {_short(str(e))}", param=param) from e
 
@@ -159,9 +187,9 @@ def gbnf_grammar(gbnf: str, param: str = "grammar") -> str:
 
 
 def json_lark(schema: dict[str, Any]) -> str:
-    """`%json {...}`: a JSON schema inside a Lark grammar, in simmer's JSON layout. The route checked its
-    limits (`json_schema_grammar`)."""
-    return "%json " + json.dumps(_with_layout(schema), ensure_ascii=False)
+    """`%json {...}`: a JSON schema inside a Lark grammar, in simmer's JSON layout, its numbers and strings
+    bounded (json_bounds). The route checked its limits (`json_schema_grammar`)."""
+    return "%json " + json.dumps(_with_layout(bound_schema(schema)), ensure_ascii=False)
 
 
 class ConstraintFailed(InvalidParameter):
