@@ -118,6 +118,7 @@ def create_app(
         store_home=settings.home,
         model_store=ModelStore(settings.home, hub=hub_config(settings)),
         summarizer=summarizer,
+        api_key_set=bool(settings.api_key),
     )
     # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
     runtime.router = build_router(

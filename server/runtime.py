@@ -32,6 +32,7 @@ class Runtime:
     store_home: Path | None = None  # the model store, for /health's model_problem (None: not from a store)
     model_store: ModelStore | None = None  # installed models: Ollama's /api/tags, /api/show, pull, delete
     summarizer: Summarizer | None = None  # the sliding window's summary (None: SIMMER_SUMMARY=false)
+    api_key_set: bool = False  # SIMMER_API_KEY: the key a request presents is part of its cache scope
 
     def model_id(self) -> str:
         """The model in use: the one that ran last (or loaded at start), else the default."""

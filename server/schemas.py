@@ -242,6 +242,9 @@ class _GenerationRequest(_Request):
         ),
     ] = None
     route: Literal["local", "auto", "upstream"] | None = None  # where to serve it (or X-Simmer-Route)
+    # vLLM's: a secret of the client's; prefixes are reused only between requests with the same salt (and
+    # the same API key), so cached_tokens cannot reveal another client's prompt (server/cache_scope.py)
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
     _constraint: tuple[str | None, str | None] | None = PrivateAttr(default=None)
 
     @field_validator("n")

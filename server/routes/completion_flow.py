@@ -21,7 +21,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from fastapi import Request
@@ -32,6 +32,7 @@ from models.runtime.constraint import GRAMMAR_CHECKS, check_grammar
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
 from server.accounting import RequestAccount
+from server.cache_scope import cache_scope
 from server.errors import ShuttingDown
 from server.logs import RequestRecord, log_request
 from server.routing.router import HEADER as ROUTE_HEADER
@@ -179,7 +180,12 @@ async def start(
     # The grammar the reply follows, built and compiled before anything reads it, off the event loop on a
     # thread with a large stack: a schema or grammar llguidance refuses is a 400 naming it, before any work.
     await asyncio.wrap_future(GRAMMAR_CHECKS.submit(_check_constraints, body))
-    params = body.to_params(rt.sampling_defaults)
+    scope = cache_scope(
+        api_key_set=rt.api_key_set,
+        authorization=request.headers.get("authorization"),
+        cache_salt=body.cache_salt,
+    )
+    params = replace(body.to_params(rt.sampling_defaults), cache_scope=scope)
     if route.side == "local":
         # at once, before any queue: a chat request needs a model (or a ladder rung below it) that chats
         if kind == "chat" and not rt.served.serves_chat(model):
