@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 
 from server.routing.sse_reader import LineTooLong, sse_events
+from tests import aio
 
 
 async def pieces(*chunks: bytes) -> AsyncIterator[bytes]:
@@ -19,7 +19,7 @@ def events(*chunks: bytes, max_bytes: int = 1000) -> list[tuple[str, str]]:
     async def collect() -> list[tuple[str, str]]:
         return [e async for e in sse_events(pieces(*chunks), max_bytes)]
 
-    return asyncio.run(collect())
+    return aio.run(collect())
 
 
 def test_sse_when_split_anywhere_then_the_same_events() -> None:
@@ -46,7 +46,7 @@ def test_sse_when_a_line_is_over_the_bound_then_fails_before_reading_it_all() ->
             pass
 
     with pytest.raises(LineTooLong):
-        asyncio.run(first())
+        aio.run(first())
     assert len(read) == 10  # stopped at the bound, not at the end of the line
 
 
