@@ -1,4 +1,4 @@
-"""`simmer bench engine | server | sustained | soak`: benchmarks that print JSON (and compare with a peer)."""
+"""`simmer bench engine | server | sustained | soak | json`: benchmarks that print JSON (and a peer)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,24 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     k.add_argument("--sample-s", type=float, default=10.0, help="RSS sampling interval")
     k.add_argument("--warmup-s", type=float, default=None, help="default: 120 s (20 %% of shorter runs)")
     k.add_argument("--json")
+    j = sub.add_parser(
+        "json", help="JSON-schema replies over many seeds: parse, validate, or run out (length)"
+    )
+    j.add_argument("--model", default=None, help="installed model id (default: SIMMER_MODEL)")
+    j.add_argument("--seeds", type=int, default=50)
+    j.add_argument("--max-tokens", type=int, default=256)
+    j.add_argument("--threads", type=int, default=2)
+    j.add_argument("--json")
     args = p.parse_args(argv)
+    if args.what == "json":
+        from bench.json_runaway import run
+
+        installed = ModelStore(settings.home).load(args.model or settings.model)
+        report = run(
+            installed.path, seeds=args.seeds, max_tokens=args.max_tokens, threads=args.threads, variant=None
+        )
+        _write(report, args.json)
+        return 0
     if args.what == "engine":
         from bench.engine import bench_engine
 

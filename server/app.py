@@ -121,6 +121,7 @@ def create_app(
         model_store=ModelStore(settings.home, hub=hub_config(settings)),
         summarizer=summarizer,
         pull_dirs=tuple(settings.pull_dirs),
+        api_key_set=bool(settings.api_key),
     )
     # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
     runtime.router = build_router(

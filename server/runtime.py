@@ -45,6 +45,7 @@ class Runtime:
     tokenizer_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="simmer-tokenizer")
     )
+    api_key_set: bool = False  # SIMMER_API_KEY: the key a request presents is part of its cache scope
 
     def model_id(self) -> str:
         """The model in use: the one that ran last (or loaded at start), else the default."""

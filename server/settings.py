@@ -170,7 +170,12 @@ class Settings(BaseSettings):
     )
     upstream_connect_timeout_s: float = Field(3.0, gt=0, description="Upstream connect timeout")
     upstream_read_timeout_s: float = Field(
-        120.0, gt=0, description="Upstream silence (between bytes) before failing"
+        120.0,
+        gt=0,
+        description="Upstream time without a token (silence, pings, a byte at a time) before failing",
+    )
+    upstream_reply_timeout_s: float = Field(
+        600.0, gt=0, description="Longest an upstream reply may take, first byte to last, before failing"
     )
     upstream_max_connections: int = Field(16, ge=1, description="Pooled connections to the upstream")
     # auto under the pace controller (docs/routing.md): offload new work while heat slows the device

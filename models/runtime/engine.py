@@ -76,6 +76,9 @@ class KVSlot:
     cache: Any  # KVCache, or for a foreign decoder SharedKV / GrowingKV
     variant: str
     last_used: float = field(default_factory=time.monotonic)
+    # Whose prompt the KV holds (GenerationParams.cache_scope): a prefix is reused only within its scope, so
+    # neither cached_tokens nor the prefill time tells one client how much of another's prompt it guessed.
+    scope: str = ""
 
     @property
     def tokens(self) -> list[int]:
@@ -291,12 +294,15 @@ class LlamaEngine:
         cost = self._row_costs.setdefault(self.session_key(), RowCost())
         return Speculation(r.sampler, cost, max_draft=self.max_draft)
 
-    def _slot_for(self, ids: Sequence[int]) -> tuple[KVSlot, int]:
-        """The slot sharing the longest prefix with `ids` (same variant, big enough), else a free or the
-        least recently used one. At least one token is always left to prefill (we need its logits)."""
+    def _slot_for(self, ids: Sequence[int], scope: str = "") -> tuple[KVSlot, int]:
+        """The slot sharing the longest prefix with `ids` (same variant, big enough, same cache scope), else
+        a free or the least recently used one. At least one token is always left to prefill (we need its
+        logits)."""
         best, best_n = None, 0
         for slot in self._slots:
             if slot.variant != self.variant or slot.cache.capacity < self.context_length:
+                continue
+            if slot.scope != scope:
                 continue
             n = min(common_prefix(slot.tokens, ids), len(ids) - 1)
             if n > best_n or best is None:
@@ -315,6 +321,9 @@ class LlamaEngine:
                     best = KVSlot(self.new_cache(self.context_length), self.variant)
                     self._slots.append(best)
             best_n = 0
+        if best.scope != scope:  # another client's prompt: nothing of it is read, and it is forgotten
+            best.cache.tokens = []
+            best.scope = scope
         best.variant = self.variant
         best.last_used = time.monotonic()
         return best, best_n
@@ -710,7 +719,7 @@ class _Generation:
             if not self.params.truncate:
                 raise _Full
             self._window()
-        self.slot, cached = e._slot_for(self.ctx)
+        self.slot, cached = e._slot_for(self.ctx, self.params.cache_scope)
         self.pos = cached
         t0 = time.perf_counter()
         self.logits = self._sync().copy()

@@ -353,6 +353,7 @@ class ResponsesRequest(_Request):
     repeat_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
     route: Literal["local", "auto", "upstream"] | None = None
     governor_events: bool = False  # opt in to chat's `event: governor` SSE events (SDKs would choke on them)
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # as chat's (server/cache_scope.py)
 
     @model_validator(mode="after")
     def _supported(self) -> ResponsesRequest:
@@ -421,7 +422,7 @@ class ResponsesRequest(_Request):
     def to_openai(self) -> ChatCompletionRequest:
         fields: dict[str, Any] = {"messages": self.messages(), "stream": self.stream}
         names = ("model", "temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty")
-        names += ("route", "governor_events")  # simmer's extras
+        names += ("route", "governor_events", "cache_salt")  # simmer's and vLLM's extras
         fields.update({n: getattr(self, n) for n in names if getattr(self, n) is not None})
         if self.max_output_tokens is not None:
             fields["max_tokens"] = self.max_output_tokens
