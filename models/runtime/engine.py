@@ -733,7 +733,7 @@ class _Generation:
         if not self.resumed:
             r.constraint = e.constraint(p)
             calling = p.tools is not None and p.tools.choice != "none"
-            r.reader = CallReader(e.tool_format) if calling else None
+            r.reader = CallReader(e.tool_format, p.tools) if calling else None
         elif r.constraint is not None and r.constraint.vocab.tokenizer is not e.tokenizer:
             r.constraint = r.constraint.rebind(ConstraintVocabulary.for_tokenizer(e.tokenizer))
         if r.constraint is not None:
@@ -831,7 +831,7 @@ class _Generation:
                 held_text = tail + r.stops.flush()
             if r.reader is not None:
                 held_text, found = r.reader.feed(held_text)
-                rest, more = r.reader.flush()
+                rest, more = r.reader.flush(complete=finish == "stop")
                 held_text += rest
                 end_calls = tuple(found + more)
                 if r.reader.calls and finish == "stop":
