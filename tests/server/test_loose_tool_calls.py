@@ -103,3 +103,18 @@ def test_auto_when_ollama_chat_then_message_tool_calls(live, tiny_long_model_dir
     assert call["function"]["name"] == "get_weather"
     assert call["function"]["arguments"] == {"city": "Paris", "unit": "C"}
     assert reply["message"]["content"] == ""
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_when_responses_api_then_a_function_call_item(live, tiny_long_model_dir, stream):
+    srv = serve(live, tiny_long_model_dir, BARE)
+    tools = [{"type": "function", **TIME["function"]}]
+    client = sdk(srv)
+    if stream:
+        with client.responses.stream(model=MODEL, input="time?", tools=tools, max_output_tokens=120) as s:
+            reply = s.get_final_response()
+    else:
+        reply = client.responses.create(model=MODEL, input="time?", tools=tools, max_output_tokens=120)
+    calls = [item for item in reply.output if item.type == "function_call"]
+    assert [(c.name, c.arguments) for c in calls] == [("get_time", '{"zone": "CET"}')]
+    assert reply.output_text == ""
