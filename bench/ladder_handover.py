@@ -12,7 +12,10 @@ character for character: nothing lost, nothing repeated. (Greedy q4-a8 is the sa
 only the positions a pass covers change its rounding, and the rebuild prefills as the server does.)
 
 `--budget-mb` sets SIMMER_MEMORY_BUDGET_MB, so the memory tier picks the start rung as a device of that
-size would.
+size would. Each request waits (up to `--wait-s`) for the governor to be below serious, where the start
+rung serves: loading a model heats the simulated device too. On `phone-heatwave` an idle device settles at
+fair (40.4 C) and never cools back out of serious; a `--time-scale` below 1 keeps a slow load from heating
+it past serious before the first request.
 
     SIMMER_HOME=... python -m bench.ladder_handover --ladder A,B,C [--profile phone-heatwave]
         [--time-scale 1] [--budget-mb N] [--max-tokens 400] [--requests 4] [--json OUT]
@@ -41,6 +44,18 @@ PROMPT = (
     "Write a long, detailed tutorial on Python list comprehensions, with many examples and an explanation "
     "of each one."
 )
+
+
+def wait_below_serious(url: str, timeout_s: float) -> dict[str, Any]:
+    """Until the governor's level is nominal or fair (the start rung serves), or the timeout: the state
+    then. A load heats the simulated device too; a reply that starts on a lower rung moves nowhere."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = httpx.get(url + "/v1/thermal", timeout=10).json()
+        if state.get("level") in ("nominal", "fair") or time.monotonic() > deadline:
+            t = state.get("temperature") or {}
+            return {"level": state.get("level"), "celsius": t.get("celsius")}
+        time.sleep(0.5)
 
 
 def stream_reply(url: str, model: str, max_tokens: int) -> dict[str, Any]:
@@ -138,7 +153,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             "(the server logged no memory tier)",
         )
         for _ in range(a.requests):
-            reply = stream_reply(srv.url, models[0], a.max_tokens)
+            at_start = wait_below_serious(srv.url, a.wait_s)
+            reply = {"device_at_start": at_start, **stream_reply(srv.url, models[0], a.max_tokens)}
             replies.append(reply)
             if reply["switches"]:
                 break
@@ -179,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budget-mb", type=int)
     p.add_argument("--max-tokens", type=int, default=400)
     p.add_argument("--requests", type=int, default=4)
+    p.add_argument("--wait-s", type=float, default=300.0, help="for the device to leave serious first")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     out = run(a)
