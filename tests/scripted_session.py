@@ -22,7 +22,8 @@ FAVOURED = 30.0  # the scripted token's logit; every other is 0
 
 class ScriptedSession:
     """Stands in for DecoderSession.run: the fed ids are remembered (by position, as the KV cache holds
-    them), and the next token is the script's after the longest prefix of it that the ids end with."""
+    them), and the next token is the script's after the longest prefix of it that the ids end with (a
+    script whose first tokens end the prompt too would be taken as begun: start it with something else)."""
 
     rows_exact = False  # no speculation on a script
 
