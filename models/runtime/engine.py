@@ -214,9 +214,17 @@ class LlamaEngine:
 
     # -- sessions and KV slots -----------------------------------------------------------------------
     def _session(self) -> DecoderSession | GeneralDecoderSession:
+        """The session for the current (variant, threads, spinning), built when missing. A caller that holds
+        the session it ran before (a reply whose limits changed) drops it first, so that an evicted session
+        is gone when the freed heap is handed back."""
         key = self.session_key()
         sess = self._sessions.pop(key, None)
         if sess is None:
+            # Room first, then the new one: built beside the session it replaces, the packed weights were
+            # held twice at the peak (SmolLM2: 96 MB more; a 1.5B model's packed weights are a GB), and
+            # freed after the heap was last handed back, glibc kept them for good.
+            if self._evict(self.max_sessions - 1):
+                release_freed_memory()
             t0 = time.perf_counter()
             entry = self.manifest["variants"][self.variant]
             if self.io is not None:
@@ -236,19 +244,21 @@ class LlamaEngine:
                 self.threads,
                 time.perf_counter() - t0,
             )
-            created = True
-        else:
-            created = False
-        self._sessions[key] = sess  # most recently used last
-        evicted = False
-        while len(self._sessions) > self.max_sessions:
-            self._sessions.pop(next(iter(self._sessions)))
-            evicted = True
-        if created or evicted:
+            self._sessions[key] = sess
             # building a session (graph optimization, weight packing) leaves freed heap with glibc too:
             # ~5 MB for Gemma 3 270M q4-a8, ~18 MB with the tokenizer of converter 8 before it
             release_freed_memory()
+        else:
+            self._sessions[key] = sess  # most recently used last
         return sess
+
+    def _evict(self, keep: int) -> bool:
+        """Drop the least recently used sessions down to `keep`; True if any went."""
+        evicted = False
+        while len(self._sessions) > max(0, keep):
+            self._sessions.pop(next(iter(self._sessions)))
+            evicted = True
+        return evicted
 
     def new_cache(self, capacity: int) -> Any:
         """A KV cache of the layout the model needs (ours: one shared fp32 buffer), its pages written now
@@ -584,6 +594,7 @@ class _Generation:
         if self.e.apply_limits(limits):
             self.stale = True  # the KV cache was computed by other weights
         if self.e.session_key() != old:
+            self.sess = None  # not held while the engine evicts it and builds the next one (_session)
             self.sess = self.e._session()
         if len(self.ctx) > self.e.context_length and self.params.truncate:
             self._window()
@@ -735,7 +746,7 @@ class _Generation:
         if not self.resumed:
             r.constraint = e.constraint(p)
             calling = p.tools is not None and p.tools.choice != "none"
-            r.reader = CallReader(e.tool_format) if calling else None
+            r.reader = CallReader(e.tool_format, p.tools) if calling else None
         elif r.constraint is not None and r.constraint.vocab.tokenizer is not e.tokenizer:
             r.constraint = r.constraint.rebind(ConstraintVocabulary.for_tokenizer(e.tokenizer))
         if r.constraint is not None:
@@ -833,7 +844,7 @@ class _Generation:
                 held_text = tail + r.stops.flush()
             if r.reader is not None:
                 held_text, found = r.reader.feed(held_text)
-                rest, more = r.reader.flush()
+                rest, more = r.reader.flush(complete=finish == "stop")
                 held_text += rest
                 end_calls = tuple(found + more)
                 if r.reader.calls and finish == "stop":
