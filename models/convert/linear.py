@@ -45,7 +45,7 @@ at 4x the bytes and 1.5-2.2x the time at one token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -270,7 +270,7 @@ def row_sliced(
     outs = []
     for i, lo in enumerate(range(0, lay.n, rows)):
         hi = min(lo + rows, lay.n)
-        part = p.then(replace(lay, n=hi - lo), lambda all_rows, lo=lo, hi=hi: all_rows.rows(lo, hi))
+        part = p.band(lo, hi)
         names = None
         if whole is not None:
             names = (
@@ -278,4 +278,5 @@ def row_sliced(
                 g.alias(f"{whole[1]}.{i}", whole[1], rows=(lo, hi)),
             )
         outs.append(matmul_nbits(g, x, part, f"{key}.{i}", sums, pair=pair, weight_names=names))
+        g.settle()  # a slice's rows of the source are read and written: give them back
     return g.node("Concat", outs, axis=-1)[0]
