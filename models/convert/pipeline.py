@@ -30,7 +30,8 @@ from models.types import NOMINAL_VARIANT
 # written as tokenizer.spm.npz (the compact tokenizer simmer loads)
 # 10: a tied head without correction writes the logits output itself (no Reshape copy)
 # 11: streamed (tables in bands, the reference a layer at a time, variants measured a segment at a time:
-# load_rss_bytes is now what the weights take, not what a heap reused after the reference let show)
+# load_rss_bytes is now what the weights take, not what a heap reused after the reference let show); the
+# nominal variant alone by default
 CONVERTER_VERSION = 11
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
@@ -62,6 +63,14 @@ def plan_variants(model: GGUFModel) -> list[str]:
     return ["f32", "q8", "q4-a8"]
 
 
+def default_variants(model: GGUFModel) -> list[str]:
+    """What a pull installs unless asked for more: the nominal variant alone (q4-a8: the one the device
+    serves), or the best one the source has. Others (the exact q4, whose 8-bit formats become fp32 and
+    cost twice the disk) come on request (`simmer pull --variants`) or when the ladder names them."""
+    plan = plan_variants(model)
+    return [NOMINAL_VARIANT] if NOMINAL_VARIANT in plan else plan[:1]
+
+
 def convert(
     gguf_path: Path,
     out_dir: Path,
@@ -84,7 +93,7 @@ def convert(
     report("reading GGUF", 0.0)
     model = GGUFModel(Path(gguf_path))
     cfg = model.config
-    names = variants or plan_variants(model)
+    names = variants or default_variants(model)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")

