@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from models.convert import measure
+from models.convert import measure, pipeline
 from models.convert.graph import VARIANTS, GraphBuilder, Segment, WeightFile
 from models.convert.memory_need import estimate_memory
 from models.convert.model import GGUFModel
 from models.convert.pipeline import convert
-from models.errors import InsufficientMemory
+from models.errors import InsufficientMemory, VerificationFailed
 from models.store.store import ModelStore, default_converter
 from server import cli
 from server.settings import Settings
@@ -172,3 +172,19 @@ def test_estimate_memory_when_measured_then_the_conversion_stays_under_it(
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     planned = max(estimate_memory(GGUFModel(wide_gguf)).values())
     assert got["peak"] - got["before"] <= planned
+
+
+def test_smoke_test_when_measured_in_segments_then_the_whole_graph_is_loaded_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generating with the whole graph would take the memory the segments kept the conversion under."""
+    gguf = write_tiny_gguf(tmp_path / "m.gguf", matrix_type="Q4_1", embed_type="Q8_0")
+    monkeypatch.setattr(measure, "SEGMENT_BYTES", 1)
+    out = tmp_path / "out"
+    out.mkdir()
+    manifest = convert(gguf, out, variants=["q4-a8"], threads=1)
+    monkeypatch.setattr(pipeline, "DecoderSession", None)  # a run would fail on it
+    pipeline.smoke_test(out, manifest)
+    (out / "q4-a8.onnx").write_bytes(b"not a model")
+    with pytest.raises(VerificationFailed, match="variant q4-a8 failed to load"):
+        pipeline.smoke_test(out, manifest)
