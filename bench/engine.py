@@ -164,6 +164,10 @@ def bench_engine(
         report["ratios_vs_llama_cpp"] = ratios(summary, variants, threads)
     else:
         report["peer"] = LLAMA_HOW
+    if not energy_only:
+        from bench.kl import bench_kl
+
+        report["kl_vs_fp32_reference"] = bench_kl(model_dir, gguf, variants, max(threads), peer)
     report["energy"] = energy(summary)
     return report
 
