@@ -110,11 +110,12 @@ class SimmerDriver:
 
 class LlamaCppDriver:
     def __init__(self, cfg: dict[str, Any]) -> None:
-        import llama_cpp
+        from bench.llama_peer import open_llama
 
         t0 = time.perf_counter()
-        self.llm = llama_cpp.Llama(
+        self.llm = open_llama(
             cfg["gguf"],
+            extra_bufts=cfg.get("extra_bufts"),
             n_ctx=N_CTX,
             n_threads=cfg["threads"],
             n_threads_batch=cfg["threads"],

@@ -91,10 +91,15 @@ def simmer_logits(cfg: dict[str, Any], ids: list[int]) -> np.ndarray:
 
 
 def llama_logits(cfg: dict[str, Any], ids: list[int]) -> np.ndarray:
-    import llama_cpp
+    from bench.llama_peer import open_llama
 
-    llm = llama_cpp.Llama(
-        cfg["gguf"], n_ctx=len(ids) + 8, n_threads=cfg["threads"], logits_all=True, verbose=False
+    llm = open_llama(
+        cfg["gguf"],
+        extra_bufts=cfg.get("extra_bufts"),
+        n_ctx=len(ids) + 8,
+        n_threads=cfg["threads"],
+        logits_all=True,
+        verbose=False,
     )
     out = []
     for t in ids:
@@ -112,7 +117,14 @@ def probe(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"config": cfg, **compare(np.asarray(ref), got)}
 
 
-def bench_kl(model_dir: Path, gguf: Path, variants: list[str], threads: int, peer: bool) -> dict[str, Any]:
+def bench_kl(
+    model_dir: Path,
+    gguf: Path,
+    variants: list[str],
+    threads: int,
+    peer: bool,
+    extra_bufts: bool | None = None,
+) -> dict[str, Any]:
     """Every variant and (with `peer`) llama.cpp against the fp32 reference of the GGUF."""
     import tempfile
 
@@ -134,7 +146,8 @@ def bench_kl(model_dir: Path, gguf: Path, variants: list[str], threads: int, pee
             for v in variants
         ]
         if peer:
-            configs.append({"engine": "llama.cpp", "gguf": str(gguf), "threads": threads, "reference": ref})
+            peer_cfg = {"engine": "llama.cpp", "gguf": str(gguf), "threads": threads, "reference": ref}
+            configs.append({**peer_cfg, "extra_bufts": extra_bufts})
         rows = {}
         for cfg in configs:
             name = f"{cfg['engine']}:{cfg.get('variant', 'gguf')}"
