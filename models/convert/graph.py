@@ -246,6 +246,7 @@ class GraphBuilder:
         self._n = 0
         self._packed: dict[str, Packing] = {}
         self.quant_map: dict[str, list[str]] = {}  # source tensor type -> how it was mapped (manifest)
+        self.copied_at_load: set[str] = set()  # initializers a kernel copies when it packs (linear.py)
 
     # -- helpers --------------------------------------------------------------------------------------
     def _name(self, base: str) -> str:
@@ -414,11 +415,22 @@ class GraphBuilder:
         return seqlens_k, self.node("Cast", [total], to=TensorProto.INT32)[0]
 
 
-def build_variant(model: GGUFModel, spec: VariantSpec, weights: WeightFile, out: Path) -> dict[str, str]:
-    """Write `out` (an .onnx file) whose initializers live in `weights`; returns the variant's quant map."""
+@dataclass(frozen=True)
+class BuiltVariant:
+    quant_map: dict[str, str]  # source tensor type -> how it was mapped
+    # [offset, length] in the weights file of initializers the kernels copy at load and never read again
+    copied_at_load: list[list[int]]
+
+
+def build_variant(model: GGUFModel, spec: VariantSpec, weights: WeightFile, out: Path) -> BuiltVariant:
+    """Write `out` (an .onnx file) whose initializers live in `weights`."""
     builder = GraphBuilder(model, spec, weights)
     graph = builder.build()
     out.write_bytes(graph.SerializeToString())
     with open(out, "rb+") as f:
         os.fsync(f.fileno())
-    return {t: "; ".join(ways) for t, ways in sorted(builder.quant_map.items())}
+    spans = []
+    for name in sorted(builder.copied_at_load):
+        ext = {e.key: e.value for e in builder.inits[name].external_data}
+        spans.append([int(ext["offset"]), int(ext["length"])])
+    return BuiltVariant({t: "; ".join(ways) for t, ways in sorted(builder.quant_map.items())}, sorted(spans))

@@ -36,7 +36,7 @@ from models.convert.graph import (
 )
 from models.convert.heap import trim_heap
 from models.convert.model import GGUFModel
-from models.runtime.session import KVCache, ModelShape, session_options
+from models.runtime.session import WEIGHTS_FILE, KVCache, ModelShape, release_copied, session_options
 
 # GGUF bytes of one measured segment: its weights prepacked take about twice that in memory
 SEGMENT_BYTES = 160 << 20
@@ -104,11 +104,14 @@ class _Pass:
 class _SegmentSession:
     """One segment's session with a KV buffer for its layers, shared by past and present (as served)."""
 
-    def __init__(self, path: Path, segment: Segment, shape: ModelShape, threads: int) -> None:
+    def __init__(
+        self, path: Path, segment: Segment, shape: ModelShape, threads: int, copied: list[list[int]]
+    ) -> None:
         self.segment = segment
         self.sess = ort.InferenceSession(
             str(path), session_options(threads), providers=["CPUExecutionProvider"]
         )
+        release_copied(path.parent / WEIGHTS_FILE, copied)  # as served: those pages are not counted
         self.inputs = {i.name for i in self.sess.get_inputs()}
         self.outputs = [o.name for o in self.sess.get_outputs() if not o.name.startswith("present.")]
         self.shape = shape
@@ -160,6 +163,7 @@ def measure_variant(
     prompts: list[list[int]],
     ref_logits: list[np.ndarray],
     threads: int,
+    copied_at_load: list[list[int]] | None = None,
 ) -> dict[str, Any]:
     """Quality (token by token, through the KV path), decode speed and memory of a variant, a segment at a
     time (`paths[i]` holds `segments[i]`)."""
@@ -175,7 +179,7 @@ def measure_variant(
         trim_heap()
         rss0 = proc.memory_info().rss
         t0 = time.perf_counter()
-        sess = _SegmentSession(path, segment, shape, threads)
+        sess = _SegmentSession(path, segment, shape, threads, copied_at_load or [])
         load_s += time.perf_counter() - t0
         quality = []
         for seq_state in state.quality:

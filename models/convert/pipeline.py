@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from models.convert.disk_plan import estimate_output
-from models.convert.graph import VARIANTS, WeightFile, build_variant
+from models.convert.graph import VARIANTS, BuiltVariant, WeightFile, build_variant
 from models.convert.linear import FLOAT_TYPES
 from models.convert.measure import measure_variant, plan_segments, write_segments
 from models.convert.memory_need import estimate_memory
@@ -110,13 +110,13 @@ def convert(
 
     model.drop_vocabulary()  # the tokenizer is written: its arrays are not read again
     weights = WeightFile(out_dir / WEIGHTS_FILE)
-    quant_maps: dict[str, dict[str, str]] = {}
+    built: dict[str, BuiltVariant] = {}
     segments = plan_segments(model) if measure else []
     segment_files: dict[str, list[Path]] = {}
     try:
         for i, name in enumerate(names):
             report(f"building {name}", 0.1 + 0.4 * i / len(names))
-            quant_maps[name] = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
+            built[name] = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
             if measure:
                 segment_files[name] = write_segments(model, VARIANTS[name], weights, out_dir, segments)
     finally:
@@ -134,7 +134,8 @@ def convert(
             "files": [onnx_file.name, WEIGHTS_FILE],
             "weights_bytes": referenced_bytes(onnx_file),
             "onnx_bytes": onnx_file.stat().st_size,
-            "quant_map": quant_maps[name],
+            "quant_map": built[name].quant_map,
+            "copied_at_load": built[name].copied_at_load,
         }
     if measure:
         report("measuring quality", 0.5)
@@ -146,7 +147,8 @@ def convert(
             for i, name in enumerate(names):
                 report(f"measuring {name}", 0.55 + 0.45 * i / len(names))
                 files = segment_files[name]
-                entries[name] |= measure_variant(files, segments, shape, prompts, ref_logits, threads)
+                copied = built[name].copied_at_load
+                entries[name] |= measure_variant(files, segments, shape, prompts, ref_logits, threads, copied)
         finally:
             for files in segment_files.values():
                 for path in files:
