@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.memory import smaps_rss
 from bench.sustained import PROMPTS, server_process
 from server.settings import Settings
 
@@ -135,24 +136,6 @@ def sample(proc: psutil.Process, t0: float) -> dict[str, float]:
             "threads": proc.num_threads(),
             "fds": proc.num_fds(),
         }
-
-
-def smaps_rss(path: Path | str) -> Counter:
-    """Resident KiB per mapping name in an smaps file: a file's path, [heap], [stack], ..., [anon] for an
-    unnamed one (Linux; empty where it cannot be read)."""
-    totals: Counter = Counter()
-    name = "[anon]"
-    try:
-        with open(path) as f:
-            for line in f:
-                if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
-                    parts = line.split(maxsplit=5)
-                    name = parts[5].strip() if len(parts) > 5 else "[anon]"
-                elif line.startswith("Rss:"):
-                    totals[name] += int(line.split()[1])
-    except OSError:
-        return Counter()
-    return totals
 
 
 def smaps_summary(pid: int, top: int = 12) -> dict[str, float]:

@@ -803,7 +803,7 @@ LADDER_TARGETS = {"tok_s_ratio": 2.0, "peak_over_throttle_c": 1.0, "growth_mb": 
 
 
 def ladder_runs(ladder: str) -> list[tuple[str, dict[str, Any]]]:
-    """Issue 13's three configurations, each on its own cold device: governed with the model ladder,
+    """The ladder benchmark's three configurations, each on its own cold device: governed with the ladder,
     governed on the first model's variants alone, ungoverned (the first model at full speed)."""
     first = ladder.split(",")[0].split(":")[0].strip()
     return [
@@ -823,7 +823,7 @@ def bench_ladder(
     time_scale: float = 10.0,
     model_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Issue 13's benchmark: the ladder across models against variants alone and against no governor, in
+    """The ladder benchmark: the ladder across models against variants alone and against no governor, in
     one run, each configuration on the same simulated device starting cold. Requests name the ladder's
     first model (a client asks for the best one; the governor places the reply on its rung)."""
     client_audit: list[str] = []
@@ -870,7 +870,7 @@ def bench_ladder(
 
 
 def ladder_summary(run: dict[str, Any]) -> dict[str, Any]:
-    """One configuration's numbers for issue 13."""
+    """One configuration's numbers for the ladder benchmark."""
     rss = run["rss_mb"]
     moves = run.get("moves") or {}
     peak, throttle = run["peak_temperature_c"], run["throttle_c"]
@@ -899,7 +899,7 @@ def ladder_summary(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def ladder_targets(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Issue 13's targets, on the ladder configuration (the ratio against the ungoverned one)."""
+    """The ladder benchmark's targets, on the ladder configuration (the ratio against the ungoverned one)."""
     lad, ung = runs["ladder"], runs["ungoverned"]
     ratio = lad["tok_s_last_5min"] / ung["tok_s_last_5min"] if ung["tok_s_last_5min"] else None
     peak, throttle = lad["peak_temperature_c"], lad["throttle_c"]
@@ -940,7 +940,7 @@ def _runs(levels: bool) -> list[tuple[str, dict[str, Any]]]:
 
 
 def pace_targets(runs: dict[str, dict[str, Any]], env: dict[str, Any]) -> dict[str, Any]:
-    """Issue 16's targets for the governor: no mid-reply pause after warm-up, at least the pausing
+    """The pace controller's targets: no mid-reply pause after warm-up, at least the pausing
     governor's tok/s (when that run was made), efficiency >= 0.95 against the envelope's limit."""
     g = runs["governed"]
     out: dict[str, Any] = {

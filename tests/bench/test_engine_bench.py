@@ -49,16 +49,3 @@ def test_workload_probe_when_peers_then_each_replies_and_simmer_is_compared_with
     assert row["runs"] == 1 and set(row["vs_peers"]) == set(PEERS)
     assert set(row["llama_cpp_lookup_vs_plain"]) == set(res["tasks"])
     assert row["decode_tok_s_llama.cpp-lookup"] == res["llama.cpp-lookup"]["decode_tok_s"]
-
-
-def test_rows_probe_when_batched_then_rows_do_not_depend_on_the_batch(tiny_model_dir):
-    """bench/rows_probe.py on the tiny model: rows of passes with two or more positions are bitwise equal
-    whatever the number of rows, and a decode step padded to two rows gives exactly a verification
-    pass's row (issue 16's q4-a8 finding); q4's one-row steps agree with them up to summation order."""
-    from bench.rows_probe import probe
-
-    for variant in ("q4", "q4-a8"):
-        res = probe(tiny_model_dir, variant, rounds=2, context=256)
-        assert set(res["batch_vs_batch"].values()) == {0.0} and res["padded_vs_batch"] == 0.0
-    q4 = probe(tiny_model_dir, "q4", rounds=2, context=256)
-    assert max(r["max_abs"] for r in q4["one_vs_batch"].values()) < 1e-3

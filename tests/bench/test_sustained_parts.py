@@ -53,7 +53,7 @@ def test_spread_tokens_when_usage_known_then_each_chunk_gets_its_share():
     assert _spread_tokens([(3.0, 6)], None, log) == 3
 
 
-# -- issue 16: energy, mid-reply pauses, the envelope's limit ------------------------------------------------
+# -- energy, mid-reply pauses, the envelope's limit ---------------------------------------------------------
 def test_count_pause_when_governor_events_then_only_pauses_after_the_first_token_count():
     from bench.sustained import RequestRecord, _count_pause
 
@@ -164,7 +164,7 @@ def test_percentile_when_nearest_rank_then_a_real_value():
     assert percentile(values, 95) == 19.0 and percentile(values, 50) == 10.0 and percentile([3.0], 95) == 3.0
 
 
-# -- issue 13: the ladder benchmark ------------------------------------------------------------------------
+# -- the ladder benchmark ----------------------------------------------------------------------------------
 def test_request_body_when_completions_then_a_text_prompt_naming_the_model():
     from bench.sustained import request_body
 

@@ -234,7 +234,7 @@ def test_render_when_gemma_roles_do_not_alternate_then_invalid_parameter() -> No
         tpl.render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
 
 
-# -- message text cannot forge turns (issue 11, defect 14) ------------------------------------------
+# -- message text cannot forge turns ---------------------------------------------------------------
 
 # family -> the control markers of its template's vocabulary
 MARKERS = {

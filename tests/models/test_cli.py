@@ -243,3 +243,30 @@ def test_cli_list_when_measured_then_each_variant_quality_and_speed_and_the_refu
     assert "KL 0.0021 (p99 0.021)" in line and "top-1 98.1%" in line and "55.0 tok/s" in line
     assert "55.0 tok/CPU-s" in line
     assert any(x.split()[:3] == ["fast", "not", "installed:"] for x in out.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("env", "variants"),
+    [
+        ({}, None),  # the nominal variant alone: the converter's default
+        ({"variant": "q4"}, ["q4", "q4-a8"]),  # the served model's variant, beside the nominal one
+        ({"model": "./other.gguf", "ladder": "tiny-llama:q4,other:f32"}, ["q4", "q4-a8"]),
+        ({"model": "./other.gguf", "ladder": "other:q4"}, None),  # another model's rung
+        ({"model": "./other.gguf", "variant": "q4"}, None),  # the variant of another served model
+    ],
+)
+def test_cli_pull_when_configuration_serves_a_variant_then_it_is_installed_too(
+    tmp_path, gguf, env, variants, monkeypatch
+) -> None:
+    seen: list[list[str] | None] = []
+    fake = FakeConverter()
+    convert = fake.convert
+
+    def spy(*args, variants=None, **kw):
+        seen.append(variants)
+        return convert(*args, **kw)
+
+    monkeypatch.setattr(fake, "convert", spy)
+    settings = Settings(**{"home": tmp_path / "home", "model": str(gguf), **env})
+    assert run(settings, "pull", str(gguf), fake=fake) == 0
+    assert seen == [variants]

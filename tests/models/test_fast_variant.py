@@ -1,6 +1,7 @@
 """The `fast` variant through the real converter: installed when its measured KL is within the quality floor,
 refused (files removed, the log and the manifest saying why) when it is not, never installed unmeasured, and
-the nominal variant the fastest one installed."""
+the nominal variant the fastest one installed; a default pull keeps the nominal variant alone, its weights
+in one file."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from models.convert import nominal
 from models.convert.floor import FALLBACK_KL_MEAN, check, fallback_floor
-from models.convert.pipeline import convert, nominal_variant
+from models.convert.pipeline import convert
 from models.errors import VerificationFailed
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
@@ -50,7 +52,7 @@ def test_convert_when_reencoded_variant_beyond_its_floor_then_refused_and_log_sa
     out.mkdir()
     with caplog.at_level(logging.WARNING, logger="simmer.convert"):
         frag = convert(gguf, out, threads=1)
-    assert "fast" not in frag["variants"] and {"q4", "q4-a8"} <= set(frag["variants"])
+    assert list(frag["variants"]) == ["q4-a8"]  # a default pull: the candidates, the nominal one kept
     why = frag["refused_variants"]["fast"]
     # every plan was tried, and each says how far it was
     assert why.startswith("not installed: 4-bit plan: KL mean") and "; 8-bit plan: KL mean" in why
@@ -62,20 +64,23 @@ def test_convert_when_reencoded_variant_beyond_its_floor_then_refused_and_log_sa
     assert floor["source"] in ("llama.cpp", "fallback") and floor["kl_mean"] > 0 and floor["method"]
 
 
-def test_convert_when_reencoded_variant_within_its_floor_then_installed_with_its_own_file(tmp_path):
+def test_convert_when_reencoded_variant_within_its_floor_then_installed_in_the_one_weights_file(tmp_path):
     """On random weights every variant's KL is noise around llama.cpp's (int8 activations, either engine),
-    so this one says where the floor is: well above that noise, as a model with headroom has it."""
+    so this one says where the floor is: well above that noise, as a model with headroom has it. Both
+    candidates asked for by name: both kept, the re-encoded bytes moved into weights.data."""
     gguf = tiny(tmp_path, "tiny-fine")
     out = tmp_path / "out"
     out.mkdir()
-    frag = convert(gguf, out, threads=1, floor={"source": "given", "kl_mean": 0.5, "kl_p99": 5.0})
+    floor = {"source": "given", "kl_mean": 0.5, "kl_p99": 5.0}
+    frag = convert(gguf, out, threads=1, floor=floor, variants=["q4-a8", "fast"])
     fast = frag["variants"]["fast"]
-    assert fast["files"] == ["fast.onnx", "weights.data", "fast.data"] and (out / "fast.data").stat().st_size
+    assert fast["files"] == ["fast.onnx", "weights.data"] and not (out / "fast.data").exists()
     assert check(fast["quality"], frag["quality_floor"]) is None
     assert "re-encoded" in fast["quant_map"]["Q6_K"]
     assert fast["quality"]["positions"] > 200 and fast["quality"]["kl_p99"] >= fast["quality"]["kl_mean"]
     assert frag["refused_variants"] == {}
-    assert frag["default_variant"] == nominal_variant(list(frag["variants"]), frag["variants"])
+    assert frag["default_variant"] == nominal.choose(list(frag["variants"]), frag["variants"])
+    assert sorted(frag["variants"]["q4-a8"]["speed"]["raced_with"]) == ["fast"]
 
 
 def test_convert_when_llama_cpp_absent_then_the_fallback_budget_refuses(tmp_path, monkeypatch):
@@ -99,16 +104,52 @@ def test_convert_when_not_measured_then_reencoded_variant_never_installed(tmp_pa
         convert(gguf, tmp_path / "empty", threads=1, measure=False, variants=["fast"])
 
 
-def test_nominal_variant_when_measured_then_fastest_of_q4_a8_and_the_reencoded_ones():
-    def entry(cpu: float) -> dict:
-        return {"speed": {"cpu_s_per_token": cpu}}
+def _timed(**cpu: float) -> dict:
+    return {n.replace("_", "-"): {"speed": {"cpu_s_per_token": c}} for n, c in cpu.items()}
 
-    entries = {"q4": entry(0.001), "q4-a8": entry(0.02), "fast": entry(0.015)}
-    # q4 is cheaper here but exact variants are not the nominal's candidates: fp32 activations
-    assert nominal_variant(["q4", "q4-a8", "fast"], entries) == "fast"
-    entries["fast"] = entry(0.03)
-    assert nominal_variant(["q4", "q4-a8", "fast"], entries) == "q4-a8"
-    assert nominal_variant(["q4", "q4-a8"], {"q4": {}, "q4-a8": {}}) == "q4-a8"
+
+@pytest.mark.parametrize(
+    ("installed", "entries", "chosen"),
+    [
+        # the faster candidate, whichever it is (each installed one is within the floor)
+        (["q4", "q4-a8", "fast"], _timed(q4=0.001, q4_a8=0.02, fast=0.015), "fast"),
+        (["q4", "q4-a8", "fast"], _timed(q4=0.001, q4_a8=0.02, fast=0.03), "q4-a8"),
+        # a tie: q4-a8, the exact blocks
+        (["q4-a8", "fast"], _timed(q4_a8=0.02, fast=0.02), "q4-a8"),
+        # q4 is cheaper but no candidate: fp32 activations
+        (["q4", "q4-a8"], _timed(q4=0.001, q4_a8=0.02), "q4-a8"),
+        # nothing timed: q4-a8, else the re-encoded one, else the last (a float source's)
+        (["q4", "q4-a8"], {"q4": {}, "q4-a8": {}}, "q4-a8"),
+        (["fast"], {"fast": {}}, "fast"),
+        (["f32", "q8"], {"f32": {}, "q8": {}}, "q8"),
+    ],
+)
+def test_nominal_choose(installed, entries, chosen):
+    assert nominal.choose(installed, entries) == chosen
+
+
+@pytest.mark.parametrize(
+    ("installed", "asked", "kept"),
+    [
+        (["q4-a8", "fast"], None, ["fast"]),  # a default pull: the nominal one alone
+        (["q4", "q4-a8", "fast"], ["q4", "q4-a8"], ["q4", "q4-a8", "fast"]),  # named ones beside it
+        (["q4-a8", "fast"], ["q4-a8", "fast"], ["q4-a8", "fast"]),
+    ],
+)
+def test_nominal_kept(installed, asked, kept):
+    assert nominal.kept(installed, "fast", asked) == kept
+
+
+@pytest.mark.parametrize(
+    ("planned", "measure", "built"),
+    [
+        (["q4", "q4-a8", "fast"], True, ["q4-a8", "fast"]),
+        (["q4", "q4-a8", "fast"], False, ["q4-a8"]),  # never installed unmeasured: not built
+        (["f32", "q8", "q4-a8"], True, ["q4-a8"]),
+    ],
+)
+def test_nominal_candidates(planned, measure, built):
+    assert nominal.candidates(planned, measure) == built
 
 
 @pytest.mark.parametrize(

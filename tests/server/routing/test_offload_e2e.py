@@ -160,7 +160,7 @@ def test_auto_when_paused_while_queued_locally_then_moves_upstream_at_once_accou
     local, proxy, caplog
 ) -> None:
     """An auto request waiting in the local queue when the device pauses new work goes upstream at once
-    (issue 14's known gap: it waited out the pause). The reply running locally stays (paused); one that
+    (it used to wait out the pause). The reply running locally stays (paused); one that
     forbade the upstream waits in the queue. Each request is one log line, its tokens counted once."""
     caplog.set_level(logging.INFO)
     engine = RecordingEngine(ScriptedEngine(model_id=MODEL, token_delay_s=0.05, reply_tokens=10_000))
