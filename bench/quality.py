@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from models.convert.nominal import kl_rows
+from models.convert.quality import kl_rows
 
 QUALITY_POSITIONS = 256
 

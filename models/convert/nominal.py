@@ -1,13 +1,28 @@
-"""Which variant a model opens on, from the quality measured on the machine that pulled it.
+"""Which variant a model opens on (the manifest's `default_variant`) and which variants a pull keeps: the one
+rule, from the quality measured on the machine that converts the model.
 
-`q4-a8` (int8 activations: the fastest decode) is the nominal variant where its error is the error of int8
-activations themselves: its KL from the fp32 reference within NOMINAL_KL_FACTOR of the KL that the same
-reference has when every matmul's input is rounded to int8 per 32-block (ReferenceForward with
-`int8_activations`: llama.cpp's arithmetic, and onnxruntime's on x86, computed exactly on any machine).
-onnxruntime picks its int8 kernels by the CPU: on ARM cores with the dot product it quantizes each row of
-activations on one scale (KleidiAI's `qai8dx` kernels), which costs several times that error. There the
-exact variant `q4` (the GGUF's blocks, fp32 activations) opens the model instead, and the governor's ladder
-still steps down to `q4-a8` when the device must save heat.
+**The floor** is what int8 activations cost in themselves, measured at pull time as KL divergence from the
+fp32 reference over the quality text (mean and p99, models/convert/quality.py):
+- llama.cpp's own KL on the same GGUF and token ids, when llama-cpp-python is installed: the quality a user of
+  llama.cpp gets from this file on this machine;
+- else INT8_FACTOR x the int8 reference's: the fp32 forward with every matmul input rounded to int8 per
+  32-block (ReferenceForward with `int8_activations`), llama.cpp's arithmetic computed exactly in numpy, on
+  any machine. The factor is room for kernels that sum or block differently (x86's `q4-a8` measured 1.12x it
+  on SmolLM2, llama.cpp 1.03x: docs/arm64.md), well below what rounding a whole row of activations on one
+  scale costs (onnxruntime's int8 kernels on ARM cores with the dot product: several times it).
+
+**The candidates** are `q4-a8` (the GGUF's blocks, int8 activations) and `fast` (re-encoded for fewer bytes
+per token; installed only within the floor, refused otherwise: pipeline.build_reencoded). A candidate is
+within the floor when its KL mean and its KL p99 are both at most the floor's. The nominal variant is the
+candidate within it that decoded with the fewest CPU-seconds per token at pull time (the candidates timed
+again in alternation: pipeline.race; a tie goes to q4-a8). When none is within it, the exact `q4` (the GGUF's
+blocks, fp32 activations) is nominal, built for the purpose if the pull had not asked for it, and the fastest
+candidate stays beside it as the ladder's cheaper rung. Nothing measured (a conversion without measuring):
+q4-a8.
+
+**What a pull keeps**: with no variants named, the nominal variant alone (and that rung when the nominal one
+is q4): the others would be disk the device never reads. Variants named (`simmer pull --variants`,
+SIMMER_VARIANT, SIMMER_LADDER) are kept beside it.
 """
 
 from __future__ import annotations
@@ -15,47 +30,107 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from models.types import NOMINAL_VARIANT
 
-EXACT_VARIANT = "q4"
-# q4-a8 on x86 measured 1.12x the int8 reference's KL (SmolLM2, docs/arm64.md); room for rounding and for
-# kernels that block differently, well below what a per-row activation scale costs
-NOMINAL_KL_FACTOR = 1.5
+REENCODED = "fast"
+EXACT = "q4"
+CANDIDATES = (NOMINAL_VARIANT, REENCODED)
+INT8_FACTOR = 1.5
 
 
-def kl_rows(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    """KL(P_ref || P) of each row's softmax, in nats (float64)."""
-
-    def log_softmax(a: np.ndarray) -> np.ndarray:
-        a = a.astype(np.float64)
-        a = a - a.max(axis=-1, keepdims=True)
-        return a - np.log(np.exp(a).sum(axis=-1, keepdims=True))
-
-    ref_lp, new_lp = log_softmax(ref_logits), log_softmax(logits)
-    return np.maximum(0.0, (np.exp(ref_lp) * (ref_lp - new_lp)).sum(axis=-1))
+def peer_floor(peer_quality: Mapping[str, Any]) -> dict[str, Any]:
+    """The floor from llama.cpp's own measurement (a quality.Comparison summary)."""
+    return {"source": "llama.cpp", **dict(peer_quality)}
 
 
-def kl_mean(ref_logits: Sequence[np.ndarray], logits: Sequence[np.ndarray]) -> float:
-    """The mean KL over every position of several sequences."""
-    rows = [kl_rows(r, x) for r, x in zip(ref_logits, logits, strict=True)]
-    return float(np.concatenate(rows).mean())
+def int8_floor(int8_quality: Mapping[str, Any]) -> dict[str, Any]:
+    """The floor from the int8 reference's measurement (a quality.Comparison summary)."""
+    return {
+        "source": "int8 reference",
+        "kl_mean": float(f"{INT8_FACTOR * float(int8_quality['kl_mean']):.6g}"),
+        "kl_p99": float(f"{INT8_FACTOR * float(int8_quality['kl_p99']):.6g}"),
+        "factor": INT8_FACTOR,
+        "int8_reference": dict(int8_quality),
+        "method": f"{INT8_FACTOR}x the KL of the fp32 reference with int8 activations per 32-block",
+    }
 
 
-def choose_nominal(
-    names: Sequence[str], entries: Mapping[str, Mapping[str, Any]], int8_kl: float | None
-) -> tuple[str, str]:
-    """(the variant a model opens on, why). Without both measurements q4-a8 stays nominal."""
-    if NOMINAL_VARIANT not in names:
-        return names[-1], f"no {NOMINAL_VARIANT}"
-    kl = entries.get(NOMINAL_VARIANT, {}).get("quality", {}).get("kl_mean")
-    if kl is None or int8_kl is None:
-        return NOMINAL_VARIANT, "quality not measured"
-    budget = NOMINAL_KL_FACTOR * int8_kl
-    if kl <= budget or EXACT_VARIANT not in names:
-        return NOMINAL_VARIANT, f"{NOMINAL_VARIANT} KL {kl:.3g} <= {budget:.3g} on this CPU"
-    return EXACT_VARIANT, (
-        f"{NOMINAL_VARIANT} KL {kl:.3g} > {budget:.3g} ({NOMINAL_KL_FACTOR}x int8 activations' own "
-        f"{int8_kl:.3g}) on this CPU: its int8 kernels round more coarsely"
+def check(quality: Mapping[str, Any] | None, floor: Mapping[str, Any]) -> str | None:
+    """None when a variant's measured quality is within the floor, else why it is not (for the log and the
+    manifest). A variant that was not measured is never within it."""
+    if not quality or "kl_mean" not in quality or "kl_p99" not in quality:
+        return "its KL against the fp32 reference was not measured"
+    who = (
+        "llama.cpp's on the same GGUF"
+        if floor.get("source") == "llama.cpp"
+        else f"{INT8_FACTOR}x the int8 reference's"
     )
+    over = [
+        f"KL {stat} {float(quality[key]):.3g} > {float(floor[key]):.3g}"
+        for stat, key in (("mean", "kl_mean"), ("p99", "kl_p99"))
+        if float(quality[key]) > float(floor[key])
+    ]
+    return f"{', '.join(over)} ({who})" if over else None
+
+
+def candidates(planned: Sequence[str], measure: bool) -> list[str]:
+    """The candidates a pull builds for a source whose variants are `planned` (pipeline.plan_variants): the
+    re-encoded one only when its quality can be measured (it is never installed unmeasured)."""
+    return [n for n in CANDIDATES if n in planned and (measure or n != REENCODED)]
+
+
+def _cpu(entry: Mapping[str, Any]) -> float | None:
+    value = (entry.get("speed") or {}).get("cpu_s_per_token")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _fastest(names: Sequence[str], entries: Mapping[str, Mapping[str, Any]]) -> str:
+    timed = [n for n in names if _cpu(entries[n]) is not None]
+    return min(timed, key=lambda n: _cpu(entries[n]) or 0.0) if timed else names[0]
+
+
+def choose(
+    installed: Sequence[str], entries: Mapping[str, Mapping[str, Any]], floor: Mapping[str, Any] | None
+) -> tuple[str, str]:
+    """(the nominal variant among those `installed`, why), from their manifest entries and the floor."""
+    present = [n for n in CANDIDATES if n in installed]
+    if not present:
+        return installed[-1], f"no {NOMINAL_VARIANT} or {REENCODED}: the source's last variant"
+    if floor is None:
+        return present[0], "quality not measured"
+    within = [n for n in present if check(entries[n].get("quality"), floor) is None]
+    if within:
+        name = _fastest(within, entries)
+        return name, f"{name}: within the floor, the fastest measured of {', '.join(within)}"
+    reasons = "; ".join(f"{n} {check(entries[n].get('quality'), floor)}" for n in present)
+    if EXACT in installed:
+        return EXACT, f"no candidate within the floor ({reasons}): the exact {EXACT}"
+    return _fastest(present, entries), f"no candidate within the floor ({reasons}) and no {EXACT}"
+
+
+def needs_exact(installed: Sequence[str], entries: Mapping[str, Mapping[str, Any]], floor: Any) -> bool:
+    """Whether the rule falls back on the exact variant and it is not built yet."""
+    present = [n for n in CANDIDATES if n in installed]
+    return (
+        floor is not None
+        and bool(present)
+        and EXACT not in installed
+        and all(check(entries[n].get("quality"), floor) is not None for n in present)
+    )
+
+
+def kept(
+    installed: Sequence[str],
+    nominal: str,
+    asked: Sequence[str] | None,
+    entries: Mapping[str, Mapping[str, Any]],
+) -> list[str]:
+    """What a pull keeps: the variants asked for by name and the nominal one; with none asked, the nominal
+    one, and beside an exact nominal the fastest candidate (the ladder's cheaper rung)."""
+    if asked is not None:
+        return [n for n in installed if n in asked or n == nominal]
+    keep = {nominal}
+    present = [n for n in CANDIDATES if n in installed]
+    if nominal == EXACT and present:
+        keep.add(_fastest(present, entries))
+    return [n for n in installed if n in keep]

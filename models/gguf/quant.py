@@ -98,37 +98,69 @@ class Layout:
             n=sum(p.n for p in parts),
             offsets=any(p.offsets for p in parts),
             shift=any(p.shift for p in parts),
+            zero_points=any(p.zero_points for p in parts),
         )
 
 
-class Packing:
-    """A packed matrix known by its Layout before its codes exist: `get()` computes them once and checks
-    them against the layout (a mismatch is a converter bug, never a file problem)."""
+RowsFn = Callable[[int, int], "PackedNBits"]
+# One dequantized band of rows (n, k) float32 -> its encoded arrays: the seam a re-quantizer plugs into
+# (packing_from); the exact GGML formats never take it, they move their own codes (pack_blocks).
+Encoder = Callable[[np.ndarray], "PackedNBits"]
 
-    def __init__(self, layout: Layout, make: Callable[[], PackedNBits]) -> None:
+
+class Packing:
+    """A packed matrix known by its Layout before its codes exist, computed a band of rows at a time.
+
+    Every packing here is row-wise (a GGML block lies within a row; widening, splitting blocks and the
+    nibble pair act on each row alone), so rows lo..hi-1 are computed from the source's rows lo..hi-1 only:
+    a vocabulary-sized table is converted a band at a time and never held whole. The last band computed is
+    kept, so the several arrays of one band (codes, scales, offsets) come from one decode. Each band is
+    checked against the layout (a mismatch is a converter bug, never a file problem)."""
+
+    def __init__(self, layout: Layout, rows: RowsFn) -> None:
         self.layout = layout
-        self._make: Callable[[], PackedNBits] | None = make
-        self._packed: PackedNBits | None = None
+        self._rows = rows
+        self._last: tuple[int, int, PackedNBits] | None = None
+
+    def rows(self, lo: int, hi: int) -> PackedNBits:
+        if self._last is not None and self._last[:2] == (lo, hi):
+            return self._last[2]
+        if not 0 <= lo < hi <= self.layout.n:
+            raise ValueError(f"rows {lo}..{hi} of a matrix of {self.layout.n}")
+        p = self._rows(lo, hi)
+        if p.layout != replace(self.layout, n=hi - lo):
+            raise RuntimeError(f"converter bug: planned {self.layout} (rows {lo}..{hi}), packed {p.layout}")
+        self._last = (lo, hi, p)
+        return p
 
     def get(self) -> PackedNBits:
-        if self._packed is None:
-            assert self._make is not None
-            p = self._make()
-            if p.layout != self.layout:
-                raise RuntimeError(f"converter bug: planned {self.layout}, packed {p.layout}")
-            self._packed, self._make = p, None
-        return self._packed
+        """All rows (kept, as the last band)."""
+        return self.rows(0, self.layout.n)
 
     def then(self, layout: Layout, fn: Callable[[PackedNBits], PackedNBits]) -> Packing:
-        return Packing(layout, lambda: fn(self.get()))
+        """A row-wise transform of this packing (widen, split_blocks, as_nibble_pair)."""
+        return Packing(layout, lambda lo, hi: fn(self.rows(lo, hi)))
+
+    def band(self, lo: int, hi: int) -> Packing:
+        """Rows lo..hi-1 as a packing of their own (a slice of a vocabulary-sized head)."""
+        return Packing(replace(self.layout, n=hi - lo), lambda a, b: self.rows(lo + a, lo + b))
 
     @staticmethod
     def concat(parts: list[Packing]) -> Packing:
         if len(parts) == 1:
             return parts[0]
-        return Packing(
-            Layout.concat([p.layout for p in parts]), lambda: concat_packed([p.get() for p in parts])
-        )
+
+        def rows(lo: int, hi: int) -> PackedNBits:
+            pieces, start = [], 0
+            for part in parts:
+                end = start + part.layout.n
+                a, b = max(lo, start), min(hi, end)
+                if a < b:
+                    pieces.append(part.rows(a - start, b - start))
+                start = end
+            return concat_packed(pieces)
+
+        return Packing(Layout.concat([p.layout for p in parts]), rows)
 
 
 @dataclass
@@ -179,8 +211,6 @@ class PackedNBits:
 
     def rows(self, lo: int, hi: int) -> PackedNBits:
         """Rows lo..hi-1 (output features), every per-row array sliced alike."""
-        if self.zero_points is not None:
-            raise ValueError("rows of a matrix with explicit zero points are not needed anywhere")
 
         def cut(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else a[lo:hi]
@@ -192,6 +222,7 @@ class PackedNBits:
             scales=self.scales[lo:hi],
             offsets=cut(self.offsets),
             shift=cut(self.shift),
+            zero_points=cut(self.zero_points),
         )
 
     def codes(self) -> np.ndarray:
@@ -221,7 +252,7 @@ class PackedNBits:
         return v.reshape(self.n, self.k)
 
 
-def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
     """q: (..., 2m) values 0..15 -> (..., m) bytes, element 2i in the low nibble (MatMulNBits order)."""
     q = q.astype(np.uint8)
     return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
@@ -247,7 +278,7 @@ def pack_blocks(b: Blocks, bits: int | None = None, block: int | None = None) ->
     # of the quantized activations)
     c = b.fmt.center
     q = b.q.astype(np.int16) - c
-    packed = (q + 128).astype(np.uint8) if bits == 8 else _pack_nibbles(q + 8)
+    packed = (q + 128).astype(np.uint8) if bits == 8 else pack_nibbles(q + 8)
     shift = np.full(n, c, np.uint8) if c else None
     p = PackedNBits(bits, n, nb * blk, packed, b.scales, b.offsets, shift, block=blk)
     return split_blocks(p, block) if block and block != blk else p
@@ -263,15 +294,24 @@ def pack_tensor(t: Tensor, bits: int | None = None, block: int | None = None) ->
     return pack_blocks(decode(t.type_name, t.data, t.rows), bits, block)
 
 
+def band(t: Tensor, lo: int, hi: int) -> Tensor:
+    """Rows lo..hi-1 of a matrix, over the same memory (a GGUF row is whole blocks)."""
+    return replace(t, rows=hi - lo, data=np.asarray(t.data)[lo:hi])
+
+
 def packing(t: Tensor, bits: int | None = None) -> Packing:
-    """pack_tensor(t, bits), planned from the tensor's type and shape and computed on first use."""
+    """pack_tensor(t, bits), planned from the tensor's type and shape and computed a band at a time."""
     if t.type_name in ("F32", "F16", "BF16"):
         if bits is None:
             raise ValueError(f"{t.name}: a float tensor needs an explicit width")
-        lay = Layout.symmetric(bits, t.rows, t.cols)
-    else:
-        lay = Layout.of(t.type_name, t.rows, t.cols, bits)
-    return Packing(lay, lambda: pack_tensor(t, bits))
+        return packing_from(t, Layout.symmetric(bits, t.rows, t.cols), lambda w: quantize_symmetric(w, bits))
+    lay = Layout.of(t.type_name, t.rows, t.cols, bits)
+    return Packing(lay, lambda lo, hi: pack_tensor(band(t, lo, hi), bits))
+
+
+def packing_from(t: Tensor, layout: Layout, encode: Encoder) -> Packing:
+    """`t`'s rows dequantized to fp32 and encoded by `encode`, a band at a time, planned as `layout`."""
+    return Packing(layout, lambda lo, hi: encode(band(t, lo, hi).dequantize()))
 
 
 def widen(p: PackedNBits) -> PackedNBits:
@@ -311,7 +351,7 @@ def quantize_symmetric(w: np.ndarray, bits: int) -> PackedNBits:
         inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0.0)
         q = np.clip(np.floor(blocks * inv[..., None] + 8.5), 0, 15)
         d16 = d.astype(np.float16).astype(np.float32)
-        return PackedNBits(4, n, k, _pack_nibbles(q), np.ascontiguousarray(d16))
+        return PackedNBits(4, n, k, pack_nibbles(q), np.ascontiguousarray(d16))
     if bits == 8:
         amax = np.abs(blocks).max(axis=-1)
         d = amax / 127.0
@@ -328,13 +368,17 @@ def layout(p: PackedNBits) -> tuple[int, int]:
 
 def concat_packed(parts: list[PackedNBits]) -> PackedNBits:
     """Stack along N (fused QKV, fused gate+up). Parts must share bits, block and input size; one without
-    offsets or shift gets zeros where another has them."""
-    if len({(p.bits, p.block, p.k) for p in parts}) != 1 or any(p.zero_points is not None for p in parts):
+    offsets, shift or zero points gets zeros (the default zero point) where another has them."""
+    if len({(p.bits, p.block, p.k) for p in parts}) != 1:
         raise ValueError("cannot fuse matrices of different layouts or input sizes")
     if len(parts) == 1:
         return parts[0]
     p0 = parts[0]
-    offsets = shift = None
+    offsets = shift = zero_points = None
+    if any(p.zero_points is not None for p in parts):
+        zero_points = np.concatenate(
+            [p.zero_points if p.zero_points is not None else default_zero_points(p) for p in parts]
+        )
     if any(p.offsets is not None for p in parts):
         offsets = np.concatenate(
             [p.offsets if p.offsets is not None else np.zeros((p.n, p.nb), np.float32) for p in parts]
@@ -349,8 +393,15 @@ def concat_packed(parts: list[PackedNBits]) -> PackedNBits:
         np.ascontiguousarray(np.concatenate([p.scales for p in parts], axis=0)),
         offsets,
         shift,
+        zero_points,
         block=p0.block,
     )
+
+
+def default_zero_points(p: PackedNBits) -> np.ndarray:
+    """The kernel's default zero points written out, packed as MatMulNBits reads explicit ones."""
+    zp = np.full((p.n, p.nb + p.nb % 2 if p.bits == 4 else p.nb), DEFAULT_ZP[p.bits], np.uint8)
+    return pack_nibbles(zp) if p.bits == 4 else zp
 
 
 def as_nibble_pair(p8: PackedNBits) -> PackedNBits:
@@ -363,7 +414,7 @@ def as_nibble_pair(p8: PackedNBits) -> PackedNBits:
         raise ValueError(f"expected an 8-bit matrix, got {p8.bits} bits")
     n, nb = p8.scales.shape
     u = p8.packed
-    packed = np.concatenate([_pack_nibbles(u >> 4), _pack_nibbles(u & 15)], axis=1)
+    packed = np.concatenate([pack_nibbles(u >> 4), pack_nibbles(u & 15)], axis=1)
     scales = np.concatenate([16.0 * p8.scales, p8.scales], axis=1).astype(np.float32)
     zp = np.concatenate([np.full((n, nb), 8, np.uint8), np.zeros((n, nb), np.uint8)], axis=1)
     return PackedNBits(
@@ -372,7 +423,7 @@ def as_nibble_pair(p8: PackedNBits) -> PackedNBits:
         2 * p8.k,
         np.ascontiguousarray(packed),
         np.ascontiguousarray(scales),
-        zero_points=_pack_nibbles(zp),
+        zero_points=pack_nibbles(zp),
         block=p8.block,
     )
 

@@ -8,10 +8,13 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from models.errors import ModelNotFound
+from models.variant_facts import floor_facts, refused_variants, variant_facts
 from server.catalog import CatalogEntry
 from server.model_pool import LoadedView
 from server.routes.completion_flow import complete
 from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.wire.ollama import LATEST
 
 if TYPE_CHECKING:
     from server.runtime import Runtime
@@ -46,6 +49,18 @@ async def models(request: Request) -> dict:
     return {"object": "list", "data": [*data, *remote]}
 
 
+@router.get("/models/{model:path}")
+async def model(model: str, request: Request) -> dict:
+    """One model as `/v1/models` lists it (client.models.retrieve). An Ollama-style name with the default
+    tag (`smollm2-135m-instruct:latest`) names the model listed without it, as every route reads it; an id
+    with a slash (an upstream's `org/name`) is one path. Any other name: 404 model_not_found, as OpenAI's."""
+    listed = {entry["id"]: entry for entry in (await models(request))["data"]}
+    found = listed.get(model) or listed.get(model.removesuffix(LATEST))
+    if found is None:
+        raise ModelNotFound(f"The model '{model}' does not exist", param="model")
+    return found
+
+
 def _base(rt: Runtime, model_id: str) -> dict[str, Any]:
     return {"id": model_id, "object": "model", "created": rt.started, "owned_by": "simmer"}
 
@@ -76,4 +91,8 @@ def model_entry(rt: Runtime, entry: CatalogEntry, loaded: LoadedView | None) -> 
         else round(loaded.expires_in_s, 1),
         "resident_bytes_estimate": resident or None,
         "ladder_rungs": rungs,
+        # measured at pull time on this machine: quality against the fp32 reference, speed
+        "variant_quality": variant_facts(entry.manifest),
+        "quality_floor": floor_facts(entry.manifest),
+        "refused_variants": refused_variants(entry.manifest),
     }

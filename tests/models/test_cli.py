@@ -78,7 +78,8 @@ def test_cli_verify_when_file_corrupted_then_exit_1_naming_file(settings, gguf, 
     [
         (
             ["pull", "nosuchmodel"],
-            "error: unknown model 'nosuchmodel'; known models: gemma3-270m, smollm2-135m-instruct",
+            "error: unknown model 'nosuchmodel'; known models: gemma3-270m, qwen2.5-coder-0.5b, "
+            "qwen2.5-coder-1.5b, smollm2-135m-instruct",
         ),
         (["rm", "tiny-llama"], "error: model 'tiny-llama' is not installed"),
         (["verify", "tiny-llama"], "error: model 'tiny-llama' is not installed"),
@@ -211,3 +212,61 @@ def test_cli_license_notice_when_source_has_a_license_then_one_line(tmp_path) ->
         "License: Apache License 2.0 (https://www.apache.org/licenses/LICENSE-2.0)"
     )
     assert cli.license_notice(registry.resolve("./x.gguf").source, tmp_path) is None
+
+
+class MeasuringConverter(FakeConverter):
+    """The fake converter with what the real one measures: each variant's KL, top-1 and speed, the floor,
+    and a re-encoded variant it refused."""
+
+    def convert(self, gguf_path: Path, out_dir: Path, *, variants=None, progress=None) -> dict:
+        frag = super().convert(gguf_path, out_dir, variants=variants, progress=progress)
+        for name, (kl, top1, tok_s) in {"q4": (1e-8, 1.0, 40.0), "f32": (0.0021, 0.981, 55.0)}.items():
+            frag["variants"][name]["quality"] = {"kl_mean": kl, "kl_p99": 10 * kl, "top1_agreement": top1}
+            frag["variants"][name]["speed"] = {"decode_tok_s": tok_s, "cpu_s_per_token": 1 / tok_s}
+        frag["quality_floor"] = {"source": "llama.cpp", "kl_mean": 0.0031, "kl_p99": 0.021, "method": "m"}
+        frag["refused_variants"] = {
+            "fast": "not installed: KL mean 0.2 > 0.0031 (llama.cpp's on the same GGUF)"
+        }
+        return frag
+
+
+def test_cli_list_when_measured_then_each_variant_quality_and_speed_and_the_refused_one(
+    settings, gguf, capsys
+) -> None:
+    assert run(settings, "pull", str(gguf), fake=MeasuringConverter()) == 0
+    captured = capsys.readouterr()
+    assert "warning: variant fast not installed: KL mean 0.2" in captured.err
+    assert run(settings, "list") == 0
+    out = capsys.readouterr().out
+    assert "default f32; quality floor (llama.cpp): KL 0.0031 (p99 0.021)" in out
+    line = next(x for x in out.splitlines() if x.strip().startswith("f32 "))
+    assert "KL 0.0021 (p99 0.021)" in line and "top-1 98.1%" in line and "55.0 tok/s" in line
+    assert "55.0 tok/CPU-s" in line
+    assert any(x.split()[:3] == ["fast", "not", "installed:"] for x in out.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("env", "variants"),
+    [
+        ({}, None),  # the nominal variant alone: the converter's default
+        ({"variant": "q4"}, ["q4", "q4-a8"]),  # the served model's variant, beside the nominal one
+        ({"model": "./other.gguf", "ladder": "tiny-llama:q4,other:f32"}, ["q4", "q4-a8"]),
+        ({"model": "./other.gguf", "ladder": "other:q4"}, None),  # another model's rung
+        ({"model": "./other.gguf", "variant": "q4"}, None),  # the variant of another served model
+    ],
+)
+def test_cli_pull_when_configuration_serves_a_variant_then_it_is_installed_too(
+    tmp_path, gguf, env, variants, monkeypatch
+) -> None:
+    seen: list[list[str] | None] = []
+    fake = FakeConverter()
+    convert = fake.convert
+
+    def spy(*args, variants=None, **kw):
+        seen.append(variants)
+        return convert(*args, **kw)
+
+    monkeypatch.setattr(fake, "convert", spy)
+    settings = Settings(**{"home": tmp_path / "home", "model": str(gguf), **env})
+    assert run(settings, "pull", str(gguf), fake=fake) == 0
+    assert seen == [variants]

@@ -1,5 +1,6 @@
-"""The variant a model opens on, chosen from the quality measured on the machine that converts it
-(models/convert/nominal.py), and the int8 reference that choice is measured against."""
+"""The one rule for the variant a model opens on (models/convert/nominal.py), table by table: the floor
+(llama.cpp's KL when measured, else 1.5x the int8 reference's), the candidates within it, the fastest of
+them, the exact q4 when none is, and what a pull keeps; the int8 reference the floor falls back on."""
 
 from __future__ import annotations
 
@@ -8,40 +9,107 @@ import json
 import numpy as np
 import pytest
 
+from models.convert import nominal
 from models.convert.model import GGUFModel
-from models.convert.nominal import NOMINAL_KL_FACTOR, choose_nominal, kl_mean, kl_rows
+from models.convert.quality import kl_rows
 from models.convert.reference import ReferenceForward, q8_blocks
 
+LLAMA = {"source": "llama.cpp", "kl_mean": 0.0027, "kl_p99": 0.013}  # SmolLM2's on x86, 512 positions
 
-def entries(kl_q4a8: float | None) -> dict[str, dict]:
-    quality = {} if kl_q4a8 is None else {"kl_mean": kl_q4a8}
-    return {"q4": {"quality": {"kl_mean": 0.0}}, "q4-a8": {"quality": quality}}
+
+def entry(kl: float | None, cpu: float | None = None, p99: float | None = None) -> dict:
+    quality = {} if kl is None else {"kl_mean": kl, "kl_p99": 5 * kl if p99 is None else p99}
+    return {"quality": quality, **({"speed": {"cpu_s_per_token": cpu}} if cpu is not None else {})}
 
 
 @pytest.mark.parametrize(
-    ("names", "kl_q4a8", "int8_kl", "chosen"),
+    ("installed", "entries", "floor", "chosen"),
     [
-        # the int8 path costs what int8 activations cost (x86, a core without the dot product): q4-a8
-        (["q4", "q4-a8"], 0.0031, 0.0028, "q4-a8"),
-        (["q4", "q4-a8"], NOMINAL_KL_FACTOR * 0.002, 0.002, "q4-a8"),
-        # coarser int8 kernels (one scale per row of activations): the exact variant
-        (["q4", "q4-a8"], NOMINAL_KL_FACTOR * 0.002 * 1.01, 0.002, "q4"),
-        (["q4", "q4-a8"], 0.03, 0.0028, "q4"),
-        # nothing measured (a conversion without measuring, or an old manifest's entries): q4-a8
-        (["q4", "q4-a8"], None, 0.0028, "q4-a8"),
-        (["q4", "q4-a8"], 0.03, None, "q4-a8"),
-        # no exact variant to fall back on: q4-a8 all the same
-        (["f32", "q8", "q4-a8"], 0.03, 0.0028, "q4-a8"),
-        # no q4-a8 at all: the last planned variant, as before
-        (["q4"], None, None, "q4"),
+        # both candidates within the floor: the faster one; a tie goes to q4-a8
+        (["q4-a8", "fast"], {"q4-a8": entry(0.002, 0.02), "fast": entry(0.0025, 0.015)}, LLAMA, "fast"),
+        (["q4-a8", "fast"], {"q4-a8": entry(0.002, 0.02), "fast": entry(0.0025, 0.03)}, LLAMA, "q4-a8"),
+        (["q4-a8", "fast"], {"q4-a8": entry(0.002, 0.02), "fast": entry(0.002, 0.02)}, LLAMA, "q4-a8"),
+        # one within it: that one, however fast the other is
+        (["q4-a8", "fast"], {"q4-a8": entry(0.002, 0.02), "fast": entry(0.004, 0.001)}, LLAMA, "q4-a8"),
+        # a tail beyond the floor's p99 is beyond it too
+        (["q4", "q4-a8"], {"q4": entry(1e-11), "q4-a8": entry(0.002, 0.02, p99=0.02)}, LLAMA, "q4"),
+        # none within it (ARM's coarser int8 kernels; SmolLM2's q4-a8 at 1.16x llama.cpp's): the exact q4
+        (["q4", "q4-a8"], {"q4": entry(1e-11, 0.001), "q4-a8": entry(0.0031, 0.02)}, LLAMA, "q4"),
+        (
+            ["q4", "q4-a8"],
+            {"q4": entry(1e-11), "q4-a8": entry(0.03, 0.02)},
+            nominal.int8_floor({"kl_mean": 0.0028, "kl_p99": 0.014}),
+            "q4",
+        ),
+        # ... and 1.5x the int8 reference's lets x86's q4-a8 (1.12x it) through
+        (
+            ["q4", "q4-a8"],
+            {"q4": entry(1e-11), "q4-a8": entry(0.0031, 0.02, p99=0.0141)},
+            nominal.int8_floor({"kl_mean": 0.00277, "kl_p99": 0.014}),
+            "q4-a8",
+        ),
+        # no exact variant to fall back on (a float source): the fastest candidate all the same
+        (
+            ["f32", "q8", "q4-a8"],
+            {"f32": entry(0.0), "q8": entry(0.001), "q4-a8": entry(0.03)},
+            LLAMA,
+            "q4-a8",
+        ),
+        # nothing measured: q4-a8; no candidate at all: the source's last variant
+        (["q4", "q4-a8"], {"q4": {}, "q4-a8": {}}, None, "q4-a8"),
+        (["f32", "q8"], {"f32": {}, "q8": {}}, LLAMA, "q8"),
     ],
 )
-def test_nominal_when_measured_then_q4a8_only_within_int8_activations_own_error(
-    names, kl_q4a8, int8_kl, chosen
-):
-    variant, why = choose_nominal(names, entries(kl_q4a8), int8_kl)
-    assert variant == chosen, why
+def test_choose(installed, entries, floor, chosen):
+    name, why = nominal.choose(installed, entries, floor)
+    assert name == chosen, why
     assert why
+
+
+@pytest.mark.parametrize(
+    ("installed", "nominal_variant", "asked", "kept"),
+    [
+        (["q4-a8", "fast"], "fast", None, ["fast"]),  # a default pull: the nominal one alone
+        # an exact nominal keeps the fastest candidate beside it: the ladder's cheaper rung
+        (["q4", "q4-a8", "fast"], "q4", None, ["q4", "fast"]),
+        (["q4", "q4-a8"], "q4", None, ["q4", "q4-a8"]),
+        (["q4", "q4-a8", "fast"], "fast", ["q4", "q4-a8"], ["q4", "q4-a8", "fast"]),  # named ones beside it
+        (["q4-a8", "fast"], "q4-a8", ["q4-a8", "fast"], ["q4-a8", "fast"]),
+    ],
+)
+def test_kept(installed, nominal_variant, asked, kept):
+    entries = {"q4": entry(1e-11, 0.04), "q4-a8": entry(0.002, 0.02), "fast": entry(0.002, 0.015)}
+    assert nominal.kept(installed, nominal_variant, asked, entries) == kept
+
+
+@pytest.mark.parametrize(
+    ("installed", "entries", "floor", "needed"),
+    [
+        (["q4-a8", "fast"], {"q4-a8": entry(0.004), "fast": entry(0.005)}, LLAMA, True),
+        (["q4-a8", "fast"], {"q4-a8": entry(0.002), "fast": entry(0.005)}, LLAMA, False),
+        (["q4", "q4-a8"], {"q4": entry(0.0), "q4-a8": entry(0.004)}, LLAMA, False),  # built already
+        (["q4-a8"], {"q4-a8": entry(0.004)}, None, False),  # nothing measured
+    ],
+)
+def test_needs_exact(installed, entries, floor, needed):
+    assert nominal.needs_exact(installed, entries, floor) is needed
+
+
+@pytest.mark.parametrize(
+    ("planned", "measure", "built"),
+    [
+        (["q4", "q4-a8", "fast"], True, ["q4-a8", "fast"]),
+        (["q4", "q4-a8", "fast"], False, ["q4-a8"]),  # never installed unmeasured: not built
+        (["f32", "q8", "q4-a8"], True, ["q4-a8"]),
+    ],
+)
+def test_candidates(planned, measure, built):
+    assert nominal.candidates(planned, measure) == built
+
+
+def test_int8_floor_when_measured_then_one_and_a_half_times_the_int8_reference():
+    floor = nominal.int8_floor({"kl_mean": 0.002, "kl_p99": 0.01, "method": "m"})
+    assert (floor["kl_mean"], floor["kl_p99"], floor["source"]) == (0.003, 0.015, "int8 reference")
 
 
 def test_kl_when_same_or_shifted_logits_then_zero_and_positive():
@@ -52,7 +120,6 @@ def test_kl_when_same_or_shifted_logits_then_zero_and_positive():
     b = a.copy()
     b[:, 0] += 4.0
     assert (kl_rows(a, b) > 0).all()
-    assert kl_mean([a, a], [a, b]) == pytest.approx(kl_rows(a, b).sum() / 10)
 
 
 def test_q8_blocks_when_rounded_then_each_block_on_its_own_scale():
@@ -64,21 +131,21 @@ def test_q8_blocks_when_rounded_then_each_block_on_its_own_scale():
 
 
 def test_int8_reference_when_tiny_model_then_close_to_fp32_but_not_equal(tiny_gguf):
-    ref = ReferenceForward(GGUFModel(tiny_gguf))
     ids = [1, 5, 9, 3, 7, 2]
-    fp32 = ref.logits(ids)
-    ref.int8_activations = True
-    int8 = ref.logits(ids)
+    fp32 = ReferenceForward(GGUFModel(tiny_gguf)).logits(ids)
+    int8 = ReferenceForward(GGUFModel(tiny_gguf), int8_activations=True).logits(ids)
     kl = kl_rows(fp32, int8)
     assert 0 < kl.mean() < 0.05, kl
 
 
-def test_convert_when_measured_then_manifest_records_the_choice_and_its_measurements(tiny_model_dir):
+def test_convert_when_measured_then_manifest_records_the_choice_and_the_floor(tiny_model_dir):
     manifest = json.loads((tiny_model_dir / "manifest.json").read_text())
-    assert manifest["int8_reference_kl"] > 0
-    assert all("kl_mean" in v["quality"] for v in manifest["variants"].values())
+    floor = manifest["quality_floor"]
+    assert floor["source"] in ("llama.cpp", "int8 reference") and floor["kl_mean"] > 0
     variants = manifest["variants"]
-    chosen, why = choose_nominal(list(variants), variants, manifest["int8_reference_kl"])
-    assert (manifest["default_variant"], manifest["default_variant_reason"]) == (chosen, why)
+    assert all("kl_mean" in v["quality"] for v in variants.values())
+    # the fixture names its variants, so all are kept: the rule's choice among them is the manifest's
+    chosen = nominal.choose(list(variants), variants, floor)
+    assert (manifest["default_variant"], manifest["default_variant_reason"]) == chosen
     genai = json.loads((tiny_model_dir / "genai_config.json").read_text())
-    assert genai["model"]["decoder"]["filename"] == manifest["variants"][chosen]["file"]
+    assert genai["model"]["decoder"]["filename"] == manifest["variants"][chosen[0]]["file"]

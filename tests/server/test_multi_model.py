@@ -42,6 +42,12 @@ def models(srv) -> dict[str, dict]:
     return {m["id"]: m for m in body["data"]}
 
 
+def cost_nominal(served, model: str):
+    """What the model costs loaded as it opens: on its nominal variant (the conversion's choice)."""
+    entry = served.catalog.get(model)
+    return served.cost(entry, entry.default_variant)
+
+
 def complete(srv, model: str | None, **extra) -> httpx.Response:
     body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, **extra}
     if model is not None:
@@ -60,13 +66,21 @@ def test_models_when_several_installed_then_each_listed_with_its_facts(several, 
     assert small["variants"][0] in manifest["variants"] and set(small["variants"]) == set(
         manifest["variants"]
     )
-    assert small["variant"] == "q4-a8"  # the nominal variant
+    assert small["variant"] == manifest["default_variant"]  # the nominal variant, chosen at conversion
     assert small["context_length"] == 128 and small["max_context_length"] == manifest["context_length"]
     assert small["disk_bytes"] == sum(p.stat().st_size for p in tiny_pair_dirs[1].iterdir() if p.is_file())
     assert (small["can_chat"], base["can_chat"]) == (True, False)
     assert small["loaded"] is True and listed["tiny-big"]["loaded"] is False  # the default loads at start
-    cost = served.cost(served.catalog.get("tiny-big"), "q4-a8").total
+    cost = cost_nominal(served, "tiny-big").total
     assert listed["tiny-big"]["resident_bytes_estimate"] == cost and cost > 128 * MiB  # runtime included
+    # every variant's quality and speed as measured at pull time
+    for name, entry in manifest["variants"].items():
+        shown = small["variant_quality"][name]
+        assert (
+            shown["kl_mean"] == entry["quality"]["kl_mean"] and shown["kl_p99"] == entry["quality"]["kl_p99"]
+        )
+        assert shown["top1_agreement"] == entry["quality"]["top1_agreement"]
+        assert shown["decode_tok_s"] == entry["speed"]["decode_tok_s"] and shown["tokens_per_cpu_s"] > 0
 
 
 def test_request_model_when_named_then_that_model_serves_and_unknown_is_404(several):
@@ -113,8 +127,8 @@ def test_keep_alive_default_when_idle_past_it_then_unloaded_by_the_worker(severa
 
 def test_memory_when_a_model_does_not_fit_then_503_with_numbers_and_nothing_unloaded(several):
     srv, served = several()
-    small = served.cost(served.catalog.get("tiny-small"), "q4-a8").total
-    big = served.cost(served.catalog.get("tiny-big"), "q4-a8").total
+    small = cost_nominal(served, "tiny-small").total
+    big = cost_nominal(served, "tiny-big").total
     assert small < big
     served.pool.budget = MemoryBudget((small + big) // 2, 0)  # the default fits; the big one alone does not
     r = complete(srv, "tiny-big")
@@ -127,8 +141,8 @@ def test_memory_when_a_model_does_not_fit_then_503_with_numbers_and_nothing_unlo
 
 def test_memory_when_two_do_not_fit_together_then_the_idle_one_unloaded(several):
     srv, served = several()
-    small = served.cost(served.catalog.get("tiny-small"), "q4-a8").total
-    big = served.cost(served.catalog.get("tiny-big"), "q4-a8").total
+    small = cost_nominal(served, "tiny-small").total
+    big = cost_nominal(served, "tiny-big").total
     served.pool.budget = MemoryBudget(big + small // 2, 0)
     assert complete(srv, "tiny-big").status_code == 200
     loaded = {m for m, e in models(srv).items() if e["loaded"]}
@@ -256,6 +270,59 @@ def test_switch_when_governor_moves_the_rung_mid_reply_then_model_field_changes_
     assert text == reference(
         tiny_pair_dirs[0], second_dir, n_first, 24, same_tokenizer=second == "tiny-small"
     )
+
+
+class SteppingGate(SwitchingGate):
+    """The governor's rung steps down a ladder mid-reply: to `schedule[step]` at each of those steps."""
+
+    def __init__(self, schedule: dict[int, str]) -> None:
+        super().__init__(next(iter(schedule.values())), after=10**9)
+        self.schedule = schedule
+
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        self.steps += 1
+        target = self.schedule.get(self.steps)
+        if target is None:
+            return None
+        self.rung = target
+        return EngineLimits(model_id=target, variant="f32")
+
+
+def test_switch_when_a_three_size_ladder_steps_down_twice_mid_reply_then_no_text_lost_or_repeated(
+    several, tiny_pair_dirs, tiny_spm_dir
+):
+    """The phone ladder's shape (qwen2.5-coder-1.5b, -0.5b, smollm2): two sizes of one tokenizer (the KV
+    rebuilt once from the same ids), then a model of another vocabulary (the text re-tokenized)."""
+    gate = SteppingGate({6: "tiny-small", 14: "tiny-spm"})
+    ladder = "tiny-big:f32,tiny-small:f32,tiny-spm:f32"
+    srv, _ = several(governor=gate, ladder=ladder, model="tiny-big")
+    text, names, switches, usage = stream(srv, "tiny-big", 24)
+
+    assert [(s["old"], s["new"]) for s in switches] == [
+        ("tiny-big/f32", "tiny-small/f32"),
+        ("tiny-small/f32", "tiny-spm/f32"),
+    ]
+    assert list(dict.fromkeys(names)) == ["tiny-big", "tiny-small", "tiny-spm"]  # in order, never back
+    n_big, n_small = usage["models"]["tiny-big"], usage["models"]["tiny-small"]
+    assert usage["models"] == {"tiny-big": n_big, "tiny-small": n_small, "tiny-spm": 24 - n_big - n_small}
+    assert [s["tokens_before"] for s in switches] == [n_big, n_big + n_small]
+
+    # the same greedy reply, model by model, engines alone: big, then small on the same ids, then spm
+    # from the text so far
+    big, small = (load_engine(d, variant="f32", threads=1, context_length=128) for d in tiny_pair_dirs)
+    spm = load_engine(tiny_spm_dir, variant="f32", threads=1, context_length=128)
+    prompt = big.text_prompt(PROMPT)
+    greedy = GenerationParams(SamplingParams(temperature=0), max_tokens=n_big, ignore_eos=True)
+    first = [e for e in big.generate(prompt, greedy) if isinstance(e, TokenEvent)]
+    then = Prompt(prompt.ids + [e.token_id for e in first])
+    second = [
+        e for e in small.generate(then, replace(greedy, max_tokens=n_small)) if isinstance(e, TokenEvent)
+    ]
+    shown = "".join(e.text for e in first + second)
+    rest = list(
+        spm.generate(spm.continuation_prompt(PROMPT, shown), replace(greedy, max_tokens=24 - n_big - n_small))
+    )
+    assert text == shown + "".join(e.text for e in rest)
 
 
 class PressedGate(SwitchingGate):
