@@ -169,6 +169,7 @@ class GraphBuilder:
         self._packed: dict[str, Packing] = {}
         self._dequantized: dict[str, np.ndarray] = {}
         self.quant_map: dict[str, list[str]] = {}  # source tensor type -> how it was mapped (manifest)
+        self._seq_shapes: dict[int, str] = {}  # width -> the shape [batch, -1, width] (to_seq)
 
     # -- helpers --------------------------------------------------------------------------------------
     def _name(self, base: str) -> str:
@@ -226,6 +227,15 @@ class GraphBuilder:
             self.inits[name] = onnx.numpy_helper.from_array(np.asarray(array), name)
         return name
 
+    def to_seq(self, x: str, width: int) -> str:
+        """x [tokens, width] (the graph's 2-D form, a batch's rows one after another) as [batch, seq,
+        width], the form GroupQueryAttention and the logits take; batch from input_ids, once per width."""
+        if width not in self._seq_shapes:
+            batch = self.node("Shape", ["input_ids"], start=0, end=1)[0]  # [batch] as a 1-D int64
+            tail = self.const(f"seq_{width}", np.array([-1, width], np.int64))
+            self._seq_shapes[width] = self.node("Concat", [batch, tail], axis=0)[0]
+        return self.node("Reshape", [x, self._seq_shapes[width]])[0]
+
     # -- weights --------------------------------------------------------------------------------------
     def tensor(self, name: str) -> Tensor:
         return self.m.tensor(name)
@@ -236,10 +246,11 @@ class GraphBuilder:
 
     # -- graph ----------------------------------------------------------------------------------------
     def _last_positions(self, x: str, inputs: list) -> str:
-        """The last `num_logits_to_keep` rows of x: only they reach the LM head (at a prefill of 256
-        positions a vocabulary-sized head is most of the cost). The input is optional, its initializer is
-        its default: 0, every position (Slice from -0 = 0), which is onnxruntime-genai's convention. It
-        does not feed the input, sizes the logits output by the positions it feeds, and takes the last."""
+        """The last `num_logits_to_keep` positions of every row of the batch, [rows x kept, hidden]: only
+        they reach the LM head (at a prefill of 256 positions a vocabulary-sized head is most of the
+        cost). The input is optional, its initializer is its default: 0, every position (Slice from -0 =
+        0), which is onnxruntime-genai's convention. It does not feed the input, sizes the logits output
+        by the positions it feeds, and takes the last."""
         inputs.append(helper.make_tensor_value_info("num_logits_to_keep", TensorProto.INT64, []))
         self.const("num_logits_to_keep", np.array(0, np.int64))
         start = self.node(
@@ -247,7 +258,9 @@ class GraphBuilder:
             [self.node("Neg", ["num_logits_to_keep"])[0], self.const("to_1d", np.array([1], np.int64))],
         )[0]
         end = self.const("last_end", np.array([np.iinfo(np.int64).max], np.int64))
-        return self.node("Slice", [x, start, end, self.const("axis0", np.array([0], np.int64))])[0]
+        rows = self.to_seq(x, self.cfg.hidden)
+        kept = self.node("Slice", [rows, start, end, self.const("axis1", np.array([1], np.int64))])[0]
+        return self.node("Reshape", [kept, self.const("to_2d", np.array([-1, self.cfg.hidden], np.int64))])[0]
 
     def build(self) -> onnx.ModelProto:
         cfg, spec = self.cfg, self.spec

@@ -29,7 +29,9 @@ from models.types import NOMINAL_VARIANT
 # 9: every large head on MatMulNBits sliced by rows (untied ones too); SentencePiece vocabularies also
 # written as tokenizer.spm.npz (the compact tokenizer simmer loads)
 # 10: a tied head without correction writes the logits output itself (no Reshape copy)
-CONVERTER_VERSION = 10
+# 11: batch > 1: the rows of input_ids are separate sequences (GroupQueryAttention's batch, each row its own
+# past length), logits [batch, positions kept, vocab]
+CONVERTER_VERSION = 11
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 QUALITY_PROMPTS = (
