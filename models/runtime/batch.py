@@ -541,6 +541,12 @@ class BatchDecoder:
                 events.append(self._finish(b, "length"))
         return events
 
+    def reset_cache(self) -> None:
+        """Forget what the free rows hold for prefix reuse (keeps the buffers)."""
+        for b, row in enumerate(self.rows):
+            if row is None:
+                self.kv.rows[b].tokens = []
+
     @property
     def kv_bytes(self) -> int:
         return self.kv.nbytes
