@@ -212,6 +212,16 @@ def batch_traits(sess: object) -> BatchTraits:
     return traits
 
 
+@dataclass(frozen=True)
+class PassStats:
+    """The last decode pass: replies that got a token, rows run (with the ones riding along), its seconds.
+    What a cost meter keys on: tokens per CPU-second rise with the batch."""
+
+    replies: int
+    rows: int
+    seconds: float
+
+
 @dataclass
 class _Row:
     gen: _Generation
@@ -254,6 +264,7 @@ class BatchDecoder:
         self.free_rows = [_Free() for _ in range(rows)]
         self._pass: BatchPass | None = None
         self._added = 0
+        self.last_pass: PassStats | None = None
 
     # -- what the scheduler reads ----------------------------------------------------------------------
     @property
@@ -402,10 +413,12 @@ class BatchDecoder:
                 lengths[b] = row.gen.pos + 1
             else:  # a throwaway token just past the row's valid keys, where its next write goes anyway
                 lengths[b] = self._filled(b) + 1
+        t0 = time.perf_counter()
         try:
             logits = self._batch_pass().run(ids, lengths)
         except Exception as err:  # reported per reply; the rows are free again
             return [*events, *(self._fail(b, err) for b in live)]
+        self.last_pass = PassStats(len(live), n, time.perf_counter() - t0)
         self.e.positions_run += len(live)
         for b in live:
             row = self.rows[b]

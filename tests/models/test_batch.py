@@ -143,7 +143,12 @@ def test_batch_when_fp32_activations_then_one_reply_padded_to_two_rows(tiny_mode
     replies = {"0": (q4.text_prompt(TEXTS[0]), GenerationParams(SAMPLINGS[0], max_tokens=8))}
     alone = drive(BatchDecoder(q4, 2, pad=False), replies)["0"]
     beside = drive(BatchDecoder(q4, 2), {**replies, "1": (q4.text_prompt(TEXTS[1]), replies["0"][1])})["0"]
-    assert tokens(alone) != tokens(beside) == tokens(drive(BatchDecoder(q4, 2), replies)["0"])
+    padded = BatchDecoder(q4, 2)
+    assert tokens(alone) != tokens(beside) == tokens(drive(padded, replies)["0"])
+    assert padded.last_pass is not None and (padded.last_pass.replies, padded.last_pass.rows) == (1, 2)
+    plain = BatchDecoder(a8, 2)
+    drive(plain, {"0": (a8.text_prompt(TEXTS[0]), replies["0"][1])})
+    assert plain.last_pass is not None and (plain.last_pass.replies, plain.last_pass.rows) == (1, 1)
 
 
 def test_batch_when_rows_of_different_lengths_then_each_follows_the_reference(tiny_model_dir, tiny_gguf):
