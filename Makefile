@@ -4,6 +4,11 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.simmer-installed
 
+# llama.cpp compiles for the build machine's CPU (-march=native). Some VMs advertise Intel AMX without
+# enabling it, and ggml's AMX kernels then die with SIGILL on the first matmul: build without them on x86.
+# CMake starts CMAKE_C_FLAGS/CMAKE_CXX_FLAGS from CFLAGS/CXXFLAGS; an explicit -mno-* wins over -march=native.
+LLAMA_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+
 .PHONY: run test lint format bench docker-test clean
 
 $(STAMP): pyproject.toml
@@ -24,8 +29,8 @@ run: $(STAMP)
 # module fixtures, in one process. pytest's exit code 5 (no test ran) still fails the target.
 test: lint
 	-bash tests/install_browser.sh
-	$(BIN)/python -c 'import llama_cpp' 2>/dev/null || $(BIN)/python -m pip install -q \
-		'llama-cpp-python[server]==0.3.36' || echo "llama.cpp peer not installed: its comparison tests skip"
+	$(BIN)/python -c 'import llama_cpp' 2>/dev/null || CFLAGS="$(LLAMA_FLAGS)" CXXFLAGS="$(LLAMA_FLAGS)" \
+		$(BIN)/python -m pip install -q 'llama-cpp-python[server]==0.3.36' || echo "llama.cpp peer not installed: its comparison tests skip"
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # ruff; pyright (basic) on the packages [tool.pyright] lists; import-linter's layering contracts

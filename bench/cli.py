@@ -1,4 +1,4 @@
-"""`simmer bench engine | server | sustained | soak`: benchmarks that print JSON (and compare with a peer)."""
+"""`simmer bench engine | server | sustained | soak | json`: benchmarks that print JSON (and a peer)."""
 
 from __future__ import annotations
 
@@ -19,16 +19,24 @@ def _write(report: dict, path: str | None) -> None:
     print(text)
 
 
-def _gguf_for(store: ModelStore, installed) -> Path:
-    """The source GGUF the model was converted from (kept in the store's downloads)."""
+def _gguf_for(store: ModelStore, installed, given: str | None = None) -> Path:
+    """The source GGUF the model was converted from: `--gguf`, else where the manifest says it was read
+    (a local file stays there), else fetched again from the model's source (the store removes what it
+    downloaded once the conversion is installed; a PyPI source comes back from pip's cache)."""
+    if given:
+        return Path(given)
     src = installed.manifest.get("source", {})
     for key in ("gguf_path", "path", "local_path"):
         if src.get(key) and Path(src[key]).exists():
             return Path(src[key])
-    hits = sorted(store.downloads_dir.rglob("*.gguf"))
-    if not hits:
-        raise SystemExit("cannot find the source GGUF for the llama.cpp comparison; run `simmer pull` again")
-    return hits[0]
+    from models.store import registry
+
+    spec = registry.resolve(installed.id, sha256=src.get("sha256"), hub=store.hub)
+    print(f"fetching the GGUF of {installed.id} again for the peer (the pull removed it)", file=sys.stderr)
+    got = spec.source.fetch(store.downloads_dir)
+    if got.sha256 != src.get("sha256"):
+        raise SystemExit(f"{got.path} is not the GGUF {installed.id} was converted from; pass --gguf PATH")
+    return got.path
 
 
 def cli_bench(argv: list[str], settings: Settings) -> int:
@@ -37,6 +45,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     e = sub.add_parser("engine", help="engine speed/memory per variant vs llama.cpp")
     e.add_argument("--json", help="write the report here too")
     e.add_argument("--model", default=None)
+    e.add_argument("--gguf", default=None, help="the source GGUF for llama.cpp and the reference")
     e.add_argument("--variants", default=None, help="comma-separated (default: all installed)")
     e.add_argument("--threads", default="2,1")
     e.add_argument("--reps", type=int, default=3)
@@ -86,7 +95,24 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     k.add_argument("--sample-s", type=float, default=10.0, help="RSS sampling interval")
     k.add_argument("--warmup-s", type=float, default=None, help="default: 120 s (20 %% of shorter runs)")
     k.add_argument("--json")
+    j = sub.add_parser(
+        "json", help="JSON-schema replies over many seeds: parse, validate, or run out (length)"
+    )
+    j.add_argument("--model", default=None, help="installed model id (default: SIMMER_MODEL)")
+    j.add_argument("--seeds", type=int, default=50)
+    j.add_argument("--max-tokens", type=int, default=256)
+    j.add_argument("--threads", type=int, default=2)
+    j.add_argument("--json")
     args = p.parse_args(argv)
+    if args.what == "json":
+        from bench.json_runaway import run
+
+        installed = ModelStore(settings.home).load(args.model or settings.model)
+        report = run(
+            installed.path, seeds=args.seeds, max_tokens=args.max_tokens, threads=args.threads, variant=None
+        )
+        _write(report, args.json)
+        return 0
     if args.what == "engine":
         from bench.engine import bench_engine
 
@@ -97,7 +123,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
         if args.workload:
             from bench.engine import bench_workload
 
-            gguf = None if args.no_peer else _gguf_for(store, installed)
+            gguf = None if args.no_peer else _gguf_for(store, installed, args.gguf)
             report = bench_workload(
                 installed.path,
                 variants,
@@ -112,7 +138,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             return 0
         report = bench_engine(
             installed.path,
-            _gguf_for(store, installed),
+            _gguf_for(store, installed, args.gguf),
             variants,
             threads,
             args.reps,

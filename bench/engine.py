@@ -136,9 +136,20 @@ def bench_engine(
     known = known_prompt(model_dir)
     configs = [{**c, "known_ids": known} for c in simmer_configs(model_dir, variants, threads, spins)]
     peer = with_llama and find_spec("llama_cpp") is not None
+    extra_bufts = None
     if peer:
+        from bench.llama_peer import extra_bufts_work
+
+        extra_bufts = extra_bufts_work(gguf)
         configs += [
-            {"engine": "llama.cpp", "gguf": str(gguf), "threads": t, "known_ids": known} for t in threads
+            {
+                "engine": "llama.cpp",
+                "gguf": str(gguf),
+                "threads": t,
+                "known_ids": known,
+                "extra_bufts": extra_bufts,
+            }
+            for t in threads
         ]
     if energy_only:  # CPU per token alone: a few minutes instead of an hour on a loaded machine
         configs = [{**c, "energy_only": True} for c in configs]
@@ -164,6 +175,12 @@ def bench_engine(
         report["ratios_vs_llama_cpp"] = ratios(summary, variants, threads)
     else:
         report["peer"] = LLAMA_HOW
+    if peer:
+        report["llama_cpp_extra_buffers"] = extra_bufts  # False: AMX faults here, repacking off too
+    if not energy_only:
+        from bench.kl import bench_kl
+
+        report["kl_vs_fp32_reference"] = bench_kl(model_dir, gguf, variants, max(threads), peer, extra_bufts)
     report["energy"] = energy(summary)
     return report
 

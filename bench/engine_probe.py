@@ -34,6 +34,18 @@ def rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+def peak_rss() -> int:
+    """This process's high-water mark: VmHWM (ru_maxrss carries the forking parent's peak across exec when
+    it was larger), ru_maxrss where there is no procfs."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
 def long_ids(vocab_lo: int = 300, n: int = PROMPT_TOKENS, seed: int = 0) -> list[int]:
     """Token ids of ordinary (non-control) tokens; the same list for both engines."""
     rng = np.random.default_rng(seed)
@@ -98,11 +110,12 @@ class SimmerDriver:
 
 class LlamaCppDriver:
     def __init__(self, cfg: dict[str, Any]) -> None:
-        import llama_cpp
+        from bench.llama_peer import open_llama
 
         t0 = time.perf_counter()
-        self.llm = llama_cpp.Llama(
+        self.llm = open_llama(
             cfg["gguf"],
+            extra_bufts=cfg.get("extra_bufts"),
             n_ctx=N_CTX,
             n_threads=cfg["threads"],
             n_threads_batch=cfg["threads"],
@@ -198,8 +211,7 @@ def probe(cfg: dict[str, Any]) -> dict[str, Any]:
     res["rss_after_10_mb"] = round(sizes[-1] / 1e6, 1)
     res["rss_growth_pct"] = round(100 * (sizes[-1] - sizes[0]) / sizes[0], 2)
     res["rss_before_load_mb"] = round(rss0 / 1e6, 1)
-    # ru_maxrss is in KiB on Linux; every other figure here is in MB (1e6 bytes)
-    res["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6, 1)
+    res["peak_rss_mb"] = round(peak_rss() / 1e6, 1)
     res["greedy_known"] = driver.greedy_text(known, 16)
     return res
 

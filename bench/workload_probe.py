@@ -81,12 +81,22 @@ class Simmer:
 
 
 class LlamaCpp:
-    def __init__(self, gguf: str, threads: int, n_ctx: int, eos: set[int], lookup: bool) -> None:
-        import llama_cpp
+    def __init__(
+        self,
+        gguf: str,
+        threads: int,
+        n_ctx: int,
+        eos: set[int],
+        lookup: bool,
+        extra_bufts: bool | None = None,
+    ) -> None:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        self.llm = llama_cpp.Llama(
+        from bench.llama_peer import open_llama
+
+        self.llm = open_llama(
             gguf,
+            extra_bufts=extra_bufts,
             n_ctx=n_ctx,
             n_threads=threads,
             n_threads_batch=threads,

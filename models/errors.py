@@ -116,7 +116,22 @@ class VerificationFailed(SimmerError):
 
 
 class ContextLengthExceeded(SimmerError):
+    """The prompt does not fit the context. The numbers, when known, let each API word the refusal its own
+    way (server/errors.py)."""
+
     code = "context_length_exceeded"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        context_length: int | None = None,
+        prompt_tokens: int | None = None,
+    ) -> None:
+        super().__init__(message, param=param)
+        self.context_length = context_length
+        self.prompt_tokens = prompt_tokens
 
 
 class InvalidParameter(SimmerError):

@@ -41,6 +41,9 @@ class GenerationParams:
     # (structured output); a constrained reply ends at the grammar's end, ignore_eos or not.
     grammar: str | None = None
     tools: ToolUse | None = None  # tool calling: the engine renders the tools and builds the call grammar
+    # Whose prompt this is, for prefix reuse: KV is reused only between requests of one scope (the server
+    # derives it from the API key and the request's cache_salt; "" is the default, shared scope).
+    cache_scope: str = ""
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,8 @@ def create_app(
             worker.join(SHUTDOWN_JOIN_S)
             if governed is not None:
                 governed.stop()
+            runtime.store_executor.shutdown(wait=False, cancel_futures=True)  # pulls not started yet
+            runtime.tokenizer_executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="simmer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.runtime = runtime = Runtime(
@@ -116,8 +118,16 @@ def create_app(
             temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k, min_p=settings.min_p
         ),
         store_home=settings.home,
-        model_store=ModelStore(settings.home, hub=hub_config(settings)),
+        model_store=ModelStore(
+            settings.home,
+            hub=hub_config(settings),
+            # a pull's conversion runs in this process: it may take what the loaded models leave
+            memory_free=lambda: served.pool.budget.free(sum(m.bytes for m in served.pool.loaded().values())),
+            memory_budget=served.pool.budget.describe() + ", less the loaded models,",
+        ),
         summarizer=summarizer,
+        pull_dirs=tuple(settings.pull_dirs),
+        api_key_set=bool(settings.api_key),
     )
     # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
     runtime.router = build_router(

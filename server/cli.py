@@ -21,6 +21,8 @@ from models.errors import SimmerError
 from models.store import registry
 from models.store.hub import HubConfig
 from models.store.store import Converter, ModelInfo, ModelStore
+from models.types import NOMINAL_VARIANT
+from server.ladder import parse_ladder
 from server.settings import Settings
 
 EXTERNAL: dict[str, tuple[str, str, str]] = {
@@ -75,7 +77,34 @@ def hub_config(settings: Settings) -> HubConfig:
 
 
 def _store(settings: Settings, converter: Converter | None) -> ModelStore:
-    return ModelStore(settings.home, converter=converter, log=_print, warn=_warn, hub=hub_config(settings))
+    return ModelStore(
+        settings.home,
+        converter=converter,
+        log=_print,
+        warn=_warn,
+        hub=hub_config(settings),
+        memory_free=lambda: conversion_memory_free(settings),
+        memory_budget=conversion_memory_budget(settings),
+    )
+
+
+def conversion_memory_free(settings: Settings) -> int | None:
+    """What a conversion in this process may add: an explicit SIMMER_MEMORY_BUDGET_MB less what the
+    process holds already, else what the device (cgroup or host) has available less the reserve."""
+    import psutil
+
+    from server.served import memory_budget
+
+    budget = memory_budget(settings)
+    held = psutil.Process().memory_info().rss if budget.explicit_bytes is not None else 0
+    return budget.free(held)
+
+
+def conversion_memory_budget(settings: Settings) -> str:
+    if settings.memory_budget_mb is not None:
+        mb = settings.memory_budget_mb
+        return f"the budget of {mb} MiB (SIMMER_MEMORY_BUDGET_MB), less what simmer holds,"
+    return f"the memory available now, less a reserve of {settings.memory_reserve_mb} MiB,"
 
 
 def _mb(size: int) -> str:
@@ -92,6 +121,19 @@ def license_notice(source: Any, downloads: Path) -> str | None:
     return f"License: {lic.name} ({lic.url})" if lic is not None else None
 
 
+def configured_variants(settings: Settings, model_id: str) -> list[str] | None:
+    """The variants of `model_id` the configuration will serve beyond the nominal one: SIMMER_VARIANT for
+    the served model, and `id:variant` rungs of SIMMER_LADDER. None when it names none (a pull then
+    installs the nominal variant alone)."""
+    ladder = parse_ladder(settings.ladder)
+    wanted = {variant for rung, variant in ladder if rung == model_id and variant}
+    # the served model: SIMMER_MODEL, or the ladder's first when only SIMMER_LADDER is set (served.py)
+    served = ladder[0][0] if ladder and "model" not in settings.model_fields_set else settings.model
+    if settings.variant and registry.model_id(served) == model_id:
+        wanted.add(settings.variant)
+    return sorted(wanted | {NOMINAL_VARIANT}) if wanted else None
+
+
 def cmd_pull(args: argparse.Namespace, settings: Settings, converter: Converter | None) -> int:
     name = args.model or settings.model
     progress = TqdmProgress()
@@ -102,7 +144,10 @@ def cmd_pull(args: argparse.Namespace, settings: Settings, converter: Converter 
     if notice:
         _print(notice)
     try:
-        variants = [v for v in args.variants.split(",") if v] if args.variants else None
+        if args.variants:
+            variants: list[str] | None = [v for v in args.variants.split(",") if v]
+        else:
+            variants = configured_variants(settings, spec.id)
         model = store.pull(name, progress, sha256=args.sha256, variants=variants, force=args.force)
     finally:
         progress.close()

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from models.errors import SimmerError
+from models.errors import ContextLengthExceeded, SimmerError
 from server.schemas import MAX_JSON_DEPTH
 
 log = logging.getLogger("simmer.server")
@@ -93,7 +93,9 @@ _STATUS: dict[str, tuple[int, str]] = {
     "not_found": (404, "invalid_request_error"),
     "model_not_installed": (404, "invalid_request_error"),
     "model_not_chat": (400, "invalid_request_error"),
-    "context_length_exceeded": (413, "invalid_request_error"),
+    # OpenAI's status and code for a prompt that does not fit: clients (litellm, the openai SDK) recognise
+    # a too-long prompt by them (server/errors.py words the message as OpenAI does)
+    "context_length_exceeded": (400, "invalid_request_error"),
     "request_too_large": (413, "invalid_request_error"),
     "invalid_api_key": (401, "authentication_error"),
     "host_not_allowed": (403, "permission_error"),
@@ -155,9 +157,37 @@ def status_for(err: SimmerError) -> int:
     return _STATUS.get(err.code, (500, "server_error"))[0]
 
 
+# The request field that holds the prompt, per generating path: what a context overflow names as `param`.
+PROMPT_FIELD: dict[str, str] = {
+    "/v1/chat/completions": "messages",
+    "/v1/completions": "prompt",
+    "/v1/responses": "input",
+    "/api/chat": "messages",
+    "/api/generate": "prompt",
+}
+
+
+def context_overflow(err: ContextLengthExceeded, path: str | None) -> ContextLengthExceeded:
+    """The refusal worded as OpenAI words it ("This model's maximum context length is N tokens. However,
+    your messages resulted in M tokens ..."), naming the field of the API that was called: clients match
+    on those words and on the code. An error without its numbers (from an upstream) keeps its message."""
+    field = PROMPT_FIELD.get(path or "", err.param or "messages")
+    window = 'truncation: "auto"' if field == "input" else "truncate: true"
+    if err.context_length is None or err.prompt_tokens is None:
+        return ContextLengthExceeded(err.message, param=field)
+    n, m = err.context_length, err.prompt_tokens
+    message = (
+        f"This model's maximum context length is {n} tokens. However, your {field} resulted in {m} tokens. "
+        f"Please reduce the length of the {field}, or set {window}."
+    )
+    return ContextLengthExceeded(message, param=field, context_length=n, prompt_tokens=m)
+
+
 def error_payload(err: BaseException, path: str | None = None) -> tuple[int, dict, dict[str, str]]:
     """(status, body, headers) for any exception; unknown ones become a generic 500. Under Ollama's paths
     the body has Ollama's shape."""
+    if isinstance(err, ContextLengthExceeded):
+        err = context_overflow(err, path)
     status, body, headers = _payload(err)
     if is_ollama_path(path):
         body = ollama_error_body(body["error"]["message"])

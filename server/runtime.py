@@ -3,7 +3,8 @@ attributes): the worker, what is served, the governor when there is one, and the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.store.store import ModelStore
@@ -14,6 +15,8 @@ from server.schemas import SamplingDefaults
 from server.served import Served
 from server.summary import Summarizer
 from server.worker import Worker
+
+STORE_THREADS = 2  # pulls and removals at once; more wait in line without holding a thread
 
 
 @dataclass
@@ -32,6 +35,17 @@ class Runtime:
     store_home: Path | None = None  # the model store, for /health's model_problem (None: not from a store)
     model_store: ModelStore | None = None  # installed models: Ollama's /api/tags, /api/show, pull, delete
     summarizer: Summarizer | None = None  # the sliding window's summary (None: SIMMER_SUMMARY=false)
+    pull_dirs: tuple[Path, ...] = ()  # the only folders /api/pull may install a local path from
+    # Store work that may wait on a model's lock for minutes (a pull, a removal): its own few threads, so
+    # that asyncio's default pool, which every other route's thread work uses, is never held by it.
+    store_executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="simmer-store")
+    )
+    # The tokenizer routes' work, one request at a time (server/tokenizers.py says why).
+    tokenizer_executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="simmer-tokenizer")
+    )
+    api_key_set: bool = False  # SIMMER_API_KEY: the key a request presents is part of its cache scope
 
     def model_id(self) -> str:
         """The model in use: the one that ran last (or loaded at start), else the default."""

@@ -16,6 +16,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     StringConstraints,
     WithJsonSchema,
     field_validator,
@@ -241,6 +242,10 @@ class _GenerationRequest(_Request):
         ),
     ] = None
     route: Literal["local", "auto", "upstream"] | None = None  # where to serve it (or X-Simmer-Route)
+    # vLLM's: a secret of the client's; prefixes are reused only between requests with the same salt (and
+    # the same API key), so cached_tokens cannot reveal another client's prompt (server/cache_scope.py)
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    _constraint: tuple[str | None, str | None] | None = PrivateAttr(default=None)
 
     @field_validator("n")
     @classmethod
@@ -251,42 +256,55 @@ class _GenerationRequest(_Request):
 
     @model_validator(mode="after")
     def _one_constraint(self) -> _GenerationRequest:
-        try:
-            self.constraint()
-        except InvalidParameter as e:  # a GBNF grammar that does not convert
-            raise _invalid(str(e), e.param) from e
+        # Which fields ask for a grammar, not the grammar itself: converting one (a 64 KB GBNF grammar takes
+        # a fraction of a second) is left to `constraint_checks`, off the event loop.
+        asked = self._asked()
+        rf = self.response_format
+        if rf is not None and rf.type == "json_schema" and rf.json_schema is None:
+            raise _invalid("response_format.json_schema is required with type json_schema", "response_format")
+        if len(asked) > 1:
+            raise _invalid(
+                f"{asked[1]} cannot be combined with {asked[0]}: give one way to constrain the output",
+                asked[1],
+            )
         return self
+
+    def _asked(self) -> list[str]:
+        """The fields that ask for a grammar, in the order constraint() reads them."""
+        rf = self.response_format
+        asked = ["response_format"] if rf is not None and rf.type in ("json_object", "json_schema") else []
+        if self.json_schema is not None:
+            asked.append("json_schema")
+        if self.grammar:
+            asked.append("grammar")
+        return asked
 
     def constraint(self) -> tuple[str | None, str | None]:
         """The grammar the reply must follow and the field that asked for it (None, None: free text).
-        At most one of response_format (a JSON type), json_schema and grammar; what llguidance cannot
-        compile is found later, off the event loop (`constraint_checks`)."""
-        asked: list[tuple[str, str]] = []
+        At most one of response_format (a JSON type), json_schema and grammar (the validator saw to it).
+        Built once per request (`constraint_checks` builds it off the event loop before anything else
+        asks); what llguidance cannot compile is found there too."""
+        if self._constraint is not None:
+            return self._constraint
+        asked = self._asked()
         rf = self.response_format
-        if rf is not None and rf.type == "json_object":
-            asked.append((json_schema_grammar(rf.schema_), "response_format"))
-        elif rf is not None and rf.type == "json_schema":
+        if not asked:
+            built: tuple[str | None, str | None] = (None, None)
+        elif asked[0] == "response_format" and rf is not None and rf.type == "json_object":
+            built = (json_schema_grammar(rf.schema_), "response_format")
+        elif asked[0] == "response_format" and rf is not None and rf.json_schema is not None:
             spec = rf.json_schema
-            if spec is None:
-                raise _invalid(
-                    "response_format.json_schema is required with type json_schema", "response_format"
-                )
-            asked.append(
-                (json_schema_grammar(spec.schema_ if spec.schema_ is not None else {}), "response_format")
-            )
-        if self.json_schema is not None:
-            asked.append((json_schema_grammar(self.json_schema, "json_schema"), "json_schema"))
-        if self.grammar:
-            asked.append((gbnf_grammar(self.grammar), "grammar"))
-        if len(asked) > 1:
-            raise _invalid(
-                f"{asked[1][1]} cannot be combined with {asked[0][1]}: give one way to constrain the output",
-                asked[1][1],
-            )
-        return asked[0] if asked else (None, None)
+            built = (json_schema_grammar(spec.schema_ if spec.schema_ is not None else {}), "response_format")
+        elif asked[0] == "json_schema":
+            built = (json_schema_grammar(self.json_schema, "json_schema"), "json_schema")
+        else:
+            built = (gbnf_grammar(self.grammar or ""), "grammar")
+        self._constraint = built
+        return built
 
     def constraint_checks(self) -> list[tuple[str, str]]:
-        """(grammar, field) pairs to compile before the job is queued."""
+        """(grammar, field) pairs to compile before the job is queued. Converts what the request asks for
+        (raising InvalidParameter for what cannot be): call it off the event loop."""
         grammar, param = self.constraint()
         return [(grammar, param)] if grammar is not None and param is not None else []
 
@@ -466,10 +484,10 @@ class ChatCompletionRequest(_GenerationRequest):
                     f"tools[{i}].function.parameters must describe an object (type 'object'), not {kind!r}",
                     f"tools[{i}].function.parameters",
                 )
-        if self.tool_use() is not None and self.constraint()[0] is not None:
+        if self.tool_use() is not None and self._asked():
             raise _invalid(
-                f"{self.constraint()[1]} cannot be combined with tool calls (use tool_choice 'none')",
-                self.constraint()[1],
+                f"{self._asked()[0]} cannot be combined with tool calls (use tool_choice 'none')",
+                self._asked()[0],
             )
         if self.top_logprobs is not None and not self.logprobs:
             raise _invalid("top_logprobs requires logprobs to be true", "top_logprobs")
@@ -574,7 +592,7 @@ def chat_logprobs(events: list[TokenEvent]) -> dict | None:
         content.append(
             {"token": text, "logprob": ev.logprob, "bytes": list(text.encode()), "top_logprobs": tops}
         )
-    return {"content": content}
+    return {"content": content, "refusal": None}
 
 
 def completion_logprobs(events: list[TokenEvent], offset: int = 0) -> dict | None:
@@ -643,10 +661,11 @@ def _stream_calls(deltas: list[ToolCallDelta]) -> list[dict]:
 def chat_completion(
     rid: str, model: str, text: str, tokens: list[TokenEvent], finish: FinishEvent, variant: str | None
 ) -> dict:
-    message: dict[str, Any] = {"role": "assistant", "content": text}
+    # refusal: OpenAI's spec requires the field; simmer's models never refuse by a separate channel
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
     calls = assemble_calls(call_deltas(tokens, finish))
     if calls:
-        message = {"role": "assistant", "content": text or None, "tool_calls": calls}
+        message = {"role": "assistant", "content": text or None, "refusal": None, "tool_calls": calls}
     return {
         "id": rid,
         "object": "chat.completion",
@@ -698,6 +717,7 @@ class ChunkBuilder:
         self.created = now()
         self._role_sent = False
         self._offset = 0  # text offset for completion logprobs
+        self._held: list[TokenEvent] = []  # tokens of batches that showed nothing yet (their logprobs)
         self.variant: str | None = None  # known once the worker starts the job
         # Fields of the final chunk (and the usage chunk) known only at the end: the route object.
         self.final_fields: Callable[[], dict] = dict
@@ -720,34 +740,62 @@ class ChunkBuilder:
             "choices": choices,
         }
 
-    def delta(self, text: str, tokens: list[TokenEvent], finish: FinishEvent | None = None) -> dict:
-        finish_reason = _finish_reason(finish) if finish else None
+    def delta(self, text: str, tokens: list[TokenEvent], finish: FinishEvent | None = None) -> list[dict]:
+        """The chunks for one batch of tokens (and the finish, at the end): none when the batch shows nothing
+        (bytes the detokenizer holds, a call's envelope); its tokens' logprobs then go with the next chunk.
+        As OpenAI streams: the role comes alone in the first chunk (`content` null); no delta carries empty
+        content; the last chunk's delta is empty, with the finish_reason."""
+        tokens = self._held + tokens
+        self._held = []
+        chunks = []
         if self.kind == "chat":
             calls = _stream_calls(call_deltas(tokens, finish))
-            delta: dict[str, Any] = {"content": text} if text or not calls else {}
+            if not self._role_sent:  # the role-only opening chunk, before anything else
+                self._role_sent = True
+                chunks.append(self._choice({"role": "assistant", "content": None}))
+            delta: dict[str, Any] = {"content": text} if text else {}
             if calls:
                 delta["tool_calls"] = calls
-            if not self._role_sent:
-                delta = {"role": "assistant", **delta}
-                self._role_sent = True
-            choice = {
-                "index": 0,
-                "delta": delta,
-                "logprobs": chat_logprobs(tokens),
-                "finish_reason": finish_reason,
-            }
+            if delta:
+                chunks.append(self._choice(delta, chat_logprobs(tokens)))
+            elif finish is None:
+                self._held = tokens
+            if finish is not None:
+                logprobs = None if delta else chat_logprobs(tokens)
+                chunks.append(self._choice({}, logprobs, finish))
         else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": completion_logprobs(tokens, self._offset),
-                "finish_reason": finish_reason,
-            }
-            self._offset += len(text)
+            if text or finish is not None:
+                choice = {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": completion_logprobs(tokens, self._offset),
+                    "finish_reason": _finish_reason(finish) if finish else None,
+                }
+                self._offset += len(text)
+                chunks.append(
+                    self._final(self._chunk([choice], finish.variant), finish)
+                    if finish
+                    else self._chunk([choice])
+                )
+            else:
+                self._held = tokens
+        return chunks
+
+    def _choice(
+        self, delta: dict[str, Any], logprobs: dict | None = None, finish: FinishEvent | None = None
+    ) -> dict:
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": _finish_reason(finish) if finish else None,
+        }
         chunk = self._chunk([choice], finish.variant if finish else None)
-        if finish is not None:
-            chunk.update(_extras(finish))
-            chunk.update(self.final_fields())
+        return self._final(chunk, finish) if finish else chunk
+
+    def _final(self, chunk: dict, finish: FinishEvent) -> dict:
+        chunk.update(_extras(finish))
+        chunk.update(self.final_fields())
         return chunk
 
     def usage(self, finish: FinishEvent) -> dict:

@@ -1,5 +1,6 @@
-"""Safe by default: loopback Host names only (DNS rebinding), optional Bearer key, body size limit, and
-a refusal to bind a non-loopback address without a key."""
+"""Safe by default: loopback Host names only (DNS rebinding), optional Bearer key, body size limit, a body
+without Content-Type read as JSON only when no browser sent it, and a refusal to bind a non-loopback address
+without a key."""
 
 from __future__ import annotations
 
@@ -44,6 +45,40 @@ def host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
+# Headers only a browser adds on its own: every current browser sends Origin with a POST and the Fetch
+# Metadata headers (Sec-Fetch-Site, -Mode, -Dest, -User) with every request; a page's script cannot remove
+# them. HTTP clients (litellm's Ollama providers, scripts) send neither.
+_BROWSER_PREFIX = "sec-fetch-"
+
+
+def from_browser(headers: dict[str, str]) -> bool:
+    return "origin" in headers or any(name.startswith(_BROWSER_PREFIX) for name in headers)
+
+
+def assume_json(scope: Scope, headers: dict[str, str]) -> None:
+    """A body sent with no Content-Type at all, by a client that is not a browser, is read as JSON (Ollama
+    does; litellm's `ollama/` and `ollama_chat/` providers post that way). A browser's body without the JSON
+    type stays a 415 (server/errors.py): a page can send a "simple" cross-origin POST without a CORS
+    preflight, and refusing it is what keeps pages from driving the server."""
+    if (
+        "content-type" in headers
+        or from_browser(headers)
+        or scope.get("method") not in ("POST", "PUT", "DELETE")
+    ):
+        return
+    scope["headers"] = [*scope["headers"], (b"content-type", b"application/json")]
+
+
+def host_refused(header: str) -> str:
+    """What a client that reached the server by a name it does not know (a LAN address) must set."""
+    name = host_name(header)[:100] or "(none)"
+    return (
+        f"Host header {name!r} not allowed: this server answers loopback names and those in "
+        f"SIMMER_ALLOWED_HOSTS (a JSON list, e.g. SIMMER_ALLOWED_HOSTS='[\"{name}\"]'), which guards against "
+        "DNS rebinding"
+    )
+
+
 def check_bind(host: str, api_key: str | None) -> None:
     """Refuse to expose the server beyond this machine without an API key."""
     if not is_loopback(host) and not api_key:
@@ -84,12 +119,15 @@ class SecurityMiddleware:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         path = scope.get("path", "")
         if not self._host_ok(headers.get("host", "")):
-            await send_error(send, ApiError(403, "host_not_allowed", "Host header not allowed"), path)
+            await send_error(
+                send, ApiError(403, "host_not_allowed", host_refused(headers.get("host", ""))), path
+            )
             return
         needs_key = self.api_key and not is_open_path(path) and scope.get("method") != "OPTIONS"
         if needs_key and not self._key_ok(headers.get("authorization", "")):
             await send_error(send, ApiError(401, "invalid_api_key", "Missing or invalid API key"), path)
             return
+        assume_json(scope, headers)
         limit_msg = f"Request body over {self.max_body_bytes} bytes"
         too_large = ApiError(413, "request_too_large", limit_msg)
         length = headers.get("content-length")

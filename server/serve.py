@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -14,6 +16,13 @@ import uvicorn
 from models.errors import SimmerError
 from models.protocol import Engine
 from server.app import create_app
+from server.connections import (
+    ConnectionGuard,
+    fd_budget,
+    guarded_protocol,
+    rate_limited_exception_handler,
+    widen_listen_queue,
+)
 from server.logs import setup_logging
 from server.security import check_bind
 from server.served import Served
@@ -36,6 +45,13 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
         super().__init__(config)
         self._on_exit = on_exit
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # accept() failing for want of descriptors is logged once in a while, not thousands of times a second
+        asyncio.get_running_loop().set_exception_handler(rate_limited_exception_handler())
+        await super().startup(sockets)
+        for server in getattr(self, "servers", []):
+            widen_listen_queue(list(server.sockets))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._on_exit()
@@ -64,8 +80,16 @@ def build_server(
     if governor is None:
         governor = gate_for(settings, served)
     app = create_app(settings, engine_factory=engine_factory, served=served, governor=governor)
+    budget = fd_budget(settings.max_connections)
+    guard = ConnectionGuard(
+        cap=budget.cap,
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+    )
     config = uvicorn.Config(
         app,
+        http=guarded_protocol(guard),  # timeouts for unfinished requests, a cap on connections
+        backlog=budget.burst,  # what asyncio accepts in one go; the kernel's queue is widened after
         host=settings.host,
         port=settings.port,
         log_config=None,  # keep our logging setup (plain or JSON)

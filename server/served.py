@@ -31,6 +31,7 @@ from server.ladder import (
 from server.memory_plan import Estimate, MemoryBudget, estimate
 from server.model_pool import ModelPool, Opener
 from server.settings import Settings
+from server.tokenizers import Tokenizers
 from server.worker import Job
 
 log = logging.getLogger("simmer.governor")
@@ -46,6 +47,7 @@ class Served:
     preload: str | None = None  # loaded at start (/health says "loading" until it is)
     cost: Callable[[CatalogEntry, str | None], Estimate] | None = None  # the planner's estimate
     context_cap: int | None = None  # SIMMER_CONTEXT_LENGTH
+    tokenizers: Tokenizers = field(default_factory=Tokenizers)  # tokenizers of models not loaded
 
     # -- what routing and the routes read -----------------------------------------------------------------
     def served_ids(self) -> set[str]:
@@ -131,7 +133,15 @@ def _assemble(
     else:
         entry = catalog.get(model)
         ladder = model_rungs(entry, settings.variant) if entry is not None else []
-    served = Served(catalog, pool, model, ladder, cost=cost, context_cap=config.context_length)
+    served = Served(
+        catalog,
+        pool,
+        model,
+        ladder,
+        cost=cost,
+        context_cap=config.context_length,
+        tokenizers=Tokenizers(config.chat_template),
+    )
     if ladder:
         # headroom: what keeps the governor's memory level nominal once the model is in (its fair threshold)
         reading = budget.read() if budget.explicit_bytes is None else None

@@ -45,6 +45,11 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("SIMMER_HF_TOKEN", "HF_TOKEN", "hf_token"),
         description="Hub token for gated/private repos (or HF_TOKEN; default: huggingface-cli login's)",
     )
+    pull_dirs: list[Path] = Field(
+        default_factory=list,
+        description="Folders whose GGUF files and model folders a client may install with /api/pull "
+        "(JSON list; a local path anywhere else: only `simmer pull` on the machine)",
+    )
     hf_offline: bool = Field(
         False,
         validation_alias=AliasChoices("SIMMER_HF_OFFLINE", "HF_HUB_OFFLINE", "hf_offline"),
@@ -102,6 +107,18 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list, description="Origins allowed by CORS")
     max_queue: int = Field(16, description="Requests waiting for the worker before 503")
     max_body_bytes: int = Field(1_000_000, description="Largest request body")
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="Open connections at most; beyond, the one waiting longest for its request goes "
+        "(default: the open-file limit less a reserve)",
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="Seconds a connection has to send a complete request head"
+    )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="Seconds a request has to send its whole body once its head is in"
+    )
     stream_interval_ms: int = Field(50, description="SSE coalescing interval")
     keepalive_ping_s: float = Field(5.0, description="SSE ping interval while queued")
     log_json: bool = Field(False, description="One JSON object per log line")
@@ -153,7 +170,12 @@ class Settings(BaseSettings):
     )
     upstream_connect_timeout_s: float = Field(3.0, gt=0, description="Upstream connect timeout")
     upstream_read_timeout_s: float = Field(
-        120.0, gt=0, description="Upstream silence (between bytes) before failing"
+        120.0,
+        gt=0,
+        description="Upstream time without a token (silence, pings, a byte at a time) before failing",
+    )
+    upstream_reply_timeout_s: float = Field(
+        600.0, gt=0, description="Longest an upstream reply may take, first byte to last, before failing"
     )
     upstream_max_connections: int = Field(16, ge=1, description="Pooled connections to the upstream")
     # auto under the pace controller (docs/routing.md): offload new work while heat slows the device

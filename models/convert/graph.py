@@ -27,11 +27,11 @@ import onnx
 from onnx import TensorProto, helper
 
 from models.convert.block import attention, mlp, rms_norm, skip_norm
-from models.convert.embedding import embed_tokens, lm_head
-from models.convert.linear import MS
+from models.convert.embedding import TABLE, embed_tokens, lm_head
+from models.convert.linear import FLOAT_TYPES, MS
 from models.convert.model import GGUFModel
 from models.gguf.quant import Packing, packing
-from models.gguf.reader import Tensor, dequantize_chunked
+from models.gguf.reader import Tensor, dequantize_rows
 
 OPSET = 17
 
@@ -58,19 +58,30 @@ VARIANTS = {
 }
 
 
+# An array larger than this whose rows can be computed a band at a time is written that way (a
+# vocabulary-sized table's codes, scales and offsets), so it is never whole in memory.
+BAND_BYTES = 16 << 20
+
+
 @dataclass(frozen=True)
 class Planned:
     """An initializer known by shape and type before its values exist. The builder declares every weight
     this way, so the same build with a dry WeightFile sizes a conversion from the GGUF header alone
-    (models/convert/disk_plan.py), and a real one checks each computed array against its declaration."""
+    (models/convert/disk_plan.py), and a real one checks each computed array against its declaration.
+    `rows`, when given, computes rows lo..hi-1 (along the first axis) alone."""
 
     shape: tuple[int, ...]
     dtype: type
     make: Callable[[], np.ndarray]
+    rows: Callable[[int, int], np.ndarray] | None = None
 
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def row_bytes(self) -> int:
+        return self.nbytes // max(1, self.shape[0])
 
 
 class WeightFile:
@@ -85,33 +96,54 @@ class WeightFile:
         self.size = 0
 
     def add(self, name: str, value: np.ndarray | Planned) -> TensorProto:
-        if name in self._cache:
-            return self._cache[name]
-        if isinstance(value, Planned):
-            shape, dtype, nbytes = value.shape, np.dtype(value.dtype), value.nbytes
-        else:
-            shape, dtype, nbytes = value.shape, value.dtype, value.nbytes
-        pos = self.size + (-self.size) % ALIGN
+        return self.add_many([(name, value)])[0]
+
+    def add_many(self, items: list[tuple[str, np.ndarray | Planned]]) -> list[TensorProto]:
+        """Several initializers, placed one after another (the offsets `add` would give them one by one).
+        Those whose rows come from one source (a table's codes, scales and offsets) are written a band of
+        rows at a time across all of them, so each band of the source is computed once and none of them is
+        ever whole in memory."""
+        out: list[TensorProto] = []
+        todo: list[tuple[str, np.ndarray | Planned, int]] = []
+        for name, value in items:
+            if name not in self._cache:
+                pos = self.size + (-self.size) % ALIGN
+                shape, dtype = tuple(value.shape), np.dtype(value.dtype)
+                self.size = pos + value.nbytes
+                self._cache[name] = _external(name, shape, dtype, self.path.name, pos, value.nbytes)
+                todo.append((name, value, pos))
+            out.append(self._cache[name])
         if self._f is not None:
-            array = np.ascontiguousarray(value.make() if isinstance(value, Planned) else value)
-            if array.shape != tuple(shape) or array.dtype != dtype:
-                raise RuntimeError(
-                    f"converter bug: {name} planned as {tuple(shape)} {dtype}, computed {array.shape} "
-                    f"{array.dtype}"
-                )
-            self._f.write(b"\0" * (pos - self.size))
-            self._f.write(array.data.cast("B"))  # no bytes copy: a head table is hundreds of MB
-        self.size = pos + nbytes
-        t = TensorProto()
-        t.name = name
-        t.data_type = helper.np_dtype_to_tensor_dtype(dtype)
-        t.dims.extend(shape)
-        t.data_location = TensorProto.EXTERNAL
-        for k, v in (("location", self.path.name), ("offset", str(pos)), ("length", str(nbytes))):
-            entry = t.external_data.add()
-            entry.key, entry.value = k, v
-        self._cache[name] = t
-        return t
+            banded = [x for x in todo if _bandable(x[1], todo[0][1])]
+            if sum(x[1].nbytes for x in banded) <= BAND_BYTES:
+                banded = []
+            for name, value, pos in todo:
+                if not any(b[0] == name for b in banded):
+                    self._write_whole(name, value, pos)
+            if banded:
+                self._write_bands(banded)
+        return out
+
+    def _write_whole(self, name: str, value: np.ndarray | Planned, pos: int) -> None:
+        assert self._f is not None
+        array = np.ascontiguousarray(value.make() if isinstance(value, Planned) else value)
+        _check(name, array, tuple(value.shape), np.dtype(value.dtype))
+        self._f.seek(pos)
+        self._f.write(array.data.cast("B"))  # no bytes copy: a head table is hundreds of MB
+
+    def _write_bands(self, items: list[tuple[str, np.ndarray | Planned, int]]) -> None:
+        assert self._f is not None
+        n = items[0][1].shape[0]
+        per_row = sum(_row_bytes(v) for _, v, _ in items)
+        step = max(1, BAND_BYTES // max(1, per_row))
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            for name, value, pos in items:
+                assert isinstance(value, Planned) and value.rows is not None
+                array = np.ascontiguousarray(value.rows(lo, hi))
+                _check(f"{name} rows {lo}..{hi}", array, (hi - lo, *value.shape[1:]), np.dtype(value.dtype))
+                self._f.seek(pos + lo * value.row_bytes)
+                self._f.write(array.data.cast("B"))
 
     def alias(
         self,
@@ -151,9 +183,55 @@ class WeightFile:
 
     def close(self) -> None:
         if self._f is not None:
+            self._f.truncate(self.size)  # written by seeking: the file ends where the plan does
             self._f.flush()
             os.fsync(self._f.fileno())
             self._f.close()
+
+
+def _bandable(value: np.ndarray | Planned, first: np.ndarray | Planned) -> bool:
+    """Planned with a row source, of as many rows as the first of the group."""
+    return isinstance(value, Planned) and value.rows is not None and value.shape[:1] == first.shape[:1]
+
+
+def _row_bytes(value: np.ndarray | Planned) -> int:
+    return value.nbytes // max(1, value.shape[0])
+
+
+def _check(name: str, array: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    if array.shape != shape or array.dtype != dtype:
+        raise RuntimeError(
+            f"converter bug: {name} planned as {shape} {dtype}, computed {array.shape} {array.dtype}"
+        )
+
+
+def _external(
+    name: str, shape: tuple[int, ...], dtype: np.dtype, location: str, pos: int, n: int
+) -> TensorProto:
+    t = TensorProto()
+    t.name = name
+    t.data_type = helper.np_dtype_to_tensor_dtype(dtype)
+    t.dims.extend(shape)
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(pos)), ("length", str(n))):
+        entry = t.external_data.add()
+        entry.key, entry.value = k, v
+    return t
+
+
+# What flows between segments: the normed input of the next layer and the residual stream ([tokens, hidden])
+SEGMENT_STATE = ("x_norm", "residual")
+SEGMENT_STATE_OUT = ("x_norm_out", "residual_out")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Layers lo..hi-1 of the decoder; with the embedding lookup when lo is 0 (input_ids in), with the final
+    norm's output and the LM head when `head` (logits out), else SEGMENT_STATE in and out."""
+
+    lo: int
+    hi: int
+    head: bool = False
 
 
 class GraphBuilder:
@@ -167,9 +245,11 @@ class GraphBuilder:
         self.inits: dict[str, TensorProto] = {}
         self._n = 0
         self._packed: dict[str, Packing] = {}
-        self._dequantized: dict[str, np.ndarray] = {}
         self.quant_map: dict[str, list[str]] = {}  # source tensor type -> how it was mapped (manifest)
+        self.copied_at_load: set[str] = set()  # initializers a kernel copies when it packs (linear.py)
         self._seq_shapes: dict[int, str] = {}  # width -> the shape [batch, -1, width] (to_seq)
+        # where to_seq reads the batch from: a segment after the first takes one sequence, [seq, hidden]
+        self._batch_of: str | None = "input_ids"
 
     # -- helpers --------------------------------------------------------------------------------------
     def _name(self, base: str) -> str:
@@ -189,9 +269,13 @@ class GraphBuilder:
         return name
 
     def planned(
-        self, shape: tuple[int, ...], make: Callable[[], np.ndarray], dtype: type = np.float32
+        self,
+        shape: tuple[int, ...],
+        make: Callable[[], np.ndarray],
+        dtype: type = np.float32,
+        rows: Callable[[int, int], np.ndarray] | None = None,
     ) -> Planned:
-        return Planned(tuple(int(d) for d in shape), dtype, make)
+        return Planned(tuple(int(d) for d in shape), dtype, make, rows)
 
     def alias(
         self,
@@ -204,22 +288,20 @@ class GraphBuilder:
         return name
 
     def packed(self, name: str) -> Packing:
-        """pack_tensor at the format's own width, planned, and computed once per tensor (the embedding table
-        feeds the lookup and the head)."""
+        """pack_tensor at the format's own width, planned (the embedding table feeds the lookup and the
+        head: one Packing, computed a band at a time)."""
         if name not in self._packed:
             self._packed[name] = packing(self.tensor(name))
         return self._packed[name]
 
     def dequantized(self, name: str) -> Planned:
-        """The tensor in fp32, (rows, cols) ((1, n) for 1-D), computed once per tensor when first written."""
+        """The tensor in fp32, (rows, cols) ((1, n) for 1-D); a band of rows at a time where it is large."""
         t = self.tensor(name)
-
-        def make() -> np.ndarray:
-            if name not in self._dequantized:
-                self._dequantized[name] = dequantize_chunked(t)
-            return self._dequantized[name]
-
-        return self.planned((t.rows, t.cols), make)
+        if t.rows == 1 or len(np.shape(t.data)) < 2:
+            return self.planned((t.rows, t.cols), lambda: t.dequantize().reshape(t.rows, t.cols))
+        return self.planned(
+            (t.rows, t.cols), t.dequantize, rows=lambda lo, hi: dequantize_rows(t, slice(lo, hi))
+        )
 
     def const(self, name: str, array: np.ndarray) -> str:
         """Small constants live inside the .onnx file."""
@@ -231,10 +313,18 @@ class GraphBuilder:
         """x [tokens, width] (the graph's 2-D form, a batch's rows one after another) as [batch, seq,
         width], the form GroupQueryAttention and the logits take; batch from input_ids, once per width."""
         if width not in self._seq_shapes:
-            batch = self.node("Shape", ["input_ids"], start=0, end=1)[0]  # [batch] as a 1-D int64
-            tail = self.const(f"seq_{width}", np.array([-1, width], np.int64))
-            self._seq_shapes[width] = self.node("Concat", [batch, tail], axis=0)[0]
+            if self._batch_of is None:
+                self._seq_shapes[width] = self.const(f"one_seq_{width}", np.array([1, -1, width], np.int64))
+            else:
+                batch = self.node("Shape", [self._batch_of], start=0, end=1)[0]  # [batch] as a 1-D int64
+                tail = self.const(f"seq_{width}", np.array([-1, width], np.int64))
+                self._seq_shapes[width] = self.node("Concat", [batch, tail], axis=0)[0]
         return self.node("Reshape", [x, self._seq_shapes[width]])[0]
+
+    def settle(self) -> None:
+        """Between layers: what the last one read and freed goes back (GGUFModel.release)."""
+        if not self.w.dry:
+            self.m.release()
 
     # -- weights --------------------------------------------------------------------------------------
     def tensor(self, name: str) -> Tensor:
@@ -262,33 +352,43 @@ class GraphBuilder:
         kept = self.node("Slice", [rows, start, end, self.const("axis1", np.array([1], np.int64))])[0]
         return self.node("Reshape", [kept, self.const("to_2d", np.array([-1, self.cfg.hidden], np.int64))])[0]
 
-    def build(self) -> onnx.ModelProto:
+    def build(self, segment: Segment | None = None) -> onnx.ModelProto:
+        """The whole decoder, or one `segment` of it over the same initializers (models/convert/measure.py
+        runs a large model's graph that way, one segment in memory at a time)."""
         cfg, spec = self.cfg, self.spec
-        inputs = [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total"]),
-        ]
-        outputs = [
-            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "logits_seq", cfg.vocab])
-        ]
+        seg = segment or Segment(0, cfg.n_layers, head=True)
+        self._batch_of = "input_ids" if seg.lo == 0 else None
+        inputs, outputs = [], []
+        if seg.lo == 0:
+            inputs.append(helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]))
+        else:
+            for n in SEGMENT_STATE if seg.lo < cfg.n_layers else SEGMENT_STATE[:1]:
+                inputs.append(helper.make_tensor_value_info(n, TensorProto.FLOAT, ["seq", cfg.hidden]))
+        if seg.hi > seg.lo:
+            inputs.append(
+                helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total"])
+            )
+        if seg.head:
+            outputs.append(
+                helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "logits_seq", cfg.vocab])
+            )
 
-        # GQA's sequence bookkeeping, computed once for all layers
-        mask_sum = self.node(
-            "ReduceSum", ["attention_mask", self.const("axis1", np.array([1], np.int64))], keepdims=0
-        )[0]
-        seqlens = self.node("Sub", [mask_sum, self.const("one_i64", np.array(1, np.int64))])[0]
-        seqlens_k = self.node("Cast", [seqlens], to=TensorProto.INT32)[0]
-        mask_shape = self.node("Shape", ["attention_mask"])[0]
-        total = self.node("Gather", [mask_shape, self.const("idx1", np.array(1, np.int64))], axis=0)[0]
-        total_len = self.node("Cast", [total], to=TensorProto.INT32)[0]
-
-        rows, embd_packed = embed_tokens(self)
-        x = self.node("Reshape", [rows, self.const("to_2d", np.array([-1, cfg.hidden], np.int64))])[0]
-        if cfg.embed_scale != 1.0:
-            x = self.node("Mul", [x, self.const("embed_scale", np.array(cfg.embed_scale, np.float32))])[0]
-
-        x_norm, residual = rms_norm(self, x, "blk.0.attn_norm.weight"), x
-        for i in range(cfg.n_layers):
+        embd_packed = None
+        if seg.lo == 0:
+            rows, embd_packed = embed_tokens(self)
+            self.settle()
+            x = self.node("Reshape", [rows, self.const("to_2d", np.array([-1, cfg.hidden], np.int64))])[0]
+            if cfg.embed_scale != 1.0:
+                x = self.node("Mul", [x, self.const("embed_scale", np.array(cfg.embed_scale, np.float32))])[0]
+            first_norm = "blk.0.attn_norm.weight" if cfg.n_layers else "output_norm.weight"
+            x_norm, residual = rms_norm(self, x, first_norm), x
+        else:
+            x_norm, residual = SEGMENT_STATE
+            if cfg.tied_embeddings and self.tensor(TABLE).type_name not in FLOAT_TYPES:
+                embd_packed = self.packed(TABLE)  # a tied head's codes, written by the whole graph
+        if seg.hi > seg.lo:
+            seqlens_k, total_len = self._sequence_lengths()
+        for i in range(seg.lo, seg.hi):
             kv_dims = ["batch", cfg.n_kv_heads, "past", cfg.head_dim]
             for n in (f"past_key_values.{i}.key", f"past_key_values.{i}.value"):
                 inputs.append(helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_dims))
@@ -303,9 +403,17 @@ class GraphBuilder:
             f = mlp(self, i, x_norm)
             next_norm = f"blk.{i + 1}.attn_norm.weight" if i + 1 < cfg.n_layers else "output_norm.weight"
             x_norm, residual = skip_norm(self, f, residual, next_norm)
+            self.settle()
 
-        last = self._last_positions(x_norm, inputs)
-        lm_head(self, last, embd_packed)
+        if seg.head:
+            last = self._last_positions(x_norm, inputs)
+            lm_head(self, last, embd_packed)
+            self.settle()
+        else:
+            for value, name in zip((x_norm, residual), SEGMENT_STATE_OUT, strict=True):
+                self.node("Identity", [value])
+                self.nodes[-1].output[0] = name
+                outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["seq", cfg.hidden]))
         model = helper.make_model(
             helper.make_graph(self.nodes, f"simmer-{spec.name}", inputs, outputs, list(self.inits.values())),
             opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
@@ -314,12 +422,34 @@ class GraphBuilder:
         model.ir_version = 8
         return model
 
+    def _sequence_lengths(self) -> tuple[str, str]:
+        """GQA's sequence bookkeeping from the attention mask, computed once for all layers."""
+        mask_sum = self.node(
+            "ReduceSum", ["attention_mask", self.const("axis1", np.array([1], np.int64))], keepdims=0
+        )[0]
+        seqlens = self.node("Sub", [mask_sum, self.const("one_i64", np.array(1, np.int64))])[0]
+        seqlens_k = self.node("Cast", [seqlens], to=TensorProto.INT32)[0]
+        mask_shape = self.node("Shape", ["attention_mask"])[0]
+        total = self.node("Gather", [mask_shape, self.const("idx1", np.array(1, np.int64))], axis=0)[0]
+        return seqlens_k, self.node("Cast", [total], to=TensorProto.INT32)[0]
 
-def build_variant(model: GGUFModel, spec: VariantSpec, weights: WeightFile, out: Path) -> dict[str, str]:
-    """Write `out` (an .onnx file) whose initializers live in `weights`; returns the variant's quant map."""
+
+@dataclass(frozen=True)
+class BuiltVariant:
+    quant_map: dict[str, str]  # source tensor type -> how it was mapped
+    # [offset, length] in the weights file of initializers the kernels copy at load and never read again
+    copied_at_load: list[list[int]]
+
+
+def build_variant(model: GGUFModel, spec: VariantSpec, weights: WeightFile, out: Path) -> BuiltVariant:
+    """Write `out` (an .onnx file) whose initializers live in `weights`."""
     builder = GraphBuilder(model, spec, weights)
     graph = builder.build()
     out.write_bytes(graph.SerializeToString())
     with open(out, "rb+") as f:
         os.fsync(f.fileno())
-    return {t: "; ".join(ways) for t, ways in sorted(builder.quant_map.items())}
+    spans = []
+    for name in sorted(builder.copied_at_load):
+        ext = {e.key: e.value for e in builder.inits[name].external_data}
+        spans.append([int(ext["offset"]), int(ext["length"])])
+    return BuiltVariant({t: "; ".join(ways) for t, ways in sorted(builder.quant_map.items())}, sorted(spans))

@@ -10,8 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from models.convert.families import Family, ModelConfig, family_for
+from models.convert.heap import trim_heap
 from models.errors import InvalidModelFile, UnsupportedModel
 from models.gguf.reader import GGUFFile, Tensor
+
+VOCABULARY_KEYS = (
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.scores",
+)
 
 
 class GGUFModel:
@@ -55,3 +63,15 @@ class GGUFModel:
 
     def tensor_types(self) -> dict[str, int]:
         return self.file.tensor_types()
+
+    def drop_vocabulary(self) -> None:
+        """Forget the tokenizer's arrays once the tokenizer is written: the reader keeps every token and
+        merge as a numpy view of its own (about 120 MB for Qwen's 151,936 tokens and 151,387 merges)."""
+        for key in VOCABULARY_KEYS:
+            self.reader.fields.pop(key, None)
+
+    def release(self) -> None:
+        """Give back what the last step read and freed: the file's pages and the heap's free memory.
+        Called between layers, so a conversion's RSS is a layer's worth, not the model's."""
+        self.file.release()
+        trim_heap()

@@ -7,17 +7,17 @@ numpy + onnx only (no torch). The governor orders its ladder of variants by the 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from models.convert.disk_plan import estimate_output
-from models.convert.graph import VARIANTS, WeightFile, build_variant
+from models.convert.graph import VARIANTS, BuiltVariant, WeightFile, build_variant
 from models.convert.linear import FLOAT_TYPES
+from models.convert.measure import measure_variant, plan_segments, write_segments
+from models.convert.memory_need import estimate_memory
 from models.convert.model import GGUFModel
 from models.convert.reference import ReferenceForward
 from models.convert.tokenizer_gguf import metadata_from_reader, tokenizer_from_metadata
@@ -29,7 +29,10 @@ from models.types import NOMINAL_VARIANT
 # 9: every large head on MatMulNBits sliced by rows (untied ones too); SentencePiece vocabularies also
 # written as tokenizer.spm.npz (the compact tokenizer simmer loads)
 # 10: a tied head without correction writes the logits output itself (no Reshape copy)
-# 11: batch > 1: the rows of input_ids are separate sequences (GroupQueryAttention's batch, each row its own
+# 11: streamed (tables in bands, the reference a layer at a time, variants measured a segment at a time:
+# load_rss_bytes is now what the weights take, not what a heap reused after the reference let show); the
+# nominal variant alone by default;
+# and batch > 1: the rows of input_ids are separate sequences (GroupQueryAttention's batch, each row its own
 # past length), logits [batch, positions kept, vocab]
 CONVERTER_VERSION = 11
 WEIGHTS_FILE = "weights.data"
@@ -62,6 +65,14 @@ def plan_variants(model: GGUFModel) -> list[str]:
     return ["f32", "q8", "q4-a8"]
 
 
+def default_variants(model: GGUFModel) -> list[str]:
+    """What a pull installs unless asked for more: the nominal variant alone (q4-a8: the one the device
+    serves), or the best one the source has. Others (the exact q4, whose 8-bit formats become fp32 and
+    cost twice the disk) come on request (`simmer pull --variants`) or when the ladder names them."""
+    plan = plan_variants(model)
+    return [NOMINAL_VARIANT] if NOMINAL_VARIANT in plan else plan[:1]
+
+
 def convert(
     gguf_path: Path,
     out_dir: Path,
@@ -71,22 +82,27 @@ def convert(
     measure: bool = True,
     threads: int = 2,
     disk_plan: Callable[[dict[str, int]], None] | None = None,
+    memory_plan: Callable[[dict[str, int]], None] | None = None,
 ) -> dict[str, Any]:
     """Write the variants into `out_dir` (existing, empty) and return the manifest fragment.
 
     `disk_plan`, when given, gets the bytes each output file will take (models/convert/disk_plan.py) once
-    the GGUF is read and before anything is written: the store checks free space there (and may raise)."""
+    the GGUF is read and before anything is written: the store checks free space there (and may raise).
+    `memory_plan` likewise gets the memory each step may add to the process's RSS at its peak
+    (models/convert/memory_need.py): the store checks it against the device's memory budget."""
     report = progress or (lambda stage, frac: None)
     out_dir = Path(out_dir)
     report("reading GGUF", 0.0)
     model = GGUFModel(Path(gguf_path))
     cfg = model.config
-    names = variants or plan_variants(model)
+    names = variants or default_variants(model)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
     if disk_plan is not None:
         disk_plan(estimate_output(model, names))
+    if memory_plan is not None:
+        memory_plan(estimate_memory(model, measure))
 
     report("tokenizer", 0.05)
     tokenizer = tokenizer_from_metadata(metadata_from_reader(model.reader))  # no second parse of the file
@@ -94,12 +110,17 @@ def convert(
     if tokenizer.chat_template:  # no template: the model serves completions only
         (out_dir / CHAT_TEMPLATE_FILE).write_text(tokenizer.chat_template)
 
+    model.drop_vocabulary()  # the tokenizer is written: its arrays are not read again
     weights = WeightFile(out_dir / WEIGHTS_FILE)
-    quant_maps: dict[str, dict[str, str]] = {}
+    built: dict[str, BuiltVariant] = {}
+    segments = plan_segments(model) if measure else []
+    segment_files: dict[str, list[Path]] = {}
     try:
         for i, name in enumerate(names):
             report(f"building {name}", 0.1 + 0.4 * i / len(names))
-            quant_maps[name] = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
+            built[name] = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
+            if measure:
+                segment_files[name] = write_segments(model, VARIANTS[name], weights, out_dir, segments)
     finally:
         weights.close()
     default = NOMINAL_VARIANT if NOMINAL_VARIANT in names else names[-1]
@@ -115,17 +136,26 @@ def convert(
             "files": [onnx_file.name, WEIGHTS_FILE],
             "weights_bytes": referenced_bytes(onnx_file),
             "onnx_bytes": onnx_file.stat().st_size,
-            "quant_map": quant_maps[name],
+            "quant_map": built[name].quant_map,
+            "copied_at_load": built[name].copied_at_load,
         }
     if measure:
         report("measuring quality", 0.5)
-        prompts = [tokenizer.encode(p, add_special_tokens=False) for p in QUALITY_PROMPTS]
-        ref = ReferenceForward(model)
-        ref_logits = [ref.logits(ids[:QUALITY_MAX_TOKENS]) for ids in prompts]
-        del ref
-        for i, name in enumerate(names):
-            report(f"measuring {name}", 0.55 + 0.45 * i / len(names))
-            entries[name] |= measure_variant(out_dir / f"{name}.onnx", shape, prompts, ref_logits, threads)
+        prompts = [
+            tokenizer.encode(p, add_special_tokens=False)[:QUALITY_MAX_TOKENS] for p in QUALITY_PROMPTS
+        ]
+        ref_logits = ReferenceForward(model).logits_many(prompts)
+        try:
+            for i, name in enumerate(names):
+                report(f"measuring {name}", 0.55 + 0.45 * i / len(names))
+                files = segment_files[name]
+                copied = built[name].copied_at_load
+                entries[name] |= measure_variant(files, segments, shape, prompts, ref_logits, threads, copied)
+        finally:
+            for files in segment_files.values():
+                for path in files:
+                    if path.name.startswith("."):
+                        path.unlink(missing_ok=True)
     report("done", 1.0)
     return {
         "converter_version": CONVERTER_VERSION,
@@ -167,50 +197,6 @@ def referenced_bytes(onnx_file: Path) -> int:
         ext = {e.key: e.value for e in t.external_data}
         total += int(ext.get("length", 0)) if ext else len(t.raw_data)
     return total
-
-
-def measure_variant(
-    path: Path, shape: ModelShape, prompts: list[list[int]], ref_logits: list[np.ndarray], threads: int
-) -> dict[str, Any]:
-    proc = psutil.Process()
-    rss0 = proc.memory_info().rss
-    t0 = time.perf_counter()
-    sess = DecoderSession(path, shape, threads)
-    load_s = time.perf_counter() - t0
-    kv = KVCache(shape, 256)
-    errors, agree, total = [], 0, 0
-    for ids, ref in zip(prompts, ref_logits, strict=True):
-        for pos in range(len(ref)):  # token by token: exercises the KV path too
-            logits = sess.run(np.array([ids[pos]]), kv, pos)
-            errors.append(float(np.abs(logits - ref[pos]).max()))
-            agree += int(logits.argmax() == ref[pos].argmax())
-            total += 1
-    # decode speed after a 128-token prompt, greedy feedback
-    prompt = np.resize(np.concatenate([np.asarray(p) for p in prompts]), 128)
-    logits = sess.run(prompt, kv, 0)
-    n = 48
-    c0, t1 = time.process_time(), time.perf_counter()
-    for i in range(n):
-        logits = sess.run(np.array([int(logits.argmax())]), kv, 128 + i)
-    wall, cpu = time.perf_counter() - t1, time.process_time() - c0
-    rss1 = proc.memory_info().rss
-    del sess, kv
-    return {
-        "quality": {
-            "max_logit_error": round(max(errors), 6),
-            "mean_logit_error": round(float(np.mean(errors)), 6),
-            "top1_agreement": round(agree / total, 4),
-            "positions": total,
-        },
-        "speed": {
-            "decode_tok_s": round(n / wall, 2),
-            "cpu_s_per_token": round(cpu / n, 5),
-            "threads": threads,
-            "context": 128 + n,
-            "load_s": round(load_s, 3),
-        },
-        "memory": {"load_rss_bytes": max(0, rss1 - rss0)},
-    }
 
 
 def write_genai_config(out_dir: Path, model: GGUFModel, variant: str, tokenizer: Any) -> None:
@@ -273,6 +259,12 @@ def smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
             )
     shape = ModelShape.from_architecture(manifest["architecture"])
     name = manifest.get("default_variant") or next(iter(variants))
+    if (variants[name].get("speed") or {}).get("segments", 1) > 1:
+        # Measured a segment at a time (models/convert/measure.py): generating with the whole graph would
+        # take the memory the conversion kept under. The measurement ran every weight through the same
+        # kernels; the whole graph is only loaded here, unpacked, so its weights stay mapped, unread.
+        _load_only(Path(model_dir) / variants[name]["file"], name)
+        return
     try:
         sess = DecoderSession(Path(model_dir) / variants[name]["file"], shape, 1)
         kv = KVCache(shape, 16)
@@ -285,3 +277,17 @@ def smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
         raise
     except Exception as e:  # onnxruntime raises its own types for a broken file
         raise VerificationFailed(f"variant {name} failed to run: {e}") from e
+
+
+def _load_only(path: Path, name: str) -> None:
+    import onnxruntime as ort
+
+    from models.runtime.session import session_options
+
+    options = session_options(1)
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own types for a broken file
+        raise VerificationFailed(f"variant {name} failed to load: {e}") from e

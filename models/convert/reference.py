@@ -3,19 +3,24 @@ quality is measured against (manifest `quality`). Written as llama.cpp computes 
 interleaved pairs for `llama`, NEOX halves otherwise; sliding windows by position), from the same family
 flags as the graph builder but with none of its code.
 
-Memory: layer weights are dequantized once per layer and kept; the embedding table, the largest tensor
-(Gemma 3: 262,144 rows), is never dequantized whole: the lookup reads only the rows it needs, and the head
-runs over row chunks.
+Memory: a layer at a time, a tensor at a time. Every sequence asked for goes through the layers together
+(their tokens stacked for the matrix products, attention per sequence), so each weight is dequantized once,
+used once and dropped, and the file's pages are given back after each layer (GGUFModel.release). What is
+resident is one tensor in fp32 (Qwen2.5 1.5B: 55 MB) and the activations, not the model (5 GB in fp32).
+The embedding table is never dequantized whole: the lookup reads only the rows it needs, and the head runs
+over row chunks.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
 from models.convert.model import GGUFModel
 from models.gguf.reader import dequantize_rows
 
-HEAD_CHUNK = 16384  # rows of the LM head dequantized at a time
+HEAD_CHUNK = 8192  # rows of the LM head dequantized at a time
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -31,21 +36,14 @@ class ReferenceForward:
         self.m = model
         self.cfg = c = model.config
         self.family = model.family
-        self._layers: dict[int, dict[str, np.ndarray]] = {}
         factors = model.tensor("rope_freqs.weight").dequantize() if c.rope_freqs else None
         self.inv_freq = [c.layer_rope(i).inv_freq(c.head_dim, factors) for i in range(c.n_layers)]
         self.output_norm = model.tensor("output_norm.weight").dequantize().reshape(-1)
 
-    def _layer(self, i: int) -> dict[str, np.ndarray]:
-        if i not in self._layers:
-            p = f"blk.{i}."
-            w = {}
-            for name in self.m.tensors:
-                if name.startswith(p):
-                    a = self.m.tensor(name).dequantize()
-                    w[name[len(p) :]] = a.reshape(-1) if a.shape[0] == 1 else a
-            self._layers[i] = w
-        return self._layers[i]
+    def _w(self, i: int, name: str) -> np.ndarray:
+        """Layer i's tensor in fp32, dequantized now (1-D tensors flat)."""
+        a = self.m.tensor(f"blk.{i}.{name}").dequantize()
+        return a.reshape(-1) if a.shape[0] == 1 else a
 
     def _rms(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         ms = (x.astype(np.float64) ** 2).mean(-1, keepdims=True)
@@ -75,49 +73,79 @@ class ReferenceForward:
             masked |= q - k >= self.cfg.sliding_window
         return np.where(masked, -np.inf, 0.0).astype(np.float32)
 
-    def hidden(self, ids: list[int]) -> np.ndarray:
-        """(len(ids), hidden): the final-normed hidden states of one sequence."""
+    def _linear(self, i: int, x: np.ndarray, name: str) -> np.ndarray:
+        return x @ self._w(i, f"{name}.weight").T
+
+    def _attention(self, i: int, h: np.ndarray, spans: list[slice]) -> np.ndarray:
+        """Layer i's attention over the stacked sequences `h` (each span one sequence)."""
         c, fam = self.cfg, self.family
-        s = len(ids)
-        x = dequantize_rows(self.m.tensor("token_embd.weight"), np.asarray(ids)) * np.float32(c.embed_scale)
-        pos = np.arange(s)
+        q, k, v = (self._linear(i, h, f"attn_{n}") for n in "qkv")
+        if fam.qkv_bias:
+            q, k, v = (
+                q + self._w(i, "attn_q.bias"),
+                k + self._w(i, "attn_k.bias"),
+                v + self._w(i, "attn_v.bias"),
+            )
+        q_norm = self._w(i, "attn_q_norm.weight") if fam.qk_norm else None
+        k_norm = self._w(i, "attn_k_norm.weight") if fam.qk_norm else None
         group = c.n_heads // c.n_kv_heads
-        act = gelu_tanh if fam.activation == "gelu_tanh" else silu
-        for i in range(c.n_layers):
-            w = self._layer(i)
-            h = self._rms(x, w["attn_norm.weight"])
-            q, k, v = (h @ w[f"attn_{n}.weight"].T for n in "qkv")
-            if fam.qkv_bias:
-                q, k, v = q + w["attn_q.bias"], k + w["attn_k.bias"], v + w["attn_v.bias"]
-            q = q.reshape(s, c.n_heads, c.head_dim).transpose(1, 0, 2)
-            k = k.reshape(s, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
-            v = v.reshape(s, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
-            if fam.qk_norm:
-                q, k = self._rms(q, w["attn_q_norm.weight"]), self._rms(k, w["attn_k_norm.weight"])
-            q, k = self._rope(q, pos, self.inv_freq[i]), self._rope(k, pos, self.inv_freq[i])
-            k, v = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
-            scores = q @ k.transpose(0, 2, 1) * np.float32(c.attention_scale) + self._mask(s, i)
+        out = np.empty((h.shape[0], c.n_heads * c.head_dim), np.float32)
+        for span in spans:
+            s = span.stop - span.start
+            qs = q[span].reshape(s, c.n_heads, c.head_dim).transpose(1, 0, 2)
+            ks = k[span].reshape(s, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
+            vs = v[span].reshape(s, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
+            if q_norm is not None and k_norm is not None:
+                qs, ks = self._rms(qs, q_norm), self._rms(ks, k_norm)
+            pos = np.arange(s)
+            qs, ks = self._rope(qs, pos, self.inv_freq[i]), self._rope(ks, pos, self.inv_freq[i])
+            ks, vs = np.repeat(ks, group, axis=0), np.repeat(vs, group, axis=0)
+            scores = qs @ ks.transpose(0, 2, 1) * np.float32(c.attention_scale) + self._mask(s, i)
             scores = np.exp(scores - scores.max(-1, keepdims=True))
             scores /= scores.sum(-1, keepdims=True)
-            a = (scores @ v).transpose(1, 0, 2).reshape(s, -1) @ w["attn_output.weight"].T
-            if fam.sandwich_norms:
-                a = self._rms(a, w["post_attention_norm.weight"])
-            x = x + a
-            h = self._rms(x, w["ffn_norm.weight"])
-            f = (act(h @ w["ffn_gate.weight"].T) * (h @ w["ffn_up.weight"].T)) @ w["ffn_down.weight"].T
-            if fam.sandwich_norms:
-                f = self._rms(f, w["post_ffw_norm.weight"])
-            x = x + f
-        return self._rms(x, self.output_norm)
+            out[span] = (scores @ vs).transpose(1, 0, 2).reshape(s, -1)
+        a = self._linear(i, out, "attn_output")
+        return self._rms(a, self._w(i, "post_attention_norm.weight")) if fam.sandwich_norms else a
+
+    def _mlp(self, i: int, h: np.ndarray) -> np.ndarray:
+        act = gelu_tanh if self.family.activation == "gelu_tanh" else silu
+        f = act(self._linear(i, h, "ffn_gate")) * self._linear(i, h, "ffn_up")
+        f = self._linear(i, f, "ffn_down")
+        return self._rms(f, self._w(i, "post_ffw_norm.weight")) if self.family.sandwich_norms else f
+
+    def hidden_many(self, seqs: list[list[int]]) -> list[np.ndarray]:
+        """(len(ids), hidden) final-normed hidden states of each sequence, all computed in one pass over
+        the layers."""
+        c = self.cfg
+        bounds = np.cumsum([0, *(len(ids) for ids in seqs)])
+        spans = [slice(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
+        ids = np.concatenate([np.asarray(s, np.int64) for s in seqs]) if seqs else np.zeros(0, np.int64)
+        x = dequantize_rows(self.m.tensor("token_embd.weight"), ids) * np.float32(c.embed_scale)
+        for i in range(c.n_layers):
+            x = x + self._attention(i, self._rms(x, self._w(i, "attn_norm.weight")), spans)
+            x = x + self._mlp(i, self._rms(x, self._w(i, "ffn_norm.weight")))
+            self.m.release()
+        x = self._rms(x, self.output_norm)
+        return [x[span] for span in spans]
+
+    def hidden(self, ids: list[int]) -> np.ndarray:
+        """(len(ids), hidden): the final-normed hidden states of one sequence."""
+        return self.hidden_many([ids])[0]
+
+    def logits_many(self, seqs: list[list[int]]) -> list[np.ndarray]:
+        """(len(ids), vocab) float32 logits of every position of each sequence."""
+        hs = self.hidden_many(seqs)
+        head = self.m.tensor("token_embd.weight" if self.cfg.tied_embeddings else "output.weight")
+        outs = [np.empty((len(h), self.cfg.vocab), np.float32) for h in hs]
+        for start in range(0, self.cfg.vocab, HEAD_CHUNK):
+            chunk = slice(start, min(start + HEAD_CHUNK, self.cfg.vocab))
+            w = dequantize_rows(head, chunk)
+            for h, out in zip(hs, outs, strict=True):
+                out[:, chunk] = h @ w.T
+        self.m.release()
+        return outs
 
     def logits(self, ids: list[int], positions: list[int] | None = None) -> np.ndarray:
         """(len(positions), vocab) float32 logits of one sequence, every position by default."""
-        h = self.hidden(ids)
-        if positions is not None:
-            h = h[np.asarray(positions)]
-        head = self.m.tensor("token_embd.weight" if self.cfg.tied_embeddings else "output.weight")
-        out = np.empty((len(h), self.cfg.vocab), np.float32)
-        for start in range(0, self.cfg.vocab, HEAD_CHUNK):
-            chunk = slice(start, min(start + HEAD_CHUNK, self.cfg.vocab))
-            out[:, chunk] = h @ dequantize_rows(head, chunk).T
-        return out
+        out = self.logits_many([ids])[0]
+        return out if positions is None else out[np.asarray(positions)]

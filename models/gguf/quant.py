@@ -101,34 +101,65 @@ class Layout:
         )
 
 
-class Packing:
-    """A packed matrix known by its Layout before its codes exist: `get()` computes them once and checks
-    them against the layout (a mismatch is a converter bug, never a file problem)."""
+RowsFn = Callable[[int, int], "PackedNBits"]
+# One dequantized band of rows (n, k) float32 -> its encoded arrays: the seam a re-quantizer plugs into
+# (packing_from); the exact GGML formats never take it, they move their own codes (pack_blocks).
+Encoder = Callable[[np.ndarray], "PackedNBits"]
 
-    def __init__(self, layout: Layout, make: Callable[[], PackedNBits]) -> None:
+
+class Packing:
+    """A packed matrix known by its Layout before its codes exist, computed a band of rows at a time.
+
+    Every packing here is row-wise (a GGML block lies within a row; widening, splitting blocks and the
+    nibble pair act on each row alone), so rows lo..hi-1 are computed from the source's rows lo..hi-1 only:
+    a vocabulary-sized table is converted a band at a time and never held whole. The last band computed is
+    kept, so the several arrays of one band (codes, scales, offsets) come from one decode. Each band is
+    checked against the layout (a mismatch is a converter bug, never a file problem)."""
+
+    def __init__(self, layout: Layout, rows: RowsFn) -> None:
         self.layout = layout
-        self._make: Callable[[], PackedNBits] | None = make
-        self._packed: PackedNBits | None = None
+        self._rows = rows
+        self._last: tuple[int, int, PackedNBits] | None = None
+
+    def rows(self, lo: int, hi: int) -> PackedNBits:
+        if self._last is not None and self._last[:2] == (lo, hi):
+            return self._last[2]
+        if not 0 <= lo < hi <= self.layout.n:
+            raise ValueError(f"rows {lo}..{hi} of a matrix of {self.layout.n}")
+        p = self._rows(lo, hi)
+        if p.layout != replace(self.layout, n=hi - lo):
+            raise RuntimeError(f"converter bug: planned {self.layout} (rows {lo}..{hi}), packed {p.layout}")
+        self._last = (lo, hi, p)
+        return p
 
     def get(self) -> PackedNBits:
-        if self._packed is None:
-            assert self._make is not None
-            p = self._make()
-            if p.layout != self.layout:
-                raise RuntimeError(f"converter bug: planned {self.layout}, packed {p.layout}")
-            self._packed, self._make = p, None
-        return self._packed
+        """All rows (kept, as the last band)."""
+        return self.rows(0, self.layout.n)
 
     def then(self, layout: Layout, fn: Callable[[PackedNBits], PackedNBits]) -> Packing:
-        return Packing(layout, lambda: fn(self.get()))
+        """A row-wise transform of this packing (widen, split_blocks, as_nibble_pair)."""
+        return Packing(layout, lambda lo, hi: fn(self.rows(lo, hi)))
+
+    def band(self, lo: int, hi: int) -> Packing:
+        """Rows lo..hi-1 as a packing of their own (a slice of a vocabulary-sized head)."""
+        return Packing(replace(self.layout, n=hi - lo), lambda a, b: self.rows(lo + a, lo + b))
 
     @staticmethod
     def concat(parts: list[Packing]) -> Packing:
         if len(parts) == 1:
             return parts[0]
-        return Packing(
-            Layout.concat([p.layout for p in parts]), lambda: concat_packed([p.get() for p in parts])
-        )
+
+        def rows(lo: int, hi: int) -> PackedNBits:
+            pieces, start = [], 0
+            for part in parts:
+                end = start + part.layout.n
+                a, b = max(lo, start), min(hi, end)
+                if a < b:
+                    pieces.append(part.rows(a - start, b - start))
+                start = end
+            return concat_packed(pieces)
+
+        return Packing(Layout.concat([p.layout for p in parts]), rows)
 
 
 @dataclass
@@ -263,15 +294,24 @@ def pack_tensor(t: Tensor, bits: int | None = None, block: int | None = None) ->
     return pack_blocks(decode(t.type_name, t.data, t.rows), bits, block)
 
 
+def band(t: Tensor, lo: int, hi: int) -> Tensor:
+    """Rows lo..hi-1 of a matrix, over the same memory (a GGUF row is whole blocks)."""
+    return replace(t, rows=hi - lo, data=np.asarray(t.data)[lo:hi])
+
+
 def packing(t: Tensor, bits: int | None = None) -> Packing:
-    """pack_tensor(t, bits), planned from the tensor's type and shape and computed on first use."""
+    """pack_tensor(t, bits), planned from the tensor's type and shape and computed a band at a time."""
     if t.type_name in ("F32", "F16", "BF16"):
         if bits is None:
             raise ValueError(f"{t.name}: a float tensor needs an explicit width")
-        lay = Layout.symmetric(bits, t.rows, t.cols)
-    else:
-        lay = Layout.of(t.type_name, t.rows, t.cols, bits)
-    return Packing(lay, lambda: pack_tensor(t, bits))
+        return packing_from(t, Layout.symmetric(bits, t.rows, t.cols), lambda w: quantize_symmetric(w, bits))
+    lay = Layout.of(t.type_name, t.rows, t.cols, bits)
+    return Packing(lay, lambda lo, hi: pack_tensor(band(t, lo, hi), bits))
+
+
+def packing_from(t: Tensor, layout: Layout, encode: Encoder) -> Packing:
+    """`t`'s rows dequantized to fp32 and encoded by `encode`, a band at a time, planned as `layout`."""
+    return Packing(layout, lambda lo, hi: encode(band(t, lo, hi).dequantize()))
 
 
 def widen(p: PackedNBits) -> PackedNBits:

@@ -7,6 +7,7 @@ metadata against its families (models/convert/model.py), and nothing here import
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -108,6 +109,14 @@ class GGUFFile:
         type_name = self.type_name(name)
         rows, cols = self.shape(name) or (0, 0)
         return Tensor(name, type_name, rows, cols, np.asarray(self._tensors[name].data))
+
+    def release(self) -> None:
+        """Unmap the pages of the file this process has read so far (they stay in the page cache: reading
+        them again costs a minor fault). The reader maps the whole file, and every page a conversion reads
+        would otherwise stay in its RSS to the end: the whole GGUF, 1.1 GB for Qwen2.5 1.5B."""
+        mapping = getattr(self.reader.data, "_mmap", None)
+        if mapping is not None and hasattr(mapping, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            mapping.madvise(mmap.MADV_DONTNEED)
 
     def tensor_types(self) -> dict[str, int]:
         out: dict[str, int] = {}

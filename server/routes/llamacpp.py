@@ -1,20 +1,25 @@
 """llama.cpp server's /tokenize, /detokenize and /apply-template (server/wire/llamacpp.py has the JSON).
 
-The tokenizer is read-only and lives with the engine: these run in a thread of the threadpool, not on the
-worker (so they do not queue behind a generation, as llama.cpp answers them while its slots are busy) and
-not on the event loop (a long text takes a while to tokenize).
+The tokenizer is read-only and needs no weights: these run on a thread of their own (server/tokenizers.py),
+not on the worker (so they do not queue behind a generation, as llama.cpp answers them while its slots are
+busy) and not on the event loop (a long text takes a while to tokenize, and its JSON a while to write).
+The model they are asked about answers with its engine when it is loaded, else with its tokenizer alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 from models.errors import InvalidParameter, ModelNotFound
-from models.protocol import Engine
+from server.catalog import CatalogEntry
 from server.errors import ModelLoading
+from server.tokenizers import TextSide, give_back_if_large
 from server.wire.llamacpp import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest, tokens_json
 
 if TYPE_CHECKING:
@@ -23,25 +28,52 @@ if TYPE_CHECKING:
 router = APIRouter()
 
 
-def served_engine(request: Request, model: str | None) -> Engine:
-    """The engine of the served model `model` names (any, when it names none)."""
-    rt: Runtime = request.app.state.runtime
-    if model and model not in rt.served_ids():
+def _target(rt: Runtime, model: str | None) -> TextSide | CatalogEntry:
+    """The loaded engine of the model `model` names (none named: the one that ran last, else the default),
+    or its catalog entry when it is not loaded (its tokenizer is read from there)."""
+    if model is None:
+        engine = rt.worker.engine
+        if engine is not None:
+            return engine
+        model = rt.model
+    elif model not in rt.served_ids():
         raise ModelNotFound(
             f"The model '{model}' is not served here; this server serves '{rt.model_id()}'", param="model"
         )
-    engine = rt.worker.engine
-    if engine is None:
+    entry = rt.served.entry(model)
+    if entry is None:  # removed from the store since
+        raise ModelNotFound(f"The model '{model}' is not installed", param="model")
+    engine = rt.served.pool.engine(entry.id)
+    if engine is not None:
+        return engine
+    if entry.path is None:  # an engine handed over by a factory that has not returned yet
         raise ModelLoading("The model is still loading; retry shortly")
-    return engine
+    return entry
 
 
-def _check_ids(engine: Engine, ids: list[int], param: str) -> list[bytes]:
+async def _answer(
+    request: Request, model: str | None, work: Callable[[TextSide], Any], size: int
+) -> Response:
+    """`work` on the model's text side, on the tokenizer thread; its JSON written there too."""
+    rt: Runtime = request.app.state.runtime
+    target = _target(rt, model)
+
+    def run() -> bytes:
+        side = rt.served.tokenizers.of(target) if isinstance(target, CatalogEntry) else target
+        data = json.dumps(work(side), ensure_ascii=False, separators=(",", ":")).encode()
+        give_back_if_large(size)
+        return data
+
+    data = await asyncio.get_running_loop().run_in_executor(rt.tokenizer_executor, run)
+    return Response(data, media_type="application/json")
+
+
+def _check_ids(side: TextSide, ids: list[int], param: str) -> list[bytes]:
     """Each id's bytes; an id outside the vocabulary is a 400 naming its position."""
     out = []
     for i, token in enumerate(ids):
         try:
-            out.append(engine.token_bytes(token))
+            out.append(side.token_bytes(token))
         except (IndexError, OverflowError, ValueError):
             raise InvalidParameter(
                 f"{param}[{i}]: {token} is not a token id of this model's vocabulary", param=f"{param}[{i}]"
@@ -49,40 +81,43 @@ def _check_ids(engine: Engine, ids: list[int], param: str) -> list[bytes]:
     return out
 
 
-def _tokenize(engine: Engine, body: TokenizeRequest) -> dict[str, Any]:
+def _tokenize(side: TextSide, body: TokenizeRequest) -> dict[str, Any]:
     parts = [body.content] if isinstance(body.content, str) else body.content
     ids: list[int] = []
     for i, part in enumerate(parts):
         if isinstance(part, str):
             # BOS (add_special) only in front of the first text, as llama.cpp's tokenize_mixed does
-            ids += engine.tokenize(
+            ids += side.tokenize(
                 part, add_special=body.add_special and i == 0, parse_special=body.parse_special
             )
         else:
-            _check_ids(engine, [part], f"content[{i}]")
+            _check_ids(side, [part], f"content[{i}]")
             ids.append(part)
-    pieces = [engine.token_bytes(t) for t in ids] if body.with_pieces else None
+    pieces = [side.token_bytes(t) for t in ids] if body.with_pieces else None
     return tokens_json(ids, pieces)
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
-    engine = served_engine(request, body.model)
-    return await asyncio.to_thread(_tokenize, engine, body)
+async def tokenize(body: TokenizeRequest, request: Request) -> Response:
+    size = sum(
+        len(p) if isinstance(p, str) else 1
+        for p in ([body.content] if isinstance(body.content, str) else body.content)
+    )
+    return await _answer(request, body.model, lambda side: _tokenize(side, body), size)
 
 
-def _detokenize(engine: Engine, ids: list[int]) -> dict[str, str]:
-    data = b"".join(_check_ids(engine, ids, "tokens"))
+def _detokenize(side: TextSide, ids: list[int]) -> dict[str, str]:
+    data = b"".join(_check_ids(side, ids, "tokens"))
     return {"content": data.decode("utf-8", errors="replace")}
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, str]:
-    engine = served_engine(request, body.model)
-    return await asyncio.to_thread(_detokenize, engine, body.tokens)
+async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
+    return await _answer(request, body.model, lambda side: _detokenize(side, body.tokens), len(body.tokens))
 
 
 @router.post("/apply-template")
-async def apply_template(body: ApplyTemplateRequest, request: Request) -> dict[str, str]:
-    engine = served_engine(request, body.model)
-    return {"prompt": await asyncio.to_thread(engine.chat_text, body.message_dicts())}
+async def apply_template(body: ApplyTemplateRequest, request: Request) -> Response:
+    messages = body.message_dicts()
+    size = sum(len(str(m.get("content") or "")) for m in messages)
+    return await _answer(request, body.model, lambda side: {"prompt": side.chat_text(messages)}, size)

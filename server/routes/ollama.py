@@ -320,18 +320,30 @@ async def version() -> dict[str, str]:
 async def delete(body: wire.ModelRequest, request: Request) -> Response:
     rt: Runtime = request.app.state.runtime
     model = body.model_id
-    if model in rt.served_ids():
-        raise ApiError(
-            400,
-            "invalid_parameter",
-            f"model '{body.given}' is being served: serve another model (SIMMER_MODEL) before deleting it",
-            param="model",
-        )
+    in_use = _in_use(rt, model)
+    if in_use:
+        raise ApiError(400, "invalid_parameter", f"model '{body.given}' {in_use}", param="model")
     installed = await asyncio.to_thread(model_catalog.installed, rt.model_store)
     if rt.model_store is None or not any(m.id == model for m in installed):
         raise ModelNotFound(f"model '{body.given}' not found", param="model")
-    await asyncio.to_thread(rt.model_store.remove, model)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(rt.store_executor, rt.model_store.remove, model)  # may wait for a pull
     return Response(status_code=200)
+
+
+def _in_use(rt: Runtime, model: str) -> str | None:
+    """Why `model` cannot be deleted now (None: it can): the server's own model, a rung of its ladder, or
+    loaded (any other installed model can go)."""
+    if model == rt.model:
+        return "is the model this server serves (SIMMER_MODEL): serve another one before deleting it"
+    if model in rt.served.ladder_models():
+        return "is on the governor's ladder (SIMMER_LADDER): take it off before deleting it"
+    if model in rt.served.pool.loaded() or model == rt.model_id():
+        return (
+            "is loaded: delete it once it unloads (after its keep_alive, or at once after a request "
+            'with "keep_alive": 0)'
+        )
+    return None
 
 
 @router.post("/pull")
@@ -341,7 +353,8 @@ async def pull(body: wire.PullRequest, request: Request) -> Response:
     if store is None:
         raise ApiError(400, "invalid_parameter", "this server has no model store", param="model")
     name = body.model_id
-    spec = await asyncio.to_thread(registry.resolve, name, hub=store.hub)  # an unknown name: 404 at once
+    # An unknown name: 404 at once. A local path only from SIMMER_PULL_DIRS, decided before it is read.
+    spec = await asyncio.to_thread(registry.resolve, name, hub=store.hub, local_dirs=rt.pull_dirs)
     progress = PullProgress(asyncio.get_running_loop())
 
     def install() -> Any:
@@ -350,9 +363,10 @@ async def pull(body: wire.PullRequest, request: Request) -> Response:
             notice = license_notice(spec.source, store.downloads_dir)
         if notice:
             progress.note(notice)
-        return store.pull(name, progress)
+        return store.pull(name, progress, local_dirs=rt.pull_dirs)
 
-    task = asyncio.ensure_future(asyncio.to_thread(install))
+    # its own threads: a pull may wait for the model's lock (another pull, `simmer pull --force`)
+    task = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(rt.store_executor, install))
     task.add_done_callback(lambda t: _pulled(spec.id, t))
     if not body.stream:
         await asyncio.shield(task)  # a client that leaves does not stop the install (as Ollama resumes)

@@ -89,7 +89,8 @@ class ResponsesRenderer:
                     for event in events.delta(item.text, item.events) if item.events else ():
                         yield _sse(event)
                     error = error_payload(item.error)[1]["error"]
-                    for event in events.failure(error["code"], error["message"], error["param"]):
+                    failure = events.failure(error["code"], error["message"], error["param"], error["type"])
+                    for event in failure:
                         yield _sse(event)
 
 

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from models.errors import ModelNotFound
 from server.catalog import CatalogEntry
 from server.model_pool import LoadedView
 from server.routes.completion_flow import complete
 from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.wire.ollama import LATEST
 
 if TYPE_CHECKING:
     from server.runtime import Runtime
@@ -44,6 +46,18 @@ async def models(request: Request) -> dict:
         for m in (rt.router.remote_models() if rt.router else [])
     ]
     return {"object": "list", "data": [*data, *remote]}
+
+
+@router.get("/models/{model:path}")
+async def model(model: str, request: Request) -> dict:
+    """One model as `/v1/models` lists it (client.models.retrieve). An Ollama-style name with the default
+    tag (`smollm2-135m-instruct:latest`) names the model listed without it, as every route reads it; an id
+    with a slash (an upstream's `org/name`) is one path. Any other name: 404 model_not_found, as OpenAI's."""
+    listed = {entry["id"]: entry for entry in (await models(request))["data"]}
+    found = listed.get(model) or listed.get(model.removesuffix(LATEST))
+    if found is None:
+        raise ModelNotFound(f"The model '{model}' does not exist", param="model")
+    return found
 
 
 def _base(rt: Runtime, model_id: str) -> dict[str, Any]:

@@ -177,6 +177,8 @@ class Router:
         breaker: Breaker | None = None,
         min_local_tok_s: float = 0.0,
         max_local_wait_s: float = 0.0,
+        upstream_stall_s: float = 120.0,
+        upstream_deadline_s: float = 600.0,
     ) -> None:
         self.policy = policy
         self.local = local
@@ -186,6 +188,8 @@ class Router:
         self.breaker = breaker or Breaker()
         self.min_local_tok_s = min_local_tok_s
         self.max_local_wait_s = max_local_wait_s
+        self.upstream_stall_s = upstream_stall_s  # an upstream reply without a token this long ends
+        self.upstream_deadline_s = upstream_deadline_s  # and one that takes longer than this in all
         self.slow = False  # pace_slow()'s state: the local pace is under the floor, not yet home
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self.failures: collections.Counter[str] = collections.Counter()
@@ -461,9 +465,17 @@ class Router:
         """Relay one upstream reply into the job. True when it failed before its first token and the
         local worker took the job over."""
         assert self.upstream is not None
-        reader = ChunkReader(kind, time.monotonic())
+        reader = ChunkReader(kind, time.monotonic(), _max_tokens(request))
         try:
-            await relay(self.upstream, kind, request, _accounted(job), reader)
+            await relay(
+                self.upstream,
+                kind,
+                request,
+                _accounted(job),
+                reader,
+                stall_s=self.upstream_stall_s,
+                deadline_s=self.upstream_deadline_s,
+            )
         except UpstreamFailure as failure:
             self._failed(failure, probe, job)
             if reader.started:
@@ -538,6 +550,12 @@ def _accounted(job: Job) -> Callable[[object], None]:
     return feed
 
 
+def _max_tokens(request: dict) -> int | None:
+    """The reply cap the client asked for (forwarded, and applied to what comes back)."""
+    value = request.get("max_completion_tokens") or request.get("max_tokens")
+    return value if isinstance(value, int) else None
+
+
 def _parse_header(value: str | None) -> Mode | None:
     if value is None or not value.strip():
         return None
@@ -577,4 +595,6 @@ def build_router(
         breaker=breaker or Breaker(settings.upstream_breaker_failures, settings.upstream_breaker_cooldown_s),
         min_local_tok_s=settings.route_min_local_tok_s,
         max_local_wait_s=settings.route_max_local_wait_s,
+        upstream_stall_s=settings.upstream_read_timeout_s,
+        upstream_deadline_s=settings.upstream_reply_timeout_s,
     )

@@ -1,4 +1,4 @@
-"""The HTTP side of an upstream: one pooled httpx.AsyncClient, the SSE parser of httpx-sse, what is
+"""The HTTP side of an upstream: one pooled httpx.AsyncClient, a bounded SSE parser (sse_reader.py), what is
 forwarded, and every way a call can fail, classified for the breaker and mapped into simmer's errors.
 
 What leaves the device (docs/routing.md): the model name the upstream knows, the messages (role and text) or
@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -22,10 +22,10 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-from httpx_sse import SSEError, aconnect_sse
 
 from models.errors import ContextLengthExceeded, InvalidParameter, ModelNotFound, SimmerError
 from server.errors import UpstreamError, UpstreamUnavailable
+from server.routing.sse_reader import LineTooLong, sse_events
 from server.schemas import _GenerationRequest
 
 Endpoint = Literal["chat", "text"]
@@ -51,6 +51,10 @@ _CHAT = ("max_tokens", "max_completion_tokens", "logprobs", "top_logprobs")
 _TEXT = ("max_tokens", "logprobs")
 
 MAX_MESSAGE_CHARS = 500  # of an upstream error message passed on to the client
+# What is read of an upstream's answer, whatever it sends: an error body (its message is cut to
+# MAX_MESSAGE_CHARS anyway), and one stream event (a chunk with 20 top logprobs is about 4 KB).
+MAX_ERROR_BYTES = 64 << 10
+MAX_EVENT_BYTES = 256 << 10
 _OFFLINE_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN}
 
 
@@ -193,6 +197,16 @@ def failure_from_response(status: int, body: bytes, headers: httpx.Headers) -> U
     return UpstreamFailure(kind, message or f"HTTP {status}", status=status, retry_after_s=after, code=code)
 
 
+async def _read_at_most(response: httpx.Response, limit: int) -> bytes:
+    """The first `limit` bytes of a body, without reading the rest (the response is closed after)."""
+    got = bytearray()
+    async for piece in response.aiter_bytes():
+        got += piece[: limit - len(got)]
+        if len(got) >= limit:
+            break
+    return bytes(got)
+
+
 def failure_from_chunk(chunk: dict) -> UpstreamFailure:
     message, code = _error_text(json.dumps(chunk).encode())
     return UpstreamFailure("error_event", message or "error event", code=code)
@@ -264,8 +278,11 @@ class UpstreamClient:
         self._client = httpx.AsyncClient(
             base_url=self.url,
             headers=headers,
+            # A request waits for a pooled connection as long as a stalled reply may hold one (the relay ends
+            # a reply that sends no token for the read timeout): a pool full of slow replies delays the
+            # next request, it does not fail it.
             timeout=httpx.Timeout(
-                read_timeout_s, connect=connect_timeout_s, write=30.0, pool=connect_timeout_s
+                read_timeout_s, connect=connect_timeout_s, write=30.0, pool=read_timeout_s + connect_timeout_s
             ),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             verify=verify,
@@ -285,24 +302,37 @@ class UpstreamClient:
         """Never echo the key, even if the upstream quotes it back."""
         return text.replace(self._key, "[redacted]") if self._key else text
 
-    async def chunks(self, endpoint: Endpoint, body: dict) -> AsyncIterator[dict]:
+    async def chunks(
+        self, endpoint: Endpoint, body: dict, on_response: Callable[[], None] = lambda: None
+    ) -> AsyncGenerator[dict, None]:
         """The upstream's stream chunks (parsed JSON) until `data: [DONE]`. Raises UpstreamFailure.
-        Closing or cancelling the iteration closes the response: the upstream sees its client leave."""
+        Closing or cancelling the iteration closes the response: the upstream sees its client leave.
+        Bounded: an error body is read up to MAX_ERROR_BYTES, an event up to MAX_EVENT_BYTES.
+        `on_response` is called when the response's headers are in (the wait for a pooled connection,
+        the connect and the upstream's first answer are behind)."""
         try:
-            async with aconnect_sse(self._client, "POST", PATHS[endpoint].lstrip("/"), json=body) as source:
-                response = source.response
+            async with self._client.stream("POST", PATHS[endpoint].lstrip("/"), json=body) as response:
+                on_response()
                 if response.status_code != 200:
-                    raw = await response.aread()
-                    failure = failure_from_response(response.status_code, raw, response.headers)
+                    failure = failure_from_response(
+                        response.status_code, await _read_at_most(response, MAX_ERROR_BYTES), response.headers
+                    )
                     failure.message = self.scrub(failure.message)
                     raise failure
-                async for event in source.aiter_sse():
-                    if event.event not in ("message", ""):
+                kind = response.headers.get("content-type", "")
+                if kind.partition(";")[0].strip().lower() != "text/event-stream":
+                    got = self.scrub(kind)[:100]
+                    raise UpstreamFailure(
+                        "bad_response",
+                        f"Expected response header Content-Type to contain 'text/event-stream', got {got!r}",
+                    )
+                async for event, data in sse_events(response.aiter_bytes(), MAX_EVENT_BYTES):
+                    if event not in ("message", ""):
                         continue  # a server's own event types (simmer's `governor`): not ours to relay
-                    if event.data.strip() == "[DONE]":
+                    if data.strip() == "[DONE]":
                         return
                     try:
-                        chunk = json.loads(event.data)
+                        chunk = json.loads(data)
                     except ValueError:
                         raise UpstreamFailure("bad_response", "a stream event is not JSON") from None
                     if not isinstance(chunk, dict):
@@ -315,8 +345,8 @@ class UpstreamClient:
             raise UpstreamFailure("dropped", "the stream ended without [DONE]")
         except httpx.HTTPError as err:
             raise classify(err) from err
-        except SSEError as err:
-            raise UpstreamFailure("bad_response", self.scrub(str(err))) from err
+        except LineTooLong as err:
+            raise UpstreamFailure("bad_response", str(err)) from err
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -353,6 +353,7 @@ class ResponsesRequest(_Request):
     repeat_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
     route: Literal["local", "auto", "upstream"] | None = None
     governor_events: bool = False  # opt in to chat's `event: governor` SSE events (SDKs would choke on them)
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # as chat's (server/cache_scope.py)
 
     @model_validator(mode="after")
     def _supported(self) -> ResponsesRequest:
@@ -421,7 +422,7 @@ class ResponsesRequest(_Request):
     def to_openai(self) -> ChatCompletionRequest:
         fields: dict[str, Any] = {"messages": self.messages(), "stream": self.stream}
         names = ("model", "temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty")
-        names += ("route", "governor_events")  # simmer's extras
+        names += ("route", "governor_events", "cache_salt")  # simmer's and vLLM's extras
         fields.update({n: getattr(self, n) for n in names if getattr(self, n) is not None})
         if self.max_output_tokens is not None:
             fields["max_tokens"] = self.max_output_tokens
@@ -448,7 +449,11 @@ class ResponsesRequest(_Request):
 def usage_object(usage: Usage) -> dict[str, Any]:
     body: dict[str, Any] = {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        # cache_write_tokens: the prompt tokens prefilled this time, which the prefix cache then keeps
+        "input_tokens_details": {
+            "cached_tokens": usage.cached_tokens,
+            "cache_write_tokens": max(0, usage.prompt_tokens - usage.cached_tokens),
+        },
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.total_tokens,
@@ -530,7 +535,7 @@ class ResponseObject:
         r = self.request
         choice = r.tool_choice.model_dump() if isinstance(r.tool_choice, BaseModel) else r.tool_choice
         window = {"truncated": finish.truncated, "summarized": finish.summarized} if finish else {}
-        return {
+        body: dict[str, Any] = {
             "id": self.rid,
             "object": "response",
             "created_at": self.created_at,
@@ -556,12 +561,16 @@ class ResponseObject:
             "background": False,
             "metadata": r.metadata or {},
             "service_tier": r.service_tier or "default",
-            "user": r.user,
             "safety_identifier": r.safety_identifier,
             "prompt_cache_key": r.prompt_cache_key,
-            "usage": usage_object(usage) if usage is not None else None,
             **window,
         }
+        # Optional in OpenAI's spec and never null there: left out until known (`user` unless sent).
+        if r.user is not None:
+            body["user"] = r.user
+        if usage is not None:
+            body["usage"] = usage_object(usage)
+        return body
 
     def output(self, text: str, tokens: list[TokenEvent], calls: list[dict[str, Any]], status: str) -> list:
         """The output items: the message (when there is text, or nothing else), then one per call."""
@@ -584,20 +593,25 @@ class ResponseObject:
 class EventStream:
     """The `response.*` events of one streamed response, numbered in order (sequence_number).
 
-    Output items open as they come: without tools the message opens at once (an empty reply is an empty
-    message); with tools the message opens at its first text and each call at its first delta (its
-    arguments then stream as response.function_call_arguments.delta), so a reply that is only calls has
-    no message, as in the reply that is not streamed."""
+    Output items open as they come, one at a time: each is closed (its `.done` events, then
+    response.output_item.done) before the next opens, as OpenAI's stream does. Without tools the message
+    opens at once (an empty reply is an empty message); with tools the message opens at its first text and
+    each call at its first delta (its arguments then stream as response.function_call_arguments.delta), so a
+    reply that is only calls has no message, as in the reply that is not streamed. No text delta is empty:
+    the logprobs of tokens that showed nothing yet go with the next one."""
 
     def __init__(self, response: ResponseObject) -> None:
         self.r = response
         self.seq = 0
         self.text = ""
-        self.tokens: list[TokenEvent] = []
+        self.tokens: list[TokenEvent] = []  # the message's tokens sent so far (its logprobs)
+        self.pending: list[TokenEvent] = []  # text tokens whose text has not gone out yet
         self.message_at: int | None = None  # the message's output_index, once open
         self.calls: dict[int, int] = {}  # call index -> output_index
         self.deltas: list[ToolCallDelta] = []
         self.opened = 0  # output items so far
+        self.current: int | None = None  # the output_index of the item open now
+        self.closed: dict[int, dict[str, Any]] = {}  # output_index -> the item as its output_item.done said
 
     def event(self, kind: str, **data: Any) -> dict[str, Any]:
         out = {"type": kind, "sequence_number": self.seq, **data}
@@ -617,6 +631,7 @@ class EventStream:
     def _open_message(self) -> list[dict[str, Any]]:
         r = self.r
         self.message_at, self.opened = self.opened, self.opened + 1
+        self.current = self.message_at
         return [
             self.event(
                 "response.output_item.added",
@@ -636,12 +651,14 @@ class EventStream:
         """The events of one batch of tokens: text deltas, then call deltas."""
         events: list[dict[str, Any]] = []
         deltas = call_deltas(tokens, finish)
-        if text or (self.message_at is not None and not deltas):
+        self.pending += [ev for ev in tokens if not ev.tool_calls]
+        if text:
             if self.message_at is None:
+                events += self._close_current("completed")
                 events += self._open_message()
             self.text += text
-            text_tokens = [ev for ev in tokens if not ev.tool_calls]
-            self.tokens += text_tokens
+            sent, self.pending = self.pending, []
+            self.tokens += sent
             events.append(
                 self.event(
                     "response.output_text.delta",
@@ -649,13 +666,15 @@ class EventStream:
                     output_index=self.message_at,
                     content_index=0,
                     delta=text,
-                    logprobs=text_part(text, text_tokens)["logprobs"],
+                    logprobs=text_part(text, sent)["logprobs"],
                 )
             )
         for d in deltas:
             self.deltas.append(d)
             if d.index not in self.calls:
+                events += self._close_current("completed")
                 self.calls[d.index], self.opened = self.opened, self.opened + 1
+                self.current = self.calls[d.index]
                 call = {"id": d.id, "function": {"name": d.name, "arguments": ""}}
                 item = call_item(self.r.call_id(d.index), call, "in_progress")
                 events.append(
@@ -672,6 +691,58 @@ class EventStream:
                 )
         return events
 
+    def _item(self, index: int, status: str) -> dict[str, Any]:
+        """The item at output_index `index` as it stands (a message: `status`; a call: completed when its
+        arguments are a whole object)."""
+        if index == self.message_at:
+            return message_item(self.r.item_id, status, [self._part()])
+        call_index = next(i for i, at in self.calls.items() if at == index)
+        call = assemble_calls([d for d in self.deltas if d.index == call_index])[0]
+        done = "completed" if _complete(call["function"]["arguments"]) else "incomplete"
+        return call_item(self.r.call_id(call_index), call, done)
+
+    def _close_current(self, status: str) -> list[dict[str, Any]]:
+        """The `.done` events of the item open now (none when none is)."""
+        index, self.current = self.current, None
+        if index is None:
+            return []
+        if index == self.message_at:
+            self.tokens += self.pending
+            self.pending = []
+        item = self._item(index, status)
+        self.closed[index] = item
+        r = self.r
+        if item["type"] == "message":
+            part = self._part()
+            events = [
+                self.event(
+                    "response.output_text.done",
+                    item_id=r.item_id,
+                    output_index=index,
+                    content_index=0,
+                    text=self.text,
+                    logprobs=part["logprobs"],
+                ),
+                self.event(
+                    "response.content_part.done",
+                    item_id=r.item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                ),
+            ]
+        else:
+            events = [
+                self.event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
+            ]
+        return [*events, self.event("response.output_item.done", output_index=index, item=item)]
+
     def moved(self, model: str | None, switch: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The reply runs on `model` from now on (the worker started it on another model than the one
         asked for, or the governor moved it mid-way): a response.in_progress naming it, with the output as
@@ -679,19 +750,17 @@ class EventStream:
         if not model or model == self.r.model:
             return []
         self.r.model = model
-        output = [item for _, item in self._items("in_progress")]
         extra = {"switch": switch} if switch else {}
+        output = self._output("in_progress")
         return [self.event("response.in_progress", response=self.r.build("in_progress", output), **extra)]
 
-    def _items(self, status: str) -> list[tuple[int, dict[str, Any]]]:
-        """(output_index, item) of every item opened so far, as they stand."""
-        items = []
-        if self.message_at is not None:
-            items.append((self.message_at, message_item(self.r.item_id, status, [self._part()])))
-        for i, call in enumerate(assemble_calls(self.deltas)):
-            done = "completed" if _complete(call["function"]["arguments"]) else "incomplete"
-            items.append((self.calls[i], call_item(self.r.call_id(i), call, done)))
-        return sorted(items, key=lambda pair: pair[0])
+    def _output(self, status: str) -> list[dict[str, Any]]:
+        """Every item opened so far, in output order: the closed ones as they were closed, the open one with
+        `status`."""
+        items = dict(self.closed)
+        if self.current is not None:
+            items[self.current] = self._item(self.current, status)
+        return [items[i] for i in sorted(items)]
 
     def _part(self) -> dict[str, Any]:
         return text_part(self.text, self.tokens)
@@ -702,47 +771,20 @@ class EventStream:
         if self.message_at is None and not self.calls:  # nothing came: an empty message, as not streamed
             events += self._open_message()
         status, incomplete = finish_status(finish)
-        items = self._items(status)
-        for index, item in items:
-            if item["type"] == "message":
-                part = self._part()
-                events += [
-                    self.event(
-                        "response.output_text.done",
-                        item_id=r.item_id,
-                        output_index=index,
-                        content_index=0,
-                        text=self.text,
-                        logprobs=part["logprobs"],
-                    ),
-                    self.event(
-                        "response.content_part.done",
-                        item_id=r.item_id,
-                        output_index=index,
-                        content_index=0,
-                        part=part,
-                    ),
-                ]
-            else:
-                events.append(
-                    self.event(
-                        "response.function_call_arguments.done",
-                        item_id=item["id"],
-                        output_index=index,
-                        name=item["name"],
-                        arguments=item["arguments"],
-                    )
-                )
-            events.append(self.event("response.output_item.done", output_index=index, item=item))
-        output = [item for _, item in items]
+        events += self._close_current(status)
         r.model = finish.model_id or r.model
-        final = r.build(status, output, usage=finish.usage, incomplete=incomplete, finish=finish)
+        final = r.build(
+            status, self._output(status), usage=finish.usage, incomplete=incomplete, finish=finish
+        )
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return [*events, self.event(kind, response=final)]
 
-    def failure(self, code: str, message: str, param: str | None) -> list[dict[str, Any]]:
-        partial = [item for _, item in self._items("incomplete")]
-        failed = self.r.build("failed", partial, error={"code": code, "message": message})
+    def failure(self, code: str, message: str, param: str | None, kind: str) -> list[dict[str, Any]]:
+        """The `error` event names simmer's code; the failed response's `error.code` is one of the codes
+        OpenAI's spec lists for it: `invalid_prompt` for a request the server refused, else `server_error`."""
+        listed = "invalid_prompt" if kind == "invalid_request_error" else "server_error"
+        error = {"code": listed, "message": message}
+        failed = self.r.build("failed", self._output("incomplete"), error=error)
         return [
             self.event("error", code=code, message=message, param=param),
             self.event("response.failed", response=failed),

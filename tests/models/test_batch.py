@@ -379,9 +379,10 @@ def test_batch_when_same_prompt_again_then_prefix_reused_within_its_scope(tiny_m
     params = GenerationParams(SAMPLINGS[0], max_tokens=6, ignore_eos=True)
     prompt = e.text_prompt("the quick brown fox jumps over the lazy dog")
     bd = BatchDecoder(e, 2)
-    first = drive(bd, {"x": (prompt, params)}, scope="alice")["x"]
-    again = drive(bd, {"x": (prompt, params)}, scope="alice")["x"]
-    other = drive(bd, {"x": (prompt, params)}, scope="bob")["x"]
+    alice, bob = replace(params, cache_scope="alice"), replace(params, cache_scope="bob")
+    first = drive(bd, {"x": (prompt, alice)})["x"]
+    again = drive(bd, {"x": (prompt, alice)})["x"]
+    other = drive(bd, {"x": (prompt, bob)})["x"]
     assert finish(first).usage.cached_tokens == 0 and finish(other).usage.cached_tokens == 0
     assert finish(again).usage.cached_tokens == len(prompt.ids) - 1
     # (the same ids: a reused prefix feeds one position in the last pass, not the whole prompt, which sums

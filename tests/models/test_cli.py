@@ -78,7 +78,8 @@ def test_cli_verify_when_file_corrupted_then_exit_1_naming_file(settings, gguf, 
     [
         (
             ["pull", "nosuchmodel"],
-            "error: unknown model 'nosuchmodel'; known models: gemma3-270m, smollm2-135m-instruct",
+            "error: unknown model 'nosuchmodel'; known models: gemma3-270m, qwen2.5-coder-0.5b, "
+            "qwen2.5-coder-1.5b, smollm2-135m-instruct",
         ),
         (["rm", "tiny-llama"], "error: model 'tiny-llama' is not installed"),
         (["verify", "tiny-llama"], "error: model 'tiny-llama' is not installed"),
@@ -211,3 +212,30 @@ def test_cli_license_notice_when_source_has_a_license_then_one_line(tmp_path) ->
         "License: Apache License 2.0 (https://www.apache.org/licenses/LICENSE-2.0)"
     )
     assert cli.license_notice(registry.resolve("./x.gguf").source, tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "variants"),
+    [
+        ({}, None),  # the nominal variant alone: the converter's default
+        ({"variant": "q4"}, ["q4", "q4-a8"]),  # the served model's variant, beside the nominal one
+        ({"model": "./other.gguf", "ladder": "tiny-llama:q4,other:f32"}, ["q4", "q4-a8"]),
+        ({"model": "./other.gguf", "ladder": "other:q4"}, None),  # another model's rung
+        ({"model": "./other.gguf", "variant": "q4"}, None),  # the variant of another served model
+    ],
+)
+def test_cli_pull_when_configuration_serves_a_variant_then_it_is_installed_too(
+    tmp_path, gguf, env, variants, monkeypatch
+) -> None:
+    seen: list[list[str] | None] = []
+    fake = FakeConverter()
+    convert = fake.convert
+
+    def spy(*args, variants=None, **kw):
+        seen.append(variants)
+        return convert(*args, **kw)
+
+    monkeypatch.setattr(fake, "convert", spy)
+    settings = Settings(**{"home": tmp_path / "home", "model": str(gguf), **env})
+    assert run(settings, "pull", str(gguf), fake=fake) == 0
+    assert seen == [variants]

@@ -13,6 +13,7 @@ from models.errors import InvalidParameter
 from models.protocol import EngineLimits
 from models.runtime.constraint import (
     Constraint,
+    ConstraintFailed,
     ConstraintVocabulary,
     check_grammar,
     gbnf_grammar,
@@ -243,3 +244,33 @@ def test_check_when_gbnf_broken_then_invalid_parameter():
     with pytest.raises(InvalidParameter) as err:
         check_grammar(gbnf_grammar("root ::= ("), "grammar")
     assert err.value.param == "grammar"
+
+
+# A schema whose only value is a definition that only refers to itself: no JSON text satisfies it.
+SELF_REF = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}
+
+
+def test_check_when_ref_cycle_allows_no_output_then_invalid_parameter():
+    """It compiled, and the reply was an empty 200: the first mask is where llguidance finds nothing can
+    be written."""
+    with pytest.raises(InvalidParameter) as err:
+        check_grammar(json_schema_grammar(SELF_REF), "response_format")
+    assert err.value.param == "response_format" and "allows no output" in err.value.message
+
+
+def test_constraint_when_matcher_fails_mid_reply_then_constraint_failed(tiny):
+    """The same cycle behind a required property: the start is fine, the matcher fails once the reply
+    reaches it. That is an error (a 400, or an error event in a stream), not a reply cut short."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/a"}},
+        "required": ["a"],
+        "$defs": SELF_REF["$defs"],
+    }
+    grammar = json_schema_grammar(schema)
+    check_grammar(grammar, "response_format")  # nothing to see at the first step
+    prompt = tiny.text_prompt("json please")
+    for prefetch in (True, False):
+        tiny.mask_prefetch = prefetch
+        with pytest.raises(ConstraintFailed, match="cannot go on"):
+            run(tiny, prompt, params(grammar, temperature=0.0))

@@ -40,7 +40,7 @@ def test_download_when_connection_drops_halfway_then_resumed_with_range(tmp_path
         assert ranges(server) == [None, f"bytes={HALF}-"]
         assert server.requests[-1]["If-Range"] == '"v1"'
         assert server.sent == len(DATA)  # nothing was sent twice
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.gguf", "f.gguf.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.gguf"]  # the lock file goes with its holder
 
 
 def test_download_when_interrupted_and_no_retries_left_then_partial_kept_and_next_run_resumes(

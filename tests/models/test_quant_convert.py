@@ -16,7 +16,7 @@ from gguf import GGUFReader
 
 from models.convert.graph import VARIANTS
 from models.convert.model import GGUFModel
-from models.convert.pipeline import convert
+from models.convert.pipeline import convert, plan_variants
 from models.convert.reference import ReferenceForward
 from models.errors import UnsupportedQuantization
 from models.gguf.reader import K_QUANTS, SUPPORTED_TYPES
@@ -67,7 +67,7 @@ def build(root: Path, **kw) -> tuple[Path, Path, dict, np.ndarray]:
     g = small_logits(write_tiny_gguf(root / "m.gguf", seed=3, **kw))
     d = root / "onnx"
     d.mkdir()
-    frag = convert(g, d, measure=False, variants=kw.pop("variants", None))
+    frag = convert(g, d, measure=False, variants=kw.pop("variants", None) or plan_variants(GGUFModel(g)))
     ref = ReferenceForward(GGUFModel(g)).logits(IDS)
     return g, d, frag, np.concatenate([ref, ref[-1:]])
 

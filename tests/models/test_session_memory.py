@@ -73,3 +73,58 @@ def test_decoding_new_positions_when_warm_then_heap_in_use_stays_flat(tiny_model
     ours = grown_mb("ours")
     assert control >= 0.2, control  # a plan per length: the measurement sees it (~1 KB a layer a length)
     assert ours <= 0.1 * control, (ours, control)
+
+
+# -- a session rebuilt mid-reply (the governor's thread change) -------------------------------------------
+def test_thread_change_when_mid_reply_then_the_old_session_is_gone_before_the_next_is_built(
+    tiny_model_dir, monkeypatch
+) -> None:
+    """Built beside the session it replaces, a session's packed weights were held twice at the peak, and
+    the old one, freed after the engine had handed the heap back, stayed with glibc for good."""
+    import weakref
+
+    import models.runtime.engine as engine_module
+    from models.protocol import EngineLimits
+    from models.runtime.engine import load_engine
+    from models.types import GenerationParams, SamplingParams
+
+    built: list[weakref.ref] = []
+    alive_at_build: list[int] = []
+
+    class Observed(engine_module.DecoderSession):
+        def __init__(self, *args, **kwargs) -> None:
+            alive_at_build.append(sum(ref() is not None for ref in built))
+            super().__init__(*args, **kwargs)
+            built.append(weakref.ref(self))
+
+    monkeypatch.setattr(engine_module, "DecoderSession", Observed)
+    engine = load_engine(tiny_model_dir, variant="q4", threads=2, context_length=128)
+    steps = 0
+
+    def change_threads() -> EngineLimits | None:
+        nonlocal steps
+        steps += 1
+        return EngineLimits(threads=1) if steps == 4 else None
+
+    params = GenerationParams(SamplingParams(temperature=0.0), max_tokens=8, ignore_eos=True)
+    events = list(engine.generate(engine.text_prompt("hello"), params, step_hook=change_threads))
+    assert engine.threads == 1 and len(built) == 2 and len(events) == 9
+    assert alive_at_build == [0, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not _has_mallinfo2(), reason="glibc, /proc")
+def test_thread_change_when_mid_reply_then_rss_over_ten_replies_stays_within_5_mb(smollm2_model_dir) -> None:
+    """bench.experiments.warm_memory's window on SmolLM2 q4-a8, on a worker thread as the server runs
+    it: warm on 2 threads, then ten replies, the first of which moves to 1 thread mid-reply. Before the
+    fix the old session's packed weights stayed resident: +96 MB at the change, for good."""
+    script = (
+        "import json, sys; from pathlib import Path; from bench.experiments.warm_memory import run; "
+        "print(json.dumps(run(Path(sys.argv[1]), 10, 'q4-a8', max_tokens=24)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(smollm2_model_dir)], capture_output=True, text=True, check=True
+    )
+    result = json.loads(out.stdout)
+    assert [r["threads"] for r in result["replies"]] == [1] * 10  # the change happened in the window
+    assert result["growth_mb_warm_to_reply_10"] <= 5.0, result

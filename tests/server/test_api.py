@@ -153,12 +153,12 @@ def test_chat_when_n_is_2_then_400_naming_n(live) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_chat_when_prompt_too_long_then_413_context_length_exceeded(live, stream: bool) -> None:
+def test_chat_when_prompt_too_long_then_400_context_length_exceeded(live, stream: bool) -> None:
     srv = live(context_length=64)
     long = [{"role": "user", "content": "word " * 100}]
     with srv.client() as c:
         r = c.post("/v1/chat/completions", json={"messages": long, "stream": stream})
-    assert r.status_code == 413
+    assert r.status_code == 400
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded"
     assert set(err) == {"message", "type", "code", "param"}

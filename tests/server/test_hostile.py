@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+import psutil
 import pytest
 
 from models.runtime.engine import LlamaEngine, load_engine
 from tests.server.conftest import LiveServer, make_settings, start_server
+from tests.server.fakes import ScriptedEngine
+from tests.server.routing.hostile_upstream import HostileUpstream
 
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
@@ -77,6 +83,28 @@ FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "obje
 
 def fn(**function: Any) -> dict:
     return {"type": "function", "function": {**FN["function"], **function}}
+
+
+def ref_chain(n: int, *, objects: bool = False) -> dict:
+    """Definitions each referring to the next; 1,300 of them (85 KB) overflowed llguidance's native stack
+    and killed the server (tests/server/test_grammar_crash.py is the subprocess version)."""
+    if objects:
+        defs = {
+            f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(n)
+        }
+    else:
+        defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"type": "null"}]} for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    return {"type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}, "required": ["a"], "$defs": defs}
+
+
+def gbnf_chain(rules: int) -> str:
+    lines = ["root ::= r0", *(f'r{i} ::= "a" r{i + 1} | "b"' for i in range(rules - 2))]
+    return "\n".join([*lines, f'r{rules - 2} ::= "c"'])
+
+
+CHAIN = ref_chain(1300)
+SELF_REF = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}
 
 
 BAD = 400
@@ -198,7 +226,7 @@ CASES = [
     Case(
         "parameters with 2**80",
         chat(tools=[fn(parameters={"type": "object", "x": 2**80})], tool_choice="required"),
-        413,
+        BAD,
         "context_length_exceeded",
     ),
     Case(
@@ -290,6 +318,52 @@ CASES = [
     Case("grammar that does not parse", text(grammar="root ::= ("), BAD, IP, "grammar", TEXT),
     Case("grammar and json_schema", text(grammar='root ::= "a"', json_schema={}), BAD, IP, "grammar", TEXT),
     Case("grammar streamed", text(grammar='root ::= "a"', stream=True), 200, path=TEXT),
+    # grammars that crashed or stalled the server (issue 26): bounded before llguidance, compiled on a thread
+    # with a large stack; what fails is a 400 naming the field
+    Case(
+        "schema: 85 KB $ref chain",
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": CHAIN}}),
+        BAD,
+        IP,
+        "response_format",
+    ),
+    Case("json_schema: 85 KB $ref chain", text(json_schema=CHAIN), BAD, IP, "json_schema", TEXT),
+    Case(
+        "tool parameters: 85 KB $ref chain",
+        chat(tools=[fn(parameters=CHAIN)], tool_choice="required"),
+        BAD,
+        IP,
+        "tools[0].function.parameters",
+    ),
+    Case(
+        "schema: $ref chain past the depth bound",
+        text(json_schema=ref_chain(200, objects=True)),
+        BAD,
+        IP,
+        "json_schema",
+        TEXT,
+    ),
+    Case(
+        "schema: $ref to a remote document",
+        text(json_schema={"$ref": "https://x.test/s.json"}),
+        BAD,
+        IP,
+        "json_schema",
+        TEXT,
+    ),
+    Case(
+        "schema: a $ref cycle (no output possible)", text(json_schema=SELF_REF), BAD, IP, "json_schema", TEXT
+    ),
+    Case("grammar: 4,000-rule chain", text(grammar=gbnf_chain(4000)), BAD, IP, "grammar", TEXT),
+    Case("grammar: 1,000-rule chain (the bound)", text(grammar=gbnf_chain(1000)), 200, path=TEXT),
+    Case(
+        "grammar: 70,000 characters",
+        text(grammar='root ::= "' + "a" * 70_000 + '"'),
+        BAD,
+        IP,
+        "grammar",
+        TEXT,
+    ),
     Case("completions logprobs 21", text(logprobs=21), BAD, IP, "logprobs", TEXT),
     Case("prompt batch", text(prompt=["a", "b"]), BAD, IP, "prompt", TEXT),
     Case("10k-level nesting", nested(10_000), BAD, "invalid_json"),
@@ -308,7 +382,23 @@ CASES = [
         "unsupported_content_type",
         headers={"Content-Type": "text/plain"},
     ),
-    Case("no Content-Type", chat(), 415, "unsupported_content_type", headers={}),
+    # no Content-Type at all: JSON, as Ollama reads it, unless a browser sent it (a "simple" request)
+    Case("no Content-Type", chat(), 200, headers={}),
+    Case(
+        "no Content-Type, from a page",
+        chat(),
+        415,
+        "unsupported_content_type",
+        headers={"Origin": "http://evil.example"},
+    ),
+    Case(
+        "no Content-Type, a browser's fetch metadata",
+        chat(),
+        415,
+        "unsupported_content_type",
+        headers={"Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Site": "cross-site"},
+    ),
+    Case("no Content-Type, not JSON", b"messages=hi", BAD, "invalid_json", headers={}),
     Case(
         "Content-Type form",
         chat(),
@@ -328,7 +418,7 @@ CASES = [
     Case(
         "prompt beyond the context",
         chat(messages=[{"role": "user", "content": "word " * 2000}]),
-        413,
+        BAD,
         "context_length_exceeded",
     ),
     # text that is fine
@@ -413,7 +503,7 @@ CASES = [
     Case(
         "responses: input beyond the context",
         resp(input="word " * 2000),
-        413,
+        BAD,
         "context_length_exceeded",
         path=RESP,
     ),
@@ -439,6 +529,14 @@ CASES = [
         RESP,
     ),
     Case("responses: text.format a string", resp(text={"format": "json"}), BAD, IP, "text.format", RESP),
+    Case(
+        "responses: text.format 85 KB $ref chain",
+        resp(text={"format": {"type": "json_schema", "name": "x", "schema": CHAIN}}),
+        BAD,
+        IP,
+        "text.format",
+        RESP,
+    ),
     Case("responses: hosted tool", resp(tools=[{"type": "web_search"}]), BAD, IP, "tools[0].type", RESP),
     Case(
         "responses: function tool, choice none",
@@ -510,8 +608,14 @@ CASES = [
 @pytest.fixture(scope="module")
 def hostile_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[LiveServer, LlamaEngine]]:
     engine = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128)
+    pull_dir = tmp_path_factory.mktemp("pulls")  # SIMMER_PULL_DIRS: a file that is no GGUF, a link out
+    (pull_dir / "notes.gguf").write_text("these are notes, not a model")
+    (pull_dir / "passwd.gguf").symlink_to("/etc/passwd")
     settings = make_settings(
-        tmp_path_factory.mktemp("hostile"), model=engine.model_id, cors_origins=["http://localhost:3000"]
+        tmp_path_factory.mktemp("hostile"),
+        model=engine.model_id,
+        cors_origins=["http://localhost:3000"],
+        pull_dirs=[pull_dir],
     )
     srv = start_server(settings, engine=engine)
     yield srv, engine
@@ -595,12 +699,17 @@ class OllamaCase:
     status: int
     words: str = ""  # in the error message (when an error is expected)
     code: str | None = None  # the simmer code behind it (its status is _STATUS's)
+    never: str = ""  # not in the error message (a file's content)
     headers: dict[str, str] = field(default_factory=lambda: dict(JSON))
     method: str = "POST"
 
 
 def ochat(model: str = "{model}", **fields: Any) -> dict:
     return {"model": model, "messages": HI, "stream": False, "options": {"num_predict": 2}, **fields}
+
+
+def pull(model: str) -> dict:
+    return {"model": model, "stream": False}
 
 
 def ogen(model: str = "{model}", **fields: Any) -> dict:
@@ -668,7 +777,7 @@ OLLAMA_CASES = [
         "prompt beyond the context, truncate false",
         "/api/generate",
         ogen(prompt="word " * 2000, truncate=False),
-        413,
+        BAD,
         "context",
         "context_length_exceeded",
     ),
@@ -691,6 +800,15 @@ OLLAMA_CASES = [
         "format unsupported", "/api/generate", ogen(format={"not": {}}), BAD, "format: unsupported", IP
     ),
     OllamaCase("format with 2**80", "/api/chat", ochat(format={"enum": [2**80]}), 200),
+    OllamaCase(
+        "format: 85 KB $ref chain",
+        "/api/chat",
+        ochat(format=CHAIN),
+        BAD,
+        "format: the schema is too large",
+        IP,
+    ),
+    OllamaCase("format: $ref cycle", "/api/generate", ogen(format=SELF_REF), BAD, "format: unsupported", IP),
     OllamaCase("tools, choice none", "/api/chat", ochat(tools=[FN], tool_choice="none"), 200),
     OllamaCase("tools a dict", "/api/chat", ochat(tools={"type": "function"}), BAD, "tools", IP),
     OllamaCase("tool name with a space", "/api/chat", ochat(tools=[fn(name="a b")]), BAD, "tools[0]", IP),
@@ -750,21 +868,61 @@ OLLAMA_CASES = [
         "model_not_found",
         method="DELETE",
     ),
+    # a local path: only from SIMMER_PULL_DIRS, the same refusal whether the file exists or not (no oracle),
+    # no byte of a file in any error
+    OllamaCase("pull: /etc/passwd", "/api/pull", pull("/etc/passwd"), BAD, "SIMMER_PULL_DIRS", IP, "'root'"),
     OllamaCase(
-        "pull: not a GGUF",
+        "pull: /proc/self/environ", "/api/pull", pull("/proc/self/environ"), BAD, "SIMMER_PULL_DIRS", IP
+    ),
+    OllamaCase("pull: a missing file", "/api/pull", pull("/etc/hostname.gguf"), BAD, "SIMMER_PULL_DIRS", IP),
+    OllamaCase("pull: a file that is no GGUF", "/api/pull", pull("{not_gguf}"), BAD, "SIMMER_PULL_DIRS", IP),
+    OllamaCase("pull: ~", "/api/pull", pull("~/x.gguf"), BAD, "SIMMER_PULL_DIRS", IP),
+    OllamaCase(
+        "pull: .. out of SIMMER_PULL_DIRS",
         "/api/pull",
-        {"model": "/etc/hostname.gguf", "stream": False},
+        pull("{pull_dir}/../x.gguf"),
+        BAD,
+        "SIMMER_PULL_DIRS",
+        IP,
+    ),
+    OllamaCase(
+        "pull: a symlink out of SIMMER_PULL_DIRS",
+        "/api/pull",
+        pull("{pull_dir}/passwd.gguf"),
+        BAD,
+        "SIMMER_PULL_DIRS",
+        IP,
+        "'root'",
+    ),
+    OllamaCase(
+        "pull: no GGUF in SIMMER_PULL_DIRS",
+        "/api/pull",
+        pull("{pull_dir}/notes.gguf"),
+        BAD,
+        "not a GGUF",
+        "invalid_model_file",
+        "these",
+    ),
+    OllamaCase(
+        "pull: missing in SIMMER_PULL_DIRS",
+        "/api/pull",
+        pull("{pull_dir}/ghost.gguf"),
         404,
         "no such file",
         "model_not_found",
     ),
+    # hf: names: no part may climb out of the download cache (it deleted and wrote files elsewhere)
     OllamaCase(
-        "pull: a file that is no GGUF",
+        "pull: hf: climbing out",
         "/api/pull",
-        {"model": "{not_gguf}", "stream": False},
+        pull("hf:" + "../" * 12 + "etc/x.gguf@."),
         BAD,
-        "GGUF",
-        "invalid_model_file",
+        "plain name",
+        IP,
+    ),
+    OllamaCase("pull: hf: revision ..", "/api/pull", pull("hf:owner/repo/x.gguf@.."), BAD, "plain name", IP),
+    OllamaCase(
+        "pull: hf: a backslash", "/api/pull", pull("hf:owner/repo/a\\..\\x.gguf"), BAD, "plain name", IP
     ),
     OllamaCase("pull: unknown id", "/api/pull", {"model": "nope"}, 404, "unknown model", "model_not_found"),
     OllamaCase("pull: bad hf name", "/api/pull", {"model": "hf:x"}, BAD, "Hugging Face", IP),
@@ -793,9 +951,10 @@ OLLAMA_CASES = [
 ]
 
 
-def render(body: Body, engine: LlamaEngine, not_gguf: str) -> bytes | None:
+def render(body: Body, engine: LlamaEngine, not_gguf: str, pull_dir: Path) -> bytes | None:
     if isinstance(body, dict):
         text = json.dumps(body).replace('"{model}"', json.dumps(engine.model_id))
+        text = text.replace("{pull_dir}", json.dumps(str(pull_dir))[1:-1])
         return text.replace('"{not_gguf}"', json.dumps(not_gguf)).encode()
     return body  # type: ignore[return-value]
 
@@ -809,7 +968,8 @@ def test_hostile_ollama_request_when_sent_then_status_and_ollama_error_and_conne
     not_gguf.write_text("these are notes, not a model")
     as_case = Case(case.id, None, case.status, path=case.path, method=case.method, headers=case.headers)
     try:
-        response, data = send(connection, srv.host_header, as_case, render(case.body, engine, str(not_gguf)))
+        body = render(case.body, engine, str(not_gguf), srv.settings.pull_dirs[0])
+        response, data = send(connection, srv.host_header, as_case, body)
     except (OSError, http.client.HTTPException):
         connection.close()
         raise
@@ -818,6 +978,7 @@ def test_hostile_ollama_request_when_sent_then_status_and_ollama_error_and_conne
         body = json.loads(data)
         assert set(body) == {"error"} and isinstance(body["error"], str), body
         assert case.words in body["error"] and "Traceback" not in body["error"], body
+        assert not case.never or case.never not in body["error"], body
         if case.code is not None:
             from server.errors import _STATUS
 
@@ -904,3 +1065,170 @@ def test_seed_when_negative_or_extreme_then_same_seed_same_reply(hostile_server,
     body = {"prompt": "once upon", "max_tokens": 12, "temperature": 1.5, "ignore_eos": True, "seed": seed}
     first = post(srv, TEXT, body)["choices"][0]["text"]
     assert post(srv, TEXT, body)["choices"][0]["text"] == first
+
+
+# ---- a hostile upstream (SIMMER_ROUTE=upstream; tests/server/routing/hostile_upstream.py): every relayed
+# reply is bounded in tokens, bytes and time, and nothing it reports becomes a 500 ----
+
+STALL_S, DEADLINE_S = 3.0, 8.0  # the local server's upstream read (no token) and reply timeouts here
+
+
+@dataclass(frozen=True)
+class UpstreamCase:
+    id: str
+    behaviour: str  # what the hostile upstream does (the user message names it)
+    status: int
+    code: str | None = None  # the error code (in the body, or in the stream's error event)
+    words: str = ""  # in the error message
+    fields: dict = field(default_factory=dict)
+    stream: bool = False
+    finish: str | None = None  # the finish_reason of a 200
+    tokens: int | None = None  # completion tokens of a 200
+
+
+UPSTREAM_CASES = [
+    UpstreamCase(
+        "1 GB of valid chunks, max_tokens 10",
+        "endless",
+        200,
+        fields={"max_tokens": 10},
+        finish="length",
+        tokens=10,
+    ),
+    UpstreamCase(
+        "1 GB of valid chunks, streamed, max_tokens 7",
+        "endless",
+        200,
+        fields={"max_tokens": 7},
+        stream=True,
+        finish="length",
+        tokens=7,
+    ),
+    UpstreamCase("HTTP 500 with a 1 GB body", "error-gb", 503, "upstream_unavailable", "HTTP 500"),
+    UpstreamCase("a 100 MB line", "long-line", 503, "upstream_unavailable", "over 262144 bytes"),
+    UpstreamCase(
+        "comment pings forever", "pings", 503, "upstream_unavailable", f"no token for {STALL_S:g} s"
+    ),
+    UpstreamCase(
+        "a byte at a time forever", "drip", 503, "upstream_unavailable", f"no token for {STALL_S:g} s"
+    ),
+    UpstreamCase(
+        "a token every 0.3 s forever", "slow-tokens", 502, "upstream_error", f"took over {DEADLINE_S:g} s"
+    ),
+    UpstreamCase(
+        "a token every 0.3 s forever, streamed",
+        "slow-tokens",
+        200,
+        "upstream_error",
+        f"took over {DEADLINE_S:g} s",
+        stream=True,
+    ),
+    UpstreamCase("usage.prompt_tokens of 400 digits", "usage-400-digits", 200, finish="stop"),
+    UpstreamCase(
+        "logprobs of 1e400 and 400 digits",
+        "logprob-overflow",
+        200,
+        fields={"logprobs": True, "top_logprobs": 1},
+        finish="stop",
+    ),
+    UpstreamCase("delta a string, content a number", "delta-not-an-object", 200, finish="stop"),
+]
+
+
+@pytest.fixture(scope="module")
+def hostile_upstream(tmp_path_factory):
+    upstream = HostileUpstream().start()
+    settings = make_settings(
+        tmp_path_factory.mktemp("hostile-upstream"),
+        route="upstream",
+        upstream_url=upstream.url,
+        upstream_read_timeout_s=STALL_S,
+        upstream_reply_timeout_s=DEADLINE_S,
+        upstream_max_connections=2,
+        upstream_breaker_failures=10_000,  # every row meets the upstream, however the last one went
+    )
+    srv = start_server(settings, engine=ScriptedEngine())
+    yield srv, upstream
+    srv.stop()
+    upstream.stop()
+
+
+def upstream_chat(
+    srv: LiveServer, behaviour: str, *, stream: bool = False, **fields
+) -> tuple[int, list[dict]]:
+    """(status, the body as one dict, or a stream's data events)."""
+    messages = [{"role": "user", "content": behaviour}]
+    body = {"messages": messages, "stream": stream, "route": "upstream", **fields}
+    with httpx.Client(base_url=srv.url, timeout=60) as client, client.stream("POST", CHAT, json=body) as r:
+        if not stream:
+            return r.status_code, [json.loads(r.read())]
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", events[-3:]
+    return r.status_code, [json.loads(e) for e in events[:-1]]
+
+
+@pytest.mark.parametrize("case", UPSTREAM_CASES, ids=[c.id for c in UPSTREAM_CASES])
+def test_hostile_upstream_when_relayed_then_bounded_and_never_a_500(
+    hostile_upstream, case: UpstreamCase
+) -> None:
+    srv, _ = hostile_upstream
+    status, got = upstream_chat(srv, case.behaviour, stream=case.stream, **case.fields)
+    assert status == case.status, got[-1]
+    errors = [g["error"] for g in got if "error" in g]
+    if case.code is not None:
+        assert errors and errors[-1]["code"] == case.code and case.words in errors[-1]["message"], errors
+    else:
+        assert not errors, errors
+        last = got[-1]
+        assert last["choices"][0]["finish_reason"] == case.finish
+        usage = last.get("usage") or {}
+        if case.tokens is not None and not case.stream:
+            assert usage["completion_tokens"] == case.tokens
+        if case.tokens is not None and case.stream:
+            assert (
+                sum(1 for g in got for c in g["choices"] if c.get("delta", {}).get("content")) <= case.tokens
+            )
+        if case.behaviour == "usage-400-digits":
+            assert usage["prompt_tokens"] == 0  # out of range: not a count
+    with srv.client() as client:
+        assert client.get("/health").status_code == 200
+
+
+def rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+@pytest.mark.parametrize(
+    "behaviour", ["endless", "error-gb"], ids=["1 GB stream, no max_tokens", "1 GB error body"]
+)
+def test_hostile_upstream_when_a_gigabyte_then_rss_does_not_grow(hostile_upstream, behaviour: str) -> None:
+    """Read in full, these took the process 1-1.5 GB up for good. The stream stops at the relay's token or
+    text bound (or its deadline), the error body at 64 KB."""
+    srv, _ = hostile_upstream
+    before = rss_mb()
+    status, got = upstream_chat(srv, behaviour)
+    assert status in (200, 502, 503), got
+    assert rss_mb() - before < 100
+
+
+def test_hostile_upstream_when_slow_replies_fill_the_pool_then_the_next_request_is_still_served(
+    hostile_upstream,
+) -> None:
+    """Two replies that drip a byte at a time hold both pooled connections; a third request waits for one
+    (the relay ends a reply without a token after the read timeout) instead of a 503 after 3 s."""
+    srv, _ = hostile_upstream
+    results: dict[str, int] = {}
+
+    def drip(i: int) -> None:
+        results[f"drip{i}"] = upstream_chat(srv, "drip")[0]
+
+    threads = [threading.Thread(target=drip, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # both drips hold their connections
+    status, got = upstream_chat(srv, "ok")
+    for t in threads:
+        t.join()
+    assert status == 200, got
+    assert got[0]["choices"][0]["message"]["content"] == "hello world"
+    assert results == {"drip0": 503, "drip1": 503}

@@ -258,6 +258,59 @@ def test_switch_when_governor_moves_the_rung_mid_reply_then_model_field_changes_
     )
 
 
+class SteppingGate(SwitchingGate):
+    """The governor's rung steps down a ladder mid-reply: to `schedule[step]` at each of those steps."""
+
+    def __init__(self, schedule: dict[int, str]) -> None:
+        super().__init__(next(iter(schedule.values())), after=10**9)
+        self.schedule = schedule
+
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        self.steps += 1
+        target = self.schedule.get(self.steps)
+        if target is None:
+            return None
+        self.rung = target
+        return EngineLimits(model_id=target, variant="f32")
+
+
+def test_switch_when_a_three_size_ladder_steps_down_twice_mid_reply_then_no_text_lost_or_repeated(
+    several, tiny_pair_dirs, tiny_spm_dir
+):
+    """The phone ladder's shape (qwen2.5-coder-1.5b, -0.5b, smollm2): two sizes of one tokenizer (the KV
+    rebuilt once from the same ids), then a model of another vocabulary (the text re-tokenized)."""
+    gate = SteppingGate({6: "tiny-small", 14: "tiny-spm"})
+    ladder = "tiny-big:f32,tiny-small:f32,tiny-spm:f32"
+    srv, _ = several(governor=gate, ladder=ladder, model="tiny-big")
+    text, names, switches, usage = stream(srv, "tiny-big", 24)
+
+    assert [(s["old"], s["new"]) for s in switches] == [
+        ("tiny-big/f32", "tiny-small/f32"),
+        ("tiny-small/f32", "tiny-spm/f32"),
+    ]
+    assert list(dict.fromkeys(names)) == ["tiny-big", "tiny-small", "tiny-spm"]  # in order, never back
+    n_big, n_small = usage["models"]["tiny-big"], usage["models"]["tiny-small"]
+    assert usage["models"] == {"tiny-big": n_big, "tiny-small": n_small, "tiny-spm": 24 - n_big - n_small}
+    assert [s["tokens_before"] for s in switches] == [n_big, n_big + n_small]
+
+    # the same greedy reply, model by model, engines alone: big, then small on the same ids, then spm
+    # from the text so far
+    big, small = (load_engine(d, variant="f32", threads=1, context_length=128) for d in tiny_pair_dirs)
+    spm = load_engine(tiny_spm_dir, variant="f32", threads=1, context_length=128)
+    prompt = big.text_prompt(PROMPT)
+    greedy = GenerationParams(SamplingParams(temperature=0), max_tokens=n_big, ignore_eos=True)
+    first = [e for e in big.generate(prompt, greedy) if isinstance(e, TokenEvent)]
+    then = Prompt(prompt.ids + [e.token_id for e in first])
+    second = [
+        e for e in small.generate(then, replace(greedy, max_tokens=n_small)) if isinstance(e, TokenEvent)
+    ]
+    shown = "".join(e.text for e in first + second)
+    rest = list(
+        spm.generate(spm.continuation_prompt(PROMPT, shown), replace(greedy, max_tokens=24 - n_big - n_small))
+    )
+    assert text == shown + "".join(e.text for e in rest)
+
+
 class PressedGate(SwitchingGate):
     """The governing level comes from memory (the gate's memory_pressure)."""
 

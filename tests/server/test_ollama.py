@@ -163,7 +163,7 @@ def test_truncate_when_false_then_a_prompt_over_the_context_is_refused(live) -> 
     }
     with srv.client() as c:
         refused = c.post("/api/chat", json={**body, "truncate": False})  # Ollama's field; its client lacks it
-        assert refused.status_code == 413 and "context" in refused.json()["error"]
+        assert refused.status_code == 400 and "maximum context length" in refused.json()["error"]
         r = c.post("/api/chat", json=body)
         assert r.status_code == 200 and r.json()["done"]  # truncate (Ollama's default): a sliding window
 
@@ -430,7 +430,7 @@ def test_governor_headers_when_a_governor_runs_then_on_every_api_response(live) 
 
 
 def test_pull_when_local_gguf_then_progress_lines_then_listed_then_deleted(live, tiny_gguf, tmp_path) -> None:
-    srv = live()
+    srv = live(pull_dirs=[tmp_path])
     gguf = tmp_path / "tiny-pull.gguf"
     shutil.copy(tiny_gguf, gguf)
     c = client(srv)
@@ -459,18 +459,71 @@ def test_pull_when_unknown_name_then_404_before_any_stream(live) -> None:
 
 
 def test_pull_when_it_fails_midway_then_the_stream_ends_with_an_error_line(live, tmp_path: Path) -> None:
-    srv = live()
-    bad = tmp_path / "broken.gguf"
+    srv = live(pull_dirs=[tmp_path / "pulls"])
+    bad = tmp_path / "pulls" / "broken.gguf"
+    bad.parent.mkdir()
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 64)  # a GGUF header and nothing behind it
     with srv.client() as c, c.stream("POST", "/api/pull", json={"model": str(bad)}) as r:
         assert r.status_code == 200
         lines = ndjson(r)
     assert lines[0] == {"status": "pulling manifest"}
     assert set(lines[-1]) == {"error"} and lines[-1]["error"]
+    # nothing of it is left in the store: no model folder, no lock
+    left = [p.relative_to(tmp_path / "models").as_posix() for p in (tmp_path / "models").rglob("*")]
+    assert left in ([], [".locks"]), left
+
+
+def test_pull_when_a_local_path_outside_pull_dirs_then_400_at_once_and_nothing_read_or_left(
+    live, tmp_path: Path
+) -> None:
+    srv = live()  # no SIMMER_PULL_DIRS: no local path at all over HTTP
+    secret = tmp_path / "secret.gguf"
+    secret.write_text("GGUF-looking secret")
+    with srv.client() as c:
+        answers = [
+            c.post("/api/pull", json={"model": name, "stream": True}) for name in (str(secret), "/nope.gguf")
+        ]
+    assert [r.status_code for r in answers] == [400, 400]
+    messages = [r.json()["error"] for r in answers]
+    assert messages[0].replace(str(secret), "X") == messages[1].replace("/nope.gguf", "X")
+    assert "SIMMER_PULL_DIRS" in messages[0] and "secret" not in messages[0].replace(str(secret), "")
+    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
 
 
 def test_delete_when_the_served_model_then_refused(live) -> None:
     srv = live()
     with pytest.raises(ollama.ResponseError) as err:
         client(srv).delete(MODEL)
-    assert err.value.status_code == 400 and "being served" in err.value.error
+    assert err.value.status_code == 400 and "SIMMER_MODEL" in err.value.error
+
+
+def test_pull_when_many_wait_on_a_held_model_lock_then_other_routes_still_answer_at_once(
+    live, tmp_path: Path
+) -> None:
+    """A `simmer pull --force` holds the model's lock; 40 pulls of that model wait for it (more than asyncio's
+    default pool has threads, on any machine). /api/tags, /v1/models and /tokenize, which use a thread for
+    their reading, must still answer at once; once the lock is let go, every pull ends."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import models.convert.pipeline  # noqa: F401  (imported by the first pull: its seconds of GIL are not this)
+    from models.store import filelock
+
+    srv = live(hf_offline=True)  # the pulls end at once (offline, nothing cached) when they get the lock
+    lock = tmp_path / "models" / ".locks" / "model.lock"
+    with ThreadPoolExecutor(40) as pool, filelock.held(lock):
+        body = {"model": "hf:owner/repo/model.gguf", "stream": False}
+        pulls = [pool.submit(httpx.post, srv.url + "/api/pull", json=body, timeout=60) for _ in range(40)]
+        time.sleep(1.0)  # every pull is in, waiting for the lock
+        assert not any(p.done() for p in pulls)
+        with httpx.Client(base_url=srv.url, timeout=5) as c:
+            for method, path, json_body in (
+                ("GET", "/api/tags", None),
+                ("GET", "/v1/models", None),
+                ("POST", "/tokenize", {"content": "hello"}),
+            ):
+                started = time.monotonic()
+                assert c.request(method, path, json=json_body).status_code == 200, path
+                assert time.monotonic() - started < 2, path
+    answers = [p.result(timeout=60) for p in pulls]
+    assert {r.status_code for r in answers} == {502}, {r.text for r in answers}
+    assert all("offline" in r.json()["error"] for r in answers)

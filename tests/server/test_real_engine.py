@@ -10,6 +10,7 @@ import pytest
 
 from models.protocol import EngineLimits
 from models.runtime.engine import load_engine
+from tests.margins import WIDE, greedy
 from tests.server.fakes import RecordingEngine
 
 
@@ -91,29 +92,37 @@ KNOWN_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im
 
 
 @pytest.mark.slow
-def test_real_model_when_openai_sdk_streams_then_paris(live, smollm2_model_dir):
-    """The default variant (q4-a8) over HTTP, on the known prompt (the capital of France, no BOS)."""
+def test_real_model_when_openai_sdk_streams_then_the_engines_greedy_text(live, smollm2_model_dir):
+    """The default variant (q4-a8) over HTTP, on the known prompt (the capital of France, no BOS): the
+    stream and the reply carry the engine's own greedy text; "Paris" is asserted where each step is
+    decided on this CPU (tests/margins.py)."""
     engine = load_engine(smollm2_model_dir, threads=2)
+    direct = greedy(engine, engine.text_prompt(KNOWN_PROMPT), 32)
     srv = live(engine=engine, model=engine.model_id)
     client = sdk(srv)
-    stream = client.completions.create(
-        model=engine.model_id, stream=True, temperature=0, prompt=KNOWN_PROMPT, max_tokens=32
-    )
-    assert "".join(c.choices[0].text for c in stream if c.choices) == "The capital of France is Paris."
+    ask = dict(model=engine.model_id, temperature=0, prompt=KNOWN_PROMPT, max_tokens=32)
+    stream = client.completions.create(stream=True, **ask)
+    streamed = "".join(c.choices[0].text for c in stream if c.choices)
+    assert streamed == client.completions.create(**ask).choices[0].text == direct.text != ""
+    if direct.decided(WIDE[engine.variant]):
+        assert streamed == "The capital of France is Paris.", direct.margins
 
 
 @pytest.mark.slow
-def test_real_model_when_chat_with_exact_variant_then_paris(live, smollm2_model_dir):
-    """Through the chat template (default system prompt) the exact q4 variant follows the fp32 reference."""
+def test_real_model_when_chat_with_exact_variant_then_the_engines_greedy_text(live, smollm2_model_dir):
+    """Through the chat template (default system prompt) the exact q4 variant over HTTP gives the engine's
+    own greedy reply; its first token wins by 0.08 logits only, so the words are asserted only where
+    decided on this CPU."""
     engine = load_engine(smollm2_model_dir, variant="q4", threads=2)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    direct = greedy(engine, engine.chat_prompt(messages), 32)
     client = sdk(live(engine=engine, model=engine.model_id))
     chat = client.chat.completions.create(
-        model=engine.model_id,
-        temperature=0,
-        max_tokens=32,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        model=engine.model_id, temperature=0, max_tokens=32, messages=messages
     )
-    assert chat.choices[0].message.content == "The capital of France is Paris."
+    assert chat.choices[0].message.content == direct.text != ""
+    if direct.decided(WIDE["q4"]):
+        assert direct.text == "The capital of France is Paris."
 
 
 def test_keep_alive_when_idle_then_model_unloaded_and_loaded_again_on_next_request(live, tiny_model_dir):

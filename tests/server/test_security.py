@@ -61,6 +61,20 @@ def test_server_when_loopback_host_header_then_served(live, host: str) -> None:
     assert r.status_code == 200
 
 
+def test_server_when_lan_client_with_the_right_key_and_a_foreign_host_then_403_naming_the_setting(
+    live,
+) -> None:
+    """`--host 0.0.0.0` with a key: a LAN client that uses the machine's address must learn what to set."""
+    srv = live(api_key="s3cret")
+    headers = {"Host": "192.168.1.20:8000", "Authorization": "Bearer s3cret"}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=MSG, headers=headers)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"
+    message = r.json()["error"]["message"]
+    assert "SIMMER_ALLOWED_HOSTS" in message and "192.168.1.20" in message, message
+    allowed = live(api_key="s3cret", allowed_hosts=["192.168.1.20"])
+    assert httpx.post(allowed.url + "/v1/chat/completions", json=MSG, headers=headers).status_code == 200
+
+
 def test_server_when_host_in_allowed_hosts_then_served(live) -> None:
     srv = live(allowed_hosts=["simmer.lan"])
     r = httpx.post(srv.url + "/v1/chat/completions", json=MSG, headers={"Host": "simmer.lan:8000"})

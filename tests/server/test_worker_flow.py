@@ -156,7 +156,7 @@ def test_stream_when_engine_fails_mid_stream_then_error_chunk_then_done(live) ->
     error = json.loads(data[-2])["error"]
     assert set(error) == {"message", "type", "code", "param"}
     assert error["code"] == "internal_error"
-    text = "".join(json.loads(d)["choices"][0]["delta"].get("content", "") for d in data[:-2])
+    text = "".join(json.loads(d)["choices"][0]["delta"].get("content") or "" for d in data[:-2])
     assert text  # the tokens before the failure were delivered
 
 

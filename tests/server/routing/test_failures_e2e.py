@@ -205,6 +205,8 @@ def test_upstream_key_when_used_then_never_in_logs_responses_or_metrics(
     local, proxy, upstream, caplog
 ) -> None:
     caplog.set_level(logging.DEBUG)
+    # a client library imported earlier in the session (litellm) quiets httpx's logger on its own
+    caplog.set_level(logging.DEBUG, logger="httpx")
     srv = local(route="upstream")
     seen: list[str] = []
     with srv.client() as c:

@@ -72,7 +72,9 @@ def test_llama_cpp_when_upstream_only_model_then_same_shape_as_local(routed, lla
         json={"model": "smollm2", "messages": QUESTION, "temperature": 0, "max_tokens": 16},
         timeout=60,
     ).json()["choices"][0]["message"]["content"]
-    assert "Paris" in direct
+    # llama.cpp's own greedy text is a near-tie on this question (another CPU's build answered "L'Étoile,
+    # ..."): what counts is that simmer relays it unchanged, whatever it is
+    assert isinstance(direct, str) and direct
 
     raw = client.chat.completions.with_raw_response.create(
         model=REMOTE, messages=QUESTION, temperature=0, max_tokens=16

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.routing.relay import ChunkReader
+from server.routing.relay import MAX_RELAY_TEXT_BYTES, MAX_RELAY_TOKENS, ChunkReader
 
 
 def text_chunk(text: str, finish=None, logprobs=None) -> dict:
@@ -60,3 +60,43 @@ def test_reader_finish_when_usage_sent_then_usage_and_timings_from_it() -> None:
     )
     t = finish.timings
     assert round(t.ttft_ms) == 200 and round(t.predicted_ms) == 1000 and t.predicted_per_second == 4.0
+
+
+def chat_chunk(text: str) -> dict:
+    return {"choices": [{"index": 0, "delta": {"content": text}}]}
+
+
+def test_reader_when_max_tokens_reached_then_full_and_length() -> None:
+    r = ChunkReader("chat", started_at=0.0, max_tokens=3)
+    got = [e for i in range(10) for e in r.feed(chat_chunk(f"t{i}"), now=i)]
+    assert [e.text for e in got] == ["t0", "t1", "t2"] and r.full
+    assert r.finish(now=11.0).finish_reason == "length"
+
+
+def test_reader_when_no_max_tokens_then_bounded_by_tokens_and_text() -> None:
+    r = ChunkReader("chat", started_at=0.0)
+    assert r.max_tokens == MAX_RELAY_TOKENS
+    big = "x" * (1 << 20)
+    got = [e for _ in range(10) for e in r.feed(chat_chunk(big), now=1.0)]
+    assert len(got) == MAX_RELAY_TEXT_BYTES >> 20 and r.full  # 4 MiB of text, then nothing more
+
+
+def test_reader_when_numbers_out_of_range_then_ignored_not_a_crash() -> None:
+    r = ChunkReader("chat", started_at=0.0)
+    logprobs = {
+        "content": [
+            {
+                "token": "hi",
+                "logprob": float("inf"),
+                "bytes": ["not", "ints"],
+                "top_logprobs": [{"token": "hi", "logprob": -(10**400)}, {"token": "h", "logprob": -0.5}],
+            }
+        ]
+    }
+    chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}, "logprobs": logprobs}]}
+    (event,) = r.feed(chunk, now=0.5)
+    assert event.logprob is None and [t.token for t in event.top_logprobs] == ["h"]
+    assert r.feed({"choices": [{"index": 0, "delta": "x"}], "usage": {"prompt_tokens": 10**400}}, 0.6) == []
+    assert r.feed({"choices": "not a list"}, 0.7) == []
+    finish = r.finish(now=1.0)
+    assert finish.usage.prompt_tokens == 0 and finish.timings.prompt_per_second == 0.0

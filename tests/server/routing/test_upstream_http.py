@@ -104,7 +104,7 @@ def test_forwarded_when_client_sends_everything_then_upstream_gets_only_what_it_
         ),
         (
             Script(400, {"error": {"message": "too long", "code": "context_length_exceeded"}}),
-            413,
+            400,
             "context_length_exceeded",
             "HTTP 400: too long",
         ),
