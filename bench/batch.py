@@ -1,6 +1,6 @@
 """Several streams on one engine: the batch decoder against the one-reply engine, in one process, interleaved.
 
-    flock /work/bench.lock python -m bench.batch MODEL_DIR [--variant q4-a8] [--threads 2] [--tokens 128]
+    python -m bench.batch MODEL_DIR [--variant q4-a8] [--threads 2] [--tokens 128]
         [--streams 1,2,3,4] [--rounds 3] [--pad-variants q4-a8,q4] [--json OUT]
 
 Each round runs, for N = 1..4 streams of `tokens` tokens each (chat prompts, ignore_eos, greedy), one after
