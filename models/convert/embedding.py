@@ -35,6 +35,7 @@ import numpy as np
 from models.convert.linear import (
     FLOAT_TYPES,
     MS,
+    REQUANT_TAG,
     form,
     linear,
     note,
@@ -156,7 +157,7 @@ def head(g: GraphBuilder, last: str, name: str, packed: Packing | None = None) -
     if f.packed is None:
         return linear(g, last, "lm_head", [name], small=True)[0]
     note(g, name, "head: " + f.describe())
-    return row_sliced(g, last, f.packed, "lm_head", pair=f.pair)
+    return row_sliced(g, last, f.packed, "lm_head" + REQUANT_TAG if f.requant else "lm_head", pair=f.pair)
 
 
 def tied_head(g: GraphBuilder, last: str, p: Packing) -> str:
