@@ -300,6 +300,9 @@ class GraphBuilder:
         self._packed: dict[str, Packing] = {}
         self.quant_map: dict[str, list[str]] = {}  # source tensor type -> how it was mapped (manifest)
         self.copied_at_load: set[str] = set()  # initializers a kernel copies when it packs (linear.py)
+        self._seq_shapes: dict[int, str] = {}  # width -> the shape [batch, -1, width] (to_seq)
+        # where to_seq reads the batch from: a segment after the first takes one sequence, [seq, hidden]
+        self._batch_of: str | None = "input_ids"
 
     # -- helpers --------------------------------------------------------------------------------------
     def _name(self, base: str) -> str:
@@ -359,6 +362,18 @@ class GraphBuilder:
             self.inits[name] = onnx.numpy_helper.from_array(np.asarray(array), name)
         return name
 
+    def to_seq(self, x: str, width: int) -> str:
+        """x [tokens, width] (the graph's 2-D form, a batch's rows one after another) as [batch, seq,
+        width], the form GroupQueryAttention and the logits take; batch from input_ids, once per width."""
+        if width not in self._seq_shapes:
+            if self._batch_of is None:
+                self._seq_shapes[width] = self.const(f"one_seq_{width}", np.array([1, -1, width], np.int64))
+            else:
+                batch = self.node("Shape", [self._batch_of], start=0, end=1)[0]  # [batch] as a 1-D int64
+                tail = self.const(f"seq_{width}", np.array([-1, width], np.int64))
+                self._seq_shapes[width] = self.node("Concat", [batch, tail], axis=0)[0]
+        return self.node("Reshape", [x, self._seq_shapes[width]])[0]
+
     def settle(self) -> None:
         """Between layers: what the last one read and freed goes back (GGUFModel.release)."""
         if not self.w.dry:
@@ -374,10 +389,11 @@ class GraphBuilder:
 
     # -- graph ----------------------------------------------------------------------------------------
     def _last_positions(self, x: str, inputs: list) -> str:
-        """The last `num_logits_to_keep` rows of x: only they reach the LM head (at a prefill of 256
-        positions a vocabulary-sized head is most of the cost). The input is optional, its initializer is
-        its default: 0, every position (Slice from -0 = 0), which is onnxruntime-genai's convention. It
-        does not feed the input, sizes the logits output by the positions it feeds, and takes the last."""
+        """The last `num_logits_to_keep` positions of every row of the batch, [rows x kept, hidden]: only
+        they reach the LM head (at a prefill of 256 positions a vocabulary-sized head is most of the
+        cost). The input is optional, its initializer is its default: 0, every position (Slice from -0 =
+        0), which is onnxruntime-genai's convention. It does not feed the input, sizes the logits output
+        by the positions it feeds, and takes the last."""
         inputs.append(helper.make_tensor_value_info("num_logits_to_keep", TensorProto.INT64, []))
         self.const("num_logits_to_keep", np.array(0, np.int64))
         start = self.node(
@@ -385,13 +401,16 @@ class GraphBuilder:
             [self.node("Neg", ["num_logits_to_keep"])[0], self.const("to_1d", np.array([1], np.int64))],
         )[0]
         end = self.const("last_end", np.array([np.iinfo(np.int64).max], np.int64))
-        return self.node("Slice", [x, start, end, self.const("axis0", np.array([0], np.int64))])[0]
+        rows = self.to_seq(x, self.cfg.hidden)
+        kept = self.node("Slice", [rows, start, end, self.const("axis1", np.array([1], np.int64))])[0]
+        return self.node("Reshape", [kept, self.const("to_2d", np.array([-1, self.cfg.hidden], np.int64))])[0]
 
     def build(self, segment: Segment | None = None) -> onnx.ModelProto:
         """The whole decoder, or one `segment` of it over the same initializers (models/convert/measure.py
         runs a large model's graph that way, one segment in memory at a time)."""
         cfg, spec = self.cfg, self.spec
         seg = segment or Segment(0, cfg.n_layers, head=True)
+        self._batch_of = "input_ids" if seg.lo == 0 else None
         inputs, outputs = [], []
         if seg.lo == 0:
             inputs.append(helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]))

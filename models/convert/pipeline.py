@@ -45,7 +45,9 @@ from models.runtime.session import DecoderSession, KVCache, ModelShape
 # load_rss_bytes is now what the weights take, not what a heap reused after the reference let show); the
 # `fast` variant (re-encoded, installed only within the measured quality floor); quality measured as KL
 # over a fixed text; the nominal variant chosen by one rule from it (convert/nominal.py: the fastest of q4-a8
-# and fast within the floor, else the exact q4), and a pull keeps it alone by default
+# and fast within the floor, else the exact q4), and a pull keeps it alone by default; and batch > 1: the
+# rows of input_ids are separate sequences (GroupQueryAttention's batch, each row its own past length),
+# logits [batch, positions kept, vocab]
 CONVERTER_VERSION = 11
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"

@@ -187,7 +187,10 @@ def test_fused_qkv_when_types_mix_then_one_node_per_layout(converted, source, va
         )
     assert got == expected
     # what GroupQueryAttention gets (through the Reshape to 3-D): a Concat of the parts, or the one part
-    qkv = next(n for n in m.graph.node if n.op_type == "Reshape" and n.input[1].startswith("to_3d")).input[0]
+    gqa = next(n for n in m.graph.node if n.op_type == "GroupQueryAttention")
+    to_seq = next(n for n in m.graph.node if gqa.input[0] in n.output)
+    assert to_seq.op_type == "Reshape"
+    qkv = to_seq.input[0]
     producer = next(n for n in m.graph.node if qkv in n.output)
     assert (producer.op_type == "Concat") == (len(expected) > 1)
 
