@@ -15,6 +15,7 @@ from server.errors import ErrorMiddleware, install_handlers
 from server.governor_gate import GovernorGate
 from server.governor_headers import LEVEL_HEADER, PAUSED_HEADER, GovernorHeadersMiddleware
 from server.metrics import Metrics, MetricsMiddleware
+from server.model_pool import LoadedView
 from server.openapi import install_openapi
 from server.routes import llamacpp, ollama, ops, responses, thermal, ui, v1
 from server.routing.breaker import Breaker
@@ -85,7 +86,7 @@ def create_app(
     gate.subscribe(worker.publish_governor)
     if governed is not None:  # its pace controller hears of every load; export its state
         served.pool.loading = governed.loading
-        metrics.watch_governor(governed, lambda: worker.engine.variant if worker.engine else None)
+        metrics.watch_governor(governed, lambda: _variant(served.pool.last_served()))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -132,7 +133,7 @@ def create_app(
     # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
     runtime.router = build_router(
         settings,
-        local_side(worker, runtime.served_ids, served.default_model),
+        local_side(worker, served.ids, served.default_model),
         device_view(governed),
         breaker=breaker,
     )
@@ -177,3 +178,7 @@ def create_app(
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+def _variant(view: LoadedView | None) -> str | None:
+    return view.variant if view is not None else None

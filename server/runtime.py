@@ -1,5 +1,6 @@
 """What the route handlers read, as typed values (handlers never read Settings, and nothing probes for
-attributes): the worker, what is served, the governor when there is one, and the streaming settings."""
+attributes): the worker, what is served (which model a request means: `served.resolve`), the governor
+when there is one, and the streaming settings."""
 
 from __future__ import annotations
 
@@ -46,11 +47,3 @@ class Runtime:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="simmer-tokenizer")
     )
     api_key_set: bool = False  # SIMMER_API_KEY: the key a request presents is part of its cache scope
-
-    def model_id(self) -> str:
-        """The model in use: the one that ran last (or loaded at start), else the default."""
-        engine = self.worker.engine
-        return engine.model_id if engine is not None else self.model
-
-    def served_ids(self) -> set[str]:
-        return {self.model, self.model_id(), *self.served.served_ids()}

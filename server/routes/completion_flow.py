@@ -187,12 +187,12 @@ async def start(
     )
     params = replace(body.to_params(rt.sampling_defaults), cache_scope=scope)
     if route.side == "local":
-        if rt.served.entry(model) is None:  # known a moment ago (it ran last), removed from the store since
+        if rt.served.resolve(model) is None:  # known a moment ago, removed from the store since
             raise ModelNotFound(f"The model '{model}' is not installed", param="model")
         # at once, before any queue: a chat request needs a model (or a ladder rung below it) that chats
         if kind == "chat" and not rt.served.serves_chat(model):
             raise ModelNotChat.for_model(model)
-        entry = rt.served.entry(model)
+        entry = rt.served.resolve(model)
         if entry is not None and entry.vocab_size is not None:  # logit_bias ids against the vocabulary
             validate_sampling(params.sampling, entry.vocab_size)
     loop = asyncio.get_running_loop()

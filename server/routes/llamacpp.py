@@ -29,21 +29,15 @@ router = APIRouter()
 
 
 def _target(rt: Runtime, model: str | None) -> TextSide | CatalogEntry:
-    """The loaded engine of the model `model` names (none named: the one that ran last, else the default),
-    or its catalog entry when it is not loaded (its tokenizer is read from there)."""
-    if model is None:
-        engine = rt.worker.engine
-        if engine is not None:
-            return engine
-        model = rt.model
-    elif model not in rt.served_ids():
+    """The loaded engine of the model `model` names (none named: the default model, as a generation
+    request means), or its catalog entry when it is not loaded (its tokenizer is read from there)."""
+    entry = rt.served.resolve(model)
+    if entry is None:
         raise ModelNotFound(
-            f"The model '{model}' is not served here; this server serves '{rt.model_id()}'", param="model"
+            f"The model '{model or rt.model}' is not served here; this server serves '{rt.model}'",
+            param="model",
         )
-    entry = rt.served.entry(model)
-    if entry is None:  # removed from the store since
-        raise ModelNotFound(f"The model '{model}' is not installed", param="model")
-    engine = rt.served.pool.engine(entry.id)
+    engine = rt.served.pool.engine(entry.id) or rt.served.pool.kept(entry.id)
     if engine is not None:
         return engine
     if entry.path is None:  # an engine handed over by a factory that has not returned yet

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from models.errors import InvalidParameter, ModelNotFound, SimmerError
 from models.store import registry
 from models.types import FinishEvent, TokenEvent
-from server import model_catalog
+from server.catalog import CatalogEntry, installed, iso
 from server.cli import license_notice
 from server.errors import ApiError, ModelLoading, error_payload
 from server.routes.completion_flow import Generation, respond, start
@@ -118,9 +118,9 @@ class NdjsonRenderer:
 def _not_found(rt: Runtime, name: str) -> SimmerError:
     """Ollama's words for an unknown model; an installed model this server does not serve says so."""
     model = wire.model_id(name)
-    if any(m.id == model for m in model_catalog.installed(rt.model_store)):
+    if any(m.id == model for m in installed(rt.model_store)):
         return ModelNotFound(
-            f"model '{name}' is installed but not served: this server serves '{rt.model_id()}' "
+            f"model '{name}' is installed but not served: this server serves '{rt.model}' "
             f"(start it with SIMMER_MODEL={model})",
             param="model",
         )
@@ -157,7 +157,7 @@ async def _generate(
 def _control(request: Request, kind: wire.Kind, body: wire._Generation) -> Response:
     """No prompt (no messages): Ollama's load request, or with keep_alive 0 its unload request."""
     rt: Runtime = request.app.state.runtime
-    if body.model_id not in rt.served_ids():
+    if body.model_id not in rt.served.ids():
         raise _not_found(rt, body.model)
     if body.keep_alive_s() == 0:  # unload: the worker does it once no job uses the model
         rt.worker.unload_when_idle(body.model_id)
@@ -179,8 +179,9 @@ async def chat(body: wire.OllamaChatRequest, request: Request) -> Response:
 async def generate(body: wire.OllamaGenerateRequest, request: Request) -> Response:
     if not body.prompt:
         return _control(request, "generate", body)
-    engine = request.app.state.runtime.worker.engine
-    if body.raw or (engine is not None and not engine.can_chat):
+    rt: Runtime = request.app.state.runtime
+    entry = rt.served.resolve(body.model_id)  # None: not served here (upstream, or a 404 from the router)
+    if body.raw or (entry is not None and not entry.can_chat):
         # raw: the prompt as written; a base model (no chat template) continues the text, as ollama run does
         prompt = body.prompt if body.raw else body.plain_text()
         return await _generate(request, "generate", body, "text", body.to_openai_text(prompt), prompt)
@@ -191,7 +192,7 @@ async def generate(body: wire.OllamaGenerateRequest, request: Request) -> Respon
 # ---- models -------------------------------------------------------------------------------------------
 
 
-def _details(entry: model_catalog.ModelEntry, variant: str | None = None) -> dict[str, Any]:
+def _details(entry: CatalogEntry, variant: str | None = None) -> dict[str, Any]:
     family = entry.family
     return {
         "parent_model": "",
@@ -199,16 +200,16 @@ def _details(entry: model_catalog.ModelEntry, variant: str | None = None) -> dic
         "family": family,
         "families": [family] if family else None,
         "parameter_size": "",
-        "quantization_level": variant or entry.default_variant,
+        "quantization_level": variant or entry.default_variant or "",
     }
 
 
-def _tag(entry: model_catalog.ModelEntry, variant: str | None = None) -> dict[str, Any]:
+def _tag(entry: CatalogEntry, variant: str | None = None) -> dict[str, Any]:
     name = wire.ollama_name(entry.id)
     return {
         "name": name,
         "model": name,
-        "modified_at": model_catalog.iso(entry.created),
+        "modified_at": iso(entry.created),
         "size": entry.size_bytes,
         "digest": entry.digest,
         "details": _details(entry, variant),
@@ -219,9 +220,9 @@ def _tag(entry: model_catalog.ModelEntry, variant: str | None = None) -> dict[st
 @router.get("/tags")
 async def tags(request: Request) -> dict[str, Any]:
     rt: Runtime = request.app.state.runtime
-    engine = rt.worker.engine
-    local = await asyncio.to_thread(model_catalog.catalog, rt)  # reads the store: off the event loop
-    models = [_tag(m, engine.variant if m.served and engine else None) for m in local]
+    local = await asyncio.to_thread(_listing, rt)  # reads the store: off the event loop
+    loaded = rt.served.pool.loaded()
+    models = [_tag(m, loaded[m.id].variant if m.id in loaded else None) for m in local]
     # Ids served only upstream, when the routing policy lets requests leave (as /v1/models lists them).
     for remote in rt.router.remote_models() if rt.router else []:
         name = wire.ollama_name(remote)
@@ -229,7 +230,7 @@ async def tags(request: Request) -> dict[str, Any]:
             {
                 "name": name,
                 "model": name,
-                "modified_at": model_catalog.iso(""),
+                "modified_at": iso(""),
                 "size": 0,
                 "digest": "",
                 "remote_host": "upstream",
@@ -239,10 +240,23 @@ async def tags(request: Request) -> dict[str, Any]:
     return {"models": models}
 
 
-def _model_info(rt: Runtime, entry: model_catalog.ModelEntry) -> dict[str, Any]:
+def _listing(rt: Runtime) -> list[CatalogEntry]:
+    """The served models (the default first), then the installed ones this server does not serve."""
+    served = rt.served.entries()
+    ids = {e.id for e in served}
+    return [*served, *(m for m in installed(rt.model_store) if m.id not in ids)]
+
+
+def _find(rt: Runtime, model: str) -> CatalogEntry | None:
+    """A served model, or an installed one, by exact id."""
+    entry = rt.served.resolve(model) if model else None
+    return entry or next((m for m in installed(rt.model_store) if m.id == model), None)
+
+
+def _model_info(rt: Runtime, entry: CatalogEntry) -> dict[str, Any]:
     arch = entry.architecture
     family = entry.family or "unknown"
-    context = rt.worker.engine.context_length if entry.served and rt.worker.engine else None
+    context = rt.served.context_length(entry) if entry.id in rt.served.ids() else None
     keys = {
         "context_length": context or arch.get("context_length") or entry.manifest.get("context_length"),
         "embedding_length": arch.get("hidden"),
@@ -262,22 +276,22 @@ def _model_info(rt: Runtime, entry: model_catalog.ModelEntry) -> dict[str, Any]:
 @router.post("/show")
 async def show(body: wire.ShowRequest, request: Request) -> dict[str, Any]:
     rt: Runtime = request.app.state.runtime
-    entry = await asyncio.to_thread(model_catalog.find, rt, body.model_id)
+    entry = await asyncio.to_thread(_find, rt, body.model_id)
     if entry is None:
         raise _not_found(rt, body.given)
     d = rt.sampling_defaults
-    engine = rt.worker.engine
+    loaded = rt.served.pool.loaded().get(entry.id)
     template = await asyncio.to_thread(entry.chat_template)
     # tools: a chat model gets them (models/runtime/tools.py); Ollama's clients check before sending any
-    chats = engine.can_chat if entry.served and engine is not None else bool(template)
+    chats = entry.can_chat
     return {
         "modelfile": f"# simmer: the chat template is Jinja (see `template`)\nFROM {entry.id}\n",
         "parameters": f"temperature {d.temperature:g}\ntop_k {d.top_k}\ntop_p {d.top_p:g}\nmin_p {d.min_p:g}",
         "template": template,
-        "details": _details(entry, engine.variant if entry.served and engine else None),
+        "details": _details(entry, loaded.variant if loaded is not None else None),
         "model_info": _model_info(rt, entry),
         "capabilities": ["completion", "tools"] if chats else ["completion"],
-        "modified_at": model_catalog.iso(entry.created),
+        "modified_at": iso(entry.created),
     }
 
 
@@ -290,7 +304,9 @@ async def ps(request: Request) -> dict[str, Any]:
     models = []
     for model_id, view in rt.served.pool.loaded().items():
         engine = rt.served.pool.engine(model_id)
-        entry = model_catalog.find(rt, model_id) or model_catalog.ModelEntry(id=model_id)
+        entry = _find(rt, model_id) or CatalogEntry(
+            model_id, None, {}, can_chat=False, tokenizer_key=model_id
+        )
         # "kept until the server stops" as Ollama shows it: centuries ahead
         left = 292 * 365 * 86400.0 if view.expires_in_s is None else view.expires_in_s
         expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=max(0.0, left))
@@ -323,11 +339,12 @@ async def delete(body: wire.ModelRequest, request: Request) -> Response:
     in_use = _in_use(rt, model)
     if in_use:
         raise ApiError(400, "invalid_parameter", f"model '{body.given}' {in_use}", param="model")
-    installed = await asyncio.to_thread(model_catalog.installed, rt.model_store)
-    if rt.model_store is None or not any(m.id == model for m in installed):
+    present = await asyncio.to_thread(installed, rt.model_store)
+    if rt.model_store is None or not any(m.id == model for m in present):
         raise ModelNotFound(f"model '{body.given}' not found", param="model")
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(rt.store_executor, rt.model_store.remove, model)  # may wait for a pull
+    await asyncio.to_thread(rt.served.catalog.refresh)  # gone from what the server lists, at once
     return Response(status_code=200)
 
 
@@ -338,7 +355,7 @@ def _in_use(rt: Runtime, model: str) -> str | None:
         return "is the model this server serves (SIMMER_MODEL): serve another one before deleting it"
     if model in rt.served.ladder_models():
         return "is on the governor's ladder (SIMMER_LADDER): take it off before deleting it"
-    if model in rt.served.pool.loaded() or model == rt.model_id():
+    if model in rt.served.pool.loaded():
         return (
             "is loaded: delete it once it unloads (after its keep_alive, or at once after a request "
             'with "keep_alive": 0)'
@@ -441,7 +458,7 @@ async def embeddings(body: wire.EmbedRequest, request: Request) -> Response:
 
 def _no_embeddings(request: Request, body: wire.EmbedRequest) -> Response:
     rt: Runtime = request.app.state.runtime
-    if wire.model_id(body.model) not in rt.served_ids():
+    if wire.model_id(body.model) not in rt.served.ids():
         raise _not_found(rt, body.model)
     raise ApiError(
         400,

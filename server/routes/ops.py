@@ -24,7 +24,7 @@ def model_problem(rt: Runtime) -> dict[str, Any] | None:
     if rt.store_home is None:
         return None
     try:
-        return ModelStore(rt.store_home).problem(rt.model_id())
+        return ModelStore(rt.store_home).problem(rt.model)
     except (SimmerError, OSError):  # not a store id (a folder served directly), or an unreadable store
         return None
 
@@ -33,12 +33,12 @@ def model_problem(rt: Runtime) -> dict[str, Any] | None:
 async def health(request: Request) -> JSONResponse:
     rt: Runtime = request.app.state.runtime
     worker = rt.worker
-    engine = worker.engine
+    last = rt.served.pool.last_served()  # the device's view: what ran last, warm now
     if worker.state == "ready":  # models load on demand: none loaded (keep_alive ran out) is fine too
         body: dict = {
             "status": "ok",
-            "model": engine.model_id if engine is not None else rt.model,
-            "variant": engine.variant if engine is not None else None,
+            "model": last.model_id if last is not None else rt.model,
+            "variant": last.variant if last is not None else None,
             "loaded": sorted(rt.served.pool.loaded()),
             "queue_depth": worker.queue_depth,
             "busy": worker.busy,

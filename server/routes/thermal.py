@@ -43,11 +43,11 @@ def governor_gate(rt: Runtime) -> GovernorGate:
 def thermal_state(rt: Runtime, snap: Snapshot) -> dict[str, Any]:
     """The snapshot plus what runs now (the engine's variant and threads) and the gate's counters."""
     gate = governor_gate(rt)
-    engine = rt.worker.engine
+    last = rt.served.pool.last_served()  # the device's view: what ran last, warm now
     body = snap.to_dict()
-    body["model"] = rt.model_id()
-    body["variant"] = engine.variant if engine is not None else None
-    body["threads"] = engine.threads if engine is not None else None
+    body["model"] = last.model_id if last is not None else rt.model
+    body["variant"] = last.variant if last is not None else None
+    body["threads"] = last.threads if last is not None else None
     body["pauses"] = gate.pauses
     # the ladder across models and where the governor stands on it (the rung its limits name)
     rung = (snap.limits.model_id, snap.limits.variant)

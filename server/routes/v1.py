@@ -66,14 +66,9 @@ def _base(rt: Runtime, model_id: str) -> dict[str, Any]:
 
 def model_entry(rt: Runtime, entry: CatalogEntry, loaded: LoadedView | None) -> dict[str, Any]:
     served = rt.served
-    engine = served.pool.engine(entry.id) if loaded else None
     variant = loaded.variant if loaded else entry.default_variant
-    cap = served.context_cap
     model_ctx = entry.context_length
-    if engine is not None:
-        context = engine.context_length
-    else:
-        context = min(x for x in (cap, model_ctx) if x) if (cap or model_ctx) else None
+    context = served.context_length(entry)
     resident = loaded.bytes if loaded else (served.cost(entry, variant).total if served.cost else None)
     rungs = [r.variant for r in served.ladder if r.model_id == entry.id]
     return _base(rt, entry.id) | {

@@ -101,8 +101,8 @@ class Route:
 class LocalSide:
     """What routing reads from, and hands to, the local worker."""
 
-    served_ids: Callable[[], set[str]]  # every model id served here (the installed models)
-    model_id: Callable[[], str]  # the default model (a request that names none)
+    served_ids: Callable[[], set[str]]  # every model id served here (the catalog's ids)
+    default_model: Callable[[], str]  # the model a request that names none means
     state: Callable[[], LocalState]
     queue_full: Callable[[], bool]
     submit: Callable[[Job], None]
@@ -120,7 +120,7 @@ def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: s
 
     return LocalSide(
         served_ids=served_ids,
-        model_id=lambda: default_model,
+        default_model=lambda: default_model,
         state=state,
         queue_full=lambda: worker.queue_depth >= worker.max_queue,
         submit=worker.submit,
@@ -255,7 +255,7 @@ class Router:
         model = model or None  # "" names no model, as before routing: the served one
         local_ids = self.local.served_ids()
         model_local = model is None or model in local_ids
-        name = (model or self.local.model_id()) if model_local else model
+        name = (model or self.local.default_model()) if model_local else model
         configured = self.upstream is not None
         inputs = RouteInputs(
             policy=self.policy if configured else "local",

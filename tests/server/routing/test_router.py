@@ -28,7 +28,7 @@ class Clock:
 def local_side(submitted: list) -> LocalSide:
     return LocalSide(
         served_ids=lambda: {"m"},
-        model_id=lambda: "m",
+        default_model=lambda: "m",
         state=lambda: "ready",
         queue_full=lambda: False,
         submit=submitted.append,
@@ -167,7 +167,7 @@ def test_router_when_heat_slows_the_pace_then_auto_plans_upstream_and_home_past_
         policy="auto",
         local=LocalSide(
             served_ids=lambda: {"m"},
-            model_id=lambda: "m",
+            default_model=lambda: "m",
             state=lambda: "ready",
             queue_full=lambda: False,
             submit=lambda j: None,
@@ -264,7 +264,7 @@ def test_router_when_new_work_is_held_then_queued_auto_jobs_move_and_the_others_
                 policy="auto",
                 local=LocalSide(
                     served_ids=lambda: {"m"},
-                    model_id=lambda: "m",
+                    default_model=lambda: "m",
                     state=lambda: "ready",
                     queue_full=lambda: False,
                     submit=queue.append,
