@@ -14,6 +14,7 @@ from server.cli import hub_config
 from server.errors import ErrorMiddleware, install_handlers
 from server.governor_gate import GovernorGate
 from server.governor_headers import LEVEL_HEADER, PAUSED_HEADER, GovernorHeadersMiddleware
+from server.grammars import LLGUIDANCE, Grammars
 from server.metrics import Metrics, MetricsMiddleware
 from server.model_pool import LoadedView
 from server.openapi import install_openapi
@@ -42,11 +43,13 @@ def create_app(
     served: Served | None = None,
     governor: Gate | None = None,
     breaker: Breaker | None = None,
+    grammars: Grammars = LLGUIDANCE,
 ) -> FastAPI:
     """Build the app over what it serves: `served` (server/served.py: the installed models, their pool and
     ladder), or one ready `engine`, or an `engine_factory` that the worker thread calls at startup (GET
     /health answers 503 "loading" until it returns). `governor` is the worker's gate; `breaker` replaces the
-    upstream breaker built from settings (tests pass one on a fake clock)."""
+    upstream breaker built from settings (tests pass one on a fake clock); `grammars` the seam every
+    request's grammar is converted and checked through (server/grammars.py)."""
     if sum(x is not None for x in (engine, engine_factory, served)) != 1:
         raise ValueError("pass exactly one of engine, engine_factory or served")
     if served is None:
@@ -129,6 +132,7 @@ def create_app(
         summarizer=summarizer,
         pull_dirs=tuple(settings.pull_dirs),
         api_key_set=bool(settings.api_key),
+        grammars=grammars,
     )
     # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
     runtime.router = build_router(

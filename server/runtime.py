@@ -10,6 +10,7 @@ from pathlib import Path
 
 from models.store.store import ModelStore
 from server.governor_gate import GovernorGate
+from server.grammars import LLGUIDANCE, Grammars
 from server.metrics import Metrics
 from server.routing.router import Router
 from server.schemas import SamplingDefaults
@@ -47,3 +48,4 @@ class Runtime:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="simmer-tokenizer")
     )
     api_key_set: bool = False  # SIMMER_API_KEY: the key a request presents is part of its cache scope
+    grammars: Grammars = LLGUIDANCE  # every grammar a request asks for is converted and checked here

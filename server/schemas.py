@@ -25,7 +25,6 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from models.errors import InvalidParameter
-from models.runtime.constraint import gbnf_grammar, json_schema_grammar
 from models.runtime.sampling import (
     MAX_LOGIT_BIAS,
     MAX_REPETITION_PENALTY,
@@ -45,6 +44,7 @@ from models.types import (
     ToolUse,
     Usage,
 )
+from server.grammars import LLGUIDANCE, Grammars
 from server.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
 from server.keep_alive import parse_keep_alive
 
@@ -279,7 +279,7 @@ class _GenerationRequest(_Request):
             asked.append("grammar")
         return asked
 
-    def constraint(self) -> tuple[str | None, str | None]:
+    def constraint(self, grammars: Grammars = LLGUIDANCE) -> tuple[str | None, str | None]:
         """The grammar the reply must follow and the field that asked for it (None, None: free text).
         At most one of response_format (a JSON type), json_schema and grammar (the validator saw to it).
         Built once per request (`constraint_checks` builds it off the event loop before anything else
@@ -291,21 +291,22 @@ class _GenerationRequest(_Request):
         if not asked:
             built: tuple[str | None, str | None] = (None, None)
         elif asked[0] == "response_format" and rf is not None and rf.type == "json_object":
-            built = (json_schema_grammar(rf.schema_), "response_format")
+            built = (grammars.json_schema(rf.schema_, "response_format"), "response_format")
         elif asked[0] == "response_format" and rf is not None and rf.json_schema is not None:
             spec = rf.json_schema
-            built = (json_schema_grammar(spec.schema_ if spec.schema_ is not None else {}), "response_format")
+            schema = spec.schema_ if spec.schema_ is not None else {}
+            built = (grammars.json_schema(schema, "response_format"), "response_format")
         elif asked[0] == "json_schema":
-            built = (json_schema_grammar(self.json_schema, "json_schema"), "json_schema")
+            built = (grammars.json_schema(self.json_schema, "json_schema"), "json_schema")
         else:
-            built = (gbnf_grammar(self.grammar or ""), "grammar")
+            built = (grammars.gbnf(self.grammar or "", "grammar"), "grammar")
         self._constraint = built
         return built
 
-    def constraint_checks(self) -> list[tuple[str, str]]:
+    def constraint_checks(self, grammars: Grammars = LLGUIDANCE) -> list[tuple[str, str]]:
         """(grammar, field) pairs to compile before the job is queued. Converts what the request asks for
         (raising InvalidParameter for what cannot be): call it off the event loop."""
-        grammar, param = self.constraint()
+        grammar, param = self.constraint(grammars)
         return [(grammar, param)] if grammar is not None and param is not None else []
 
     @field_validator("keep_alive")
@@ -330,7 +331,7 @@ class _GenerationRequest(_Request):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     def _params(
-        self, max_tokens: int | None, logprobs: int | None, defaults: SamplingDefaults
+        self, max_tokens: int | None, logprobs: int | None, defaults: SamplingDefaults, grammars: Grammars
     ) -> GenerationParams:
         penalty = self.repeat_penalty or self.repetition_penalty or 1.0
         sampling = SamplingParams(
@@ -351,7 +352,7 @@ class _GenerationRequest(_Request):
             stop=self._stop_tuple(),
             truncate=self.truncate,
             ignore_eos=self.ignore_eos,
-            grammar=self.constraint()[0],
+            grammar=self.constraint(grammars)[0],
         )
 
 
@@ -507,17 +508,19 @@ class ChatCompletionRequest(_GenerationRequest):
         )
         return ToolUse(tools, name, True if self.parallel_tool_calls is None else self.parallel_tool_calls)
 
-    def constraint_checks(self) -> list[tuple[str, str]]:
-        checks = super().constraint_checks()
+    def constraint_checks(self, grammars: Grammars = LLGUIDANCE) -> list[tuple[str, str]]:
+        checks = super().constraint_checks(grammars)
         for i, tool in enumerate(self.tools or ()):
             if self.tool_choice != "none" and tool.function.parameters is not None:
                 param = f"tools[{i}].function.parameters"
-                checks.append((json_schema_grammar(tool.function.parameters, param), param))
+                checks.append((grammars.json_schema(tool.function.parameters, param), param))
         return checks
 
-    def to_params(self, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> GenerationParams:
+    def to_params(
+        self, defaults: SamplingDefaults = OPENAI_DEFAULTS, grammars: Grammars = LLGUIDANCE
+    ) -> GenerationParams:
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        params = self._params(self.max_completion_tokens or self.max_tokens, logprobs, defaults)
+        params = self._params(self.max_completion_tokens or self.max_tokens, logprobs, defaults, grammars)
         return replace(params, tools=self.tool_use())
 
 
@@ -549,8 +552,10 @@ class CompletionRequest(_GenerationRequest):
     def prompt_text(self) -> str:
         return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
 
-    def to_params(self, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> GenerationParams:
-        return self._params(self.max_tokens, self.logprobs, defaults)
+    def to_params(
+        self, defaults: SamplingDefaults = OPENAI_DEFAULTS, grammars: Grammars = LLGUIDANCE
+    ) -> GenerationParams:
+        return self._params(self.max_tokens, self.logprobs, defaults, grammars)
 
 
 # ---- responses ---------------------------------------------------------------------------------

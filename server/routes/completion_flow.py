@@ -28,12 +28,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from models.errors import Cancelled, ModelNotChat, ModelNotFound
-from models.runtime.constraint import GRAMMAR_CHECKS, check_grammar
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
 from server.accounting import RequestAccount
 from server.cache_scope import cache_scope
 from server.errors import ShuttingDown
+from server.grammars import CHECKS, Grammars
 from server.logs import RequestRecord, log_request
 from server.routing.router import HEADER as ROUTE_HEADER
 from server.routing.router import Route
@@ -154,9 +154,9 @@ def _error_code(error: BaseException) -> str:
     return getattr(error, "code", None) or "internal_error"
 
 
-def _check_constraints(body: _GenerationRequest) -> None:
-    for grammar, param in body.constraint_checks():
-        check_grammar(grammar, param)
+def _check_constraints(body: _GenerationRequest, grammars: Grammars) -> None:
+    for grammar, param in body.constraint_checks(grammars):
+        grammars.check(grammar, param)
 
 
 async def start(
@@ -179,13 +179,13 @@ async def start(
     model = route.model
     # The grammar the reply follows, built and compiled before anything reads it, off the event loop on a
     # thread with a large stack: a schema or grammar llguidance refuses is a 400 naming it, before any work.
-    await asyncio.wrap_future(GRAMMAR_CHECKS.submit(_check_constraints, body))
+    await asyncio.wrap_future(CHECKS.submit(_check_constraints, body, rt.grammars))
     scope = cache_scope(
         api_key_set=rt.api_key_set,
         authorization=request.headers.get("authorization"),
         cache_salt=body.cache_salt,
     )
-    params = replace(body.to_params(rt.sampling_defaults), cache_scope=scope)
+    params = replace(body.to_params(rt.sampling_defaults, rt.grammars), cache_scope=scope)
     if route.side == "local":
         if rt.served.resolve(model) is None:  # known a moment ago, removed from the store since
             raise ModelNotFound(f"The model '{model}' is not installed", param="model")
