@@ -10,21 +10,25 @@ from fastapi import FastAPI
 
 from models.protocol import Engine
 from models.store.store import ModelStore
-from server.cli import hub_config
-from server.errors import ErrorMiddleware, install_handlers
+from server.api.context import Runtime
+from server.api.llamacpp import routes as llamacpp
+from server.api.ollama import routes as ollama
+from server.api.openai import routes as v1
+from server.api.openai.protocol import SamplingDefaults
+from server.api.responses import routes as responses
+from server.api.simmer import ops, thermal, ui
+from server.cli.main import hub_config
 from server.governor_gate import GovernorGate
-from server.governor_headers import LEVEL_HEADER, PAUSED_HEADER, GovernorHeadersMiddleware
 from server.grammars import LLGUIDANCE, Grammars
-from server.metrics import Metrics, MetricsMiddleware
+from server.http.errors import ErrorMiddleware, install_handlers
+from server.http.governor_headers import LEVEL_HEADER, PAUSED_HEADER, GovernorHeadersMiddleware
+from server.http.metrics import Metrics, MetricsMiddleware
+from server.http.openapi import install_openapi
+from server.http.security import CorsMiddleware, SecurityMiddleware
 from server.model_pool import LoadedView
-from server.openapi import install_openapi
-from server.routes import llamacpp, ollama, ops, responses, thermal, ui, v1
 from server.routing.breaker import Breaker
 from server.routing.metrics import RoutingCollector
 from server.routing.router import build_router, device_view, local_side
-from server.runtime import Runtime
-from server.schemas import SamplingDefaults
-from server.security import CorsMiddleware, SecurityMiddleware
 from server.served import Served, serve_single
 from server.settings import Settings
 from server.summary import Summarizer, summary_models

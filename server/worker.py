@@ -47,7 +47,7 @@ from governor.limits import Rung
 from models.errors import Cancelled, SimmerError
 from models.protocol import Engine, EngineLimits, Prompt
 from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent, ToolUse
-from server.errors import ModelLoading, ServerBusy, ShuttingDown
+from server.http.errors import ModelLoading, ServerBusy, ShuttingDown
 from server.ladder import Target, shed_above
 from server.model_pool import ModelPool
 from server.summary import Windowed

@@ -45,7 +45,8 @@ from models.errors import (
     SimmerError,
 )
 from models.types import FinishEvent, TokenEvent
-from server.errors import (
+from server.api.openai.protocol import _GenerationRequest
+from server.http.errors import (
     DevicePaused,
     ModelLoading,
     ServerBusy,
@@ -54,7 +55,7 @@ from server.errors import (
     UpstreamUnavailable,
 )
 from server.routing.breaker import Breaker
-from server.routing.policy import (
+from server.routing.decision import (
     HOME_FACTOR,
     MODES,
     NOT_ALLOWED,
@@ -70,7 +71,6 @@ from server.routing.policy import (
 )
 from server.routing.relay import ChunkReader, relay
 from server.routing.upstream import Endpoint, UpstreamClient, UpstreamFailure, forward_body, to_simmer_error
-from server.schemas import _GenerationRequest
 from server.settings import Settings
 from server.worker import Failed, Job, Started
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from models.errors import InvalidModelFile, UnsupportedModel
-from server import cli
+from server.cli import main as cli
 from server.settings import Settings
 from tests.models.test_store import FakeConverter, write_gguf
 

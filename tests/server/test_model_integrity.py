@@ -17,7 +17,7 @@ import pytest
 
 from models.convert import pipeline
 from models.store.store import Converter, ModelStore
-from server import cli
+from server.cli import main as cli
 from server.engine_config import EngineConfig
 from server.settings import Settings
 

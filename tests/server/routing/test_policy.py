@@ -1,4 +1,4 @@
-"""decide_route(), table by table: one table per part of the rule table in server/routing/policy.py."""
+"""decide_route(), table by table: one table per part of the rule table in server/routing/decision.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from server.routing.policy import (
+from server.routing.decision import (
     HOME_FACTOR,
     DeviceState,
     RouteInputs,

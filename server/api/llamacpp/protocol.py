@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import Field
 
-from server.schemas import ChatMessage, _Request, integer
+from server.api.openai.protocol import ChatMessage, _Request, integer
 
 TokenId = integer(ge=0)  # and below the model's vocabulary size (a 400 naming the position otherwise)
 

@@ -72,7 +72,7 @@ AnyInteger = Annotated[int, BeforeValidator(_whole)]
 
 def _invalid(message: str, param: str | None = None) -> PydanticCustomError:
     # A custom error keeps our exact wording (a ValueError would be prefixed "Value error, "); `param`
-    # names the field when the error is raised above it (server/errors.py reads it).
+    # names the field when the error is raised above it (server/http/errors.py reads it).
     return PydanticCustomError("invalid_parameter", message, {"param": param} if param else None)
 
 

@@ -37,8 +37,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from models.types import FinishEvent, TokenEvent
-from server.errors import error_payload
-from server.schemas import ChunkBuilder
+from server.api.openai.protocol import ChunkBuilder
+from server.http.errors import error_payload
 from server.worker import Failed, GovernorState, Job, Started, Switched
 
 DONE = "[DONE]"

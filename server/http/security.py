@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models.errors import InvalidParameter
-from server.errors import ApiError, error_payload, send_error
+from server.http.errors import ApiError, error_payload, send_error
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 # Answered without an API key: liveness probes, and the browser UI's page and files (they hold no data;
@@ -58,7 +58,7 @@ def from_browser(headers: dict[str, str]) -> bool:
 def assume_json(scope: Scope, headers: dict[str, str]) -> None:
     """A body sent with no Content-Type at all, by a client that is not a browser, is read as JSON (Ollama
     does; litellm's `ollama/` and `ollama_chat/` providers post that way). A browser's body without the JSON
-    type stays a 415 (server/errors.py): a page can send a "simple" cross-origin POST without a CORS
+    type stays a 415 (server/http/errors.py): a page can send a "simple" cross-origin POST without a CORS
     preflight, and refusing it is what keeps pages from driving the server."""
     if (
         "content-type" in headers

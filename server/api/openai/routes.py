@@ -9,14 +9,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from models.errors import ModelNotFound
+from server.api.common.flow import complete
+from server.api.ollama.protocol import LATEST
+from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from server.catalog import CatalogEntry
 from server.model_pool import LoadedView
-from server.routes.completion_flow import complete
-from server.schemas import ChatCompletionRequest, CompletionRequest
-from server.wire.ollama import LATEST
 
 if TYPE_CHECKING:
-    from server.runtime import Runtime
+    from server.api.context import Runtime
 
 router = APIRouter(prefix="/v1")
 

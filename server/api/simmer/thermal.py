@@ -13,11 +13,11 @@ from sse_starlette import EventSourceResponse
 
 from governor.governor import Snapshot
 from governor.lifecycle import TooManyLeases
-from server.errors import ApiError
+from server.http.errors import ApiError
 
 if TYPE_CHECKING:
+    from server.api.context import Runtime
     from server.governor_gate import GovernorGate
-    from server.runtime import Runtime
 
 router = APIRouter(prefix="/v1")
 

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
 from models.errors import InvalidParameter
-from server.errors import param_path
-from server.schemas import _invalid
+from server.api.openai.protocol import _invalid
+from server.http.errors import param_path
 
 T = TypeVar("T", bound=BaseModel)
 

@@ -26,9 +26,9 @@ from server.ladder import parse_ladder
 from server.settings import Settings
 
 EXTERNAL: dict[str, tuple[str, str, str]] = {
-    "serve": ("server.serve", "cli_serve", "run the OpenAI-compatible HTTP server"),
-    "run": ("server.cli_run", "cli_run", "generate from a prompt in the terminal"),
-    "chat": ("server.cli_run", "cli_chat", "chat with a model in the terminal"),
+    "serve": ("server.cli.serve", "cli_serve", "run the OpenAI-compatible HTTP server"),
+    "run": ("server.cli.run", "cli_run", "generate from a prompt in the terminal"),
+    "chat": ("server.cli.run", "cli_chat", "chat with a model in the terminal"),
     "bench": ("bench.cli", "cli_bench", "benchmarks (JSON output)"),
 }
 

@@ -3,7 +3,7 @@
 stream. Handlers stay ten lines; everything about the worker and the stream lifecycle is here.
 
 A dialect is a `Renderer`: it turns the collected tokens into one response, or the coalesced events
-(server/streaming.py) into its streaming response. The shared steps:
+(server/api/common/streaming.py) into its streaming response. The shared steps:
     start()   route (local or upstream) and submit; busy / loading / a bad model refuse here, before any work
     respond() not streamed: wait for every event (cancel when the client leaves), then renderer.reply();
               streamed: hold the headers until the prompt is built (a too-long prompt is still a real 413),
@@ -31,18 +31,18 @@ from models.errors import Cancelled, ModelNotChat, ModelNotFound
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
 from server.accounting import RequestAccount
+from server.api.common.streaming import Item, JobEventSource, coalesced, sse_stream
+from server.api.openai.protocol import ChunkBuilder, _GenerationRequest, chat_completion, text_completion
 from server.cache_scope import cache_scope
-from server.errors import ShuttingDown
 from server.grammars import CHECKS, Grammars
+from server.http.errors import ShuttingDown
 from server.logs import RequestRecord, log_request
 from server.routing.router import HEADER as ROUTE_HEADER
 from server.routing.router import Route
-from server.schemas import ChunkBuilder, _GenerationRequest, chat_completion, text_completion
-from server.streaming import Item, JobEventSource, coalesced, sse_stream
 from server.worker import Failed, Job, Started, loop_sink
 
 if TYPE_CHECKING:
-    from server.runtime import Runtime
+    from server.api.context import Runtime
 
 DISCONNECT_POLL_S = 0.05  # how often a waiting non-stream request checks that its client is still there
 
@@ -131,7 +131,7 @@ class Generation:
         self.end(finish.finish_reason if finish else _error_code(error) if error else "client_gone", sent)
 
     def events_until_end(self) -> AsyncIterator[Item]:
-        """The coalesced stream (server/streaming.py) of this job, with its end accounted for."""
+        """The coalesced stream (server/api/common/streaming.py) of this job, with its end accounted for."""
         return coalesced(
             self.job,
             self.events,

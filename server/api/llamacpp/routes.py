@@ -1,4 +1,5 @@
-"""llama.cpp server's /tokenize, /detokenize and /apply-template (server/wire/llamacpp.py has the JSON).
+"""llama.cpp server's /tokenize, /detokenize and /apply-template (server/api/llamacpp/protocol.py has
+the JSON).
 
 The tokenizer is read-only and needs no weights: these run on a thread of their own (server/tokenizers.py),
 not on the worker (so they do not queue behind a generation, as llama.cpp answers them while its slots are
@@ -17,10 +18,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from models.errors import InvalidParameter, ModelNotFound
+from server.api.llamacpp.protocol import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest, tokens_json
 from server.catalog import CatalogEntry
-from server.errors import ModelLoading
+from server.http.errors import ModelLoading
 from server.tokenizers import TextSide, give_back_if_large
-from server.wire.llamacpp import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest, tokens_json
 
 if TYPE_CHECKING:
     from server.app import Runtime

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models.errors import ContextLengthExceeded, SimmerError
-from server.schemas import MAX_JSON_DEPTH
+from server.api.openai.protocol import MAX_JSON_DEPTH
 
 log = logging.getLogger("simmer.server")
 
@@ -94,7 +94,7 @@ _STATUS: dict[str, tuple[int, str]] = {
     "model_not_installed": (404, "invalid_request_error"),
     "model_not_chat": (400, "invalid_request_error"),
     # OpenAI's status and code for a prompt that does not fit: clients (litellm, the openai SDK) recognise
-    # a too-long prompt by them (server/errors.py words the message as OpenAI does)
+    # a too-long prompt by them (server/http/errors.py words the message as OpenAI does)
     "context_length_exceeded": (400, "invalid_request_error"),
     "request_too_large": (413, "invalid_request_error"),
     "invalid_api_key": (401, "authentication_error"),
@@ -138,7 +138,7 @@ OLLAMA_PREFIX = "/api/"
 
 
 def is_ollama_path(path: str | None) -> bool:
-    """Ollama's API answers errors as {"error": "message"} (server/routes/ollama.py)."""
+    """Ollama's API answers errors as {"error": "message"} (server/api/ollama/routes.py)."""
     return bool(path) and (path.startswith(OLLAMA_PREFIX) or path == "/api")  # type: ignore[union-attr]
 
 
@@ -312,7 +312,7 @@ def validation_error(exc: RequestValidationError, content_type: str | None = "ap
     first = max(errors, key=lambda e: len(e.get("loc", ())))  # the deepest error is the most specific
     if first.get("type") == "json_invalid":
         return ApiError(400, "invalid_json", "Request body is not valid JSON")
-    if first.get("type") == "invalid_json":  # raised by our own validators (server/schemas.py)
+    if first.get("type") == "invalid_json":  # raised by our own validators (server/api/openai/protocol.py)
         return ApiError(400, "invalid_json", first.get("msg", "Request body is not valid JSON"))
     loc = tuple(first.get("loc", ()))
     if loc == ("body",) and first.get("type") == "missing":

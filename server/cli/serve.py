@@ -23,8 +23,8 @@ from server.connections import (
     rate_limited_exception_handler,
     widen_listen_queue,
 )
+from server.http.security import check_bind
 from server.logs import setup_logging
-from server.security import check_bind
 from server.served import Served
 from server.settings import Settings
 from server.worker import Gate

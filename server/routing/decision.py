@@ -17,7 +17,7 @@ Side = Literal["local", "upstream"]
 LocalState = Literal["ready", "loading", "no_memory", "failed", "closed"]
 MODES: tuple[Mode, ...] = ("local", "auto", "upstream")
 
-# Refusals, as error codes of the server's vocabulary (server/errors.py).
+# Refusals, as error codes of the server's vocabulary (server/http/errors.py).
 NOT_ALLOWED = "upstream_not_allowed"
 UNAVAILABLE = "upstream_unavailable"
 NOT_FOUND = "model_not_found"

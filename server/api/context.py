@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.store.store import ModelStore
+from server.api.openai.protocol import SamplingDefaults
 from server.governor_gate import GovernorGate
 from server.grammars import LLGUIDANCE, Grammars
-from server.metrics import Metrics
+from server.http.metrics import Metrics
 from server.routing.router import Router
-from server.schemas import SamplingDefaults
 from server.served import Served
 from server.summary import Summarizer
 from server.worker import Worker

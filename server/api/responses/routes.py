@@ -1,4 +1,4 @@
-"""OpenAI's Responses API, stateless: POST /v1/responses (server/wire/responses.py has the JSON).
+"""OpenAI's Responses API, stateless: POST /v1/responses (server/api/responses/protocol.py has the JSON).
 
 Generation goes through completion_flow like /v1/chat/completions (same worker, queue, governor, router);
 this module only renders the reply: one `response` object, or Server-Sent Events named after their `type`
@@ -6,7 +6,7 @@ this module only renders the reply: one `response` object, or Server-Sent Events
 governor moves to another model mid-way gets a response.in_progress naming the new model (with simmer's
 `switch`, as chat's `event: governor` has it); the finished response names the model that finished it.
 A stream that asked for `governor_events` also gets chat's `event: governor` events (state changes and
-switches, server/streaming.py's governor_event), outside the numbered response.* sequence.
+switches, server/api/common/streaming.py's governor_event), outside the numbered response.* sequence.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from fastapi.responses import JSONResponse, Response
 
 from models.errors import InvalidParameter
 from models.types import FinishEvent, TokenEvent
-from server.errors import error_payload
-from server.routes.completion_flow import Generation, respond, start
+from server.api.common.convert import renamed
+from server.api.common.flow import Generation, respond, start
+from server.api.common.streaming import Batch, End, Error, JobEventSource, governor_event, switch_report
+from server.api.responses.protocol import RENAME, EventStream, ResponseObject, ResponsesRequest
+from server.http.errors import error_payload
 from server.routing.router import HEADER as ROUTE_HEADER
-from server.streaming import Batch, End, Error, JobEventSource, governor_event, switch_report
-from server.wire.convert import renamed
-from server.wire.responses import RENAME, EventStream, ResponseObject, ResponsesRequest
 from server.worker import GovernorState, Started, Switched
 
 router = APIRouter(prefix="/v1")

@@ -2,7 +2,7 @@
 governor and router as the OpenAI routes: generation goes through completion_flow with an NDJSON
 renderer; model management uses the store.
 
-Errors are Ollama's `{"error": "..."}` (server/errors.py shapes every error under /api/), with simmer's
+Errors are Ollama's `{"error": "..."}` (server/http/errors.py shapes every error under /api/), with simmer's
 statuses (404 for an unknown model, 400 for a bad request, 503 busy, 500 a bug); an error after a stream
 started comes as one more line, `{"error": "..."}`, and the stream ends.
 """
@@ -26,15 +26,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from models.errors import InvalidParameter, ModelNotFound, SimmerError
 from models.store import registry
 from models.types import FinishEvent, TokenEvent
+from server.api.common.convert import renamed
+from server.api.common.flow import Generation, respond, start
+from server.api.common.streaming import Batch, End, Error, JobStreamingResponse
+from server.api.ollama import protocol as wire
+from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest, call_deltas
 from server.catalog import CatalogEntry, installed, iso
-from server.cli import license_notice
-from server.errors import ApiError, ModelLoading, error_payload
-from server.routes.completion_flow import Generation, respond, start
+from server.cli.main import license_notice
+from server.http.errors import ApiError, ModelLoading, error_payload
 from server.routing.router import HEADER as ROUTE_HEADER
-from server.schemas import ChatCompletionRequest, CompletionRequest, call_deltas
-from server.streaming import Batch, End, Error, JobStreamingResponse
-from server.wire import ollama as wire
-from server.wire.convert import renamed
 from server.worker import Started, Switched
 
 if TYPE_CHECKING:

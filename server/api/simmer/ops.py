@@ -9,11 +9,11 @@ from fastapi.responses import JSONResponse, Response
 
 from models.errors import SimmerError
 from models.store.store import ModelStore
-from server.errors import RETRY_AFTER_S
-from server.metrics import CONTENT_TYPE
+from server.http.errors import RETRY_AFTER_S
+from server.http.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
-    from server.runtime import Runtime
+    from server.api.context import Runtime
 
 router = APIRouter()
 

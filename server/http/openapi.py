@@ -3,7 +3,7 @@
 FastAPI's generated document promises a 422 `HTTPValidationError` on every route and JSON everywhere.
 The server answers bad input with 400 and OpenAI's error object, refuses with 401/403/413/415, sends
 Prometheus text from /metrics and Server-Sent Events from the streams. `install_openapi` rewrites the
-generated document once, on first request, from the same tables the server uses (server/errors.py).
+generated document once, on first request, from the same tables the server uses (server/http/errors.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from server.errors import _STATUS, is_ollama_path
-from server.security import is_open_path
+from server.http.errors import _STATUS, is_ollama_path
+from server.http.security import is_open_path
 
 ERROR_CODES = sorted({*_STATUS, "internal_error", "http_error"})
 

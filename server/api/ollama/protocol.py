@@ -40,9 +40,8 @@ from models.runtime.sampling import (
     SEED_MIN,
 )
 from models.types import FinishEvent, TokenEvent, ToolCallDelta
-from server.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
-from server.keep_alive import parse_keep_alive
-from server.schemas import (
+from server.api.common.convert import Renamer, openai_request
+from server.api.openai.protocol import (
     _SCHEMA_OBJECT,
     STRICT,
     AnyInteger,
@@ -57,7 +56,8 @@ from server.schemas import (
     assemble_calls,
     integer,
 )
-from server.wire.convert import Renamer, openai_request
+from server.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
+from server.keep_alive import parse_keep_alive
 
 log = logging.getLogger("simmer.ollama")
 

@@ -36,7 +36,8 @@ from models.runtime.sampling import (
     SEED_MIN,
 )
 from models.types import FinishEvent, TokenEvent, ToolCallDelta, Usage
-from server.schemas import (
+from server.api.common.convert import Renamer, openai_request
+from server.api.openai.protocol import (
     _PARAMETERS,
     _SCHEMA_OBJECT,
     STRICT,
@@ -49,7 +50,6 @@ from server.schemas import (
     chat_logprobs,
     integer,
 )
-from server.wire.convert import Renamer, openai_request
 
 STATELESS = "simmer's Responses API is stateless: no response is stored"
 HOSTED = "only function tools are served (OpenAI's hosted tools run on OpenAI's servers)"
@@ -478,7 +478,7 @@ def message_item(item_id: str, status: str, parts: list[dict[str, Any]]) -> dict
 
 
 def call_item(item_id: str, call: dict[str, Any], status: str) -> dict[str, Any]:
-    """A function_call output item from an assembled chat call (server/schemas.py's assemble_calls)."""
+    """A function_call output item from an assembled chat call (assemble_calls in api/openai/protocol.py)."""
     function = call["function"]
     return {
         "id": item_id,
