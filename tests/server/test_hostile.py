@@ -318,7 +318,7 @@ CASES = [
     Case("grammar that does not parse", text(grammar="root ::= ("), BAD, IP, "grammar", TEXT),
     Case("grammar and json_schema", text(grammar='root ::= "a"', json_schema={}), BAD, IP, "grammar", TEXT),
     Case("grammar streamed", text(grammar='root ::= "a"', stream=True), 200, path=TEXT),
-    # grammars that crashed or stalled the server (issue 26): bounded before llguidance, compiled on a thread
+    # grammars that once crashed or stalled the server: bounded before llguidance, compiled on a thread
     # with a large stack; what fails is a 400 naming the field
     Case(
         "schema: 85 KB $ref chain",
