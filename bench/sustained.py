@@ -66,7 +66,7 @@ def _child_main() -> None:
     audit_fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     model_dir = sys.argv[2] or None
     install_socket_audit(lambda line: os.write(audit_fd, (line + "\n").encode()))
-    from server.cli.serve import build_server, gate_for
+    from server.launch import build_server, gate_for
     from server.logs import setup_logging
     from server.served import serve_folders, serve_store
 

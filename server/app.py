@@ -17,7 +17,6 @@ from server.api.openai import routes as v1
 from server.api.openai.protocol import SamplingDefaults
 from server.api.responses import routes as responses
 from server.api.simmer import ops, thermal, ui
-from server.cli.main import hub_config
 from server.governor_gate import GovernorGate
 from server.grammars import LLGUIDANCE, Grammars
 from server.http.errors import ErrorMiddleware, install_handlers
@@ -30,7 +29,7 @@ from server.routing.breaker import Breaker
 from server.routing.metrics import RoutingCollector
 from server.routing.router import build_router, device_view, local_side
 from server.served import Served, serve_single
-from server.settings import Settings
+from server.settings import Settings, hub_config
 from server.summary import Summarizer, summary_models
 from server.worker import Gate, NoGate, Worker
 

@@ -47,9 +47,9 @@ from governor.limits import Rung
 from models.errors import Cancelled, SimmerError
 from models.protocol import Engine, EngineLimits, Prompt
 from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent, ToolUse
-from server.http.errors import ModelLoading, ServerBusy, ShuttingDown
 from server.ladder import Target, shed_above
 from server.model_pool import ModelPool
+from server.refusals import ModelLoading, ServerBusy, ShuttingDown
 from server.summary import Windowed
 
 if TYPE_CHECKING:

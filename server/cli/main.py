@@ -14,16 +14,15 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from models.errors import SimmerError
 from models.store import registry
-from models.store.hub import HubConfig
+from models.store.registry import license_notice
 from models.store.store import Converter, ModelInfo, ModelStore
 from models.types import NOMINAL_VARIANT
 from server.ladder import parse_ladder
-from server.settings import Settings
+from server.settings import Settings, hub_config
 
 EXTERNAL: dict[str, tuple[str, str, str]] = {
     "serve": ("server.cli.serve", "cli_serve", "run the OpenAI-compatible HTTP server"),
@@ -72,10 +71,6 @@ def _warn(msg: str) -> None:
     print(f"warning: {msg}", file=sys.stderr, flush=True)
 
 
-def hub_config(settings: Settings) -> HubConfig:
-    return HubConfig(endpoint=settings.hf_endpoint, token=settings.hf_token, offline=settings.hf_offline)
-
-
 def _store(settings: Settings, converter: Converter | None) -> ModelStore:
     return ModelStore(
         settings.home,
@@ -109,16 +104,6 @@ def conversion_memory_budget(settings: Settings) -> str:
 
 def _mb(size: int) -> str:
     return f"{size / 1e6:.1f} MB"
-
-
-def license_notice(source: Any, downloads: Path) -> str | None:
-    """The terms a model comes under, printed before it is downloaded: the source's own notice (which may
-    read the upstream NOTICE from a small download) or its license line."""
-    notice = getattr(source, "notice", None)
-    if notice is not None:
-        return notice(downloads)
-    lic = getattr(source, "license", None)
-    return f"License: {lic.name} ({lic.url})" if lic is not None else None
 
 
 def configured_variants(settings: Settings, model_id: str) -> list[str] | None:

@@ -46,7 +46,7 @@ from models.errors import (
 )
 from models.types import FinishEvent, TokenEvent
 from server.api.openai.protocol import _GenerationRequest
-from server.http.errors import (
+from server.refusals import (
     DevicePaused,
     ModelLoading,
     ServerBusy,

@@ -25,7 +25,7 @@ import httpx
 
 from models.errors import ContextLengthExceeded, InvalidParameter, ModelNotFound, SimmerError
 from server.api.openai.protocol import _GenerationRequest
-from server.http.errors import UpstreamError, UpstreamUnavailable
+from server.refusals import UpstreamError, UpstreamUnavailable
 from server.routing.sse_reader import LineTooLong, sse_events
 
 Endpoint = Literal["chat", "text"]

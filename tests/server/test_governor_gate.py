@@ -16,10 +16,10 @@ from governor.sensors import SimulatedThermalSource
 from governor.thermal_sim import ThermalSimulator, get_profile
 from models.errors import Cancelled, DeviceOverheated
 from models.types import CancelToken
-from server.cli.serve import gate_for
 from server.cost_meter import CostMeter
 from server.governor_gate import GovernorGate
-from server.http.errors import DevicePaused
+from server.launch import gate_for
+from server.refusals import DevicePaused
 from server.served import serve_folders
 from tests.server.conftest import make_settings
 

@@ -18,7 +18,7 @@ from tests.server.fakes import FakeGovernor
 SERVE_SCRIPT = textwrap.dedent(
     """
     import sys
-    from server.cli.serve import serve
+    from server.launch import serve
     from server.settings import Settings
     from tests.server.fakes import ScriptedEngine
     settings = Settings(port=int(sys.argv[1]), home=sys.argv[2], model="scripted-test", log_json=True)

@@ -35,8 +35,8 @@ from server.api.common.streaming import Item, JobEventSource, coalesced, sse_str
 from server.api.openai.protocol import ChunkBuilder, _GenerationRequest, chat_completion, text_completion
 from server.cache_scope import cache_scope
 from server.grammars import CHECKS, Grammars
-from server.http.errors import ShuttingDown
 from server.logs import RequestRecord, log_request
+from server.refusals import ShuttingDown
 from server.routing.router import HEADER as ROUTE_HEADER
 from server.routing.router import Route
 from server.worker import Failed, Job, Started, loop_sink
@@ -107,6 +107,10 @@ class Generation:
     @property
     def rid(self) -> str:
         return self.job.id
+
+    def headers(self) -> dict[str, str]:
+        """The reply's headers: where it was served (X-Simmer-Route)."""
+        return {ROUTE_HEADER: self.route.header()}
 
     def mark_started(self) -> None:
         if self.started is None:
@@ -314,7 +318,7 @@ class OpenAIRenderer:
         # the model that finished the reply (the governor may have moved it to another one mid-way)
         body = build(gen.rid, finish.model_id or gen.model, text, tokens, finish, finish.variant)
         body["route"] = gen.route.as_dict()
-        return JSONResponse(body, headers={ROUTE_HEADER: gen.route.header()})
+        return JSONResponse(body, headers=gen.headers())
 
     def stream(self, gen: Generation, started: Started | None) -> Response:
         builder = ChunkBuilder(self.kind, gen.rid, gen.model)
@@ -332,7 +336,7 @@ class OpenAIRenderer:
                 first=gen.held,
             ),
             ping=gen.rt.keepalive_ping_s,
-            headers={ROUTE_HEADER: gen.route.header()},
+            headers=gen.headers(),
             # Our own shutdown path (Worker.close) ends streams first; this only bounds sse-starlette's.
             shutdown_grace_period=2.0,
             on_close=gen.abandon,  # a no-op unless the generator never ran

@@ -20,11 +20,11 @@ from fastapi.responses import Response
 from models.errors import InvalidParameter, ModelNotFound
 from server.api.llamacpp.protocol import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest, tokens_json
 from server.catalog import CatalogEntry
-from server.http.errors import ModelLoading
+from server.refusals import ModelLoading
 from server.tokenizers import TextSide, give_back_if_large
 
 if TYPE_CHECKING:
-    from server.app import Runtime
+    from server.api.context import Runtime
 
 router = APIRouter()
 

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from models.errors import InvalidParameter, ModelNotFound, SimmerError
 from models.store import registry
+from models.store.registry import license_notice
 from models.types import FinishEvent, TokenEvent
 from server.api.common.convert import renamed
 from server.api.common.flow import Generation, respond, start
@@ -32,13 +33,12 @@ from server.api.common.streaming import Batch, End, Error, JobStreamingResponse
 from server.api.ollama import protocol as wire
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest, call_deltas
 from server.catalog import CatalogEntry, installed, iso
-from server.cli.main import license_notice
-from server.http.errors import ApiError, ModelLoading, error_payload
-from server.routing.router import HEADER as ROUTE_HEADER
+from server.http.errors import ApiError, error_payload
+from server.refusals import ModelLoading
 from server.worker import Started, Switched
 
 if TYPE_CHECKING:
-    from server.app import Runtime
+    from server.api.context import Runtime
 
 log = logging.getLogger("simmer.ollama")
 
@@ -75,13 +75,13 @@ class NdjsonRenderer:
         calls = wire.ollama_calls(call_deltas(tokens, finish))
         name = self._named(finish.model_id)
         body = wire.final(self.kind, name, text, tokens, finish, self._stats(gen, finish), calls)
-        return JSONResponse(body, headers={ROUTE_HEADER: gen.route.header()})
+        return JSONResponse(body, headers=gen.headers())
 
     def stream(self, gen: Generation, started: Started | None) -> Response:
         return JobStreamingResponse(
             self._lines(gen, self._named(started.model_id) if started is not None else self.name),
             media_type=NDJSON,
-            headers={ROUTE_HEADER: gen.route.header()},
+            headers=gen.headers(),
             on_close=gen.abandon,  # a no-op unless the generator never ran
         )
 

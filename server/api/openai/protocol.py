@@ -45,6 +45,7 @@ from models.types import (
     Usage,
 )
 from server.grammars import LLGUIDANCE, Grammars
+from server.http.errors import MAX_JSON_DEPTH
 from server.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
 from server.keep_alive import parse_keep_alive
 
@@ -88,7 +89,6 @@ def _is_text(s: str) -> bool:
 
 # Deeper JSON is refused as invalid_json, at one documented depth rather than wherever Python's parser
 # runs out of stack (about 990 levels, depending on the call stack). OpenAI requests nest about 6 deep.
-MAX_JSON_DEPTH = 64
 
 
 def _check_text_and_depth(data: Any) -> None:

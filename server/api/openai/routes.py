@@ -13,10 +13,10 @@ from server.api.common.flow import complete
 from server.api.ollama.protocol import LATEST
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from server.catalog import CatalogEntry
-from server.model_pool import LoadedView
 
 if TYPE_CHECKING:
     from server.api.context import Runtime
+    from server.model_pool import LoadedView
 
 router = APIRouter(prefix="/v1")
 

@@ -28,7 +28,6 @@ from server.api.common.flow import Generation, respond, start
 from server.api.common.streaming import Batch, End, Error, JobEventSource, governor_event, switch_report
 from server.api.responses.protocol import RENAME, EventStream, ResponseObject, ResponsesRequest
 from server.http.errors import error_payload
-from server.routing.router import HEADER as ROUTE_HEADER
 from server.worker import GovernorState, Started, Switched
 
 router = APIRouter(prefix="/v1")
@@ -45,7 +44,7 @@ class ResponsesRenderer:
     def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
         text = "".join(ev.text for ev in tokens) + finish.text
         body = self.response.final(text, tokens, finish)
-        return JSONResponse(body, headers={ROUTE_HEADER: gen.route.header()})
+        return JSONResponse(body, headers=gen.headers())
 
     def stream(self, gen: Generation, started: Started | None) -> Response:
         if started is not None and started.model_id:  # placed on another model than asked for: say so at once
@@ -53,7 +52,7 @@ class ResponsesRenderer:
         return JobEventSource(
             self._events(gen),
             ping=gen.rt.keepalive_ping_s,
-            headers={ROUTE_HEADER: gen.route.header()},
+            headers=gen.headers(),
             shutdown_grace_period=2.0,
             on_close=gen.abandon,  # a no-op unless the generator never ran
         )

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from models.protocol import EngineLimits
-from server.cli.serve import build_server
+from server.launch import build_server
 from server.logs import setup_logging
 from server.settings import Settings
 from server.worker import NoGate
