@@ -12,7 +12,7 @@ And one more before the worker takes it from the queue: when the governor starts
 the device killed the app), an auto job still queued is decided again and may go upstream (device_changed;
 the worker gives it back unstarted, Worker.take_back).
 After the first token a reply stays where it is; an upstream failure then ends the stream with an error
-event and [DONE] (streaming.py), never a restart on the other side.
+event and [DONE] (api/common/streaming.py), never a restart on the other side.
 
 Under the pace controller the policy also reads the thermal pace (DeviceState.pace_tok_s) and the work ahead
 of a new local job (LocalSide.tokens_ahead); the router keeps the pace floor's hysteresis state (`slow`,
