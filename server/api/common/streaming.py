@@ -4,10 +4,11 @@ Two parts, kept apart as sse-starlette keeps its encoder apart from its transpor
 - `Coalescer`: pure, clock passed in. The first token goes out at once; after that, tokens are held and
   flushed at most once per interval, and whatever is left goes out at the end.
 - `coalesced`: reads the job's event queue, asks the coalescer what to send and yields batches, then the
-  end (or the error); whatever ends the stream, the job is cancelled unless it finished. Every dialect's
-  stream encodes these items: `sse_stream` (OpenAI's chunks, handed to `EventSourceResponse`) ends every
-  stream the same way: a final chunk (or an error chunk), then `data: [DONE]`; Ollama's NDJSON and the
-  Responses API's events are encoded in their own route modules.
+  end (or the error); whatever ends the stream, the job is cancelled unless it finished.
+- `encode`: the one dispatch of those items to a dialect's `StreamEncoder`, one method per kind of item.
+  `ChunkEncoder` is OpenAI's (`sse_stream`, handed to `EventSourceResponse`: every stream ends with a final
+  chunk, or an error chunk, then `data: [DONE]`); Ollama's NDJSON and the Responses API's events have their
+  encoders in their own route modules.
 
 How a stream ends (each path sends [DONE] except the last):
   Switched              -> held text goes out; later chunks name the new model (+ `event: governor`)
@@ -30,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sse_starlette import EventSourceResponse
 from starlette.responses import StreamingResponse
@@ -212,7 +213,98 @@ async def coalesced(
         on_end(finish, failure, sent_tokens)
 
 
-async def sse_stream(
+class StreamEncoder(Protocol):
+    """One dialect's stream: what each item of `coalesced` becomes on the wire (SSE event dicts, NDJSON
+    lines). `encode` calls exactly one method per item, in order."""
+
+    def opening(self) -> Iterable[Any]:
+        """Before any item."""
+        ...
+
+    def batch(self, item: Batch) -> Iterable[Any]: ...
+
+    def end(self, item: End) -> Iterable[Any]:
+        """The held tokens and the finish: the last item."""
+        ...
+
+    def error(self, item: Error) -> Iterable[Any]:
+        """The held tokens and the error: the last item."""
+        ...
+
+    def started(self, item: Started) -> Iterable[Any]:
+        """The worker (or the upstream) started the job on this model."""
+        ...
+
+    def switched(self, item: Switched) -> Iterable[Any]:
+        """The reply goes on on another model (the held text went out before, under the old one)."""
+        ...
+
+    def governor(self, item: GovernorState) -> Iterable[Any]: ...
+
+
+async def encode(items: AsyncIterator[Item], encoder: StreamEncoder) -> AsyncIterator[Any]:
+    """The one dispatch of a stream's items to its encoder. Closing this closes `items` (so the job is
+    cancelled and its end accounted, however the stream ends)."""
+    for out in encoder.opening():
+        yield out
+    async with contextlib.aclosing(items):
+        async for item in items:
+            if isinstance(item, Batch):
+                outs = encoder.batch(item)
+            elif isinstance(item, End):
+                outs = encoder.end(item)
+            elif isinstance(item, Error):
+                outs = encoder.error(item)
+            elif isinstance(item, Started):
+                outs = encoder.started(item)
+            elif isinstance(item, Switched):
+                outs = encoder.switched(item)
+            else:
+                outs = encoder.governor(item)
+            for out in outs:
+                yield out
+
+
+@dataclass
+class ChunkEncoder:
+    """OpenAI's chat and text completion chunks."""
+
+    job: Job
+    builder: ChunkBuilder
+    include_usage: bool
+
+    def opening(self) -> Iterable[dict[str, Any]]:
+        return ()
+
+    def batch(self, item: Batch) -> Iterable[dict[str, Any]]:
+        return [_data(chunk) for chunk in self.builder.delta(item.text, item.events)]
+
+    def end(self, item: End) -> Iterable[dict[str, Any]]:
+        out = [_data(chunk) for chunk in self.builder.delta(item.text, item.events, item.finish)]
+        if self.include_usage:
+            out.append(_data(self.builder.usage(item.finish)))
+        return [*out, {"data": DONE}]
+
+    def error(self, item: Error) -> Iterable[dict[str, Any]]:
+        held = self.builder.delta(item.text, item.events) if item.events else ()
+        return [*(_data(chunk) for chunk in held), error_chunk(item.error), {"data": DONE}]
+
+    def started(self, item: Started) -> Iterable[dict[str, Any]]:
+        self.builder.started(item.model_id, item.variant)
+        return ()
+
+    def switched(self, item: Switched) -> Iterable[dict[str, Any]]:
+        # the reply goes on on another model: later chunks name it (the held text left before)
+        self.builder.started(item.model_id, item.variant)
+        event = governor_event(self.job, item)
+        return [event] if event is not None else []
+
+    def governor(self, item: GovernorState) -> Iterable[dict[str, Any]]:
+        event = governor_event(self.job, item)
+        return [event] if event is not None else []
+
+
+def sse_stream(
     job: Job,
     events: asyncio.Queue,
     builder: ChunkBuilder,
@@ -224,34 +316,8 @@ async def sse_stream(
     first: Iterable[object] = (),
 ) -> AsyncIterator[dict[str, Any]]:
     """Yield sse-starlette event dicts for one job until [DONE]. `first`: as for `coalesced`."""
-
     stream = coalesced(job, events, interval_s=interval_s, on_end=on_end, clock=clock, first=first)
-    async with contextlib.aclosing(stream):
-        async for item in stream:
-            if isinstance(item, Batch):
-                for chunk in builder.delta(item.text, item.events):
-                    yield _data(chunk)
-            elif isinstance(item, End):
-                for chunk in builder.delta(item.text, item.events, item.finish):
-                    yield _data(chunk)
-                if include_usage:
-                    yield _data(builder.usage(item.finish))
-                yield {"data": DONE}
-            elif isinstance(item, Error):
-                for chunk in builder.delta(item.text, item.events) if item.events else ():
-                    yield _data(chunk)
-                yield error_chunk(item.error)
-                yield {"data": DONE}
-            elif isinstance(item, GovernorState):
-                if (event := governor_event(job, item)) is not None:
-                    yield event
-            elif isinstance(item, Started):
-                builder.started(item.model_id, item.variant)
-            elif isinstance(item, Switched):
-                # the reply goes on on another model: later chunks name it (the held text left before)
-                builder.started(item.model_id, item.variant)
-                if (event := governor_event(job, item)) is not None:
-                    yield event
+    return encode(stream, ChunkEncoder(job, builder, include_usage))
 
 
 class _ClosesJob:

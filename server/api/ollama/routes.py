@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -29,13 +29,13 @@ from models.store.registry import license_notice
 from models.types import FinishEvent, TokenEvent
 from server.api.common.convert import renamed
 from server.api.common.flow import Generation, respond, start
-from server.api.common.streaming import Batch, End, Error, JobStreamingResponse
+from server.api.common.streaming import Batch, End, Error, JobStreamingResponse, encode
 from server.api.ollama import protocol as wire
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest, call_deltas
 from server.catalog import CatalogEntry, installed, iso
 from server.http.errors import ApiError, error_payload
 from server.refusals import ModelLoading
-from server.worker import Started, Switched
+from server.worker import GovernorState, Started, Switched
 
 if TYPE_CHECKING:
     from server.api.context import Runtime
@@ -62,10 +62,10 @@ class NdjsonRenderer:
     kind: wire.Kind
     name: str  # the model as the client named it (Ollama echoes it)
 
-    def _named(self, model: str | None) -> str:
+    def named(self, model: str | None) -> str:
         return wire.name_as_given(self.name, model) if model else self.name
 
-    def _stats(self, gen: Generation, finish: FinishEvent) -> dict[str, int]:
+    def stats(self, gen: Generation, finish: FinishEvent) -> dict[str, int]:
         now = time.monotonic()
         started = gen.started if gen.started is not None else now
         return wire.durations(finish, total_s=now - gen.arrived, load_s=started - gen.arrived)
@@ -73,46 +73,68 @@ class NdjsonRenderer:
     def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
         text = "".join(ev.text for ev in tokens) + finish.text
         calls = wire.ollama_calls(call_deltas(tokens, finish))
-        name = self._named(finish.model_id)
-        body = wire.final(self.kind, name, text, tokens, finish, self._stats(gen, finish), calls)
+        name = self.named(finish.model_id)
+        body = wire.final(self.kind, name, text, tokens, finish, self.stats(gen, finish), calls)
         return JSONResponse(body, headers=gen.headers())
 
     def stream(self, gen: Generation, started: Started | None) -> Response:
+        name = self.named(started.model_id) if started is not None else self.name
         return JobStreamingResponse(
-            self._lines(gen, self._named(started.model_id) if started is not None else self.name),
+            encode(gen.events_until_end(), NdjsonEncoder(self, gen, name)),
             media_type=NDJSON,
             headers=gen.headers(),
             on_close=gen.abandon,  # a no-op unless the generator never ran
         )
 
-    async def _lines(self, gen: Generation, name: str) -> AsyncIterator[bytes]:
-        """`name`: the model producing the lines, from now on."""
-        collector = wire.CallCollector()
-        stream = gen.events_until_end()
-        async with contextlib.aclosing(stream):
-            async for item in stream:
-                if isinstance(item, Batch):
-                    calls = collector.add(call_deltas(item.events))
-                    if item.text or calls or any(ev.logprob is not None for ev in item.events):
-                        yield _line(wire.piece(self.kind, name, item.text, item.events, calls))
-                elif isinstance(item, End):
-                    calls = collector.add(call_deltas(item.events, item.finish))
-                    if item.text or item.events or calls:  # held text goes out before the final object
-                        yield _line(wire.piece(self.kind, name, item.text, item.events, calls))
-                    gen.mark_started()
-                    name = self._named(item.finish.model_id) if item.finish.model_id else name
-                    yield _line(
-                        wire.final(self.kind, name, "", [], item.finish, self._stats(gen, item.finish))
-                    )
-                elif isinstance(item, Error):
-                    if item.events:
-                        yield _line(wire.piece(self.kind, name, item.text, item.events))
-                    yield _line(error_payload(item.error, router.prefix + "/")[1])
-                elif isinstance(item, Started):
-                    gen.mark_started()
-                    name = self._named(item.model_id)
-                elif isinstance(item, Switched):
-                    name = self._named(item.model_id)  # `coalesced` sent the held text under the old name
+
+@dataclass
+class NdjsonEncoder:
+    """Ollama's stream: one line per piece, then the final line with the stats (or an error line)."""
+
+    renderer: NdjsonRenderer
+    gen: Generation
+    name: str  # the model producing the lines, from now on
+    collector: wire.CallCollector = field(default_factory=wire.CallCollector)
+
+    @property
+    def kind(self) -> wire.Kind:
+        return self.renderer.kind
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def batch(self, item: Batch) -> list[bytes]:
+        calls = self.collector.add(call_deltas(item.events))
+        if item.text or calls or any(ev.logprob is not None for ev in item.events):
+            return [_line(wire.piece(self.kind, self.name, item.text, item.events, calls))]
+        return []
+
+    def end(self, item: End) -> list[bytes]:
+        out = []
+        calls = self.collector.add(call_deltas(item.events, item.finish))
+        if item.text or item.events or calls:  # held text goes out before the final object
+            out.append(_line(wire.piece(self.kind, self.name, item.text, item.events, calls)))
+        self.gen.mark_started()
+        if item.finish.model_id:
+            self.name = self.renderer.named(item.finish.model_id)
+        stats = self.renderer.stats(self.gen, item.finish)
+        return [*out, _line(wire.final(self.kind, self.name, "", [], item.finish, stats))]
+
+    def error(self, item: Error) -> list[bytes]:
+        out = [_line(wire.piece(self.kind, self.name, item.text, item.events))] if item.events else []
+        return [*out, _line(error_payload(item.error, router.prefix + "/")[1])]
+
+    def started(self, item: Started) -> list[bytes]:
+        self.gen.mark_started()
+        self.name = self.renderer.named(item.model_id)
+        return []
+
+    def switched(self, item: Switched) -> list[bytes]:
+        self.name = self.renderer.named(item.model_id)  # `coalesced` sent the held text under the old name
+        return []
+
+    def governor(self, item: GovernorState) -> list[bytes]:
+        return []
 
 
 def _not_found(rt: Runtime, name: str) -> SimmerError:

@@ -11,10 +11,8 @@ switches, server/api/common/streaming.py's governor_event), outside the numbered
 
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +23,15 @@ from models.errors import InvalidParameter
 from models.types import FinishEvent, TokenEvent
 from server.api.common.convert import renamed
 from server.api.common.flow import Generation, respond, start
-from server.api.common.streaming import Batch, End, Error, JobEventSource, governor_event, switch_report
+from server.api.common.streaming import (
+    Batch,
+    End,
+    Error,
+    JobEventSource,
+    encode,
+    governor_event,
+    switch_report,
+)
 from server.api.responses.protocol import RENAME, EventStream, ResponseObject, ResponsesRequest
 from server.http.errors import error_payload
 from server.worker import GovernorState, Started, Switched
@@ -50,47 +56,53 @@ class ResponsesRenderer:
         if started is not None and started.model_id:  # placed on another model than asked for: say so at once
             self.response.model = started.model_id
         return JobEventSource(
-            self._events(gen),
+            encode(gen.events_until_end(), ResponsesEncoder(gen, EventStream(self.response))),
             ping=gen.rt.keepalive_ping_s,
             headers=gen.headers(),
             shutdown_grace_period=2.0,
             on_close=gen.abandon,  # a no-op unless the generator never ran
         )
 
-    async def _events(self, gen: Generation) -> AsyncIterator[dict[str, str]]:
-        events = EventStream(self.response)
-        for event in events.opening():
-            yield _sse(event)
-        stream = gen.events_until_end()
-        async with contextlib.aclosing(stream):
-            async for item in stream:
-                if isinstance(item, Batch):
-                    for event in events.delta(item.text, item.events) if item.events else ():
-                        yield _sse(event)
-                elif isinstance(item, End):
-                    if item.text or item.events or item.finish.tool_calls:
-                        for event in events.delta(item.text, item.events, item.finish):
-                            yield _sse(event)
-                    for event in events.closing(item.finish):
-                        yield _sse(event)
-                elif isinstance(item, Started):  # the stream opened before the worker started the job
-                    for event in events.moved(item.model_id):
-                        yield _sse(event)
-                elif isinstance(item, Switched):  # `coalesced` sent the held text under the old model
-                    for event in events.moved(item.model_id, switch_report(item)):
-                        yield _sse(event)
-                    if (governor := governor_event(gen.job, item)) is not None:
-                        yield governor
-                elif isinstance(item, GovernorState):
-                    if (governor := governor_event(gen.job, item)) is not None:
-                        yield governor
-                elif isinstance(item, Error):
-                    for event in events.delta(item.text, item.events) if item.events else ():
-                        yield _sse(event)
-                    error = error_payload(item.error)[1]["error"]
-                    failure = events.failure(error["code"], error["message"], error["param"], error["type"])
-                    for event in failure:
-                        yield _sse(event)
+
+@dataclass
+class ResponsesEncoder:
+    """The Responses API's stream: response.* events numbered in order, and chat's `event: governor`
+    events for a stream that asked for them."""
+
+    gen: Generation
+    events: EventStream
+
+    def opening(self) -> list[dict[str, str]]:
+        return [_sse(event) for event in self.events.opening()]
+
+    def batch(self, item: Batch) -> list[dict[str, str]]:
+        return [_sse(event) for event in self.events.delta(item.text, item.events)] if item.events else []
+
+    def end(self, item: End) -> list[dict[str, str]]:
+        out = []
+        if item.text or item.events or item.finish.tool_calls:
+            out = [_sse(event) for event in self.events.delta(item.text, item.events, item.finish)]
+        return [*out, *(_sse(event) for event in self.events.closing(item.finish))]
+
+    def error(self, item: Error) -> list[dict[str, str]]:
+        out = [_sse(event) for event in self.events.delta(item.text, item.events)] if item.events else []
+        error = error_payload(item.error)[1]["error"]
+        failure = self.events.failure(error["code"], error["message"], error["param"], error["type"])
+        return [*out, *(_sse(event) for event in failure)]
+
+    def started(self, item: Started) -> list[dict[str, str]]:  # the stream opened before the job started
+        return [_sse(event) for event in self.events.moved(item.model_id)]
+
+    def switched(self, item: Switched) -> list[dict[str, Any]]:  # the held text went out under the old model
+        out: list[dict[str, Any]] = [
+            _sse(event) for event in self.events.moved(item.model_id, switch_report(item))
+        ]
+        governor = governor_event(self.gen.job, item)
+        return [*out, governor] if governor is not None else out
+
+    def governor(self, item: GovernorState) -> list[dict[str, str]]:
+        governor = governor_event(self.gen.job, item)
+        return [governor] if governor is not None else []
 
 
 @router.post("/responses")
