@@ -171,8 +171,9 @@ def bench_engine(
         "known_prompt_ids": known,
         "results": summary,
     }
+    report["quality_and_disk"] = quality_and_disk(model_dir, gguf, variants)
     if peer and not energy_only:
-        report["ratios_vs_llama_cpp"] = ratios(summary, variants, threads)
+        report["ratios_vs_llama_cpp"] = ratios(summary, variants, threads, report["quality_and_disk"])
     else:
         report["peer"] = LLAMA_HOW
     if peer:
@@ -183,6 +184,36 @@ def bench_engine(
         report["kl_vs_fp32_reference"] = bench_kl(model_dir, gguf, variants, max(threads), peer, extra_bufts)
     report["energy"] = energy(summary)
     return report
+
+
+def quality_and_disk(model_dir: Path, gguf: Path, variants: list[str]) -> dict[str, Any]:
+    """What the converter measured at pull time (manifest.json): each variant's KL and top-1 against the fp32
+    reference over the fixed quality text, llama.cpp's on the same GGUF and ids (the quality floor, when it
+    was measured with llama.cpp), and the bytes on disk each engine reads: a variant's own files (its graph,
+    the shared weights file and its own), llama.cpp's the GGUF."""
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    out: dict[str, Any] = {}
+    for v in variants:
+        entry = (manifest.get("variants") or {}).get(v) or {}
+        files = [model_dir / f for f in entry.get("files", [])]
+        quality = entry.get("quality") or {}
+        out[v] = {
+            "kl_mean": quality.get("kl_mean"),
+            "kl_p99": quality.get("kl_p99"),
+            "top1_agreement": quality.get("top1_agreement"),
+            "disk_mb": round(sum(f.stat().st_size for f in files if f.exists()) / 1e6, 1) if files else None,
+        }
+    floor = manifest.get("quality_floor") or {}
+    out[PEER] = {
+        "kl_mean": floor.get("kl_mean") if floor.get("source") == "llama.cpp" else None,
+        "kl_p99": floor.get("kl_p99") if floor.get("source") == "llama.cpp" else None,
+        "top1_agreement": floor.get("top1_agreement") if floor.get("source") == "llama.cpp" else None,
+        "disk_mb": round(gguf.stat().st_size / 1e6, 1) if gguf.exists() else None,
+        "floor_source": floor.get("source"),
+    }
+    out["default_variant"] = manifest.get("default_variant")
+    out["refused_variants"] = manifest.get("refused_variants") or {}
+    return out
 
 
 def energy(summary: dict[str, Any]) -> dict[str, Any]:
@@ -317,7 +348,10 @@ def summarize_workload(runs: list[dict[str, Any]], peers: tuple[str, ...]) -> di
     return row
 
 
-def ratios(summary: dict[str, Any], variants: list[str], threads: list[int]) -> dict[str, Any]:
+def ratios(
+    summary: dict[str, Any], variants: list[str], threads: list[int], quality: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    quality = quality or {}
     out: dict[str, Any] = {}
     for t in threads:
         peer = summary.get(f"llama.cpp:{PEER}:t{t}", {})
@@ -333,8 +367,16 @@ def ratios(summary: dict[str, Any], variants: list[str], threads: list[int]) -> 
                 "decode_tok_s_short": round(ours["decode_tok_s_short"] / peer["decode_tok_s_short"], 2),
                 "ttft": round(ours["ttft_ms"] / peer["ttft_ms"], 2),
                 "peak_rss_mb_delta": round(ours["peak_rss_mb"] - peer["peak_rss_mb"], 1),
+                "peak_rss_ratio": round(ours["peak_rss_mb"] / peer["peak_rss_mb"], 3),
+                "tok_per_cpu_s": round(peer["cpu_s_per_token"] / ours["cpu_s_per_token"], 2)
+                if ours.get("cpu_s_per_token") and peer.get("cpu_s_per_token")
+                else None,
                 "same_greedy_text": ours["greedy_known"] == peer["greedy_known"],
             }
+            q, pq = quality.get(v) or {}, quality.get(PEER) or {}
+            if q.get("kl_mean") is not None and pq.get("kl_mean") is not None:
+                out[f"{v}:t{t}"]["kl_mean_vs_llama_cpp"] = round(q["kl_mean"] / pq["kl_mean"], 3)
+                out[f"{v}:t{t}"]["kl_p99_vs_llama_cpp"] = round(q["kl_p99"] / pq["kl_p99"], 3)
     return out
 
 

@@ -216,12 +216,13 @@ class RequestRecord:
     served: str | None = None  # "local" | "upstream" (the route object of the final chunk)
     reason: str | None = None  # why it was served there (thermal, offline_first, ...)
     models: dict[str, int] = field(default_factory=dict)  # tokens per model (usage.models; cut: chunks')
+    token_times: list[float] = field(default_factory=list)  # when each of its tokens arrived (monotonic)
 
 
 @dataclass
 class RunLog:
     samples: list[dict[str, Any]] = field(default_factory=list)
-    token_times: list[float] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # every token sent, replies that failed too
     requests: list[RequestRecord] = field(default_factory=list)
     rss_ready: int = 0
     rss_after: dict[int, int] = field(default_factory=dict)  # requests done -> the server's RSS then
@@ -317,7 +318,7 @@ def stream_request(
     except httpx.HTTPError as err:
         rec.error = f"{type(err).__name__}: {err}"
     finally:
-        rec.tokens = _spread_tokens(arrivals, usage_tokens, log)
+        rec.tokens = _spread_tokens(arrivals, usage_tokens, log, rec)
         if not rec.models and rec.tokens and chunk_model:  # cut before its usage: the model that ran last
             rec.models = {chunk_model: rec.tokens}
     return rec
@@ -339,10 +340,12 @@ def _count_pause(rec: RequestRecord, state: dict[str, Any], was_paused: bool) ->
     return paused
 
 
-def _spread_tokens(arrivals: list[tuple[float, int]], usage_tokens: int | None, log: RunLog) -> int:
+def _spread_tokens(
+    arrivals: list[tuple[float, int]], usage_tokens: int | None, log: RunLog, rec: RequestRecord | None = None
+) -> int:
     """A chunk carries the tokens of one 50 ms coalescing window: give each chunk its share of the reply's
     tokens (from usage) by its share of the characters. A reply cut at the end of the run has no usage:
-    use the characters-per-token of the replies before it."""
+    use the characters-per-token of the replies before it. The times go to the run's log and to `rec`'s."""
     chars = sum(c for _, c in arrivals)
     if not chars:
         return 0
@@ -357,6 +360,8 @@ def _spread_tokens(arrivals: list[tuple[float, int]], usage_tokens: int | None, 
         seen += c
         n = round(total * seen / chars) - given
         log.token_times.extend([t] * n)
+        if rec is not None:
+            rec.token_times.extend([t] * n)
         given += n
     return total
 
@@ -524,12 +529,16 @@ def energy_summary(
     start = total_s - window
     tokens_all = sum(tok_s) / time_scale
     tokens_last = sum(tok_s[start:]) / time_scale
+    good = goodput_per_s(log, total_s, time_scale, t0)
+    good_all = sum(good) / time_scale
     cpu_all = _cpu_between(log.cpu, 0, total_s)
     cpu_last = _cpu_between(log.cpu, start, total_s)
     return {
         "server_cpu_s": round(cpu_all, 2),
         "tok_per_cpu_s": round(tokens_all / cpu_all, 2) if cpu_all > 0 else None,
         "tok_per_cpu_s_last_5min": round(tokens_last / cpu_last, 2) if cpu_last > 0 else None,
+        # tokens of replies that completed per CPU-second: what the CPU bought that a user got
+        "goodput_per_cpu_s": round(good_all / cpu_all, 2) if cpu_all > 0 else None,
         "busy_cores_last_5min": round(cpu_last / (window / time_scale), 3) if window else None,
         "mid_reply_pauses": sum(r.pauses for r in log.requests),
         "mid_reply_pauses_after_warm_up": sum(
@@ -540,28 +549,46 @@ def energy_summary(
     }
 
 
+def goodput_per_s(log: RunLog, total_s: int, time_scale: float, t0: float) -> list[float]:
+    """Per simulated second, tokens of replies that completed (a reply still running at the end of the run
+    counts: nothing failed it), as tokens per wall second like tok_s. A failed reply's tokens count for
+    nothing: they were sent, but no user got an answer."""
+    per_s = [0] * total_s
+    for rec in log.requests:
+        if not rec.ok:
+            continue
+        for t in rec.token_times:
+            i = int((t - t0) * time_scale)
+            if 0 <= i < total_s:
+                per_s[i] += 1
+    return [n * time_scale for n in per_s]
+
+
 def envelope(profile: str, runs: dict[str, dict[str, Any]], governed: str = "governed") -> dict[str, Any]:
-    """The thermal envelope's limit for the profile and the governed run's efficiency against it."""
+    """The thermal envelope's limit for the profile and the governed run's efficiency against it, both in
+    goodput: tokens of replies that completed (a run whose replies fail sends tokens nobody gets)."""
     from governor.thermal_sim import get_profile
 
     cores = get_profile(profile).sustainable_cores()
-    measured = {name: r["tok_per_cpu_s"] for name, r in runs.items() if r.get("tok_per_cpu_s")}
+    measured = {name: r["goodput_per_cpu_s"] for name, r in runs.items() if r.get("goodput_per_cpu_s")}
     if not measured:
         return {"sustainable_cores_at_t_throttle": round(cores, 3), "limit_tok_s": None, "efficiency": None}
     best_run = max(measured, key=lambda name: measured[name])
     limit = cores * measured[best_run]
     g = runs.get(governed, {})
-    efficiency = g["tok_s_last_5min"] / limit if g.get("tok_s_last_5min") is not None and limit else None
+    good = g.get("goodput_tok_s_last_5min")
+    efficiency = good / limit if good is not None and limit else None
     return {
         "sustainable_cores_at_t_throttle": round(cores, 3),
-        "best_tok_per_cpu_s": measured[best_run],
-        "best_tok_per_cpu_s_run": best_run,
+        "best_goodput_per_cpu_s": measured[best_run],
+        "best_goodput_per_cpu_s_run": best_run,
         "limit_tok_s": round(limit, 2),
+        "governed_goodput_tok_s_last_5min": good,
         "governed_tok_s_last_5min": g.get("tok_s_last_5min"),
         "efficiency": round(efficiency, 3) if efficiency is not None else None,
         "how": "limit = busy cores the simulated device sustains at T_throttle (steady state, leakage "
-        "included) x the best server tokens per CPU-second measured in this benchmark; efficiency = "
-        "governed tok/s over the last 5 minutes / limit",
+        "included) x the best server goodput per CPU-second measured in this benchmark (tokens of replies "
+        "that completed); efficiency = governed goodput tok/s over the last 5 minutes / limit",
     }
 
 
@@ -578,6 +605,8 @@ def summarize(
             per_s[i] += 1
     tok_s = [n * time_scale for n in per_s]
     last5 = tok_s[-300:] if total_s >= 300 else tok_s
+    good = goodput_per_s(log, total_s, time_scale, t0)
+    good5 = good[-300:] if total_s >= 300 else good
     # within the run (an open-loop run waits past its end for requests still queued)
     temps = [s["temperature"] for s in log.samples if s["temperature"] is not None and s["t"] < total_s]
     throttle = next((s["throttle_c"] for s in log.samples if s["throttle_c"]), None)
@@ -615,6 +644,7 @@ def summarize(
         "total_tokens": sum(r.tokens for r in log.requests),
         "tok_s_mean": round(sum(tok_s) / max(1, len(tok_s)), 2),
         "tok_s_last_5min": round(sum(last5) / max(1, len(last5)), 2),
+        "goodput_tok_s_last_5min": round(sum(good5) / max(1, len(good5)), 2),
         "peak_temperature_c": round(max(temps), 2) if temps else None,
         "start_temperature_c": round(temps[0], 2) if temps else None,
         "end_temperature_c": round(temps[-1], 2) if temps else None,

@@ -15,7 +15,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from governor.limits import Rung, rungs_from_manifest
-from governor.limits import build_ladder as order_rungs
 from models.errors import InvalidParameter, ModelNotInstalled
 from server.catalog import Catalog, CatalogEntry
 from server.memory_plan import Estimate, mib
@@ -48,12 +47,13 @@ def _rung(entry: CatalogEntry, variant: str) -> Rung:
 
 def model_rungs(entry: CatalogEntry, preferred_variant: str | None = None) -> list[Rung]:
     """The model's nominal variant, then its measured variants that are cheaper in CPU per token, no
-    bigger and no better (each step down saves CPU and costs no memory), cheapest last."""
+    bigger and no better (each step down saves CPU and costs no memory), ordered by measured speed,
+    cheapest last."""
     nominal = preferred_variant if preferred_variant in entry.variants else entry.default_variant
     if nominal is None:
         raise ModelNotInstalled(f"{entry.id}: the manifest lists no variants")
     top = _rung(entry, nominal)
-    measured = order_rungs(rungs_from_manifest(entry.id, entry.manifest.get("variants") or {}))
+    measured = [Rung(*r) for r in rungs_from_manifest(entry.id, entry.manifest.get("variants") or {})]
     below = [
         r
         for r in measured
@@ -63,6 +63,9 @@ def model_rungs(entry: CatalogEntry, preferred_variant: str | None = None) -> li
         and r.bytes <= top.bytes
         and r.quality_top1 <= top.quality_top1
     ]
+    # by measured speed: every installed variant is within the quality floor (the converter installs no
+    # re-encoded one beyond it), so each step down is simply the next cheaper one
+    below.sort(key=lambda r: -r.cpu_s_per_token)
     return [top, *below]
 
 

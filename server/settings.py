@@ -29,7 +29,9 @@ class Settings(BaseSettings):
     home: Path = Field(default_factory=default_home, description="Cache folder for models")
     model: str = Field("smollm2-135m-instruct", description="Model id to serve")
     variant: str | None = Field(
-        None, description="Variant each model opens on when it has it (default: the manifest's, q4-a8)"
+        None,
+        description="Variant each model opens on when it has it (default: the manifest's: the faster of "
+        "q4-a8 and fast)",
     )
     ladder: str | None = Field(
         None,

@@ -7,6 +7,7 @@ RoPE pairing in the converter shows up as wrong logits."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,16 +168,20 @@ def write_tiny_gguf(
     vocabulary: dict | None = None,
     chat_template: str | None = CHATML,
     name: str | None = None,
+    edit: Callable[[dict[str, np.ndarray]], None] | None = None,
 ) -> Path:
     """Matrices stored as `matrix_type`, the embedding as `embed_type` (default: same), norms F32.
     `family` picks the tensor layout (FAMILY_SPECS); `architecture` overrides general.architecture.
     `tensor_types` overrides single tensors by name suffix, e.g. {"attn_v.weight": "Q6_K"} or
     {"blk.1.ffn_down.weight": "Q4_K"} (the mixes of llama.cpp's Q4_K_M).
     `vocabulary`: GGUF tokenizer keys (tests/tiny_vocab.py family_metadata, e.g. a SentencePiece one) instead
-    of the small byte-level BPE; `chat_template` None writes none (a base model)."""
+    of the small byte-level BPE; `chat_template` None writes none (a base model). `edit` may change the
+    float weights (Hugging Face layout, by GGUF tensor name) before they are quantized."""
     spec = spec or FAMILY_SPECS[family]
     tokens = vocabulary["tokenizer.ggml.tokens"] if vocabulary else tiny_vocab()
     hf = hf_weights(spec, len(tokens), seed, family)
+    if edit is not None:
+        edit(hf)
     rng = np.random.default_rng(seed + 1)
     wr = GGUFWriter(str(path), architecture or ARCHITECTURE.get(family, family))
     wr.add_name(name or ("tiny-llama" if family == "llama" else f"tiny-{family}"))

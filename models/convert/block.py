@@ -2,7 +2,8 @@
 GroupQueryAttention, the gated MLP, and the RoPE caches. A family changes it only through its flags
 (families/base.py): QKV bias, QK-norm, sandwich norms, activation, RoPE pairing, window and RoPE per layer.
 
-The graph is 2-D ([tokens, features], batch 1) except where GroupQueryAttention wants [batch, seq, features].
+The graph is 2-D ([tokens, features], a batch's rows one after another) except where GroupQueryAttention
+wants [batch, seq, features] (GraphBuilder.to_seq).
 """
 
 from __future__ import annotations
@@ -56,15 +57,13 @@ def rope_cache(g: GraphBuilder, kind: RopeKind) -> tuple[str, str]:
 
 
 def _per_head_norm(g: GraphBuilder, x: str, heads: int, weight: str) -> str:
-    """RMS-norm over each head's head_dim features ([tokens, heads*hd] in, [1, tokens, heads*hd] out).
+    """RMS-norm over each head's head_dim features ([tokens, heads*hd] in, [batch, seq, heads*hd] out).
     onnxruntime's CPU GroupQueryAttention has no fused q_norm/k_norm, and its rotary runs after this norm,
     which is the order Qwen 3 and Gemma 3 use."""
     hd = g.cfg.head_dim
     per_head = g.node("Reshape", [x, g.const(f"heads_{heads}", np.array([-1, heads, hd], np.int64))])[0]
     normed = rms_norm(g, per_head, weight)
-    return g.node(
-        "Reshape", [normed, g.const(f"to_3d_{heads * hd}", np.array([1, -1, heads * hd], np.int64))]
-    )[0]
+    return g.to_seq(normed, heads * hd)
 
 
 def attention(g: GraphBuilder, i: int, x: str, seqlens_k: str, total_len: str) -> str:
@@ -85,14 +84,10 @@ def attention(g: GraphBuilder, i: int, x: str, seqlens_k: str, total_len: str) -
         )
         q = _per_head_norm(g, q, cfg.n_heads, p + "attn_q_norm.weight")
         k = _per_head_norm(g, k, cfg.n_kv_heads, p + "attn_k_norm.weight")
-        v = g.node("Reshape", [v, g.const(f"to_3d_{kv_dim}", np.array([1, -1, kv_dim], np.int64))])[0]
+        v = g.to_seq(v, kv_dim)
         qkv_inputs = [q, k, v]
     else:
-        qkv_dim = q_dim + 2 * kv_dim
-        packed = g.node("Reshape", [qkv, g.const(f"to_3d_{qkv_dim}", np.array([1, -1, qkv_dim], np.int64))])[
-            0
-        ]
-        qkv_inputs = [packed, "", ""]
+        qkv_inputs = [g.to_seq(qkv, q_dim + 2 * kv_dim), "", ""]
     cos, sin = rope_cache(g, cfg.layer_rope(i))
     window: dict[str, Any] = {"local_window_size": cfg.sliding_window} if cfg.is_sliding(i) else {}
     attn = g.node(

@@ -10,9 +10,11 @@ against its declared shape. Only the tokenizer and the small files are bounds (J
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from models.convert.graph import VARIANTS, GraphBuilder, WeightFile
+from models.convert.fast_plan import PLANS
+from models.convert.graph import VARIANTS, GraphBuilder, SplitWeights, WeightFile
 from models.convert.model import GGUFModel
 
 WEIGHTS_FILE = "weights.data"  # pipeline.WEIGHTS_FILE (the pipeline imports this module)
@@ -39,8 +41,17 @@ def estimate_output(model: GGUFModel, names: list[str]) -> dict[str, int]:
     """Bytes per file the converter will write for these variants of an opened GGUF, in this order."""
     weights = WeightFile(Path(WEIGHTS_FILE), dry=True)
     out: dict[str, int] = {}
-    for name in names:
+    for name in [n for n in names if VARIANTS[n].requant is None]:
         out[f"{name}.onnx"] = GraphBuilder(model, VARIANTS[name], weights).build().ByteSize()
+    # a re-encoded variant is built plan by plan until one is kept: the largest plan bounds it
+    for name in [n for n in names if VARIANTS[n].requant is not None]:
+        for plan in PLANS:
+            own = WeightFile(Path(f"{name}.data"), dry=True)
+            graph = GraphBuilder(
+                model, replace(VARIANTS[name], requant=plan), SplitWeights(weights, own)
+            ).build()
+            out[f"{name}.onnx"] = max(out.get(f"{name}.onnx", 0), graph.ByteSize())
+            out[own.path.name] = max(out.get(own.path.name, 0), own.size)
     out[WEIGHTS_FILE] = weights.size
     out["tokenizer.json"] = _tokenizer_bytes(model)
     out["small files"] = SMALL_FILES

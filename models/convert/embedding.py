@@ -35,6 +35,7 @@ import numpy as np
 from models.convert.linear import (
     FLOAT_TYPES,
     MS,
+    REQUANT_TAG,
     form,
     linear,
     note,
@@ -117,7 +118,7 @@ def table_arrays(g: GraphBuilder, p: Packing) -> dict[str, Planned]:
 
 
 def lm_head(g: GraphBuilder, last: str, embd_packed: Packing | None) -> None:
-    """logits [1, positions kept, vocab]. A tied head runs on the lookup's table where the kernel
+    """logits [batch, positions kept, vocab]. A tied head runs on the lookup's table where the kernel
     takes its codes as they are (MatMulNBits at any width with int8 activations, 4 bits with fp32 ones).
     Every head on MatMulNBits is sliced by rows when it is large (row_sliced), tied or not."""
     cfg = g.cfg
@@ -135,18 +136,17 @@ def lm_head(g: GraphBuilder, last: str, embd_packed: Packing | None) -> None:
         if f.packed is not None and f.packed is embd_packed and not f.pair:
             note(g, TABLE, "head: " + f.describe() + " on the lookup's codes")
             if HEAD_WRITES_LOGITS and not embd_packed.layout.correction:
-                # fed [1, positions, hidden], the head's last node (the slices' Concat, or the one
-                # MatMulNBits) writes [1, positions, vocab] straight into the caller's logits buffer: a final
-                # Reshape into a bound output copies all of them (1 MB a token for Gemma 3), a Reshape of
-                # the hidden state copies nothing. A head with a correction stays 2-D (its Gemm).
-                x = g.node("Reshape", [last, g.const("hidden_3d", np.array([1, -1, cfg.hidden], np.int64))])
-                tied_head(g, x[0], embd_packed)
+                # fed [batch, positions, hidden], the head's last node (the slices' Concat, or the one
+                # MatMulNBits) writes [batch, positions, vocab] straight into the caller's logits buffer: a
+                # final Reshape into a bound output copies all of them (1 MB a token for Gemma 3), a Reshape
+                # of the hidden state copies nothing. A head with a correction stays 2-D (its Gemm).
+                tied_head(g, g.to_seq(last, cfg.hidden), embd_packed)
                 g.nodes[-1].output[0] = "logits"
                 return
             logits = tied_head(g, last, embd_packed)
         else:
             logits = head(g, last, TABLE, embd_packed)
-    g.node("Reshape", [logits, g.const("logits_shape", np.array([1, -1, cfg.vocab], np.int64))])
+    g.to_seq(logits, cfg.vocab)
     g.nodes[-1].output[0] = "logits"
 
 
@@ -157,7 +157,7 @@ def head(g: GraphBuilder, last: str, name: str, packed: Packing | None = None) -
     if f.packed is None:
         return linear(g, last, "lm_head", [name], small=True)[0]
     note(g, name, "head: " + f.describe())
-    return row_sliced(g, last, f.packed, "lm_head", pair=f.pair)
+    return row_sliced(g, last, f.packed, "lm_head" + REQUANT_TAG if f.requant else "lm_head", pair=f.pair)
 
 
 def tied_head(g: GraphBuilder, last: str, p: Packing) -> str:

@@ -28,7 +28,8 @@ from onnx import TensorProto, helper
 
 from models.convert.block import attention, mlp, rms_norm, skip_norm
 from models.convert.embedding import TABLE, embed_tokens, lm_head
-from models.convert.linear import FLOAT_TYPES, MS
+from models.convert.fast_plan import PLANS, Plan
+from models.convert.linear import FLOAT_TYPES, MS, REQUANT_TAG
 from models.convert.model import GGUFModel
 from models.gguf.quant import Packing, packing
 from models.gguf.reader import Tensor, dequantize_rows
@@ -47,6 +48,7 @@ class VariantSpec:
     exact_blocks: bool  # block formats at their own width (exact); False: everything dequantized to fp32
     min_bits: int = 4  # block formats narrower than this are widened (exactly)
     float_bits: int | None = None  # float matrices quantized symmetrically to this width; None: kept fp32
+    requant: Plan | None = None  # matrices re-encoded for the cheapest kernels (convert/fast_plan.py)
 
 
 VARIANTS = {
@@ -55,6 +57,8 @@ VARIANTS = {
     # the exact variant: GGUF blocks as they are, fp32 activations
     "q4": VariantSpec("q4", 1, exact_blocks=True),
     "q4-a8": VariantSpec("q4-a8", 4, exact_blocks=True, float_bits=4),
+    # re-encoded for the fewest bytes per token; installed only within the measured quality floor
+    "fast": VariantSpec("fast", 4, exact_blocks=True, float_bits=4, requant=PLANS[0]),
 }
 
 
@@ -181,12 +185,61 @@ class WeightFile:
         self._cache[name] = t
         return t
 
+    def flush(self) -> None:
+        """What is written so far, readable by another reader of the file (a session measuring a variant)."""
+        if self._f is not None:
+            self._f.flush()
+
     def close(self) -> None:
         if self._f is not None:
             self._f.truncate(self.size)  # written by seeking: the file ends where the plan does
             self._f.flush()
             os.fsync(self._f.fileno())
             self._f.close()
+
+
+class SplitWeights:
+    """A variant's initializers over two files: its own (named with linear.REQUANT_TAG: the re-encoded
+    weights no other variant shares) in `own`, the rest in the shared file, deduplicated there against the
+    other variants as usual. A variant refused after it was built then goes with its own file, leaving
+    the shared one as the other variants need it."""
+
+    def __init__(self, shared: WeightFile, own: WeightFile) -> None:
+        self.shared, self.own = shared, own
+
+    def _file(self, name: str) -> WeightFile:
+        return self.own if REQUANT_TAG in name else self.shared
+
+    @property
+    def dry(self) -> bool:
+        return self.shared.dry
+
+    @property
+    def size(self) -> int:
+        return self.shared.size + self.own.size
+
+    def add(self, name: str, value: np.ndarray | Planned) -> TensorProto:
+        return self._file(name).add(name, value)
+
+    def add_many(self, items: list[tuple[str, np.ndarray | Planned]]) -> list[TensorProto]:
+        """As WeightFile.add_many; a group whose names go to both files is written file by file (its
+        row bands are then computed once per file)."""
+        files = {id(self._file(name)) for name, _ in items}
+        if len(files) == 1:
+            return self._file(items[0][0]).add_many(items)
+        return [self._file(name).add(name, value) for name, value in items]
+
+    def alias(
+        self,
+        name: str,
+        existing: str,
+        dims: tuple[int, ...] | None = None,
+        rows: tuple[int, int] | None = None,
+    ) -> TensorProto:
+        return self._file(existing).alias(name, existing, dims, rows)
+
+
+Weights = WeightFile | SplitWeights
 
 
 def _bandable(value: np.ndarray | Planned, first: np.ndarray | Planned) -> bool:
@@ -235,7 +288,7 @@ class Segment:
 
 
 class GraphBuilder:
-    def __init__(self, model: GGUFModel, spec: VariantSpec, weights: WeightFile) -> None:
+    def __init__(self, model: GGUFModel, spec: VariantSpec, weights: Weights) -> None:
         self.m = model
         self.cfg = model.config
         self.family = model.family
@@ -247,6 +300,9 @@ class GraphBuilder:
         self._packed: dict[str, Packing] = {}
         self.quant_map: dict[str, list[str]] = {}  # source tensor type -> how it was mapped (manifest)
         self.copied_at_load: set[str] = set()  # initializers a kernel copies when it packs (linear.py)
+        self._seq_shapes: dict[int, str] = {}  # width -> the shape [batch, -1, width] (to_seq)
+        # where to_seq reads the batch from: a segment after the first takes one sequence, [seq, hidden]
+        self._batch_of: str | None = "input_ids"
 
     # -- helpers --------------------------------------------------------------------------------------
     def _name(self, base: str) -> str:
@@ -306,6 +362,18 @@ class GraphBuilder:
             self.inits[name] = onnx.numpy_helper.from_array(np.asarray(array), name)
         return name
 
+    def to_seq(self, x: str, width: int) -> str:
+        """x [tokens, width] (the graph's 2-D form, a batch's rows one after another) as [batch, seq,
+        width], the form GroupQueryAttention and the logits take; batch from input_ids, once per width."""
+        if width not in self._seq_shapes:
+            if self._batch_of is None:
+                self._seq_shapes[width] = self.const(f"one_seq_{width}", np.array([1, -1, width], np.int64))
+            else:
+                batch = self.node("Shape", [self._batch_of], start=0, end=1)[0]  # [batch] as a 1-D int64
+                tail = self.const(f"seq_{width}", np.array([-1, width], np.int64))
+                self._seq_shapes[width] = self.node("Concat", [batch, tail], axis=0)[0]
+        return self.node("Reshape", [x, self._seq_shapes[width]])[0]
+
     def settle(self) -> None:
         """Between layers: what the last one read and freed goes back (GGUFModel.release)."""
         if not self.w.dry:
@@ -321,10 +389,11 @@ class GraphBuilder:
 
     # -- graph ----------------------------------------------------------------------------------------
     def _last_positions(self, x: str, inputs: list) -> str:
-        """The last `num_logits_to_keep` rows of x: only they reach the LM head (at a prefill of 256
-        positions a vocabulary-sized head is most of the cost). The input is optional, its initializer is
-        its default: 0, every position (Slice from -0 = 0), which is onnxruntime-genai's convention. It
-        does not feed the input, sizes the logits output by the positions it feeds, and takes the last."""
+        """The last `num_logits_to_keep` positions of every row of the batch, [rows x kept, hidden]: only
+        they reach the LM head (at a prefill of 256 positions a vocabulary-sized head is most of the
+        cost). The input is optional, its initializer is its default: 0, every position (Slice from -0 =
+        0), which is onnxruntime-genai's convention. It does not feed the input, sizes the logits output
+        by the positions it feeds, and takes the last."""
         inputs.append(helper.make_tensor_value_info("num_logits_to_keep", TensorProto.INT64, []))
         self.const("num_logits_to_keep", np.array(0, np.int64))
         start = self.node(
@@ -332,13 +401,16 @@ class GraphBuilder:
             [self.node("Neg", ["num_logits_to_keep"])[0], self.const("to_1d", np.array([1], np.int64))],
         )[0]
         end = self.const("last_end", np.array([np.iinfo(np.int64).max], np.int64))
-        return self.node("Slice", [x, start, end, self.const("axis0", np.array([0], np.int64))])[0]
+        rows = self.to_seq(x, self.cfg.hidden)
+        kept = self.node("Slice", [rows, start, end, self.const("axis1", np.array([1], np.int64))])[0]
+        return self.node("Reshape", [kept, self.const("to_2d", np.array([-1, self.cfg.hidden], np.int64))])[0]
 
     def build(self, segment: Segment | None = None) -> onnx.ModelProto:
         """The whole decoder, or one `segment` of it over the same initializers (models/convert/measure.py
         runs a large model's graph that way, one segment in memory at a time)."""
         cfg, spec = self.cfg, self.spec
         seg = segment or Segment(0, cfg.n_layers, head=True)
+        self._batch_of = "input_ids" if seg.lo == 0 else None
         inputs, outputs = [], []
         if seg.lo == 0:
             inputs.append(helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]))
@@ -420,17 +492,25 @@ class BuiltVariant:
     quant_map: dict[str, str]  # source tensor type -> how it was mapped
     # [offset, length] in the weights file of initializers the kernels copy at load and never read again
     copied_at_load: list[list[int]]
+    # the same per file ({location: spans}): a re-encoded variant's own file holds some too
+    copied_by_file: dict[str, list[list[int]]]
 
 
-def build_variant(model: GGUFModel, spec: VariantSpec, weights: WeightFile, out: Path) -> BuiltVariant:
+def build_variant(model: GGUFModel, spec: VariantSpec, weights: Weights, out: Path) -> BuiltVariant:
     """Write `out` (an .onnx file) whose initializers live in `weights`."""
     builder = GraphBuilder(model, spec, weights)
     graph = builder.build()
     out.write_bytes(graph.SerializeToString())
     with open(out, "rb+") as f:
         os.fsync(f.fileno())
-    spans = []
+    spans: dict[str, list[list[int]]] = {}
     for name in sorted(builder.copied_at_load):
         ext = {e.key: e.value for e in builder.inits[name].external_data}
-        spans.append([int(ext["offset"]), int(ext["length"])])
-    return BuiltVariant({t: "; ".join(ways) for t, ways in sorted(builder.quant_map.items())}, sorted(spans))
+        spans.setdefault(ext["location"], []).append([int(ext["offset"]), int(ext["length"])])
+    by_file = {location: sorted(s) for location, s in spans.items()}
+    shared = weights.shared if isinstance(weights, SplitWeights) else weights
+    return BuiltVariant(
+        {t: "; ".join(ways) for t, ways in sorted(builder.quant_map.items())},
+        by_file.get(shared.path.name, []),
+        by_file,
+    )

@@ -52,7 +52,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.gguf.quant import BLOCK, Layout, Packing, as_nibble_pair, packing, widen
+from models.convert.requant import Encoding, requantize
+from models.gguf.quant import BLOCK, Layout, Packing, as_nibble_pair, packing, packing_from, widen
+from models.gguf.reader import Tensor
 
 if TYPE_CHECKING:
     from models.convert.graph import GraphBuilder, Planned
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
 MS = "com.microsoft"
 FLOAT_TYPES = ("F32", "F16", "BF16")
 SLICE_BYTES = 32 << 20  # codes per MatMulNBits node of a vocabulary-sized head (row_sliced)
+REQUANT_TAG = ".rq"  # in the name of every re-encoded initializer: no exact variant's can collide with it
 
 
 @dataclass
@@ -71,11 +74,15 @@ class Form:
     pair: bool = False
     weight: Planned | None = None
     exact: bool = True
+    requant: bool = False  # re-encoded by convert/requant.py (its initializers are named apart)
 
     def describe(self) -> str:
         if self.packed is None:
             return "fp32 MatMul on the dequantized weights, exact"
         p = self.packed.layout
+        if self.requant:
+            zp = " + zero points" if p.zero_points else ""
+            return f"{p.bits}-bit block {p.block}{zp}, re-encoded (error-aware rounding, not exact)"
         if self.pair:
             how = f"nibble pair (8-bit codes as two 4-bit halves over the input twice), block {p.block}"
         else:
@@ -88,13 +95,17 @@ class Form:
     def layout(self) -> tuple:
         if self.packed is None:
             return ("fp32",)
-        return ("pair" if self.pair else "nbits", self.packed.layout.bits, self.packed.layout.block)
+        kind = "requant" if self.requant else "pair" if self.pair else "nbits"
+        return (kind, self.packed.layout.bits, self.packed.layout.block)
 
 
 def form(g: GraphBuilder, name: str, small: bool = False, packed: Packing | None = None) -> Form:
     """The rule table in the module docstring, for one tensor of this variant, decided from the tensor's
     type alone. `packed`: the tensor already planned at its own width (the embedding table's)."""
     spec, t = g.spec, g.tensor(name)
+    enc = spec.requant.choose(t.type_name, t.cols, head=small) if spec.requant is not None else None
+    if enc is not None and not exact_already(t, enc):
+        return Form(packed=requantized(t, enc), exact=False, requant=True)
     fp32 = Form(weight=g.planned((t.rows, t.cols), t.dequantize))
     if not spec.exact_blocks:
         return fp32
@@ -109,6 +120,23 @@ def form(g: GraphBuilder, name: str, small: bool = False, packed: Packing | None
     if p.layout.bits == 8 and spec.accuracy_level < 4:
         return Form(packed=p, pair=True) if small else fp32
     return Form(packed=p)
+
+
+def exact_already(t: Tensor, enc: Encoding) -> bool:
+    """Whether the tensor's exact mapping is that encoding already (Q8_0 and Q5_0 at 8 bits block 32, Q4_0 at
+    4 bits block 32, all symmetric): re-encoding would reproduce its codes under another name, so it keeps
+    them, shared with the exact variants."""
+    if t.type_name in FLOAT_TYPES or enc.zero_point:
+        return False
+    lay = Layout.of(t.type_name, t.rows, t.cols)
+    return (lay.bits, lay.block, lay.correction) == (enc.bits, enc.block, False)
+
+
+def requantized(t: Tensor, enc: Encoding) -> Packing:
+    """The tensor re-encoded (convert/requant.py), planned from its shape and computed a band of rows at a
+    time from its dequantized rows (a vocabulary-sized table is never whole in fp32)."""
+    lay = Layout(enc.bits, t.rows, t.cols, enc.block, zero_points=enc.zero_point)
+    return packing_from(t, lay, lambda w: requantize(w, enc))
 
 
 def planned_array(a: np.ndarray | None) -> np.ndarray:
@@ -153,6 +181,7 @@ def linear(
         # a run's initializers are named after its tensors and layout: variants that map them alike share
         # the bytes in the weights file, and ones that do not never collide
         k = key if len(runs) == 1 else f"{key}.{start}_{start + len(fs)}"
+        k += REQUANT_TAG if fs[0].requant else ""
         start += len(fs)
         if fs[0].packed is None:
             ws = [f.weight for f in fs if f.weight is not None]

@@ -32,10 +32,11 @@ from models.convert.graph import (
     GraphBuilder,
     Segment,
     VariantSpec,
-    WeightFile,
+    Weights,
 )
 from models.convert.heap import trim_heap
 from models.convert.model import GGUFModel
+from models.convert.quality import METHOD, Comparison
 from models.runtime.session import WEIGHTS_FILE, KVCache, ModelShape, release_copied, session_options
 
 # GGUF bytes of one measured segment: its weights prepacked take about twice that in memory
@@ -76,7 +77,7 @@ def plan_segments(model: GGUFModel, budget: int | None = None) -> list[Segment]:
 
 
 def write_segments(
-    model: GGUFModel, spec: VariantSpec, weights: WeightFile, out_dir: Path, segments: list[Segment]
+    model: GGUFModel, spec: VariantSpec, weights: Weights, out_dir: Path, segments: list[Segment]
 ) -> list[Path]:
     """The segment graphs of a variant just built into `weights` (open): every initializer they name is
     one the variant's graph wrote, so nothing is added to the file."""
@@ -164,14 +165,18 @@ def measure_variant(
     ref_logits: list[np.ndarray],
     threads: int,
     copied_at_load: list[list[int]] | None = None,
+    speed_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    """Quality (token by token, through the KV path), decode speed and memory of a variant, a segment at a
-    time (`paths[i]` holds `segments[i]`)."""
+    """Quality (token by token, through the KV path: KL and top-1 against the reference, models/convert/
+    quality.py), decode speed and memory of a variant, a segment at a time (`paths[i]` holds
+    `segments[i]`). Each position's logits are compared as they come: a vocabulary's worth per position
+    is never kept. Without prompts, speed (after `speed_ids`) and memory alone."""
     proc = psutil.Process()
     seqs = [np.asarray(ids[: len(ref)], np.int64) for ids, ref in zip(prompts, ref_logits, strict=True)]
-    tokens = np.resize(np.concatenate(seqs), SPEED_PROMPT + SPEED_TOKENS)
+    source = np.concatenate(seqs) if seqs else np.asarray(speed_ids or [1], np.int64)
+    tokens = np.resize(source, SPEED_PROMPT + SPEED_TOKENS)
     state = _Pass([{"input_ids": s} for s in seqs], {"input_ids": tokens})
-    logits: list[np.ndarray] = []
+    comparison, errors = Comparison(), []
     load_s = wall = cpu = 0.0
     load_rss = 0
     for path, segment in zip(paths, segments, strict=True):
@@ -182,10 +187,19 @@ def measure_variant(
         sess = _SegmentSession(path, segment, shape, threads, copied_at_load or [])
         load_s += time.perf_counter() - t0
         quality = []
-        for seq_state in state.quality:
+        for seq_state, ref in zip(state.quality, ref_logits, strict=True):
             kv = sess.new_kv(len(next(iter(seq_state.values()))))
-            outs = [sess.run(_feeds(seq_state, pos, pos + 1), kv, pos) for pos in range(kv.capacity)]
-            quality.append({k: np.concatenate([o[k] for o in outs]) for k in outs[0]})
+            outs = []
+            for pos in range(kv.capacity):
+                out = sess.run(_feeds(seq_state, pos, pos + 1), kv, pos)
+                if segment.head:
+                    logits = out["logits"].reshape(-1)
+                    comparison.add(ref[pos], logits)
+                    errors.append(float(np.abs(logits - ref[pos]).max()))
+                else:
+                    outs.append(out)
+            if outs:
+                quality.append({k: np.concatenate([o[k] for o in outs]) for k in outs[0]})
         kv = sess.new_kv(SPEED_PROMPT + SPEED_TOKENS)
         prefill = sess.run(_feeds(state.speed, 0, SPEED_PROMPT), kv, 0)
         steps = []
@@ -194,27 +208,13 @@ def measure_variant(
             steps.append(sess.run(_feeds(state.speed, pos, pos + 1), kv, pos))
         wall, cpu = wall + time.perf_counter() - t1, cpu + time.process_time() - c0
         load_rss += max(0, proc.memory_info().rss - rss0)
-        if segment.head:
-            logits = [q["logits"].reshape(-1, shape.vocab) for q in quality]
-        else:
+        if not segment.head:
             state = _Pass(
                 [_next_state(q) for q in quality],
                 {k: np.concatenate([prefill[o], *(s[o] for s in steps)]) for k, o in _state_names(prefill)},
             )
         del sess, kv, prefill, steps
-    errors, agree, total = [], 0, 0
-    for got, ref in zip(logits, ref_logits, strict=True):
-        for pos in range(len(ref)):
-            errors.append(float(np.abs(got[pos] - ref[pos]).max()))
-            agree += int(got[pos].argmax() == ref[pos].argmax())
-            total += 1
-    return {
-        "quality": {
-            "max_logit_error": round(max(errors), 6),
-            "mean_logit_error": round(float(np.mean(errors)), 6),
-            "top1_agreement": round(agree / total, 4),
-            "positions": total,
-        },
+    result: dict[str, Any] = {
         "speed": {
             "decode_tok_s": round(SPEED_TOKENS / wall, 2),
             "cpu_s_per_token": round(cpu / SPEED_TOKENS, 5),
@@ -225,6 +225,12 @@ def measure_variant(
         },
         "memory": {"load_rss_bytes": load_rss},
     }
+    if errors:
+        result["quality"] = comparison.summary(METHOD.format(n=len(errors))) | {
+            "max_logit_error": round(max(errors), 6),
+            "mean_logit_error": round(float(np.mean(errors)), 6),
+        }
+    return result
 
 
 def _state_names(out: dict[str, np.ndarray]) -> list[tuple[str, str]]:

@@ -6,7 +6,9 @@ largest single step, not the model:
   or a band of a vocabulary-sized table (graph.BAND_BYTES), or a slice of a head (linear.SLICE_BYTES);
 - the fp32 reference: one tensor dequantized, and a chunk of the LM head's rows;
 - measuring a variant: one segment's session (its weights prepacked, about twice their GGUF bytes, plus
-  onnxruntime's own memory).
+  onnxruntime's own memory);
+- from the reference on, its logits over the quality text (convert/quality.py: a vocabulary of fp32 per
+  position), held until every variant is measured, the re-encoded one built meanwhile.
 The bounds are conservative: measured peaks on Qwen2.5-Coder 0.5B and 1.5B and on a synthetic model stay
 under them (tests/models/test_convert_memory.py; docs/performance.md).
 """
@@ -19,6 +21,7 @@ from models.convert.graph import BAND_BYTES
 from models.convert.linear import SLICE_BYTES
 from models.convert.measure import plan_segments
 from models.convert.model import GGUFModel
+from models.convert.quality import QUALITY_POSITIONS
 from models.convert.reference import HEAD_CHUNK
 
 # bytes of working memory per parameter while one matrix is encoded (codes widened to int16, scales,
@@ -52,11 +55,17 @@ def estimate_memory(model: GGUFModel, measure: bool = True) -> dict[str, int]:
     need = {"building: one projection encoded": ENCODE_BYTES_PER_PARAM * whole_at_once}
     if measure:
         chunk = min(HEAD_CHUNK, cfg.vocab) * cfg.hidden * 4  # fp32 rows of the head, and their product
+        logits = min(QUALITY_POSITIONS, cfg.context_length - 8) * cfg.vocab * 4
         need["the fp32 reference: one tensor dequantized"] = (
-            REFERENCE_BYTES_PER_PARAM * max(layer, default=0) + 3 * chunk
+            REFERENCE_BYTES_PER_PARAM * max(layer, default=0) + 3 * chunk + logits
         )
         sizes = _segment_bytes(model, plan_segments(model))
-        need["measuring: one segment's session"] = int(SESSION_PER_GGUF_BYTE * max(sizes)) + SESSION_OVERHEAD
+        need["measuring: one segment's session"] = (
+            int(SESSION_PER_GGUF_BYTE * max(sizes)) + SESSION_OVERHEAD + logits
+        )
+        need["building the re-encoded variant: one projection encoded"] = (
+            ENCODE_BYTES_PER_PARAM * whole_at_once + logits
+        )
     return need
 
 

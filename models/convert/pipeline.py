@@ -7,42 +7,48 @@ numpy + onnx only (no torch). The governor orders its ladder of variants by the 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from models.convert import nominal
+from models.convert.consolidate import consolidate
 from models.convert.disk_plan import estimate_output
-from models.convert.graph import VARIANTS, BuiltVariant, WeightFile, build_variant
+from models.convert.fast_plan import PLANS
+from models.convert.floor import check, fallback_floor, peer_floor
+from models.convert.graph import VARIANTS, BuiltVariant, Segment, SplitWeights, WeightFile, build_variant
 from models.convert.linear import FLOAT_TYPES
 from models.convert.measure import measure_variant, plan_segments, write_segments
 from models.convert.memory_need import estimate_memory
 from models.convert.model import GGUFModel
+from models.convert.quality import QUALITY_POSITIONS, compare, peer_logits, quality_ids
 from models.convert.reference import ReferenceForward
 from models.convert.tokenizer_gguf import metadata_from_reader, tokenizer_from_metadata
 from models.errors import VerificationFailed
 from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
-from models.types import NOMINAL_VARIANT
 
 # 9: every large head on MatMulNBits sliced by rows (untied ones too); SentencePiece vocabularies also
 # written as tokenizer.spm.npz (the compact tokenizer simmer loads)
 # 10: a tied head without correction writes the logits output itself (no Reshape copy)
 # 11: streamed (tables in bands, the reference a layer at a time, variants measured a segment at a time:
 # load_rss_bytes is now what the weights take, not what a heap reused after the reference let show); the
-# nominal variant alone by default
+# `fast` variant (re-encoded, installed only within the measured quality floor); quality measured as KL
+# over a fixed text; the nominal variant is the fastest measured of q4-a8 and fast, and a pull keeps it
+# alone by default; and batch > 1: the rows of input_ids are separate sequences (GroupQueryAttention's
+# batch, each row its own past length), logits [batch, positions kept, vocab]
 CONVERTER_VERSION = 11
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
-QUALITY_PROMPTS = (
-    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-    "The quick brown fox jumps over the lazy dog. In 1969, 3 astronauts flew to the Moon",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n",
-)
-QUALITY_MAX_TOKENS = 24
+SPEED_ROUNDS = 3  # the nominal variant's candidates timed in alternation
 # a variant whose greedy choices disagree with the reference this often is broken, not just approximate
-MIN_TOP1_AGREEMENT = {"f32": 0.99, "q8": 0.85, "q4": 0.99, "q4-a8": 0.75}
+MIN_TOP1_AGREEMENT = {"f32": 0.99, "q8": 0.85, "q4": 0.99, "q4-a8": 0.75, "fast": 0.75}
+
+log = logging.getLogger("simmer.convert")
 
 Progress = Callable[[str, float], None]
 
@@ -54,21 +60,24 @@ def plan_variants(model: GGUFModel) -> list[str]:
     variant (its own blocks, fp32 activations), and `q4-a8` (the same blocks, int8 activations: llama.cpp's
     arithmetic, fastest). No `f32`: q4 is exact already and fp32 copies cost 4-8x the bytes (Gemma 3's
     262,144 x 640 table alone is 671 MB in fp32). No `q8`: every 8-bit format is 8-bit in q4-a8 already, and
-    widening the 4-bit ones buys nothing once activations are int8.
+    widening the 4-bit ones buys nothing once activations are int8. And `fast`, re-encoded for the fewest
+    bytes per token (convert/requant.py), which is installed only if its measured KL is within the floor
+    (convert/floor.py).
     A float source (F32/F16/BF16 matrices) gets `f32` (exact) and two re-quantized ones, `q8` and `q4-a8`,
     whose cost the quality measurement records."""
     matrices = [t for t in model.reader.tensors if len(t.shape) == 2]
     if any(SUPPORTED_TYPES.get(t.tensor_type) not in FLOAT_TYPES for t in matrices):
-        return ["q4", "q4-a8"]
+        return ["q4", "q4-a8", "fast"]
     return ["f32", "q8", "q4-a8"]
 
 
-def default_variants(model: GGUFModel) -> list[str]:
-    """What a pull installs unless asked for more: the nominal variant alone (q4-a8: the one the device
-    serves), or the best one the source has. Others (the exact q4, whose 8-bit formats become fp32 and
-    cost twice the disk) come on request (`simmer pull --variants`) or when the ladder names them."""
+def default_variants(model: GGUFModel, measure: bool = True) -> list[str]:
+    """What a pull builds unless asked for more: the nominal variant's candidates (convert/nominal.py), of
+    which it keeps the one the device will serve, or the best variant the source has. Others (the exact
+    q4, whose 8-bit formats become fp32 and cost twice the disk) come on request (`simmer pull --variants`)
+    or when the ladder names them."""
     plan = plan_variants(model)
-    return [NOMINAL_VARIANT] if NOMINAL_VARIANT in plan else plan[:1]
+    return nominal.candidates(plan, measure) or plan[:1]
 
 
 def convert(
@@ -81,24 +90,34 @@ def convert(
     threads: int = 2,
     disk_plan: Callable[[dict[str, int]], None] | None = None,
     memory_plan: Callable[[dict[str, int]], None] | None = None,
+    floor: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the variants into `out_dir` (existing, empty) and return the manifest fragment.
 
     `disk_plan`, when given, gets the bytes each output file will take (models/convert/disk_plan.py) once
     the GGUF is read and before anything is written: the store checks free space there (and may raise).
     `memory_plan` likewise gets the memory each step may add to the process's RSS at its peak
-    (models/convert/memory_need.py): the store checks it against the device's memory budget."""
+    (models/convert/memory_need.py): the store checks it against the device's memory budget.
+    `floor`: the quality floor re-encoded variants are held to (convert/floor.py); by default it is
+    measured: llama.cpp's KL on the same GGUF when llama-cpp-python is installed, else the fixed budget.
+    `variants`: build and keep these; by default the nominal variant's candidates are built and the
+    nominal one alone is kept (convert/nominal.py)."""
     report = progress or (lambda stage, frac: None)
     out_dir = Path(out_dir)
     report("reading GGUF", 0.0)
     model = GGUFModel(Path(gguf_path))
     cfg = model.config
-    names = variants or default_variants(model)
+    names = variants or default_variants(model, measure)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    refused: dict[str, str] = {}
+    if not measure:  # a re-encoded variant is installed only once its quality is measured
+        for n in names:
+            if VARIANTS[n].requant is not None:
+                refused[n] = "not installed: no quality floor was measured (a conversion without measuring)"
     if disk_plan is not None:
-        disk_plan(estimate_output(model, names))
+        disk_plan(estimate_output(model, [n for n in names if n not in refused]))
     if memory_plan is not None:
         memory_plan(estimate_memory(model, measure))
 
@@ -109,63 +128,209 @@ def convert(
         (out_dir / CHAT_TEMPLATE_FILE).write_text(tokenizer.chat_template)
 
     model.drop_vocabulary()  # the tokenizer is written: its arrays are not read again
+    exact = [n for n in names if VARIANTS[n].requant is None]
     weights = WeightFile(out_dir / WEIGHTS_FILE)
-    built: dict[str, BuiltVariant] = {}
-    segments = plan_segments(model) if measure else []
-    segment_files: dict[str, list[Path]] = {}
-    try:
-        for i, name in enumerate(names):
-            report(f"building {name}", 0.1 + 0.4 * i / len(names))
-            built[name] = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
-            if measure:
-                segment_files[name] = write_segments(model, VARIANTS[name], weights, out_dir, segments)
-    finally:
-        weights.close()
-    default = NOMINAL_VARIANT if NOMINAL_VARIANT in names else names[-1]
-    write_genai_config(out_dir, model, default, tokenizer)
-
     architecture = architecture_entry(model)
     shape = ModelShape.from_architecture(architecture)
+    segments = plan_segments(model) if measure else []
+    built: dict[str, Built] = {}
     entries: dict[str, dict[str, Any]] = {}
-    for name in names:
-        onnx_file = out_dir / f"{name}.onnx"
-        entries[name] = {
-            "file": onnx_file.name,
-            "files": [onnx_file.name, WEIGHTS_FILE],
-            "weights_bytes": referenced_bytes(onnx_file),
-            "onnx_bytes": onnx_file.stat().st_size,
-            "quant_map": built[name].quant_map,
-            "copied_at_load": built[name].copied_at_load,
-        }
-    if measure:
-        report("measuring quality", 0.5)
-        prompts = [
-            tokenizer.encode(p, add_special_tokens=False)[:QUALITY_MAX_TOKENS] for p in QUALITY_PROMPTS
-        ]
-        ref_logits = ReferenceForward(model).logits_many(prompts)
-        try:
-            for i, name in enumerate(names):
-                report(f"measuring {name}", 0.55 + 0.45 * i / len(names))
-                files = segment_files[name]
-                copied = built[name].copied_at_load
-                entries[name] |= measure_variant(files, segments, shape, prompts, ref_logits, threads, copied)
-        finally:
-            for files in segment_files.values():
-                for path in files:
-                    if path.name.startswith("."):
-                        path.unlink(missing_ok=True)
+    try:
+        for i, name in enumerate(exact):
+            report(f"building {name}", 0.1 + 0.3 * i / len(names))
+            variant = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
+            segment_files = (
+                write_segments(model, VARIANTS[name], weights, out_dir, segments) if measure else []
+            )
+            built[name] = Built(variant, segment_files)
+            entries[name] = variant_entry(out_dir, name, variant)
+        weights.flush()  # measured below while the re-encoded variants still write to it
+        ids: list[int] = []
+        ref_logits: list[np.ndarray] = []
+        if measure:
+            report("measuring quality", 0.4)
+            ids = quality_ids(tokenizer.encode)[: min(QUALITY_POSITIONS, cfg.context_length - 8) + 1]
+            ref_logits = ReferenceForward(model).logits_many([ids[:-1]])
+            for i, name in enumerate(exact):
+                report(f"measuring {name}", 0.5 + 0.2 * i / len(exact))
+                entries[name] |= built[name].measure(segments, shape, ids, ref_logits, threads)
+        for name in (n for n in names if n not in exact and n not in refused):
+            if floor is None:
+                report("measuring llama.cpp", 0.7)
+                floor = measure_floor(Path(gguf_path), ids, ref_logits[0], threads)
+            got, why = build_reencoded(
+                model, name, out_dir, weights, shape, segments, ids, ref_logits, floor, threads, report
+            )
+            if got is None:
+                refused[name] = f"not installed: {why}"
+            else:
+                built[name], entries[name] = got
+        del ref_logits
+        installed = [n for n in names if n in built]
+        if not installed:
+            raise VerificationFailed(
+                "no variant left to install: " + "; ".join(f"{k} {v}" for k, v in refused.items())
+            )
+        racing = [n for n in nominal.CANDIDATES if n in installed]
+        if measure and len(racing) > 1:
+            report("timing the nominal variant's candidates", 0.9)
+            race(racing, built, entries, segments, shape, ids, threads)
+    finally:
+        weights.close()
+        for b in built.values():
+            b.remove_segments()
+    for name, why in refused.items():
+        log.warning("variant %s %s", name, why)
+    default = nominal.choose(installed, entries)
+    names = nominal.kept(installed, default, variants)
+    dropped = [n for n in installed if n not in names]
+    for name in dropped:
+        log.info("variant %s measured but not kept: %s is the nominal variant", name, default)
+        remove_variant_files(out_dir, name)
+    if dropped or any(own_data_file(n) in entries[n]["files"] for n in names):
+        report("writing the weights of the variants kept", 0.95)
+        copied = consolidate(out_dir, WEIGHTS_FILE, {n: built[n].variant.copied_by_file for n in names})
+        for name in names:
+            entries[name] |= {"files": [f"{name}.onnx", WEIGHTS_FILE], "copied_at_load": copied[name]}
+    write_genai_config(out_dir, model, default, tokenizer)
     report("done", 1.0)
     return {
         "converter_version": CONVERTER_VERSION,
         "architecture": architecture,
         "context_length": cfg.context_length,
         "source_tensor_types": model.tensor_types(),
-        "variants": entries,
+        "variants": {n: entries[n] for n in names},
         "default_variant": default,
+        "quality_floor": floor,
+        "refused_variants": refused,
         "tokenizer": "tokenizer.json",
         "chat_template": CHAT_TEMPLATE_FILE if tokenizer.chat_template else None,
         "kv_bytes_per_token": shape.kv_bytes_per_token(),
     }
+
+
+@dataclass
+class Built:
+    """A variant built: its graph's facts, and the segment graphs it is measured through (removed after)."""
+
+    variant: BuiltVariant
+    segment_files: list[Path]
+
+    def measure(
+        self,
+        segments: list[Segment],
+        shape: ModelShape,
+        ids: list[int],
+        ref_logits: list[np.ndarray],
+        threads: int,
+    ) -> dict[str, Any]:
+        copied = self.variant.copied_at_load
+        return measure_variant(self.segment_files, segments, shape, [ids], ref_logits, threads, copied)
+
+    def remove_segments(self) -> None:
+        for path in self.segment_files:
+            if path.name.startswith("."):
+                path.unlink(missing_ok=True)
+
+
+def variant_entry(out_dir: Path, name: str, variant: BuiltVariant) -> dict[str, Any]:
+    onnx_file = out_dir / f"{name}.onnx"
+    own = out_dir / own_data_file(name)
+    return {
+        "file": onnx_file.name,
+        "files": [onnx_file.name, WEIGHTS_FILE, *([own.name] if own.exists() else [])],
+        "weights_bytes": referenced_bytes(onnx_file),
+        "onnx_bytes": onnx_file.stat().st_size,
+        "quant_map": variant.quant_map,
+        "copied_at_load": variant.copied_at_load,
+    }
+
+
+def build_reencoded(
+    model: GGUFModel,
+    name: str,
+    out_dir: Path,
+    weights: WeightFile,
+    shape: ModelShape,
+    segments: list[Segment],
+    ids: list[int],
+    ref_logits: list[np.ndarray],
+    floor: dict[str, Any],
+    threads: int,
+    report: Progress,
+) -> tuple[tuple[Built, dict[str, Any]] | None, str]:
+    """Build and measure the re-encoded variant plan by plan (convert/fast_plan.py, cheapest first) until
+    one is within the floor: ((what was built, its manifest entry), "") or (None, why none was). A refused
+    attempt leaves nothing behind: its graph, its segments and its own weights file are removed, and what
+    it shares in the shared file are exact initializers q4-a8 writes under the same names."""
+    attempts: list[dict[str, Any]] = []
+    for plan in PLANS:
+        report(f"building {name} ({plan.name} plan)", 0.75)
+        own = WeightFile(out_dir / own_data_file(name))
+        spec = replace(VARIANTS[name], requant=plan)
+        split = SplitWeights(weights, own)
+        try:
+            variant = build_variant(model, spec, split, out_dir / f"{name}.onnx")
+            built = Built(variant, write_segments(model, spec, split, out_dir, segments))
+        finally:
+            own.close()
+        weights.flush()
+        if own.size == 0:
+            attempts.append(
+                {"plan": plan.name, "verdict": "re-encodes no tensor of this GGUF (the same as q4-a8)"}
+            )
+            built.remove_segments()
+            remove_variant_files(out_dir, name)
+            continue
+        report(f"measuring {name} ({plan.name} plan)", 0.85)
+        entry: dict[str, Any] = variant_entry(out_dir, name, variant) | {"plan": plan.name}
+        entry |= built.measure(segments, shape, ids, ref_logits, threads)
+        why = check(entry.get("quality"), floor)
+        q = entry.get("quality") or {}
+        attempts.append(
+            {
+                "plan": plan.name,
+                "kl_mean": q.get("kl_mean"),
+                "kl_p99": q.get("kl_p99"),
+                "verdict": why or "within the floor",
+            }
+        )
+        if why is None:
+            return (built, entry | {"attempts": attempts}), ""
+        log.info("variant %s, %s plan: %s", name, plan.name, why)
+        built.remove_segments()
+        remove_variant_files(out_dir, name)
+    return None, "; ".join(f"{a['plan']} plan: {a['verdict']}" for a in attempts)
+
+
+def own_data_file(variant: str) -> str:
+    return f"{variant}.data"
+
+
+def measure_floor(gguf: Path, ids: list[int], ref_logits: np.ndarray, threads: int) -> dict[str, Any]:
+    """llama.cpp's KL on the same GGUF and token ids when llama-cpp-python is installed, else the fixed
+    fallback budget (convert/floor.py)."""
+    try:
+        peer = peer_logits(gguf, ids, len(ref_logits), threads)
+    except Exception as e:  # a build of llama.cpp that cannot read this file: say so, use the budget
+        log.warning("llama.cpp could not measure %s (%s): the fallback quality budget applies", gguf.name, e)
+        peer = None
+    if peer is None:
+        return fallback_floor()
+    step, method, close = peer
+    try:
+        probe = step(ids[0], 0)
+        if probe.shape[-1] != ref_logits.shape[-1]:
+            log.warning("llama.cpp's vocabulary differs in size: the fallback quality budget applies")
+            return fallback_floor()
+        return peer_floor(compare(ref_logits, step, ids).summary(method))
+    finally:
+        close()
+
+
+def remove_variant_files(out_dir: Path, name: str) -> None:
+    for rel in (f"{name}.onnx", own_data_file(name)):
+        (out_dir / rel).unlink(missing_ok=True)
 
 
 def architecture_entry(model: GGUFModel) -> dict[str, Any]:
@@ -195,6 +360,34 @@ def referenced_bytes(onnx_file: Path) -> int:
         ext = {e.key: e.value for e in t.external_data}
         total += int(ext.get("length", 0)) if ext else len(t.raw_data)
     return total
+
+
+def race(
+    names: list[str],
+    built: dict[str, Built],
+    entries: dict[str, dict[str, Any]],
+    segments: list[Segment],
+    shape: ModelShape,
+    ids: list[int],
+    threads: int,
+) -> None:
+    """The nominal variant's candidates timed again in alternation (SPEED_ROUNDS rounds, one variant loaded
+    at a time, a segment at a time as measured, the order rotating), so that a machine whose speed drifts
+    while a pull runs does not choose for them: each entry's speed becomes the medians."""
+    samples: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    for r in range(SPEED_ROUNDS):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            b = built[name]
+            copied = b.variant.copied_at_load
+            speed = measure_variant(b.segment_files, segments, shape, [], [], threads, copied, ids)["speed"]
+            samples[name].append((speed["decode_tok_s"], speed["cpu_s_per_token"]))
+    for name, got in samples.items():
+        entries[name]["speed"] |= {
+            "decode_tok_s": round(float(np.median([t for t, _ in got])), 2),
+            "cpu_s_per_token": round(float(np.median([c for _, c in got])), 5),
+            "rounds": SPEED_ROUNDS,
+            "raced_with": [n for n in names if n != name],
+        }
 
 
 def write_genai_config(out_dir: Path, model: GGUFModel, variant: str, tokenizer: Any) -> None:

@@ -98,6 +98,7 @@ class Layout:
             n=sum(p.n for p in parts),
             offsets=any(p.offsets for p in parts),
             shift=any(p.shift for p in parts),
+            zero_points=any(p.zero_points for p in parts),
         )
 
 
@@ -210,8 +211,6 @@ class PackedNBits:
 
     def rows(self, lo: int, hi: int) -> PackedNBits:
         """Rows lo..hi-1 (output features), every per-row array sliced alike."""
-        if self.zero_points is not None:
-            raise ValueError("rows of a matrix with explicit zero points are not needed anywhere")
 
         def cut(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else a[lo:hi]
@@ -223,6 +222,7 @@ class PackedNBits:
             scales=self.scales[lo:hi],
             offsets=cut(self.offsets),
             shift=cut(self.shift),
+            zero_points=cut(self.zero_points),
         )
 
     def codes(self) -> np.ndarray:
@@ -252,7 +252,7 @@ class PackedNBits:
         return v.reshape(self.n, self.k)
 
 
-def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
     """q: (..., 2m) values 0..15 -> (..., m) bytes, element 2i in the low nibble (MatMulNBits order)."""
     q = q.astype(np.uint8)
     return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
@@ -278,7 +278,7 @@ def pack_blocks(b: Blocks, bits: int | None = None, block: int | None = None) ->
     # of the quantized activations)
     c = b.fmt.center
     q = b.q.astype(np.int16) - c
-    packed = (q + 128).astype(np.uint8) if bits == 8 else _pack_nibbles(q + 8)
+    packed = (q + 128).astype(np.uint8) if bits == 8 else pack_nibbles(q + 8)
     shift = np.full(n, c, np.uint8) if c else None
     p = PackedNBits(bits, n, nb * blk, packed, b.scales, b.offsets, shift, block=blk)
     return split_blocks(p, block) if block and block != blk else p
@@ -351,7 +351,7 @@ def quantize_symmetric(w: np.ndarray, bits: int) -> PackedNBits:
         inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0.0)
         q = np.clip(np.floor(blocks * inv[..., None] + 8.5), 0, 15)
         d16 = d.astype(np.float16).astype(np.float32)
-        return PackedNBits(4, n, k, _pack_nibbles(q), np.ascontiguousarray(d16))
+        return PackedNBits(4, n, k, pack_nibbles(q), np.ascontiguousarray(d16))
     if bits == 8:
         amax = np.abs(blocks).max(axis=-1)
         d = amax / 127.0
@@ -368,13 +368,17 @@ def layout(p: PackedNBits) -> tuple[int, int]:
 
 def concat_packed(parts: list[PackedNBits]) -> PackedNBits:
     """Stack along N (fused QKV, fused gate+up). Parts must share bits, block and input size; one without
-    offsets or shift gets zeros where another has them."""
-    if len({(p.bits, p.block, p.k) for p in parts}) != 1 or any(p.zero_points is not None for p in parts):
+    offsets, shift or zero points gets zeros (the default zero point) where another has them."""
+    if len({(p.bits, p.block, p.k) for p in parts}) != 1:
         raise ValueError("cannot fuse matrices of different layouts or input sizes")
     if len(parts) == 1:
         return parts[0]
     p0 = parts[0]
-    offsets = shift = None
+    offsets = shift = zero_points = None
+    if any(p.zero_points is not None for p in parts):
+        zero_points = np.concatenate(
+            [p.zero_points if p.zero_points is not None else default_zero_points(p) for p in parts]
+        )
     if any(p.offsets is not None for p in parts):
         offsets = np.concatenate(
             [p.offsets if p.offsets is not None else np.zeros((p.n, p.nb), np.float32) for p in parts]
@@ -389,8 +393,15 @@ def concat_packed(parts: list[PackedNBits]) -> PackedNBits:
         np.ascontiguousarray(np.concatenate([p.scales for p in parts], axis=0)),
         offsets,
         shift,
+        zero_points,
         block=p0.block,
     )
+
+
+def default_zero_points(p: PackedNBits) -> np.ndarray:
+    """The kernel's default zero points written out, packed as MatMulNBits reads explicit ones."""
+    zp = np.full((p.n, p.nb + p.nb % 2 if p.bits == 4 else p.nb), DEFAULT_ZP[p.bits], np.uint8)
+    return pack_nibbles(zp) if p.bits == 4 else zp
 
 
 def as_nibble_pair(p8: PackedNBits) -> PackedNBits:
@@ -403,7 +414,7 @@ def as_nibble_pair(p8: PackedNBits) -> PackedNBits:
         raise ValueError(f"expected an 8-bit matrix, got {p8.bits} bits")
     n, nb = p8.scales.shape
     u = p8.packed
-    packed = np.concatenate([_pack_nibbles(u >> 4), _pack_nibbles(u & 15)], axis=1)
+    packed = np.concatenate([pack_nibbles(u >> 4), pack_nibbles(u & 15)], axis=1)
     scales = np.concatenate([16.0 * p8.scales, p8.scales], axis=1).astype(np.float32)
     zp = np.concatenate([np.full((n, nb), 8, np.uint8), np.zeros((n, nb), np.uint8)], axis=1)
     return PackedNBits(
@@ -412,7 +423,7 @@ def as_nibble_pair(p8: PackedNBits) -> PackedNBits:
         2 * p8.k,
         np.ascontiguousarray(packed),
         np.ascontiguousarray(scales),
-        zero_points=_pack_nibbles(zp),
+        zero_points=pack_nibbles(zp),
         block=p8.block,
     )
 

@@ -53,6 +53,7 @@ from models.types import (
     NOMINAL_VARIANT,
     CancelToken,
     FinishEvent,
+    FinishReason,
     GenerationParams,
     Handover,
     TokenEvent,
@@ -576,6 +577,7 @@ class _Generation:
         # starts drafting afresh there (its own session, rows, costs; maybe another vocabulary).
         self.spec: Speculation | None = None
         self.max_tokens = params.max_tokens  # the reply's bound (run() adds the sliding window's)
+        self.t_decode = time.perf_counter()  # when this engine's decode began (after the prefill)
 
     @property
     def ctx(self) -> list[int]:
@@ -758,11 +760,10 @@ class _Generation:
 
     def run(self) -> Iterator[TokenEvent | FinishEvent | Handover]:
         e, p, r = self.e, self.params, self.r
-        end_calls: tuple[ToolCallDelta, ...] = ()
         handed_over = False
-        finish = "length"
-        held_text = ""
-        t_decode = time.perf_counter()
+        finish: FinishReason = "length"
+        held_text, end_calls = "", ()
+        self.t_decode = time.perf_counter()
         try:
             self._checkpoint()
             self._start_constraint()
@@ -775,59 +776,14 @@ class _Generation:
             # must go when it ends, although the token lives on (the reply moved to another model).
             self.cancel.on_cancel(_terminator(self.run_options))
             self._prefill()
-            max_tokens = p.max_tokens
-            # a sliding window never runs out of context: WINDOW_REPLY_CONTEXTS bounds the reply
-            if p.truncate:
-                bound = e.window_reply_contexts * e.context_length
-                max_tokens = bound if max_tokens is None else min(max_tokens, bound)
-            self.max_tokens = max_tokens
-            t_decode = time.perf_counter()
-            last_emit = t_decode
+            self._start_decode()
+            last_emit = self.t_decode
             while True:
-                limit = e.max_tokens_limit
-                cap = min(x for x in (max_tokens, limit, 1 << 30) if x is not None)
-                if r.generated >= cap:
-                    finish = "length"
-                    break
-                constraint, reader = r.constraint, r.reader
-                allowed = constraint.allowed() if constraint is not None else None
-                token, logprob, top = (self.spec or r.sampler).sample(self.logits, r.history, allowed)
-                if token in e.tokenizer.eos_ids and (not p.ignore_eos or constraint is not None):
-                    finish = "stop"
-                    break
-                if constraint is not None:
-                    # The state moves on emitted tokens only (a variant switch re-prefills the same ones);
-                    # the next mask is computed while the model runs its forward pass.
-                    constraint.advance(token)
-                    constraint.prefetch()
-                r.generated += 1
-                r.usage.by_model[e.model_id] = r.usage.by_model.get(e.model_id, 0) + 1
-                r.history.append(token)
-                self.ctx.append(token)
-                piece = r.detok.feed(token)
-                r.text.append(piece)
-                delta, hit = r.stops.feed(piece)
-                calls: tuple[ToolCallDelta, ...] = ()
-                if reader is not None:
-                    delta, found = reader.feed(delta)
-                    calls = tuple(found)
-                if r.generated == 1:
-                    r.timings.ttft_ms = (time.perf_counter() - r.t_start) * 1000
-                yield TokenEvent(
-                    token_id=token,
-                    text=delta,
-                    index=r.generated - 1,
-                    logprob=logprob if p.sampling.logprobs is not None else None,
-                    top_logprobs=self._top(top) if p.sampling.logprobs else None,
-                    token_text=e.tokenizer.token_text(token) if p.sampling.logprobs is not None else None,
-                    elapsed_ms=(time.perf_counter() - r.t_start) * 1000,
-                    tool_calls=calls,
-                )
-                if hit:
-                    finish = "stop"
-                    break
-                if r.generated >= cap:
-                    finish = "length"
+                event, ends = self._next_token()
+                if event is not None:
+                    yield event
+                if ends is not None:
+                    finish = ends
                     break
                 self._checkpoint()
                 if len(self.ctx) > e.context_length:
@@ -836,51 +792,133 @@ class _Generation:
                         break
                     self._window()
                 # normally just the new token (and a draft); all of ctx after a switch
-                self.logits = self._advance(token, cap - r.generated)
+                self.logits = self._advance(self.ctx[-1], self._cap() - r.generated)
                 if e.tokens_per_second:
                     # pacing: fewer tokens per second means less heat per second
                     wait = last_emit + 1.0 / e.tokens_per_second - time.perf_counter()
                     if wait > 0:
                         time.sleep(wait)
                 last_emit = time.perf_counter()
-            if not r.stops.stopped:  # bytes and text held back for a possible stop are the reply's end
-                tail, _ = r.stops.feed(r.detok.flush())
-                held_text = tail + r.stops.flush()
-            if r.reader is not None:
-                held_text, found = r.reader.feed(held_text)
-                rest, more = r.reader.flush(complete=finish == "stop")
-                held_text += rest
-                end_calls = tuple(found + more)
-                if r.reader.calls and finish == "stop":
-                    finish = "tool_calls"
+            finish, held_text, end_calls = self._flush(finish)
         except Cancelled:
             finish = "cancelled"
         except _Full:
             finish = "length"
         except _Switch as switch:
-            r.decode_s += time.perf_counter() - t_decode
             handed_over = True  # the grammar goes on with the next model
             self._end_speculation()  # before the next model runs: drafting starts afresh there
-            yield Handover(
-                model_id=switch.limits.model_id or "",
-                variant=switch.limits.variant,
-                tokenizer_key=r.tokenizer_key,
-                text=r.reply_text,
-                generated=r.generated,
-                state=r,
-            )
+            yield self._handover(switch.limits)
             return
         finally:
             if r.constraint is not None and not handed_over:
                 r.constraint.close()
             self._end_speculation()
+        yield self._finish_event(finish, held_text, end_calls)
+
+    # -- one token at a time: the steps run() takes, which a batch of replies (batch.py) takes per row ------
+    def _start_decode(self) -> None:
+        """After the prefill: the reply's bound (the sliding window adds WINDOW_REPLY_CONTEXTS, as a window
+        never runs out of context) and the start of its decode time."""
+        e, p = self.e, self.params
+        max_tokens = p.max_tokens
+        if p.truncate:
+            bound = e.window_reply_contexts * e.context_length
+            max_tokens = bound if max_tokens is None else min(max_tokens, bound)
+        self.max_tokens = max_tokens
+        self.t_decode = time.perf_counter()
+
+    def _cap(self) -> int:
+        return min(x for x in (self.max_tokens, self.e.max_tokens_limit, 1 << 30) if x is not None)
+
+    def _next_token(self) -> tuple[TokenEvent | None, FinishReason | None]:
+        """Sample the next token from self.logits and account for it: (its event, or None when the reply
+        ends before one; the finish reason when the reply ends here, else None). The token is appended to
+        ctx, so the next forward pass feeds ctx[-1]."""
+        e, p, r = self.e, self.params, self.r
+        cap = self._cap()
+        if r.generated >= cap:
+            return None, "length"
+        constraint, reader = r.constraint, r.reader
+        allowed = constraint.allowed() if constraint is not None else None
+        token, logprob, top = (self.spec or r.sampler).sample(self.logits, r.history, allowed)
+        if token in e.tokenizer.eos_ids and (not p.ignore_eos or constraint is not None):
+            return None, "stop"
+        if constraint is not None:
+            # The state moves on emitted tokens only (a variant switch re-prefills the same ones);
+            # the next mask is computed while the model runs its forward pass.
+            constraint.advance(token)
+            constraint.prefetch()
+        r.generated += 1
+        r.usage.by_model[e.model_id] = r.usage.by_model.get(e.model_id, 0) + 1
+        r.history.append(token)
+        self.ctx.append(token)
+        piece = r.detok.feed(token)
+        r.text.append(piece)
+        delta, hit = r.stops.feed(piece)
+        calls: tuple[ToolCallDelta, ...] = ()
+        if reader is not None:
+            delta, found = reader.feed(delta)
+            calls = tuple(found)
+        if r.generated == 1:
+            r.timings.ttft_ms = (time.perf_counter() - r.t_start) * 1000
+        event = TokenEvent(
+            token_id=token,
+            text=delta,
+            index=r.generated - 1,
+            logprob=logprob if p.sampling.logprobs is not None else None,
+            top_logprobs=self._top(top) if p.sampling.logprobs else None,
+            token_text=e.tokenizer.token_text(token) if p.sampling.logprobs is not None else None,
+            elapsed_ms=(time.perf_counter() - r.t_start) * 1000,
+            tool_calls=calls,
+        )
+        if hit:
+            return event, "stop"
+        if r.generated >= cap:
+            return event, "length"
+        return event, None
+
+    def _flush(self, finish: FinishReason) -> tuple[FinishReason, str, tuple[ToolCallDelta, ...]]:
+        """A reply that ended (not cancelled): (its finish reason, the text held back for a possible stop
+        or as part of a character, the tool calls the reader completes at the end)."""
+        r = self.r
+        held_text = ""
+        end_calls: tuple[ToolCallDelta, ...] = ()
+        if not r.stops.stopped:  # bytes and text held back for a possible stop are the reply's end
+            tail, _ = r.stops.feed(r.detok.flush())
+            held_text = tail + r.stops.flush()
+        if r.reader is not None:
+            held_text, found = r.reader.feed(held_text)
+            rest, more = r.reader.flush(complete=finish == "stop")
+            held_text += rest
+            end_calls = tuple(found + more)
+            if r.reader.calls and finish == "stop":
+                finish = "tool_calls"
+        return finish, held_text, end_calls
+
+    def _handover(self, limits: EngineLimits) -> Handover:
+        """The reply, to go on on the model `limits` names (its grammar goes with it, not closed)."""
+        r = self.r
+        r.decode_s += time.perf_counter() - self.t_decode
+        return Handover(
+            model_id=limits.model_id or "",
+            variant=limits.variant,
+            tokenizer_key=r.tokenizer_key,
+            text=r.reply_text,
+            generated=r.generated,
+            state=r,
+        )
+
+    def _finish_event(
+        self, finish: FinishReason, held_text: str = "", end_calls: tuple[ToolCallDelta, ...] = ()
+    ) -> FinishEvent:
+        e, r = self.e, self.r
         t = r.timings
         t.predicted_n = r.generated
-        t.predicted_ms = (r.decode_s + time.perf_counter() - t_decode) * 1000
+        t.predicted_ms = (r.decode_s + time.perf_counter() - self.t_decode) * 1000
         t.prompt_per_second = t.prompt_n / (t.prompt_ms / 1000) if t.prompt_ms > 0 else 0.0
         t.predicted_per_second = t.predicted_n / (t.predicted_ms / 1000) if t.predicted_ms > 0 else 0.0
         r.usage.completion_tokens = r.generated
-        yield FinishEvent(
+        return FinishEvent(
             finish_reason=finish,
             usage=r.usage,
             timings=t,

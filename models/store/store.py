@@ -55,6 +55,7 @@ from models.store.durable import fsync_dir as _fsync_dir
 from models.store.hub import HubConfig
 from models.store.paths import inside
 from models.store.sources import FetchedFile, Progress, sha256_file
+from models.variant_facts import floor_facts, refused_variants, variant_facts
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
@@ -132,6 +133,11 @@ class ModelInfo:
     problem: str | None = None  # set when the folder fails the size check or is marked bad
     bad: bool = False  # marked bad (bad.json): never served until `simmer pull --force` or `simmer verify`
     serving: bool = False  # the version a load would serve now (current, or the fallback when current is bad)
+    default_variant: str | None = None
+    # per variant: measured quality and speed (models/variant_facts.py); the floor and what it refused
+    facts: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    floor: dict[str, Any] | None = None
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -491,6 +497,10 @@ class ModelStore:
                         created=manifest.get("created", ""),
                         problem=problem,
                         bad=mark is not None,
+                        default_variant=manifest.get("default_variant"),
+                        facts=variant_facts(manifest),
+                        floor=floor_facts(manifest),
+                        refused=refused_variants(manifest),
                     )
                 )
             # what a load would pick, without hashing: the first candidate with no known problem
@@ -829,6 +839,9 @@ def build_manifest(
         "variants": variants,
         # the converter's choice of the variant to open on (the nominal one, q4-a8 where it exists)
         "default_variant": fragment.get("default_variant"),
+        # what the re-encoded variants were held to, and the ones refused for missing it (and why)
+        "quality_floor": fragment.get("quality_floor"),
+        "refused_variants": fragment.get("refused_variants") or {},
         "converter_version": fragment.get("converter_version"),
         "tokenizer": fragment.get("tokenizer"),
         "chat_template": fragment.get("chat_template"),

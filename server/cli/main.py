@@ -21,6 +21,7 @@ from models.store import registry
 from models.store.registry import license_notice
 from models.store.store import Converter, ModelInfo, ModelStore
 from models.types import NOMINAL_VARIANT
+from models.variant_facts import describe, refused_variants
 from server.ladder import parse_ladder
 from server.settings import Settings, hub_config
 
@@ -139,6 +140,8 @@ def cmd_pull(args: argparse.Namespace, settings: Settings, converter: Converter 
     _print(
         f"{model.id} {model.version}: variants {', '.join(sorted(model.variants))} ({_mb(model.size_bytes)})"
     )
+    for name, why in refused_variants(model.manifest).items():
+        _warn(f"variant {name} {why}")
     _print(f"  {model.path}")
     return 0
 
@@ -171,9 +174,26 @@ def cmd_list(args: argparse.Namespace, settings: Settings, converter: Converter 
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         _print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for m in models:
+        if m.current:
+            for line in _variant_lines(m):
+                _print(line)
     for line in fixes:
         _print(line)
     return 0
+
+
+def _variant_lines(m: ModelInfo) -> list[str]:
+    """Each variant's measured quality and speed (models/variant_facts.py), the floor, what it refused."""
+    head = f"{m.id} {m.version}: default {m.default_variant or '-'}"
+    f = m.floor or {}
+    if isinstance(f.get("kl_mean"), float | int) and isinstance(f.get("kl_p99"), float | int):
+        head += f"; quality floor ({f.get('source')}): KL {f['kl_mean']:.2g} (p99 {f['kl_p99']:.2g})"
+    width = max(len(n) for n in [*m.variants, *m.refused]) if m.variants or m.refused else 0
+    lines = [head]
+    lines += ["  " + describe(name.ljust(width), m.facts.get(name, {})) for name in m.variants]
+    lines += [f"  {name.ljust(width)}  {why}" for name, why in m.refused.items()]
+    return lines
 
 
 def _status(m: ModelInfo) -> str:

@@ -44,3 +44,47 @@ def test_energy_when_summaries_then_cheapest_first_with_ratio_to_llama_cpp_at_th
     assert e["configs"]["llama.cpp:gguf:t1"]["tok_per_cpu_s_vs_llama_cpp"] is None
     assert e["cheapest_simmer"] == "simmer:q4-a8:t1"
     assert e["default_configs_at_least_llama_cpp"] == {"simmer:q4-a8:t1": True, "simmer:q4-a8:t2": False}
+
+
+def test_quality_and_disk_when_manifest_then_each_variant_and_llama_cpp_side_by_side(tmp_path):
+    import json
+
+    from bench.engine import quality_and_disk, ratios
+    from bench.report import variants_table
+
+    (tmp_path / "fast.onnx").write_bytes(b"x" * 10)
+    (tmp_path / "weights.data").write_bytes(b"x" * 2_000_000)
+    (tmp_path / "fast.data").write_bytes(b"x" * 1_000_000)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x" * 2_500_000)
+    manifest = {
+        "default_variant": "fast",
+        "variants": {
+            "fast": {
+                "files": ["fast.onnx", "weights.data", "fast.data"],
+                "quality": {"kl_mean": 0.001, "kl_p99": 0.006, "top1_agreement": 0.99},
+            }
+        },
+        "quality_floor": {"source": "llama.cpp", "kl_mean": 0.002, "kl_p99": 0.012, "top1_agreement": 0.98},
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    qd = quality_and_disk(tmp_path, gguf, ["fast"])
+    assert qd["fast"] == {"kl_mean": 0.001, "kl_p99": 0.006, "top1_agreement": 0.99, "disk_mb": 3.0}
+    assert qd["gguf"]["kl_mean"] == 0.002 and qd["gguf"]["disk_mb"] == 2.5 and qd["default_variant"] == "fast"
+    run = {
+        "prompt_tok_s": 100.0,
+        "decode_tok_s_ctx500": 30.0,
+        "decode_tok_s_short": 33.0,
+        "ttft_ms": 50.0,
+        "peak_rss_mb": 500.0,
+        "cpu_s_per_token": 0.04,
+        "greedy_known": "x",
+    }
+    peer = run | {"decode_tok_s_short": 30.0, "cpu_s_per_token": 0.05, "peak_rss_mb": 400.0}
+    summary = {"simmer:fast:t2": run, "llama.cpp:gguf:t2": peer}
+    r = ratios(summary, ["fast"], [2], qd)["fast:t2"]
+    assert (r["decode_tok_s_short"], r["tok_per_cpu_s"], r["peak_rss_ratio"]) == (1.1, 1.25, 1.25)
+    assert (r["kl_mean_vs_llama_cpp"], r["kl_p99_vs_llama_cpp"]) == (0.5, 0.5)
+    table = variants_table([{"model_dir": str(tmp_path), "results": summary, "quality_and_disk": qd}])
+    row = table.splitlines()[2]
+    assert "fast (default)" in row and "33.0 vs 30.0 (1.10x)" in row and "0.00100 vs 0.00200 (0.50x)" in row

@@ -91,20 +91,50 @@ def test_energy_summary_when_cpu_and_tokens_then_tokens_per_cpu_second_and_busy_
     )
 
 
+def test_goodput_when_replies_fail_then_their_tokens_count_for_nothing():
+    from bench.sustained import RequestRecord, energy_summary, goodput_per_s
+
+    log = RunLog()
+    done = RequestRecord(start=0.0, ttft_s=0.1, tokens=3, ok=True)
+    failed = RequestRecord(start=0.0, ttft_s=0.1, tokens=2, ok=False, error="device_overheated")
+    _spread_tokens([(100.05, 3)], 3, log, done)
+    _spread_tokens([(100.25, 2)], 2, log, failed)
+    log.requests = [done, failed]
+    log.cpu = [(0.0, 0.0), (10.0, 1.0)]
+    # time_scale 10: wall 100.05 is simulated second 0, wall 100.25 second 2
+    assert goodput_per_s(log, 10, 10.0, t0=100.0) == [30.0] + [0.0] * 9
+    tok_s = [30.0, 0.0, 20.0] + [0.0] * 7  # every token sent
+    out = energy_summary(log, tok_s, 10, 10.0, t0=100.0)
+    assert out["tok_per_cpu_s"] == 5.0 and out["goodput_per_cpu_s"] == 3.0
+
+
 def test_envelope_when_runs_then_limit_from_the_simulator_and_best_measured_tokens_per_cpu():
     from bench.sustained import envelope, pace_targets
     from governor.thermal_sim import get_profile
 
     runs = {
-        "governed": {"tok_per_cpu_s": 64.0, "tok_s_last_5min": 57.0, "tok_s_mean": 58.0},
-        "ungoverned": {"tok_per_cpu_s": 44.0, "tok_s_last_5min": 30.0, "tok_s_mean": 40.0},
+        "governed": {
+            "goodput_per_cpu_s": 64.0,
+            "tok_s_last_5min": 57.0,
+            "goodput_tok_s_last_5min": 57.0,
+            "tok_s_mean": 58.0,
+        },
+        # sends more tokens per CPU-second than any other run, but its replies fail: no user got them
+        "ungoverned": {
+            "tok_per_cpu_s": 90.0,
+            "goodput_per_cpu_s": 44.0,
+            "tok_s_last_5min": 30.0,
+            "goodput_tok_s_last_5min": 1.0,
+            "tok_s_mean": 40.0,
+        },
     }
     env = envelope("phone", runs)
     cores = get_profile("phone").sustainable_cores()
     assert env["sustainable_cores_at_t_throttle"] == round(cores, 3) == 0.918
-    assert env["best_tok_per_cpu_s_run"] == "governed"
+    assert env["best_goodput_per_cpu_s_run"] == "governed"
     assert env["limit_tok_s"] == round(cores * 64.0, 2)
     assert env["efficiency"] == round(57.0 / (cores * 64.0), 3)
+    assert envelope("phone", runs, governed="ungoverned")["efficiency"] == round(1.0 / (cores * 64.0), 3)
     runs["governed"]["mid_reply_pauses_after_warm_up"] = 0
     runs["levels"] = {"tok_s_mean": 50.0}
     targets = pace_targets(runs, env)

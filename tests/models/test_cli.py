@@ -215,6 +215,37 @@ def test_cli_license_notice_when_source_has_a_license_then_one_line(tmp_path) ->
     assert license_notice(registry.resolve("./x.gguf").source, tmp_path) is None
 
 
+class MeasuringConverter(FakeConverter):
+    """The fake converter with what the real one measures: each variant's KL, top-1 and speed, the floor,
+    and a re-encoded variant it refused."""
+
+    def convert(self, gguf_path: Path, out_dir: Path, *, variants=None, progress=None) -> dict:
+        frag = super().convert(gguf_path, out_dir, variants=variants, progress=progress)
+        for name, (kl, top1, tok_s) in {"q4": (1e-8, 1.0, 40.0), "f32": (0.0021, 0.981, 55.0)}.items():
+            frag["variants"][name]["quality"] = {"kl_mean": kl, "kl_p99": 10 * kl, "top1_agreement": top1}
+            frag["variants"][name]["speed"] = {"decode_tok_s": tok_s, "cpu_s_per_token": 1 / tok_s}
+        frag["quality_floor"] = {"source": "llama.cpp", "kl_mean": 0.0031, "kl_p99": 0.021, "method": "m"}
+        frag["refused_variants"] = {
+            "fast": "not installed: KL mean 0.2 > 0.0031 (llama.cpp's on the same GGUF)"
+        }
+        return frag
+
+
+def test_cli_list_when_measured_then_each_variant_quality_and_speed_and_the_refused_one(
+    settings, gguf, capsys
+) -> None:
+    assert run(settings, "pull", str(gguf), fake=MeasuringConverter()) == 0
+    captured = capsys.readouterr()
+    assert "warning: variant fast not installed: KL mean 0.2" in captured.err
+    assert run(settings, "list") == 0
+    out = capsys.readouterr().out
+    assert "default f32; quality floor (llama.cpp): KL 0.0031 (p99 0.021)" in out
+    line = next(x for x in out.splitlines() if x.strip().startswith("f32 "))
+    assert "KL 0.0021 (p99 0.021)" in line and "top-1 98.1%" in line and "55.0 tok/s" in line
+    assert "55.0 tok/CPU-s" in line
+    assert any(x.split()[:3] == ["fast", "not", "installed:"] for x in out.splitlines())
+
+
 @pytest.mark.parametrize(
     ("env", "variants"),
     [

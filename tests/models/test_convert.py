@@ -122,9 +122,13 @@ def test_convert_when_int8_activations_then_close_and_same_top1(converted, mtype
 
 
 def test_plan_when_quantized_source_then_exact_and_int8_and_when_float_then_f32_and_requantized(converted):
-    assert plan_variants(GGUFModel(converted["Q4_1"][0])) == ["q4", "q4-a8"]
-    assert plan_variants(GGUFModel(converted["Q8_0"][0])) == ["q4", "q4-a8"]
-    assert plan_variants(GGUFModel(converted["Q4_0"][0])) == ["q4", "q4-a8"]  # its F32 embedding aside
+    assert plan_variants(GGUFModel(converted["Q4_1"][0])) == ["q4", "q4-a8", "fast"]
+    assert plan_variants(GGUFModel(converted["Q8_0"][0])) == ["q4", "q4-a8", "fast"]
+    assert plan_variants(GGUFModel(converted["Q4_0"][0])) == [
+        "q4",
+        "q4-a8",
+        "fast",
+    ]  # its F32 embedding aside
     assert plan_variants(GGUFModel(converted["F16"][0])) == ["f32", "q8", "q4-a8"]
 
 

@@ -143,7 +143,8 @@ def test_pull_when_the_memory_budget_cannot_hold_the_conversion_then_refused_nam
     ):
         store.pull(str(tiny_gguf))
     assert store.list() == []
-    assert not [p for p in (home / "models" / "tiny").iterdir() if not p.name.startswith(".")]
+    folder = home / "models" / "tiny"  # a failed first install leaves no folder, or one without entries
+    assert not folder.exists() or not [p for p in folder.iterdir() if not p.name.startswith(".")]
 
 
 def test_cli_pull_when_memory_budget_too_small_then_exit_1_with_the_need(

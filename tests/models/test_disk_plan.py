@@ -59,13 +59,15 @@ def _check(plan: dict[str, int], actual: dict[str, int]) -> None:
     """weights.data and the .onnx files are built by the same code as the converter's, dry: exact. The
     tokenizer and the small files are bounds."""
     for name, size in actual.items():
-        if name == WEIGHTS_FILE or name.endswith(".onnx"):
+        if name.startswith("fast."):  # built plan by plan until one is kept: the largest plan bounds it
+            assert size <= plan[name], name
+        elif name == WEIGHTS_FILE or name.endswith(".onnx"):
             assert plan[name] == size, name
         elif name == "tokenizer.json":
             assert size <= plan[name], name
     small = sum(s for n, s in actual.items() if n not in plan)
     assert small <= plan["small files"]
-    assert set(plan) - {"small files"} <= set(actual)
+    assert set(plan) - {"small files", "fast.onnx", "fast.data"} <= set(actual)  # fast: unless refused
 
 
 @pytest.mark.parametrize("source", list(SOURCES))

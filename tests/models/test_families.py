@@ -88,6 +88,27 @@ def test_family_when_decoding_token_by_token_then_logits_match_reference(tiny, r
     assert max(errors) < TOL, f"{family}/{variant}: errors by position {errors}"
 
 
+@pytest.mark.parametrize("variant", EXACT)
+@pytest.mark.parametrize("family", TINY)
+def test_family_when_rows_decode_as_one_batch_then_each_row_matches_reference(
+    tiny, references, family, variant
+):
+    """A pass of three rows, each its own sequence at its own position over its own past (one inside the
+    tiny sliding window, two past it): each row's logits are the reference's at that position."""
+    from models.runtime.batch import BatchKV, BatchPass
+
+    g, d, _ = tiny[family]
+    shape = shape_of(GGUFModel(g))
+    sess = DecoderSession(d / f"{variant}.onnx", shape, 1)
+    lengths = [5, 19, 12]
+    kv = BatchKV(shape, len(lengths), 48)
+    for row, n in zip(kv.rows, lengths, strict=True):
+        sess.run(np.array(IDS[:n]), row, 0)
+    logits = BatchPass(sess, kv).run(np.array([IDS[n] for n in lengths]), np.array(lengths) + 1)
+    for b, n in enumerate(lengths):
+        assert np.abs(logits[b] - references[family][n]).max() < TOL, f"{family}/{variant} row {b}"
+
+
 @pytest.mark.parametrize("family", TINY)
 def test_family_when_prefill_is_chunked_across_the_window_then_same_logits(tiny, references, family):
     g, d, _ = tiny[family]

@@ -277,4 +277,4 @@ def test_cli_pull_when_iq4_nl_tensor_then_exit_1_with_the_message(tmp_path, iq4_
 
 
 def test_variants_when_listed_then_the_names_the_governor_knows():
-    assert set(VARIANTS) == {"f32", "q8", "q4", "q4-a8"}
+    assert set(VARIANTS) == {"f32", "q8", "q4", "q4-a8", "fast"}

@@ -31,7 +31,7 @@ MIN_COMPARED = 6  # a test that compared nothing would prove nothing
 @pytest.fixture(scope="module")
 def installed(qwen_coder_05b_gguf: Path, tmp_path_factory) -> Path:
     store = ModelStore(tmp_path_factory.mktemp("home"), converter=default_converter())
-    model = store.pull(str(qwen_coder_05b_gguf))
+    model = store.pull(str(qwen_coder_05b_gguf), variants=["q4-a8"])  # the variant compared below
     assert model.id == "qwen2.5-coder-0.5b" and set(model.variants) == {"q4-a8"}
     assert model.manifest["variants"]["q4-a8"]["quality"]["top1_agreement"] >= 0.9
     return model.path

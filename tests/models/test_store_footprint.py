@@ -64,7 +64,9 @@ def test_pull_when_default_then_nominal_variant_alone_and_the_gguf_not_kept(
 ) -> None:
     home = tmp_path / "home"
     model = store(home).pull(MODEL)
-    assert set(model.variants) == {"q4-a8"} and model.manifest["default_variant"] == "q4-a8"
+    # the nominal variant alone: whichever of the candidates this machine measured faster within the floor
+    assert list(model.variants) == [model.manifest["default_variant"]]
+    assert model.manifest["default_variant"] in ("q4-a8", "fast")
     downloads = files_under(home / "downloads")
     assert not [name for name, size in downloads.items() if size >= split_source.size // 3]
     on_disk = sum(files_under(home).values())

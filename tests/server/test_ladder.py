@@ -37,6 +37,15 @@ MANIFESTS = {
         "variants": {"q4": variant(0.05, 1.0, 60 * MiB), "q4-a8": variant(0.02, 0.95, 58 * MiB)},
     },
     "base": {"default_variant": "q4-a8", "variants": {"q4-a8": variant(0.03, 0.9, 100 * MiB)}},
+    # a model whose re-encoded `fast` passed the quality floor: better top-1 than q4-a8 on its text, faster
+    "coder": {
+        "default_variant": "fast",
+        "variants": {
+            "q4": variant(0.12, 1.0, 900 * MiB),
+            "q4-a8": variant(0.06, 0.96, 880 * MiB),
+            "fast": variant(0.04, 0.97, 700 * MiB),
+        },
+    },
 }
 
 
@@ -96,6 +105,9 @@ def test_parse_ladder_when_entry_names_no_model_then_invalid():
         ("big:q4,big:q4-a8,small", None, ["big/q4", "big/q4-a8", "small/q4-a8"]),
         # a model twice gives its rungs once
         ("small,small:q4-a8", None, ["small/q4-a8"]),
+        # below the nominal by measured speed, not by top-1 (q4-a8's is lower here than fast's)
+        ("coder", "q4", ["coder/q4", "coder/q4-a8", "coder/fast"]),
+        ("coder", None, ["coder/fast"]),
     ],
 )
 def test_build_ladder(spec, preferred, expected):

@@ -67,6 +67,14 @@ def test_models_when_several_installed_then_each_listed_with_its_facts(several, 
     assert small["loaded"] is True and listed["tiny-big"]["loaded"] is False  # the default loads at start
     cost = served.cost(served.catalog.get("tiny-big"), "q4-a8").total
     assert listed["tiny-big"]["resident_bytes_estimate"] == cost and cost > 128 * MiB  # runtime included
+    # every variant's quality and speed as measured at pull time
+    for name, entry in manifest["variants"].items():
+        shown = small["variant_quality"][name]
+        assert (
+            shown["kl_mean"] == entry["quality"]["kl_mean"] and shown["kl_p99"] == entry["quality"]["kl_p99"]
+        )
+        assert shown["top1_agreement"] == entry["quality"]["top1_agreement"]
+        assert shown["decode_tok_s"] == entry["speed"]["decode_tok_s"] and shown["tokens_per_cpu_s"] > 0
 
 
 def test_request_model_when_named_then_that_model_serves_and_unknown_is_404(several):

@@ -389,10 +389,10 @@ def test_list_show_ps_version_when_asked_then_the_served_model(live) -> None:
 def test_ps_when_keep_alive_expired_then_no_model_in_memory(live) -> None:
     import time
 
-    srv = live(keep_alive_s=1.0)  # room for the first ps under a loaded machine
+    srv = live(keep_alive_s=2.0)  # long enough that a loaded machine still sees it loaded first
     client(srv).chat(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     assert client(srv).ps().models  # loaded; expires at keep_alive after the last request
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 20
     while client(srv).ps().models and time.monotonic() < deadline:
         time.sleep(0.05)
     assert client(srv).ps().models == []

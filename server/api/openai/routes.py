@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from models.errors import ModelNotFound
+from models.variant_facts import floor_facts, refused_variants, variant_facts
 from server.api.common.flow import complete
 from server.api.ollama.protocol import LATEST
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -85,4 +86,8 @@ def model_entry(rt: Runtime, entry: CatalogEntry, loaded: LoadedView | None) -> 
         else round(loaded.expires_in_s, 1),
         "resident_bytes_estimate": resident or None,
         "ladder_rungs": rungs,
+        # measured at pull time on this machine: quality against the fp32 reference, speed
+        "variant_quality": variant_facts(entry.manifest),
+        "quality_floor": floor_facts(entry.manifest),
+        "refused_variants": refused_variants(entry.manifest),
     }

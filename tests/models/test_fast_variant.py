@@ -1,0 +1,195 @@
+"""The `fast` variant through the real converter: installed when its measured KL is within the quality floor,
+refused (files removed, the log and the manifest saying why) when it is not, never installed unmeasured, and
+the nominal variant the fastest one installed; a default pull keeps the nominal variant alone, its weights
+in one file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.convert import nominal
+from models.convert.floor import FALLBACK_KL_MEAN, check, fallback_floor
+from models.convert.pipeline import convert
+from models.errors import VerificationFailed
+from tests.tiny_gguf import TinySpec, write_tiny_gguf
+
+# K-quant blocks hold 256 values: inputs must be multiples of 256; an untied head of its own type
+SPEC = TinySpec(hidden=256, ffn=256, tied=False)
+CONSTANT = 100.0
+
+
+def constant_half_blocks(w: dict[str, np.ndarray]) -> None:
+    """The head's columns 0-15 of every 32 hold one large value shared by every row (it shifts every logit
+    alike, so the distribution does not see it), columns 16-31 the small random weights that decide it.
+    Q6_K scales each 16 columns on its own and keeps both; any encoding with one scale per 32 columns or more
+    rounds the deciding half to almost nothing. llama.cpp computes Q6_K exactly on the weight side."""
+    head = w["output.weight"]
+    cols = np.arange(head.shape[1])
+    head[:, cols % 32 < 16] = CONSTANT
+
+
+def tiny(tmp_path: Path, name: str, edit=None) -> Path:
+    return write_tiny_gguf(
+        tmp_path / f"{name}.gguf",
+        matrix_type="Q4_1",
+        embed_type="Q8_0",
+        spec=SPEC,
+        tensor_types={"output.weight": "Q6_K", "ffn_down.weight": "Q6_K"},
+        edit=edit,
+        name=name,
+    )
+
+
+def test_convert_when_reencoded_variant_beyond_its_floor_then_refused_and_log_says_why(tmp_path, caplog):
+    gguf = tiny(tmp_path, "tiny-lossy", constant_half_blocks)
+    out = tmp_path / "out"
+    out.mkdir()
+    with caplog.at_level(logging.WARNING, logger="simmer.convert"):
+        frag = convert(gguf, out, threads=1)
+    assert list(frag["variants"]) == ["q4-a8"]  # a default pull: the candidates, the nominal one kept
+    why = frag["refused_variants"]["fast"]
+    # every plan was tried, and each says how far it was
+    assert why.startswith("not installed: 4-bit plan: KL mean") and "; 8-bit plan: KL mean" in why
+    assert any(r.getMessage() == f"variant fast {why}" for r in caplog.records)
+    assert not (out / "fast.onnx").exists() and not (out / "fast.data").exists()
+    assert frag["default_variant"] == "q4-a8"
+    # the floor it was held to, and how it was measured, are in the manifest
+    floor = frag["quality_floor"]
+    assert floor["source"] in ("llama.cpp", "fallback") and floor["kl_mean"] > 0 and floor["method"]
+
+
+def test_convert_when_reencoded_variant_within_its_floor_then_installed_in_the_one_weights_file(tmp_path):
+    """On random weights every variant's KL is noise around llama.cpp's (int8 activations, either engine),
+    so this one says where the floor is: well above that noise, as a model with headroom has it. Both
+    candidates asked for by name: both kept, the re-encoded bytes moved into weights.data."""
+    gguf = tiny(tmp_path, "tiny-fine")
+    out = tmp_path / "out"
+    out.mkdir()
+    floor = {"source": "given", "kl_mean": 0.5, "kl_p99": 5.0}
+    frag = convert(gguf, out, threads=1, floor=floor, variants=["q4-a8", "fast"])
+    fast = frag["variants"]["fast"]
+    assert fast["files"] == ["fast.onnx", "weights.data"] and not (out / "fast.data").exists()
+    assert check(fast["quality"], frag["quality_floor"]) is None
+    assert "re-encoded" in fast["quant_map"]["Q6_K"]
+    assert fast["quality"]["positions"] > 200 and fast["quality"]["kl_p99"] >= fast["quality"]["kl_mean"]
+    assert frag["refused_variants"] == {}
+    assert frag["default_variant"] == nominal.choose(list(frag["variants"]), frag["variants"])
+    assert sorted(frag["variants"]["q4-a8"]["speed"]["raced_with"]) == ["fast"]
+
+
+def test_convert_when_llama_cpp_absent_then_the_fallback_budget_refuses(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
+    gguf = tiny(tmp_path, "tiny-lossy", constant_half_blocks)
+    out = tmp_path / "out"
+    out.mkdir()
+    frag = convert(gguf, out, threads=1, variants=["q4-a8", "fast"])
+    assert frag["quality_floor"] == fallback_floor() and "fast" not in frag["variants"]
+    assert "(the fallback budget)" in frag["refused_variants"]["fast"]
+
+
+def test_convert_when_not_measured_then_reencoded_variant_never_installed(tmp_path):
+    gguf = tiny(tmp_path, "tiny-unmeasured")
+    out = tmp_path / "out"
+    out.mkdir()
+    frag = convert(gguf, out, threads=1, measure=False, variants=["q4-a8", "fast"])
+    assert list(frag["variants"]) == ["q4-a8"]
+    assert "no quality floor" in frag["refused_variants"]["fast"]
+    with pytest.raises(VerificationFailed, match="no variant left"):
+        convert(gguf, tmp_path / "empty", threads=1, measure=False, variants=["fast"])
+
+
+def _timed(**cpu: float) -> dict:
+    return {n.replace("_", "-"): {"speed": {"cpu_s_per_token": c}} for n, c in cpu.items()}
+
+
+@pytest.mark.parametrize(
+    ("installed", "entries", "chosen"),
+    [
+        # the faster candidate, whichever it is (each installed one is within the floor)
+        (["q4", "q4-a8", "fast"], _timed(q4=0.001, q4_a8=0.02, fast=0.015), "fast"),
+        (["q4", "q4-a8", "fast"], _timed(q4=0.001, q4_a8=0.02, fast=0.03), "q4-a8"),
+        # a tie: q4-a8, the exact blocks
+        (["q4-a8", "fast"], _timed(q4_a8=0.02, fast=0.02), "q4-a8"),
+        # q4 is cheaper but no candidate: fp32 activations
+        (["q4", "q4-a8"], _timed(q4=0.001, q4_a8=0.02), "q4-a8"),
+        # nothing timed: q4-a8, else the re-encoded one, else the last (a float source's)
+        (["q4", "q4-a8"], {"q4": {}, "q4-a8": {}}, "q4-a8"),
+        (["fast"], {"fast": {}}, "fast"),
+        (["f32", "q8"], {"f32": {}, "q8": {}}, "q8"),
+    ],
+)
+def test_nominal_choose(installed, entries, chosen):
+    assert nominal.choose(installed, entries) == chosen
+
+
+@pytest.mark.parametrize(
+    ("installed", "asked", "kept"),
+    [
+        (["q4-a8", "fast"], None, ["fast"]),  # a default pull: the nominal one alone
+        (["q4", "q4-a8", "fast"], ["q4", "q4-a8"], ["q4", "q4-a8", "fast"]),  # named ones beside it
+        (["q4-a8", "fast"], ["q4-a8", "fast"], ["q4-a8", "fast"]),
+    ],
+)
+def test_nominal_kept(installed, asked, kept):
+    assert nominal.kept(installed, "fast", asked) == kept
+
+
+@pytest.mark.parametrize(
+    ("planned", "measure", "built"),
+    [
+        (["q4", "q4-a8", "fast"], True, ["q4-a8", "fast"]),
+        (["q4", "q4-a8", "fast"], False, ["q4-a8"]),  # never installed unmeasured: not built
+        (["f32", "q8", "q4-a8"], True, ["q4-a8"]),
+    ],
+)
+def test_nominal_candidates(planned, measure, built):
+    assert nominal.candidates(planned, measure) == built
+
+
+@pytest.mark.parametrize(
+    ("quality", "floor", "verdict"),
+    [
+        ({"kl_mean": 0.001, "kl_p99": 0.01}, {"source": "llama.cpp", "kl_mean": 0.002, "kl_p99": 0.02}, None),
+        ({"kl_mean": 0.002, "kl_p99": 0.02}, {"source": "llama.cpp", "kl_mean": 0.002, "kl_p99": 0.02}, None),
+        # either statistic over the floor refuses: a broad shift, or a tail
+        (
+            {"kl_mean": 0.003, "kl_p99": 0.01},
+            {"source": "llama.cpp", "kl_mean": 0.002, "kl_p99": 0.02},
+            "mean",
+        ),
+        (
+            {"kl_mean": 0.001, "kl_p99": 0.03},
+            {"source": "llama.cpp", "kl_mean": 0.002, "kl_p99": 0.02},
+            "p99",
+        ),
+        (
+            {"kl_mean": 0.001, "kl_p99": 0.001},
+            {"source": "fallback", "kl_mean": 0.0005, "kl_p99": 0.1},
+            "budget",
+        ),
+        (None, {"source": "fallback", "kl_mean": FALLBACK_KL_MEAN, "kl_p99": 0.1}, "not measured"),
+        ({"top1_agreement": 0.99}, {"source": "llama.cpp", "kl_mean": 1.0, "kl_p99": 1.0}, "not measured"),
+    ],
+)
+def test_floor_check(quality, floor, verdict):
+    got = check(quality, floor)
+    assert (got is None) if verdict is None else (verdict in got)
+
+
+def test_manifest_of_converted_folder_when_listed_then_every_variant_quality_visible(
+    tmp_path, tiny_model_dir
+):
+    from models.variant_facts import describe, variant_facts
+
+    manifest = json.loads((tiny_model_dir / "manifest.json").read_text())
+    facts = variant_facts(manifest)
+    for name in manifest["variants"]:
+        assert facts[name]["kl_mean"] is not None and facts[name]["top1_agreement"] is not None
+        assert facts[name]["tokens_per_cpu_s"] and facts[name]["decode_tok_s"]
+        assert "KL" in describe(name, facts[name]) and "tok/s" in describe(name, facts[name])
