@@ -23,6 +23,7 @@ from typing import Any
 import jsonschema
 import llguidance as llg
 
+from models.errors import ModelNotChat
 from models.runtime.constraint import JSON_LAYOUT, json_schema_grammar
 from models.runtime.engine import load_engine
 from models.types import FinishEvent, GenerationParams, SamplingParams, TokenEvent
@@ -33,6 +34,7 @@ SCHEMA: dict[str, Any] = {
     "required": ["name", "population"],
 }
 PROMPT = [{"role": "user", "content": "Name a large city and its population, as JSON."}]
+BASE_PROMPT = "A large city and its population, as JSON:\n"
 MODES = ("bounded", "unbounded")
 
 
@@ -68,7 +70,10 @@ def one_reply(engine, prompt, grammar: str, seed: int, max_tokens: int) -> tuple
 def run(model_dir: Path, *, seeds: int, max_tokens: int, threads: int, variant: str | None) -> dict:
     kwargs = {"variant": variant} if variant else {}
     engine = load_engine(model_dir, threads=threads, context_length=1024, **kwargs)
-    prompt = engine.chat_prompt(PROMPT)
+    try:
+        prompt = engine.chat_prompt(PROMPT)
+    except ModelNotChat:  # a base model (Gemma 3 270M): the same request as /v1/completions would send it
+        prompt = engine.text_prompt(BASE_PROMPT)
     grammars = {"bounded": json_schema_grammar(SCHEMA), "unbounded": unbounded_grammar(SCHEMA)}
     validator = jsonschema.Draft202012Validator(SCHEMA)
     rows: dict[str, list[dict]] = {m: [] for m in MODES}
@@ -98,7 +103,7 @@ def run(model_dir: Path, *, seeds: int, max_tokens: int, threads: int, variant: 
         "variant": engine.variant,
         "threads": engine.threads,
         "schema": SCHEMA,
-        "prompt": PROMPT[0]["content"],
+        "prompt": PROMPT[0]["content"] if prompt.chat is not None else BASE_PROMPT,
         "seeds": seeds,
         "max_tokens": max_tokens,
         "sampling": "temperature 0.8, top_k 40, top_p 0.95, min_p 0.05 (the server's defaults)",

@@ -66,8 +66,8 @@ def _child_main() -> None:
     audit_fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     model_dir = sys.argv[2] or None
     install_socket_audit(lambda line: os.write(audit_fd, (line + "\n").encode()))
+    from server.launch import build_server, gate_for
     from server.logs import setup_logging
-    from server.serve import build_server, gate_for
     from server.served import serve_folders, serve_store
 
     settings = Settings()

@@ -1,7 +1,7 @@
 """One error vocabulary for everything below the web layer.
 
 Each error carries a stable machine `code`; the server maps codes to HTTP statuses and
-OpenAI-shaped bodies at the edge (server/errors.py), the CLI prints `str(err)`.
+OpenAI-shaped bodies at the edge (server/http/errors.py), the CLI prints `str(err)`.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class VerificationFailed(SimmerError):
 
 class ContextLengthExceeded(SimmerError):
     """The prompt does not fit the context. The numbers, when known, let each API word the refusal its own
-    way (server/errors.py)."""
+    way (server/http/errors.py)."""
 
     code = "context_length_exceeded"
 

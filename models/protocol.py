@@ -3,9 +3,10 @@ tests/fakes.py has a scripted one that satisfies the same protocol."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent, ToolUse
 
@@ -84,6 +85,16 @@ class Engine(Protocol):
     can_chat: bool  # False without a chat template: chat_prompt raises ModelNotChat
     vocab_size: int  # logits per position; token ids are 0..vocab_size-1 (logit_bias is checked against it)
     tokenizer_key: str  # equal for two models exactly when their token ids mean the same text
+
+    @property
+    def model_dir(self) -> Path | None:
+        """The converted folder it was opened from (None: an engine with no folder, a test's)."""
+        ...
+
+    @property
+    def manifest(self) -> Mapping[str, Any] | None:
+        """The folder's manifest.json (None: none)."""
+        ...
 
     def chat_prompt(
         self, messages: list[dict], *, truncate: bool = False, reserve: int = 0, tools: ToolUse | None = None

@@ -2,6 +2,6 @@
 
 import sys
 
-from server.serve import main
+from server.cli.serve import main
 
 sys.exit(main())

@@ -10,21 +10,26 @@ from fastapi import FastAPI
 
 from models.protocol import Engine
 from models.store.store import ModelStore
-from server.cli import hub_config
-from server.errors import ErrorMiddleware, install_handlers
+from server.api.context import Runtime
+from server.api.llamacpp import routes as llamacpp
+from server.api.ollama import routes as ollama
+from server.api.openai import routes as v1
+from server.api.openai.protocol import SamplingDefaults
+from server.api.responses import routes as responses
+from server.api.simmer import ops, thermal, ui
 from server.governor_gate import GovernorGate
-from server.governor_headers import LEVEL_HEADER, PAUSED_HEADER, GovernorHeadersMiddleware
-from server.metrics import Metrics, MetricsMiddleware
-from server.openapi import install_openapi
-from server.routes import llamacpp, ollama, ops, responses, thermal, ui, v1
+from server.grammars import LLGUIDANCE, Grammars
+from server.http.errors import ErrorMiddleware, install_handlers
+from server.http.governor_headers import LEVEL_HEADER, PAUSED_HEADER, GovernorHeadersMiddleware
+from server.http.metrics import Metrics, MetricsMiddleware
+from server.http.openapi import install_openapi
+from server.http.security import CorsMiddleware, SecurityMiddleware
+from server.model_pool import LoadedView
 from server.routing.breaker import Breaker
 from server.routing.metrics import RoutingCollector
 from server.routing.router import build_router, device_view, local_side
-from server.runtime import Runtime
-from server.schemas import SamplingDefaults
-from server.security import CorsMiddleware, SecurityMiddleware
 from server.served import Served, serve_single
-from server.settings import Settings
+from server.settings import Settings, hub_config
 from server.summary import Summarizer, summary_models
 from server.worker import Gate, NoGate, Worker
 
@@ -41,11 +46,13 @@ def create_app(
     served: Served | None = None,
     governor: Gate | None = None,
     breaker: Breaker | None = None,
+    grammars: Grammars = LLGUIDANCE,
 ) -> FastAPI:
     """Build the app over what it serves: `served` (server/served.py: the installed models, their pool and
     ladder), or one ready `engine`, or an `engine_factory` that the worker thread calls at startup (GET
     /health answers 503 "loading" until it returns). `governor` is the worker's gate; `breaker` replaces the
-    upstream breaker built from settings (tests pass one on a fake clock)."""
+    upstream breaker built from settings (tests pass one on a fake clock); `grammars` the seam every
+    request's grammar is converted and checked through (server/grammars.py)."""
     if sum(x is not None for x in (engine, engine_factory, served)) != 1:
         raise ValueError("pass exactly one of engine, engine_factory or served")
     if served is None:
@@ -85,7 +92,7 @@ def create_app(
     gate.subscribe(worker.publish_governor)
     if governed is not None:  # its pace controller hears of every load; export its state
         served.pool.loading = governed.loading
-        metrics.watch_governor(governed, lambda: worker.engine.variant if worker.engine else None)
+        metrics.watch_governor(governed, lambda: _variant(served.pool.last_served()))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -128,11 +135,12 @@ def create_app(
         summarizer=summarizer,
         pull_dirs=tuple(settings.pull_dirs),
         api_key_set=bool(settings.api_key),
+        grammars=grammars,
     )
     # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
     runtime.router = build_router(
         settings,
-        local_side(worker, runtime.served_ids, served.default_model),
+        local_side(worker, served.ids, served.default_model),
         device_view(governed),
         breaker=breaker,
     )
@@ -177,3 +185,7 @@ def create_app(
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+def _variant(view: LoadedView | None) -> str | None:
+    return view.variant if view is not None else None

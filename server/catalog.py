@@ -1,15 +1,18 @@
-"""What can be served: every installed model, as facts read from its manifest without loading it.
+"""Which models there are: every installed model, as facts read from its manifest without loading it.
 
-The server lists these in /v1/models, routes requests by their exact ids, builds the governor's ladder
-from them and plans memory with them. Three sources:
+The one owner of a model's facts: the server lists these in /v1/models and Ollama's /api/tags and /api/show,
+resolves a request's `model` to one of them (server/served.py), builds the governor's ladder from them and
+plans memory with them. Three sources:
 - `StoreCatalog`: the model store (`simmer serve`); re-read at most every REFRESH_S, so a model pulled while
   the server runs becomes servable without a restart;
 - `FolderCatalog`: converted folders named by id (the benchmarks' --model-dir, tests);
 - `SingleCatalog`: one engine handed over ready (or by a factory), known by its id once loaded.
+`installed(store)` reads the store's list once, for what is installed but not served (Ollama's words).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import threading
@@ -20,8 +23,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from models.errors import SimmerError
+from models.protocol import Engine
 from models.runtime.engine import nominal_variant, variant_order
 from models.runtime.tokenizer import TOKENIZER_CONFIG, tokenizer_key
+from models.store.store import ModelStore
 
 log = logging.getLogger("simmer.server")
 
@@ -37,6 +42,7 @@ class CatalogEntry:
     tokenizer_key: str
     disk_bytes: int | None = None
     vocab_size: int | None = None  # token ids are 0..vocab_size-1 (None: not known before it loads)
+    created: str = ""  # when the store installed it (ISO 8601; "" when not from a store)
 
     @property
     def variants(self) -> list[str]:
@@ -54,10 +60,52 @@ class CatalogEntry:
         )
         return int(value) if value else None
 
+    @property
+    def architecture(self) -> dict[str, Any]:
+        arch = self.manifest.get("architecture")
+        return arch if isinstance(arch, dict) else {}
+
+    @property
+    def family(self) -> str:
+        return str(self.architecture.get("name") or "")
+
+    @property
+    def digest(self) -> str:
+        """The source GGUF's sha256 (what the model was converted from), when the store recorded it."""
+        source = self.manifest.get("source")
+        return str(source.get("sha256") or "") if isinstance(source, dict) else ""
+
+    @property
+    def size_bytes(self) -> int:
+        """Its files on disk: measured, else what the manifest lists."""
+        if self.disk_bytes is not None:
+            return self.disk_bytes
+        files = self.manifest.get("files")
+        if isinstance(files, dict):
+            return sum(int(f.get("size") or 0) for f in files.values() if isinstance(f, dict))
+        return 0
+
+    def chat_template(self) -> str:
+        """The model's Jinja chat template source as its manifest names it ("" for a base model)."""
+        name = self.manifest.get("chat_template")
+        if not name or self.path is None:
+            return ""
+        try:
+            return (self.path / str(name)).read_text(encoding="utf-8")
+        except OSError:
+            return ""
+
+    def variant_bytes(self, variant: str) -> int:
+        entry = (self.manifest.get("variants") or {}).get(variant) or {}
+        return int(entry.get("weights_bytes") or 0) + int(entry.get("onnx_bytes") or 0)
+
 
 class Catalog(Protocol):
     def entries(self) -> list[CatalogEntry]: ...
     def get(self, model_id: str) -> CatalogEntry | None: ...
+    def refresh(self) -> None:
+        """Read the source again now (a model was removed)."""
+        ...
 
 
 def entry_from_folder(
@@ -67,6 +115,7 @@ def entry_from_folder(
     *,
     chat_override: bool,
     disk_bytes: int | None = None,
+    created: str = "",
 ) -> CatalogEntry:
     return CatalogEntry(
         id=model_id,
@@ -76,6 +125,7 @@ def entry_from_folder(
         tokenizer_key=tokenizer_key(path),
         disk_bytes=disk_bytes,
         vocab_size=_vocab(manifest),
+        created=created,
     )
 
 
@@ -113,6 +163,9 @@ class FolderCatalog:
     def get(self, model_id: str) -> CatalogEntry | None:
         return self._entries.get(model_id)
 
+    def refresh(self) -> None:
+        return None  # the folders are fixed at start
+
 
 class StoreCatalog:
     """The store's installed models (the version each would serve). Reading a manifest hashes nothing."""
@@ -120,8 +173,6 @@ class StoreCatalog:
     def __init__(
         self, home: Path, *, chat_override: bool = False, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        from models.store.store import ModelStore
-
         self.store = ModelStore(home)
         self._chat_override = chat_override
         self._clock = clock
@@ -152,7 +203,12 @@ class StoreCatalog:
             except (OSError, ValueError):
                 continue
             entries[row.id] = entry_from_folder(
-                row.id, path, manifest, chat_override=self._chat_override, disk_bytes=row.size_bytes
+                row.id,
+                path,
+                manifest,
+                chat_override=self._chat_override,
+                disk_bytes=row.size_bytes,
+                created=row.created,
             )
             self._versions[row.id] = row.version
         self._entries = entries
@@ -169,6 +225,10 @@ class StoreCatalog:
                 self._refresh(force=True)  # pulled a moment ago?
             return self._entries.get(model_id)
 
+    def refresh(self) -> None:
+        with self._lock:
+            self._refresh(force=True)
+
 
 class SingleCatalog:
     """One engine, handed over ready or opened by a factory at start: known by `alias` (SIMMER_MODEL) until
@@ -178,15 +238,17 @@ class SingleCatalog:
         self.alias = alias
         self._entry: CatalogEntry | None = None
 
-    def know(self, engine: Any) -> None:
+    def know(self, engine: Engine) -> None:
         """Called once the engine is loaded: its facts replace the guesses."""
+        manifest = engine.manifest or {"variants": {v: {} for v in engine.variants}}
         self._entry = CatalogEntry(
             id=engine.model_id,
-            path=getattr(engine, "model_dir", None),
-            manifest=getattr(engine, "manifest", None) or {"variants": {v: {} for v in engine.variants}},
+            path=engine.model_dir,
+            manifest=manifest,
             can_chat=bool(engine.can_chat),
-            tokenizer_key=getattr(engine, "tokenizer_key", engine.model_id),
+            tokenizer_key=engine.tokenizer_key,
             vocab_size=engine.vocab_size,
+            created=str(manifest.get("created") or ""),
         )
 
     def entries(self) -> list[CatalogEntry]:
@@ -198,3 +260,37 @@ class SingleCatalog:
         if model_id == self.alias:  # not loaded yet: the factory will say what it is
             return CatalogEntry(self.alias, None, {}, can_chat=True, tokenizer_key=self.alias)
         return None
+
+    def refresh(self) -> None:
+        return None  # one engine, nothing to read
+
+
+def installed(store: ModelStore | None) -> list[CatalogEntry]:
+    """The current version of every installed model (versions marked bad or damaged left out), read now:
+    what a server that serves other models can say of them (Ollama's /api/tags, /api/show, /api/delete)."""
+    if store is None:
+        return []
+    try:
+        rows = store.list()
+    except (SimmerError, OSError) as err:
+        log.warning("cannot list the model store: %s", err)
+        return []
+    out = []
+    for info in rows:
+        if not info.serving:
+            continue
+        path = store.models_dir / info.id / info.version
+        manifest = store.manifest(info.id, info.version) or {}
+        out.append(
+            entry_from_folder(
+                info.id, path, manifest, chat_override=False, disk_bytes=info.size_bytes, created=info.created
+            )
+        )
+    return out
+
+
+def iso(timestamp: str) -> str:
+    """An ISO 8601 time for the JSON (the store writes them); now when unknown."""
+    if timestamp:
+        return timestamp
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

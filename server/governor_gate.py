@@ -35,7 +35,7 @@ from models.errors import Cancelled, DeviceOverheated
 from models.protocol import EngineLimits, pool_spins
 from models.types import CancelToken
 from server.cost_meter import CostMeter
-from server.errors import DevicePaused
+from server.refusals import DevicePaused
 
 log = logging.getLogger("simmer.governor")
 

@@ -1,7 +1,7 @@
 """The loaded models: load on demand, unload least-recently-used idle ones to make room, keep_alive.
 
-Only the worker thread loads and unloads (one thread owns every engine); the views (`loaded`, `current`)
-are read by the routes from the event loop, under a lock. Before a load the memory planner
+Only the worker thread loads and unloads (one thread owns every engine); the views (`loaded`,
+`last_served`) are read by the routes from the event loop, under a lock. Before a load the memory planner
 (server/memory_plan.py) decides what must go; a refusal unloads nothing and raises insufficient_memory.
 
 keep_alive, as Ollama has it: after each request the model stays loaded for that request's keep_alive
@@ -49,6 +49,7 @@ class LoadedView:
     bytes: int  # the planner's estimate
     expires_in_s: float | None  # None: kept until the server stops
     busy: bool = False  # serving a reply now
+    threads: int = 0  # the threads its session runs on now
 
 
 @dataclass
@@ -72,29 +73,42 @@ class ModelPool:
         self.unloads = 0
 
     # -- views (any thread) -----------------------------------------------------------------------------
-    @property
-    def current(self) -> Engine | None:
-        """The engine that ran last (what /health and /v1/thermal show)."""
-        return self._current
+    def last_served(self) -> LoadedView | None:
+        """The model that served last (or loaded at start), while it is loaded: a view of the device for
+        /health, /v1/thermal and the governor's metric, never how a request picks its model."""
+        now = self.clock()
+        with self._lock:
+            engine = self._current
+            item = next((i for i in self._loaded.values() if i.engine is engine), None)
+            if engine is not None and item is None and self.pinned:  # unloaded sessions, the object kept
+                return LoadedView(engine.model_id, engine.variant, 0, None, False, engine.threads)
+            return self._view(item, now) if item is not None else None
 
     def loaded(self) -> dict[str, LoadedView]:
         now = self.clock()
         with self._lock:
-            return {
-                mid: LoadedView(
-                    mid,
-                    item.engine.variant,
-                    self.cost(item.entry, item.engine.variant).total,
-                    None if item.expires_at == math.inf else max(0.0, item.expires_at - now),
-                    item.busy,
-                )
-                for mid, item in self._loaded.items()
-            }
+            return {mid: self._view(item, now) for mid, item in self._loaded.items()}
+
+    def _view(self, item: _Loaded, now: float) -> LoadedView:
+        return LoadedView(
+            item.engine.model_id,
+            item.engine.variant,
+            self.cost(item.entry, item.engine.variant).total,
+            None if item.expires_at == math.inf else max(0.0, item.expires_at - now),
+            item.busy,
+            item.engine.threads,
+        )
 
     def engine(self, model_id: str) -> Engine | None:
         with self._lock:
             item = self._loaded.get(model_id)
             return item.engine if item else None
+
+    def kept(self, model_id: str) -> Engine | None:
+        """A pinned engine (handed over ready), loaded or not: unloading freed its sessions, not its
+        tokenizer."""
+        with self._lock:
+            return next((e for e in self._kept.values() if e.model_id == model_id), None)
 
     # -- the worker thread ------------------------------------------------------------------------------
     def acquire(

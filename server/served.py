@@ -49,12 +49,34 @@ class Served:
     context_cap: int | None = None  # SIMMER_CONTEXT_LENGTH
     tokenizers: Tokenizers = field(default_factory=Tokenizers)  # tokenizers of models not loaded
 
-    # -- what routing and the routes read -----------------------------------------------------------------
-    def served_ids(self) -> set[str]:
+    # -- what routing and the routes read: which model a request means ------------------------------------
+    def ids(self) -> set[str]:
+        """Every model id served here."""
         return {self.default_model, *(e.id for e in self.catalog.entries())}
 
-    def entry(self, model_id: str | None) -> CatalogEntry | None:
-        return self.catalog.get(model_id or self.default_model)
+    def resolve(self, model: str | None) -> CatalogEntry | None:
+        """The model a request means: the one it names (None or "": the default model); None: not served
+        here. Every route asks this, never which engine ran last."""
+        return self.catalog.get(model or self.default_model)
+
+    def entries(self) -> list[CatalogEntry]:
+        """The served models, the default first (also one engine that has not said what it is yet)."""
+        entries = self.catalog.entries()
+        default = self.catalog.get(self.default_model)
+        if default is None:
+            return entries
+        if all(e.id != default.id for e in entries):
+            entries = [default, *entries]
+        return sorted(entries, key=lambda e: e.id != default.id)
+
+    def context_length(self, entry: CatalogEntry) -> int | None:
+        """The context a request on `entry` gets: its loaded engine's, else SIMMER_CONTEXT_LENGTH capped
+        by the model's own."""
+        engine = self.pool.engine(entry.id)
+        if engine is not None:
+            return engine.context_length
+        caps = [x for x in (self.context_cap, entry.context_length) if x]
+        return min(caps) if caps else None
 
     def can_chat(self, model_id: str) -> bool:
         entry = self.catalog.get(model_id)

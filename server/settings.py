@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from models.store.hub import HubConfig
+
 
 def default_home() -> Path:
     return Path.home() / ".cache" / "simmer"
@@ -236,6 +238,11 @@ def settings_table() -> str:
         meaning = (field.description or "").replace("|", "\\|")
         rows.append(f"| `SIMMER_{name.upper()}` | {shown} | {meaning} |")
     return "\n".join(rows)
+
+
+def hub_config(settings: Settings) -> HubConfig:
+    """Where the model store downloads from (SIMMER_HF_*)."""
+    return HubConfig(endpoint=settings.hf_endpoint, token=settings.hf_token, offline=settings.hf_offline)
 
 
 if __name__ == "__main__":

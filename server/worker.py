@@ -47,9 +47,9 @@ from governor.limits import Rung
 from models.errors import Cancelled, SimmerError
 from models.protocol import Engine, EngineLimits, Prompt
 from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent, ToolUse
-from server.errors import ModelLoading, ServerBusy, ShuttingDown
 from server.ladder import Target, shed_above
 from server.model_pool import ModelPool
+from server.refusals import ModelLoading, ServerBusy, ShuttingDown
 from server.summary import Windowed
 
 if TYPE_CHECKING:
@@ -224,11 +224,6 @@ class Worker:
 
     # ---- event-loop side ------------------------------------------------------------------------
 
-    @property
-    def engine(self) -> Engine | None:
-        """The engine that ran last (or was loaded at start)."""
-        return self.pool.current
-
     def start(self) -> None:
         self._thread.start()
 
@@ -347,9 +342,9 @@ class Worker:
         with self._cond:
             if self.state == "loading":
                 self.state = "ready"
-        engine = self.pool.current
-        if engine is not None:
-            log.info("model ready: %s (%s)", engine.model_id, engine.variant)
+        ready = self.pool.last_served()
+        if ready is not None:
+            log.info("model ready: %s (%s)", ready.model_id, ready.variant)
         while True:
             with self._cond:
                 while not self._queue and self.state != "closed":

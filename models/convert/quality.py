@@ -150,7 +150,7 @@ def peer_logits(
     """llama.cpp's next-token logits on the same GGUF, one token per call, when llama-cpp-python is
     installed: (step(token, pos), how it was measured, close) or None without it."""
     try:
-        import llama_cpp
+        import llama_cpp  # pyright: ignore[reportMissingImports]  (an optional peer)
     except ImportError:
         return None
     llm = llama_cpp.Llama(

@@ -314,3 +314,13 @@ def resolve(
         "(or give a local ./file.gguf or hf:owner/repo/file.gguf)",
         param="model",
     )
+
+
+def license_notice(source: Any, downloads: Path) -> str | None:
+    """The terms a model comes under, printed before it is downloaded: the source's own notice (which may
+    read the upstream NOTICE from a small download) or its license line."""
+    notice = getattr(source, "notice", None)
+    if notice is not None:
+        return notice(downloads)
+    lic = getattr(source, "license", None)
+    return f"License: {lic.name} ({lic.url})" if lic is not None else None

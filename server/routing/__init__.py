@@ -4,6 +4,7 @@
 - breaker.py: the upstream's circuit breaker (cooldowns), with a clock seam;
 - upstream.py: the pooled httpx client, the SSE parser (httpx-sse), what is forwarded, failures and errors;
 - relay.py: an upstream reply as the worker's events;
-- router.py: the route step (plan, start, fallback) that completion_flow calls instead of worker.submit;
+- router.py: the route step (plan, start, fallback) that the shared flow (api/common/flow.py) calls instead
+  of worker.submit;
 - metrics.py: routing on /metrics.
 """

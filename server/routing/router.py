@@ -12,7 +12,7 @@ And one more before the worker takes it from the queue: when the governor starts
 the device killed the app), an auto job still queued is decided again and may go upstream (device_changed;
 the worker gives it back unstarted, Worker.take_back).
 After the first token a reply stays where it is; an upstream failure then ends the stream with an error
-event and [DONE] (streaming.py), never a restart on the other side.
+event and [DONE] (api/common/streaming.py), never a restart on the other side.
 
 Under the pace controller the policy also reads the thermal pace (DeviceState.pace_tok_s) and the work ahead
 of a new local job (LocalSide.tokens_ahead); the router keeps the pace floor's hysteresis state (`slow`,
@@ -45,7 +45,8 @@ from models.errors import (
     SimmerError,
 )
 from models.types import FinishEvent, TokenEvent
-from server.errors import (
+from server.api.openai.protocol import _GenerationRequest
+from server.refusals import (
     DevicePaused,
     ModelLoading,
     ServerBusy,
@@ -54,7 +55,7 @@ from server.errors import (
     UpstreamUnavailable,
 )
 from server.routing.breaker import Breaker
-from server.routing.policy import (
+from server.routing.decision import (
     HOME_FACTOR,
     MODES,
     NOT_ALLOWED,
@@ -70,7 +71,6 @@ from server.routing.policy import (
 )
 from server.routing.relay import ChunkReader, relay
 from server.routing.upstream import Endpoint, UpstreamClient, UpstreamFailure, forward_body, to_simmer_error
-from server.schemas import _GenerationRequest
 from server.settings import Settings
 from server.worker import Failed, Job, Started
 
@@ -101,8 +101,8 @@ class Route:
 class LocalSide:
     """What routing reads from, and hands to, the local worker."""
 
-    served_ids: Callable[[], set[str]]  # every model id served here (the installed models)
-    model_id: Callable[[], str]  # the default model (a request that names none)
+    served_ids: Callable[[], set[str]]  # every model id served here (the catalog's ids)
+    default_model: Callable[[], str]  # the model a request that names none means
     state: Callable[[], LocalState]
     queue_full: Callable[[], bool]
     submit: Callable[[Job], None]
@@ -120,7 +120,7 @@ def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: s
 
     return LocalSide(
         served_ids=served_ids,
-        model_id=lambda: default_model,
+        default_model=lambda: default_model,
         state=state,
         queue_full=lambda: worker.queue_depth >= worker.max_queue,
         submit=worker.submit,
@@ -255,7 +255,7 @@ class Router:
         model = model or None  # "" names no model, as before routing: the served one
         local_ids = self.local.served_ids()
         model_local = model is None or model in local_ids
-        name = (model or self.local.model_id()) if model_local else model
+        name = (model or self.local.default_model()) if model_local else model
         configured = self.upstream is not None
         inputs = RouteInputs(
             policy=self.policy if configured else "local",

@@ -24,9 +24,9 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from models.errors import ContextLengthExceeded, InvalidParameter, ModelNotFound, SimmerError
-from server.errors import UpstreamError, UpstreamUnavailable
+from server.api.openai.protocol import _GenerationRequest
+from server.refusals import UpstreamError, UpstreamUnavailable
 from server.routing.sse_reader import LineTooLong, sse_events
-from server.schemas import _GenerationRequest
 
 Endpoint = Literal["chat", "text"]
 PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "text": "/completions"}

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from models.errors import InvalidModelFile, UnsupportedModel
-from server import cli
+from models.store.registry import license_notice
+from server.cli import main as cli
 from server.settings import Settings
 from tests.models.test_store import FakeConverter, write_gguf
 
@@ -208,10 +209,10 @@ def test_cli_license_notice_when_source_has_a_license_then_one_line(tmp_path) ->
     from models.store import registry
 
     smollm2 = registry.resolve("smollm2-135m-instruct").source
-    assert cli.license_notice(smollm2, tmp_path) == (
+    assert license_notice(smollm2, tmp_path) == (
         "License: Apache License 2.0 (https://www.apache.org/licenses/LICENSE-2.0)"
     )
-    assert cli.license_notice(registry.resolve("./x.gguf").source, tmp_path) is None
+    assert license_notice(registry.resolve("./x.gguf").source, tmp_path) is None
 
 
 class MeasuringConverter(FakeConverter):

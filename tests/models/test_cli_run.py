@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from server.cli import main
+from server.cli.main import main
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_run_when_base_model_then_prompt_continued_as_text(tiny_base_model_dir, 
     from argparse import Namespace
 
     from models.runtime.engine import load_engine
-    from server.cli_run import _stream
+    from server.cli.run import _stream
 
     engine = load_engine(tiny_base_model_dir, variant="q4", threads=1, context_length=128)
     args = Namespace(max_tokens=4, temperature=0.0, top_p=1.0, seed=None, stats=True)
@@ -59,7 +59,7 @@ def test_chat_when_turns_dropped_then_summarized_while_the_user_types(installed_
     model in a thread while the next line is typed (here: input() waits until that work is done)."""
     import time
 
-    from server import cli_run
+    from server.cli import run as cli_run
     from server.summary import Summarizer
 
     monkeypatch.setenv("SIMMER_CONTEXT_LENGTH", "160")
@@ -93,7 +93,7 @@ def test_chat_when_turns_dropped_then_summarized_while_the_user_types(installed_
 
 
 def test_chat_when_summary_off_then_plain_window(installed_tiny, capsys, monkeypatch):
-    from server import cli_run
+    from server.cli import run as cli_run
 
     monkeypatch.setenv("SIMMER_CONTEXT_LENGTH", "160")
     monkeypatch.setenv("SIMMER_SUMMARY", "false")

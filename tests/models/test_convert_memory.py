@@ -19,7 +19,7 @@ from models.convert.model import GGUFModel
 from models.convert.pipeline import convert
 from models.errors import InsufficientMemory, VerificationFailed
 from models.store.store import ModelStore, default_converter
-from server import cli
+from server.cli import main as cli
 from server.settings import Settings
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 

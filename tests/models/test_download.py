@@ -251,7 +251,7 @@ def test_hub_when_revision_and_subfolder_then_resolve_url_quotes_them() -> None:
 def test_cli_pull_when_hf_model_then_downloaded_from_the_configured_hub_and_installed(
     tmp_path, capsys
 ) -> None:
-    from server import cli
+    from server.cli import main as cli
     from server.settings import Settings
     from tests.models.test_store import FakeConverter
 

@@ -19,7 +19,7 @@ from models.convert.reference import ReferenceForward
 from models.errors import UnsupportedArchitecture, UnsupportedModel
 from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
-from server import cli
+from server.cli import main as cli
 from server.settings import Settings
 from tests.models.test_quant_convert import small_logits
 from tests.tiny_gguf import FAMILY_SPECS, TinySpec, write_tiny_gguf

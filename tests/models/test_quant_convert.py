@@ -22,7 +22,7 @@ from models.errors import UnsupportedQuantization
 from models.gguf.reader import K_QUANTS, SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 from models.store.store import ModelStore, default_converter
-from server import cli
+from server.cli import main as cli
 from server.settings import Settings
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 

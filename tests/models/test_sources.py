@@ -138,7 +138,7 @@ def test_local_file_when_missing_then_model_not_found(tmp_path: Path) -> None:
 def test_hf_when_hf_hub_offline_in_environment_then_cli_pull_fails_clearly(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    from server import cli
+    from server.cli import main as cli
     from server.settings import Settings
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

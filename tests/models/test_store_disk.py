@@ -25,8 +25,8 @@ from models.store.durable import disk_full_error
 from models.store.registry import ModelSpec
 from models.store.sources import PyPIWheel, extract_member
 from models.store.store import Converter, ModelStore
-from server import cli
-from server.errors import error_payload
+from server.cli import main as cli
+from server.http.errors import error_payload
 from server.settings import Settings
 from tests.faults import Tmpfs, fail_open, writing
 from tests.models.test_sources import MEMBER, build_wheel

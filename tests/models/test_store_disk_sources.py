@@ -181,7 +181,7 @@ def test_cli_pull_when_license_notice_cannot_be_written_then_message_not_traceba
     tmp_path, monkeypatch, capsys
 ) -> None:
     """`simmer pull` prints a model's terms first, which may download its meta wheel: a write too."""
-    from server import cli
+    from server.cli import main as cli
     from server.settings import Settings
 
     model_id = SPLIT_NAME.removesuffix(".gguf")

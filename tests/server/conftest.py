@@ -17,6 +17,7 @@ from fastapi import FastAPI
 
 from models.protocol import Engine
 from server.app import create_app
+from server.grammars import LLGUIDANCE, Grammars
 from server.settings import Settings
 from tests.conftest import _convert_into
 from tests.server.fakes import RecordingEngine, ScriptedEngine
@@ -59,6 +60,7 @@ def start_server(
     served=None,
     governor=None,
     breaker=None,
+    grammars: Grammars = LLGUIDANCE,
 ) -> LiveServer:
     app = create_app(
         settings,
@@ -67,6 +69,7 @@ def start_server(
         served=served,
         governor=governor,
         breaker=breaker,
+        grammars=grammars,
     )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -119,6 +122,7 @@ def live(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
         served=None,
         governor=None,
         breaker=None,
+        grammars: Grammars = LLGUIDANCE,
         **settings_overrides,
     ) -> LiveServer:
         if engine is None and engine_factory is None and served is None:
@@ -136,6 +140,7 @@ def live(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
             served=served,
             governor=governor,
             breaker=breaker,
+            grammars=grammars,
         )
         servers.append(srv)
         return srv

@@ -12,8 +12,10 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from models.errors import Cancelled, ContextLengthExceeded
 from models.protocol import Engine, EngineLimits, Prompt, StepHook
@@ -52,6 +54,8 @@ class ScriptedEngine:
         self.threads = 1
         self.can_chat = can_chat
         self.tokenizer_key = tokenizer_key
+        self.model_dir: Path | None = None  # no folder: the catalog knows it by what it says of itself
+        self.manifest: Mapping[str, Any] | None = None
         self.vocab_size = 0x110000  # prompt ids are code points; reply ids (1000 + n) stay below it
         self.token_delay_s = token_delay_s
         self._words = re.findall(r"\s*\S+", reply)
@@ -289,6 +293,14 @@ class RecordingEngine:
     @property
     def tokenizer_key(self) -> str:
         return self.inner.tokenizer_key
+
+    @property
+    def model_dir(self) -> Path | None:
+        return self.inner.model_dir
+
+    @property
+    def manifest(self) -> Mapping[str, Any] | None:
+        return self.inner.manifest
 
     def continuation_prompt(
         self, request: list[dict] | str, reply: str, *, truncate: bool = False, reserve: int = 0

@@ -11,7 +11,7 @@ import pytest
 from models.errors import InvalidParameter
 from models.runtime.engine import load_engine
 from server.engine_config import chat_template_override
-from server.serve import gate_for
+from server.launch import gate_for
 from server.served import serve_folders
 from tests import chat_templates
 from tests.server.conftest import make_settings

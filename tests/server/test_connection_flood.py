@@ -24,7 +24,7 @@ SERVE = textwrap.dedent(
     """
     import resource, sys
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[3]), int(sys.argv[3])))
-    from server.serve import serve
+    from server.launch import serve
     from server.settings import Settings
     from tests.server.fakes import ScriptedEngine
     settings = Settings(port=int(sys.argv[1]), home=sys.argv[2], model="scripted-test", thermal_source="none")

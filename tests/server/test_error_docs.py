@@ -1,13 +1,13 @@
 """The error table in docs/server.md lists every code the server can send, with its status and type, and
-nothing else: it is checked against server/errors.py so the two cannot drift."""
+nothing else: it is checked against server/http/errors.py so the two cannot drift."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from server.errors import _STATUS
-from server.openapi import ERROR_CODES
+from server.http.errors import _STATUS
+from server.http.openapi import ERROR_CODES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "server.md"
 ROW = re.compile(r"^\| (\d{3}|other) \| `([a-z_]+)` \| `([a-z_]+)`")

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import uvicorn
 
-from server.errors import ErrorMiddleware
+from server.http.errors import ErrorMiddleware
 
 MSG = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -17,9 +17,9 @@ from governor.thermal_sim import ThermalSimulator, get_profile
 from models.errors import Cancelled, DeviceOverheated
 from models.types import CancelToken
 from server.cost_meter import CostMeter
-from server.errors import DevicePaused
 from server.governor_gate import GovernorGate
-from server.serve import gate_for
+from server.launch import gate_for
+from server.refusals import DevicePaused
 from server.served import serve_folders
 from tests.server.conftest import make_settings
 

@@ -25,7 +25,7 @@ from tests.server.test_shutdown import wait_ready
 SERVE_SCRIPT = textwrap.dedent(
     """
     import sys
-    from server.serve import serve
+    from server.launch import serve
     from server.settings import Settings
     from tests.server.fakes import ScriptedEngine
     settings = Settings(port=int(sys.argv[1]), home=sys.argv[2], model="scripted-test", log_json=True,

@@ -980,7 +980,7 @@ def test_hostile_ollama_request_when_sent_then_status_and_ollama_error_and_conne
         assert case.words in body["error"] and "Traceback" not in body["error"], body
         assert not case.never or case.never not in body["error"], body
         if case.code is not None:
-            from server.errors import _STATUS
+            from server.http.errors import _STATUS
 
             assert _STATUS[case.code][0] == case.status
     elif case.method == "POST":
@@ -996,8 +996,8 @@ def test_hostile_ollama_request_when_sent_then_status_and_ollama_error_and_conne
 
 
 def test_hostile_cases_cover_every_error_code_the_request_path_can_send() -> None:
-    """The table exercises each client-error code of server/errors.py that a request alone can cause."""
-    from server.errors import _STATUS
+    """The table exercises each client-error code of server/http/errors.py that a request alone can cause."""
+    from server.http.errors import _STATUS
 
     # Codes a single request cannot cause on a healthy idle server (load, the governor, auth when no key
     # is set, a cancelled request, model installs) are covered by their own tests.

@@ -66,6 +66,9 @@ class Catalog:
     def get(self, model_id: str) -> CatalogEntry | None:
         return self._entries.get(model_id)
 
+    def refresh(self) -> None:
+        return None
+
 
 def names(ladder: list[Rung]) -> list[str]:
     return [f"{r.model_id}/{r.variant}" for r in ladder]

@@ -18,7 +18,7 @@ from tests.server.fakes import FakeGovernor
 SERVE_SCRIPT = textwrap.dedent(
     """
     import sys
-    from server.serve import serve
+    from server.launch import serve
     from server.settings import Settings
     from tests.server.fakes import ScriptedEngine
     settings = Settings(port=int(sys.argv[1]), home=sys.argv[2], model="scripted-test", log_json=True)
@@ -95,7 +95,7 @@ def test_stream_when_governor_publishes_and_client_did_not_opt_in_then_plain_ope
 
 
 def test_cli_serve_when_public_host_without_key_then_refuses_with_exit_2(tmp_path, capsys) -> None:
-    from server.serve import cli_serve
+    from server.cli.serve import cli_serve
     from server.settings import Settings
 
     code = cli_serve(["--host", "0.0.0.0", "--port", "1"], Settings(home=tmp_path, api_key=None))

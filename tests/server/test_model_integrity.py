@@ -17,7 +17,7 @@ import pytest
 
 from models.convert import pipeline
 from models.store.store import Converter, ModelStore
-from server import cli
+from server.cli import main as cli
 from server.engine_config import EngineConfig
 from server.settings import Settings
 
@@ -81,7 +81,8 @@ def test_serve_when_current_weights_corrupted_then_previous_serves_and_health_sa
                 break
             time.sleep(0.02)
         assert health["status"] == "ok"
-        engine = srv.app.state.runtime.worker.engine
+        engine = srv.app.state.runtime.served.pool.engine(MODEL)
+        assert engine is not None
         assert engine.model_dir == home / "models" / MODEL / old  # the previous version serves
         problem = health["model_problem"]
         assert problem["version"] == new and problem["serving_version"] == old

@@ -34,6 +34,9 @@ class Catalog:
     def get(self, model_id: str) -> CatalogEntry | None:
         return self.entries_.get(model_id)
 
+    def refresh(self) -> None:
+        return None
+
 
 class Unloads(ScriptedEngine):
     def __init__(self, model_id: str, log: list[str]) -> None:
@@ -69,7 +72,9 @@ def test_acquire_when_loaded_then_same_engine_without_loading_again():
     p, _, opened, _ = pool()
     first = p.acquire("a")
     p.release("a")
-    assert p.acquire("a") is first and opened == ["a"] and p.current is first
+    assert p.acquire("a") is first and opened == ["a"]
+    last = p.last_served()
+    assert last is not None and last.model_id == "a" and last.busy
 
 
 def test_acquire_when_unknown_model_then_model_not_found():
@@ -116,7 +121,7 @@ def test_release_when_keep_alive_zero_then_unloaded_after_the_reply():
     p, _, _, unloaded = pool()
     p.acquire("a")
     p.release("a", 0.0)
-    assert unloaded == ["a"] and p.loaded() == {} and p.current is None
+    assert unloaded == ["a"] and p.loaded() == {} and p.last_served() is None
 
 
 def test_release_when_duration_then_unloaded_once_it_passed():
@@ -171,4 +176,5 @@ def test_borrow_when_idle_work_uses_a_model_then_keep_alive_and_current_unchange
     with p.borrow("b") as engine:  # fits, but not loaded: not loaded for idle work
         assert engine is None
     assert opened == ["a"] and set(p.loaded()) == {"a"}
-    assert p.current is not None and p.current.model_id == "a"
+    last = p.last_served()  # borrowing is not serving
+    assert last is not None and last.model_id == "a"

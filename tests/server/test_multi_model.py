@@ -717,3 +717,52 @@ def test_load_when_the_governor_paces_then_one_session_built_for_its_threads_and
         if r.name == "simmer.engine" and r.getMessage().startswith("loaded tiny-small/")
     ]
     assert len(builds) == 1 and "with 1 threads" in builds[0].getMessage()
+
+
+# -- every route answers with the model it names, whatever ran last ----------------------------------------
+def tokenizer_answers(srv, model: str | None) -> dict[str, object]:
+    named = {} if model is None else {"model": model}
+    messages = [{"role": "user", "content": PROMPT}]
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        ids = c.post("/tokenize", json={"content": PROMPT, **named}).json()["tokens"]
+        return {
+            "tokenize": ids,
+            "detokenize": c.post("/detokenize", json={"tokens": ids[:3], **named}).json()["content"],
+            "apply-template": c.post("/apply-template", json={"messages": messages, **named}).json()[
+                "prompt"
+            ],
+        }
+
+
+def test_tokenizer_routes_when_another_model_ran_last_then_the_named_model_answers(several, tiny_pair_dirs):
+    srv, _ = several()
+    small = tokenizer_answers(srv, "tiny-small")
+    spm = tokenizer_answers(srv, "tiny-spm")
+    assert spm["tokenize"] != small["tokenize"] and spm["apply-template"] != small["apply-template"]
+    assert complete(srv, "tiny-spm").status_code == 200  # tiny-spm is now the engine that ran last
+    assert tokenizer_answers(srv, "tiny-small") == small
+    # no model named: the default model (tiny-small), as a generation request without one
+    assert tokenizer_answers(srv, None) == small
+    # a model never loaded answers with its own tokenizer
+    big = load_engine(tiny_pair_dirs[0], variant="q4", threads=1, context_length=128)
+    assert tokenizer_answers(srv, "tiny-big")["tokenize"] == big.tokenize(PROMPT, add_special=False)
+
+
+def ollama_generate(srv, model: str, prompt: str) -> httpx.Response:
+    body = {"model": model, "prompt": prompt, "stream": False, "options": {"num_predict": 2}}
+    return httpx.post(srv.url + "/api/generate", json=body, timeout=30)
+
+
+def test_ollama_generate_when_the_other_kind_of_model_ran_last_then_the_named_model_decides(
+    several, tiny_pair_dirs
+):
+    srv, _ = several()  # tiny-small, a chat model, is loaded at start
+    base = ollama_generate(srv, "tiny-base", "Once upon a time")
+    assert base.status_code == 200, base.text  # a base model continues the text
+    small = load_engine(tiny_pair_dirs[1], variant="q4", threads=1, context_length=128)
+    prompt = "A fresh prompt about the sea"
+    as_chat = len(small.chat_prompt([{"role": "user", "content": prompt}]).ids)
+    assert as_chat != len(small.text_prompt(prompt).ids)
+    r = ollama_generate(srv, "tiny-small", prompt)  # tiny-base ran last
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_eval_count"] == as_chat

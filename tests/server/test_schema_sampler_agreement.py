@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from models.errors import InvalidParameter
 from models.runtime.sampling import Sampler, make_rng, validate
-from server.schemas import ChatCompletionRequest
+from server.api.openai.protocol import ChatCompletionRequest
 
 FIELDS = [
     "temperature",

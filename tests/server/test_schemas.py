@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from server.schemas import ChatCompletionRequest, CompletionRequest, SamplingDefaults
+from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingDefaults
 
 MSG = [{"role": "user", "content": "hi"}]
 

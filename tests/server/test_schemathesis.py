@@ -133,9 +133,9 @@ def refused_tools_or_schema(body: dict, path: str = "") -> bool:
 
     from models.errors import InvalidParameter
     from models.runtime.constraint import check_grammar
-    from server.schemas import ChatCompletionRequest, CompletionRequest
-    from server.wire.ollama import OllamaChatRequest, OllamaGenerateRequest
-    from server.wire.responses import ResponsesRequest
+    from server.api.ollama.protocol import OllamaChatRequest, OllamaGenerateRequest
+    from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from server.api.responses.protocol import ResponsesRequest
 
     def ours(param: object) -> bool:  # only refusals about these fields are dropped; others still fail
         return str(param).split("[")[0].split(".")[0] in ("tools", "tool_choice", *CONSTRAINTS)

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from models.errors import InvalidParameter
-from server.security import check_bind, host_name, is_loopback
+from server.http.security import check_bind, host_name, is_loopback
 
 MSG = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 

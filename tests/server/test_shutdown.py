@@ -16,11 +16,11 @@ import httpx
 
 from tests.server.test_lifecycle import free_port
 
-# `simmer serve` (server.serve.serve, what the CLI calls) with a scripted engine that never finishes alone.
+# `simmer serve` (server.launch.serve, what the CLI calls) with a scripted engine that never ends alone.
 SERVE_SCRIPT = textwrap.dedent(
     """
     import sys
-    from server.serve import serve
+    from server.launch import serve
     from server.settings import Settings
     from tests.server.fakes import ScriptedEngine
     settings = Settings(port=int(sys.argv[1]), home=sys.argv[2], model="scripted-test", log_json=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from models.types import TokenEvent
-from server.streaming import Coalescer
+from server.api.common.streaming import Coalescer
 
 
 def tok(i: int, text: str = "x") -> TokenEvent:

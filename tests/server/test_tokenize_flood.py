@@ -23,7 +23,7 @@ SERVE_FOLDER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from server.serve import build_server
+    from server.launch import build_server
     from server.served import serve_folders
     from server.settings import Settings
     settings = Settings(port=int(sys.argv[1]), home=sys.argv[2], thermal_source="none", keep_alive_s=-1,

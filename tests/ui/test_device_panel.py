@@ -23,7 +23,7 @@ def test_panel_when_heatwave_then_level_changes_reply_pauses_and_resumes(ui_serv
     cpu = ScriptedCPU()
 
     def gate(settings):
-        # Built as server/serve.py builds it, from the same thermal spec, with the CPU load scripted
+        # Built as server/launch.py builds it, from the same thermal spec, with the CPU load scripted
         # through the simulator's cpu_time_fn seam so the test decides when the device works.
         thermal = make_thermal_source(
             settings.thermal_source, sim_time_scale=settings.sim_time_scale, cpu_time_fn=cpu, max_cores=2

@@ -7,10 +7,10 @@ import asyncio
 import json
 
 from models.types import CancelToken, GenerationParams
+from server.api.openai.protocol import ChatCompletionRequest
 from server.routing.breaker import Breaker
 from server.routing.router import LocalSide, Router
 from server.routing.upstream import UpstreamClient
-from server.schemas import ChatCompletionRequest
 from server.worker import Failed, Job
 from tests import aio
 from tests.server.routing.scripted import Script, ScriptedUpstream, chat_chunk
@@ -28,7 +28,7 @@ class Clock:
 def local_side(submitted: list) -> LocalSide:
     return LocalSide(
         served_ids=lambda: {"m"},
-        model_id=lambda: "m",
+        default_model=lambda: "m",
         state=lambda: "ready",
         queue_full=lambda: False,
         submit=submitted.append,
@@ -159,7 +159,7 @@ def test_router_when_local_refuses_before_start_then_auto_goes_upstream() -> Non
 def test_router_when_heat_slows_the_pace_then_auto_plans_upstream_and_home_past_the_band() -> None:
     """The router keeps pace_slow()'s state from one request to the next: out under the floor, home only at
     HOME_FACTOR x the floor, and every plan sees the work ahead of it in the worker."""
-    from server.routing.policy import DeviceState
+    from server.routing.decision import DeviceState
 
     pace = {"tok_s": 20.0}
     ahead = {"n": 0}
@@ -167,7 +167,7 @@ def test_router_when_heat_slows_the_pace_then_auto_plans_upstream_and_home_past_
         policy="auto",
         local=LocalSide(
             served_ids=lambda: {"m"},
-            model_id=lambda: "m",
+            default_model=lambda: "m",
             state=lambda: "ready",
             queue_full=lambda: False,
             submit=lambda j: None,
@@ -206,7 +206,7 @@ def test_router_when_heat_slows_the_pace_then_auto_plans_upstream_and_home_past_
 
 
 def test_router_when_policy_local_then_the_pace_floor_never_trips() -> None:
-    from server.routing.policy import DeviceState
+    from server.routing.decision import DeviceState
 
     router = Router(
         policy="local",
@@ -251,7 +251,7 @@ def test_router_when_new_work_is_held_then_queued_auto_jobs_move_and_the_others_
     """device_changed() on a pause: an auto job still in the local queue goes upstream (reason from the
     device); one the worker already took, one that forbade the upstream, and any job while the breaker is
     open or the device is not paused stay queued."""
-    from server.routing.policy import DeviceState
+    from server.routing.decision import DeviceState
 
     upstream = ScriptedUpstream().start()
     try:
@@ -264,7 +264,7 @@ def test_router_when_new_work_is_held_then_queued_auto_jobs_move_and_the_others_
                 policy="auto",
                 local=LocalSide(
                     served_ids=lambda: {"m"},
-                    model_id=lambda: "m",
+                    default_model=lambda: "m",
                     state=lambda: "ready",
                     queue_full=lambda: False,
                     submit=queue.append,

@@ -10,8 +10,8 @@ from email.utils import format_datetime
 import httpx
 import pytest
 
+from server.api.openai.protocol import CompletionRequest
 from server.routing.upstream import base_url, classify, forward_body, retry_after
-from server.schemas import CompletionRequest
 
 
 def connect_error(cause: BaseException) -> httpx.ConnectError:

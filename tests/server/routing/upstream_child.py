@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from models.protocol import EngineLimits
+from server.launch import build_server
 from server.logs import setup_logging
-from server.serve import build_server
 from server.settings import Settings
 from server.worker import NoGate
 

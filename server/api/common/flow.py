@@ -1,0 +1,356 @@
+"""What every generating endpoint shares, whatever its dialect (OpenAI chat and completions, Ollama's
+/api/chat and /api/generate, the Responses API): route and submit a job, then answer with one body or a
+stream. Handlers stay ten lines; everything about the worker and the stream lifecycle is here.
+
+A dialect is a `Renderer`: it turns the collected tokens into one response, or the coalesced events
+(server/api/common/streaming.py) into its streaming response. The shared steps:
+    start()   route (local or upstream) and submit; busy / loading / a bad model refuse here, before any work
+    respond() not streamed: wait for every event (cancel when the client leaves), then renderer.reply();
+              streamed: hold the headers until the prompt is built (a too-long prompt is still a real 413),
+              then renderer.stream(); the stream's end (done, error, client gone) is accounted for once.
+
+Accounting (server/accounting.py): the job carries one RequestAccount; the worker (or the upstream relay)
+closes one half, this module the other (`Generation.end`, `Generation.abandon`), and the record (the log
+line and the token counters of /metrics) is written once both are in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from models.errors import Cancelled, ModelNotChat, ModelNotFound
+from models.runtime.sampling import validate as validate_sampling
+from models.types import FinishEvent, TokenEvent
+from server.accounting import RequestAccount
+from server.api.common.streaming import Item, JobEventSource, coalesced, sse_stream
+from server.api.openai.protocol import ChunkBuilder, _GenerationRequest, chat_completion, text_completion
+from server.cache_scope import cache_scope
+from server.grammars import CHECKS, Grammars
+from server.logs import RequestRecord, log_request
+from server.refusals import ShuttingDown
+from server.routing.router import HEADER as ROUTE_HEADER
+from server.routing.router import Route
+from server.worker import Failed, Job, Started, loop_sink
+
+if TYPE_CHECKING:
+    from server.api.context import Runtime
+
+DISCONNECT_POLL_S = 0.05  # how often a waiting non-stream request checks that its client is still there
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def _watch_disconnect(request: Request, job: Job, gone: asyncio.Event) -> None:
+    """Poll until the client disconnects, then cancel the job (the worker moves on within one token)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+    gone.set()
+    job.cancel.cancel()
+
+
+@contextlib.asynccontextmanager
+async def disconnect_watch(request: Request, job: Job) -> AsyncIterator[asyncio.Event]:
+    gone = asyncio.Event()
+    task = asyncio.create_task(_watch_disconnect(request, job, gone))
+    try:
+        yield gone
+    finally:
+        task.cancel()
+
+
+async def _next_event(events: asyncio.Queue, gone: asyncio.Event, until: float | None = None) -> object:
+    """The next worker event. Raises ClientGone once the client left, TimeoutError when `until`
+    (monotonic seconds) passes first."""
+    get = asyncio.ensure_future(events.get())
+    left = asyncio.ensure_future(gone.wait())
+    timeout = None if until is None else max(0.0, until - time.monotonic())
+    try:
+        await asyncio.wait({get, left}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+        if not get.done():
+            get.cancel()
+    if get.done() and not get.cancelled():
+        return get.result()
+    if gone.is_set():
+        raise ClientGone
+    raise TimeoutError
+
+
+@dataclass
+class Generation:
+    """One submitted job: its events, where it runs, and its accounting."""
+
+    rt: Runtime
+    job: Job
+    events: asyncio.Queue
+    route: Route
+    model: str  # as the reply names it
+    stream: bool
+    account: RequestAccount
+    arrived: float = field(default_factory=time.monotonic)
+    started: float | None = None  # when the worker (or the upstream) started the job
+    # events taken off the queue while the headers were held, for the stream to send first
+    held: list[object] = field(default_factory=list)
+
+    @property
+    def rid(self) -> str:
+        return self.job.id
+
+    def headers(self) -> dict[str, str]:
+        """The reply's headers: where it was served (X-Simmer-Route)."""
+        return {ROUTE_HEADER: self.route.header()}
+
+    def mark_started(self) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
+
+    def end(self, outcome: str, sent_tokens: int) -> None:
+        """How the request ended for its client (the route's half of the account; the first call counts).
+        A generation stopped by its cancel token ends with finish_reason `cancelled`: its client left."""
+        self.account.route_done("client_gone" if outcome == "cancelled" else outcome, sent_tokens)
+
+    def abandon(self) -> None:
+        """The client is gone: stop the job, take it out of the queue if it never started, end the route's
+        half of its account (the worker ends the other once it lets go of the job). A no-op for a request
+        whose route already ended (the stream's own end got there first)."""
+        if self.account.route_ended:
+            return
+        self.job.cancel.cancel()
+        self.rt.worker.withdraw(self.job)
+        self.end("client_gone", 0)
+
+    def stream_end(self, finish: FinishEvent | None, error: BaseException | None, sent: int) -> None:
+        self.end(finish.finish_reason if finish else _error_code(error) if error else "client_gone", sent)
+
+    def events_until_end(self) -> AsyncIterator[Item]:
+        """The coalesced stream (server/api/common/streaming.py) of this job, with its end accounted for."""
+        return coalesced(
+            self.job,
+            self.events,
+            interval_s=self.rt.stream_interval_s,
+            on_end=self.stream_end,
+            first=self.held,
+        )
+
+
+def write_record(rt: Runtime, record: RequestRecord) -> None:
+    """The request's log line and its share of the token metrics, from the same record (any thread)."""
+    rt.metrics.add_tokens(record.prompt_tokens, record.completion_tokens)
+    rt.metrics.completions.labels(outcome=record.outcome).inc()
+    log_request(record)
+
+
+def _error_code(error: BaseException) -> str:
+    if isinstance(error, Cancelled):  # the worker saw the token its client's leaving fired (a race)
+        return "client_gone"
+    return getattr(error, "code", None) or "internal_error"
+
+
+def _check_constraints(body: _GenerationRequest, grammars: Grammars) -> None:
+    for grammar, param in body.constraint_checks(grammars):
+        grammars.check(grammar, param)
+
+
+async def start(
+    request: Request,
+    kind: Literal["chat", "text"],
+    body: _GenerationRequest,
+    payload: list[dict] | str,
+    *,
+    rid: str,
+    endpoint: str,
+    keep_alive_s: float | None = None,
+) -> Generation:
+    """Route and submit the job (instead of worker.submit). Raises, before any work, what the router or
+    the worker refuses: an unknown model, a forbidden upstream, busy, loading, closing."""
+    rt: Runtime = request.app.state.runtime
+    assert rt.router is not None
+    arrived = time.monotonic()
+    # routing: where this request is served and why (refuses an unknown model or a forbidden upstream)
+    route = rt.router.plan(body.model, body.route, request.headers.get(ROUTE_HEADER), truncate=body.truncate)
+    model = route.model
+    # The grammar the reply follows, built and compiled before anything reads it, off the event loop on a
+    # thread with a large stack: a schema or grammar llguidance refuses is a 400 naming it, before any work.
+    await asyncio.wrap_future(CHECKS.submit(_check_constraints, body, rt.grammars))
+    scope = cache_scope(
+        api_key_set=rt.api_key_set,
+        authorization=request.headers.get("authorization"),
+        cache_salt=body.cache_salt,
+    )
+    params = replace(body.to_params(rt.sampling_defaults, rt.grammars), cache_scope=scope)
+    if route.side == "local":
+        if rt.served.resolve(model) is None:  # known a moment ago, removed from the store since
+            raise ModelNotFound(f"The model '{model}' is not installed", param="model")
+        # at once, before any queue: a chat request needs a model (or a ladder rung below it) that chats
+        if kind == "chat" and not rt.served.serves_chat(model):
+            raise ModelNotChat.for_model(model)
+        entry = rt.served.resolve(model)
+        if entry is not None and entry.vocab_size is not None:  # logit_bias ids against the vocabulary
+            validate_sampling(params.sampling, entry.vocab_size)
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    account = RequestAccount(
+        id=rid,
+        endpoint=endpoint,
+        model=route.model,
+        stream=body.stream,
+        emit=lambda record: write_record(rt, record),
+        route=lambda: f"{route.side}/{route.reason}",  # read at the end: a fallback may move it
+    )
+    job = Job(
+        id=rid,
+        kind=kind,
+        payload=payload,
+        params=params,
+        sink=loop_sink(loop, events),
+        governor_events=body.governor_events,
+        model=model,
+        keep_alive_s=keep_alive_s if keep_alive_s is not None else body.keep_alive_seconds(),
+        account=account,
+    )
+    # Instead of worker.submit: local or upstream; busy / loading / closing raise here, before any work.
+    rt.router.start(route, job, kind, body, payload)
+    return Generation(rt, job, events, route, route.model, body.stream, account, arrived=arrived)
+
+
+async def collect(request: Request, gen: Generation) -> tuple[list[TokenEvent], FinishEvent] | None:
+    """Every token and the finish; None when the client left first (the job is cancelled). A failure is
+    raised (the app's handlers answer it)."""
+    tokens: list[TokenEvent] = []
+    try:
+        async with disconnect_watch(request, gen.job) as gone:
+            while True:
+                item = await _next_event(gen.events, gone)
+                if isinstance(item, TokenEvent):
+                    tokens.append(item)
+                elif isinstance(item, Started):
+                    gen.mark_started()
+                elif isinstance(item, Failed):
+                    gen.end(_error_code(item.error), 0)
+                    raise item.error
+                elif isinstance(item, FinishEvent):
+                    if item.finish_reason == "cancelled":  # the client left; the engine stopped first
+                        raise ClientGone
+                    gen.mark_started()
+                    gen.end(item.finish_reason, item.usage.completion_tokens)
+                    return tokens, item
+    except ClientGone:
+        gen.abandon()
+        return None
+    except asyncio.CancelledError:  # from outside: the server is going away
+        gen.abandon()
+        raise
+
+
+async def wait_started(request: Request, gen: Generation) -> Started | Literal[False] | None:
+    """Hold the response headers until the prompt is built (usually milliseconds), so a prompt that is too
+    long still gets a real 413 instead of an error in the stream. If the job waits in the queue longer than
+    the ping interval, start the stream anyway (None): pings keep the client and proxies from timing out.
+    A shutdown while holding starts the stream too (None): an open stream ends with its error event.
+    False: the client left. Any other failure before the start is raised."""
+    deadline = time.monotonic() + gen.rt.stream_start_wait_s
+    try:
+        async with disconnect_watch(request, gen.job) as gone:
+            while True:
+                item = await _next_event(gen.events, gone, until=deadline)
+                if isinstance(item, Failed):
+                    if isinstance(item.error, ShuttingDown):
+                        gen.held.append(item)
+                        return None
+                    gen.end(_error_code(item.error), 0)
+                    raise item.error
+                if isinstance(item, Started):
+                    gen.mark_started()
+                    return item
+    except ClientGone:
+        gen.abandon()
+        return False
+    except TimeoutError:
+        return None
+    except asyncio.CancelledError:
+        gen.abandon()
+        raise
+
+
+class Renderer(Protocol):
+    """One dialect's answers."""
+
+    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response: ...
+
+    def stream(self, gen: Generation, started: Started | None) -> Response: ...
+
+
+async def respond(request: Request, gen: Generation, renderer: Renderer) -> Response:
+    if gen.stream:
+        started = await wait_started(request, gen)
+        if started is False:
+            return Response(status_code=499)  # nobody reads it; uvicorn needs an answer
+        return renderer.stream(gen, started)
+    got = await collect(request, gen)
+    if got is None:
+        return Response(status_code=499)
+    return renderer.reply(gen, *got)
+
+
+# ---- OpenAI's chat and text completions ---------------------------------------------------------------
+
+
+@dataclass
+class OpenAIRenderer:
+    kind: Literal["chat", "text"]
+    include_usage: bool
+
+    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
+        text = "".join(ev.text for ev in tokens) + finish.text
+        build = chat_completion if self.kind == "chat" else text_completion
+        # the model that finished the reply (the governor may have moved it to another one mid-way)
+        body = build(gen.rid, finish.model_id or gen.model, text, tokens, finish, finish.variant)
+        body["route"] = gen.route.as_dict()
+        return JSONResponse(body, headers=gen.headers())
+
+    def stream(self, gen: Generation, started: Started | None) -> Response:
+        builder = ChunkBuilder(self.kind, gen.rid, gen.model)
+        builder.final_fields = lambda: {"route": gen.route.as_dict()}
+        if started is not None:
+            builder.started(started.model_id, started.variant)
+        return JobEventSource(
+            sse_stream(
+                gen.job,
+                gen.events,
+                builder,
+                interval_s=gen.rt.stream_interval_s,
+                include_usage=self.include_usage,
+                on_end=gen.stream_end,
+                first=gen.held,
+            ),
+            ping=gen.rt.keepalive_ping_s,
+            headers=gen.headers(),
+            # Our own shutdown path (Worker.close) ends streams first; this only bounds sse-starlette's.
+            shutdown_grace_period=2.0,
+            on_close=gen.abandon,  # a no-op unless the generator never ran
+        )
+
+
+async def complete(
+    request: Request,
+    kind: Literal["chat", "text"],
+    body: _GenerationRequest,
+    payload: list[dict] | str,
+) -> Response:
+    """/v1/chat/completions and /v1/completions."""
+    rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+    endpoint = "chat" if kind == "chat" else "completions"
+    gen = await start(request, kind, body, payload, rid=rid, endpoint=endpoint)
+    return await respond(request, gen, OpenAIRenderer(kind, body.include_usage))

@@ -1,0 +1,57 @@
+"""llama.cpp server's tokenizer endpoints on the wire
+(https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md):
+
+    POST /tokenize  {"content", "add_special": false, "parse_special": true, "with_pieces": false}
+        -> {"tokens": [ids]} or {"tokens": [{"id", "piece"}]}; a piece that is not valid UTF-8 (part of a
+        character) is its list of byte values, as llama.cpp sends it. `content` may also mix strings and
+        token ids, as llama.cpp's tokenize_mixed takes it.
+    POST /detokenize  {"tokens": [ids]} -> {"content": "..."} (the pieces joined, special tokens as text)
+    POST /apply-template  {"messages": [...]} -> {"prompt": "..."} (the chat template + generation prompt)
+
+`model` picks the served model when several are served (today one; another id is 404).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from server.api.openai.protocol import ChatMessage, _Request, integer
+
+TokenId = integer(ge=0)  # and below the model's vocabulary size (a 400 naming the position otherwise)
+
+
+class TokenizeRequest(_Request):
+    model: str | None = None
+    content: str | list[str | TokenId] = ""
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[TokenId] = Field(default_factory=list)
+
+
+class ApplyTemplateRequest(_Request):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+
+    def message_dicts(self) -> list[dict[str, str]]:
+        return [m.as_dict() for m in self.messages]
+
+
+def piece_json(data: bytes) -> str | list[int]:
+    """A token's piece: its text when the bytes are valid UTF-8, else the bytes (llama.cpp's choice)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+def tokens_json(ids: list[int], pieces: list[bytes] | None) -> dict[str, Any]:
+    if pieces is None:
+        return {"tokens": ids}
+    return {"tokens": [{"id": i, "piece": piece_json(p)} for i, p in zip(ids, pieces, strict=True)]}

@@ -1,0 +1,577 @@
+"""Ollama's API on the wire (https://github.com/ollama/ollama/blob/main/docs/api.md): requests, and the
+objects the routes send.
+
+Requests convert themselves to the OpenAI request the shared flow takes (`to_openai`), so `options` land on
+exactly the GenerationParams fields the OpenAI routes fill:
+
+    options.temperature/top_k/top_p/min_p/seed/stop/repeat_penalty/presence_penalty/frequency_penalty
+        -> the same names;  seed -1 -> a fresh draw (Ollama's "random"), any other int64 is a seed
+    options.num_predict  > 0 -> max_tokens;  <= 0 (-1 "until a stop", -2 "fill the context") -> no cap
+    truncate (default true, as Ollama) -> simmer's sliding window over the conversation
+    logprobs/top_logprobs -> the same
+    format "json" -> response_format json_object;  format {schema} -> response_format json_schema
+    tools -> tools;  tool_choice (simmer's extra; Ollama has none, which is "auto") -> tool_choice
+    messages' tool_calls (arguments an object) -> OpenAI tool_calls (arguments JSON text)
+    role "tool" (tool_call_id) -> a tool message
+    options.num_ctx, repeat_last_n and Ollama's runner options (num_thread, num_gpu, mirostat, ...) are
+        accepted and not applied: the context is the server's (SIMMER_CONTEXT_LENGTH, lowered by the
+        governor), the repetition penalty covers the whole history. Unknown options are ignored, as Ollama
+        ignores them; both are logged at debug.
+Anything the OpenAI request would refuse (a schema llguidance cannot read, a bad function name) is
+refused here, before any work, naming Ollama's field (`format`, not `response_format`). A reply's calls come
+back as Ollama's message.tool_calls, each whole once its arguments object is (`CallCollector`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+
+from models.errors import InvalidParameter
+from models.runtime.sampling import (
+    MAX_REPETITION_PENALTY,
+    MAX_TOP_LOGPROBS,
+    MIN_REPETITION_PENALTY,
+    SEED_MAX,
+    SEED_MIN,
+)
+from models.types import FinishEvent, TokenEvent, ToolCallDelta
+from server.api.common.convert import Renamer, openai_request
+from server.api.openai.protocol import (
+    _SCHEMA_OBJECT,
+    STRICT,
+    AnyInteger,
+    ChatCompletionRequest,
+    CompletionRequest,
+    FunctionName,
+    NamedToolChoice,
+    NonEmpty,
+    ToolSpec,
+    _invalid,
+    _Request,
+    assemble_calls,
+    integer,
+)
+from server.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
+from server.keep_alive import parse_keep_alive
+
+log = logging.getLogger("simmer.ollama")
+
+LATEST = ":latest"  # Ollama's default tag: "smollm2-135m-instruct:latest" names "smollm2-135m-instruct"
+NOT_APPLIED = ("num_ctx", "repeat_last_n")  # known to simmer, accepted, not applied (see above)
+
+
+def model_id(name: str) -> str:
+    """The simmer id an Ollama model name stands for: only the default tag is dropped (exact names)."""
+    return name.removesuffix(LATEST) if name.endswith(LATEST) else name
+
+
+def ollama_name(model: str) -> str:
+    """How /api/tags and /api/ps name a model: with Ollama's default tag."""
+    return model if ":" in model else model + LATEST
+
+
+def name_as_given(given: str, model: str) -> str:
+    """`model` as the reply names it: the client's own name for the model it asked for (Ollama echoes it);
+    another model (the governor moved the reply) in the same style, with the default tag if the client
+    wrote one."""
+    if model_id(given) == model:
+        return given
+    return ollama_name(model) if given.endswith(LATEST) else model
+
+
+def created_at() -> str:
+    """RFC 3339 in UTC with the fraction, as Ollama writes created_at."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# ---- requests ---------------------------------------------------------------------------------------
+
+
+class OllamaOptions(_Request):
+    """`options`: the sampling fields simmer applies, typed as Ollama types them; the rest is accepted."""
+
+    model_config = ConfigDict(**{**STRICT, "extra": "allow"})
+
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_k: integer(ge=0) | None = None
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    num_predict: AnyInteger | None = None
+    seed: integer(ge=SEED_MIN, lt=SEED_MAX + 1) | None = None
+    stop: NonEmpty | list[NonEmpty] | None = None
+    repeat_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    num_ctx: integer(ge=1) | None = None
+    repeat_last_n: AnyInteger | None = None
+
+    def openai_fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.seed is not None and self.seed != -1:  # -1 is Ollama's (and llama.cpp's) "random"
+            out["seed"] = self.seed
+        if self.stop:
+            out["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
+        if self.num_predict is not None and self.num_predict > 0:
+            out["max_tokens"] = self.num_predict
+        return out
+
+    def log_unapplied(self) -> None:
+        names = [n for n in NOT_APPLIED if getattr(self, n) is not None] + sorted(self.model_extra or {})
+        if names:
+            log.debug("options accepted but not applied: %s", ", ".join(names))
+
+
+Think = bool | Literal["low", "medium", "high", "max"]
+Route = Literal["local", "auto", "upstream"]
+
+
+def _refused(schema: dict[str, Any], why: str) -> Any:
+    """A field accepted on the wire but refused (until a feature lands): the published schema allows only
+    the values that are served, and says why."""
+    return WithJsonSchema({**schema, "description": why})
+
+
+_NONE: dict[str, Any] = {"type": ["array", "null"], "maxItems": 0}
+_FORMAT = {
+    "anyOf": [{"enum": ["", "json", None]}, {**_SCHEMA_OBJECT, "type": "object"}],
+    "description": '"json" (any JSON object) or a JSON schema the reply follows (docs/structured.md)',
+}
+# The OpenAI request's field names -> Ollama's (tools and messages are named alike).
+RENAME = Renamer((r"^response_format(\.json_schema\.schema)?", "format"))
+_KEEP_ALIVE = {
+    "anyOf": [{"type": "number"}, {"type": "string", "pattern": KEEP_ALIVE_PATTERN}, {"type": "null"}],
+    "description": '"5m", "1h30m", seconds (a number), 0 (unload after), negative (for ever)',
+}
+
+
+def _model_required(**extra: Any) -> ConfigDict:
+    """`model` is required (the published schema says so; a missing one is Ollama's "model is required")."""
+
+    def schema(doc: dict[str, Any]) -> None:
+        doc["required"] = sorted({*doc.get("required", []), "model"})
+        doc.update(extra)
+
+    return ConfigDict(json_schema_extra=schema)
+
+
+class _Generation(_Request):
+    """Fields /api/chat and /api/generate share."""
+
+    model_config = _model_required()
+
+    model: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})] = ""
+    stream: bool = True  # Ollama streams unless told not to
+    format: Annotated[Any, WithJsonSchema(_FORMAT)] = None
+    options: OllamaOptions | None = None
+    keep_alive: Annotated[int | float | str | None, WithJsonSchema(_KEEP_ALIVE)] = None
+    think: Annotated[Think | None, _refused({"enum": [False, None]}, "the served model does not think")] = (
+        None
+    )
+    truncate: bool | None = None
+    shift: bool | None = None
+    logprobs: bool = False
+    top_logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
+    route: Route | None = None  # simmer's: where to serve it (or the X-Simmer-Route header)
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, value: float | str | None) -> float | str | None:  # int | float: any JSON number
+        try:
+            parse_keep_alive(value)
+        except InvalidParameter as err:
+            raise _invalid(err.message, "keep_alive") from None
+        return value
+
+    @model_validator(mode="after")
+    def _supported(self) -> _Generation:
+        if not self.model:
+            raise _invalid("model is required", "model")
+        if self.format not in (None, "", "json") and not isinstance(self.format, dict):
+            raise _invalid('format must be "json" or a JSON schema (an object)', "format")
+        if self.think not in (None, False):
+            raise _invalid(f"{self.model!r} does not support thinking", "think")
+        return self
+
+    @property
+    def model_id(self) -> str:
+        return model_id(self.model)
+
+    def keep_alive_s(self) -> float | None:
+        return parse_keep_alive(self.keep_alive)
+
+    def response_format(self) -> dict[str, Any] | None:
+        """`format` as the OpenAI request's response_format (what structured output reads)."""
+        if self.format in (None, ""):
+            return None
+        if self.format == "json":
+            return {"type": "json_object"}
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": "format", "schema": self.format, "strict": True},
+        }
+
+    def _openai_fields(self) -> dict[str, Any]:
+        options = self.options or OllamaOptions()
+        options.log_unapplied()
+        out: dict[str, Any] = {"model": self.model_id, "stream": self.stream, **options.openai_fields()}
+        if (fmt := self.response_format()) is not None:
+            out["response_format"] = fmt
+        # Ollama truncates a conversation that does not fit unless told not to (`truncate: false`).
+        out["truncate"] = self.truncate is not False
+        if self.route is not None:
+            out["route"] = self.route
+        return out
+
+
+class OllamaCalledFunction(BaseModel):
+    model_config = STRICT
+
+    index: AnyInteger | None = None
+    name: FunctionName
+    arguments: dict[str, Any] = Field(default_factory=dict)  # an object, as Ollama sends it back
+
+
+class OllamaToolCall(BaseModel):
+    """A call an earlier assistant turn made (as Ollama's reply had it)."""
+
+    model_config = STRICT
+
+    id: str | None = None
+    function: OllamaCalledFunction
+
+
+class OllamaMessage(_Request):
+    model_config = STRICT
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    images: Annotated[list[str] | None, _refused(_NONE, "the served model reads text only")] = None
+    tool_calls: list[OllamaToolCall] | None = None  # assistant turns that called tools
+    tool_name: str | None = None  # a tool turn: the function it answers for
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+    thinking: str | None = None  # a previous turn's reasoning: no part of the prompt
+
+    @model_validator(mode="after")
+    def _text_only(self) -> OllamaMessage:
+        if self.images:
+            raise _invalid("images are not supported: the served model reads text only", "images")
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        """The OpenAI chat message: calls with their arguments as JSON text, as OpenAI sends them."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": json.dumps(c.function.arguments)},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+_WITH_TOOLS = {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]}
+
+
+class OllamaChatRequest(_Generation):
+    # tool_choice needs tools; format with tools is refused (the reply is a call or the format)
+    model_config = _model_required(
+        allOf=[
+            {
+                "if": {"properties": {"tool_choice": {"not": {"type": "null"}}}, "required": ["tool_choice"]},
+                "then": _WITH_TOOLS,
+            },
+            {"if": _WITH_TOOLS, "then": {"properties": {"format": {"enum": ["", None]}}}},
+        ]
+    )
+
+    messages: list[OllamaMessage] = Field(default_factory=list)  # empty: load (or unload) the model
+    tools: list[ToolSpec] | None = None  # OpenAI's shape; the model calls them when it sees fit ("auto")
+    # simmer's extra (Ollama has none): force a call ("required", a function) or hide the tools ("none")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+
+    @model_validator(mode="after")
+    def _as_openai(self) -> OllamaChatRequest:
+        if self.tools and self.response_format() is not None:
+            raise _invalid(
+                "format cannot be combined with tools: the reply is either a tool call or the format",
+                "format",
+            )
+        if self.messages:
+            self.to_openai()  # what the OpenAI request refuses, refused here naming Ollama's fields
+        return self
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        return [m.as_dict() for m in self.messages]
+
+    def to_openai(self) -> ChatCompletionRequest:
+        fields = self._openai_fields()
+        fields["messages"] = self.message_dicts()
+        if self.tools:
+            fields["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
+        if self.tool_choice is not None:
+            fields["tool_choice"] = self.tool_choice
+        if self.logprobs:
+            fields["logprobs"] = True
+            if self.top_logprobs is not None:
+                fields["top_logprobs"] = self.top_logprobs
+        return openai_request(ChatCompletionRequest, fields, RENAME)
+
+
+_EMPTY = {"type": "string", "maxLength": 0}
+
+
+class OllamaGenerateRequest(_Generation):
+    # raw mode takes no system message (the prompt is sent as written), as in Ollama
+    model_config = _model_required(
+        **{
+            "if": {"properties": {"raw": {"const": True}}, "required": ["raw"]},
+            "then": {"properties": {"system": {"maxLength": 0}}},
+        }
+    )
+
+    prompt: str = ""  # empty: load (or unload) the model
+    suffix: Annotated[str, _refused(_EMPTY, "fill in the middle is not supported")] = ""
+    system: str = ""
+    template: Annotated[str, _refused(_EMPTY, "Go templates are not supported; use raw: true")] = ""
+    context: Annotated[list[AnyInteger] | None, _refused(_NONE, "deprecated in Ollama; use /api/chat")] = None
+    raw: bool = False
+    images: Annotated[list[str] | None, _refused(_NONE, "the served model reads text only")] = None
+
+    @model_validator(mode="after")
+    def _generate_supported(self) -> OllamaGenerateRequest:
+        if self.images:
+            raise _invalid("images are not supported: the served model reads text only", "images")
+        if self.suffix:
+            raise _invalid("suffix (fill in the middle) is not supported", "suffix")
+        if self.template:
+            raise _invalid(
+                "template (a Go template) is not supported: simmer renders the model's own chat template; "
+                "send raw: true with a prompt you formatted",
+                "template",
+            )
+        if self.context:
+            # Deprecated in Ollama, and simmer's replies carry none to send back.
+            raise _invalid(
+                "context (deprecated in Ollama) is not supported: send the conversation to /api/chat",
+                "context",
+            )
+        if self.raw and self.system:
+            raise _invalid("raw mode does not support template, system, or context", "system")
+        if self.prompt:
+            self.to_openai_chat()  # what the OpenAI request refuses (a schema), naming Ollama's fields
+        return self
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return [*system, {"role": "user", "content": self.prompt}]
+
+    def plain_text(self) -> str:
+        """A base model (no chat template) continues the text, system first, as `ollama run` does."""
+        return "\n".join(t for t in (self.system, self.prompt) if t)
+
+    def to_openai_chat(self) -> ChatCompletionRequest:
+        fields = self._openai_fields()
+        fields["messages"] = self.chat_messages()
+        if self.logprobs:
+            fields["logprobs"] = True
+            if self.top_logprobs is not None:
+                fields["top_logprobs"] = self.top_logprobs
+        return openai_request(ChatCompletionRequest, fields, RENAME)
+
+    def to_openai_text(self, prompt: str) -> CompletionRequest:
+        fields = self._openai_fields()
+        fields["prompt"] = prompt
+        if self.logprobs:
+            fields["logprobs"] = self.top_logprobs or 0
+        return openai_request(CompletionRequest, fields, RENAME)
+
+
+class ModelRequest(_Request):
+    """/api/show, /api/delete, /api/pull: `model` (older clients send `name`)."""
+
+    # one of the two, not empty
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["model"], "properties": {"model": {"minLength": 1}}},
+                {"required": ["name"], "properties": {"name": {"minLength": 1}}},
+            ]
+        }
+    )
+
+    model: str = ""
+    name: str = ""
+
+    @model_validator(mode="after")
+    def _named(self) -> ModelRequest:
+        if not (self.model or self.name):
+            raise _invalid("model is required", "model")
+        return self
+
+    @property
+    def model_id(self) -> str:
+        return model_id(self.model or self.name)
+
+    @property
+    def given(self) -> str:
+        return self.model or self.name
+
+
+class ShowRequest(ModelRequest):
+    verbose: bool = False
+
+
+class PullRequest(ModelRequest):
+    stream: bool = True
+    insecure: bool = False  # Ollama's registry option; simmer's sources verify their hashes either way
+
+
+class EmbedRequest(_Request):
+    """/api/embed and /api/embeddings: answered with an error (simmer serves no embedding model)."""
+
+    model_config = _model_required()
+
+    model: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})] = ""
+    input: str | list[str] | None = None
+    prompt: str | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> EmbedRequest:
+        if not self.model:
+            raise _invalid("model is required", "model")
+        return self
+
+
+# ---- replies ------------------------------------------------------------------------------------------
+
+
+def logprobs_list(tokens: list[TokenEvent]) -> list[dict[str, Any]] | None:
+    """Ollama's logprobs: one object per token, its top alternatives when asked."""
+    if not tokens or all(ev.logprob is None for ev in tokens):
+        return None
+    out = []
+    for ev in tokens:
+        text = ev.token_text if ev.token_text is not None else ev.text
+        entry: dict[str, Any] = {"token": text, "logprob": ev.logprob, "bytes": list(text.encode())}
+        if ev.top_logprobs:
+            entry["top_logprobs"] = [
+                {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)} for t in ev.top_logprobs
+            ]
+        out.append(entry)
+    return out
+
+
+def durations(finish: FinishEvent, *, total_s: float, load_s: float) -> dict[str, int]:
+    """The final object's statistics, in nanoseconds as Ollama has them. prompt_eval_count counts the
+    prompt tokens evaluated for this request (a reused prefix is not evaluated again), as Ollama reports
+    what its runner evaluated; load_duration is the wait before the worker took the job (queue, a governor
+    pause, a model loaded again after keep_alive)."""
+    t = finish.timings
+    return {
+        "total_duration": round(total_s * 1e9),
+        "load_duration": round(load_s * 1e9),
+        "prompt_eval_count": t.prompt_n,
+        "prompt_eval_duration": round(t.prompt_ms * 1e6),
+        "eval_count": finish.usage.completion_tokens,
+        "eval_duration": round(t.predicted_ms * 1e6),
+    }
+
+
+def done_reason(finish: FinishEvent) -> str:
+    return "length" if finish.finish_reason == "length" else "stop"
+
+
+def ollama_calls(deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
+    """Ollama's message.tool_calls from the engine's call deltas: the calls whose arguments object is
+    complete (one cut by num_predict has no object to give, and is left out)."""
+    out = []
+    for call in assemble_calls(deltas):
+        try:
+            arguments = json.loads(call["function"]["arguments"])
+        except ValueError:
+            continue
+        if isinstance(arguments, dict):
+            function = {"index": len(out), "name": call["function"]["name"], "arguments": arguments}
+            out.append({"id": call["id"], "function": function})
+    return out
+
+
+class CallCollector:
+    """A streamed reply's calls, each sent whole once its arguments object is complete (Ollama streams
+    calls whole: its `arguments` is an object, not text)."""
+
+    def __init__(self) -> None:
+        self._deltas: list[ToolCallDelta] = []
+        self._sent = 0
+
+    def add(self, deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
+        """The calls these deltas completed."""
+        if not deltas:
+            return []
+        self._deltas += deltas
+        calls = ollama_calls(self._deltas)
+        new, self._sent = calls[self._sent :], len(calls)
+        return new
+
+
+Kind = Literal["chat", "generate"]
+
+
+def piece(
+    kind: Kind, model: str, text: str, tokens: list[TokenEvent], calls: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """One streamed object (done: false)."""
+    out: dict[str, Any] = {"model": model, "created_at": created_at()}
+    if kind == "chat":
+        out["message"] = {"role": "assistant", "content": text}
+        if calls:
+            out["message"]["tool_calls"] = calls
+    else:
+        out["response"] = text
+    out["done"] = False
+    if (lp := logprobs_list(tokens)) is not None:
+        out["logprobs"] = lp
+    return out
+
+
+def final(
+    kind: Kind,
+    model: str,
+    text: str,
+    tokens: list[TokenEvent],
+    finish: FinishEvent,
+    stats: dict[str, int],
+    calls: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The last object: done, done_reason and the statistics (with the whole reply when not streamed), and
+    simmer's window flags as the OpenAI bodies have them: truncated (turns were dropped) and summarized
+    (the dropped turns came as a summary note)."""
+    out = piece(kind, model, text, tokens, calls)
+    out.update({"done": True, "done_reason": done_reason(finish), **stats})
+    out.update({"truncated": finish.truncated, "summarized": finish.summarized})
+    if finish.usage.by_model:  # simmer: which model produced how many tokens (the governor may move a reply)
+        out["eval_count_by_model"] = {name_as_given(model, m): n for m, n in finish.usage.by_model.items()}
+    return out
+
+
+def control(kind: Kind, model: str, reason: Literal["load", "unload"]) -> dict[str, Any]:
+    """The answer to a load or unload request (no prompt, no messages)."""
+    out = piece(kind, model, "", [])
+    out.update({"done": True, "done_reason": reason})
+    return out

@@ -1,0 +1,490 @@
+"""Ollama's API (https://github.com/ollama/ollama/blob/main/docs/api.md) on the same worker, queue,
+governor and router as the OpenAI routes: generation goes through completion_flow with an NDJSON
+renderer; model management uses the store.
+
+Errors are Ollama's `{"error": "..."}` (server/http/errors.py shapes every error under /api/), with simmer's
+statuses (404 for an unknown model, 400 for a bad request, 503 busy, 500 a bug); an error after a stream
+started comes as one more line, `{"error": "..."}`, and the stream ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from models.errors import InvalidParameter, ModelNotFound, SimmerError
+from models.store import registry
+from models.store.registry import license_notice
+from models.types import FinishEvent, TokenEvent
+from server.api.common.convert import renamed
+from server.api.common.flow import Generation, respond, start
+from server.api.common.streaming import Batch, End, Error, JobStreamingResponse, encode
+from server.api.ollama import protocol as wire
+from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest, call_deltas
+from server.catalog import CatalogEntry, installed, iso
+from server.http.errors import ApiError, error_payload
+from server.refusals import ModelLoading
+from server.worker import GovernorState, Started, Switched
+
+if TYPE_CHECKING:
+    from server.api.context import Runtime
+
+log = logging.getLogger("simmer.ollama")
+
+router = APIRouter(prefix="/api")
+
+NDJSON = "application/x-ndjson"
+# The Ollama API level whose wire format these routes follow (clients gate features on /api/version).
+OLLAMA_API_VERSION = "0.12.0"
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+@dataclass
+class NdjsonRenderer:
+    """Ollama's answers to /api/chat and /api/generate: one object, or NDJSON ending with done: true.
+    Each line names the model that produced it: the governor may start the reply on another model, or move
+    it to another mid-way (then the held text leaves under the old name and later lines name the new one)."""
+
+    kind: wire.Kind
+    name: str  # the model as the client named it (Ollama echoes it)
+
+    def named(self, model: str | None) -> str:
+        return wire.name_as_given(self.name, model) if model else self.name
+
+    def stats(self, gen: Generation, finish: FinishEvent) -> dict[str, int]:
+        now = time.monotonic()
+        started = gen.started if gen.started is not None else now
+        return wire.durations(finish, total_s=now - gen.arrived, load_s=started - gen.arrived)
+
+    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
+        text = "".join(ev.text for ev in tokens) + finish.text
+        calls = wire.ollama_calls(call_deltas(tokens, finish))
+        name = self.named(finish.model_id)
+        body = wire.final(self.kind, name, text, tokens, finish, self.stats(gen, finish), calls)
+        return JSONResponse(body, headers=gen.headers())
+
+    def stream(self, gen: Generation, started: Started | None) -> Response:
+        name = self.named(started.model_id) if started is not None else self.name
+        return JobStreamingResponse(
+            encode(gen.events_until_end(), NdjsonEncoder(self, gen, name)),
+            media_type=NDJSON,
+            headers=gen.headers(),
+            on_close=gen.abandon,  # a no-op unless the generator never ran
+        )
+
+
+@dataclass
+class NdjsonEncoder:
+    """Ollama's stream: one line per piece, then the final line with the stats (or an error line)."""
+
+    renderer: NdjsonRenderer
+    gen: Generation
+    name: str  # the model producing the lines, from now on
+    collector: wire.CallCollector = field(default_factory=wire.CallCollector)
+
+    @property
+    def kind(self) -> wire.Kind:
+        return self.renderer.kind
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def batch(self, item: Batch) -> list[bytes]:
+        calls = self.collector.add(call_deltas(item.events))
+        if item.text or calls or any(ev.logprob is not None for ev in item.events):
+            return [_line(wire.piece(self.kind, self.name, item.text, item.events, calls))]
+        return []
+
+    def end(self, item: End) -> list[bytes]:
+        out = []
+        calls = self.collector.add(call_deltas(item.events, item.finish))
+        if item.text or item.events or calls:  # held text goes out before the final object
+            out.append(_line(wire.piece(self.kind, self.name, item.text, item.events, calls)))
+        self.gen.mark_started()
+        if item.finish.model_id:
+            self.name = self.renderer.named(item.finish.model_id)
+        stats = self.renderer.stats(self.gen, item.finish)
+        return [*out, _line(wire.final(self.kind, self.name, "", [], item.finish, stats))]
+
+    def error(self, item: Error) -> list[bytes]:
+        out = [_line(wire.piece(self.kind, self.name, item.text, item.events))] if item.events else []
+        return [*out, _line(error_payload(item.error, router.prefix + "/")[1])]
+
+    def started(self, item: Started) -> list[bytes]:
+        self.gen.mark_started()
+        self.name = self.renderer.named(item.model_id)
+        return []
+
+    def switched(self, item: Switched) -> list[bytes]:
+        self.name = self.renderer.named(item.model_id)  # `coalesced` sent the held text under the old name
+        return []
+
+    def governor(self, item: GovernorState) -> list[bytes]:
+        return []
+
+
+def _not_found(rt: Runtime, name: str) -> SimmerError:
+    """Ollama's words for an unknown model; an installed model this server does not serve says so."""
+    model = wire.model_id(name)
+    if any(m.id == model for m in installed(rt.model_store)):
+        return ModelNotFound(
+            f"model '{name}' is installed but not served: this server serves '{rt.model}' "
+            f"(start it with SIMMER_MODEL={model})",
+            param="model",
+        )
+    return ModelNotFound(f"model '{name}' not found", param="model")
+
+
+async def _generate(
+    request: Request,
+    kind: wire.Kind,
+    body: wire._Generation,
+    job_kind: Literal["chat", "text"],
+    openai: ChatCompletionRequest | CompletionRequest,
+    payload: list[dict] | str,
+) -> Response:
+    rt: Runtime = request.app.state.runtime
+    rid = f"ollama-{uuid.uuid4().hex[:24]}"
+    try:
+        gen = await start(
+            request,
+            job_kind,
+            openai,
+            payload,
+            rid=rid,
+            endpoint=f"api/{kind}",
+            keep_alive_s=body.keep_alive_s(),
+        )
+    except ModelNotFound:
+        raise _not_found(rt, body.model) from None
+    except InvalidParameter as err:  # a schema llguidance cannot compile: named as Ollama names it
+        raise renamed(err, wire.RENAME) from None
+    return await respond(request, gen, NdjsonRenderer(kind, body.model))
+
+
+def _control(request: Request, kind: wire.Kind, body: wire._Generation) -> Response:
+    """No prompt (no messages): Ollama's load request, or with keep_alive 0 its unload request."""
+    rt: Runtime = request.app.state.runtime
+    if body.model_id not in rt.served.ids():
+        raise _not_found(rt, body.model)
+    if body.keep_alive_s() == 0:  # unload: the worker does it once no job uses the model
+        rt.worker.unload_when_idle(body.model_id)
+        return JSONResponse(wire.control(kind, body.model, "unload"))
+    if rt.worker.state != "ready":
+        raise ModelLoading("The model is still loading; retry shortly")
+    return JSONResponse(wire.control(kind, body.model, "load"))
+
+
+@router.post("/chat")
+async def chat(body: wire.OllamaChatRequest, request: Request) -> Response:
+    if not body.messages:
+        return _control(request, "chat", body)
+    openai = body.to_openai()
+    return await _generate(request, "chat", body, "chat", openai, openai.message_dicts())
+
+
+@router.post("/generate")
+async def generate(body: wire.OllamaGenerateRequest, request: Request) -> Response:
+    if not body.prompt:
+        return _control(request, "generate", body)
+    rt: Runtime = request.app.state.runtime
+    entry = rt.served.resolve(body.model_id)  # None: not served here (upstream, or a 404 from the router)
+    if body.raw or (entry is not None and not entry.can_chat):
+        # raw: the prompt as written; a base model (no chat template) continues the text, as ollama run does
+        prompt = body.prompt if body.raw else body.plain_text()
+        return await _generate(request, "generate", body, "text", body.to_openai_text(prompt), prompt)
+    openai = body.to_openai_chat()
+    return await _generate(request, "generate", body, "chat", openai, openai.message_dicts())
+
+
+# ---- models -------------------------------------------------------------------------------------------
+
+
+def _details(entry: CatalogEntry, variant: str | None = None) -> dict[str, Any]:
+    family = entry.family
+    return {
+        "parent_model": "",
+        "format": "onnx",  # simmer serves ONNX converted from the GGUF
+        "family": family,
+        "families": [family] if family else None,
+        "parameter_size": "",
+        "quantization_level": variant or entry.default_variant or "",
+    }
+
+
+def _tag(entry: CatalogEntry, variant: str | None = None) -> dict[str, Any]:
+    name = wire.ollama_name(entry.id)
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": iso(entry.created),
+        "size": entry.size_bytes,
+        "digest": entry.digest,
+        "details": _details(entry, variant),
+    }
+
+
+@router.head("/tags", include_in_schema=False)
+@router.get("/tags")
+async def tags(request: Request) -> dict[str, Any]:
+    rt: Runtime = request.app.state.runtime
+    local = await asyncio.to_thread(_listing, rt)  # reads the store: off the event loop
+    loaded = rt.served.pool.loaded()
+    models = [_tag(m, loaded[m.id].variant if m.id in loaded else None) for m in local]
+    # Ids served only upstream, when the routing policy lets requests leave (as /v1/models lists them).
+    for remote in rt.router.remote_models() if rt.router else []:
+        name = wire.ollama_name(remote)
+        models.append(
+            {
+                "name": name,
+                "model": name,
+                "modified_at": iso(""),
+                "size": 0,
+                "digest": "",
+                "remote_host": "upstream",
+                "details": {"format": "upstream"},
+            }
+        )
+    return {"models": models}
+
+
+def _listing(rt: Runtime) -> list[CatalogEntry]:
+    """The served models (the default first), then the installed ones this server does not serve."""
+    served = rt.served.entries()
+    ids = {e.id for e in served}
+    return [*served, *(m for m in installed(rt.model_store) if m.id not in ids)]
+
+
+def _find(rt: Runtime, model: str) -> CatalogEntry | None:
+    """A served model, or an installed one, by exact id."""
+    entry = rt.served.resolve(model) if model else None
+    return entry or next((m for m in installed(rt.model_store) if m.id == model), None)
+
+
+def _model_info(rt: Runtime, entry: CatalogEntry) -> dict[str, Any]:
+    arch = entry.architecture
+    family = entry.family or "unknown"
+    context = rt.served.context_length(entry) if entry.id in rt.served.ids() else None
+    keys = {
+        "context_length": context or arch.get("context_length") or entry.manifest.get("context_length"),
+        "embedding_length": arch.get("hidden"),
+        "feed_forward_length": arch.get("ffn"),
+        "block_count": arch.get("n_layers"),
+        "attention.head_count": arch.get("n_heads"),
+        "attention.head_count_kv": arch.get("n_kv_heads"),
+        "attention.key_length": arch.get("head_dim"),
+        "rope.freq_base": arch.get("rope_base"),
+        "vocab_size": arch.get("vocab"),
+    }
+    info: dict[str, Any] = {"general.architecture": family}
+    info.update({f"{family}.{k}": v for k, v in keys.items() if v is not None})
+    return info
+
+
+@router.post("/show")
+async def show(body: wire.ShowRequest, request: Request) -> dict[str, Any]:
+    rt: Runtime = request.app.state.runtime
+    entry = await asyncio.to_thread(_find, rt, body.model_id)
+    if entry is None:
+        raise _not_found(rt, body.given)
+    d = rt.sampling_defaults
+    loaded = rt.served.pool.loaded().get(entry.id)
+    template = await asyncio.to_thread(entry.chat_template)
+    # tools: a chat model gets them (models/runtime/tools.py); Ollama's clients check before sending any
+    chats = entry.can_chat
+    return {
+        "modelfile": f"# simmer: the chat template is Jinja (see `template`)\nFROM {entry.id}\n",
+        "parameters": f"temperature {d.temperature:g}\ntop_k {d.top_k}\ntop_p {d.top_p:g}\nmin_p {d.min_p:g}",
+        "template": template,
+        "details": _details(entry, loaded.variant if loaded is not None else None),
+        "model_info": _model_info(rt, entry),
+        "capabilities": ["completion", "tools"] if chats else ["completion"],
+        "modified_at": iso(entry.created),
+    }
+
+
+@router.get("/ps")
+async def ps(request: Request) -> dict[str, Any]:
+    """The models in memory (the worker's pool), each with when its keep_alive runs out."""
+    rt: Runtime = request.app.state.runtime
+    if rt.worker.state != "ready":
+        return {"models": []}
+    models = []
+    for model_id, view in rt.served.pool.loaded().items():
+        engine = rt.served.pool.engine(model_id)
+        entry = _find(rt, model_id) or CatalogEntry(
+            model_id, None, {}, can_chat=False, tokenizer_key=model_id
+        )
+        # "kept until the server stops" as Ollama shows it: centuries ahead
+        left = 292 * 365 * 86400.0 if view.expires_in_s is None else view.expires_in_s
+        expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=max(0.0, left))
+        tag = _tag(entry, view.variant)
+        tag.pop("modified_at")
+        tag.update(
+            {
+                "size": entry.variant_bytes(view.variant) or entry.size_bytes or view.bytes,
+                "size_vram": 0,  # CPU only
+                "expires_at": expires.isoformat().replace("+00:00", "Z"),
+                "context_length": engine.context_length if engine is not None else None,
+            }
+        )
+        models.append(tag)
+    return {"models": models}
+
+
+@router.head("/version", include_in_schema=False)
+@router.get("/version")
+async def version() -> dict[str, str]:
+    from importlib.metadata import version as package_version
+
+    return {"version": OLLAMA_API_VERSION, "simmer": package_version("simmer")}
+
+
+@router.delete("/delete")
+async def delete(body: wire.ModelRequest, request: Request) -> Response:
+    rt: Runtime = request.app.state.runtime
+    model = body.model_id
+    in_use = _in_use(rt, model)
+    if in_use:
+        raise ApiError(400, "invalid_parameter", f"model '{body.given}' {in_use}", param="model")
+    present = await asyncio.to_thread(installed, rt.model_store)
+    if rt.model_store is None or not any(m.id == model for m in present):
+        raise ModelNotFound(f"model '{body.given}' not found", param="model")
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(rt.store_executor, rt.model_store.remove, model)  # may wait for a pull
+    await asyncio.to_thread(rt.served.catalog.refresh)  # gone from what the server lists, at once
+    return Response(status_code=200)
+
+
+def _in_use(rt: Runtime, model: str) -> str | None:
+    """Why `model` cannot be deleted now (None: it can): the server's own model, a rung of its ladder, or
+    loaded (any other installed model can go)."""
+    if model == rt.model:
+        return "is the model this server serves (SIMMER_MODEL): serve another one before deleting it"
+    if model in rt.served.ladder_models():
+        return "is on the governor's ladder (SIMMER_LADDER): take it off before deleting it"
+    if model in rt.served.pool.loaded():
+        return (
+            "is loaded: delete it once it unloads (after its keep_alive, or at once after a request "
+            'with "keep_alive": 0)'
+        )
+    return None
+
+
+@router.post("/pull")
+async def pull(body: wire.PullRequest, request: Request) -> Response:
+    rt: Runtime = request.app.state.runtime
+    store = rt.model_store
+    if store is None:
+        raise ApiError(400, "invalid_parameter", "this server has no model store", param="model")
+    name = body.model_id
+    # An unknown name: 404 at once. A local path only from SIMMER_PULL_DIRS, decided before it is read.
+    spec = await asyncio.to_thread(registry.resolve, name, hub=store.hub, local_dirs=rt.pull_dirs)
+    progress = PullProgress(asyncio.get_running_loop())
+
+    def install() -> Any:
+        # The terms the model comes under first, as `simmer pull` prints them (one status line).
+        with store.disk_full_as_error(f"simmer pull {name}", f"reading the license notice of {spec.id}"):
+            notice = license_notice(spec.source, store.downloads_dir)
+        if notice:
+            progress.note(notice)
+        return store.pull(name, progress, local_dirs=rt.pull_dirs)
+
+    # its own threads: a pull may wait for the model's lock (another pull, `simmer pull --force`)
+    task = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(rt.store_executor, install))
+    task.add_done_callback(lambda t: _pulled(spec.id, t))
+    if not body.stream:
+        await asyncio.shield(task)  # a client that leaves does not stop the install (as Ollama resumes)
+        return JSONResponse({"status": "success"})
+    return StreamingResponse(progress.lines(task), media_type=NDJSON)
+
+
+def _pulled(model: str, task: asyncio.Future) -> None:
+    """The install's outcome, in the log, also when its client left before it ended."""
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is None:
+        log.info("pulled %s", model)
+    else:
+        log.warning("pull of %s failed: %s", model, error)
+
+
+class PullProgress:
+    """The store's (stage, fraction) reports, from the pull's thread, as Ollama's progress objects: one per
+    stage and per 0.1 % of it. `digest` names the stage (clients key their progress bars on it); total and
+    completed are per mille, not bytes (the store reports fractions)."""
+
+    TOTAL = 1000
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._last: tuple[str, int] | None = None
+
+    def note(self, text: str) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, {"status": text})
+
+    def __call__(self, stage: str, fraction: float) -> None:
+        done = round(max(0.0, min(1.0, fraction)) * self.TOTAL)
+        if (stage, done) == self._last:
+            return
+        self._last = (stage, done)
+        item = {"status": stage, "digest": stage, "total": self.TOTAL, "completed": done}
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    async def lines(self, task: asyncio.Future) -> AsyncIterator[bytes]:
+        yield _line({"status": "pulling manifest"})
+        while not (task.done() and self.queue.empty()):
+            getter = asyncio.ensure_future(self.queue.get())
+            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                yield _line(getter.result())
+            else:
+                getter.cancel()
+        try:
+            installed = task.result()
+        except Exception as err:  # the stream has started: the error is its last line
+            yield _line(error_payload(err, router.prefix + "/")[1])
+            return
+        yield _line({"status": "verifying sha256 digest"})
+        yield _line({"status": f"installed {installed.id} {installed.version}"})
+        yield _line({"status": "success"})
+
+
+@router.post("/embed")
+async def embed(body: wire.EmbedRequest, request: Request) -> Response:
+    return _no_embeddings(request, body)
+
+
+@router.post("/embeddings")
+async def embeddings(body: wire.EmbedRequest, request: Request) -> Response:
+    return _no_embeddings(request, body)
+
+
+def _no_embeddings(request: Request, body: wire.EmbedRequest) -> Response:
+    rt: Runtime = request.app.state.runtime
+    if wire.model_id(body.model) not in rt.served.ids():
+        raise _not_found(rt, body.model)
+    raise ApiError(
+        400,
+        "invalid_parameter",
+        f"'{body.model}' does not support embeddings: simmer serves no embedding model",
+        param="model",
+    )

@@ -1,0 +1,93 @@
+"""OpenAI-compatible endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from models.errors import ModelNotFound
+from models.variant_facts import floor_facts, refused_variants, variant_facts
+from server.api.common.flow import complete
+from server.api.ollama.protocol import LATEST
+from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.catalog import CatalogEntry
+
+if TYPE_CHECKING:
+    from server.api.context import Runtime
+    from server.model_pool import LoadedView
+
+router = APIRouter(prefix="/v1")
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    return await complete(request, "chat", body, body.message_dicts())
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    return await complete(request, "text", body, body.prompt_text())
+
+
+@router.get("/models")
+async def models(request: Request) -> dict:
+    """Every installed model (simmer extras: variants, disk size, context, chat, loaded, memory), then the
+    ids served only upstream when the routing policy lets requests leave."""
+    rt: Runtime = request.app.state.runtime
+    entries = await asyncio.to_thread(rt.served.catalog.entries)  # the store: a few small files
+    loaded = rt.served.pool.loaded()
+    data = [model_entry(rt, e, loaded.get(e.id)) for e in sorted(entries, key=lambda e: e.id != rt.model)]
+    if not data:  # one engine that has not loaded yet
+        data = [_base(rt, rt.model) | {"loaded": False}]
+    remote = [
+        {"id": m, "object": "model", "created": rt.started, "owned_by": "upstream", "remote": True}
+        for m in (rt.router.remote_models() if rt.router else [])
+    ]
+    return {"object": "list", "data": [*data, *remote]}
+
+
+@router.get("/models/{model:path}")
+async def model(model: str, request: Request) -> dict:
+    """One model as `/v1/models` lists it (client.models.retrieve). An Ollama-style name with the default
+    tag (`smollm2-135m-instruct:latest`) names the model listed without it, as every route reads it; an id
+    with a slash (an upstream's `org/name`) is one path. Any other name: 404 model_not_found, as OpenAI's."""
+    listed = {entry["id"]: entry for entry in (await models(request))["data"]}
+    found = listed.get(model) or listed.get(model.removesuffix(LATEST))
+    if found is None:
+        raise ModelNotFound(f"The model '{model}' does not exist", param="model")
+    return found
+
+
+def _base(rt: Runtime, model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": rt.started, "owned_by": "simmer"}
+
+
+def model_entry(rt: Runtime, entry: CatalogEntry, loaded: LoadedView | None) -> dict[str, Any]:
+    served = rt.served
+    variant = loaded.variant if loaded else entry.default_variant
+    model_ctx = entry.context_length
+    context = served.context_length(entry)
+    resident = loaded.bytes if loaded else (served.cost(entry, variant).total if served.cost else None)
+    rungs = [r.variant for r in served.ladder if r.model_id == entry.id]
+    return _base(rt, entry.id) | {
+        "default": entry.id == rt.model,
+        "variants": entry.variants,
+        "variant": variant,
+        "disk_bytes": entry.disk_bytes,
+        "context_length": context,
+        "max_context_length": model_ctx,
+        "can_chat": entry.can_chat,
+        "loaded": loaded is not None,
+        "keep_alive_s": None
+        if loaded is None or loaded.expires_in_s is None
+        else round(loaded.expires_in_s, 1),
+        "resident_bytes_estimate": resident or None,
+        "ladder_rungs": rungs,
+        # measured at pull time on this machine: quality against the fp32 reference, speed
+        "variant_quality": variant_facts(entry.manifest),
+        "quality_floor": floor_facts(entry.manifest),
+        "refused_variants": refused_variants(entry.manifest),
+    }

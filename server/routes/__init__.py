@@ -1,1 +1,0 @@
-"""Thin HTTP handlers; the flow they share lives in `completion_flow`."""
