@@ -19,6 +19,8 @@ from models.protocol import EngineLimits
 from models.runtime.batch import BatchDecoder
 from models.runtime.engine import LlamaEngine, load_engine
 from models.types import CancelToken
+from tests.server.test_multi_model import reference, several  # noqa: F401 (several: a fixture)
+from tests.server.test_multi_model import stream as multi_stream
 
 PROMPTS = ["the cat sat on the mat", "once upon a time", "what is the capital", "def fib(n):"]
 # two greedy replies, two seeded ones
@@ -229,3 +231,49 @@ def test_batch_when_a_hostile_client_resets_mid_batch_then_the_others_stream_on_
     while worker.busy and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not worker.busy  # the reset client's row is gone too (its 100 tokens were not all made)
+
+
+class HoldThenSwitchGate(HoldGate):
+    """Holds the first job (HoldGate), then after `after` steps moves the governor's rung to `target`."""
+
+    def __init__(self, target: str, after: int) -> None:
+        super().__init__()
+        self.target, self.after, self.steps = target, after, 0
+        self.rung: str | None = None  # type: ignore[assignment]
+
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        self.steps += 1
+        if self.steps == self.after:
+            self.rung = self.target
+            return EngineLimits(model_id=self.target, variant="f32")
+        return None
+
+
+def test_batch_when_the_rung_moves_mid_batch_then_every_row_goes_on_on_the_other_model(
+    several,  # noqa: F811 (the fixture imported above)
+    tiny_pair_dirs,
+    passes,
+):
+    gate = HoldThenSwitchGate("tiny-small", after=12)
+    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    out: dict[int, tuple] = {}
+    threads = [
+        threading.Thread(target=lambda i=i: out.__setitem__(i, multi_stream(srv, "tiny-big", 24)))
+        for i in range(3)
+    ]
+    gate.release.clear()
+    for t in threads:
+        t.start()
+    worker = srv.app.state.runtime.worker
+    deadline = time.monotonic() + 30
+    while worker.queue_depth < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gate.release.set()
+    for t in threads:
+        t.join(60)
+    assert 3 in passes  # they decoded together on tiny-big, and after the move on tiny-small
+    for text, names, switches, usage in out.values():
+        n_first = usage["models"]["tiny-big"]
+        assert usage["models"] == {"tiny-big": n_first, "tiny-small": 24 - n_first} and 0 < n_first < 24
+        assert len(switches) == 1 and names[-1] == "tiny-small"
+        assert text == reference(tiny_pair_dirs[0], tiny_pair_dirs[1], n_first, 24, same_tokenizer=True)
