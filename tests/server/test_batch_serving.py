@@ -277,3 +277,13 @@ def test_batch_when_the_rung_moves_mid_batch_then_every_row_goes_on_on_the_other
         assert usage["models"] == {"tiny-big": n_first, "tiny-small": 24 - n_first} and 0 < n_first < 24
         assert len(switches) == 1 and names[-1] == "tiny-small"
         assert text == reference(tiny_pair_dirs[0], tiny_pair_dirs[1], n_first, 24, same_tokenizer=True)
+
+
+def test_bench_concurrency_round_when_clients_stream_at_once_then_every_token_counted(live, tiny_model_dir):
+    from bench.concurrency import run_round
+
+    srv, _ = serve(live, tiny_model_dir, "q4-a8", 4)
+    round_ = run_round(srv.url, srv.settings.model, clients=3, requests=2, max_tokens=12)
+    assert round_["errors"] == [] and round_["requests"] == 6 and round_["tokens"] == 6 * 12
+    assert len(round_["itl_p50_ms_per_client"]) == 3 and round_["aggregate_tok_s"] > 0
+    assert 0 < round_["ttft_p50_s"] <= round_["ttft_p95_s"]
