@@ -287,3 +287,68 @@ def test_bench_concurrency_round_when_clients_stream_at_once_then_every_token_co
     assert round_["errors"] == [] and round_["requests"] == 6 and round_["tokens"] == 6 * 12
     assert len(round_["itl_p50_ms_per_client"]) == 3 and round_["aggregate_tok_s"] > 0
     assert 0 < round_["ttft_p50_s"] <= round_["ttft_p95_s"]
+
+
+class HoldThenLimitGate(HoldGate):
+    """Holds the first job (HoldGate), then after `after` steps hands out `limits` once."""
+
+    def __init__(self, limits: EngineLimits, after: int) -> None:
+        super().__init__()
+        self.limits, self.after, self.steps = limits, after, 0
+
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        self.steps += 1
+        return self.limits if self.steps == self.after else None
+
+
+def test_batch_when_the_governor_switches_variant_mid_batch_then_every_row_goes_on_on_it(
+    live, tiny_model_dir, passes, monkeypatch
+):
+    prefills: list[int] = []  # the rows waiting for a prefill chunk at each chunk
+    prefill = BatchDecoder.prefill
+
+    def counted(self: BatchDecoder, slot: int | None = None):
+        if self.prefilling:
+            prefills.append(len(self.prefilling))
+        return prefill(self, slot)
+
+    monkeypatch.setattr(BatchDecoder, "prefill", counted)
+    gate = HoldThenLimitGate(EngineLimits(variant="f32"), after=16)
+    srv, e = serve(live, tiny_model_dir, "q4-a8", 4, gate)
+    gate.limits = EngineLimits(variant="f32", model_id=e.model_id)  # the governor names its rung's model
+    out = together(srv, gate, list(range(4)), max_tokens=32)
+    assert e.variant == "f32" and gate.steps > 16
+    assert all(len(out[i]) == 32 for i in range(4))
+    # each prompt a chunk, then every row's context again on the new weights (a chunk each: < 256 tokens)
+    assert len(prefills) == 8 and prefills[4] == 4
+    switched = passes.index(4)  # the rows decoded together before the switch and again after it
+    assert 4 in passes[switched + 8 :]
+
+
+def test_batch_when_another_model_is_asked_for_then_it_waits_for_the_batch_and_is_served(
+    several,  # noqa: F811 (the fixture imported above)
+    passes,
+):
+    gate = HoldGate()
+    srv, _ = several(governor=gate)
+    out: dict[str, tuple] = {}
+    asks = [("big-0", "tiny-big"), ("big-1", "tiny-big"), ("small", "tiny-small"), ("big-2", "tiny-big")]
+    threads = []
+    gate.release.clear()
+    worker = srv.app.state.runtime.worker
+    for key, model in asks:  # queued in this order
+        threads.append(
+            threading.Thread(target=lambda k=key, m=model: out.__setitem__(k, multi_stream(srv, m, 16)))
+        )
+        threads[-1].start()
+        deadline = time.monotonic() + 10
+        while worker.queue_depth < len(threads) - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    gate.release.set()
+    for t in threads:
+        t.join(60)
+    for key, model in asks:
+        _, names, _, usage = out[key]
+        assert usage["completion_tokens"] == 16 and set(names) == {model}, key
+    # tiny-big's first two decode together; tiny-small's reply waits for them (FIFO), then big-2 follows it
+    assert passes[0] == 2 and max(passes) == 2
