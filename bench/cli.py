@@ -112,6 +112,11 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     c.add_argument("--model-dir", default=None, help="a converted model folder instead of the store")
     c.add_argument("--gguf", default=None, help="the source GGUF for llama-server")
     c.add_argument("--llama-server", default=None, help="path of llama.cpp's llama-server binary (the peer)")
+    c.add_argument(
+        "--llama-cpp-python",
+        action="store_true",
+        help="or llama-cpp-python's server on the GGUF (it serves one reply at a time)",
+    )
     c.add_argument("--peer-url", default=None, help="or an OpenAI-compatible server already running")
     c.add_argument("--clients", type=int, default=4)
     c.add_argument("--requests", type=int, default=2, help="streamed replies per client, one after another")
@@ -124,7 +129,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
 
         run_settings = settings.model_copy(update={"model": args.model}) if args.model else settings
         gguf = None
-        if args.llama_server and not args.model_dir:
+        if (args.llama_server or args.llama_cpp_python) and not args.model_dir:
             store = ModelStore(settings.home)
             gguf = _gguf_for(store, store.load(run_settings.model), args.gguf)
         elif args.gguf:
@@ -134,6 +139,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             model_dir=Path(args.model_dir) if args.model_dir else None,
             gguf=gguf,
             llama_server_bin=args.llama_server,
+            llama_cpp_python=args.llama_cpp_python,
             peer_url=args.peer_url,
             clients=args.clients,
             requests=args.requests,

@@ -1,7 +1,8 @@
 """`simmer bench concurrency`: N clients at once, each sending R streamed chat completions one after another,
 over HTTP, against simmer with SIMMER_MAX_BATCH=N (replies decoded together), simmer with SIMMER_MAX_BATCH=1
 (one reply at a time, as before batches) and, when given, llama.cpp's own `llama-server --parallel N`
-(continuous batching) on the same GGUF, or any OpenAI-compatible peer URL. The systems take turns, round
+(continuous batching) on the same GGUF, or llama-cpp-python's server (one reply at a time), or any
+OpenAI-compatible peer URL. The systems take turns, round
 after round (interleaved, the order rotated each round), each on its own server process started once.
 
 Every request asks for exactly `max_tokens` tokens (`ignore_eos`), greedy; tokens are counted from the final
@@ -22,6 +23,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -154,14 +156,10 @@ def _quantile(sorted_xs: list[float], q: float) -> float:
     return sorted_xs[k]
 
 
-@contextlib.contextmanager
-def llama_server(binary: str, gguf: Path, *, parallel: int, context: int, threads: int) -> Iterator[str]:
+def llama_server_cmd(binary: str, gguf: Path, port: int, *, parallel: int, context: int, threads: int):
     """llama.cpp's own server: `parallel` slots of `context` tokens each (its -c is their total), continuous
     batching, `threads` for decode and for prompts."""
-    port = free_port()
-    tmp = Path(tempfile.mkdtemp(prefix="simmer-bench-llama-"))
-    log = (tmp / "llama-server.log").open("w")
-    cmd = [
+    return [
         binary,
         "-m",
         str(gguf),
@@ -180,18 +178,50 @@ def llama_server(binary: str, gguf: Path, *, parallel: int, context: int, thread
         "--cont-batching",
         "--no-webui",
     ]
+
+
+def llama_cpp_python_cmd(gguf: Path, port: int, *, context: int, threads: int) -> list[str]:
+    """llama-cpp-python's server (`pip install 'llama-cpp-python[server]'`): one llama.cpp context, one
+    reply at a time (requests wait their turn), `context` tokens."""
+    return [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(context),
+        "--n_threads",
+        str(threads),
+        "--n_threads_batch",
+        str(threads),
+        # by default a new request interrupts the stream running (its client sees a cut reply): queue it
+        "--interrupt_requests",
+        "False",
+    ]
+
+
+@contextlib.contextmanager
+def peer_process(cmd: list[str], port: int) -> Iterator[str]:
+    """A peer server started by `cmd` on `port`, once it answers GET /v1/models."""
+    tmp = Path(tempfile.mkdtemp(prefix="simmer-bench-peer-"))
+    log = (tmp / "peer.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {(tmp / 'llama-server.log').read_text()[-2000:]}")
+                raise RuntimeError(f"{cmd[0]} exited: {(tmp / 'peer.log').read_text()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
-                raise RuntimeError("llama-server did not become ready")
+                raise RuntimeError(f"{cmd[0]} did not become ready")
             time.sleep(0.1)
         yield url
     finally:
@@ -211,6 +241,7 @@ def bench_concurrency(
     model_dir: Path | None = None,
     gguf: Path | None = None,
     llama_server_bin: str | None = None,
+    llama_cpp_python: bool = False,
     peer_url: str | None = None,
     clients: int = 4,
     requests: int = 2,
@@ -239,13 +270,17 @@ def bench_concurrency(
         with httpx.Client(base_url=systems["simmer_batched"][0], timeout=30) as c:
             thermal = c.get("/v1/thermal").json()
             served_model = c.get("/v1/models").json()["data"][0]["id"]
+        ctx = settings.context_length
         if llama_server_bin and gguf:
-            url = stack.enter_context(
-                llama_server(
-                    llama_server_bin, gguf, parallel=clients, context=settings.context_length, threads=threads
-                )
+            port = free_port()
+            cmd = llama_server_cmd(
+                llama_server_bin, gguf, port, parallel=clients, context=ctx, threads=threads
             )
-            systems["llama_server"] = (url, None)
+            systems["llama_server"] = (stack.enter_context(peer_process(cmd, port)), None)
+        elif llama_cpp_python and gguf:
+            port = free_port()
+            cmd = llama_cpp_python_cmd(gguf, port, context=ctx, threads=threads)
+            systems["llama_cpp_python"] = (stack.enter_context(peer_process(cmd, port)), None)
         elif peer_url:
             systems["peer"] = (peer_url.removesuffix("/v1").rstrip("/"), None)
         names = list(systems)
@@ -276,7 +311,7 @@ def bench_concurrency(
         }
         for name in names
     }
-    peer = next((n for n in ("llama_server", "peer") if n in summary), None)
+    peer = next((n for n in ("llama_server", "llama_cpp_python", "peer") if n in summary), None)
 
     def ratio(a: str, b: str | None, key: str) -> float | None:
         x, y = summary[a][key], summary[b][key] if b is not None else None
