@@ -1,4 +1,5 @@
-"""`simmer bench engine | server | sustained | soak | json`: benchmarks that print JSON (and a peer)."""
+"""`simmer bench engine | server | sustained | soak | json | concurrency`: benchmarks that print JSON (and a
+peer)."""
 
 from __future__ import annotations
 
@@ -103,7 +104,50 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     j.add_argument("--max-tokens", type=int, default=256)
     j.add_argument("--threads", type=int, default=2)
     j.add_argument("--json")
+    c = sub.add_parser(
+        "concurrency",
+        help="N clients at once over HTTP: simmer batched vs one at a time vs llama-server --parallel N",
+    )
+    c.add_argument("--model", default=None, help="installed model id (default: SIMMER_MODEL)")
+    c.add_argument("--model-dir", default=None, help="a converted model folder instead of the store")
+    c.add_argument("--gguf", default=None, help="the source GGUF for llama-server")
+    c.add_argument("--llama-server", default=None, help="path of llama.cpp's llama-server binary (the peer)")
+    c.add_argument(
+        "--llama-cpp-python",
+        action="store_true",
+        help="or llama-cpp-python's server on the GGUF (it serves one reply at a time)",
+    )
+    c.add_argument("--peer-url", default=None, help="or an OpenAI-compatible server already running")
+    c.add_argument("--clients", type=int, default=4)
+    c.add_argument("--requests", type=int, default=2, help="streamed replies per client, one after another")
+    c.add_argument("--max-tokens", type=int, default=128)
+    c.add_argument("--rounds", type=int, default=3)
+    c.add_argument("--json")
     args = p.parse_args(argv)
+    if args.what == "concurrency":
+        from bench.concurrency import bench_concurrency
+
+        run_settings = settings.model_copy(update={"model": args.model}) if args.model else settings
+        gguf = None
+        if (args.llama_server or args.llama_cpp_python) and not args.model_dir:
+            store = ModelStore(settings.home)
+            gguf = _gguf_for(store, store.load(run_settings.model), args.gguf)
+        elif args.gguf:
+            gguf = Path(args.gguf)
+        report = bench_concurrency(
+            run_settings,
+            model_dir=Path(args.model_dir) if args.model_dir else None,
+            gguf=gguf,
+            llama_server_bin=args.llama_server,
+            llama_cpp_python=args.llama_cpp_python,
+            peer_url=args.peer_url,
+            clients=args.clients,
+            requests=args.requests,
+            max_tokens=args.max_tokens,
+            rounds=args.rounds,
+        )
+        _write(report, args.json)
+        return 0
     if args.what == "json":
         from bench.json_runaway import run
 

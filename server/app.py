@@ -84,6 +84,7 @@ def create_app(
         preload=served.preload,
         window=summarizer,
         ladder=served.ladder,
+        max_batch=settings.max_batch,
     )
     if summarizer is not None:
         worker.add_idle_work(summarizer)

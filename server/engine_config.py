@@ -46,6 +46,12 @@ class EngineConfig:
     speculation: str = "auto"  # SIMMER_SPECULATION: prompt-lookup speculation
     window_reply_contexts: int = 1  # SIMMER_WINDOW_REPLY_CONTEXTS: a sliding-window reply's bound
     kv_prefault: bool = True  # SIMMER_KV_PREFAULT: a KV buffer resident when allocated (kv_zeros)
+    max_batch: int = 1  # SIMMER_MAX_BATCH: replies of one model decoded together (1: one at a time)
+
+    @property
+    def batch_rows(self) -> int:
+        """KV rows a model's batch decoder holds (none when replies run one at a time)."""
+        return self.max_batch if self.max_batch > 1 else 0
 
     @classmethod
     def from_settings(cls, settings: Settings, *, threads: int | None = None) -> EngineConfig:
@@ -62,6 +68,7 @@ class EngineConfig:
             speculation=settings.speculation,
             window_reply_contexts=settings.window_reply_contexts,
             kv_prefault=settings.kv_prefault,
+            max_batch=settings.max_batch,
         )
 
     def open(

@@ -175,6 +175,12 @@ class GovernorGate:
         return self.governor.snapshot().cause == "memory"
 
     @property
+    def pauses_new(self) -> bool:
+        """New work waits now: a batch admits no reply beside its running ones (before_job would hold it
+        there, and every running row with it)."""
+        return self.governor.limits.pause_new
+
+    @property
     def rung(self) -> str | None:
         """The model of the governor's rung now (the worker unloads idle models above it)."""
         return self.governor.limits.model_id

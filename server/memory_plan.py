@@ -66,8 +66,11 @@ def estimate(
     context_length: int,
     prefix_slots: int,
     prefix_budget_bytes: int,
+    batch_rows: int = 0,
 ) -> Estimate:
-    """What `variant` of this model holds once loaded and used at the context cap."""
+    """What `variant` of this model holds once loaded and used at the context cap. `batch_rows`: the rows
+    of its batch decoder (replies served at once), each a KV buffer of the whole context, held beside the
+    prefix-reuse slots (a reply outside a batch, a summary, uses those)."""
     variants = manifest.get("variants") or {}
     entry = variants.get(variant) or {}
     weights = entry.get("weights_bytes")
@@ -75,7 +78,7 @@ def estimate(
         weights = int((entry.get("memory") or {}).get("total_bytes") or 0)
     ctx = min(context_length, int(manifest.get("context_length") or context_length))
     per_token = kv_per_token(manifest)
-    slots = kv_slot_count(ctx, per_token, prefix_slots, prefix_budget_bytes)
+    slots = kv_slot_count(ctx, per_token, prefix_slots, prefix_budget_bytes) + batch_rows
     files = manifest.get("files") or {}
     tokenizer = int((files.get("tokenizer.json") or {}).get("size") or 0) * TOKENIZER_FACTOR
     return Estimate(weights, per_token * ctx * slots, tokenizer)

@@ -39,7 +39,11 @@ class _Loaded:
     engine: Engine
     last_used: float
     expires_at: float = math.inf
-    busy: bool = False
+    users: int = 0  # replies (and idle work) using it now: a batch of replies acquires it once each
+
+    @property
+    def busy(self) -> bool:
+        return self.users > 0
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ class ModelPool:
             item = self._loaded.get(entry.id)
         if item is None:
             item = self._load(entry, variant, limits)
-        item.busy = True
+        item.users += 1
         item.last_used = self.clock()
         item.expires_at = math.inf  # not while it serves
         self._current = item.engine
@@ -141,23 +145,25 @@ class ModelPool:
             yield None
             return
         expires_at = item.expires_at
-        item.busy = True
+        item.users += 1
         try:
             yield item.engine
         finally:
-            item.busy = False
+            item.users -= 1
             item.expires_at = expires_at
 
     def release(self, model_id: str, keep_alive_s: float | None = None) -> None:
-        """The request is done with it (`model_id`: the engine's own id): keep it loaded for keep_alive
-        (0: unload now)."""
+        """The request is done with it (`model_id`: the engine's own id): once no other reply uses it, keep
+        it loaded for keep_alive (0: unload now)."""
         with self._lock:
             item = self._loaded.get(model_id)
         if item is None:
             return
         keep = self.keep_alive_s if keep_alive_s is None else keep_alive_s
-        item.busy = False
+        item.users = max(0, item.users - 1)
         item.last_used = self.clock()
+        if item.busy:  # other replies of a batch still run on it
+            return
         if keep <= 0:
             self.unload(model_id, "keep_alive 0: unloaded after the reply")
             return

@@ -134,6 +134,7 @@ def cost_function(config: EngineConfig) -> Callable[[CatalogEntry, str | None], 
             context_length=config.context_length,
             prefix_slots=config.prefix_slots,
             prefix_budget_bytes=config.prefix_budget_bytes,
+            batch_rows=config.batch_rows,
         )
 
     return cost

@@ -70,6 +70,13 @@ class Settings(BaseSettings):
         description="Prompt-lookup speculative decoding (greedy and seeded replies unchanged): auto "
         "(where the variant's verification pass is exact) | off",
     )
+    max_batch: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Replies of one model decoded together, one token each per forward pass (each holds a "
+        "KV buffer of the whole context); 1: one reply at a time",
+    )
     prefix_cache_slots: int = Field(1, description="KV slots kept for prefix reuse (conversations cached)")
     prefix_cache_mb: int = Field(256, description="Memory budget for prefix-reuse KV slots")
     kv_prefault: bool = Field(

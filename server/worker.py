@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from governor.limits import Rung
 from models.errors import Cancelled, SimmerError
 from models.protocol import Engine, EngineLimits, Prompt
+from models.runtime.batch import BatchDecoder, BatchEvent, RowError
 from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent, ToolUse
 from server.ladder import Target, shed_above
 from server.model_pool import ModelPool
@@ -68,6 +69,8 @@ class Gate(Protocol):
     @property
     def memory_pressure(self) -> bool: ...
 
+    # (optional) `pauses_new`: new work waits now; a batch then admits no reply beside its running ones
+
     @property
     def rung(self) -> str | None:
         """The model of the governor's rung now (None: no ladder, no governor). Read from any thread."""
@@ -78,6 +81,7 @@ class NoGate:
     """The default gate: never pauses, never changes limits."""
 
     memory_pressure = False
+    pauses_new = False
     rung = None
 
     def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:
@@ -199,8 +203,10 @@ class Worker:
         preload: str | None = None,
         window: Window | None = None,
         ladder: Sequence[Rung] = (),
+        max_batch: int = 1,
     ) -> None:
         self.pool = pool
+        self.max_batch = max(1, max_batch)  # replies of one model decoded together (_run_batch)
         self._window = window
         self.ladder = list(ladder)  # the governor's rungs across models (what shed_above reads)
         self.max_queue = max_queue
@@ -212,8 +218,12 @@ class Worker:
         self.load_error: BaseException | None = None
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
-        self._current: Job | None = None
-        self._current_tokens = 0  # tokens the running job generated so far (tokens_ahead)
+        self._held: dict[int, Job] = {}  # id(job) -> the jobs the worker runs now (several in a batch)
+        self._held_tokens: dict[int, int] = {}  # id(job) -> tokens it generated so far (tokens_ahead)
+        # replies moved to another model mid-batch: they go on there once the batch they left is done
+        self._moved: collections.deque[_Reply] = collections.deque()
+        self._batch: BatchDecoder | None = None  # the decoder running a batch now
+        self._batch_events: list[BatchEvent] = []  # what applying limits to it ended (_sync_limits)
         self._governed: EngineLimits | None = None  # the governor's latest limits (its rung included)
         self._applied: dict[int, EngineLimits] = {}  # per engine (id()): the limits it runs with
         self._idle_work: list[IdleWork] = []
@@ -258,12 +268,12 @@ class Worker:
         estimate (each reply runs to its max_tokens; one without counts UNBOUNDED_REPLY_TOKENS)."""
         with self._cond:
             queued = sum(_reply_tokens(job) for job in self._queue if not job.cancel.cancelled)
-            current, done = self._current, self._current_tokens
-        return queued + (max(0, _reply_tokens(current) - done) if current is not None else 0)
+            held = [(job, self._held_tokens.get(key, 0)) for key, job in self._held.items()]
+        return queued + sum(max(0, _reply_tokens(job) - done) for job, done in held)
 
     @property
     def busy(self) -> bool:
-        return self._current is not None
+        return bool(self._held)
 
     def unload_when_idle(self, model_id: str) -> bool:
         """Ollama's unload request (keep_alive 0 without a prompt): the worker thread, which owns the
@@ -276,7 +286,7 @@ class Worker:
 
     def publish_governor(self, state: Mapping[str, Any]) -> None:
         with self._cond:
-            jobs = list(self._queue) + ([self._current] if self._current else [])
+            jobs = list(self._queue) + list(self._held.values())
             self._cond.notify()  # an idle worker looks at the rung (_rung_moved)
         for job in jobs:
             job.sink(GovernorState(dict(state)))
@@ -307,7 +317,7 @@ class Worker:
         with self._cond:
             self.state = "closed"
             queued = list(self._queue)
-            jobs = queued + ([self._current] if self._current else [])
+            jobs = queued + list(self._held.values())
             self._queue.clear()
             self._idle_cancel.cancel()
             self._cond.notify_all()
@@ -347,7 +357,7 @@ class Worker:
             log.info("model ready: %s (%s)", ready.model_id, ready.variant)
         while True:
             with self._cond:
-                while not self._queue and self.state != "closed":
+                while not self._queue and not self._moved and self.state != "closed":
                     if self._idle_due and any(w.pending() for w in self._idle_work):
                         break
                     if self._rung_moved():
@@ -358,24 +368,52 @@ class Worker:
                         break
                     self._cond.wait(timeout)
                 if self.state == "closed":
-                    return
-                job = self._queue.popleft() if self._queue else None
-                self._current = job
-                self._current_tokens = 0
-                if job is None:
+                    moved = list(self._moved)
+                    self._moved.clear()
+                    break
+                moved_reply = self._moved.popleft() if self._moved else None
+                job = self._queue.popleft() if self._queue and moved_reply is None else None
+                if job is not None:
+                    self._hold(job)
+                if job is None and moved_reply is None:
                     self._idle_cancel = CancelToken()
+            if moved_reply is not None:
+                try:
+                    self._serve(moved_reply)
+                finally:
+                    with self._cond:
+                        self._idle_due = True
+                    self._shed_above_rung()
+                continue
             if job is None:
                 self.pool.expire()  # keep_alive: idle models past their time go, and free their memory
                 self._shed_above_rung()
                 self._run_idle_work()
                 continue
             try:
-                self._run_job(job)
+                if self.max_batch > 1:
+                    reply = self._start(job)
+                    if reply is not None:
+                        self._serve(reply)
+                else:
+                    self._run_job(job)
             finally:
                 with self._cond:
-                    self._current = None
                     self._idle_due = True
                 self._shed_above_rung()  # a reply that moved down left the bigger model idle
+        for reply in moved:  # the server closes: replies waiting to go on on another model end here
+            reply.job.sink(Failed(ShuttingDown("The server is shutting down")))
+            self._close(reply)
+
+    def _hold(self, job: Job) -> None:
+        with self._cond:
+            self._held[id(job)] = job
+            self._held_tokens[id(job)] = 0
+
+    def _let_go(self, job: Job) -> None:
+        with self._cond:
+            self._held.pop(id(job), None)
+            self._held_tokens.pop(id(job), None)
 
     def _rung_moved(self) -> bool:
         return self.gate.rung != self._rung_seen
@@ -431,7 +469,10 @@ class Worker:
         else:
             limits = self._limits_for(target)
         if self._applied.get(id(engine)) != limits:
-            engine.apply_limits(limits)
+            if self._batch is not None and self._batch.e is engine:  # every row of the batch gets them
+                self._batch_events += self._batch.apply_limits(limits)
+            else:
+                engine.apply_limits(limits)
             self._applied[id(engine)] = limits
 
     def _step_hook(self, job: Job, engine: Engine, blocked: set[str]) -> Callable[[], EngineLimits | None]:
@@ -457,19 +498,28 @@ class Worker:
 
         return hook
 
+    # -- one reply: start, generate, close -------------------------------------------------------------
     def _run_job(self, job: Job) -> None:
+        """One reply at a time (SIMMER_MAX_BATCH=1, or an engine that cannot batch)."""
+        reply = self._start(job)
+        if reply is not None:
+            self._generate_alone(reply)
+
+    def _start(self, job: Job) -> _Reply | None:
+        """The job's model acquired and limited, its prompt built and Started sent: its _Reply, or None
+        when it ended here (its client left, or it failed: Failed sent; the worker is done with it)."""
+        self._hold(job)
         started = time.monotonic()
         engine: Engine | None = None
         blocked: set[str] = set()  # models this job could not move to (a failed load)
-        account = job.account
         try:
             if job.cancel.cancelled:
-                return  # the client left while queued
+                raise _Gone  # the client left while queued
             limits = self.gate.before_job(job.cancel, job.enqueued_at)
             if limits is not None:
                 self._governed = limits
             if job.cancel.cancelled:
-                return
+                raise _Gone
             target = self._place(job, self._governed, blocked)
             engine = self.pool.acquire(target.model_id, target.variant, self._load_limits(target))
             self._sync_limits(engine, target)
@@ -478,70 +528,270 @@ class Worker:
             windowed = self._prompt(engine, job)
             prompt: Prompt | None = windowed.prompt
             assert prompt is not None
-            summarized = windowed.summarized
             requested = job.payload
-            if summarized:  # a reply continued on another tokenizer renders the same messages, note included
+            if windowed.summarized:  # a reply continued on another tokenizer renders the same messages
                 job = replace(job, payload=windowed.messages)
-            if account is not None:
-                account.started(len(prompt.ids), engine.variant)
-            job.sink(Started(len(prompt.ids), prompt.truncated, engine.variant, engine.model_id, summarized))
-            resume: Handover | None = None
-            last = None
-            finish: FinishEvent | None = None
+            if job.account is not None:
+                job.account.started(len(prompt.ids), engine.variant)
+            job.sink(
+                Started(
+                    len(prompt.ids), prompt.truncated, engine.variant, engine.model_id, windowed.summarized
+                )
+            )
+            return _Reply(job, engine, windowed, requested, blocked, started, prompt, limits is not None)
+        except _Gone:
+            pass
+        except SimmerError as err:
+            job.sink(Failed(err))
+        except Exception as err:
+            log.exception("generation failed for %s", job.id)
+            job.sink(Failed(err))
+        self._close(_Reply(job, engine, None, job.payload, blocked, started, None))
+        return None
+
+    def _generate_alone(self, reply: _Reply) -> None:
+        """The reply through engine.generate, token by token, handed over when the governor's rung moves."""
+        job = reply.job
+        try:
             while True:
                 handover: Handover | None = None
-                events = engine.generate(
-                    prompt,
+                events = reply.engine.generate(
+                    reply.prompt,
                     job.params,
                     cancel=job.cancel,
-                    step_hook=self._step_hook(job, engine, blocked),
-                    resume=resume,
+                    step_hook=self._step_hook(job, reply.engine, reply.blocked),
+                    resume=reply.resume,
                 )
                 for event in events:
                     if isinstance(event, Handover):
                         handover = event
                         break
-                    if isinstance(event, FinishEvent):
-                        finish = event
-                        if summarized:
-                            event = replace(event, summarized=True)
-                        if self._metrics:
-                            self._metrics.count_window(event.truncated, event.summarized)
-                    if account is not None:
-                        if isinstance(event, TokenEvent):
-                            account.token(event)
-                        elif isinstance(event, FinishEvent):
-                            account.finished(event)
-                    job.sink(event)
-                    if isinstance(event, TokenEvent):
-                        self._current_tokens += 1
-                    if isinstance(event, TokenEvent) and self._metrics:
-                        t = time.monotonic()
-                        if last is None:
-                            self._metrics.observe_ttft(t - job.enqueued_at)
-                        else:
-                            self._metrics.observe_inter_token(t - last)
-                        last = t
+                    self._deliver(reply, event)
                 if handover is None:
                     break
                 # the old model's generation holds its session: gone first, so that unloading the model
                 # (shed_above, memory pressure) hands its memory back now, not after the reply
                 del events
-                engine, prompt = self._hand_over(job, engine, handover, blocked)
-                resume = handover
-            if finish is not None and finish.turns_dropped > windowed.prompt.dropped:
-                self._dropped_mid_reply(job, requested, windowed, finish.turns_dropped)
+                reply.engine, reply.prompt = self._hand_over(job, reply.engine, handover, reply.blocked)
+                reply.resume = handover
         except SimmerError as err:
             job.sink(Failed(err))
         except Exception as err:
             log.exception("generation failed for %s", job.id)
             job.sink(Failed(err))
         finally:
-            if engine is not None:
-                self.pool.release(engine.model_id, job.keep_alive_s)
+            if self._metrics:
+                self._metrics.add_busy(time.monotonic() - reply.started)
+            self._close(reply)
+
+    def _deliver(self, reply: _Reply, event: TokenEvent | FinishEvent) -> None:
+        """One event of the reply to its client, its account and the metrics."""
+        job = reply.job
+        if isinstance(event, FinishEvent):
+            reply.finish = event
+            if reply.windowed is not None and reply.windowed.summarized:
+                event = replace(event, summarized=True)
+            if self._metrics:
+                self._metrics.count_window(event.truncated, event.summarized)
+        if job.account is not None:
+            if isinstance(event, TokenEvent):
+                job.account.token(event)
+            else:
+                job.account.finished(event)
+        job.sink(event)
+        if isinstance(event, TokenEvent):
+            with self._cond:
+                self._held_tokens[id(job)] = self._held_tokens.get(id(job), 0) + 1
+            if self._metrics:
+                t = time.monotonic()
+                if reply.last is None:
+                    self._metrics.observe_ttft(t - job.enqueued_at)
+                else:
+                    self._metrics.observe_inter_token(t - reply.last)
+                reply.last = t
+
+    def _close(self, reply: _Reply) -> None:
+        """The worker is done with the reply: the summary of turns it dropped queued, its model released."""
+        finish, windowed = reply.finish, reply.windowed
+        if finish is not None and windowed is not None and finish.turns_dropped > windowed.prompt.dropped:
+            self._dropped_mid_reply(reply.job, reply.requested, windowed, finish.turns_dropped)
+        if reply.engine is not None:
+            self.pool.release(reply.engine.model_id, reply.job.keep_alive_s)
+        self._let_go(reply.job)
+        reply.job.worker_done()
+
+    def _fail(self, reply: _Reply, err: BaseException) -> None:
+        if not isinstance(err, SimmerError):
+            log.error("generation failed for %s", reply.job.id, exc_info=err)
+        reply.job.sink(Failed(err))
+        self._close(reply)
+
+    # -- several replies of one model at once -----------------------------------------------------------
+    def _serve(self, reply: _Reply) -> None:
+        """A started reply: in a batch with the replies of its model that follow it, or alone when its
+        engine cannot batch."""
+        batch = _batch_decoder(reply.engine, self.max_batch)
+        if batch is None:
+            self._generate_alone(reply)
+        else:
+            self._run_batch(batch, reply)
+
+    def _run_batch(self, batch: BatchDecoder, first: _Reply) -> None:
+        """Up to max_batch replies of `first`'s model, one token each per forward pass, until all are done.
+        Between passes: replies of the same model join from the queue (their prompt a prefill chunk at a
+        time, alternating with the decode passes), the governor's step runs once for the batch and its
+        limits apply to every row, cancelled rows end. A job for another model waits at the head of the
+        queue until the batch is done (FIFO), and so does a reply the governor moves to another model."""
+        engine = first.engine
+        rows: dict[int, _Reply] = {}
+        token = CancelToken()  # the governor's waits wake when any row's client leaves
+        started = time.monotonic()
+        self._batch, self._batch_events = batch, []
+        prefill_next = True
+        last_emit = time.perf_counter()
+        try:
+            self._join(batch, first, rows, token)
+            while rows:
+                self._admit(batch, rows, token)
+                events = self._take_batch_events() + self._sweep(batch, rows)
+                if token.cancelled:  # those rows are gone: a fresh token for the ones left
+                    token = CancelToken()
+                    for reply in rows.values():
+                        reply.job.cancel.on_cancel(token.cancel)
+                if rows:
+                    try:
+                        governed = self.gate.before_step(token)
+                    except Cancelled:
+                        governed = None  # a client left during a pause or an idle: its row ends next
+                    if governed is not None:
+                        events += self._govern(batch, rows, governed, token)
+                if rows and not token.cancelled:
+                    if batch.prefilling and (prefill_next or not batch.decoding):
+                        events += batch.prefill()
+                        prefill_next = False
+                    else:
+                        events += batch.step()
+                        prefill_next = True
+                        last_emit = self._pace(engine, batch, last_emit)
+                self._dispatch(rows, events)
+        except Exception as err:  # the gate (device overheated, paused too long) or a bug: every row fails
+            for slot, reply in list(rows.items()):
+                with contextlib.suppress(Exception):
+                    batch.cancel(slot)
+                del rows[slot]
+                self._fail(reply, err)
+        finally:
+            self._batch = None
             if self._metrics:
                 self._metrics.add_busy(time.monotonic() - started)
-            job.worker_done()
+
+    def _join(self, batch: BatchDecoder, reply: _Reply, rows: dict[int, _Reply], token: CancelToken) -> None:
+        """The reply takes a row (its prompt runs in later prefill chunks)."""
+        try:
+            slot = batch.add(reply.prompt, reply.job.params, cancel=reply.job.cancel, resume=reply.resume)
+        except Exception as err:  # its prompt does not fit, a bad grammar: this reply alone fails
+            self._fail(reply, err)
+            return
+        rows[slot] = reply
+        reply.job.cancel.on_cancel(token.cancel)
+
+    def _admit(self, batch: BatchDecoder, rows: dict[int, _Reply], token: CancelToken) -> None:
+        """Free rows take replies of the batch's model: moved ones first, then the queue's head while it
+        is placed on this model (and the governor lets new work start)."""
+        engine = batch.e
+        while batch.free > 0:
+            reply = self._next_for(engine)
+            if reply is None:
+                return
+            if reply.engine is not engine:  # placed elsewhere after all (the governor moved meanwhile)
+                with self._cond:
+                    self._moved.append(reply)
+                return
+            self._join(batch, reply, rows, token)
+            if reply.governed:  # the gate's new limits came with the job: they apply to every row
+                self._batch_events += self._govern(batch, rows, self._governed or EngineLimits(), token)
+
+    def _next_for(self, engine: Engine) -> _Reply | None:
+        """The next reply for `engine`, started: a moved one, else the queue's head when it runs there."""
+        with self._cond:
+            for reply in self._moved:
+                if reply.engine is engine:
+                    self._moved.remove(reply)
+                    return reply
+            if self._moved or getattr(self.gate, "pauses_new", False):
+                return None  # the moved replies go first; a paused governor holds new work
+            while self._queue and self._queue[0].cancel.cancelled:
+                gone = self._queue.popleft()
+                gone.worker_done()  # its client left while it was queued
+            if not self._queue:
+                return None
+            job = self._queue[0]
+            if self._place(job, self._governed, set()).model_id != engine.model_id:
+                return None  # another model's turn comes after this batch
+            self._queue.popleft()
+            self._held[id(job)] = job  # close() fails it from here on
+        return self._start(job)
+
+    def _sweep(self, batch: BatchDecoder, rows: dict[int, _Reply]) -> list[BatchEvent]:
+        """Rows whose client left end now (their slot free for the next reply)."""
+        return [(slot, batch.cancel(slot)) for slot, r in list(rows.items()) if r.job.cancel.cancelled]
+
+    def _take_batch_events(self) -> list[BatchEvent]:
+        events, self._batch_events = self._batch_events, []
+        return events
+
+    def _govern(
+        self, batch: BatchDecoder, rows: dict[int, _Reply], governed: EngineLimits, token: CancelToken
+    ) -> list[BatchEvent]:
+        """The governor's new limits for every row: a row placed on another model is handed over (it goes
+        on there after this batch), the others get the limits together (a variant switch re-prefills them)."""
+        self._governed = governed
+        engine = batch.e
+        stay: Target | None = None
+        for slot, reply in list(rows.items()):
+            target = self._place(reply.job, governed, reply.blocked)
+            if target.model_id == engine.model_id:
+                stay = stay or target
+                continue
+            log.info(
+                "%s: the governor moves the reply to %s (%s)", reply.job.id, target.model_id, target.reason
+            )
+            handover = batch.hand_over(slot, self._limits_for(target))
+            del rows[slot]
+            reply.engine, reply.prompt = self._hand_over(reply.job, engine, handover, reply.blocked)
+            reply.resume = handover
+            if reply.engine is engine:  # the other model could not load: the reply stays in the batch
+                stay = stay or Target(engine.model_id, target.variant, "handover")
+                self._join(batch, reply, rows, token)
+            else:
+                with self._cond:
+                    self._moved.append(reply)
+        if stay is not None:
+            self._sync_limits(engine, stay)
+        return self._take_batch_events()
+
+    def _pace(self, engine: Engine, batch: BatchDecoder, last_emit: float) -> float:
+        """The engine's tokens/s pace holds for the whole batch: a pass of n replies makes n tokens."""
+        tps = getattr(engine, "tokens_per_second", None)
+        if tps and batch.last_pass is not None:
+            wait = last_emit + batch.last_pass.replies / tps - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+        return time.perf_counter()
+
+    def _dispatch(self, rows: dict[int, _Reply], events: list[BatchEvent]) -> None:
+        for slot, event in events:
+            reply = rows.get(slot)
+            if reply is None:
+                continue
+            if isinstance(event, RowError):
+                del rows[slot]
+                self._fail(reply, event.error)
+                continue
+            self._deliver(reply, event)
+            if isinstance(event, FinishEvent):
+                del rows[slot]
+                self._close(reply)
 
     def _dropped_mid_reply(self, job: Job, messages: object, windowed: Windowed, turns: int) -> None:
         """The window dropped more turns during the reply (the context filled, or the governor lowered the
@@ -601,8 +851,8 @@ class Worker:
         frees the room of the bigger ones (idle: the worker runs one job at a time)."""
         if not self.gate.memory_pressure:
             return
-        for model_id in self.pool.loaded():
-            if model_id != engine.model_id:
+        for model_id, view in self.pool.loaded().items():
+            if model_id != engine.model_id and not view.busy:  # a batch's model still serves its rows
                 self.pool.unload(model_id, f"memory pressure: {engine.model_id} serves")
 
     @staticmethod
@@ -628,6 +878,34 @@ class Worker:
         else:
             prompt = engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve, tools=tools)
         return Windowed(prompt, False, job.payload)
+
+
+class _Gone(Exception):
+    """The job's client left before it started."""
+
+
+@dataclass
+class _Reply:
+    """A started job: the engine it runs on (acquired), its prompt's window, the models it may not move to."""
+
+    job: Job
+    engine: Engine | None
+    windowed: Windowed | None
+    requested: list[dict] | str  # the payload as the client sent it (the summary keys on it)
+    blocked: set[str]
+    started: float
+    prompt: Prompt | None
+    governed: bool = False  # the gate handed out new limits as it started
+    resume: Handover | None = None  # it goes on from another model's part
+    last: float | None = None  # when its last token went out
+    finish: FinishEvent | None = None
+
+
+def _batch_decoder(engine: Engine | None, slots: int) -> BatchDecoder | None:
+    """The engine's batch decoder of `slots` rows, or None when it serves one reply at a time (an engine
+    that offers none, or a graph of one sequence)."""
+    make = getattr(engine, "batch_decoder", None)
+    return make(slots) if make is not None else None
 
 
 UNBOUNDED_REPLY_TOKENS = 256  # a reply without max_tokens, for estimates (the prompt's reserve uses it too)

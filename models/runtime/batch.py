@@ -519,6 +519,13 @@ class BatchDecoder:
         del self.kv.rows[slot].tokens[row.gen.pos :]
         self.free_rows[slot].last_used = time.monotonic()
         self.rows[slot] = None
+        self._idle()
+
+    def _idle(self) -> None:
+        """With no reply left, the decoder holds no session: one the engine drops (an unload, an eviction)
+        is freed at once, not at the next batch."""
+        if not self.active:
+            self._pass = None
 
     def _fail(self, slot: int, error: Exception) -> BatchEvent:
         """A reply that failed: its slot is free, its keys (maybe partly written) never reused."""
@@ -527,6 +534,7 @@ class BatchDecoder:
             row.gen.r.constraint.close()
         self.kv.rows[slot].tokens = []
         self.rows[slot] = None
+        self._idle()
         return slot, RowError(error)
 
     # -- the governor ------------------------------------------------------------------------------------

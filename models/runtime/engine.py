@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,6 +61,9 @@ from models.types import (
     ToolUse,
     TopLogprob,
 )
+
+if TYPE_CHECKING:
+    from models.runtime.batch import BatchDecoder
 
 log = logging.getLogger("simmer.engine")
 
@@ -209,6 +212,8 @@ class LlamaEngine:
         self.template = ChatTemplate.from_tokenizer(self.tokenizer, chat_template)
         self._sessions: dict[tuple[str, int, bool], DecoderSession | GeneralDecoderSession] = {}
         self._slots: list[KVSlot] = []
+        # the batch decoder (batch_decoder): None until asked for, False when this graph cannot batch
+        self._batch: BatchDecoder | bool | None = None
         if limits is not None:  # the governor's (threads, spinning): the one session built is the one it runs
             self.apply_limits(limits)
         self._session()  # load now: a broken model fails at start, not at the first request
@@ -363,7 +368,26 @@ class LlamaEngine:
         self.governor_spin = limits.spin
         return changed_variant
 
+    def batch_decoder(self, slots: int) -> BatchDecoder | None:
+        """The decoder of up to `slots` replies at once (models/runtime/batch.py), built at the first call
+        and kept with its KV rows until unload(); None when this engine's graph runs one sequence at a time
+        (converted before batches, or not by simmer)."""
+        from models.runtime.batch import BatchDecoder  # batch.py builds on this module
+
+        if isinstance(self._batch, BatchDecoder) and self._batch.slots == slots:
+            return self._batch
+        if self._batch is False:
+            return None
+        self._batch = None  # another size: the old rows go before the new ones are allocated
+        try:
+            self._batch = BatchDecoder(self, slots)
+        except InvalidParameter:
+            self._batch = False
+            return None
+        return self._batch
+
     def unload(self) -> None:
+        self._batch = None
         self._sessions.clear()
         self._slots.clear()
         release_freed_memory()

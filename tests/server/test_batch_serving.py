@@ -1,0 +1,354 @@
+"""Several replies at once over HTTP (SIMMER_MAX_BATCH): real openai SDK streams against a live server on the
+tiny real model. Equality is between two paths of the same engine: streams run together, the same requests
+one after another, and (where one row sums as a batch's rows do) the one-reply engine of SIMMER_MAX_BATCH=1;
+text and logprobs token for token."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from models.protocol import EngineLimits
+from models.runtime.batch import BatchDecoder
+from models.runtime.engine import LlamaEngine, load_engine
+from models.types import CancelToken
+from tests.server.test_multi_model import reference, several  # noqa: F401 (several: a fixture)
+from tests.server.test_multi_model import stream as multi_stream
+
+PROMPTS = ["the cat sat on the mat", "once upon a time", "what is the capital", "def fib(n):"]
+# two greedy replies, two seeded ones
+SAMPLING: list[dict[str, Any]] = [
+    {"temperature": 0},
+    {"temperature": 1.0, "seed": 5},
+    {"temperature": 0, "frequency_penalty": 0.5},
+    {"temperature": 1.2, "top_p": 0.9, "seed": 9},
+]
+
+
+class HoldGate:
+    """No governor, except that the first job waits until `release` is set: the test queues every request
+    first, so they all run in one batch whatever the machine's timing."""
+
+    memory_pressure = False
+    pauses_new = False
+    rung = None
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.release.set()
+
+    def subscribe(self, callback: Callable[[dict], None]) -> None:
+        return None
+
+    def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
+        self.release.wait(30)
+        return None
+
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        return None
+
+
+@pytest.fixture
+def passes(monkeypatch) -> list[int]:
+    """How many replies each decode pass of any batch decoder fed."""
+    seen: list[int] = []
+    step = BatchDecoder.step
+
+    def counted(self: BatchDecoder):
+        events = step(self)
+        if self.last_pass is not None and events:
+            seen.append(self.last_pass.replies)
+        return events
+
+    monkeypatch.setattr(BatchDecoder, "step", counted)
+    return seen
+
+
+def engine(folder, variant: str) -> LlamaEngine:
+    return load_engine(folder, variant=variant, threads=1, context_length=128, speculation="off")
+
+
+def serve(live, folder, variant: str, max_batch: int, gate: HoldGate | None = None):
+    e = engine(folder, variant)
+    return live(engine=e, model=e.model_id, max_batch=max_batch, governor=gate), e
+
+
+def sdk(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+SALTS = iter(range(1 << 30))
+
+
+def stream(srv, i: int, max_tokens: int = 24, after: Callable[[int], bool] | None = None) -> list:
+    """Request i streamed: [(text, logprob, top logprobs)] per token; `after(n)` False closes the stream
+    after n chunks (the client leaves). Each request its own cache scope: a prompt is prefilled whole
+    every time (a reused prefix feeds fewer positions, whose sums may differ in the last bits)."""
+    chunks = sdk(srv).chat.completions.create(
+        model=srv.settings.model,
+        messages=[{"role": "user", "content": PROMPTS[i]}],
+        max_tokens=max_tokens,
+        stream=True,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True, "cache_salt": f"request-{next(SALTS)}"},
+        **SAMPLING[i],
+    )
+    out = []
+    for n, chunk in enumerate(chunks):
+        if after is not None and not after(n):
+            chunks.close()
+            break
+        for choice in chunk.choices:
+            for lp in (choice.logprobs and choice.logprobs.content) or []:
+                out.append((lp.token, lp.logprob, [(t.token, t.logprob) for t in lp.top_logprobs]))
+    return out
+
+
+def together(
+    srv,
+    gate: HoldGate,
+    indices: list[int],
+    others: list[Callable[[], object]] = (),
+    **kw,  # type: ignore[assignment]
+) -> dict[int, list]:
+    """Requests `indices` (and the callables `others`) at once: the first is held until every other one
+    is queued behind it."""
+    gate.release.clear()
+    out: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, stream(srv, i, **kw))) for i in indices]
+    threads += [threading.Thread(target=other) for other in others]
+    for t in threads:
+        t.start()
+    worker = srv.app.state.runtime.worker
+    deadline = time.monotonic() + 30
+    while worker.queue_depth < len(threads) - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker.queue_depth == len(threads) - 1
+    gate.release.set()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+@pytest.mark.parametrize("variant", ["q4-a8", "q4"])
+def test_batch_when_four_sdk_streams_at_once_then_the_same_as_one_after_another(
+    live, tiny_model_dir, passes, variant
+):
+    gate = HoldGate()
+    srv, _ = serve(live, tiny_model_dir, variant, 4, gate)
+    alone = {i: stream(srv, i) for i in range(4)}
+    assert max(passes) == 1
+    passes.clear()
+    at_once = together(srv, gate, list(range(4)))
+    assert max(passes) == 4  # they did decode together
+    for i in range(4):
+        assert len(at_once[i]) == 24
+        assert at_once[i] == alone[i], i
+    if variant == "q4-a8":  # one row sums as a batch's rows do: the one-reply engine gives the same
+        one, _ = serve(live, tiny_model_dir, variant, 1)
+        passes.clear()
+        assert {i: stream(one, i) for i in range(4)} == alone
+        assert passes == []  # SIMMER_MAX_BATCH=1: no batch decoder ran
+
+
+def test_batch_when_a_client_leaves_mid_batch_then_its_row_ends_and_the_others_are_unchanged(
+    live, tiny_model_dir, passes
+):
+    gate = HoldGate()
+    srv, e = serve(live, tiny_model_dir, "q4-a8", 4, gate)
+    e.apply_limits(EngineLimits(tokens_per_second=200))  # the tiny model is too fast to leave mid-reply
+    alone = {i: stream(srv, i, max_tokens=40) for i in (0, 2)}
+    passes.clear()
+    left: dict[int, list] = {}
+    leave = lambda: left.__setitem__(1, stream(srv, 1, 40, after=lambda n: n < 4))  # noqa: E731
+    out = together(srv, gate, [0, 2], [leave], max_tokens=40)
+    assert out == alone
+    assert 0 < len(left[1]) < 40
+    assert_row_left(passes)
+
+
+def assert_row_left(passes: list[int]) -> None:
+    """Three rows decoded together, then two (the one whose client left ended mid-reply), then the last."""
+    last_three = len(passes) - 1 - passes[::-1].index(3)
+    assert passes[last_three + 1 :].count(2) >= 2 and max(passes[last_three + 1 :]) == 2
+
+
+def hostile_stream(srv, body: bytes) -> None:
+    """A raw client that reads the start of a stream and resets the connection (no FIN, no close)."""
+    import struct
+
+    host, port = srv.url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)))
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + srv.host_header.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    got = b""
+    while got.count(b"data:") < 3:
+        got += s.recv(4096)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+
+
+def test_batch_when_a_hostile_client_resets_mid_batch_then_the_others_stream_on_and_health_answers(
+    live, tiny_model_dir, passes
+):
+    gate = HoldGate()
+    srv, e = serve(live, tiny_model_dir, "q4-a8", 4, gate)
+    e.apply_limits(EngineLimits(tokens_per_second=150))
+    alone = {i: stream(srv, i, max_tokens=48) for i in (0, 3)}
+    body = (
+        b'{"model": "%s", "stream": true, "max_tokens": 100, "ignore_eos": true, '
+        b'"messages": [{"role": "user", "content": "go on"}]}' % srv.settings.model.encode()
+    )
+    health: list[float] = []
+
+    def probe() -> None:
+        with httpx.Client(base_url=srv.url, timeout=5) as c:
+            for _ in range(5):
+                t0 = time.monotonic()
+                assert c.get("/health").status_code == 200
+                health.append(time.monotonic() - t0)
+                time.sleep(0.05)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    out = together(srv, gate, [0, 3], [lambda: hostile_stream(srv, body)], max_tokens=48)
+    prober.join(30)
+    assert out == alone
+    assert len(health) == 5 and max(health) < 2.0
+    assert_row_left(passes)
+    worker = srv.app.state.runtime.worker
+    deadline = time.monotonic() + 10
+    while worker.busy and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not worker.busy  # the reset client's row is gone too (its 100 tokens were not all made)
+
+
+class HoldThenSwitchGate(HoldGate):
+    """Holds the first job (HoldGate), then after `after` steps moves the governor's rung to `target`."""
+
+    def __init__(self, target: str, after: int) -> None:
+        super().__init__()
+        self.target, self.after, self.steps = target, after, 0
+        self.rung: str | None = None  # type: ignore[assignment]
+
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        self.steps += 1
+        if self.steps == self.after:
+            self.rung = self.target
+            return EngineLimits(model_id=self.target, variant="f32")
+        return None
+
+
+def test_batch_when_the_rung_moves_mid_batch_then_every_row_goes_on_on_the_other_model(
+    several,  # noqa: F811 (the fixture imported above)
+    tiny_pair_dirs,
+    passes,
+):
+    gate = HoldThenSwitchGate("tiny-small", after=12)
+    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    out: dict[int, tuple] = {}
+    threads = [
+        threading.Thread(target=lambda i=i: out.__setitem__(i, multi_stream(srv, "tiny-big", 24)))
+        for i in range(3)
+    ]
+    gate.release.clear()
+    for t in threads:
+        t.start()
+    worker = srv.app.state.runtime.worker
+    deadline = time.monotonic() + 30
+    while worker.queue_depth < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gate.release.set()
+    for t in threads:
+        t.join(60)
+    assert 3 in passes  # they decoded together on tiny-big, and after the move on tiny-small
+    for text, names, switches, usage in out.values():
+        n_first = usage["models"]["tiny-big"]
+        assert usage["models"] == {"tiny-big": n_first, "tiny-small": 24 - n_first} and 0 < n_first < 24
+        assert len(switches) == 1 and names[-1] == "tiny-small"
+        assert text == reference(tiny_pair_dirs[0], tiny_pair_dirs[1], n_first, 24, same_tokenizer=True)
+
+
+def test_bench_concurrency_round_when_clients_stream_at_once_then_every_token_counted(live, tiny_model_dir):
+    from bench.concurrency import run_round
+
+    srv, _ = serve(live, tiny_model_dir, "q4-a8", 4)
+    round_ = run_round(srv.url, srv.settings.model, clients=3, requests=2, max_tokens=12)
+    assert round_["errors"] == [] and round_["requests"] == 6 and round_["tokens"] == 6 * 12
+    assert len(round_["itl_p50_ms_per_client"]) == 3 and round_["aggregate_tok_s"] > 0
+    assert 0 < round_["ttft_p50_s"] <= round_["ttft_p95_s"]
+
+
+class HoldThenLimitGate(HoldGate):
+    """Holds the first job (HoldGate), then after `after` steps hands out `limits` once."""
+
+    def __init__(self, limits: EngineLimits, after: int) -> None:
+        super().__init__()
+        self.limits, self.after, self.steps = limits, after, 0
+
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        self.steps += 1
+        return self.limits if self.steps == self.after else None
+
+
+def test_batch_when_the_governor_switches_variant_mid_batch_then_every_row_goes_on_on_it(
+    live, tiny_model_dir, passes, monkeypatch
+):
+    prefills: list[int] = []  # the rows waiting for a prefill chunk at each chunk
+    prefill = BatchDecoder.prefill
+
+    def counted(self: BatchDecoder, slot: int | None = None):
+        if self.prefilling:
+            prefills.append(len(self.prefilling))
+        return prefill(self, slot)
+
+    monkeypatch.setattr(BatchDecoder, "prefill", counted)
+    gate = HoldThenLimitGate(EngineLimits(variant="f32"), after=16)
+    srv, e = serve(live, tiny_model_dir, "q4-a8", 4, gate)
+    gate.limits = EngineLimits(variant="f32", model_id=e.model_id)  # the governor names its rung's model
+    out = together(srv, gate, list(range(4)), max_tokens=32)
+    assert e.variant == "f32" and gate.steps > 16
+    assert all(len(out[i]) == 32 for i in range(4))
+    # each prompt a chunk, then every row's context again on the new weights (a chunk each: < 256 tokens)
+    assert len(prefills) == 8 and prefills[4] == 4
+    switched = passes.index(4)  # the rows decoded together before the switch and again after it
+    assert 4 in passes[switched + 8 :]
+
+
+def test_batch_when_another_model_is_asked_for_then_it_waits_for_the_batch_and_is_served(
+    several,  # noqa: F811 (the fixture imported above)
+    passes,
+):
+    gate = HoldGate()
+    srv, _ = several(governor=gate)
+    out: dict[str, tuple] = {}
+    asks = [("big-0", "tiny-big"), ("big-1", "tiny-big"), ("small", "tiny-small"), ("big-2", "tiny-big")]
+    threads = []
+    gate.release.clear()
+    worker = srv.app.state.runtime.worker
+    for key, model in asks:  # queued in this order
+        threads.append(
+            threading.Thread(target=lambda k=key, m=model: out.__setitem__(k, multi_stream(srv, m, 16)))
+        )
+        threads[-1].start()
+        deadline = time.monotonic() + 10
+        while worker.queue_depth < len(threads) - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    gate.release.set()
+    for t in threads:
+        t.join(60)
+    for key, model in asks:
+        _, names, _, usage = out[key]
+        assert usage["completion_tokens"] == 16 and set(names) == {model}, key
+    # tiny-big's first two decode together; tiny-small's reply waits for them (FIFO), then big-2 follows it
+    assert 2 in passes and max(passes) == 2
