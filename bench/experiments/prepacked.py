@@ -4,13 +4,18 @@ Stock onnxruntime (1.20 on) can save the optimized graph of a session with the p
 initializers in the external data file (`optimized_model_filepath` with the session config entries
 `session.optimized_model_external_initializers_file_name` and
 `session.save_external_prepacked_constant_initializers = 1`); a later session of that file maps the packed
-buffers instead of allocating them. This writes that file once for a variant, then loads the variant both
-ways and llama.cpp on the same GGUF, each in its own process, interleaved round by round:
+buffers instead of allocating them. onnxruntime 1.32 still packs every weight of such a file at load, to
+compare with what it maps (the report's `validation`: one packed byte changed fails the load).
+
+This writes that file once for a variant, then loads the variant both ways and llama.cpp on the same GGUF,
+each in its own process, interleaved round by round:
 
 - `today`: the variant as the engine opens it (DecoderSession: packing at load, the copied spans released,
   the mapped tables read in);
 - `prepacked`: the optimized file, graph optimizations as usual (ORT_ENABLE_ALL);
 - `prepacked-noopt`: the optimized file with graph optimizations off (it is already optimized);
+- `no-prepacking` (with `--modes`): today's load with `session.disable_prepacking`, its time alone: how much
+  of a load the packing is;
 - `llama.cpp`: the GGUF.
 
 Per load: seconds to a usable session, RSS and its split (anonymous: heap and arenas; file: mapped pages),
@@ -118,19 +123,21 @@ def _simmer_session(cfg: dict[str, Any]) -> Any:
     manifest = json.loads((model_dir / "manifest.json").read_text())
     shape = ModelShape.from_architecture(manifest["architecture"])
     entry = manifest["variants"][cfg["variant"]]
-    if cfg["mode"] == "today":
+    plain = session_mod.session_options
+
+    def changed(threads: int, spinning: bool = False) -> ort.SessionOptions:
+        so = plain(threads, spinning)
+        if cfg["mode"] == "prepacked-noopt":
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if cfg["mode"] == "no-prepacking":
+            so.add_session_config_entry("session.disable_prepacking", "1")
+        return so
+
+    session_mod.session_options = changed
+    if cfg["mode"] in ("today", "no-prepacking"):
         return DecoderSession(
             model_dir / entry["file"], shape, cfg["threads"], copied_at_load=entry.get("copied_at_load") or ()
         )
-    if cfg["mode"] == "prepacked-noopt":
-        plain = session_mod.session_options
-
-        def no_opt(threads: int, spinning: bool = False) -> ort.SessionOptions:
-            so = plain(threads, spinning)
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            return so
-
-        session_mod.session_options = no_opt
     optimized = Path(cfg["optimized"]) / OPTIMIZED
     sess = DecoderSession(optimized, shape, cfg["threads"])
     # after the read-in, unlike DecoderSession's own order: the same pages are resident in the end
@@ -145,6 +152,8 @@ def simmer_probe(cfg: dict[str, Any]) -> dict[str, Any]:
     sess = _simmer_session(cfg)
     load_s = time.perf_counter() - t0
     loaded = status()
+    if cfg["mode"] == "no-prepacking":  # the load without its packing, for its time alone
+        return {"config": cfg, "load_s": round(load_s, 3), "peak_load_mb": loaded["VmHWM"]}
     kv = KVCache(sess.shape, N_CTX, prefault=True)
     ids = [300 + (j * 7919) % 20000 for j in range(PROMPT)]
     logits = sess.run(np.array(ids), kv, 0)
@@ -226,32 +235,41 @@ NUMERIC = (
 )
 
 
+MODES = ("today", "prepacked", "prepacked-noopt")
+
+
 def run(
-    model_dir: Path, gguf: Path | None, variant: str, rounds: int, threads: int, work: Path
+    model_dir: Path,
+    gguf: Path | None,
+    variant: str,
+    rounds: int,
+    threads: int,
+    work: Path,
+    modes: tuple[str, ...] = MODES,
 ) -> dict[str, Any]:
     from bench.engine import machine, run_probe
 
     manifest = json.loads((model_dir / "manifest.json").read_text())
-    written = run_probe(
-        {
-            "write": str(model_dir / manifest["variants"][variant]["file"]),
-            "out": str(work),
-            "threads": threads,
-        },
-        3600,
-        "bench.experiments.prepacked",
-    )
-    if "error" in written:
-        return {"error": written["error"]}
-    written["packed_bytes"] = packed_bytes(work / OPTIMIZED)
     entry = manifest["variants"][variant]
-    copied = copied_in_optimized(
-        model_dir / entry["file"], entry.get("copied_at_load") or (), work / OPTIMIZED
-    )
+    write = any(m.startswith("prepacked") for m in modes)
+    written: dict[str, Any] = {}
+    copied: list[tuple[int, int]] = []
+    if write:
+        written = run_probe(
+            {"write": str(model_dir / entry["file"]), "out": str(work), "threads": threads},
+            3600,
+            "bench.experiments.prepacked",
+        )
+        if "error" in written:
+            return {"error": written["error"]}
+        written["packed_bytes"] = packed_bytes(work / OPTIMIZED)
+        copied = copied_in_optimized(
+            model_dir / entry["file"], entry.get("copied_at_load") or (), work / OPTIMIZED
+        )
     base = {"model_dir": str(model_dir), "variant": variant, "threads": threads, "optimized": str(work)}
     configs: list[dict[str, Any]] = [
-        {"engine": "simmer", "mode": m, **base, "copied": [] if m == "today" else copied}
-        for m in ("today", "prepacked", "prepacked-noopt")
+        {"engine": "simmer", "mode": m, **base, "copied": copied if m.startswith("prepacked") else []}
+        for m in modes
     ]
     if gguf is not None:
         from bench.llama_peer import extra_bufts_work
@@ -278,12 +296,15 @@ def run(
         if not ok:
             summary[name] = {"error": got[0]["error"]}
             continue
-        summary[name] = {k: statistics.median(g[k] for g in ok) for k in NUMERIC}
+        summary[name] = {k: statistics.median(g[k] for g in ok) for k in NUMERIC if k in ok[0]}
         summary[name]["load_s_all"] = [g["load_s"] for g in ok]
-        summary[name]["tokens"] = ok[0]["tokens"]
-        summary[name]["first_logits_sha256"] = sorted({str(g["first_logits_sha256"]) for g in ok})
-    checked = run_probe({"validate": str(work / OPTIMIZED)}, 1800, "bench.experiments.prepacked")
-    simmer = [s for n, s in summary.items() if n.startswith("simmer:") and "error" not in s]
+        if "tokens" in ok[0]:
+            summary[name]["tokens"] = ok[0]["tokens"]
+            summary[name]["first_logits_sha256"] = sorted({str(g["first_logits_sha256"]) for g in ok})
+    checked = (
+        run_probe({"validate": str(work / OPTIMIZED)}, 1800, "bench.experiments.prepacked") if write else {}
+    )
+    simmer = [s for n, s in summary.items() if n.startswith("simmer:") and "tokens" in s]
     return {
         "experiment": "prepacked",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -308,6 +329,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--modes", default=",".join(MODES), help="of today, prepacked, prepacked-noopt, no-prepacking"
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="prepacked-") as tmp:
         report = run(
@@ -317,6 +341,7 @@ def main() -> None:
             args.rounds,
             args.threads,
             Path(tmp),
+            tuple(args.modes.split(",")),
         )
     text = json.dumps(report, indent=1)
     if args.json:
