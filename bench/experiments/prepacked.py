@@ -16,6 +16,8 @@ each in its own process, interleaved round by round:
 - `prepacked-noopt`: the optimized file with graph optimizations off (it is already optimized);
 - `no-prepacking` (with `--modes`): today's load with `session.disable_prepacking`, its time alone: how much
   of a load the packing is;
+- `parallel-prepacking` (with `--modes`): today's load with `session.prepack.enable_parallel` (the weights
+  packed on the session's threads);
 - `llama.cpp`: the GGUF.
 
 Per load: seconds to a usable session, RSS and its split (anonymous: heap and arenas; file: mapped pages),
@@ -131,10 +133,12 @@ def _simmer_session(cfg: dict[str, Any]) -> Any:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         if cfg["mode"] == "no-prepacking":
             so.add_session_config_entry("session.disable_prepacking", "1")
+        if cfg["mode"] == "parallel-prepacking":
+            so.add_session_config_entry("session.prepack.enable_parallel", "1")
         return so
 
     session_mod.session_options = changed
-    if cfg["mode"] in ("today", "no-prepacking"):
+    if cfg["mode"] in ("today", "no-prepacking", "parallel-prepacking"):
         return DecoderSession(
             model_dir / entry["file"], shape, cfg["threads"], copied_at_load=entry.get("copied_at_load") or ()
         )
@@ -330,7 +334,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None)
     p.add_argument(
-        "--modes", default=",".join(MODES), help="of today, prepacked, prepacked-noopt, no-prepacking"
+        "--modes",
+        default=",".join(MODES),
+        help="of today, prepacked, prepacked-noopt, no-prepacking, parallel-prepacking",
     )
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="prepacked-") as tmp:
