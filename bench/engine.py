@@ -62,8 +62,12 @@ def known_prompt(model_dir: Path) -> list[int]:
     return tokenizer.encode(KNOWN_COMPLETION, add_special_tokens=True)
 
 
+# one probe's limit: a 1.5B model's probe on two shared cores runs past 10 minutes (0.5B: ~6 at one thread)
+PROBE_TIMEOUT_S = 2400
+
+
 def run_probe(
-    cfg: dict[str, Any], timeout: float = 600, module: str = "bench.engine_probe"
+    cfg: dict[str, Any], timeout: float = PROBE_TIMEOUT_S, module: str = "bench.engine_probe"
 ) -> dict[str, Any]:
     """One probe in its own process; a failed or stuck one is an error in the report, not the end of it."""
     try:
