@@ -3,13 +3,13 @@ order, after the opening; closing the encoded stream closes the items (the job's
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 from models.types import FinishEvent, Timings, TokenEvent, Usage
 from server.api.common.streaming import Batch, End, Error, Item, encode
 from server.worker import GovernorState, Started, Switched
+from tests import aio
 
 TOKEN = TokenEvent(1, "hi", 0)
 FINISH = FinishEvent("stop", Usage(1, 1), Timings(0.0, 0.0, 0.0, 0.0))
@@ -78,7 +78,7 @@ def drain(stream: AsyncIterator[Any], limit: int | None = None) -> list[Any]:
                 break
         return out
 
-    return asyncio.run(run())
+    return aio.run(run())
 
 
 def test_encode_when_every_kind_of_item_then_each_reaches_its_method_in_order() -> None:
