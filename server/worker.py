@@ -410,10 +410,10 @@ class Worker:
             self._held[id(job)] = job
             self._held_tokens[id(job)] = 0
 
-    def _let_go(self, job: Job) -> None:
+    def _let_go(self, key: int) -> None:
         with self._cond:
-            self._held.pop(id(job), None)
-            self._held_tokens.pop(id(job), None)
+            self._held.pop(key, None)
+            self._held_tokens.pop(key, None)
 
     def _rung_moved(self) -> bool:
         return self.gate.rung != self._rung_seen
@@ -509,6 +509,7 @@ class Worker:
         """The job's model acquired and limited, its prompt built and Started sent: its _Reply, or None
         when it ended here (its client left, or it failed: Failed sent; the worker is done with it)."""
         self._hold(job)
+        key = id(job)  # what the worker holds it by (a summarized job is replaced by a copy below)
         started = time.monotonic()
         engine: Engine | None = None
         blocked: set[str] = set()  # models this job could not move to (a failed load)
@@ -538,7 +539,7 @@ class Worker:
                     len(prompt.ids), prompt.truncated, engine.variant, engine.model_id, windowed.summarized
                 )
             )
-            return _Reply(job, engine, windowed, requested, blocked, started, prompt, limits is not None)
+            return _Reply(job, engine, windowed, requested, blocked, started, prompt, key, limits is not None)
         except _Gone:
             pass
         except SimmerError as err:
@@ -546,7 +547,7 @@ class Worker:
         except Exception as err:
             log.exception("generation failed for %s", job.id)
             job.sink(Failed(err))
-        self._close(_Reply(job, engine, None, job.payload, blocked, started, None))
+        self._close(_Reply(job, engine, None, job.payload, blocked, started, None, key))
         return None
 
     def _generate_alone(self, reply: _Reply) -> None:
@@ -601,7 +602,7 @@ class Worker:
         job.sink(event)
         if isinstance(event, TokenEvent):
             with self._cond:
-                self._held_tokens[id(job)] = self._held_tokens.get(id(job), 0) + 1
+                self._held_tokens[reply.key] = self._held_tokens.get(reply.key, 0) + 1
             if self._metrics:
                 t = time.monotonic()
                 if reply.last is None:
@@ -617,7 +618,7 @@ class Worker:
             self._dropped_mid_reply(reply.job, reply.requested, windowed, finish.turns_dropped)
         if reply.engine is not None:
             self.pool.release(reply.engine.model_id, reply.job.keep_alive_s)
-        self._let_go(reply.job)
+        self._let_go(reply.key)
         reply.job.worker_done()
 
     def _fail(self, reply: _Reply, err: BaseException) -> None:
@@ -895,6 +896,7 @@ class _Reply:
     blocked: set[str]
     started: float
     prompt: Prompt | None
+    key: int  # what the worker holds the job by (Worker._held)
     governed: bool = False  # the gate handed out new limits as it started
     resume: Handover | None = None  # it goes on from another model's part
     last: float | None = None  # when its last token went out

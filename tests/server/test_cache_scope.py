@@ -41,10 +41,12 @@ def cached(srv: LiveServer, prompt: str, headers: dict | None = None, **fields) 
 
 
 def attack(srv: LiveServer, victim: dict, attacker: dict, headers=None) -> list[int]:
-    """The attacker's cached_tokens for each guess, the victim's prompt sent again before each."""
-    cached(srv, "The door code is 9 9 9 9.", **attacker)  # the attacker's own first prompt
+    """The attacker's cached_tokens for each guess, the victim's prompt sent again before each, and the
+    attacker's own first prompt too (a guess shares a prefix with the attacker's last one otherwise: "4 7 1
+    0" then "4 7 1 9", where a batch decoder's rows keep more of a scope's prompts than one KV slot)."""
     got = []
     for guess in GUESSES:
+        cached(srv, "The door code is 9 9 9 9.", **attacker)  # the attacker's own first prompt
         cached(srv, SECRET, **victim)
         got.append(cached(srv, f"The door code is {guess}. Keep it safe.", headers, **attacker))
     return got

@@ -419,7 +419,7 @@ def test_summary_when_cap_lowered_mid_reply_then_whole_turns_dropped_and_their_s
     writes it, and a later request of the conversation (under the lowered cap) carries it."""
     messages = conversation(turns=4)
     gate = MidReplyCapGate(160)
-    srv = tiny(governor=gate)
+    srv = tiny(governor=gate, max_batch=1)  # one reply at a time: the test reads the engine's own KV slot
     rt = srv.app.state.runtime
     engine = rt.served.pool.engine("tiny-small")
     system, turns = window_split(messages)
