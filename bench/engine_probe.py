@@ -56,7 +56,7 @@ class SimmerDriver:
     def __init__(self, cfg: dict[str, Any]) -> None:
         from dataclasses import replace
 
-        from server.engine_config import EngineConfig
+        from server.serving.engine_config import EngineConfig
         from server.settings import Settings
 
         # opened as `simmer serve` opens it (EngineConfig), at the peer's context size

@@ -36,8 +36,8 @@ import httpx
 from bench.sustained import server_process
 from models.protocol import Prompt
 from models.types import GenerationParams, SamplingParams, TokenEvent
-from server.engine_config import EngineConfig
-from server.ladder import parse_ladder
+from server.serving.engine_config import EngineConfig
+from server.serving.ladder import parse_ladder
 from server.settings import Settings
 
 PROMPT = (

@@ -4,7 +4,7 @@ the memory planner's estimate and the budget at which a ladder starts on it. Pri
 Each model in its own child process (a clean heap), opened the server's way (EngineConfig from Settings:
 the context cap, the KV buffers prefaulted, the nominal variant): RSS and peak RSS (VmHWM) after the load,
 then after a chat reply (the prompt prefilled, `--tokens` decoded). The planner's estimate is what the ladder
-compares with the budget at start (server/memory_plan.py); a rung is picked when the estimate plus the
+compares with the budget at start (server/serving/memory_plan.py); a rung is picked when the estimate plus the
 headroom (20 % of the budget, the governor's memory "fair" threshold, at least SIMMER_MEMORY_RESERVE_MB)
 fits: `min_budget_mib` is the smallest SIMMER_MEMORY_BUDGET_MB that starts on the model.
 
@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from governor.policy import PolicyConfig
-from server.catalog import StoreCatalog
-from server.engine_config import EngineConfig
-from server.memory_plan import estimate
+from server.serving.catalog import StoreCatalog
+from server.serving.engine_config import EngineConfig
+from server.serving.memory_plan import estimate
 from server.settings import Settings
 
 MiB = 1 << 20
 
 CHILD = """
 import json, sys, time
-from server.engine_config import EngineConfig
+from server.serving.engine_config import EngineConfig
 from server.settings import Settings
 from models.types import GenerationParams, SamplingParams, TokenEvent
 
@@ -65,7 +65,7 @@ def measure(model: str, tokens: int) -> dict[str, Any]:
 
 
 def min_budget(total: int, reserve: int, fair: float) -> int:
-    """The smallest budget B with total + max(reserve, fair * B) <= B (server/served.py's headroom)."""
+    """The smallest budget B with total + max(reserve, fair * B) <= B (serving/served.py's headroom)."""
     return max(total + reserve, math.ceil(total / (1 - fair)))
 
 

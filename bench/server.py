@@ -78,7 +78,7 @@ def _engine_once(engine: Any, prompt: str) -> tuple[float, float, int]:
 
 
 def bench_server(settings: Settings, *, reps: int = 5, model_dir: Path | None = None) -> dict[str, Any]:
-    from server.engine_config import EngineConfig
+    from server.serving.engine_config import EngineConfig
 
     # No governing: this measures the transport, not the device (thermal "none" keeps the level nominal).
     server_settings = settings.model_copy(

@@ -39,7 +39,7 @@ class EngineLimits:
 #     the governor says False (it paces: a CPU budget or a tokens/s pace) -> no
 #     a tokens/s pace on the engine (EngineLimits without a word on spin)  -> no
 #     otherwise (unpaced: nominal, or no governor)                         -> spin
-# The gate keys its cost meter with the same function (server/governor_gate.py); the engine its
+# The gate keys its cost meter with the same function (server/serving/governor_gate.py); the engine its
 # sessions (models/runtime/engine.py session_key).
 def pool_spins(setting: str, governor: bool | None, tokens_per_second: float | None, threads: int) -> bool:
     if threads <= 1:
@@ -66,7 +66,7 @@ class Prompt:
     reply_tokens: int = 0  # a continuation prompt: how many of the last ids are the reply so far
     # chat_prompt's sliding window: how many turns (messages after the pinned system message, see
     # models/runtime/engine.py window_split) it dropped from the front; len(turns) when even the last turn
-    # had to be cut mid-way. A summary of the dropped turns (server/summary.py) keys on it.
+    # had to be cut mid-way. A summary of the dropped turns (server/serving/summary.py) keys on it.
     dropped: int = 0
     chat: ChatTurns | None = None  # a chat prompt's messages (None: a raw text, or a continuation)
 

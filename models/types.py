@@ -133,11 +133,13 @@ class FinishEvent:
     truncated: bool = False
     variant: str | None = None
     text: str = ""  # any text flushed at the end (held-back bytes)
-    summarized: bool = False  # the dropped turns were in the prompt as a summary note (server/summary.py)
+    summarized: bool = (
+        False  # the dropped turns were in the prompt as a summary note (server/serving/summary.py)
+    )
     tool_calls: tuple[ToolCallDelta, ...] = ()  # call deltas flushed at the end
     model_id: str | None = None  # the model that finished the reply
     # turns of the chat prompt's messages the window dropped from the front, before the reply and during it
-    # (the context filled, or the governor lowered the cap): a summary of them keys on it (server/summary.py)
+    # (the context filled, or the governor lowered the cap): a summary of them keys on it (serving/summary.py)
     turns_dropped: int = 0
 
 

@@ -17,21 +17,21 @@ from server.api.openai import routes as v1
 from server.api.openai.protocol import SamplingDefaults
 from server.api.responses import routes as responses
 from server.api.simmer import ops, thermal, ui
-from server.governor_gate import GovernorGate
-from server.grammars import LLGUIDANCE, Grammars
 from server.http.errors import ErrorMiddleware, install_handlers
 from server.http.governor_headers import LEVEL_HEADER, PAUSED_HEADER, GovernorHeadersMiddleware
 from server.http.metrics import Metrics, MetricsMiddleware
 from server.http.openapi import install_openapi
 from server.http.security import CorsMiddleware, SecurityMiddleware
-from server.model_pool import LoadedView
 from server.routing.breaker import Breaker
 from server.routing.metrics import RoutingCollector
 from server.routing.router import build_router, device_view, local_side
-from server.served import Served, serve_single
+from server.serving.governor_gate import GovernorGate
+from server.serving.grammars import LLGUIDANCE, Grammars
+from server.serving.model_pool import LoadedView
+from server.serving.served import Served, serve_single
+from server.serving.summary import Summarizer, summary_models
+from server.serving.worker import Gate, NoGate, Worker
 from server.settings import Settings, hub_config
-from server.summary import Summarizer, summary_models
-from server.worker import Gate, NoGate, Worker
 
 __all__ = ["Runtime", "create_app"]
 
@@ -48,11 +48,11 @@ def create_app(
     breaker: Breaker | None = None,
     grammars: Grammars = LLGUIDANCE,
 ) -> FastAPI:
-    """Build the app over what it serves: `served` (server/served.py: the installed models, their pool and
+    """Build the app over what it serves: `served` (serving/served.py: the installed models, their pool and
     ladder), or one ready `engine`, or an `engine_factory` that the worker thread calls at startup (GET
     /health answers 503 "loading" until it returns). `governor` is the worker's gate; `breaker` replaces the
     upstream breaker built from settings (tests pass one on a fake clock); `grammars` the seam every
-    request's grammar is converted and checked through (server/grammars.py)."""
+    request's grammar is converted and checked through (server/serving/grammars.py)."""
     if sum(x is not None for x in (engine, engine_factory, served)) != 1:
         raise ValueError("pass exactly one of engine, engine_factory or served")
     if served is None:

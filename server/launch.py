@@ -14,7 +14,7 @@ import uvicorn
 
 from models.protocol import Engine
 from server.app import create_app
-from server.connections import (
+from server.http.connections import (
     ConnectionGuard,
     fd_budget,
     guarded_protocol,
@@ -23,9 +23,9 @@ from server.connections import (
 )
 from server.http.security import check_bind
 from server.logs import setup_logging
-from server.served import Served
+from server.serving.served import Served
+from server.serving.worker import Gate
 from server.settings import Settings
-from server.worker import Gate
 
 log = logging.getLogger("simmer.server")
 
@@ -72,7 +72,7 @@ def build_server(
     on the ladder (SIMMER_LADDER, checked here: a model that is not installed stops the start)."""
     check_bind(settings.host, settings.api_key)
     if engine_factory is None and served is None:
-        from server.served import serve_store  # lazy: heavy (onnxruntime)
+        from server.serving.served import serve_store  # lazy: heavy (onnxruntime)
 
         served = serve_store(settings)
     if governor is None:
@@ -100,7 +100,7 @@ def build_server(
 
 def gate_for(settings: Settings, served: Served | None) -> Gate:
     """The governor from settings, on the served ladder and its start rung (the memory tier)."""
-    from server.governor_setup import build_gate
+    from server.serving.governor_setup import build_gate
 
     if served is None:
         return build_gate(settings)

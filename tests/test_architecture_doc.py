@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
-# a path in backticks that starts at one of the packages: `server/worker.py`, `server/api/openai/`
+# a path in backticks that starts at one of the packages: `server/serving/worker.py`, `server/api/openai/`
 NAMED = re.compile(r"`((?:server|models|governor)/[\w/]*?(?:\.py|/))`")
 
 

@@ -1,4 +1,4 @@
-"""Does loading a model in a background thread spare a reply the wait for that load? (server/summary.py)
+"""Does loading a model in a background thread spare a reply the wait for that load? (serving/summary.py)
 
 The summary's idle work could load its model in a thread while the worker serves; a reply arriving then would
 not wait for the load, but would share the device's cores with it. This probe measures, in one process and

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     os.environ["SIMMER_HOME"] = args.home  # before Settings() reads it (the probe's own process)
-    from server.engine_config import EngineConfig
+    from server.serving.engine_config import EngineConfig
     from server.settings import Settings
 
     base = EngineConfig.from_settings(Settings(), threads=2)

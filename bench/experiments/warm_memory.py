@@ -24,7 +24,7 @@ from bench.memory import heap_in_use, smaps_rss
 from bench.sustained import MAX_TOKENS, PROMPTS
 from models.protocol import EngineLimits
 from models.types import GenerationParams, SamplingParams, TokenEvent
-from server.engine_config import EngineConfig
+from server.serving.engine_config import EngineConfig
 from server.settings import Settings
 
 

@@ -3,7 +3,7 @@
 Used twice by the engine: before a reply (chat_prompt with truncate: the newest turns that fit with room for
 the answer) and during one (the context filled, or the governor lowered the cap mid-reply: the newest turns
 that fit with the reply so far), so both drop whole turns the same way and a summary of the dropped turns
-(server/summary.py) keys on the same count.
+(server/serving/summary.py) keys on the same count.
 """
 
 from __future__ import annotations

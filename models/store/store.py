@@ -185,7 +185,7 @@ class ModelStore:
     checkpoint: Callable[[str], None] = field(default=lambda stage: None)
     hub: HubConfig | None = None  # the Hugging Face Hub for hf: models (endpoint, token, offline)
     # Bytes a conversion may add to this process's memory now, and what that figure is (the CLI and the
-    # server give the device's memory budget: server/memory_plan.py); None: no limit known.
+    # server give the device's memory budget: server/serving/memory_plan.py); None: no limit known.
     memory_free: Callable[[], int | None] = field(default=lambda: None)
     memory_budget: str = "the memory budget"
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 from models.store.store import ModelStore
 from server.api.openai.protocol import SamplingDefaults
-from server.governor_gate import GovernorGate
-from server.grammars import LLGUIDANCE, Grammars
 from server.http.metrics import Metrics
 from server.routing.router import Router
-from server.served import Served
-from server.summary import Summarizer
-from server.worker import Worker
+from server.serving.governor_gate import GovernorGate
+from server.serving.grammars import LLGUIDANCE, Grammars
+from server.serving.served import Served
+from server.serving.summary import Summarizer
+from server.serving.worker import Worker
 
 STORE_THREADS = 2  # pulls and removals at once; more wait in line without holding a thread
 
@@ -43,7 +43,7 @@ class Runtime:
     store_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="simmer-store")
     )
-    # The tokenizer routes' work, one request at a time (server/tokenizers.py says why).
+    # The tokenizer routes' work, one request at a time (server/serving/tokenizers.py says why).
     tokenizer_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="simmer-tokenizer")
     )

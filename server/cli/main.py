@@ -22,7 +22,7 @@ from models.store.registry import license_notice
 from models.store.store import Converter, ModelInfo, ModelStore
 from models.types import NOMINAL_VARIANT
 from models.variant_facts import describe, refused_variants
-from server.ladder import parse_ladder
+from server.serving.ladder import parse_ladder
 from server.settings import Settings, hub_config
 
 EXTERNAL: dict[str, tuple[str, str, str]] = {
@@ -89,7 +89,7 @@ def conversion_memory_free(settings: Settings) -> int | None:
     process holds already, else what the device (cgroup or host) has available less the reserve."""
     import psutil
 
-    from server.served import memory_budget
+    from server.serving.served import memory_budget
 
     budget = memory_budget(settings)
     held = psutil.Process().memory_info().rss if budget.explicit_bytes is not None else 0

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 from models.runtime.engine import LlamaEngine
 from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams
-from server.engine_config import EngineConfig
+from server.serving.engine_config import EngineConfig
+from server.serving.summary import Summarizer
 from server.settings import Settings
-from server.summary import Summarizer
 
 
 def _parser(prog: str, with_prompt: bool) -> argparse.ArgumentParser:

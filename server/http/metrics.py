@@ -63,7 +63,7 @@ class Metrics:
             self.summarized.inc()
 
     def watch_summaries(self, summarizer: Any) -> None:
-        """Export the summarizer's counters at scrape time (a server/summary.py Summarizer): numbers only."""
+        """Export the summarizer's counters at scrape time (a serving/summary.py Summarizer): numbers only."""
         self.registry.register(SummaryCollector(summarizer))
 
     def add_tokens(self, prompt: int, completion: int) -> None:
@@ -148,7 +148,7 @@ class GovernorCollector:
 
 
 class SummaryCollector:
-    """The sliding window's summaries (server/summary.py): pieces written, preempted by a request, failed;
+    """The sliding window's summaries (serving/summary.py): pieces written, preempted by a request, failed;
     summaries stored and pieces of work pending. Never their text."""
 
     def __init__(self, summarizer: Any) -> None:

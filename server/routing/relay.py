@@ -27,7 +27,7 @@ from typing import Any
 
 from models.types import FinishEvent, Timings, TokenEvent, TopLogprob, Usage
 from server.routing.upstream import Endpoint, UpstreamClient, UpstreamFailure
-from server.worker import Started
+from server.serving.events import Started
 
 MAX_RELAY_TOKENS = 32_768  # a reply's tokens when the client set no max_tokens
 MAX_RELAY_TEXT_BYTES = 4 << 20  # a reply's text (a 32k-token reply is about 128 KB)

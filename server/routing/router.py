@@ -18,7 +18,7 @@ Under the pace controller the policy also reads the thermal pace (DeviceState.pa
 of a new local job (LocalSide.tokens_ahead); the router keeps the pace floor's hysteresis state (`slow`,
 policy.pace_slow) from one request to the next.
 
-Accounting (server/accounting.py): for a job served upstream the relay is the worker's half of the request's
+Accounting (serving/accounting.py): for a job served upstream the relay is the worker's half of the request's
 one record: it feeds the tokens and the usage, and ends that half when the upstream task ends, unless the
 job went to the local worker (which then ends it). A local refusal that goes upstream is a hand-over.
 
@@ -71,8 +71,9 @@ from server.routing.decision import (
 )
 from server.routing.relay import ChunkReader, relay
 from server.routing.upstream import Endpoint, UpstreamClient, UpstreamFailure, forward_body, to_simmer_error
+from server.serving.events import Failed, Started
+from server.serving.worker import Job
 from server.settings import Settings
-from server.worker import Failed, Job, Started
 
 log = logging.getLogger("simmer.routing")
 
@@ -111,7 +112,7 @@ class LocalSide:
 
 
 def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: str) -> LocalSide:
-    """A LocalSide over server.worker.Worker."""
+    """A LocalSide over server.serving.worker.Worker."""
 
     def state() -> LocalState:
         if worker.state == "failed":

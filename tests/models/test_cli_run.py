@@ -60,7 +60,7 @@ def test_chat_when_turns_dropped_then_summarized_while_the_user_types(installed_
     import time
 
     from server.cli import run as cli_run
-    from server.summary import Summarizer
+    from server.serving.summary import Summarizer
 
     monkeypatch.setenv("SIMMER_CONTEXT_LENGTH", "160")
     made: list[Summarizer] = []

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from models.runtime.session import KVCache, ModelShape
-from server.engine_config import EngineConfig
+from server.serving.engine_config import EngineConfig
 from server.settings import Settings
 from tests.emulation import needs_map_populate
 

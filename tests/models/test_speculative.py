@@ -309,7 +309,7 @@ def test_speculation_setting_when_off_then_engines_from_engine_config_decode_pla
     tiny_model_dir, monkeypatch
 ) -> None:
     """SIMMER_SPECULATION reaches the engines every entry point opens (EngineConfig)."""
-    from server.engine_config import EngineConfig
+    from server.serving.engine_config import EngineConfig
     from server.settings import Settings
 
     for value, speculates in (("off", False), ("auto", True)):

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from models.protocol import Engine
 from server.app import create_app
-from server.grammars import LLGUIDANCE, Grammars
+from server.serving.grammars import LLGUIDANCE, Grammars
 from server.settings import Settings
 from tests.conftest import _convert_into
 from tests.server.fakes import RecordingEngine, ScriptedEngine
@@ -108,7 +108,7 @@ def tiny_long_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
     """live(token_delay_s=..., **settings) -> LiveServer with a RecordingEngine(ScriptedEngine), or what
-    `engine=`, `engine_factory=` or `served=` (server/served.py) give."""
+    `engine=`, `engine_factory=` or `served=` (server/serving/served.py) give."""
     servers: list[LiveServer] = []
 
     def make(

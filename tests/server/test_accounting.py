@@ -13,8 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from models.types import FinishEvent, Timings, TokenEvent, Usage
-from server.accounting import RequestAccount
 from server.logs import TEXT_LOGGERS, setup_logging
+from server.serving.accounting import RequestAccount
 from tests.server.conftest import MODEL
 from tests.server.fakes import REPLY
 from tests.server.test_worker_flow import queue_depth, wait_until

@@ -1,4 +1,4 @@
-"""The prefix cache is no oracle across clients (server/cache_scope.py): after one client sends a door code,
+"""The prefix cache is no oracle across clients (serving/cache_scope.py): after one client sends a door code,
 another's guesses get the same cached_tokens whether they are right or wrong. Within one scope the cache
 still works. On the tiny real model (the prefix cache is the engine's), two KV slots."""
 
@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from models.runtime.engine import load_engine
-from server.cache_scope import cache_scope
+from server.serving.cache_scope import cache_scope
 from tests.server.conftest import LiveServer, make_settings, start_server
 
 SECRET = "The door code is 4 7 1 9. Keep it safe."

@@ -1,4 +1,4 @@
-"""The connection guard (server/connections.py) on a real uvicorn with short limits: a request head or body
+"""The connection guard (http/connections.py) on a real uvicorn with short limits: a request head or body
 that never ends is cut at its deadline, the oldest unfinished connection makes room for a new one at the
 cap, and a failed accept() is logged once in a while, not each time."""
 
@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from server.connections import (
+from server.http.connections import (
     ACCEPT_FAILED,
     ConnectionGuard,
     guarded_protocol,

@@ -24,8 +24,8 @@ from governor.sensors import SimulatedThermalSource, TemperatureReading
 from governor.thermal_sim import ThermalSimulator, get_profile
 from models.runtime.engine import load_engine
 from models.types import GenerationParams, SamplingParams
-from server.governor_gate import GovernorGate
-from server.governor_setup import build_gate
+from server.serving.governor_gate import GovernorGate
+from server.serving.governor_setup import build_gate
 from tests.fakes import ScriptedCPU
 from tests.server.conftest import MODEL
 from tests.server.fakes import RecordingEngine

@@ -16,11 +16,11 @@ from governor.sensors import SimulatedThermalSource
 from governor.thermal_sim import ThermalSimulator, get_profile
 from models.errors import Cancelled, DeviceOverheated
 from models.types import CancelToken
-from server.cost_meter import CostMeter
-from server.governor_gate import GovernorGate
 from server.launch import gate_for
 from server.refusals import DevicePaused
-from server.served import serve_folders
+from server.serving.cost_meter import CostMeter
+from server.serving.governor_gate import GovernorGate
+from server.serving.served import serve_folders
 from tests.server.conftest import make_settings
 
 

@@ -1,5 +1,5 @@
 """A request's grammar is converted once and checked once, whichever dialect asks for it: a counting
-Grammars (a fake through the real seam, server/grammars.py) behind a live server, one request at a time."""
+Grammars (a fake through the real seam, serving/grammars.py) behind a live server, one request at a time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server.grammars import LLGUIDANCE
+from server.serving.grammars import LLGUIDANCE
 from tests.server.conftest import MODEL
 from tests.server.structured_data import ASK, CITY, TIME, WEATHER
 

@@ -1,4 +1,4 @@
-"""keep_alive with Ollama's meaning, one parser for every dialect (server/keep_alive.py), table-driven."""
+"""keep_alive with Ollama's meaning, one parser for every dialect (serving/keep_alive.py), table-driven."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import pytest
 
 from models.errors import InvalidParameter
-from server.keep_alive import FOREVER, MAX_FINITE_S, PATTERN, describe, parse_keep_alive
+from server.serving.keep_alive import FOREVER, MAX_FINITE_S, PATTERN, describe, parse_keep_alive
 
 CASES = [
     (None, None),  # left out: the server's default

@@ -7,9 +7,9 @@ import pytest
 
 from governor.limits import Rung
 from models.errors import InvalidParameter, ModelNotInstalled
-from server.catalog import CatalogEntry
-from server.ladder import build_ladder, model_rungs, parse_ladder, pick_start, place, shed_above
-from server.memory_plan import Estimate
+from server.serving.catalog import CatalogEntry
+from server.serving.ladder import build_ladder, model_rungs, parse_ladder, pick_start, place, shed_above
+from server.serving.memory_plan import Estimate
 
 MiB = 1 << 20
 

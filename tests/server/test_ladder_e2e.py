@@ -15,8 +15,8 @@ import pytest
 from governor.governor import Governor
 from governor.policy import PolicyConfig
 from governor.sensors import TemperatureReading
-from server.governor_gate import GovernorGate
-from server.served import serve_folders
+from server.serving.governor_gate import GovernorGate
+from server.serving.served import serve_folders
 from tests.server.conftest import make_settings
 
 pytestmark = pytest.mark.slow

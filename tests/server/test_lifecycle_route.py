@@ -10,8 +10,8 @@ import pytest
 
 from governor.governor import Governor
 from governor.policy import PolicyConfig
-from server.governor_gate import GovernorGate
-from server.governor_setup import build_gate
+from server.serving.governor_gate import GovernorGate
+from server.serving.governor_setup import build_gate
 from tests.server.conftest import MODEL, make_settings
 
 MSG = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}

@@ -7,7 +7,7 @@ import pytest
 from governor.sensors import MemoryReading
 from models.errors import InsufficientMemory
 from models.runtime.session import kv_bytes_per_token
-from server.memory_plan import (
+from server.serving.memory_plan import (
     RUNTIME_BYTES,
     TOKENIZER_FACTOR,
     Estimate,

@@ -18,7 +18,7 @@ import pytest
 from models.convert import pipeline
 from models.store.store import Converter, ModelStore
 from server.cli import main as cli
-from server.engine_config import EngineConfig
+from server.serving.engine_config import EngineConfig
 from server.settings import Settings
 
 MODEL = "tiny"

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from models.errors import InsufficientMemory, ModelNotFound
-from server.catalog import CatalogEntry
-from server.memory_plan import Estimate, MemoryBudget
-from server.model_pool import ModelPool
+from server.serving.catalog import CatalogEntry
+from server.serving.memory_plan import Estimate, MemoryBudget
+from server.serving.model_pool import ModelPool
 from tests.server.fakes import ScriptedEngine
 
 MiB = 1 << 20

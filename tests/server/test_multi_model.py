@@ -14,8 +14,8 @@ import pytest
 from models.protocol import EngineLimits, Prompt
 from models.runtime.engine import load_engine
 from models.types import CancelToken, GenerationParams, SamplingParams, TokenEvent
-from server.memory_plan import MemoryBudget
-from server.served import serve_folders
+from server.serving.memory_plan import MemoryBudget
+from server.serving.served import serve_folders
 from tests.server.conftest import make_settings, responses_events, wait_ready
 
 MiB = 1 << 20

@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from governor.governor import Governor
 from governor.limits import DEFAULT_TABLE, LevelLimits
 from models.runtime.engine import load_engine
-from server.governor_gate import GovernorGate
+from server.serving.governor_gate import GovernorGate
 from tests.server.conftest import LiveServer, make_settings, start_server
 
 MAX_REPLY = 4

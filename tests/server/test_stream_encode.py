@@ -8,7 +8,7 @@ from typing import Any
 
 from models.types import FinishEvent, Timings, TokenEvent, Usage
 from server.api.common.streaming import Batch, End, Error, Item, encode
-from server.worker import GovernorState, Started, Switched
+from server.serving.events import GovernorState, Started, Switched
 from tests import aio
 
 TOKEN = TokenEvent(1, "hi", 0)

@@ -1,4 +1,4 @@
-"""The sliding window with a summary (server/summary.py) through the real worker and HTTP, on tiny real
+"""The sliding window with a summary (serving/summary.py) through the real worker and HTTP, on tiny real
 models: the first truncated request is served the plain window and queues the summary; after an idle moment
 the same conversation carries it (summarized: true, the note in the prompt: its token count); the setting
 turns it off; without a chat model it never happens; a request that arrives mid-summary preempts it."""
@@ -18,9 +18,9 @@ from models.errors import InvalidParameter
 from models.protocol import EngineLimits
 from models.runtime.engine import window_split
 from models.types import SamplingParams
-from server.served import serve_folders
-from server.summary import NOTE_MARK, message_line, prefix_keys, with_note
-from server.worker import NoGate
+from server.serving.served import serve_folders
+from server.serving.summary import NOTE_MARK, message_line, prefix_keys, with_note
+from server.serving.worker import NoGate
 from tests.server.conftest import make_settings, wait_ready
 
 MAX_TOKENS = 4
@@ -250,7 +250,7 @@ def test_summary_when_request_arrives_mid_summary_then_preempted(tiny):
 
 def test_summary_hostile_histories(tiny):
     """Empty messages, tool turns and calls, a huge history: answered, and the pending work stays bounded."""
-    from server.summary import PENDING_MAX, SPAN_MESSAGES
+    from server.serving.summary import PENDING_MAX, SPAN_MESSAGES
 
     srv = tiny()
     rt = srv.app.state.runtime

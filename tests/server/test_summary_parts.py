@@ -8,8 +8,8 @@ import pytest
 
 from models.protocol import EngineLimits, Prompt
 from models.types import CancelToken
-from server.served import serve_folders
-from server.summary import (
+from server.serving.served import serve_folders
+from server.serving.summary import (
     MESSAGE_CHARS,
     NOTE_MARK,
     Summarizer,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from server.served import serve_folders
+from server.serving.served import serve_folders
 from tests.server.conftest import make_settings, wait_ready
 
 CONTEXT = 64

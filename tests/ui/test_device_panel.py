@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from governor.sensors import make_thermal_source
-from server.governor_setup import build_gate
+from server.serving.governor_setup import build_gate
 from tests.fakes import ScriptedCPU
 from tests.ui.conftest import screenshot
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.governor_setup import build_gate
+from server.serving.governor_setup import build_gate
 from tests.server.fakes import RecordingEngine, ScriptedEngine
 from tests.ui.conftest import DESKTOP, PHONE, screenshot
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from server.governor_setup import build_gate
+from server.serving.governor_setup import build_gate
 from tests.ui.conftest import wait_until
 
 pytestmark = pytest.mark.browser

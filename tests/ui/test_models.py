@@ -8,8 +8,8 @@ import pytest
 
 from governor.governor import Governor
 from governor.limits import DEFAULT_TABLE, LevelLimits, Rung
-from server.governor_gate import GovernorGate
-from server.served import serve_folders
+from server.serving.governor_gate import GovernorGate
+from server.serving.served import serve_folders
 from tests.ui.conftest import screenshot
 
 pytestmark = pytest.mark.browser

@@ -7,7 +7,7 @@ import socket
 import httpx
 import pytest
 
-from server.governor_setup import build_gate
+from server.serving.governor_setup import build_gate
 
 
 def test_ui_when_api_key_set_then_page_and_static_open_but_api_closed(ui_server):

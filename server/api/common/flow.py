@@ -9,7 +9,7 @@ A dialect is a `Renderer`: it turns the collected tokens into one response, or t
               streamed: hold the headers until the prompt is built (a too-long prompt is still a real 413),
               then renderer.stream(); the stream's end (done, error, client gone) is accounted for once.
 
-Accounting (server/accounting.py): the job carries one RequestAccount; the worker (or the upstream relay)
+Accounting (serving/accounting.py): the job carries one RequestAccount; the worker (or the upstream relay)
 closes one half, this module the other (`Generation.end`, `Generation.abandon`), and the record (the log
 line and the token counters of /metrics) is written once both are in.
 """
@@ -30,16 +30,17 @@ from fastapi.responses import JSONResponse, Response
 from models.errors import Cancelled, ModelNotChat, ModelNotFound
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
-from server.accounting import RequestAccount
 from server.api.common.streaming import Item, JobEventSource, coalesced, sse_stream
 from server.api.openai.protocol import ChunkBuilder, _GenerationRequest, chat_completion, text_completion
-from server.cache_scope import cache_scope
-from server.grammars import CHECKS, Grammars
 from server.logs import RequestRecord, log_request
 from server.refusals import ShuttingDown
 from server.routing.router import HEADER as ROUTE_HEADER
 from server.routing.router import Route
-from server.worker import Failed, Job, Started, loop_sink
+from server.serving.accounting import RequestAccount
+from server.serving.cache_scope import cache_scope
+from server.serving.events import Failed, Started
+from server.serving.grammars import CHECKS, Grammars
+from server.serving.worker import Job, loop_sink
 
 if TYPE_CHECKING:
     from server.api.context import Runtime

@@ -40,7 +40,8 @@ from starlette.types import Receive, Scope, Send
 from models.types import FinishEvent, TokenEvent
 from server.api.openai.protocol import ChunkBuilder
 from server.http.errors import error_payload
-from server.worker import Failed, GovernorState, Job, Started, Switched
+from server.serving.events import Failed, GovernorState, Started, Switched
+from server.serving.worker import Job
 
 DONE = "[DONE]"
 

@@ -1,7 +1,7 @@
 """llama.cpp server's /tokenize, /detokenize and /apply-template (server/api/llamacpp/protocol.py has
 the JSON).
 
-The tokenizer is read-only and needs no weights: these run on a thread of their own (server/tokenizers.py),
+The tokenizer is read-only and needs no weights: these run on a thread of their own (serving/tokenizers.py),
 not on the worker (so they do not queue behind a generation, as llama.cpp answers them while its slots are
 busy) and not on the event loop (a long text takes a while to tokenize, and its JSON a while to write).
 The model they are asked about answers with its engine when it is loaded, else with its tokenizer alone.
@@ -19,9 +19,9 @@ from fastapi.responses import Response
 
 from models.errors import InvalidParameter, ModelNotFound
 from server.api.llamacpp.protocol import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest, tokens_json
-from server.catalog import CatalogEntry
 from server.refusals import ModelLoading
-from server.tokenizers import TextSide, give_back_if_large
+from server.serving.catalog import CatalogEntry
+from server.serving.tokenizers import TextSide, give_back_if_large
 
 if TYPE_CHECKING:
     from server.api.context import Runtime

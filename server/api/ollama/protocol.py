@@ -56,8 +56,8 @@ from server.api.openai.protocol import (
     assemble_calls,
     integer,
 )
-from server.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
-from server.keep_alive import parse_keep_alive
+from server.serving.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
+from server.serving.keep_alive import parse_keep_alive
 
 log = logging.getLogger("simmer.ollama")
 

@@ -32,10 +32,10 @@ from server.api.common.flow import Generation, respond, start
 from server.api.common.streaming import Batch, End, Error, JobStreamingResponse, encode
 from server.api.ollama import protocol as wire
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest, call_deltas
-from server.catalog import CatalogEntry, installed, iso
 from server.http.errors import ApiError, error_payload
 from server.refusals import ModelLoading
-from server.worker import GovernorState, Started, Switched
+from server.serving.catalog import CatalogEntry, installed, iso
+from server.serving.events import GovernorState, Started, Switched
 
 if TYPE_CHECKING:
     from server.api.context import Runtime

@@ -44,10 +44,10 @@ from models.types import (
     ToolUse,
     Usage,
 )
-from server.grammars import LLGUIDANCE, Grammars
 from server.http.errors import MAX_JSON_DEPTH
-from server.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
-from server.keep_alive import parse_keep_alive
+from server.serving.grammars import LLGUIDANCE, Grammars
+from server.serving.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
+from server.serving.keep_alive import parse_keep_alive
 
 # As strict as OpenAI's API: no coercion ("5" is not an integer, 0 is not a boolean; an integer is still a
 # number, and a whole float is an integer, as JSON Schema has it), no NaN or Infinity (Python's JSON parser
@@ -243,7 +243,7 @@ class _GenerationRequest(_Request):
     ] = None
     route: Literal["local", "auto", "upstream"] | None = None  # where to serve it (or X-Simmer-Route)
     # vLLM's: a secret of the client's; prefixes are reused only between requests with the same salt (and
-    # the same API key), so cached_tokens cannot reveal another client's prompt (server/cache_scope.py)
+    # the same API key), so cached_tokens cannot reveal another client's prompt (serving/cache_scope.py)
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
     _constraint: tuple[str | None, str | None] | None = PrivateAttr(default=None)
 

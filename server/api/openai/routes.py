@@ -13,11 +13,11 @@ from models.variant_facts import floor_facts, refused_variants, variant_facts
 from server.api.common.flow import complete
 from server.api.ollama.protocol import LATEST
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
-from server.catalog import CatalogEntry
+from server.serving.catalog import CatalogEntry
 
 if TYPE_CHECKING:
     from server.api.context import Runtime
-    from server.model_pool import LoadedView
+    from server.serving.model_pool import LoadedView
 
 router = APIRouter(prefix="/v1")
 

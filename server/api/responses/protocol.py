@@ -353,7 +353,9 @@ class ResponsesRequest(_Request):
     repeat_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
     route: Literal["local", "auto", "upstream"] | None = None
     governor_events: bool = False  # opt in to chat's `event: governor` SSE events (SDKs would choke on them)
-    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # as chat's (server/cache_scope.py)
+    cache_salt: str | None = Field(
+        None, min_length=1, max_length=256
+    )  # as chat's (server/serving/cache_scope.py)
 
     @model_validator(mode="after")
     def _supported(self) -> ResponsesRequest:

@@ -34,7 +34,7 @@ from server.api.common.streaming import (
 )
 from server.api.responses.protocol import RENAME, EventStream, ResponseObject, ResponsesRequest
 from server.http.errors import error_payload
-from server.worker import GovernorState, Started, Switched
+from server.serving.events import GovernorState, Started, Switched
 
 router = APIRouter(prefix="/v1")
 

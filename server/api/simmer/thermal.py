@@ -17,7 +17,7 @@ from server.http.errors import ApiError
 
 if TYPE_CHECKING:
     from server.api.context import Runtime
-    from server.governor_gate import GovernorGate
+    from server.serving.governor_gate import GovernorGate
 
 router = APIRouter(prefix="/v1")
 

@@ -15,9 +15,9 @@ import time
 import httpx
 
 from governor.limits import Rung, rungs_from_manifest
-from server.cost_meter import CostMeter
-from server.governor_gate import GovernorGate
-from server.governor_setup import build_gate, build_governor
+from server.serving.cost_meter import CostMeter
+from server.serving.governor_gate import GovernorGate
+from server.serving.governor_setup import build_gate, build_governor
 from server.settings import Settings
 from tests.server.fakes import RecordingEngine, ScriptedEngine
 from tests.server.routing.conftest import MODEL

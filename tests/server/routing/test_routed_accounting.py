@@ -1,5 +1,5 @@
 """A request served upstream, or moved between the sides before its first token, is accounted exactly once:
-one log line, and /metrics' token totals equal the sum of the lines (server/accounting.py)."""
+one log line, and /metrics' token totals equal the sum of the lines (server/serving/accounting.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import httpx
 
 from models.errors import ContextLengthExceeded
 from models.types import FinishEvent, GenerationParams
-from server.accounting import RequestAccount
 from server.routing.router import Router
 from server.routing.upstream import UpstreamClient
-from server.worker import Failed, Job
+from server.serving.accounting import RequestAccount
+from server.serving.events import Failed
+from server.serving.worker import Job
 from tests import aio
 from tests.server.routing.conftest import free_port
 from tests.server.routing.scripted import Script, ScriptedUpstream, chat_chunk

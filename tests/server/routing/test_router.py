@@ -11,7 +11,8 @@ from server.api.openai.protocol import ChatCompletionRequest
 from server.routing.breaker import Breaker
 from server.routing.router import LocalSide, Router
 from server.routing.upstream import UpstreamClient
-from server.worker import Failed, Job
+from server.serving.events import Failed
+from server.serving.worker import Job
 from tests import aio
 from tests.server.routing.scripted import Script, ScriptedUpstream, chat_chunk
 

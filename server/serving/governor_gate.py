@@ -1,5 +1,5 @@
 """The Gate: the governor's decisions applied on the worker thread, before every job and between every
-token / prefill chunk. (Settings -> Governor is server/governor_setup.py.)
+token / prefill chunk. (Settings -> Governor is server/serving/governor_setup.py.)
 
 The governor decides (its own thread); the gate acts on the worker thread:
 - new work waits while the governor pauses it, up to pause_timeout_s from when it was queued, then
@@ -11,10 +11,10 @@ The governor decides (its own thread); the gate acts on the worker thread:
 - the pace: the gate idles after each pass to hold the governor's tokens_per_second, or without a known
   cost per token its CPU budget (Limits.pace_delay): one mechanism, fed by the pace controller;
 - a meter measures the process CPU time per step of each configuration the engine runs and tells the
-  governor (server/cost_meter.py): the budget then buys the configuration that is really cheapest here;
+  governor (serving/cost_meter.py): the budget then buys the configuration that is really cheapest here;
 - a model load is wrapped in Governor.loading() (loading(), around the pool's every load): the pace
   controller credits none of its CPU;
-- limits go to the worker only when they change (it places them on the request's rung, server/ladder.py).
+- limits go to the worker only when they change (it places them on the request's rung, serving/ladder.py).
 Each step is decided first (decide_step, pure) and applied after, in one place (GovernorGate._apply).
 """
 
@@ -34,8 +34,8 @@ from governor.limits import Limits, Rung, merge_cost
 from models.errors import Cancelled, DeviceOverheated
 from models.protocol import EngineLimits, pool_spins
 from models.types import CancelToken
-from server.cost_meter import CostMeter
 from server.refusals import DevicePaused
+from server.serving.cost_meter import CostMeter
 
 log = logging.getLogger("simmer.governor")
 
@@ -44,7 +44,7 @@ PACE_STEP = 1.1  # the engine hears of the pace in steps of 10 %
 
 def to_engine_limits(limits: Limits) -> EngineLimits:
     """The engine's part of the governor's limits, with the rung (model, variant) the governor runs on; the
-    worker maps that rung onto each request's own (server/ladder.py place)."""
+    worker maps that rung onto each request's own (server/serving/ladder.py place)."""
     return EngineLimits(
         threads=limits.threads,
         variant=limits.variant,
@@ -116,7 +116,7 @@ def decide_step(
 
 
 class GovernorGate:
-    """Implements server.worker.Gate on top of a Governor. Also what the routes read (/v1/thermal, /health,
+    """Implements serving.worker.Gate on top of a Governor. Also what the routes read (/v1/thermal, /health,
     /metrics) and what create_app subscribes the worker to."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """Which models there are: every installed model, as facts read from its manifest without loading it.
 
 The one owner of a model's facts: the server lists these in /v1/models and Ollama's /api/tags and /api/show,
-resolves a request's `model` to one of them (server/served.py), builds the governor's ladder from them and
+resolves a request's `model` to one of them (serving/served.py), builds the governor's ladder from them and
 plans memory with them. Three sources:
 - `StoreCatalog`: the model store (`simmer serve`); re-read at most every REFRESH_S, so a model pulled while
   the server runs becomes servable without a restart;

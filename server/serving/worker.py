@@ -18,16 +18,16 @@ The governor seam (kept small on purpose), both called on the worker thread:
 - `worker.publish_governor(state)` (any thread) sends a JSON-able state to every open job; streams that
   asked for it (`governor_events: true`) forward it as SSE `event: governor`. It also wakes an idle worker
   to look at the governor's rung (`gate.rung`): once it moved below a loaded bigger model, that model is
-  unloaded when idle (`shed_above`, server/ladder.py), not at the end of its keep_alive.
+  unloaded when idle (`shed_above`, server/serving/ladder.py), not at the end of its keep_alive.
 
-Which model a job runs on is placed per job and again at every changed limit (`place`, server/ladder.py):
+Which model a job runs on is placed per job and again at every changed limit (`place`, serving/ladder.py):
 the governor's rung, never above the model the client asked for, skipping rungs that cannot serve it. When
 the rung moves to another model mid-reply, the engine ends its part with a Handover and the worker hands the
 reply to the new model (`Switched` goes to the stream), which continues it without losing or repeating text.
 
 While the queue is empty the worker runs `idle work` (add_idle_work): jobs that wait for an idle worker
 (a summary written off the critical path); a submitted job cancels them between their steps.
-A job's `account` (server/accounting.py) hears what the engine did and, exactly once, that the worker is
+A job's `account` (serving/accounting.py) hears what the engine did and, exactly once, that the worker is
 done with the job: after generating, or when it leaves the queue unstarted (`withdraw`, `close`).
 """
 
@@ -48,13 +48,14 @@ from models.errors import Cancelled, SimmerError
 from models.protocol import Engine, EngineLimits, Prompt
 from models.runtime.batch import BatchDecoder, BatchEvent, RowError
 from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent, ToolUse
-from server.ladder import Target, shed_above
-from server.model_pool import ModelPool
 from server.refusals import ModelLoading, ServerBusy, ShuttingDown
-from server.summary import Windowed
+from server.serving.events import Failed, GovernorState, Started, Switched
+from server.serving.ladder import Target, shed_above
+from server.serving.model_pool import ModelPool
+from server.serving.summary import Windowed
 
 if TYPE_CHECKING:
-    from server.accounting import RequestAccount
+    from server.serving.accounting import RequestAccount
 
 log = logging.getLogger("simmer.server")
 
@@ -95,7 +96,7 @@ class NoGate:
 
 
 class Window(Protocol):
-    """A chat job's prompt through a sliding window that may carry a summary (server/summary.py)."""
+    """A chat job's prompt through a sliding window that may carry a summary (server/serving/summary.py)."""
 
     def window(
         self, engine: Engine, messages: list[dict], *, truncate: bool, reserve: int, tools: ToolUse | None
@@ -124,36 +125,6 @@ class WorkerMetrics(Protocol):
     def observe_inter_token(self, seconds: float) -> None: ...
     def add_busy(self, seconds: float) -> None: ...
     def count_window(self, truncated: bool, summarized: bool) -> None: ...
-
-
-@dataclass(frozen=True)
-class Started:
-    prompt_tokens: int
-    truncated: bool
-    variant: str | None = None
-    model_id: str | None = None  # the model that runs it (None: the requested one)
-    summarized: bool = False  # the window's dropped turns are in the prompt as a summary note
-
-
-@dataclass(frozen=True)
-class Switched:
-    """The reply moved to another model mid-way (the governor's rung moved)."""
-
-    old: str  # model/variant
-    model_id: str
-    variant: str
-    reason: str
-    tokens: int  # generated before the switch
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: BaseException
-
-
-@dataclass(frozen=True)
-class GovernorState:
-    state: Mapping[str, Any]
 
 
 Sink = Callable[[object], None]

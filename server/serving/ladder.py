@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from governor.limits import Rung, rungs_from_manifest
 from models.errors import InvalidParameter, ModelNotInstalled
-from server.catalog import Catalog, CatalogEntry
-from server.memory_plan import Estimate, mib
+from server.serving.catalog import Catalog, CatalogEntry
+from server.serving.memory_plan import Estimate, mib
 
 log = logging.getLogger("simmer.governor")
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import hashlib
 
-SUMMARY_SCOPE = "simmer:summary"  # the server's own summaries (server/summary.py) never share with a client
+SUMMARY_SCOPE = (
+    "simmer:summary"  # the server's own summaries (server/serving/summary.py) never share with a client
+)
 
 
 def _digest(value: str) -> str:

@@ -22,7 +22,7 @@ from models.runtime.chat import ChatTemplate
 from models.runtime.engine import nominal_variant, release_freed_memory
 from models.runtime.genai_config import DecoderIO, load_tokenizer
 from models.runtime.tokenizer import Tokenizer
-from server.catalog import CatalogEntry
+from server.serving.catalog import CatalogEntry
 
 # Characters of input (or ids) from which a request's garbage is worth handing back to the OS at once.
 LARGE = 64 * 1024

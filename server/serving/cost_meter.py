@@ -1,4 +1,4 @@
-"""The meter: what a step of each configuration really costs here. The gate (server/governor_gate.py) feeds
+"""The meter: what a step of each configuration really costs here. The gate (serving/governor_gate.py) feeds
 it every pass and hands what it publishes to the governor, whose CPU budget then buys the configuration
 that is really cheapest on this machine (governor/limits.py pick_config)."""
 

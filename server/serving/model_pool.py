@@ -2,7 +2,7 @@
 
 Only the worker thread loads and unloads (one thread owns every engine); the views (`loaded`,
 `last_served`) are read by the routes from the event loop, under a lock. Before a load the memory planner
-(server/memory_plan.py) decides what must go; a refusal unloads nothing and raises insufficient_memory.
+(serving/memory_plan.py) decides what must go; a refusal unloads nothing and raises insufficient_memory.
 
 keep_alive, as Ollama has it: after each request the model stays loaded for that request's keep_alive
 (SIMMER_KEEP_ALIVE_S when it gives none), 0 unloads it at once, infinity keeps it. Unloading drops the
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from models.errors import ModelNotFound
 from models.protocol import Engine, EngineLimits
 from models.runtime.engine import release_freed_memory
-from server.catalog import Catalog, CatalogEntry
-from server.keep_alive import describe as describe_keep_alive
-from server.memory_plan import Estimate, MemoryBudget, Resident, mib, plan_load
+from server.serving.catalog import Catalog, CatalogEntry
+from server.serving.keep_alive import describe as describe_keep_alive
+from server.serving.memory_plan import Estimate, MemoryBudget, Resident, mib, plan_load
 
 log = logging.getLogger("simmer.pool")
 
@@ -137,7 +137,7 @@ class ModelPool:
     def borrow(self, model_id: str) -> Iterator[Engine | None]:
         """Idle work's use of a loaded model (a summary), or None when `model_id` is not loaded: idle work
         never loads one (a load cannot be interrupted, so a request arriving meanwhile would wait for all of
-        it; server/summary.py). Marked busy while borrowed, but it is not "the engine that ran last" and
+        it; serving/summary.py). Marked busy while borrowed, but it is not "the engine that ran last" and
         keeps the keep_alive a request gave it."""
         with self._lock:
             item = self._loaded.get(model_id)

@@ -16,9 +16,9 @@ from governor.limits import Rung
 from governor.policy import PolicyConfig
 from governor.sensors import read_memory
 from models.protocol import Engine, EngineLimits
-from server.catalog import Catalog, CatalogEntry, FolderCatalog, SingleCatalog, StoreCatalog
-from server.engine_config import EngineConfig
-from server.ladder import (
+from server.serving.catalog import Catalog, CatalogEntry, FolderCatalog, SingleCatalog, StoreCatalog
+from server.serving.engine_config import EngineConfig
+from server.serving.ladder import (
     StartPlan,
     Target,
     build_ladder,
@@ -28,11 +28,11 @@ from server.ladder import (
     pick_start,
     place,
 )
-from server.memory_plan import Estimate, MemoryBudget, estimate
-from server.model_pool import ModelPool, Opener
+from server.serving.memory_plan import Estimate, MemoryBudget, estimate
+from server.serving.model_pool import ModelPool, Opener
+from server.serving.tokenizers import Tokenizers
+from server.serving.worker import Job
 from server.settings import Settings
-from server.tokenizers import Tokenizers
-from server.worker import Job
 
 log = logging.getLogger("simmer.governor")
 

@@ -1,4 +1,4 @@
-"""Settings -> the Governor and its Gate. The ladder and the start rung are inputs (server/ladder.py builds
+"""Settings -> the Governor and its Gate. The ladder and the start rung are inputs (serving/ladder.py builds
 them from the catalog before anything loads): the governor decides on them, nothing writes them later."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from governor.limits import Rung
 from governor.policy import PolicyConfig
 from governor.sensors import ThermalSource, make_thermal_source, read_battery, read_memory
 from models.errors import InvalidParameter
-from server.governor_gate import GovernorGate
+from server.serving.governor_gate import GovernorGate
 from server.settings import Settings
 
 
