@@ -9,7 +9,7 @@
 #   tests/arm64/run.sh shell [CMD...]   a shell (or CMD) in the root, the working tree at /src
 #
 # 1. the cached root filesystem with the dependencies installed (tests/arm64/rootfs.sh; built on the first
-#    run or when pyproject.toml changes, ~30 min on 2 cores; reused after)
+#    run or when pyproject.toml's [project] table changes, ~30 min on 2 cores; reused after)
 # 2. unpacked into a temporary folder; the working tree (tracked and untracked files, not ignored ones) is
 #    copied to /src beside the cached /src/.venv
 # 3. the tests that depend on the architecture (tests/models, tests/governor; ARM64_TESTS=tests: all of them)
@@ -50,7 +50,7 @@ step "unpack the root filesystem, copy the working tree to /src"
 zstd -q -d -c "$tarball" | tar -C "$root" --numeric-owner -xf -
 git -C "$repo" ls-files -z --cached --others --exclude-standard \
     | (cd "$repo" && tar --null --ignore-failed-read -T - -cf -) | tar -C "$root/src" -xf -
-# The venv was made from this very pyproject.toml (the tarball's key): make's stamp stays current.
+# The venv was made from this [project] table (the tarball's key): make's stamp stays current.
 touch "$root/src/.venv/.simmer-installed"
 
 run_in() { # run_in CORE CMD...: CMD in the root on the emulated CORE, its /proc/cpuinfo to match
