@@ -38,7 +38,8 @@ from server.http.error_bodies import Error, OllamaError
 from server.http.openapi import REPLIES
 from server.serving.governor_gate import GovernorGate
 from tests.server.conftest import LiveServer, make_settings, start_server
-from tests.server.structured_data import TIME, WEATHER
+from tests.server.structured_data import WEATHER
+from tests.server.test_openapi_conformance import ASK, CHATS, RESP_TOOLS
 
 
 @pytest.fixture(scope="module")
@@ -82,23 +83,26 @@ def lines(srv: LiveServer, path: str, body: dict) -> list[dict]:
     return [json.loads(line) for line in raw if line.startswith("{")]
 
 
-ASK = [{"role": "user", "content": "Paris?"}]
 USAGE = {"include_usage": True}
 CALL_OPTIONS = {"seed": 8, "temperature": 1.0, "num_predict": 300}
-FORCED = {"tools": [WEATHER, TIME], "tool_choice": "required", "temperature": 1.0, "seed": 3}
-RESP_TOOLS = [
-    {"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
-    for t in (WEATHER, TIME)
-]
-CHATS = {
-    "text": {"messages": ASK, "max_tokens": 8},
-    "logprobs": {"messages": ASK, "max_tokens": 8, "logprobs": True, "top_logprobs": 3},
-    "tool calls": {"messages": ASK, "max_tokens": 300, **FORCED},
-    "json": {"messages": ASK, "max_tokens": 60, "response_format": {"type": "json_object"}},
-}
-COMPLETIONS = {
-    "text": {"prompt": "Once", "max_tokens": 8},
-    "logprobs": {"prompt": "Once", "max_tokens": 8, "logprobs": 3},
+# (path, the reply's model, a stream chunk's model, the request): OpenAI's chat and text completions
+OPENAI = {
+    **{
+        f"chat {kind}": ("/v1/chat/completions", ChatCompletion, ChatCompletionChunk, body)
+        for kind, body in CHATS.items()
+    },
+    "completion": (
+        "/v1/completions",
+        TextCompletion,
+        TextCompletionChunk,
+        {"prompt": "Once", "max_tokens": 8},
+    ),
+    "completion logprobs": (
+        "/v1/completions",
+        TextCompletion,
+        TextCompletionChunk,
+        {"prompt": "Once", "max_tokens": 8, "logprobs": 3},
+    ),
 }
 RESPONSES = {
     "text": {"input": "Paris?", "max_output_tokens": 8},
@@ -127,29 +131,18 @@ OLLAMA = {
 }
 
 
-@pytest.mark.parametrize("kind", list(CHATS))
-def test_chat_when_answered_or_streamed_then_it_is_the_declared_reply(srv, kind):
-    body = {"model": srv.settings.model, **CHATS[kind]}
-    r = call(srv, "POST", "/v1/chat/completions", body)
-    assert r.status_code == 200, r.text
-    conforms(ChatCompletion, r.json())
-    assert ("tool_calls" in r.json()["choices"][0]["message"]) == (kind == "tool calls")
-    chunks = lines(srv, "/v1/chat/completions", {**body, "stream": True, "stream_options": USAGE})
-    assert len(chunks) >= 3
-    for chunk in chunks:
-        conforms(ChatCompletionChunk, chunk)
-
-
-@pytest.mark.parametrize("kind", list(COMPLETIONS))
+@pytest.mark.parametrize("kind", list(OPENAI))
 def test_completion_when_answered_or_streamed_then_it_is_the_declared_reply(srv, kind):
-    body = {"model": srv.settings.model, **COMPLETIONS[kind]}
-    r = call(srv, "POST", "/v1/completions", body)
+    path, reply, chunk_model, fields = OPENAI[kind]
+    body = {"model": srv.settings.model, **fields}
+    r = call(srv, "POST", path, body)
     assert r.status_code == 200, r.text
-    conforms(TextCompletion, r.json())
-    chunks = lines(srv, "/v1/completions", {**body, "stream": True, "stream_options": USAGE})
-    assert chunks
+    conforms(reply, r.json())
+    assert ("tool_calls" in r.json()["choices"][0].get("message", {})) == (kind == "chat tool calls")
+    chunks = lines(srv, path, {**body, "stream": True, "stream_options": USAGE})
+    assert chunks[-1]["usage"] is not None
     for chunk in chunks:
-        conforms(TextCompletionChunk, chunk)
+        conforms(chunk_model, chunk)
 
 
 @pytest.mark.parametrize("kind", list(RESPONSES))
