@@ -206,7 +206,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             warmup_s=args.warmup_s,
         )
     elif args.ladder:
-        from bench.sustained import bench_ladder
+        from bench.sustained.ladder import bench_ladder
 
         report = bench_ladder(
             settings,
@@ -217,7 +217,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             time_scale=args.time_scale,
         )
     else:
-        from bench.sustained import bench_sustained
+        from bench.sustained.modes import bench_sustained
 
         report = bench_sustained(
             settings,

@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from bench.sustained import free_port, server_process
+from bench.sustained.process import free_port, server_process, stop, wait_until_ready
 from server.settings import Settings
 
 PROMPTS = [
@@ -213,24 +213,11 @@ def peer_process(cmd: list[str], port: int) -> Iterator[str]:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{cmd[0]} exited: {(tmp / 'peer.log').read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{cmd[0]} did not become ready")
-            time.sleep(0.1)
+        ready = lambda: httpx.get(url + "/v1/models", timeout=2).status_code == 200  # noqa: E731
+        wait_until_ready(proc, ready, cmd[0], tmp / "peer.log", 120, poll_s=0.1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from bench.sustained import server_process
+from bench.sustained.process import server_process
 from models.protocol import Prompt
 from models.types import GenerationParams, SamplingParams, TokenEvent
 from server.serving.engine_config import EngineConfig

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from bench.sustained import server_process
+from bench.sustained.process import server_process
 from models.types import GenerationParams, SamplingParams, TokenEvent
 from server.settings import Settings
 

@@ -32,7 +32,8 @@ import httpx
 import psutil
 
 from bench.memory import smaps_rss
-from bench.sustained import PROMPTS, server_process
+from bench.sustained.client import PROMPTS
+from bench.sustained.process import server_process
 from server.settings import Settings
 
 CLIENTS = 4

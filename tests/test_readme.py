@@ -14,3 +14,8 @@ def test_readme_when_settings_change_then_table_is_regenerated():
 def test_readme_names_the_two_commands():
     text = README.read_text()
     assert "make run" in text and "make test" in text
+
+
+def test_readme_when_read_then_it_stays_short_enough_for_users():
+    """History and numbers live in docs/performance.md; the README keeps what a user needs."""
+    assert len(README.read_text().splitlines()) <= 200

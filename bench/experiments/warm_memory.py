@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.memory import heap_in_use, smaps_rss
-from bench.sustained import MAX_TOKENS, PROMPTS
+from bench.sustained.client import MAX_TOKENS, PROMPTS
 from models.protocol import EngineLimits
 from models.types import GenerationParams, SamplingParams, TokenEvent
 from server.serving.engine_config import EngineConfig

@@ -35,7 +35,7 @@ from models.errors import (
 from models.protocol import ChatTurns, EngineLimits, Prompt, StepHook, pool_spins
 from models.runtime.chat import ChatTemplate, encode_chat
 from models.runtime.constraint import Constraint, ConstraintVocabulary
-from models.runtime.genai_config import DecoderIO, load_tokenizer
+from models.runtime.genai_config import DecoderIO
 from models.runtime.reply import ReplyState
 from models.runtime.session import (
     DecoderSession,
@@ -46,7 +46,8 @@ from models.runtime.session import (
     new_run_options,
 )
 from models.runtime.speculative import MAX_DRAFT, RowCost, Speculation
-from models.runtime.tokenizer import Tokenizer, tokenizer_key
+from models.runtime.text_side import TextSideMixin, read_tokenizer
+from models.runtime.tokenizer import tokenizer_key
 from models.runtime.tools import CallFormat, CallReader, detect_format, prepare_messages, tool_grammar
 from models.runtime.window import newest_turns, window_split
 from models.types import (
@@ -131,7 +132,7 @@ def nominal_variant(manifest: dict[str, Any]) -> str | None:
     return NOMINAL_VARIANT if NOMINAL_VARIANT in names else (names[0] if names else None)
 
 
-class LlamaEngine:
+class LlamaEngine(TextSideMixin):
     """Implements models.protocol.Engine for a converted model folder."""
 
     def __init__(
@@ -200,10 +201,7 @@ class LlamaEngine:
         # A folder installed as is (onnxruntime-genai layout) runs on the general path; ours on the fast one.
         genai = manifest["variants"][self.variant].get("genai")
         self.io = DecoderIO.from_dict(genai) if genai else None
-        if self.io is not None:
-            self.tokenizer = load_tokenizer(self.model_dir, self.io)
-        else:
-            self.tokenizer = Tokenizer.load(self.model_dir)
+        self.tokenizer = read_tokenizer(self.model_dir, self.io)
         self.tokenizer_key = tokenizer_key(self.model_dir)
         self.positions_run = (
             0  # token positions fed through the model (prefill and decode), for tests/metrics
@@ -454,19 +452,6 @@ class LlamaEngine:
     def tool_format(self) -> CallFormat:
         """How this model calls tools (models/runtime/tools.py), read from its chat template."""
         return detect_format(self.template.source if self.template else None)
-
-    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        if not 0 <= token_id < self.tokenizer.vocab_size:
-            raise IndexError(f"token id {token_id} is outside the vocabulary ({self.tokenizer.vocab_size})")
-        return self.tokenizer.token_bytes(token_id)
-
-    def chat_text(self, messages: list[dict]) -> str:
-        if self.template is None:
-            raise ModelNotChat.for_model(self.model_id)
-        return self.template.render(messages)
 
     def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
         ids = self.tokenizer.encode(text)

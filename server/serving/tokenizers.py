@@ -17,11 +17,10 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from models.errors import ModelNotChat
 from models.runtime.chat import ChatTemplate
 from models.runtime.engine import nominal_variant, release_freed_memory
-from models.runtime.genai_config import DecoderIO, load_tokenizer
-from models.runtime.tokenizer import Tokenizer
+from models.runtime.genai_config import DecoderIO
+from models.runtime.text_side import TextSideMixin, read_tokenizer
 from server.serving.catalog import CatalogEntry
 
 # Characters of input (or ids) from which a request's garbage is worth handing back to the OS at once.
@@ -38,7 +37,7 @@ class TextSide(Protocol):
     def chat_text(self, messages: list[dict]) -> str: ...
 
 
-class ModelText:
+class ModelText(TextSideMixin):
     """A model's tokenizer and chat template without its weights (the engine's own way of reading them)."""
 
     def __init__(self, entry: CatalogEntry, chat_template: str | None) -> None:
@@ -49,23 +48,8 @@ class ModelText:
         genai = (variants.get(variant) or {}).get("genai") if variant else None
         folder = Path(entry.path)
         self.model_id = entry.id
-        self.tokenizer = (
-            load_tokenizer(folder, DecoderIO.from_dict(genai)) if genai else Tokenizer.load(folder)
-        )
+        self.tokenizer = read_tokenizer(folder, DecoderIO.from_dict(genai) if genai else None)
         self.template = ChatTemplate.from_tokenizer(self.tokenizer, chat_template)
-
-    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        if not 0 <= token_id < self.tokenizer.vocab_size:
-            raise IndexError(f"token id {token_id} is outside the vocabulary ({self.tokenizer.vocab_size})")
-        return self.tokenizer.token_bytes(token_id)
-
-    def chat_text(self, messages: list[dict]) -> str:
-        if self.template is None:
-            raise ModelNotChat.for_model(self.model_id)
-        return self.template.render(messages)
 
 
 class Tokenizers:

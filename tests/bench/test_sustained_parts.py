@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.sustained import RunLog, _spread_tokens, is_loopback, percentile, settings_env, summarize_audit
+from bench.sustained.audit import is_loopback, summarize_audit
+from bench.sustained.client import RunLog, _spread_tokens
+from bench.sustained.measure import percentile
+from bench.sustained.process import settings_env
 from server.settings import Settings
 
 
@@ -55,7 +58,7 @@ def test_spread_tokens_when_usage_known_then_each_chunk_gets_its_share():
 
 # -- energy, mid-reply pauses, the envelope's limit ---------------------------------------------------------
 def test_count_pause_when_governor_events_then_only_pauses_after_the_first_token_count():
-    from bench.sustained import RequestRecord, _count_pause
+    from bench.sustained.client import RequestRecord, _count_pause
 
     rec = RequestRecord(start=0.0, ttft_s=None, tokens=0, ok=False)
     paused = _count_pause(rec, {"limits": {"pause_running": True}}, False)  # queued: not mid-reply
@@ -70,7 +73,8 @@ def test_count_pause_when_governor_events_then_only_pauses_after_the_first_token
 
 
 def test_energy_summary_when_cpu_and_tokens_then_tokens_per_cpu_second_and_busy_cores():
-    from bench.sustained import RequestRecord, energy_summary
+    from bench.sustained.client import RequestRecord
+    from bench.sustained.measure import energy_summary
 
     log = RunLog()
     # 600 simulated s at time_scale 10 = 60 wall s; the server spends 0.9 core: 54 CPU s
@@ -92,7 +96,8 @@ def test_energy_summary_when_cpu_and_tokens_then_tokens_per_cpu_second_and_busy_
 
 
 def test_goodput_when_replies_fail_then_their_tokens_count_for_nothing():
-    from bench.sustained import RequestRecord, energy_summary, goodput_per_s
+    from bench.sustained.client import RequestRecord
+    from bench.sustained.measure import energy_summary, goodput_per_s
 
     log = RunLog()
     done = RequestRecord(start=0.0, ttft_s=0.1, tokens=3, ok=True)
@@ -109,7 +114,8 @@ def test_goodput_when_replies_fail_then_their_tokens_count_for_nothing():
 
 
 def test_envelope_when_runs_then_limit_from_the_simulator_and_best_measured_tokens_per_cpu():
-    from bench.sustained import envelope, pace_targets
+    from bench.sustained.measure import envelope
+    from bench.sustained.modes import pace_targets
     from governor.thermal_sim import get_profile
 
     runs = {
@@ -166,7 +172,7 @@ def test_percentile_when_nearest_rank_then_a_real_value():
 
 # -- the ladder benchmark ----------------------------------------------------------------------------------
 def test_request_body_when_completions_then_a_text_prompt_naming_the_model():
-    from bench.sustained import request_body
+    from bench.sustained.client import request_body
 
     body = request_body("Why?", 3, "completions", "gemma3-270m")
     assert body["prompt"].startswith("Question: Why?") and "messages" not in body
@@ -177,7 +183,7 @@ def test_request_body_when_completions_then_a_text_prompt_naming_the_model():
 
 
 def test_chunk_text_when_chat_or_completions_chunk_then_its_text():
-    from bench.sustained import _chunk_text
+    from bench.sustained.client import _chunk_text
 
     assert _chunk_text({"delta": {"content": "a"}}) == "a"
     assert _chunk_text({"delta": {}}) == ""
@@ -185,7 +191,7 @@ def test_chunk_text_when_chat_or_completions_chunk_then_its_text():
 
 
 def test_moves_from_log_when_server_log_then_rung_moves_switches_and_unloads_counted():
-    from bench.sustained import moves_from_log
+    from bench.sustained.run import moves_from_log
 
     lines = [
         "2026-12-01 07:00:00,000 INFO simmer.governor: nominal -> serious: forecast",
@@ -201,7 +207,8 @@ def test_moves_from_log_when_server_log_then_rung_moves_switches_and_unloads_cou
 
 
 def test_tokens_per_model_when_replies_moved_then_summed_per_model():
-    from bench.sustained import RequestRecord, tokens_per_model
+    from bench.sustained.client import RequestRecord
+    from bench.sustained.measure import tokens_per_model
 
     a = RequestRecord(0.0, 0.1, 10, True, models={"big": 4, "small": 6})
     b = RequestRecord(0.0, 0.1, 5, True, models={"small": 5})
@@ -209,7 +216,7 @@ def test_tokens_per_model_when_replies_moved_then_summed_per_model():
 
 
 def test_ladder_targets_when_runs_then_ratio_peak_failures_and_growth_judged():
-    from bench.sustained import ladder_runs, ladder_targets
+    from bench.sustained.ladder import ladder_runs, ladder_targets
 
     def run(tok_s, peak, failed, after_1, after_10, warm=None, span=10):
         return {
@@ -249,7 +256,8 @@ def test_ladder_targets_when_runs_then_ratio_peak_failures_and_growth_judged():
 
 
 def test_warm_memory_when_second_model_serves_late_then_growth_counts_from_its_first_reply():
-    from bench.sustained import RequestRecord, warm_memory
+    from bench.sustained.client import RequestRecord
+    from bench.sustained.measure import warm_memory
 
     mb = 2**20
     reqs = [RequestRecord(0.0, 0.1, 5, True, models={"big": 5}) for _ in range(3)]

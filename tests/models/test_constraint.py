@@ -19,7 +19,6 @@ from models.runtime.constraint import (
     gbnf_grammar,
     json_schema_grammar,
 )
-from models.runtime.engine import LlamaEngine, load_engine
 from models.types import GenerationParams, SamplingParams
 from tests.models.test_engine import GREEDY, run, text_of
 
@@ -33,11 +32,6 @@ PERSON = {
     "required": ["name", "age", "tags"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture
-def tiny(tiny_model_dir) -> LlamaEngine:
-    return load_engine(tiny_model_dir, variant="q4", threads=1, context_length=256, prefill_chunk=256)
 
 
 def params(grammar: str | None, max_tokens: int = 200, **sampling) -> GenerationParams:

@@ -14,16 +14,12 @@ from models.convert.pipeline import convert, plan_variants, smoke_test
 from models.errors import InvalidModelFile, UnsupportedModel, UnsupportedQuantization, VerificationFailed
 from models.gguf.quant import pack_tensor, q8_as_nibble_pair
 from models.runtime.session import DecoderSession, KVCache, ModelShape
+from tests.helpers import shape_of
 from tests.reference_llama import ReferenceLlama
 from tests.tiny_gguf import write_tiny_gguf
 
 IDS = [5, 40, 77, 100, 3, 9, 250, 12, 30, 31, 200, 7]
 TOL = 2e-4  # fp32 activations: the graph and the reference differ only by summation order
-
-
-def shape_of(path) -> ModelShape:
-    c = GGUFModel(path).config
-    return ModelShape(c.n_layers, c.n_kv_heads, c.head_dim, c.vocab)
 
 
 def run_steps(sess: DecoderSession, shape: ModelShape, ids: list[int], chunks: list[int]) -> list[np.ndarray]:

@@ -14,6 +14,7 @@ from models.types import CancelToken, FinishEvent, GenerationParams, SamplingPar
 from tests.margins import WIDE, greedy
 from tests.reference_llama import ReferenceLlama
 
+TINY_CONTEXT = 128  # the tiny fixture's context: the window tests fill it
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -28,11 +29,6 @@ def run(
 
 def text_of(tokens: list[TokenEvent], fin: FinishEvent) -> str:
     return "".join(t.text for t in tokens) + fin.text
-
-
-@pytest.fixture
-def tiny(tiny_model_dir) -> LlamaEngine:
-    return load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128, prefill_chunk=256)
 
 
 def test_greedy_when_tiny_model_then_matches_reference_argmax_chain(tiny, tiny_gguf):

@@ -21,6 +21,7 @@ from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 from server.cli import main as cli
 from server.settings import Settings
+from tests.helpers import shape_of
 from tests.models.test_quant_convert import small_logits
 from tests.tiny_gguf import FAMILY_SPECS, TinySpec, write_tiny_gguf
 
@@ -29,10 +30,6 @@ TINY = ["llama", "llama3", "qwen2", "qwen3", "gemma3"]
 IDS = [int(x) for x in np.random.default_rng(1).integers(3, 290, 20)]
 TOL = 1e-4  # fp32 activations: the graph and the reference differ only by summation order
 EXACT = ["f32", "q4"]  # Q4_0 matrices and a Q8_0 embedding map exactly onto both
-
-
-def shape_of(model: GGUFModel) -> ModelShape:
-    return ModelShape.from_architecture(model.config.to_dict())
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from models.runtime.session import DecoderSession, KVCache, ModelShape
 from models.store.store import ModelStore, default_converter
 from server.cli import main as cli
 from server.settings import Settings
+from tests.helpers import shape_of
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 IDS = [5, 40, 77, 100, 3, 9, 250, 12, 30, 31, 200, 7]
@@ -47,11 +48,6 @@ def small_logits(path: Path) -> Path:
     r.data.flush()
     del r
     return path
-
-
-def shape_of(path: Path) -> ModelShape:
-    c = GGUFModel(path).config
-    return ModelShape(c.n_layers, c.n_kv_heads, c.head_dim, c.vocab)
 
 
 def logits_per_position(onnx_file: Path, shape: ModelShape, ids: list[int]) -> np.ndarray:

@@ -9,7 +9,6 @@ import jsonschema
 import pytest
 
 from models.runtime.chat import ChatTemplate
-from models.runtime.engine import LlamaEngine, load_engine
 from models.runtime.tools import FORMATS, CallReader, detect_format, prepare_messages, tool_grammar
 from models.types import GenerationParams, SamplingParams, Tool, ToolCallDelta, ToolUse
 from tests.chat_templates import GEMMA3, LLAMA3, QWEN25
@@ -39,11 +38,6 @@ TIME = Tool(
     },
 )
 ASK = [{"role": "user", "content": "weather in Paris?"}]
-
-
-@pytest.fixture
-def tiny(tiny_model_dir) -> LlamaEngine:
-    return load_engine(tiny_model_dir, variant="q4", threads=1, context_length=256, prefill_chunk=256)
 
 
 def calls_of(tokens, fin) -> list[dict]:

@@ -18,7 +18,7 @@ from models.convert.model import GGUFModel
 from models.convert.pipeline import convert
 from models.convert.reference import ReferenceForward
 from models.gguf.quant import Layout
-from models.runtime.session import ModelShape
+from tests.helpers import shape_of
 from tests.models.test_genai_compat import assert_genai_runs_alike
 from tests.models.test_quant_convert import logits_per_position, small_logits
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
@@ -36,11 +36,6 @@ SOURCES = {  # how each head runs in q4 / q4-a8
     "Q3_K": "4-bit, 16-wide blocks in both",
 }
 SLICE = 64  # rows per slice when SLICE_BYTES is 1 (the smallest slice)
-
-
-def shape_of(g: Path) -> ModelShape:
-    c = GGUFModel(g).config
-    return ModelShape(c.n_layers, c.n_kv_heads, c.head_dim, c.vocab)
 
 
 @pytest.fixture(scope="module", params=sorted(SOURCES))

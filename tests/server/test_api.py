@@ -9,13 +9,10 @@ import openai
 import pytest
 
 from tests import aio
+from tests.helpers import sdk
 from tests.server.conftest import MODEL
 
 MSG = [{"role": "user", "content": "Say something"}]
-
-
-def sdk(srv, **kwargs) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, **kwargs)
 
 
 def sse_data(lines) -> list[str]:

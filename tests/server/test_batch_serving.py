@@ -12,13 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from models.protocol import EngineLimits
 from models.runtime.batch import BatchDecoder
 from models.runtime.engine import LlamaEngine, load_engine
 from models.types import CancelToken
+from tests.helpers import sdk
 from tests.server.test_multi_model import reference, several  # noqa: F401 (several: a fixture)
 from tests.server.test_multi_model import stream as multi_stream
 
@@ -78,10 +78,6 @@ def engine(folder, variant: str) -> LlamaEngine:
 def serve(live, folder, variant: str, max_batch: int, gate: HoldGate | None = None):
     e = engine(folder, variant)
     return live(engine=e, model=e.model_id, max_batch=max_batch, governor=gate), e
-
-
-def sdk(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 SALTS = iter(range(1 << 30))

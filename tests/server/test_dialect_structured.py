@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import jsonschema
 import ollama
-import openai
 import pytest
 
 from models.runtime.engine import load_engine
+from tests.helpers import sdk
 from tests.server.fakes import RecordingEngine
 from tests.server.structured_data import ASK, CITY, TIME, WEATHER, WEATHER_PARAMS, Country, structured_server
 
@@ -214,10 +214,6 @@ def test_call_collector_when_deltas_arrive_then_each_call_once_whole_and_a_cut_c
 
 
 # ---- the Responses API: text.format and function tools ------------------------------------------------
-
-
-def sdk(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 RESP_WEATHER = {

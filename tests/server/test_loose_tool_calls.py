@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 
+from tests.helpers import sdk
 from tests.scripted_session import scripted_engine
 from tests.server.structured_data import ASK, TIME, WEATHER
 
@@ -28,10 +28,6 @@ def serve(live, folder, reply: str):
     engine = scripted_engine(folder, reply, context_length=4096)
     assert engine.model_id == MODEL
     return live(engine=engine, model=MODEL)
-
-
-def sdk(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def ask(srv, **extra):

@@ -21,6 +21,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import litellm
 from langchain_openai import ChatOpenAI
 
+from tests.helpers import sdk
 from tests.server.conftest import MODEL
 from tests.server.fakes import REPLY
 from tests.server.structured_data import WEATHER_PARAMS, structured_server
@@ -162,10 +163,6 @@ def test_langchain_bind_tools_when_a_call_is_forced_then_tool_calls_that_follow_
 
 
 # ---- the openai SDK: models.retrieve ------------------------------------------------------------------
-
-
-def sdk(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 def test_models_retrieve_when_listed_id_or_its_ollama_name_then_the_listed_model(scripted) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
-import openai
 import pytest
 
 from models.protocol import EngineLimits
 from models.runtime.engine import load_engine
+from tests.helpers import sdk
 from tests.margins import WIDE, greedy
 from tests.server.fakes import RecordingEngine
 
@@ -18,10 +18,6 @@ from tests.server.fakes import RecordingEngine
 def tiny_server(live, tiny_model_dir):
     engine = RecordingEngine(load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128))
     return live(engine=engine, model=engine.model_id)
-
-
-def sdk(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 def test_real_engine_when_streamed_then_same_text_as_non_streamed(tiny_server):

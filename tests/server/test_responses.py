@@ -8,15 +8,12 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers import sdk
 from tests.server.conftest import MODEL, responses_events
 from tests.server.fakes import REPLY, FakeGovernor
 
 WORDS = REPLY.split(" ")
 FN = {"type": "function", "name": "f", "parameters": {"type": "object"}}
-
-
-def sdk(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 def test_create_when_not_streamed_then_a_completed_response_with_usage(live) -> None:

@@ -8,19 +8,15 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
+from tests.helpers import sdk
 from tests.server.structured_data import ASK, CITY, TIME, WEATHER, Country, structured_server
 
 
 @pytest.fixture
 def srv(live, tiny_long_model_dir):
     return structured_server(live, tiny_long_model_dir)
-
-
-def sdk(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 # ---- response_format --------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 
+from tests.helpers import sdk
 from tests.server.routing.conftest import MODEL
 
 CHAT = {
@@ -21,10 +21,6 @@ CHAT = {
     "max_tokens": 12,
 }
 TEXT = {"model": MODEL, "prompt": "once upon a time", "temperature": 0, "max_tokens": 12}
-
-
-def sdk(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 def sse_chunks(response: httpx.Response) -> tuple[list[dict], bool]:

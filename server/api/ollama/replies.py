@@ -1,0 +1,115 @@
+"""What Ollama's endpoints answer: /api/chat and /api/generate (one body, or one NDJSON line each), a pull's
+progress, /api/tags and /api/ps, /api/show and /api/version (server/api/common/reply.py says what these
+models are for). Errors are Ollama's `{"error": "message"}` (server/http/error_bodies.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import NonNegativeInt
+
+from server.api.common.reply import ByModel, Reply, Window, absent
+from server.api.openai.replies import TopLogprob
+
+
+class OllamaLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = absent()
+
+
+class OllamaCallFunction(Reply):
+    index: int
+    name: str
+    arguments: dict[str, Any]
+
+
+class OllamaCall(Reply):
+    """A call whose arguments object is complete (Ollama sends calls whole)."""
+
+    id: str
+    function: OllamaCallFunction
+
+
+class OllamaReplyMessage(Reply):
+    role: str
+    content: str
+    tool_calls: list[OllamaCall] = absent()
+
+
+class _OllamaLine(Window):
+    """One reply (stream: false), or one NDJSON line of a stream; the last has done: true, done_reason,
+    the statistics (nanoseconds) and the window flags."""
+
+    model: str
+    created_at: str
+    done: bool
+    done_reason: Literal["stop", "length", "load", "unload"] = absent()
+    total_duration: NonNegativeInt = absent()
+    load_duration: NonNegativeInt = absent()
+    prompt_eval_count: NonNegativeInt = absent()
+    prompt_eval_duration: NonNegativeInt = absent()
+    eval_count: NonNegativeInt = absent()
+    eval_duration: NonNegativeInt = absent()
+    logprobs: list[OllamaLogprob] = absent()
+    eval_count_by_model: ByModel = absent()
+
+
+class OllamaChat(_OllamaLine):
+    message: OllamaReplyMessage
+
+
+class OllamaGenerate(_OllamaLine):
+    response: str
+
+
+class OllamaProgress(Reply):
+    """A pull's progress (one NDJSON line), or its result when not streamed."""
+
+    status: str
+    digest: str = absent()
+    total: int = absent()
+    completed: int = absent()
+
+
+class OllamaDetails(Reply):
+    parent_model: str = absent()
+    format: str = absent()
+    family: str | None = absent()
+    families: list[str] | None = absent()
+    parameter_size: str = absent()
+    quantization_level: str = absent()
+
+
+class OllamaModel(Reply):
+    """An installed model (/api/tags) or one in memory (/api/ps: size_vram, expires_at, context_length)."""
+
+    name: str
+    model: str
+    size: NonNegativeInt
+    digest: str
+    details: OllamaDetails
+    modified_at: str = absent()
+    remote_host: str = absent("served only by the upstream")
+    size_vram: NonNegativeInt = absent()
+    expires_at: str = absent()
+    context_length: int | None = absent()
+
+
+class OllamaModels(Reply):
+    """/api/tags (installed models) and /api/ps (models in memory)."""
+
+    models: list[OllamaModel]
+
+
+class OllamaShow(Reply):
+    modelfile: str = absent()
+    parameters: str = absent()
+    template: str
+    details: OllamaDetails
+    model_info: dict[str, Any]
+    capabilities: list[str]
+    modified_at: str = absent()
+
+
+class OllamaVersion(Reply):
+    version: str
+    simmer: str = absent()
