@@ -119,9 +119,12 @@ def run_round(url: str, model: str | None, clients: int, requests: int, max_toke
     per_client: list[list[Request]] = [[] for _ in range(clients)]
 
     def client_loop(c: int) -> None:
-        with httpx.Client(base_url=url, timeout=600) as http:
-            for r in range(requests):
-                prompt = PROMPTS[(c * requests + r) % len(PROMPTS)]
+        # A connection per request, for every server alike: llama-server at times drops a connection kept
+        # alive after a streamed reply, and the next request on it failed before any byte ("Server
+        # disconnected"), which counted its reply as lost.
+        for r in range(requests):
+            prompt = PROMPTS[(c * requests + r) % len(PROMPTS)]
+            with httpx.Client(base_url=url, timeout=600) as http:
                 per_client[c].append(stream_once(http, model, prompt, max_tokens))
 
     t0 = time.perf_counter()
