@@ -472,19 +472,19 @@ def _upstream(body: dict) -> dict:
 def observe(route: Any, job: Any, *rest: Any) -> dict[str, Any]:
     """What the router is handed: the job (where it runs, what it generates) and the upstream body it would
     forward."""
-    kind, body, payload = rest
+    request = job.request
     return {
         "side": route.side,
         "route_model": route.model,
-        "kind": job.kind,
-        "model": job.model,
-        "payload": _plain(job.payload),
-        "params": _params(job.params),
-        "keep_alive_s": job.keep_alive_s,
-        "governor_events": job.governor_events,
+        "kind": request.kind,
+        "model": request.model,
+        "payload": _plain(request.payload),
+        "params": _params(request.params),
+        "keep_alive_s": request.keep_alive_s,
+        "governor_events": request.show.governor_events,
         "stream": job.account.stream if job.account else None,
         "endpoint": job.account.endpoint if job.account else None,
-        "upstream": _upstream(forward_body(kind, body, payload, "up-model")),
+        "upstream": _upstream(forward_body(request, "up-model")),
     }
 
 

@@ -145,7 +145,7 @@ def governor_event(job: Job, item: GovernorState | Switched) -> dict[str, str] |
     """The `event: governor` SSE event of a governor state, or of a move to another model, for a stream
     that asked for them (`governor_events: true`); None otherwise: SDKs do not expect named events. Every
     SSE dialect (OpenAI's chunks, the Responses API's events) sends the same."""
-    if not job.governor_events:
+    if not job.request.show.governor_events:
         return None
     data = item.state if isinstance(item, GovernorState) else {"switch": switch_report(item)}
     return {"event": "governor", "data": json.dumps(data, separators=(",", ":"))}

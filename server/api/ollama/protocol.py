@@ -1,25 +1,14 @@
 """Ollama's API on the wire (https://github.com/ollama/ollama/blob/main/docs/api.md): requests, and the
 objects the routes send.
 
-Requests convert themselves to the OpenAI request the shared flow takes (`to_openai`), so `options` land on
-exactly the GenerationParams fields the OpenAI routes fill:
-
-    options.temperature/top_k/top_p/min_p/seed/stop/repeat_penalty/presence_penalty/frequency_penalty
-        -> the same names;  seed -1 -> a fresh draw (Ollama's "random"), any other int64 is a seed
-    options.num_predict  > 0 -> max_tokens;  <= 0 (-1 "until a stop", -2 "fill the context") -> no cap
-    truncate (default true, as Ollama) -> simmer's sliding window over the conversation
-    logprobs/top_logprobs -> the same
-    format "json" -> response_format json_object;  format {schema} -> response_format json_schema
-    tools -> tools;  tool_choice (simmer's extra; Ollama has none, which is "auto") -> tool_choice
-    messages' tool_calls (arguments an object) -> OpenAI tool_calls (arguments JSON text)
-    role "tool" (tool_call_id) -> a tool message
-    options.num_ctx, repeat_last_n and Ollama's runner options (num_thread, num_gpu, mirostat, ...) are
-        accepted and not applied: the context is the server's (SIMMER_CONTEXT_LENGTH, lowered by the
-        governor), the repetition penalty covers the whole history. Unknown options are ignored, as Ollama
-        ignores them; both are logged at debug.
-Anything the OpenAI request would refuse (a schema llguidance cannot read, a bad function name) is
-refused here, before any work, naming Ollama's field (`format`, not `response_format`). A reply's calls come
-back as Ollama's message.tool_calls, each whole once its arguments object is (`CallCollector`).
+Requests are validated here; translate.py turns /api/chat and /api/generate bodies into the internal
+request (what each option becomes is listed there). options.num_ctx, repeat_last_n and Ollama's runner
+options (num_thread, num_gpu, mirostat, ...) are accepted and not applied: the context is the server's
+(SIMMER_CONTEXT_LENGTH, lowered by the governor), the repetition penalty covers the whole history. Unknown
+options are ignored, as Ollama ignores them; both are logged at debug. Tools follow OpenAI's rules, named in
+OpenAI's paths (Ollama's tools are OpenAI's); a schema llguidance cannot read is refused naming `format`. A
+reply's calls come back as Ollama's message.tool_calls, each whole once its arguments object is
+(`CallCollector`).
 """
 
 from __future__ import annotations
@@ -40,13 +29,10 @@ from models.runtime.sampling import (
     SEED_MIN,
 )
 from models.types import FinishEvent, TokenEvent, ToolCallDelta
-from server.api.common.convert import Renamer, openai_request
 from server.api.openai.protocol import (
     _SCHEMA_OBJECT,
     STRICT,
     AnyInteger,
-    ChatCompletionRequest,
-    CompletionRequest,
     FunctionName,
     NamedToolChoice,
     NonEmpty,
@@ -54,6 +40,7 @@ from server.api.openai.protocol import (
     _invalid,
     _Request,
     assemble_calls,
+    check_openai_tools,
     integer,
 )
 from server.serving.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
@@ -110,22 +97,6 @@ class OllamaOptions(_Request):
     num_ctx: integer(ge=1) | None = None
     repeat_last_n: AnyInteger | None = None
 
-    def openai_fields(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
-        if self.seed is not None and self.seed != -1:  # -1 is Ollama's (and llama.cpp's) "random"
-            out["seed"] = self.seed
-        if self.stop:
-            out["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
-        if self.num_predict is not None and self.num_predict > 0:
-            out["max_tokens"] = self.num_predict
-        return out
-
     def log_unapplied(self) -> None:
         names = [n for n in NOT_APPLIED if getattr(self, n) is not None] + sorted(self.model_extra or {})
         if names:
@@ -147,8 +118,6 @@ _FORMAT = {
     "anyOf": [{"enum": ["", "json", None]}, {**_SCHEMA_OBJECT, "type": "object"}],
     "description": '"json" (any JSON object) or a JSON schema the reply follows (docs/structured.md)',
 }
-# The OpenAI request's field names -> Ollama's (tools and messages are named alike).
-RENAME = Renamer((r"^response_format(\.json_schema\.schema)?", "format"))
 _KEEP_ALIVE = {
     "anyOf": [{"type": "number"}, {"type": "string", "pattern": KEEP_ALIVE_PATTERN}, {"type": "null"}],
     "description": '"5m", "1h30m", seconds (a number), 0 (unload after), negative (for ever)',
@@ -165,7 +134,7 @@ def _model_required(**extra: Any) -> ConfigDict:
     return ConfigDict(json_schema_extra=schema)
 
 
-class _Generation(_Request):
+class OllamaTurn(_Request):
     """Fields /api/chat and /api/generate share."""
 
     model_config = _model_required()
@@ -194,7 +163,7 @@ class _Generation(_Request):
         return value
 
     @model_validator(mode="after")
-    def _supported(self) -> _Generation:
+    def _supported(self) -> OllamaTurn:
         if not self.model:
             raise _invalid("model is required", "model")
         if self.format not in (None, "", "json") and not isinstance(self.format, dict):
@@ -209,29 +178,6 @@ class _Generation(_Request):
 
     def keep_alive_s(self) -> float | None:
         return parse_keep_alive(self.keep_alive)
-
-    def response_format(self) -> dict[str, Any] | None:
-        """`format` as the OpenAI request's response_format (what structured output reads)."""
-        if self.format in (None, ""):
-            return None
-        if self.format == "json":
-            return {"type": "json_object"}
-        return {
-            "type": "json_schema",
-            "json_schema": {"name": "format", "schema": self.format, "strict": True},
-        }
-
-    def _openai_fields(self) -> dict[str, Any]:
-        options = self.options or OllamaOptions()
-        options.log_unapplied()
-        out: dict[str, Any] = {"model": self.model_id, "stream": self.stream, **options.openai_fields()}
-        if (fmt := self.response_format()) is not None:
-            out["response_format"] = fmt
-        # Ollama truncates a conversation that does not fit unless told not to (`truncate: false`).
-        out["truncate"] = self.truncate is not False
-        if self.route is not None:
-            out["route"] = self.route
-        return out
 
 
 class OllamaCalledFunction(BaseModel):
@@ -288,7 +234,7 @@ class OllamaMessage(_Request):
 _WITH_TOOLS = {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]}
 
 
-class OllamaChatRequest(_Generation):
+class OllamaChatRequest(OllamaTurn):
     # tool_choice needs tools; format with tools is refused (the reply is a call or the format)
     model_config = _model_required(
         allOf=[
@@ -306,37 +252,21 @@ class OllamaChatRequest(_Generation):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     @model_validator(mode="after")
-    def _as_openai(self) -> OllamaChatRequest:
-        if self.tools and self.response_format() is not None:
+    def _tools_supported(self) -> OllamaChatRequest:
+        if self.tools and self.format not in (None, ""):
             raise _invalid(
                 "format cannot be combined with tools: the reply is either a tool call or the format",
                 "format",
             )
-        if self.messages:
-            self.to_openai()  # what the OpenAI request refuses, refused here naming Ollama's fields
+        if self.messages:  # a load request's tools are not looked at
+            check_openai_tools(self.tools, self.tool_choice)
         return self
-
-    def message_dicts(self) -> list[dict[str, Any]]:
-        return [m.as_dict() for m in self.messages]
-
-    def to_openai(self) -> ChatCompletionRequest:
-        fields = self._openai_fields()
-        fields["messages"] = self.message_dicts()
-        if self.tools:
-            fields["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
-        if self.tool_choice is not None:
-            fields["tool_choice"] = self.tool_choice
-        if self.logprobs:
-            fields["logprobs"] = True
-            if self.top_logprobs is not None:
-                fields["top_logprobs"] = self.top_logprobs
-        return openai_request(ChatCompletionRequest, fields, RENAME)
 
 
 _EMPTY = {"type": "string", "maxLength": 0}
 
 
-class OllamaGenerateRequest(_Generation):
+class OllamaGenerateRequest(OllamaTurn):
     # raw mode takes no system message (the prompt is sent as written), as in Ollama
     model_config = _model_required(
         **{
@@ -373,8 +303,6 @@ class OllamaGenerateRequest(_Generation):
             )
         if self.raw and self.system:
             raise _invalid("raw mode does not support template, system, or context", "system")
-        if self.prompt:
-            self.to_openai_chat()  # what the OpenAI request refuses (a schema), naming Ollama's fields
         return self
 
     def chat_messages(self) -> list[dict[str, str]]:
@@ -384,22 +312,6 @@ class OllamaGenerateRequest(_Generation):
     def plain_text(self) -> str:
         """A base model (no chat template) continues the text, system first, as `ollama run` does."""
         return "\n".join(t for t in (self.system, self.prompt) if t)
-
-    def to_openai_chat(self) -> ChatCompletionRequest:
-        fields = self._openai_fields()
-        fields["messages"] = self.chat_messages()
-        if self.logprobs:
-            fields["logprobs"] = True
-            if self.top_logprobs is not None:
-                fields["top_logprobs"] = self.top_logprobs
-        return openai_request(ChatCompletionRequest, fields, RENAME)
-
-    def to_openai_text(self, prompt: str) -> CompletionRequest:
-        fields = self._openai_fields()
-        fields["prompt"] = prompt
-        if self.logprobs:
-            fields["logprobs"] = self.top_logprobs or 0
-        return openai_request(CompletionRequest, fields, RENAME)
 
 
 class ModelRequest(_Request):

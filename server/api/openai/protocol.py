@@ -1,14 +1,15 @@
-"""OpenAI-shaped wire models. Requests convert themselves to engine params (`to_params`); responses and
-stream chunks are built by small functions so the route and the stream share one shape.
+"""OpenAI-shaped wire models. Requests are validated here and translated once into the internal request
+(translate.py); responses and stream chunks are built by small functions so the route and the stream share
+one shape.
 
-Nothing below `server/` sees these types (the worker hands the engine GenerationParams and messages).
+Nothing outside the dialect folders sees these types (the router and the worker take a GenerationRequest).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -16,7 +17,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PrivateAttr,
     StringConstraints,
     WithJsonSchema,
     field_validator,
@@ -35,17 +35,14 @@ from models.runtime.sampling import (
 )
 from models.types import (
     FinishEvent,
-    GenerationParams,
-    SamplingParams,
     Timings,
     TokenEvent,
-    Tool,
     ToolCallDelta,
-    ToolUse,
     Usage,
 )
+from server.api.common.fields import invalid as _invalid
+from server.api.common.tools import check_tools
 from server.http.errors import MAX_JSON_DEPTH
-from server.serving.grammars import LLGUIDANCE, Grammars
 from server.serving.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
 from server.serving.keep_alive import parse_keep_alive
 
@@ -69,12 +66,6 @@ def integer(**bounds: int) -> Any:
 
 
 AnyInteger = Annotated[int, BeforeValidator(_whole)]
-
-
-def _invalid(message: str, param: str | None = None) -> PydanticCustomError:
-    # A custom error keeps our exact wording (a ValueError would be prefixed "Value error, "); `param`
-    # names the field when the error is raised above it (server/http/errors.py reads it).
-    return PydanticCustomError("invalid_parameter", message, {"param": param} if param else None)
 
 
 def _is_text(s: str) -> bool:
@@ -135,20 +126,6 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = False
 
-
-@dataclass(frozen=True)
-class SamplingDefaults:
-    """What a request that leaves a sampling field out gets. OpenAI's own defaults (temperature 1, no
-    truncation) let a small model wander into its long tail; llama.cpp's server and Ollama default to a
-    truncated distribution, and so does simmer (server/settings.py)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-
-
-OPENAI_DEFAULTS = SamplingDefaults()
 
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 FunctionName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
@@ -245,7 +222,6 @@ class _GenerationRequest(_Request):
     # vLLM's: a secret of the client's; prefixes are reused only between requests with the same salt (and
     # the same API key), so cached_tokens cannot reveal another client's prompt (serving/cache_scope.py)
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
-    _constraint: tuple[str | None, str | None] | None = PrivateAttr(default=None)
 
     @field_validator("n")
     @classmethod
@@ -257,8 +233,8 @@ class _GenerationRequest(_Request):
     @model_validator(mode="after")
     def _one_constraint(self) -> _GenerationRequest:
         # Which fields ask for a grammar, not the grammar itself: converting one (a 64 KB GBNF grammar takes
-        # a fraction of a second) is left to `constraint_checks`, off the event loop.
-        asked = self._asked()
+        # a fraction of a second) is left to the one parse (server/serving/request.py), off the event loop.
+        asked = self.constraint_fields()
         rf = self.response_format
         if rf is not None and rf.type == "json_schema" and rf.json_schema is None:
             raise _invalid("response_format.json_schema is required with type json_schema", "response_format")
@@ -269,8 +245,8 @@ class _GenerationRequest(_Request):
             )
         return self
 
-    def _asked(self) -> list[str]:
-        """The fields that ask for a grammar, in the order constraint() reads them."""
+    def constraint_fields(self) -> list[str]:
+        """The fields that ask for a grammar (the validator lets one through; translate.py reads it)."""
         rf = self.response_format
         asked = ["response_format"] if rf is not None and rf.type in ("json_object", "json_schema") else []
         if self.json_schema is not None:
@@ -278,36 +254,6 @@ class _GenerationRequest(_Request):
         if self.grammar:
             asked.append("grammar")
         return asked
-
-    def constraint(self, grammars: Grammars = LLGUIDANCE) -> tuple[str | None, str | None]:
-        """The grammar the reply must follow and the field that asked for it (None, None: free text).
-        At most one of response_format (a JSON type), json_schema and grammar (the validator saw to it).
-        Built once per request (`constraint_checks` builds it off the event loop before anything else
-        asks); what llguidance cannot compile is found there too."""
-        if self._constraint is not None:
-            return self._constraint
-        asked = self._asked()
-        rf = self.response_format
-        if not asked:
-            built: tuple[str | None, str | None] = (None, None)
-        elif asked[0] == "response_format" and rf is not None and rf.type == "json_object":
-            built = (grammars.json_schema(rf.schema_, "response_format"), "response_format")
-        elif asked[0] == "response_format" and rf is not None and rf.json_schema is not None:
-            spec = rf.json_schema
-            schema = spec.schema_ if spec.schema_ is not None else {}
-            built = (grammars.json_schema(schema, "response_format"), "response_format")
-        elif asked[0] == "json_schema":
-            built = (grammars.json_schema(self.json_schema, "json_schema"), "json_schema")
-        else:
-            built = (grammars.gbnf(self.grammar or "", "grammar"), "grammar")
-        self._constraint = built
-        return built
-
-    def constraint_checks(self, grammars: Grammars = LLGUIDANCE) -> list[tuple[str, str]]:
-        """(grammar, field) pairs to compile before the job is queued. Converts what the request asks for
-        (raising InvalidParameter for what cannot be): call it off the event loop."""
-        grammar, param = self.constraint(grammars)
-        return [(grammar, param)] if grammar is not None and param is not None else []
 
     @field_validator("keep_alive")
     @classmethod
@@ -317,43 +263,6 @@ class _GenerationRequest(_Request):
         except InvalidParameter as err:
             raise _invalid(err.message, "keep_alive") from None
         return value
-
-    def keep_alive_seconds(self) -> float | None:
-        return parse_keep_alive(self.keep_alive)
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
-
-    def _stop_tuple(self) -> tuple[str, ...]:
-        if self.stop is None or self.stop == "":
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-
-    def _params(
-        self, max_tokens: int | None, logprobs: int | None, defaults: SamplingDefaults, grammars: Grammars
-    ) -> GenerationParams:
-        penalty = self.repeat_penalty or self.repetition_penalty or 1.0
-        sampling = SamplingParams(
-            temperature=defaults.temperature if self.temperature is None else self.temperature,
-            top_p=defaults.top_p if self.top_p is None else self.top_p,
-            top_k=defaults.top_k if self.top_k is None else self.top_k,
-            min_p=defaults.min_p if self.min_p is None else self.min_p,
-            repetition_penalty=penalty,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            seed=self.seed,
-            logprobs=logprobs,
-            logit_bias=tuple((int(k), v) for k, v in (self.logit_bias or {}).items()),
-        )
-        return GenerationParams(
-            sampling=sampling,
-            max_tokens=max_tokens,
-            stop=self._stop_tuple(),
-            truncate=self.truncate,
-            ignore_eos=self.ignore_eos,
-            grammar=self.constraint(grammars)[0],
-        )
 
 
 class TextPart(BaseModel):
@@ -434,6 +343,19 @@ class NamedToolChoice(BaseModel):
     function: ChosenFunction
 
 
+def check_openai_tools(
+    tools: list[ToolSpec] | None, choice: Literal["none", "auto", "required"] | NamedToolChoice | None
+) -> None:
+    """OpenAI's tools (and Ollama's, which are OpenAI's): the shared rules, named in OpenAI's paths."""
+    check_tools(
+        [t.function.name for t in tools or ()],
+        [t.function.parameters for t in tools or ()],
+        choice_given=choice is not None,
+        chosen=choice.function.name if isinstance(choice, NamedToolChoice) else None,
+        params_path=lambda i: f"tools[{i}].function.parameters",
+    )
+
+
 class ChatCompletionRequest(_GenerationRequest):
     # top_logprobs (a number) needs logprobs: true, as OpenAI has it.
     # and tool_choice needs tools.
@@ -468,60 +390,16 @@ class ChatCompletionRequest(_GenerationRequest):
 
     @model_validator(mode="after")
     def _supported(self) -> ChatCompletionRequest:
-        names = [t.function.name for t in self.tools or ()]
-        if len(set(names)) != len(names):
-            raise _invalid("tools: function names must be unique", "tools")
-        if self.tool_choice is not None and not self.tools:
-            raise _invalid("tool_choice is only allowed when tools are given", "tool_choice")
-        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+        check_openai_tools(self.tools, self.tool_choice)
+        calls = bool(self.tools) and self.tool_choice != "none"
+        if calls and self.constraint_fields():
             raise _invalid(
-                f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools",
-                "tool_choice",
-            )
-        for i, tool in enumerate(self.tools or ()):
-            kind = (tool.function.parameters or {}).get("type", "object")
-            if kind != "object":
-                raise _invalid(
-                    f"tools[{i}].function.parameters must describe an object (type 'object'), not {kind!r}",
-                    f"tools[{i}].function.parameters",
-                )
-        if self.tool_use() is not None and self._asked():
-            raise _invalid(
-                f"{self._asked()[0]} cannot be combined with tool calls (use tool_choice 'none')",
-                self._asked()[0],
+                f"{self.constraint_fields()[0]} cannot be combined with tool calls (use tool_choice 'none')",
+                self.constraint_fields()[0],
             )
         if self.top_logprobs is not None and not self.logprobs:
             raise _invalid("top_logprobs requires logprobs to be true", "top_logprobs")
         return self
-
-    def message_dicts(self) -> list[dict[str, Any]]:
-        return [m.as_dict() for m in self.messages]
-
-    def tool_use(self) -> ToolUse | None:
-        """The tools for the engine (None without tools or with tool_choice "none": plain chat)."""
-        if not self.tools or self.tool_choice == "none":
-            return None
-        choice = self.tool_choice
-        name = choice.function.name if isinstance(choice, NamedToolChoice) else (choice or "auto")
-        tools = tuple(
-            Tool(t.function.name, t.function.description, t.function.parameters) for t in self.tools
-        )
-        return ToolUse(tools, name, True if self.parallel_tool_calls is None else self.parallel_tool_calls)
-
-    def constraint_checks(self, grammars: Grammars = LLGUIDANCE) -> list[tuple[str, str]]:
-        checks = super().constraint_checks(grammars)
-        for i, tool in enumerate(self.tools or ()):
-            if self.tool_choice != "none" and tool.function.parameters is not None:
-                param = f"tools[{i}].function.parameters"
-                checks.append((grammars.json_schema(tool.function.parameters, param), param))
-        return checks
-
-    def to_params(
-        self, defaults: SamplingDefaults = OPENAI_DEFAULTS, grammars: Grammars = LLGUIDANCE
-    ) -> GenerationParams:
-        logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        params = self._params(self.max_completion_tokens or self.max_tokens, logprobs, defaults, grammars)
-        return replace(params, tools=self.tool_use())
 
 
 _ONE_STRING_LIST = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1}
@@ -551,11 +429,6 @@ class CompletionRequest(_GenerationRequest):
 
     def prompt_text(self) -> str:
         return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
-
-    def to_params(
-        self, defaults: SamplingDefaults = OPENAI_DEFAULTS, grammars: Grammars = LLGUIDANCE
-    ) -> GenerationParams:
-        return self._params(self.max_tokens, self.logprobs, defaults, grammars)
 
 
 # ---- responses ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from models.variant_facts import floor_facts, refused_variants, variant_facts
 from server.api.common.flow import complete
 from server.api.ollama.protocol import LATEST
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.api.openai.translate import chat_draft, completion_draft
 from server.serving.catalog import CatalogEntry
 
 if TYPE_CHECKING:
@@ -24,12 +25,12 @@ router = APIRouter(prefix="/v1")
 
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return await complete(request, "chat", body, body.message_dicts())
+    return await complete(request, chat_draft(body))
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    return await complete(request, "text", body, body.prompt_text())
+    return await complete(request, completion_draft(body))
 
 
 @router.get("/models")

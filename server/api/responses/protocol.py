@@ -2,17 +2,18 @@
 
 `input` is a string or a list of message items ({"role", "content"} with "type": "message" optional;
 content a string or input_text / output_text parts), `instructions` becomes a system message in front.
-The request converts itself to the OpenAI chat request the shared flow takes (`to_openai`):
-max_output_tokens -> max_tokens, truncation "auto" -> simmer's sliding window, top_logprobs (with
-include "message.output_text.logprobs") -> logprobs, temperature/top_p and simmer's extras as they are.
+The input items are read once, by the validator (`chat_messages`); translate.py turns the body into the
+internal request: max_output_tokens -> max_tokens, truncation "auto" -> simmer's sliding window,
+top_logprobs (with include "message.output_text.logprobs") -> logprobs, temperature/top_p and simmer's
+extras as they are.
 
-Structured output and tool calls map onto the chat request's: `text.format` (json_object, or json_schema
-with its `schema` flat in the format object) -> response_format; function `tools` ({"type": "function",
-"name", "parameters"}) -> tools; `tool_choice` ("none", "auto", "required", {"type": "function", "name"})
-and `parallel_tool_calls` as they are. Input items of type function_call become the assistant turn's
-tool_calls (consecutive calls one turn), function_call_output items `tool` messages. What the chat request
-refuses is refused here naming the Responses API's field (`text.format`, `tools[0].parameters`). Calls
-come back as output items of type function_call (call_id, name, arguments as JSON text).
+Structured output and tool calls: `text.format` (json_object, or json_schema with its `schema` flat in the
+format object) is the reply's grammar; function `tools` ({"type": "function", "name", "parameters"}),
+`tool_choice` ("none", "auto", "required", {"type": "function", "name"}) and `parallel_tool_calls` as chat
+has them. Input items of type function_call become the assistant turn's tool_calls (consecutive calls one
+turn), function_call_output items `tool` messages. Chat's rules apply, and their errors name the Responses
+API's field (`text.format`, `tools[0].parameters`). Calls come back as output items of type function_call
+(call_id, name, arguments as JSON text).
 
 Nothing is stored: `previous_response_id`, `conversation`, a stored `prompt` and `background` (all need
 server-side state) are a 400 saying so; `store` is accepted and the response says `"store": false`, which
@@ -26,7 +27,15 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from models.runtime.sampling import (
     MAX_REPETITION_PENALTY,
@@ -36,12 +45,11 @@ from models.runtime.sampling import (
     SEED_MIN,
 )
 from models.types import FinishEvent, TokenEvent, ToolCallDelta, Usage
-from server.api.common.convert import Renamer, openai_request
+from server.api.common.tools import check_tools
 from server.api.openai.protocol import (
     _PARAMETERS,
     _SCHEMA_OBJECT,
     STRICT,
-    ChatCompletionRequest,
     FunctionName,
     _invalid,
     _Request,
@@ -56,7 +64,8 @@ HOSTED = "only function tools are served (OpenAI's hosted tools run on OpenAI's 
 LOGPROBS = "message.output_text.logprobs"
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
-FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+NAME_PATTERN = "^[a-zA-Z0-9_-]{1,64}$"  # a function's name, and a json_schema format's (as chat's)
+FUNCTION_NAME = re.compile(NAME_PATTERN)
 
 _CONTENT = {
     "anyOf": [
@@ -208,13 +217,6 @@ class TextFormat(BaseModel):
     schema_: Annotated[dict[str, Any] | None, WithJsonSchema(_SCHEMA_OBJECT)] = Field(None, alias="schema")
     strict: bool | None = None  # the output always follows the schema, strict or not
 
-    def response_format(self) -> dict[str, Any] | None:
-        if self.type == "json_object":
-            return {"type": "json_object"}
-        if self.type == "json_schema":
-            return {"type": "json_schema", "json_schema": {"name": self.name, "schema": self.schema_}}
-        return None
-
     def echo(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True)
 
@@ -235,10 +237,6 @@ class FunctionTool(BaseModel):
     parameters: Annotated[dict[str, Any] | None, WithJsonSchema(_PARAMETERS)] = None
     strict: bool | None = None  # calls always follow the schema (simmer constrains them)
 
-    def as_chat_tool(self) -> dict[str, Any]:
-        function = {"name": self.name, "description": self.description, "parameters": self.parameters}
-        return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
-
     def echo(self) -> dict[str, Any]:
         return {
             "type": "function",
@@ -254,15 +252,6 @@ class FunctionChoice(BaseModel):
 
     type: Literal["function"]
     name: FunctionName
-
-
-# The chat request's field names -> the Responses API's.
-RENAME = Renamer(
-    (r"^response_format\.json_schema\.schema", "text.format.schema"),
-    (r"^response_format(\.json_schema)?", "text.format"),
-    (r"^tools\[(\d+)\]\.function", r"tools[\1]"),
-    (r"^tool_choice\.function\.name", "tool_choice.name"),
-)
 
 
 _WITH_TOOLS = {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]}
@@ -356,6 +345,7 @@ class ResponsesRequest(_Request):
     cache_salt: str | None = Field(
         None, min_length=1, max_length=256
     )  # as chat's (server/serving/cache_scope.py)
+    _messages: tuple[dict[str, Any], ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")
     def _supported(self) -> ResponsesRequest:
@@ -383,7 +373,24 @@ class ResponsesRequest(_Request):
                 raise _invalid(
                     f"include[{i}]: only {LOGPROBS!r} can be included, got {name!r}", f"include[{i}]"
                 )
-        self.to_openai()  # every input item, and what the chat request refuses, is checked before any work
+        self._messages = self._read_input()  # every input item is checked (and read) once, before any work
+        name = self.format.name if self.format.type == "json_schema" else None
+        if name is not None and not FUNCTION_NAME.fullmatch(name):  # as chat's json_schema name
+            raise _invalid(
+                f"text.format.name: String should match pattern {NAME_PATTERN!r}", "text.format.name"
+            )
+        if self.tools:
+            check_tools(
+                [t.name for t in self.tools],
+                [t.parameters for t in self.tools],
+                choice_given=self.tool_choice is not None,
+                chosen=self.tool_choice.name if isinstance(self.tool_choice, FunctionChoice) else None,
+                params_path=lambda i: f"tools[{i}].parameters",
+            )
+            if self.tool_choice != "none" and self.format.type != "text":
+                raise _invalid(
+                    "text.format cannot be combined with tool calls (use tool_choice 'none')", "text.format"
+                )
         return self
 
     @field_validator("tools", mode="before")
@@ -406,12 +413,17 @@ class ResponsesRequest(_Request):
             )
         return choice
 
-    def messages(self) -> list[dict[str, Any]]:
+    def _read_input(self) -> tuple[dict[str, Any], ...]:
         items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
         if not items:
             raise _invalid("input must not be empty", "input")
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        return _joined(system + [_message(item, f"input[{i}]") for i, item in enumerate(items)])
+        return tuple(_joined(system + [_message(item, f"input[{i}]") for i, item in enumerate(items)]))
+
+    @property
+    def chat_messages(self) -> tuple[dict[str, Any], ...]:
+        """The input items (and instructions) as chat messages, read once by the validator."""
+        return self._messages
 
     @property
     def format(self) -> TextFormat:
@@ -420,29 +432,6 @@ class ResponsesRequest(_Request):
     @property
     def wants_logprobs(self) -> bool:
         return LOGPROBS in (self.include or ()) or self.top_logprobs is not None
-
-    def to_openai(self) -> ChatCompletionRequest:
-        fields: dict[str, Any] = {"messages": self.messages(), "stream": self.stream}
-        names = ("model", "temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty")
-        names += ("route", "governor_events", "cache_salt")  # simmer's and vLLM's extras
-        fields.update({n: getattr(self, n) for n in names if getattr(self, n) is not None})
-        if self.max_output_tokens is not None:
-            fields["max_tokens"] = self.max_output_tokens
-        fields["truncate"] = self.truncation == "auto"
-        if self.wants_logprobs:
-            fields["logprobs"] = True
-            fields["top_logprobs"] = self.top_logprobs or 0
-        if (fmt := self.format.response_format()) is not None:
-            fields["response_format"] = fmt
-        if self.tools:
-            fields["tools"] = [t.as_chat_tool() for t in self.tools]
-            if isinstance(self.tool_choice, FunctionChoice):
-                fields["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
-            elif self.tool_choice is not None:
-                fields["tool_choice"] = self.tool_choice
-            if self.parallel_tool_calls is not None:
-                fields["parallel_tool_calls"] = self.parallel_tool_calls
-        return openai_request(ChatCompletionRequest, fields, RENAME)
 
 
 # ---- the response object and its stream events ---------------------------------------------------------
