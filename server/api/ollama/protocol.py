@@ -21,40 +21,34 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from models.errors import InvalidParameter
-from models.runtime.sampling import (
-    MAX_REPETITION_PENALTY,
-    MAX_TOP_LOGPROBS,
-    MIN_REPETITION_PENALTY,
-    SEED_MAX,
-    SEED_MIN,
-)
 from models.types import FinishEvent, TokenEvent, ToolCallDelta
-from server.api.openai.protocol import (
-    _SCHEMA_OBJECT,
+from server.api.common.fields import (
+    SCHEMA_OBJECT,
     STRICT,
     AnyInteger,
+    ContextLength,
     FunctionName,
-    NamedToolChoice,
+    MinP,
     NonEmpty,
-    ToolSpec,
-    _invalid,
-    _Request,
-    assemble_calls,
-    check_openai_tools,
-    integer,
+    Penalty,
+    RepetitionPenalty,
+    RouteMode,
+    Seed,
+    StrictBody,
+    Temperature,
+    TopK,
+    TopLogprobs,
+    TopP,
+    invalid,
 )
+from server.api.common.names import LATEST, model_id
+from server.api.common.tools import NamedToolChoice, ToolSpec, assemble_calls, check_openai_tools
 from server.serving.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
 from server.serving.keep_alive import parse_keep_alive
 
 log = logging.getLogger("simmer.ollama")
 
-LATEST = ":latest"  # Ollama's default tag: "smollm2-135m-instruct:latest" names "smollm2-135m-instruct"
 NOT_APPLIED = ("num_ctx", "repeat_last_n")  # known to simmer, accepted, not applied (see above)
-
-
-def model_id(name: str) -> str:
-    """The simmer id an Ollama model name stands for: only the default tag is dropped (exact names)."""
-    return name.removesuffix(LATEST) if name.endswith(LATEST) else name
 
 
 def ollama_name(model: str) -> str:
@@ -79,22 +73,22 @@ def created_at() -> str:
 # ---- requests ---------------------------------------------------------------------------------------
 
 
-class OllamaOptions(_Request):
+class OllamaOptions(StrictBody):
     """`options`: the sampling fields simmer applies, typed as Ollama types them; the rest is accepted."""
 
     model_config = ConfigDict(**{**STRICT, "extra": "allow"})
 
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_k: integer(ge=0) | None = None
-    top_p: float | None = Field(None, ge=0.0, le=1.0)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    num_predict: AnyInteger | None = None
-    seed: integer(ge=SEED_MIN, lt=SEED_MAX + 1) | None = None
+    temperature: Temperature | None = None
+    top_k: TopK | None = None
+    top_p: TopP | None = None
+    min_p: MinP | None = None
+    num_predict: AnyInteger | None = None  # -1 and -2 mean something (no cap)
+    seed: Seed | None = None
     stop: NonEmpty | list[NonEmpty] | None = None
-    repeat_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    num_ctx: integer(ge=1) | None = None
+    repeat_penalty: RepetitionPenalty | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    num_ctx: ContextLength | None = None
     repeat_last_n: AnyInteger | None = None
 
     def log_unapplied(self) -> None:
@@ -104,7 +98,6 @@ class OllamaOptions(_Request):
 
 
 Think = bool | Literal["low", "medium", "high", "max"]
-Route = Literal["local", "auto", "upstream"]
 
 
 def _refused(schema: dict[str, Any], why: str) -> Any:
@@ -115,7 +108,7 @@ def _refused(schema: dict[str, Any], why: str) -> Any:
 
 _NONE: dict[str, Any] = {"type": ["array", "null"], "maxItems": 0}
 _FORMAT = {
-    "anyOf": [{"enum": ["", "json", None]}, {**_SCHEMA_OBJECT, "type": "object"}],
+    "anyOf": [{"enum": ["", "json", None]}, {**SCHEMA_OBJECT, "type": "object"}],
     "description": '"json" (any JSON object) or a JSON schema the reply follows (docs/structured.md)',
 }
 _KEEP_ALIVE = {
@@ -134,7 +127,7 @@ def _model_required(**extra: Any) -> ConfigDict:
     return ConfigDict(json_schema_extra=schema)
 
 
-class OllamaTurn(_Request):
+class OllamaTurn(StrictBody):
     """Fields /api/chat and /api/generate share."""
 
     model_config = _model_required()
@@ -150,8 +143,8 @@ class OllamaTurn(_Request):
     truncate: bool | None = None
     shift: bool | None = None
     logprobs: bool = False
-    top_logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
-    route: Route | None = None  # simmer's: where to serve it (or the X-Simmer-Route header)
+    top_logprobs: TopLogprobs | None = None
+    route: RouteMode | None = None  # simmer's: where to serve it (or the X-Simmer-Route header)
 
     @field_validator("keep_alive")
     @classmethod
@@ -159,17 +152,17 @@ class OllamaTurn(_Request):
         try:
             parse_keep_alive(value)
         except InvalidParameter as err:
-            raise _invalid(err.message, "keep_alive") from None
+            raise invalid(err.message, "keep_alive") from None
         return value
 
     @model_validator(mode="after")
     def _supported(self) -> OllamaTurn:
         if not self.model:
-            raise _invalid("model is required", "model")
+            raise invalid("model is required", "model")
         if self.format not in (None, "", "json") and not isinstance(self.format, dict):
-            raise _invalid('format must be "json" or a JSON schema (an object)', "format")
+            raise invalid('format must be "json" or a JSON schema (an object)', "format")
         if self.think not in (None, False):
-            raise _invalid(f"{self.model!r} does not support thinking", "think")
+            raise invalid(f"{self.model!r} does not support thinking", "think")
         return self
 
     @property
@@ -197,7 +190,7 @@ class OllamaToolCall(BaseModel):
     function: OllamaCalledFunction
 
 
-class OllamaMessage(_Request):
+class OllamaMessage(StrictBody):
     model_config = STRICT
 
     role: Literal["system", "user", "assistant", "tool"]
@@ -211,7 +204,7 @@ class OllamaMessage(_Request):
     @model_validator(mode="after")
     def _text_only(self) -> OllamaMessage:
         if self.images:
-            raise _invalid("images are not supported: the served model reads text only", "images")
+            raise invalid("images are not supported: the served model reads text only", "images")
         return self
 
     def as_dict(self) -> dict[str, Any]:
@@ -254,7 +247,7 @@ class OllamaChatRequest(OllamaTurn):
     @model_validator(mode="after")
     def _tools_supported(self) -> OllamaChatRequest:
         if self.tools and self.format not in (None, ""):
-            raise _invalid(
+            raise invalid(
                 "format cannot be combined with tools: the reply is either a tool call or the format",
                 "format",
             )
@@ -286,23 +279,23 @@ class OllamaGenerateRequest(OllamaTurn):
     @model_validator(mode="after")
     def _generate_supported(self) -> OllamaGenerateRequest:
         if self.images:
-            raise _invalid("images are not supported: the served model reads text only", "images")
+            raise invalid("images are not supported: the served model reads text only", "images")
         if self.suffix:
-            raise _invalid("suffix (fill in the middle) is not supported", "suffix")
+            raise invalid("suffix (fill in the middle) is not supported", "suffix")
         if self.template:
-            raise _invalid(
+            raise invalid(
                 "template (a Go template) is not supported: simmer renders the model's own chat template; "
                 "send raw: true with a prompt you formatted",
                 "template",
             )
         if self.context:
             # Deprecated in Ollama, and simmer's replies carry none to send back.
-            raise _invalid(
+            raise invalid(
                 "context (deprecated in Ollama) is not supported: send the conversation to /api/chat",
                 "context",
             )
         if self.raw and self.system:
-            raise _invalid("raw mode does not support template, system, or context", "system")
+            raise invalid("raw mode does not support template, system, or context", "system")
         return self
 
     def chat_messages(self) -> list[dict[str, str]]:
@@ -314,7 +307,7 @@ class OllamaGenerateRequest(OllamaTurn):
         return "\n".join(t for t in (self.system, self.prompt) if t)
 
 
-class ModelRequest(_Request):
+class ModelRequest(StrictBody):
     """/api/show, /api/delete, /api/pull: `model` (older clients send `name`)."""
 
     # one of the two, not empty
@@ -333,7 +326,7 @@ class ModelRequest(_Request):
     @model_validator(mode="after")
     def _named(self) -> ModelRequest:
         if not (self.model or self.name):
-            raise _invalid("model is required", "model")
+            raise invalid("model is required", "model")
         return self
 
     @property
@@ -354,7 +347,7 @@ class PullRequest(ModelRequest):
     insecure: bool = False  # Ollama's registry option; simmer's sources verify their hashes either way
 
 
-class EmbedRequest(_Request):
+class EmbedRequest(StrictBody):
     """/api/embed and /api/embeddings: answered with an error (simmer serves no embedding model)."""
 
     model_config = _model_required()
@@ -366,7 +359,7 @@ class EmbedRequest(_Request):
     @model_validator(mode="after")
     def _named(self) -> EmbedRequest:
         if not self.model:
-            raise _invalid("model is required", "model")
+            raise invalid("model is required", "model")
         return self
 
 

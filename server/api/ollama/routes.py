@@ -28,10 +28,11 @@ from models.store import registry
 from models.store.registry import license_notice
 from models.types import FinishEvent, TokenEvent
 from server.api.common.flow import Generation, respond, start
+from server.api.common.names import model_id
 from server.api.common.streaming import Batch, End, Error, JobStreamingResponse, encode
+from server.api.common.tools import call_deltas
 from server.api.ollama import protocol as wire
 from server.api.ollama.translate import chat_draft, generate_draft
-from server.api.openai.protocol import call_deltas
 from server.http.errors import ApiError, error_payload
 from server.refusals import ModelLoading
 from server.serving.catalog import CatalogEntry, installed, iso
@@ -140,7 +141,7 @@ class NdjsonEncoder:
 
 def _not_found(rt: Runtime, name: str) -> SimmerError:
     """Ollama's words for an unknown model; an installed model this server does not serve says so."""
-    model = wire.model_id(name)
+    model = model_id(name)
     if any(m.id == model for m in installed(rt.model_store)):
         return ModelNotFound(
             f"model '{name}' is installed but not served: this server serves '{rt.model}' "
@@ -304,10 +305,10 @@ async def ps(request: Request) -> dict[str, Any]:
     if rt.worker.state != "ready":
         return {"models": []}
     models = []
-    for model_id, view in rt.served.pool.loaded().items():
-        engine = rt.served.pool.engine(model_id)
-        entry = _find(rt, model_id) or CatalogEntry(
-            model_id, None, {}, can_chat=False, tokenizer_key=model_id
+    for loaded_id, view in rt.served.pool.loaded().items():
+        engine = rt.served.pool.engine(loaded_id)
+        entry = _find(rt, loaded_id) or CatalogEntry(
+            loaded_id, None, {}, can_chat=False, tokenizer_key=loaded_id
         )
         # "kept until the server stops" as Ollama shows it: centuries ahead
         left = 292 * 365 * 86400.0 if view.expires_in_s is None else view.expires_in_s
@@ -460,7 +461,7 @@ async def embeddings(body: wire.EmbedRequest, request: Request) -> Response:
 
 def _no_embeddings(request: Request, body: wire.EmbedRequest) -> Response:
     rt: Runtime = request.app.state.runtime
-    if wire.model_id(body.model) not in rt.served.ids():
+    if model_id(body.model) not in rt.served.ids():
         raise _not_found(rt, body.model)
     raise ApiError(
         400,

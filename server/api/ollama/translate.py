@@ -20,13 +20,13 @@ from __future__ import annotations
 from typing import Any
 
 from models.types import Tool
+from server.api.common.tools import NamedToolChoice
 from server.api.ollama.protocol import (
     OllamaChatRequest,
     OllamaGenerateRequest,
     OllamaOptions,
     OllamaTurn,
 )
-from server.api.openai.protocol import NamedToolChoice
 from server.serving.request import Asked, ConstraintAsk, Draft, Kind, Show, ToolsAsk
 
 # options applied as they are named (the rest is repetition_penalty, seed, stop and num_predict)

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from models.errors import ModelNotFound
 from models.variant_facts import floor_facts, refused_variants, variant_facts
 from server.api.common.flow import complete
-from server.api.ollama.protocol import LATEST
+from server.api.common.names import LATEST
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from server.api.openai.translate import chat_draft, completion_draft
 from server.serving.catalog import CatalogEntry
