@@ -3,8 +3,10 @@
 stream. Handlers stay ten lines; everything about the worker and the stream lifecycle is here.
 
 A dialect is a `Renderer`: it turns the collected tokens into one response, or the coalesced events
-(server/api/common/streaming.py) into its streaming response. The shared steps:
-    start()   route (local or upstream) and submit; busy / loading / a bad model refuse here, before any work
+(server/api/common/streaming.py) into its streaming response. The shared steps, on the one internal request
+(server/serving/request.py) the dialect's translation drafted:
+    start()   route (local or upstream), parse once, submit; busy / loading / a bad model or grammar refuse
+              here, before any work
     respond() not streamed: wait for every event (cancel when the client leaves), then renderer.reply();
               streamed: hold the headers until the prompt is built (a too-long prompt is still a real 413),
               then renderer.stream(); the stream's end (done, error, client gone) is accounted for once.
@@ -19,19 +21,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from models.errors import Cancelled, ModelNotChat, ModelNotFound
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
-from server.api.common.streaming import Item, JobEventSource, coalesced, sse_stream
-from server.api.openai.protocol import ChunkBuilder, chat_completion, text_completion
+from server.api.common.streaming import Item, coalesced
 from server.logs import RequestRecord, log_request
 from server.refusals import ShuttingDown
 from server.routing.router import HEADER as ROUTE_HEADER
@@ -291,49 +291,3 @@ async def respond(request: Request, gen: Generation, renderer: Renderer) -> Resp
     if got is None:
         return Response(status_code=499)
     return renderer.reply(gen, *got)
-
-
-# ---- OpenAI's chat and text completions ---------------------------------------------------------------
-
-
-@dataclass
-class OpenAIRenderer:
-    kind: Literal["chat", "text"]
-    include_usage: bool
-
-    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
-        text = "".join(ev.text for ev in tokens) + finish.text
-        build = chat_completion if self.kind == "chat" else text_completion
-        # the model that finished the reply (the governor may have moved it to another one mid-way)
-        body = build(gen.rid, finish.model_id or gen.model, text, tokens, finish, finish.variant)
-        body["route"] = gen.route.as_dict()
-        return JSONResponse(body, headers=gen.headers())
-
-    def stream(self, gen: Generation, started: Started | None) -> Response:
-        builder = ChunkBuilder(self.kind, gen.rid, gen.model)
-        builder.final_fields = lambda: {"route": gen.route.as_dict()}
-        if started is not None:
-            builder.started(started.model_id, started.variant)
-        return JobEventSource(
-            sse_stream(
-                gen.job,
-                gen.events,
-                builder,
-                interval_s=gen.rt.stream_interval_s,
-                include_usage=self.include_usage,
-                on_end=gen.stream_end,
-                first=gen.held,
-            ),
-            ping=gen.rt.keepalive_ping_s,
-            headers=gen.headers(),
-            # Our own shutdown path (Worker.close) ends streams first; this only bounds sse-starlette's.
-            shutdown_grace_period=2.0,
-            on_close=gen.abandon,  # a no-op unless the generator never ran
-        )
-
-
-async def complete(request: Request, draft: Draft) -> Response:
-    """/v1/chat/completions and /v1/completions."""
-    rid = ("chatcmpl-" if draft.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-    gen = await start(request, draft, rid=rid)
-    return await respond(request, gen, OpenAIRenderer(draft.kind, draft.show.include_usage))

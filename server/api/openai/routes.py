@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -10,17 +11,26 @@ from fastapi.responses import Response
 
 from models.errors import ModelNotFound
 from models.variant_facts import floor_facts, refused_variants, variant_facts
-from server.api.common.flow import complete
+from server.api.common.flow import respond, start
 from server.api.common.names import LATEST
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.api.openai.stream import OpenAIRenderer
 from server.api.openai.translate import chat_draft, completion_draft
 from server.serving.catalog import CatalogEntry
+from server.serving.request import Draft
 
 if TYPE_CHECKING:
     from server.api.context import Runtime
     from server.serving.model_pool import LoadedView
 
 router = APIRouter(prefix="/v1")
+
+
+async def complete(request: Request, draft: Draft) -> Response:
+    """/v1/chat/completions and /v1/completions."""
+    rid = ("chatcmpl-" if draft.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+    gen = await start(request, draft, rid=rid)
+    return await respond(request, gen, OpenAIRenderer(draft.kind, draft.show.include_usage))
 
 
 @router.post("/chat/completions")
