@@ -95,7 +95,7 @@ class ResponseFormat(BaseModel):
     schema_: Annotated[dict[str, Any] | None, WithJsonSchema(SCHEMA_OBJECT)] = Field(None, alias="schema")
 
 
-class _GenerationRequest(StrictBody):
+class GenerationBody(StrictBody):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
     model: str | None = None
@@ -151,7 +151,7 @@ class _GenerationRequest(StrictBody):
         return n
 
     @model_validator(mode="after")
-    def _one_constraint(self) -> _GenerationRequest:
+    def _one_constraint(self) -> GenerationBody:
         # Which fields ask for a grammar, not the grammar itself: converting one (a 64 KB GBNF grammar takes
         # a fraction of a second) is left to the one parse (server/serving/request.py), off the event loop.
         asked = self.constraint_fields()
@@ -185,7 +185,7 @@ class _GenerationRequest(StrictBody):
         return value
 
 
-class ChatCompletionRequest(_GenerationRequest):
+class ChatCompletionRequest(GenerationBody):
     # top_logprobs (a number) needs logprobs: true, as OpenAI has it.
     # and tool_choice needs tools.
     model_config = ConfigDict(
@@ -235,7 +235,7 @@ _ONE_STRING_LIST = {"type": "array", "items": {"type": "string"}, "minItems": 1,
 _ONE_PROMPT = {"anyOf": [{"type": "string"}, _ONE_STRING_LIST]}
 
 
-class CompletionRequest(_GenerationRequest):
+class CompletionRequest(GenerationBody):
     prompt: Annotated[str | list[str], WithJsonSchema(_ONE_PROMPT)]
     logprobs: TopLogprobs | None = None
     echo: Annotated[bool, WithJsonSchema({"type": "boolean", "enum": [False], "default": False})] = False

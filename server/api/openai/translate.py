@@ -13,23 +13,19 @@ from __future__ import annotations
 from typing import Any
 
 from models.types import Tool
-from server.api.openai.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    NamedToolChoice,
-    _GenerationRequest,
-)
+from server.api.common.tools import NamedToolChoice
+from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest, GenerationBody
 from server.serving.keep_alive import parse_keep_alive
 from server.serving.request import Asked, ConstraintAsk, Draft, Show, ToolsAsk
 
 
-def _stop(body: _GenerationRequest) -> tuple[str, ...]:
+def _stop(body: GenerationBody) -> tuple[str, ...]:
     if body.stop is None or body.stop == "":
         return ()
     return (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
 
 
-def _constraint(body: _GenerationRequest) -> ConstraintAsk | None:
+def _constraint(body: GenerationBody) -> ConstraintAsk | None:
     """The grammar asked for (at most one of response_format's JSON types, json_schema and grammar: the
     validator saw to it)."""
     asked = body.constraint_fields()
@@ -64,14 +60,14 @@ def _plain(value: Any) -> bool:
     )
 
 
-def _upstream(body: _GenerationRequest) -> tuple[tuple[str, Any], ...]:
+def _upstream(body: GenerationBody) -> tuple[tuple[str, Any], ...]:
     """The generation fields the client set, as it set them (the upstream relay picks what it forwards)."""
     explicit = sorted(body.model_fields_set)
     return tuple((n, getattr(body, n)) for n in explicit if _plain(getattr(body, n, None)))
 
 
 def _draft(
-    body: _GenerationRequest,
+    body: GenerationBody,
     *,
     kind: Any,
     endpoint: str,
