@@ -61,7 +61,6 @@ from server.routing.decision import (
     NOT_FOUND,
     DeviceState,
     LocalState,
-    Mode,
     RouteInputs,
     Side,
     decide_route,
@@ -71,6 +70,7 @@ from server.routing.decision import (
 from server.routing.relay import ChunkReader, relay
 from server.routing.upstream import Endpoint, UpstreamClient, UpstreamFailure, forward_body, to_simmer_error
 from server.serving.events import Failed, Started
+from server.serving.request import Mode
 from server.serving.worker import Job
 from server.settings import Settings
 

@@ -12,13 +12,15 @@ No pydantic and no HTTP here: frozen dataclasses over models.types.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from models.types import GenerationParams, SamplingParams, Tool, ToolUse
-from server.serving.grammars import Grammars
+
+if TYPE_CHECKING:
+    from server.serving.grammars import Grammars
 
 Kind = Literal["chat", "text"]
-Mode = Literal["local", "auto", "upstream"]
+Mode = Literal["local", "auto", "upstream"]  # where a request may be served (routing/decision.py)
 
 
 @dataclass(frozen=True)

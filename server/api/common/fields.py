@@ -5,11 +5,12 @@ protocol.py types its fields with them; the numeric limits are the sampler's, mo
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
+from models.errors import InvalidParameter
 from models.runtime.sampling import (
     MAX_LOGIT_BIAS,
     MAX_REPETITION_PENALTY,
@@ -19,6 +20,8 @@ from models.runtime.sampling import (
     SEED_MIN,
 )
 from server.http.errors import MAX_JSON_DEPTH
+from server.serving.keep_alive import parse_keep_alive
+from server.serving.request import Mode
 
 
 def invalid(message: str, param: str | None = None) -> PydanticCustomError:
@@ -140,4 +143,14 @@ RepetitionPenalty = Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=MAX_REP
 MaxTokens = integer(ge=1)  # max_tokens, max_completion_tokens, max_output_tokens
 TopLogprobs = integer(ge=0, le=MAX_TOP_LOGPROBS)  # top_logprobs; completions' logprobs
 ContextLength = integer(ge=1)  # Ollama's num_ctx (accepted, not applied)
-RouteMode = Literal["local", "auto", "upstream"]  # where to serve it (or the X-Simmer-Route header)
+RouteMode = Mode  # where to serve it (or the X-Simmer-Route header)
+
+
+def valid_keep_alive(value: Any) -> Any:
+    """A request's keep_alive as given, once it parses (OpenAI's and Ollama's declare it apart: they
+    publish different schemas); the 400 names `keep_alive`."""
+    try:
+        parse_keep_alive(value)
+    except InvalidParameter as err:
+        raise invalid(err.message, "keep_alive") from None
+    return value

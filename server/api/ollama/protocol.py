@@ -20,7 +20,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from models.errors import InvalidParameter
 from models.types import FinishEvent, TokenEvent, ToolCallDelta
 from server.api.common.fields import (
     SCHEMA_OBJECT,
@@ -40,6 +39,7 @@ from server.api.common.fields import (
     TopLogprobs,
     TopP,
     invalid,
+    valid_keep_alive,
 )
 from server.api.common.names import LATEST, model_id
 from server.api.common.tools import NamedToolChoice, ToolSpec, assemble_calls, check_openai_tools
@@ -149,11 +149,7 @@ class OllamaTurn(StrictBody):
     @field_validator("keep_alive")
     @classmethod
     def _keep_alive(cls, value: float | str | None) -> float | str | None:  # int | float: any JSON number
-        try:
-            parse_keep_alive(value)
-        except InvalidParameter as err:
-            raise invalid(err.message, "keep_alive") from None
-        return value
+        return valid_keep_alive(value)
 
     @model_validator(mode="after")
     def _supported(self) -> OllamaTurn:

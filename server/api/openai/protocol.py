@@ -21,7 +21,6 @@ from pydantic import (
     model_validator,
 )
 
-from models.errors import InvalidParameter
 from models.types import (
     FinishEvent,
     Timings,
@@ -50,6 +49,7 @@ from server.api.common.fields import (
     TopLogprobs,
     TopP,
     invalid,
+    valid_keep_alive,
 )
 from server.api.common.logprobs import chat_logprobs, token_text
 from server.api.common.messages import ChatMessage
@@ -61,7 +61,6 @@ from server.api.common.tools import (
     check_openai_tools,
 )
 from server.serving.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
-from server.serving.keep_alive import parse_keep_alive
 
 
 class StreamOptions(BaseModel):
@@ -178,11 +177,7 @@ class GenerationBody(StrictBody):
     @field_validator("keep_alive")
     @classmethod
     def _keep_alive(cls, value: float | str | None) -> float | str | None:
-        try:
-            parse_keep_alive(value)
-        except InvalidParameter as err:
-            raise invalid(err.message, "keep_alive") from None
-        return value
+        return valid_keep_alive(value)
 
 
 class ChatCompletionRequest(GenerationBody):
