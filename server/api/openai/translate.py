@@ -60,9 +60,23 @@ def _plain(value: Any) -> bool:
     )
 
 
+# Set explicitly, yet no generation field: the client's identity and secret, simmer's own extensions, and
+# what the relay always sets itself.
+_NOT_FORWARDED = {
+    "user",
+    "cache_salt",
+    "keep_alive",
+    "route",
+    "governor_events",
+    "truncate",
+    "model",
+    "stream",
+}
+
+
 def _upstream(body: GenerationBody) -> tuple[tuple[str, Any], ...]:
     """The generation fields the client set, as it set them (the upstream relay picks what it forwards)."""
-    explicit = sorted(body.model_fields_set)
+    explicit = sorted(body.model_fields_set - _NOT_FORWARDED)
     return tuple((n, getattr(body, n)) for n in explicit if _plain(getattr(body, n, None)))
 
 
