@@ -14,7 +14,6 @@ from server.api.context import Runtime
 from server.api.llamacpp import routes as llamacpp
 from server.api.ollama import routes as ollama
 from server.api.openai import routes as v1
-from server.api.openai.protocol import SamplingDefaults
 from server.api.responses import routes as responses
 from server.api.simmer import ops, thermal, ui
 from server.http.errors import ErrorMiddleware, install_handlers
@@ -28,6 +27,7 @@ from server.routing.router import build_router, device_view, local_side
 from server.serving.governor_gate import GovernorGate
 from server.serving.grammars import LLGUIDANCE, Grammars
 from server.serving.model_pool import LoadedView
+from server.serving.request import SamplingDefaults
 from server.serving.served import Served, serve_single
 from server.serving.summary import Summarizer, summary_models
 from server.serving.worker import Gate, NoGate, Worker

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.store.store import ModelStore
-from server.api.openai.protocol import SamplingDefaults
 from server.http.metrics import Metrics
 from server.routing.router import Router
 from server.serving.governor_gate import GovernorGate
 from server.serving.grammars import LLGUIDANCE, Grammars
+from server.serving.request import SamplingDefaults
 from server.serving.served import Served
 from server.serving.summary import Summarizer
 from server.serving.worker import Worker

@@ -269,7 +269,7 @@ def validation_error(exc: RequestValidationError, content_type: str | None = "ap
     first = max(errors, key=lambda e: len(e.get("loc", ())))  # the deepest error is the most specific
     if first.get("type") == "json_invalid":
         return ApiError(400, "invalid_json", "Request body is not valid JSON")
-    if first.get("type") == "invalid_json":  # raised by our own validators (server/api/openai/protocol.py)
+    if first.get("type") == "invalid_json":  # raised by our own validators (server/api/common/fields.py)
         return ApiError(400, "invalid_json", first.get("msg", "Request body is not valid JSON"))
     loc = tuple(first.get("loc", ()))
     if loc == ("body",) and first.get("type") == "missing":

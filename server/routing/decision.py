@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-Mode = Literal["local", "auto", "upstream"]
+from server.serving.request import Mode
+
 Side = Literal["local", "upstream"]
 # The local model: ready, loading, no variant fits the memory budget, failed to load otherwise, shut down.
 LocalState = Literal["ready", "loading", "no_memory", "failed", "closed"]

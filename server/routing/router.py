@@ -45,7 +45,6 @@ from models.errors import (
     SimmerError,
 )
 from models.types import FinishEvent, TokenEvent
-from server.api.openai.protocol import _GenerationRequest
 from server.refusals import (
     DevicePaused,
     ModelLoading,
@@ -62,7 +61,6 @@ from server.routing.decision import (
     NOT_FOUND,
     DeviceState,
     LocalState,
-    Mode,
     RouteInputs,
     Side,
     decide_route,
@@ -72,6 +70,7 @@ from server.routing.decision import (
 from server.routing.relay import ChunkReader, relay
 from server.routing.upstream import Endpoint, UpstreamClient, UpstreamFailure, forward_body, to_simmer_error
 from server.serving.events import Failed, Started
+from server.serving.request import Mode
 from server.serving.worker import Job
 from server.settings import Settings
 
@@ -166,6 +165,15 @@ def _hint(error: BaseException) -> dict[str, Any] | None:
     return None
 
 
+@dataclass(frozen=True)
+class Held:
+    """An auto job waiting in the local queue (a pause may send it upstream), and its own sink."""
+
+    route: Route
+    job: Job
+    original: Callable[[object], None]
+
+
 class Router:
     def __init__(
         self,
@@ -197,7 +205,7 @@ class Router:
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
         # auto jobs queued locally and not started: a pause may send them upstream (device_changed)
-        self._held: dict[int, tuple[Route, Job, Endpoint, Any, Any, Callable[[object], None]]] = {}
+        self._held: dict[int, Held] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- what the routes show ---------------------------------------------------------------------------
@@ -315,33 +323,33 @@ class Router:
         )
 
     # -- starting the job -------------------------------------------------------------------------------
-    def start(
-        self, route: Route, job: Job, kind: Endpoint, body: _GenerationRequest, payload: list[dict] | str
-    ) -> None:
+    def start(self, route: Route, job: Job) -> None:
         """Replaces worker.submit(job): start the job where `route` says. Raises like submit (busy, loading,
         shutting down) when the local side refuses at once and no other side may take it."""
         if route.side == "upstream":
-            self._start_upstream(route, job, kind, body, payload)
+            self._start_upstream(route, job)
             return
         original = job.sink
         if self.offloads:
-            job.sink = self._watch_local_start(route, job, kind, body, payload, original)
+            job.sink = self._watch_local_start(route, job, original)
         try:
             self.local.submit(job)
         except SimmerError as err:
             job.sink = original
             self._held.pop(id(job), None)
-            if not self._reroute(route, job, kind, body, payload, err):
+            if not self._reroute(route, job, err):
                 raise
             return
         self._count(route)
 
-    def _watch_local_start(self, route, job, kind, body, payload, original) -> Callable[[object], None]:
+    def _watch_local_start(
+        self, route: Route, job: Job, original: Callable[[object], None]
+    ) -> Callable[[object], None]:
         """The job's sink, watching for a refusal before Started (on the worker's thread)."""
         loop = self._loop = asyncio.get_running_loop()
         started = False
         if route.inputs.requested != "local":  # may still leave while it waits in the queue
-            self._held[id(job)] = (route, job, kind, body, payload, original)
+            self._held[id(job)] = Held(route, job, original)
             job.cancel.on_cancel(lambda: self._held.pop(id(job), None))  # the client left while queued
 
         def sink(item: object) -> None:
@@ -354,7 +362,7 @@ class Router:
                 job.sink = original
                 if job.account is not None:  # the worker lets go (worker_done) but may not have the last word
                     job.account.handing_over()
-                loop.call_soon_threadsafe(self._reroute_or_fail, route, job, kind, body, payload, item)
+                loop.call_soon_threadsafe(self._reroute_or_fail, route, job, item)
                 return
             original(item)
 
@@ -375,7 +383,7 @@ class Router:
         device = self.device()
         if device is None or not (device.paused or device.killed) or self._closing:
             return
-        for route, job, kind, body, payload, original in list(self._held.values()):
+        for route, job, original in [(h.route, h.job, h.original) for h in self._held.values()]:
             if job.cancel.cancelled:
                 continue
             inputs = replace(
@@ -397,14 +405,14 @@ class Router:
                 decision.fallback,
                 inputs,
             )
-            self._start_upstream(route, job, kind, body, payload)
+            self._start_upstream(route, job)
 
-    def _reroute_or_fail(self, route, job, kind, body, payload, failed: Failed) -> None:
-        if job.cancel.cancelled or not self._reroute(route, job, kind, body, payload, failed.error):
+    def _reroute_or_fail(self, route: Route, job: Job, failed: Failed) -> None:
+        if job.cancel.cancelled or not self._reroute(route, job, failed.error):
             job.sink(failed)
             job.worker_done()  # nobody took it over
 
-    def _reroute(self, route: Route, job, kind, body, payload, error: BaseException) -> bool:
+    def _reroute(self, route: Route, job: Job, error: BaseException) -> bool:
         """Decide again with what the local refusal taught; go upstream if that is the answer."""
         hint = _hint(error)
         if hint is None or self.upstream is None or self._closing:
@@ -425,16 +433,16 @@ class Router:
             decision.reason,
         )
         route.side, route.reason, route.fallback, route.inputs = "upstream", decision.reason, False, inputs
-        self._start_upstream(route, job, kind, body, payload)
+        self._start_upstream(route, job)
         return True
 
-    def _start_upstream(self, route: Route, job: Job, kind: Endpoint, body, payload) -> None:
+    def _start_upstream(self, route: Route, job: Job) -> None:
         assert self.upstream is not None and route.upstream_model is not None
         probe = self.breaker.begin()
         self._count(route)
-        request = forward_body(kind, body, payload, route.upstream_model)
+        request = forward_body(job.request, route.upstream_model)
         loop = asyncio.get_running_loop()
-        task = loop.create_task(self._run_upstream(route, job, kind, request, probe))
+        task = loop.create_task(self._run_upstream(route, job, job.request.kind, request, probe))
         self._tasks.add(task)
 
         def done(t: asyncio.Task) -> None:

@@ -24,16 +24,16 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from models.errors import ContextLengthExceeded, InvalidParameter, ModelNotFound, SimmerError
-from server.api.openai.protocol import _GenerationRequest
 from server.refusals import UpstreamError, UpstreamUnavailable
 from server.routing.sse_reader import LineTooLong, sse_events
+from server.serving.request import GenerationRequest
 
 Endpoint = Literal["chat", "text"]
 PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "text": "/completions"}
 
-# Fields forwarded when the client set them (model_fields_set). simmer's own extensions (truncate,
-# governor_events, route) stay home; ignore_eos and the llama.cpp/vLLM sampling extras go, since every
-# server simmer documents as an upstream knows them.
+# Fields forwarded when the client set them (GenerationRequest.upstream, in OpenAI's names). simmer's own
+# extensions (truncate, governor_events, route) stay home; ignore_eos and the llama.cpp/vLLM sampling
+# extras go, since every server simmer documents as an upstream knows them.
 _SHARED = (
     "temperature",
     "top_p",
@@ -65,18 +65,18 @@ def base_url(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
-def forward_body(kind: Endpoint, body: _GenerationRequest, payload: list[dict] | str, model: str) -> dict:
+def forward_body(request: GenerationRequest, model: str) -> dict:
     """The request the upstream gets. Always streamed with usage: one code path whatever the client asked,
     the first token is known (no side switch after it), and a disconnect can cancel it."""
     out: dict[str, Any] = {"model": model}
-    if kind == "chat":
-        out["messages"] = [{"role": m["role"], "content": m["content"]} for m in payload]  # type: ignore[index]
+    if request.kind == "chat":
+        out["messages"] = [{"role": m["role"], "content": m["content"]} for m in request.messages or ()]
     else:
-        out["prompt"] = payload
-    explicit = body.model_fields_set
-    for name in _SHARED + (_CHAT if kind == "chat" else _TEXT):
-        if name in explicit and getattr(body, name, None) is not None:
-            out[name] = getattr(body, name)
+        out["prompt"] = request.prompt
+    explicit = dict(request.upstream)
+    for name in _SHARED + (_CHAT if request.kind == "chat" else _TEXT):
+        if explicit.get(name) is not None:
+            out[name] = explicit[name]
     out["stream"] = True
     out["stream_options"] = {"include_usage": True}
     return out

@@ -18,9 +18,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from models.types import FinishEvent, TokenEvent
 from server.logs import RequestRecord
+
+if TYPE_CHECKING:
+    from server.serving.request import GenerationRequest
 
 
 class RequestAccount:
@@ -57,6 +61,21 @@ class RequestAccount:
         self._outcome: str | None = None
         self._sent = 0
         self._written = False
+
+    @classmethod
+    def for_request(
+        cls,
+        request: GenerationRequest,
+        *,
+        id: str,
+        model: str,
+        emit: Callable[[RequestRecord], None],
+        route: Callable[[], str | None] | None = None,
+    ) -> RequestAccount:
+        """The account of one request: its endpoint and whether it streams come from the request."""
+        return cls(
+            id=id, endpoint=request.endpoint, model=model, stream=request.show.stream, emit=emit, route=route
+        )
 
     # -- the worker thread ----------------------------------------------------------------------------------
     def started(self, prompt_tokens: int, variant: str | None) -> None:

@@ -92,11 +92,11 @@ class Served:
 
     # -- the worker's placement ---------------------------------------------------------------------------
     def place(self, job: Job, governed: EngineLimits | None, blocked: set[str]) -> Target:
-        requested = self.catalog.get(job.model or self.default_model)
-        requested_id = requested.id if requested else (job.model or self.default_model)
+        requested = self.catalog.get(job.request.model or self.default_model)
+        requested_id = requested.id if requested else (job.request.model or self.default_model)
         key = requested.tokenizer_key if requested else None
-        chat = job.kind == "chat"
-        biased = bool(job.params.sampling.logit_bias)
+        chat = job.request.kind == "chat"
+        biased = bool(job.request.params.sampling.logit_bias)
 
         def usable(model_id: str) -> bool:
             if model_id in blocked:

@@ -47,7 +47,7 @@ from governor.limits import Rung
 from models.errors import Cancelled, SimmerError
 from models.protocol import Engine, EngineLimits, Prompt
 from models.runtime.batch import BatchDecoder, BatchEvent, RowError
-from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent, ToolUse
+from models.types import CancelToken, FinishEvent, Handover, TokenEvent, ToolUse
 from server.refusals import ModelLoading, ServerBusy, ShuttingDown
 from server.serving.events import Failed, GovernorState, Started, Switched
 from server.serving.ladder import Target, shed_above
@@ -56,6 +56,7 @@ from server.serving.summary import Windowed
 
 if TYPE_CHECKING:
     from server.serving.accounting import RequestAccount
+    from server.serving.request import GenerationRequest
 
 log = logging.getLogger("simmer.server")
 
@@ -143,15 +144,10 @@ def loop_sink(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Sink:
 @dataclass
 class Job:
     id: str
-    kind: Literal["chat", "text"]
-    payload: list[dict] | str  # chat messages, or the completion prompt
-    params: GenerationParams
+    request: GenerationRequest  # what to generate, with what, on which model, for how long it stays loaded
     sink: Sink
     cancel: CancelToken = field(default_factory=CancelToken)
-    governor_events: bool = False
     enqueued_at: float = field(default_factory=time.monotonic)
-    model: str | None = None  # the id the client asked for (None: the default model)
-    keep_alive_s: float | None = None  # how long its model stays loaded after it (None: the default)
     account: RequestAccount | None = None
 
     def worker_done(self) -> None:
@@ -500,9 +496,9 @@ class Worker:
             windowed = self._prompt(engine, job)
             prompt: Prompt | None = windowed.prompt
             assert prompt is not None
-            requested = job.payload
+            requested = job.request.payload
             if windowed.summarized:  # a reply continued on another tokenizer renders the same messages
-                job = replace(job, payload=windowed.messages)
+                job = replace(job, request=job.request.with_messages(windowed.messages))
             if job.account is not None:
                 job.account.started(len(prompt.ids), engine.variant)
             job.sink(
@@ -518,7 +514,7 @@ class Worker:
         except Exception as err:
             log.exception("generation failed for %s", job.id)
             job.sink(Failed(err))
-        self._close(_Reply(job, engine, None, job.payload, blocked, started, None, key))
+        self._close(_Reply(job, engine, None, job.request.payload, blocked, started, None, key))
         return None
 
     def _generate_alone(self, reply: _Reply) -> None:
@@ -529,7 +525,7 @@ class Worker:
                 handover: Handover | None = None
                 events = reply.engine.generate(
                     reply.prompt,
-                    job.params,
+                    job.request.params,
                     cancel=job.cancel,
                     step_hook=self._step_hook(job, reply.engine, reply.blocked),
                     resume=reply.resume,
@@ -588,7 +584,7 @@ class Worker:
         if finish is not None and windowed is not None and finish.turns_dropped > windowed.prompt.dropped:
             self._dropped_mid_reply(reply.job, reply.requested, windowed, finish.turns_dropped)
         if reply.engine is not None:
-            self.pool.release(reply.engine.model_id, reply.job.keep_alive_s)
+            self.pool.release(reply.engine.model_id, reply.job.request.keep_alive_s)
         self._let_go(reply.key)
         reply.job.worker_done()
 
@@ -660,7 +656,9 @@ class Worker:
     def _join(self, batch: BatchDecoder, reply: _Reply, rows: dict[int, _Reply], token: CancelToken) -> None:
         """The reply takes a row (its prompt runs in later prefill chunks)."""
         try:
-            slot = batch.add(reply.prompt, reply.job.params, cancel=reply.job.cancel, resume=reply.resume)
+            slot = batch.add(
+                reply.prompt, reply.job.request.params, cancel=reply.job.cancel, resume=reply.resume
+            )
         except Exception as err:  # its prompt does not fit, a bad grammar: this reply alone fails
             self._fail(reply, err)
             return
@@ -782,7 +780,7 @@ class Worker:
         room), load the new one, and give it the reply. A model that cannot load leaves the reply where it
         was (and is not tried again for this job)."""
         old_name = f"{old.model_id}/{old.variant}"
-        self.pool.release(old.model_id, job.keep_alive_s)
+        self.pool.release(old.model_id, job.request.keep_alive_s)
         try:
             engine = self.pool.acquire(
                 handover.model_id,
@@ -829,27 +827,31 @@ class Worker:
 
     @staticmethod
     def _continuation(engine: Engine, job: Job, handover: Handover) -> Prompt:
-        left = (job.params.max_tokens or UNBOUNDED_REPLY_TOKENS) - handover.generated
-        reserve = min(max(left, 1), engine.context_length // 2) if job.params.truncate else 1
+        left = (job.request.params.max_tokens or UNBOUNDED_REPLY_TOKENS) - handover.generated
+        reserve = min(max(left, 1), engine.context_length // 2) if job.request.params.truncate else 1
         return engine.continuation_prompt(
-            job.payload, handover.text, truncate=job.params.truncate, reserve=reserve
+            job.request.payload, handover.text, truncate=job.request.params.truncate, reserve=reserve
         )
 
     def _prompt(self, engine: Engine, job: Job) -> Windowed:
-        truncate = job.params.truncate
+        truncate = job.request.params.truncate
         # Without truncation, only insist that one token fits (generation stops at the context cap with
         # finish_reason "length"); with it, make room for the answer, up to half the context.
         reserve = min(_reply_tokens(job), engine.context_length // 2) if truncate else 1
-        if not isinstance(job.payload, list):
-            return Windowed(engine.text_prompt(job.payload, truncate=truncate, reserve=reserve), False, [])
-        tools = job.params.tools
+        if not isinstance(job.request.payload, list):
+            return Windowed(
+                engine.text_prompt(job.request.payload, truncate=truncate, reserve=reserve), False, []
+            )
+        tools = job.request.params.tools
         if self._window is not None:
-            return self._window.window(engine, job.payload, truncate=truncate, reserve=reserve, tools=tools)
+            return self._window.window(
+                engine, job.request.payload, truncate=truncate, reserve=reserve, tools=tools
+            )
         if tools is None:  # engines without tool support keep their two-keyword signature
-            prompt = engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve)
+            prompt = engine.chat_prompt(job.request.payload, truncate=truncate, reserve=reserve)
         else:
-            prompt = engine.chat_prompt(job.payload, truncate=truncate, reserve=reserve, tools=tools)
-        return Windowed(prompt, False, job.payload)
+            prompt = engine.chat_prompt(job.request.payload, truncate=truncate, reserve=reserve, tools=tools)
+        return Windowed(prompt, False, job.request.payload)
 
 
 class _Gone(Exception):
@@ -885,14 +887,14 @@ UNBOUNDED_REPLY_TOKENS = 256  # a reply without max_tokens, for estimates (the p
 
 
 def _reply_tokens(job: Job) -> int:
-    return job.params.max_tokens or UNBOUNDED_REPLY_TOKENS
+    return job.request.params.max_tokens or UNBOUNDED_REPLY_TOKENS
 
 
 def _requested_model(default: str | None) -> Placer:
     """Without a ladder: the model the job asked for, on the governor's variant when that is its rung."""
 
     def place(job: Job, governed: EngineLimits | None, blocked: set[str]) -> Target:
-        model = job.model or default or ""
+        model = job.request.model or default or ""
         same = governed is not None and governed.model_id in (None, model)
         return Target(model, governed.variant if same and governed else None, "requested")
 

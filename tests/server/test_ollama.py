@@ -204,7 +204,7 @@ def test_keep_alive_when_given_then_parsed_onto_the_job(live) -> None:
     for keep_alive in ("5m", 30, -1, "0"):
         c.chat(model=MODEL, messages=[{"role": "user", "content": "hi"}], keep_alive=keep_alive)
     c.chat(model=MODEL, messages=[{"role": "user", "content": "hi"}])
-    assert [j.keep_alive_s for j in jobs] == [300.0, 30.0, float("inf"), 0.0, None]
+    assert [j.request.keep_alive_s for j in jobs] == [300.0, 30.0, float("inf"), 0.0, None]
 
 
 def test_load_request_when_no_messages_then_done_reason_load(live) -> None:

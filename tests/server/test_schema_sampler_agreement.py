@@ -16,6 +16,9 @@ from pydantic import ValidationError
 from models.errors import InvalidParameter
 from models.runtime.sampling import Sampler, make_rng, validate
 from server.api.openai.protocol import ChatCompletionRequest
+from server.api.openai.translate import chat_draft
+from server.serving.grammars import LLGUIDANCE
+from server.serving.request import SamplingDefaults, parse
 
 FIELDS = [
     "temperature",
@@ -90,7 +93,8 @@ def test_schema_when_field_in_its_published_range_then_sampler_takes_it_and_retu
     @settings(max_examples=80, deadline=None)
     @given(accepted(name), logits)
     def check(value, x: np.ndarray) -> None:
-        params = ChatCompletionRequest(messages=MSG, **{name: value}).to_params().sampling
+        draft = chat_draft(ChatCompletionRequest(messages=MSG, **{name: value}))
+        params = parse(draft, SamplingDefaults(), LLGUIDANCE).params.sampling
         validate(params, vocab_size=x.shape[0])
         token, _, _ = Sampler(params, make_rng(params.seed)).sample(x, [0])
         assert 0 <= token < x.shape[0]

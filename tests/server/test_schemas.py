@@ -1,13 +1,23 @@
-"""Wire models convert themselves to engine params; unsupported requests fail validation."""
+"""OpenAI's wire models, translated once and parsed once, give the engine's params; unsupported requests fail
+validation."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingDefaults
+from models.types import GenerationParams
+from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.api.openai.translate import chat_draft, completion_draft
+from server.serving.grammars import LLGUIDANCE
+from server.serving.request import SamplingDefaults, parse
 
 MSG = [{"role": "user", "content": "hi"}]
+
+
+def params(req: ChatCompletionRequest | CompletionRequest, defaults=SamplingDefaults()) -> GenerationParams:
+    draft = chat_draft(req) if isinstance(req, ChatCompletionRequest) else completion_draft(req)
+    return parse(draft, defaults, LLGUIDANCE).params
 
 
 def test_chat_request_when_openai_fields_then_mapped_to_generation_params() -> None:
@@ -29,7 +39,7 @@ def test_chat_request_when_openai_fields_then_mapped_to_generation_params() -> N
         truncate=True,
         ignore_eos=True,
     )
-    p = req.to_params()
+    p = params(req)
     assert p.ignore_eos is True
     assert p.max_tokens == 7  # max_completion_tokens wins over the legacy max_tokens
     assert p.stop == ("END",)
@@ -41,7 +51,7 @@ def test_chat_request_when_openai_fields_then_mapped_to_generation_params() -> N
 
 
 def test_chat_request_when_defaults_then_openai_defaults() -> None:
-    p = ChatCompletionRequest(messages=MSG).to_params()
+    p = params(ChatCompletionRequest(messages=MSG))
     assert p.max_tokens is None and p.stop == () and p.sampling.logprobs is None
     assert p.sampling.temperature == 1.0 and p.sampling.repetition_penalty == 1.0
 
@@ -52,7 +62,7 @@ def test_chat_request_when_content_parts_then_joined_text() -> None:
             {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
         ]
     )
-    assert req.message_dicts() == [{"role": "system", "content": "ab"}]
+    assert chat_draft(req).messages == ({"role": "system", "content": "ab"},)
 
 
 @pytest.mark.parametrize(
@@ -72,8 +82,8 @@ def test_chat_request_when_unsupported_then_validation_error(extra: dict) -> Non
 
 def test_completion_request_when_list_prompt_and_logprobs_then_mapped() -> None:
     req = CompletionRequest(prompt=["Once"], logprobs=3, stop=["a", "b"], repetition_penalty=1.2)
-    p = req.to_params()
-    assert req.prompt_text() == "Once"
+    p = params(req)
+    assert completion_draft(req).prompt == "Once"
     assert p.sampling.logprobs == 3 and p.stop == ("a", "b") and p.sampling.repetition_penalty == 1.2
 
 
@@ -85,8 +95,8 @@ def test_completion_request_when_unsupported_then_validation_error(extra: dict) 
 
 def test_request_when_sampling_fields_left_out_then_given_defaults_apply_and_sent_values_win() -> None:
     llama = SamplingDefaults(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05)
-    s = ChatCompletionRequest(messages=MSG).to_params(llama).sampling
+    s = params(ChatCompletionRequest(messages=MSG), llama).sampling
     assert (s.temperature, s.top_p, s.top_k, s.min_p) == (0.8, 0.95, 40, 0.05)
     sent = ChatCompletionRequest(messages=MSG, temperature=0, top_p=1, top_k=0, min_p=0)
-    s = sent.to_params(llama).sampling
+    s = params(sent, llama).sampling
     assert (s.temperature, s.top_p, s.top_k, s.min_p) == (0.0, 1.0, 0, 0.0)

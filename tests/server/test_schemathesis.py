@@ -132,10 +132,14 @@ def refused_tools_or_schema(body: dict, path: str = "") -> bool:
     from pydantic import ValidationError
 
     from models.errors import InvalidParameter
-    from models.runtime.constraint import check_grammar
+    from server.api.ollama import translate as ollama
     from server.api.ollama.protocol import OllamaChatRequest, OllamaGenerateRequest
+    from server.api.openai import translate as openai
     from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from server.api.responses import translate as responses
     from server.api.responses.protocol import ResponsesRequest
+    from server.serving.grammars import LLGUIDANCE
+    from server.serving.request import SamplingDefaults, check, parse
 
     def ours(param: object) -> bool:  # only refusals about these fields are dropped; others still fail
         return str(param).split("[")[0].split(".")[0] in ("tools", "tool_choice", *CONSTRAINTS)
@@ -149,11 +153,17 @@ def refused_tools_or_schema(body: dict, path: str = "") -> bool:
     try:
         request = model.model_validate(body)
         if isinstance(request, OllamaGenerateRequest):
-            request = request.to_openai_chat() if request.prompt else None
-        elif isinstance(request, OllamaChatRequest | ResponsesRequest):
-            request = request.to_openai() if getattr(request, "messages", True) else None
-        for grammar, param in request.constraint_checks() if request is not None else ():
-            check_grammar(grammar, param)
+            draft = ollama.generate_draft(request, as_chat=True) if request.prompt else None
+        elif isinstance(request, OllamaChatRequest):
+            draft = ollama.chat_draft(request) if request.messages else None
+        elif isinstance(request, ResponsesRequest):
+            draft = responses.draft(request)
+        elif isinstance(request, ChatCompletionRequest):
+            draft = openai.chat_draft(request)
+        else:
+            draft = openai.completion_draft(request)
+        if draft is not None:
+            check(parse(draft, SamplingDefaults(), LLGUIDANCE), LLGUIDANCE)
     except InvalidParameter as e:
         return ours(e.param)
     except ValidationError as e:

@@ -3,8 +3,10 @@
 stream. Handlers stay ten lines; everything about the worker and the stream lifecycle is here.
 
 A dialect is a `Renderer`: it turns the collected tokens into one response, or the coalesced events
-(server/api/common/streaming.py) into its streaming response. The shared steps:
-    start()   route (local or upstream) and submit; busy / loading / a bad model refuse here, before any work
+(server/api/common/streaming.py) into its streaming response. The shared steps, on the one internal request
+(server/serving/request.py) the dialect's translation drafted:
+    start()   route (local or upstream), parse once, submit; busy / loading / a bad model or grammar refuse
+              here, before any work
     respond() not streamed: wait for every event (cancel when the client leaves), then renderer.reply();
               streamed: hold the headers until the prompt is built (a too-long prompt is still a real 413),
               then renderer.stream(); the stream's end (done, error, client gone) is accounted for once.
@@ -19,19 +21,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from models.errors import Cancelled, ModelNotChat, ModelNotFound
 from models.runtime.sampling import validate as validate_sampling
 from models.types import FinishEvent, TokenEvent
-from server.api.common.streaming import Item, JobEventSource, coalesced, sse_stream
-from server.api.openai.protocol import ChunkBuilder, _GenerationRequest, chat_completion, text_completion
+from server.api.common.streaming import Item, coalesced
 from server.logs import RequestRecord, log_request
 from server.refusals import ShuttingDown
 from server.routing.router import HEADER as ROUTE_HEADER
@@ -40,6 +40,7 @@ from server.serving.accounting import RequestAccount
 from server.serving.cache_scope import cache_scope
 from server.serving.events import Failed, Started
 from server.serving.grammars import CHECKS, Grammars
+from server.serving.request import Draft, GenerationRequest, SamplingDefaults, check, parse
 from server.serving.worker import Job, loop_sink
 
 if TYPE_CHECKING:
@@ -159,71 +160,58 @@ def _error_code(error: BaseException) -> str:
     return getattr(error, "code", None) or "internal_error"
 
 
-def _check_constraints(body: _GenerationRequest, grammars: Grammars) -> None:
-    for grammar, param in body.constraint_checks(grammars):
-        grammars.check(grammar, param)
+def _parse_and_check(
+    draft: Draft, defaults: SamplingDefaults, grammars: Grammars, model: str, scope: str
+) -> GenerationRequest:
+    req = parse(draft, defaults, grammars, model=model, cache_scope=scope)
+    check(req, grammars)
+    return req
 
 
-async def start(
-    request: Request,
-    kind: Literal["chat", "text"],
-    body: _GenerationRequest,
-    payload: list[dict] | str,
-    *,
-    rid: str,
-    endpoint: str,
-    keep_alive_s: float | None = None,
-) -> Generation:
-    """Route and submit the job (instead of worker.submit). Raises, before any work, what the router or
-    the worker refuses: an unknown model, a forbidden upstream, busy, loading, closing."""
+async def start(request: Request, draft: Draft, *, rid: str) -> Generation:
+    """Route, parse and submit the job (instead of worker.submit). Raises, before any work, what the router
+    or the worker refuses: an unknown model, a forbidden upstream, a grammar that does not compile, busy,
+    loading, closing."""
     rt: Runtime = request.app.state.runtime
     assert rt.router is not None
     arrived = time.monotonic()
     # routing: where this request is served and why (refuses an unknown model or a forbidden upstream)
-    route = rt.router.plan(body.model, body.route, request.headers.get(ROUTE_HEADER), truncate=body.truncate)
+    header = request.headers.get(ROUTE_HEADER)
+    route = rt.router.plan(draft.model, draft.route, header, truncate=draft.asked.truncate)
     model = route.model
-    # The grammar the reply follows, built and compiled before anything reads it, off the event loop on a
-    # thread with a large stack: a schema or grammar llguidance refuses is a 400 naming it, before any work.
-    await asyncio.wrap_future(CHECKS.submit(_check_constraints, body, rt.grammars))
     scope = cache_scope(
         api_key_set=rt.api_key_set,
         authorization=request.headers.get("authorization"),
-        cache_salt=body.cache_salt,
+        cache_salt=draft.cache_salt,
     )
-    params = replace(body.to_params(rt.sampling_defaults, rt.grammars), cache_scope=scope)
+    # The one parse: defaults merged, the grammar the reply follows converted and compiled once, off the
+    # event loop on a thread with a large stack: a schema or grammar llguidance refuses is a 400 naming
+    # the dialect's field, before any work.
+    req = await asyncio.wrap_future(
+        CHECKS.submit(_parse_and_check, draft, rt.sampling_defaults, rt.grammars, model, scope)
+    )
     if route.side == "local":
         if rt.served.resolve(model) is None:  # known a moment ago, removed from the store since
             raise ModelNotFound(f"The model '{model}' is not installed", param="model")
         # at once, before any queue: a chat request needs a model (or a ladder rung below it) that chats
-        if kind == "chat" and not rt.served.serves_chat(model):
+        if req.kind == "chat" and not rt.served.serves_chat(model):
             raise ModelNotChat.for_model(model)
         entry = rt.served.resolve(model)
         if entry is not None and entry.vocab_size is not None:  # logit_bias ids against the vocabulary
-            validate_sampling(params.sampling, entry.vocab_size)
+            validate_sampling(req.params.sampling, entry.vocab_size)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    account = RequestAccount(
+    account = RequestAccount.for_request(
+        req,
         id=rid,
-        endpoint=endpoint,
         model=route.model,
-        stream=body.stream,
         emit=lambda record: write_record(rt, record),
         route=lambda: f"{route.side}/{route.reason}",  # read at the end: a fallback may move it
     )
-    job = Job(
-        id=rid,
-        kind=kind,
-        payload=payload,
-        params=params,
-        sink=loop_sink(loop, events),
-        governor_events=body.governor_events,
-        model=model,
-        keep_alive_s=keep_alive_s if keep_alive_s is not None else body.keep_alive_seconds(),
-        account=account,
-    )
+    job = Job(id=rid, request=req, sink=loop_sink(loop, events), account=account)
     # Instead of worker.submit: local or upstream; busy / loading / closing raise here, before any work.
-    rt.router.start(route, job, kind, body, payload)
-    return Generation(rt, job, events, route, route.model, body.stream, account, arrived=arrived)
+    rt.router.start(route, job)
+    return Generation(rt, job, events, route, route.model, req.show.stream, account, arrived=arrived)
 
 
 async def collect(request: Request, gen: Generation) -> tuple[list[TokenEvent], FinishEvent] | None:
@@ -303,55 +291,3 @@ async def respond(request: Request, gen: Generation, renderer: Renderer) -> Resp
     if got is None:
         return Response(status_code=499)
     return renderer.reply(gen, *got)
-
-
-# ---- OpenAI's chat and text completions ---------------------------------------------------------------
-
-
-@dataclass
-class OpenAIRenderer:
-    kind: Literal["chat", "text"]
-    include_usage: bool
-
-    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
-        text = "".join(ev.text for ev in tokens) + finish.text
-        build = chat_completion if self.kind == "chat" else text_completion
-        # the model that finished the reply (the governor may have moved it to another one mid-way)
-        body = build(gen.rid, finish.model_id or gen.model, text, tokens, finish, finish.variant)
-        body["route"] = gen.route.as_dict()
-        return JSONResponse(body, headers=gen.headers())
-
-    def stream(self, gen: Generation, started: Started | None) -> Response:
-        builder = ChunkBuilder(self.kind, gen.rid, gen.model)
-        builder.final_fields = lambda: {"route": gen.route.as_dict()}
-        if started is not None:
-            builder.started(started.model_id, started.variant)
-        return JobEventSource(
-            sse_stream(
-                gen.job,
-                gen.events,
-                builder,
-                interval_s=gen.rt.stream_interval_s,
-                include_usage=self.include_usage,
-                on_end=gen.stream_end,
-                first=gen.held,
-            ),
-            ping=gen.rt.keepalive_ping_s,
-            headers=gen.headers(),
-            # Our own shutdown path (Worker.close) ends streams first; this only bounds sse-starlette's.
-            shutdown_grace_period=2.0,
-            on_close=gen.abandon,  # a no-op unless the generator never ran
-        )
-
-
-async def complete(
-    request: Request,
-    kind: Literal["chat", "text"],
-    body: _GenerationRequest,
-    payload: list[dict] | str,
-) -> Response:
-    """/v1/chat/completions and /v1/completions."""
-    rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-    endpoint = "chat" if kind == "chat" else "completions"
-    gen = await start(request, kind, body, payload, rid=rid, endpoint=endpoint)
-    return await respond(request, gen, OpenAIRenderer(kind, body.include_usage))

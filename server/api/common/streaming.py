@@ -6,16 +6,11 @@ Two parts, kept apart as sse-starlette keeps its encoder apart from its transpor
 - `coalesced`: reads the job's event queue, asks the coalescer what to send and yields batches, then the
   end (or the error); whatever ends the stream, the job is cancelled unless it finished.
 - `encode`: the one dispatch of those items to a dialect's `StreamEncoder`, one method per kind of item.
-  `ChunkEncoder` is OpenAI's (`sse_stream`, handed to `EventSourceResponse`: every stream ends with a final
-  chunk, or an error chunk, then `data: [DONE]`); Ollama's NDJSON and the Responses API's events have their
-  encoders in their own route modules.
+  Each dialect's encoder is its own: OpenAI's chunks (api/openai/stream.py), Ollama's NDJSON and the
+  Responses API's events (their route modules).
 
-How a stream ends (each path sends [DONE] except the last):
-  Switched              -> held text goes out; later chunks name the new model (+ `event: governor`)
-  FinishEvent           -> last text + finish_reason (+ usage chunk) -> [DONE]
-  Failed (engine error) -> pending text, error chunk -> [DONE]
-  Failed (shutdown)     -> pending text, error chunk server_shutting_down -> [DONE]
-  client gone           -> sse-starlette cancels us; `finally` fires the job's CancelToken (nothing sent)
+Whatever ends the stream (the finish, an error, a shutdown, the client gone: sse-starlette cancels us), the
+job's CancelToken fires unless it finished.
 
 `on_end(finish, failure, sent_tokens)` runs once at the end, whichever way; `sent_tokens` counts the tokens
 whose chunk went out (`coalesced` resumes after a yield only once its consumer sent what it encoded).
@@ -38,12 +33,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from models.types import FinishEvent, TokenEvent
-from server.api.openai.protocol import ChunkBuilder
-from server.http.errors import error_payload
 from server.serving.events import Failed, GovernorState, Started, Switched
 from server.serving.worker import Job
-
-DONE = "[DONE]"
 
 
 class Coalescer:
@@ -80,15 +71,6 @@ class Coalescer:
         if batch:
             self._last_flush = now
         return batch
-
-
-def _data(obj: dict) -> dict:
-    return {"data": json.dumps(obj, separators=(",", ":"), ensure_ascii=False)}
-
-
-def error_chunk(err: BaseException) -> dict:
-    _, body, _ = error_payload(err)
-    return _data(body)
 
 
 # What `coalesced` yields: the worker's events with token text batched (GovernorState and Started pass as
@@ -145,7 +127,7 @@ def governor_event(job: Job, item: GovernorState | Switched) -> dict[str, str] |
     """The `event: governor` SSE event of a governor state, or of a move to another model, for a stream
     that asked for them (`governor_events: true`); None otherwise: SDKs do not expect named events. Every
     SSE dialect (OpenAI's chunks, the Responses API's events) sends the same."""
-    if not job.governor_events:
+    if not job.request.show.governor_events:
         return None
     data = item.state if isinstance(item, GovernorState) else {"switch": switch_report(item)}
     return {"event": "governor", "data": json.dumps(data, separators=(",", ":"))}
@@ -264,61 +246,6 @@ async def encode(items: AsyncIterator[Item], encoder: StreamEncoder) -> AsyncIte
                 outs = encoder.governor(item)
             for out in outs:
                 yield out
-
-
-@dataclass
-class ChunkEncoder:
-    """OpenAI's chat and text completion chunks."""
-
-    job: Job
-    builder: ChunkBuilder
-    include_usage: bool
-
-    def opening(self) -> Iterable[dict[str, Any]]:
-        return ()
-
-    def batch(self, item: Batch) -> Iterable[dict[str, Any]]:
-        return [_data(chunk) for chunk in self.builder.delta(item.text, item.events)]
-
-    def end(self, item: End) -> Iterable[dict[str, Any]]:
-        out = [_data(chunk) for chunk in self.builder.delta(item.text, item.events, item.finish)]
-        if self.include_usage:
-            out.append(_data(self.builder.usage(item.finish)))
-        return [*out, {"data": DONE}]
-
-    def error(self, item: Error) -> Iterable[dict[str, Any]]:
-        held = self.builder.delta(item.text, item.events) if item.events else ()
-        return [*(_data(chunk) for chunk in held), error_chunk(item.error), {"data": DONE}]
-
-    def started(self, item: Started) -> Iterable[dict[str, Any]]:
-        self.builder.started(item.model_id, item.variant)
-        return ()
-
-    def switched(self, item: Switched) -> Iterable[dict[str, Any]]:
-        # the reply goes on on another model: later chunks name it (the held text left before)
-        self.builder.started(item.model_id, item.variant)
-        event = governor_event(self.job, item)
-        return [event] if event is not None else []
-
-    def governor(self, item: GovernorState) -> Iterable[dict[str, Any]]:
-        event = governor_event(self.job, item)
-        return [event] if event is not None else []
-
-
-def sse_stream(
-    job: Job,
-    events: asyncio.Queue,
-    builder: ChunkBuilder,
-    *,
-    interval_s: float,
-    include_usage: bool,
-    on_end: Callable[[FinishEvent | None, BaseException | None, int], None],
-    clock: Callable[[], float] = time.monotonic,
-    first: Iterable[object] = (),
-) -> AsyncIterator[dict[str, Any]]:
-    """Yield sse-starlette event dicts for one job until [DONE]. `first`: as for `coalesced`."""
-    stream = coalesced(job, events, interval_s=interval_s, on_end=on_end, clock=clock, first=first)
-    return encode(stream, ChunkEncoder(job, builder, include_usage))
 
 
 class _ClosesJob:

@@ -17,12 +17,13 @@ from typing import Any
 
 from pydantic import Field
 
-from server.api.openai.protocol import ChatMessage, _Request, integer
+from server.api.common.fields import StrictBody, integer
+from server.api.common.messages import ChatMessage
 
 TokenId = integer(ge=0)  # and below the model's vocabulary size (a 400 naming the position otherwise)
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(StrictBody):
     model: str | None = None
     content: str | list[str | TokenId] = ""
     add_special: bool = False
@@ -30,12 +31,12 @@ class TokenizeRequest(_Request):
     with_pieces: bool = False
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(StrictBody):
     model: str | None = None
     tokens: list[TokenId] = Field(default_factory=list)
 
 
-class ApplyTemplateRequest(_Request):
+class ApplyTemplateRequest(StrictBody):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
 

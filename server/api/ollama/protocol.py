@@ -1,25 +1,14 @@
 """Ollama's API on the wire (https://github.com/ollama/ollama/blob/main/docs/api.md): requests, and the
 objects the routes send.
 
-Requests convert themselves to the OpenAI request the shared flow takes (`to_openai`), so `options` land on
-exactly the GenerationParams fields the OpenAI routes fill:
-
-    options.temperature/top_k/top_p/min_p/seed/stop/repeat_penalty/presence_penalty/frequency_penalty
-        -> the same names;  seed -1 -> a fresh draw (Ollama's "random"), any other int64 is a seed
-    options.num_predict  > 0 -> max_tokens;  <= 0 (-1 "until a stop", -2 "fill the context") -> no cap
-    truncate (default true, as Ollama) -> simmer's sliding window over the conversation
-    logprobs/top_logprobs -> the same
-    format "json" -> response_format json_object;  format {schema} -> response_format json_schema
-    tools -> tools;  tool_choice (simmer's extra; Ollama has none, which is "auto") -> tool_choice
-    messages' tool_calls (arguments an object) -> OpenAI tool_calls (arguments JSON text)
-    role "tool" (tool_call_id) -> a tool message
-    options.num_ctx, repeat_last_n and Ollama's runner options (num_thread, num_gpu, mirostat, ...) are
-        accepted and not applied: the context is the server's (SIMMER_CONTEXT_LENGTH, lowered by the
-        governor), the repetition penalty covers the whole history. Unknown options are ignored, as Ollama
-        ignores them; both are logged at debug.
-Anything the OpenAI request would refuse (a schema llguidance cannot read, a bad function name) is
-refused here, before any work, naming Ollama's field (`format`, not `response_format`). A reply's calls come
-back as Ollama's message.tool_calls, each whole once its arguments object is (`CallCollector`).
+Requests are validated here; translate.py turns /api/chat and /api/generate bodies into the internal
+request (what each option becomes is listed there). options.num_ctx, repeat_last_n and Ollama's runner
+options (num_thread, num_gpu, mirostat, ...) are accepted and not applied: the context is the server's
+(SIMMER_CONTEXT_LENGTH, lowered by the governor), the repetition penalty covers the whole history. Unknown
+options are ignored, as Ollama ignores them; both are logged at debug. Tools follow OpenAI's rules, named in
+OpenAI's paths (Ollama's tools are OpenAI's); a schema llguidance cannot read is refused naming `format`. A
+reply's calls come back as Ollama's message.tool_calls, each whole once its arguments object is
+(`CallCollector`).
 """
 
 from __future__ import annotations
@@ -31,43 +20,35 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from models.errors import InvalidParameter
-from models.runtime.sampling import (
-    MAX_REPETITION_PENALTY,
-    MAX_TOP_LOGPROBS,
-    MIN_REPETITION_PENALTY,
-    SEED_MAX,
-    SEED_MIN,
-)
 from models.types import FinishEvent, TokenEvent, ToolCallDelta
-from server.api.common.convert import Renamer, openai_request
-from server.api.openai.protocol import (
-    _SCHEMA_OBJECT,
+from server.api.common.fields import (
+    SCHEMA_OBJECT,
     STRICT,
     AnyInteger,
-    ChatCompletionRequest,
-    CompletionRequest,
+    ContextLength,
     FunctionName,
-    NamedToolChoice,
+    MinP,
     NonEmpty,
-    ToolSpec,
-    _invalid,
-    _Request,
-    assemble_calls,
-    integer,
+    Penalty,
+    RepetitionPenalty,
+    RouteMode,
+    Seed,
+    StrictBody,
+    Temperature,
+    TopK,
+    TopLogprobs,
+    TopP,
+    invalid,
+    valid_keep_alive,
 )
+from server.api.common.names import LATEST, model_id
+from server.api.common.tools import NamedToolChoice, ToolSpec, assemble_calls, check_openai_tools
 from server.serving.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
 from server.serving.keep_alive import parse_keep_alive
 
 log = logging.getLogger("simmer.ollama")
 
-LATEST = ":latest"  # Ollama's default tag: "smollm2-135m-instruct:latest" names "smollm2-135m-instruct"
 NOT_APPLIED = ("num_ctx", "repeat_last_n")  # known to simmer, accepted, not applied (see above)
-
-
-def model_id(name: str) -> str:
-    """The simmer id an Ollama model name stands for: only the default tag is dropped (exact names)."""
-    return name.removesuffix(LATEST) if name.endswith(LATEST) else name
 
 
 def ollama_name(model: str) -> str:
@@ -92,39 +73,23 @@ def created_at() -> str:
 # ---- requests ---------------------------------------------------------------------------------------
 
 
-class OllamaOptions(_Request):
+class OllamaOptions(StrictBody):
     """`options`: the sampling fields simmer applies, typed as Ollama types them; the rest is accepted."""
 
     model_config = ConfigDict(**{**STRICT, "extra": "allow"})
 
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_k: integer(ge=0) | None = None
-    top_p: float | None = Field(None, ge=0.0, le=1.0)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    num_predict: AnyInteger | None = None
-    seed: integer(ge=SEED_MIN, lt=SEED_MAX + 1) | None = None
+    temperature: Temperature | None = None
+    top_k: TopK | None = None
+    top_p: TopP | None = None
+    min_p: MinP | None = None
+    num_predict: AnyInteger | None = None  # -1 and -2 mean something (no cap)
+    seed: Seed | None = None
     stop: NonEmpty | list[NonEmpty] | None = None
-    repeat_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    num_ctx: integer(ge=1) | None = None
+    repeat_penalty: RepetitionPenalty | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    num_ctx: ContextLength | None = None
     repeat_last_n: AnyInteger | None = None
-
-    def openai_fields(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
-        if self.seed is not None and self.seed != -1:  # -1 is Ollama's (and llama.cpp's) "random"
-            out["seed"] = self.seed
-        if self.stop:
-            out["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
-        if self.num_predict is not None and self.num_predict > 0:
-            out["max_tokens"] = self.num_predict
-        return out
 
     def log_unapplied(self) -> None:
         names = [n for n in NOT_APPLIED if getattr(self, n) is not None] + sorted(self.model_extra or {})
@@ -133,7 +98,6 @@ class OllamaOptions(_Request):
 
 
 Think = bool | Literal["low", "medium", "high", "max"]
-Route = Literal["local", "auto", "upstream"]
 
 
 def _refused(schema: dict[str, Any], why: str) -> Any:
@@ -144,11 +108,9 @@ def _refused(schema: dict[str, Any], why: str) -> Any:
 
 _NONE: dict[str, Any] = {"type": ["array", "null"], "maxItems": 0}
 _FORMAT = {
-    "anyOf": [{"enum": ["", "json", None]}, {**_SCHEMA_OBJECT, "type": "object"}],
+    "anyOf": [{"enum": ["", "json", None]}, {**SCHEMA_OBJECT, "type": "object"}],
     "description": '"json" (any JSON object) or a JSON schema the reply follows (docs/structured.md)',
 }
-# The OpenAI request's field names -> Ollama's (tools and messages are named alike).
-RENAME = Renamer((r"^response_format(\.json_schema\.schema)?", "format"))
 _KEEP_ALIVE = {
     "anyOf": [{"type": "number"}, {"type": "string", "pattern": KEEP_ALIVE_PATTERN}, {"type": "null"}],
     "description": '"5m", "1h30m", seconds (a number), 0 (unload after), negative (for ever)',
@@ -165,7 +127,7 @@ def _model_required(**extra: Any) -> ConfigDict:
     return ConfigDict(json_schema_extra=schema)
 
 
-class _Generation(_Request):
+class OllamaTurn(StrictBody):
     """Fields /api/chat and /api/generate share."""
 
     model_config = _model_required()
@@ -181,26 +143,22 @@ class _Generation(_Request):
     truncate: bool | None = None
     shift: bool | None = None
     logprobs: bool = False
-    top_logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
-    route: Route | None = None  # simmer's: where to serve it (or the X-Simmer-Route header)
+    top_logprobs: TopLogprobs | None = None
+    route: RouteMode | None = None  # simmer's: where to serve it (or the X-Simmer-Route header)
 
     @field_validator("keep_alive")
     @classmethod
     def _keep_alive(cls, value: float | str | None) -> float | str | None:  # int | float: any JSON number
-        try:
-            parse_keep_alive(value)
-        except InvalidParameter as err:
-            raise _invalid(err.message, "keep_alive") from None
-        return value
+        return valid_keep_alive(value)
 
     @model_validator(mode="after")
-    def _supported(self) -> _Generation:
+    def _supported(self) -> OllamaTurn:
         if not self.model:
-            raise _invalid("model is required", "model")
+            raise invalid("model is required", "model")
         if self.format not in (None, "", "json") and not isinstance(self.format, dict):
-            raise _invalid('format must be "json" or a JSON schema (an object)', "format")
+            raise invalid('format must be "json" or a JSON schema (an object)', "format")
         if self.think not in (None, False):
-            raise _invalid(f"{self.model!r} does not support thinking", "think")
+            raise invalid(f"{self.model!r} does not support thinking", "think")
         return self
 
     @property
@@ -209,29 +167,6 @@ class _Generation(_Request):
 
     def keep_alive_s(self) -> float | None:
         return parse_keep_alive(self.keep_alive)
-
-    def response_format(self) -> dict[str, Any] | None:
-        """`format` as the OpenAI request's response_format (what structured output reads)."""
-        if self.format in (None, ""):
-            return None
-        if self.format == "json":
-            return {"type": "json_object"}
-        return {
-            "type": "json_schema",
-            "json_schema": {"name": "format", "schema": self.format, "strict": True},
-        }
-
-    def _openai_fields(self) -> dict[str, Any]:
-        options = self.options or OllamaOptions()
-        options.log_unapplied()
-        out: dict[str, Any] = {"model": self.model_id, "stream": self.stream, **options.openai_fields()}
-        if (fmt := self.response_format()) is not None:
-            out["response_format"] = fmt
-        # Ollama truncates a conversation that does not fit unless told not to (`truncate: false`).
-        out["truncate"] = self.truncate is not False
-        if self.route is not None:
-            out["route"] = self.route
-        return out
 
 
 class OllamaCalledFunction(BaseModel):
@@ -251,7 +186,7 @@ class OllamaToolCall(BaseModel):
     function: OllamaCalledFunction
 
 
-class OllamaMessage(_Request):
+class OllamaMessage(StrictBody):
     model_config = STRICT
 
     role: Literal["system", "user", "assistant", "tool"]
@@ -265,7 +200,7 @@ class OllamaMessage(_Request):
     @model_validator(mode="after")
     def _text_only(self) -> OllamaMessage:
         if self.images:
-            raise _invalid("images are not supported: the served model reads text only", "images")
+            raise invalid("images are not supported: the served model reads text only", "images")
         return self
 
     def as_dict(self) -> dict[str, Any]:
@@ -288,7 +223,7 @@ class OllamaMessage(_Request):
 _WITH_TOOLS = {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]}
 
 
-class OllamaChatRequest(_Generation):
+class OllamaChatRequest(OllamaTurn):
     # tool_choice needs tools; format with tools is refused (the reply is a call or the format)
     model_config = _model_required(
         allOf=[
@@ -306,37 +241,21 @@ class OllamaChatRequest(_Generation):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     @model_validator(mode="after")
-    def _as_openai(self) -> OllamaChatRequest:
-        if self.tools and self.response_format() is not None:
-            raise _invalid(
+    def _tools_supported(self) -> OllamaChatRequest:
+        if self.tools and self.format not in (None, ""):
+            raise invalid(
                 "format cannot be combined with tools: the reply is either a tool call or the format",
                 "format",
             )
-        if self.messages:
-            self.to_openai()  # what the OpenAI request refuses, refused here naming Ollama's fields
+        if self.messages:  # a load request's tools are not looked at
+            check_openai_tools(self.tools, self.tool_choice)
         return self
-
-    def message_dicts(self) -> list[dict[str, Any]]:
-        return [m.as_dict() for m in self.messages]
-
-    def to_openai(self) -> ChatCompletionRequest:
-        fields = self._openai_fields()
-        fields["messages"] = self.message_dicts()
-        if self.tools:
-            fields["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
-        if self.tool_choice is not None:
-            fields["tool_choice"] = self.tool_choice
-        if self.logprobs:
-            fields["logprobs"] = True
-            if self.top_logprobs is not None:
-                fields["top_logprobs"] = self.top_logprobs
-        return openai_request(ChatCompletionRequest, fields, RENAME)
 
 
 _EMPTY = {"type": "string", "maxLength": 0}
 
 
-class OllamaGenerateRequest(_Generation):
+class OllamaGenerateRequest(OllamaTurn):
     # raw mode takes no system message (the prompt is sent as written), as in Ollama
     model_config = _model_required(
         **{
@@ -356,25 +275,23 @@ class OllamaGenerateRequest(_Generation):
     @model_validator(mode="after")
     def _generate_supported(self) -> OllamaGenerateRequest:
         if self.images:
-            raise _invalid("images are not supported: the served model reads text only", "images")
+            raise invalid("images are not supported: the served model reads text only", "images")
         if self.suffix:
-            raise _invalid("suffix (fill in the middle) is not supported", "suffix")
+            raise invalid("suffix (fill in the middle) is not supported", "suffix")
         if self.template:
-            raise _invalid(
+            raise invalid(
                 "template (a Go template) is not supported: simmer renders the model's own chat template; "
                 "send raw: true with a prompt you formatted",
                 "template",
             )
         if self.context:
             # Deprecated in Ollama, and simmer's replies carry none to send back.
-            raise _invalid(
+            raise invalid(
                 "context (deprecated in Ollama) is not supported: send the conversation to /api/chat",
                 "context",
             )
         if self.raw and self.system:
-            raise _invalid("raw mode does not support template, system, or context", "system")
-        if self.prompt:
-            self.to_openai_chat()  # what the OpenAI request refuses (a schema), naming Ollama's fields
+            raise invalid("raw mode does not support template, system, or context", "system")
         return self
 
     def chat_messages(self) -> list[dict[str, str]]:
@@ -385,24 +302,8 @@ class OllamaGenerateRequest(_Generation):
         """A base model (no chat template) continues the text, system first, as `ollama run` does."""
         return "\n".join(t for t in (self.system, self.prompt) if t)
 
-    def to_openai_chat(self) -> ChatCompletionRequest:
-        fields = self._openai_fields()
-        fields["messages"] = self.chat_messages()
-        if self.logprobs:
-            fields["logprobs"] = True
-            if self.top_logprobs is not None:
-                fields["top_logprobs"] = self.top_logprobs
-        return openai_request(ChatCompletionRequest, fields, RENAME)
 
-    def to_openai_text(self, prompt: str) -> CompletionRequest:
-        fields = self._openai_fields()
-        fields["prompt"] = prompt
-        if self.logprobs:
-            fields["logprobs"] = self.top_logprobs or 0
-        return openai_request(CompletionRequest, fields, RENAME)
-
-
-class ModelRequest(_Request):
+class ModelRequest(StrictBody):
     """/api/show, /api/delete, /api/pull: `model` (older clients send `name`)."""
 
     # one of the two, not empty
@@ -421,7 +322,7 @@ class ModelRequest(_Request):
     @model_validator(mode="after")
     def _named(self) -> ModelRequest:
         if not (self.model or self.name):
-            raise _invalid("model is required", "model")
+            raise invalid("model is required", "model")
         return self
 
     @property
@@ -442,7 +343,7 @@ class PullRequest(ModelRequest):
     insecure: bool = False  # Ollama's registry option; simmer's sources verify their hashes either way
 
 
-class EmbedRequest(_Request):
+class EmbedRequest(StrictBody):
     """/api/embed and /api/embeddings: answered with an error (simmer serves no embedding model)."""
 
     model_config = _model_required()
@@ -454,7 +355,7 @@ class EmbedRequest(_Request):
     @model_validator(mode="after")
     def _named(self) -> EmbedRequest:
         if not self.model:
-            raise _invalid("model is required", "model")
+            raise invalid("model is required", "model")
         return self
 
 

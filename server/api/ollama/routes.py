@@ -18,24 +18,26 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from models.errors import InvalidParameter, ModelNotFound, SimmerError
+from models.errors import ModelNotFound, SimmerError
 from models.store import registry
 from models.store.registry import license_notice
 from models.types import FinishEvent, TokenEvent
-from server.api.common.convert import renamed
 from server.api.common.flow import Generation, respond, start
+from server.api.common.names import model_id
 from server.api.common.streaming import Batch, End, Error, JobStreamingResponse, encode
+from server.api.common.tools import call_deltas
 from server.api.ollama import protocol as wire
-from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest, call_deltas
+from server.api.ollama.translate import chat_draft, generate_draft
 from server.http.errors import ApiError, error_payload
 from server.refusals import ModelLoading
 from server.serving.catalog import CatalogEntry, installed, iso
 from server.serving.events import GovernorState, Started, Switched
+from server.serving.request import Draft
 
 if TYPE_CHECKING:
     from server.api.context import Runtime
@@ -139,7 +141,7 @@ class NdjsonEncoder:
 
 def _not_found(rt: Runtime, name: str) -> SimmerError:
     """Ollama's words for an unknown model; an installed model this server does not serve says so."""
-    model = wire.model_id(name)
+    model = model_id(name)
     if any(m.id == model for m in installed(rt.model_store)):
         return ModelNotFound(
             f"model '{name}' is installed but not served: this server serves '{rt.model}' "
@@ -149,34 +151,17 @@ def _not_found(rt: Runtime, name: str) -> SimmerError:
     return ModelNotFound(f"model '{name}' not found", param="model")
 
 
-async def _generate(
-    request: Request,
-    kind: wire.Kind,
-    body: wire._Generation,
-    job_kind: Literal["chat", "text"],
-    openai: ChatCompletionRequest | CompletionRequest,
-    payload: list[dict] | str,
-) -> Response:
+async def _generate(request: Request, kind: wire.Kind, body: wire.OllamaTurn, draft: Draft) -> Response:
     rt: Runtime = request.app.state.runtime
     rid = f"ollama-{uuid.uuid4().hex[:24]}"
     try:
-        gen = await start(
-            request,
-            job_kind,
-            openai,
-            payload,
-            rid=rid,
-            endpoint=f"api/{kind}",
-            keep_alive_s=body.keep_alive_s(),
-        )
+        gen = await start(request, draft, rid=rid)
     except ModelNotFound:
         raise _not_found(rt, body.model) from None
-    except InvalidParameter as err:  # a schema llguidance cannot compile: named as Ollama names it
-        raise renamed(err, wire.RENAME) from None
     return await respond(request, gen, NdjsonRenderer(kind, body.model))
 
 
-def _control(request: Request, kind: wire.Kind, body: wire._Generation) -> Response:
+def _control(request: Request, kind: wire.Kind, body: wire.OllamaTurn) -> Response:
     """No prompt (no messages): Ollama's load request, or with keep_alive 0 its unload request."""
     rt: Runtime = request.app.state.runtime
     if body.model_id not in rt.served.ids():
@@ -193,8 +178,7 @@ def _control(request: Request, kind: wire.Kind, body: wire._Generation) -> Respo
 async def chat(body: wire.OllamaChatRequest, request: Request) -> Response:
     if not body.messages:
         return _control(request, "chat", body)
-    openai = body.to_openai()
-    return await _generate(request, "chat", body, "chat", openai, openai.message_dicts())
+    return await _generate(request, "chat", body, chat_draft(body))
 
 
 @router.post("/generate")
@@ -203,12 +187,9 @@ async def generate(body: wire.OllamaGenerateRequest, request: Request) -> Respon
         return _control(request, "generate", body)
     rt: Runtime = request.app.state.runtime
     entry = rt.served.resolve(body.model_id)  # None: not served here (upstream, or a 404 from the router)
-    if body.raw or (entry is not None and not entry.can_chat):
-        # raw: the prompt as written; a base model (no chat template) continues the text, as ollama run does
-        prompt = body.prompt if body.raw else body.plain_text()
-        return await _generate(request, "generate", body, "text", body.to_openai_text(prompt), prompt)
-    openai = body.to_openai_chat()
-    return await _generate(request, "generate", body, "chat", openai, openai.message_dicts())
+    # raw: the prompt as written; a base model (no chat template) continues the text, as ollama run does
+    as_chat = not body.raw and (entry is None or entry.can_chat)
+    return await _generate(request, "generate", body, generate_draft(body, as_chat=as_chat))
 
 
 # ---- models -------------------------------------------------------------------------------------------
@@ -324,10 +305,10 @@ async def ps(request: Request) -> dict[str, Any]:
     if rt.worker.state != "ready":
         return {"models": []}
     models = []
-    for model_id, view in rt.served.pool.loaded().items():
-        engine = rt.served.pool.engine(model_id)
-        entry = _find(rt, model_id) or CatalogEntry(
-            model_id, None, {}, can_chat=False, tokenizer_key=model_id
+    for loaded_id, view in rt.served.pool.loaded().items():
+        engine = rt.served.pool.engine(loaded_id)
+        entry = _find(rt, loaded_id) or CatalogEntry(
+            loaded_id, None, {}, can_chat=False, tokenizer_key=loaded_id
         )
         # "kept until the server stops" as Ollama shows it: centuries ahead
         left = 292 * 365 * 86400.0 if view.expires_in_s is None else view.expires_in_s
@@ -480,7 +461,7 @@ async def embeddings(body: wire.EmbedRequest, request: Request) -> Response:
 
 def _no_embeddings(request: Request, body: wire.EmbedRequest) -> Response:
     rt: Runtime = request.app.state.runtime
-    if wire.model_id(body.model) not in rt.served.ids():
+    if model_id(body.model) not in rt.served.ids():
         raise _not_found(rt, body.model)
     raise ApiError(
         400,

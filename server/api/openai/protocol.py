@@ -1,133 +1,66 @@
-"""OpenAI-shaped wire models. Requests convert themselves to engine params (`to_params`); responses and
-stream chunks are built by small functions so the route and the stream share one shape.
+"""OpenAI-shaped wire models. Requests are validated here and translated once into the internal request
+(translate.py); responses and stream chunks are built by small functions so the route and the stream share
+one shape.
 
-Nothing below `server/` sees these types (the worker hands the engine GenerationParams and messages).
+Nothing outside the dialect folders sees these types (the router and the worker take a GenerationRequest).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
-    PrivateAttr,
-    StringConstraints,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
-from models.errors import InvalidParameter
-from models.runtime.sampling import (
-    MAX_LOGIT_BIAS,
-    MAX_REPETITION_PENALTY,
-    MAX_TOP_LOGPROBS,
-    MIN_REPETITION_PENALTY,
-    SEED_MAX,
-    SEED_MIN,
-)
 from models.types import (
     FinishEvent,
-    GenerationParams,
-    SamplingParams,
     Timings,
     TokenEvent,
-    Tool,
     ToolCallDelta,
-    ToolUse,
     Usage,
 )
-from server.http.errors import MAX_JSON_DEPTH
-from server.serving.grammars import LLGUIDANCE, Grammars
+from server.api.common.fields import (
+    LOGIT_BIAS_SCHEMA,
+    SCHEMA_OBJECT,
+    STRICT,
+    AnyInteger,
+    Bias,
+    FunctionName,
+    MaxTokens,
+    MinP,
+    NonEmpty,
+    Penalty,
+    RepetitionPenalty,
+    RouteMode,
+    Seed,
+    StrictBody,
+    Temperature,
+    TokenId,
+    TopK,
+    TopLogprobs,
+    TopP,
+    invalid,
+    valid_keep_alive,
+)
+from server.api.common.logprobs import chat_logprobs, token_text
+from server.api.common.messages import ChatMessage
+from server.api.common.tools import (
+    NamedToolChoice,
+    ToolSpec,
+    assemble_calls,
+    call_deltas,
+    check_openai_tools,
+)
 from server.serving.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
-from server.serving.keep_alive import parse_keep_alive
-
-# As strict as OpenAI's API: no coercion ("5" is not an integer, 0 is not a boolean; an integer is still a
-# number, and a whole float is an integer, as JSON Schema has it), no NaN or Infinity (Python's JSON parser
-# reads them, and 1e400 becomes inf), unknown fields ignored (clients send fields of newer API versions).
-STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-
-def _whole(value: Any) -> Any:
-    # JSON Schema's "integer" is a number with no fractional part, so 5.0 is one (and the published schema
-    # promises it); "5", true and 5.5 still are not.
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def integer(**bounds: int) -> Any:
-    """An int field that takes whole floats, with its bounds (in this order, or the schema loses them)."""
-    return Annotated[int, Field(**bounds), BeforeValidator(_whole)]
-
-
-AnyInteger = Annotated[int, BeforeValidator(_whole)]
-
-
-def _invalid(message: str, param: str | None = None) -> PydanticCustomError:
-    # A custom error keeps our exact wording (a ValueError would be prefixed "Value error, "); `param`
-    # names the field when the error is raised above it (server/http/errors.py reads it).
-    return PydanticCustomError("invalid_parameter", message, {"param": param} if param else None)
-
-
-def _is_text(s: str) -> bool:
-    if s.isascii():
-        return True
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-# Deeper JSON is refused as invalid_json, at one documented depth rather than wherever Python's parser
-# runs out of stack (about 990 levels, depending on the call stack). OpenAI requests nest about 6 deep.
-
-
-def _check_text_and_depth(data: Any) -> None:
-    """Raise for the first string (key or value) holding a lone surrogate, naming its JSON path: JSON
-    allows "\\ud800", but that is no Unicode text (it cannot be encoded, tokenized or sent back). Raise
-    invalid_json for nesting deeper than MAX_JSON_DEPTH. Iterative, so deep input costs no recursion."""
-    stack: list[tuple[str, Any, int]] = [("", data, 0)]
-    while stack:
-        path, value, depth = stack.pop()  # depth: the containers around `value`
-        if isinstance(value, (dict, list)) and depth >= MAX_JSON_DEPTH:
-            raise PydanticCustomError(
-                "invalid_json", "Request body is nested deeper than {depth} levels", {"depth": MAX_JSON_DEPTH}
-            )
-        if isinstance(value, str):
-            if not _is_text(value):
-                _surrogate(path or "body")
-        elif isinstance(value, dict):
-            for key, item in reversed(value.items()):
-                sub = f"{path}.{key}" if path else str(key)
-                if isinstance(key, str) and not _is_text(key):
-                    _surrogate(sub.encode("utf-8", "backslashreplace").decode())
-                stack.append((sub, item, depth + 1))
-        elif isinstance(value, list):
-            stack.extend((f"{path}[{i}]", item, depth + 1) for i, item in reversed(list(enumerate(value))))
-
-
-def _surrogate(path: str) -> None:
-    # {param} is filled in by pydantic from the context: the path itself may hold braces.
-    raise _invalid("{param}: the string contains a lone surrogate (not valid Unicode)", path)
-
-
-class _Request(BaseModel):
-    model_config = STRICT
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_text(cls, data: Any) -> Any:
-        _check_text_and_depth(data)
-        return data
 
 
 class StreamOptions(BaseModel):
@@ -136,41 +69,6 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-@dataclass(frozen=True)
-class SamplingDefaults:
-    """What a request that leaves a sampling field out gets. OpenAI's own defaults (temperature 1, no
-    truncation) let a small model wander into its long tail; llama.cpp's server and Ollama default to a
-    truncated distribution, and so does simmer (server/settings.py)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-
-
-OPENAI_DEFAULTS = SamplingDefaults()
-
-NonEmpty = Annotated[str, StringConstraints(min_length=1)]
-FunctionName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
-TokenId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]  # JSON keys are strings
-Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
-_LOGIT_BIAS = {
-    "type": ["object", "null"],
-    "propertyNames": {"pattern": TokenId.__metadata__[0].pattern},
-    "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS},
-    "description": "token id -> bias added to its logit; ids must be in the model's vocabulary",
-}
-
-
-_SCHEMA_OBJECT = {
-    "type": ["object", "null"],
-    "description": "a JSON Schema (docs/structured.md lists what is supported)",
-}
-_PARAMETERS = {
-    "type": ["object", "null"],
-    "properties": {"type": {"const": "object"}},
-    "description": "a JSON Schema of the arguments object (docs/structured.md lists what is supported)",
-}
 _JSON_SCHEMA_EXTRA = {
     "type": ["object", "null"],
     "description": "llama.cpp's extra: the reply is JSON valid against this JSON Schema",
@@ -183,7 +81,7 @@ class JsonSchemaFormat(BaseModel):
 
     name: FunctionName | None = None  # OpenAI requires it; simmer does not need it
     description: str | None = None
-    schema_: Annotated[dict[str, Any] | None, WithJsonSchema(_SCHEMA_OBJECT)] = Field(None, alias="schema")
+    schema_: Annotated[dict[str, Any] | None, WithJsonSchema(SCHEMA_OBJECT)] = Field(None, alias="schema")
     strict: bool | None = None  # the output always follows the schema, strict or not
 
 
@@ -193,38 +91,36 @@ class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
     # llama.cpp's form {"type": "json_object", "schema": {...}}
-    schema_: Annotated[dict[str, Any] | None, WithJsonSchema(_SCHEMA_OBJECT)] = Field(None, alias="schema")
+    schema_: Annotated[dict[str, Any] | None, WithJsonSchema(SCHEMA_OBJECT)] = Field(None, alias="schema")
 
 
-class _GenerationRequest(_Request):
+class GenerationBody(StrictBody):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
     model: str | None = None
-    max_tokens: integer(ge=1) | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     n: Annotated[AnyInteger, WithJsonSchema({"type": "integer", "enum": [1], "default": 1})] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[NonEmpty] | None = None
-    # Any int64, negative included: -1 is an ordinary, reproducible seed (models/runtime/sampling.py).
-    # (lt 2**63 rather than le 2**63 - 1: the same bound, and exact in the float64 JSON tools parse it to)
-    seed: integer(ge=SEED_MIN, lt=SEED_MAX + 1) | None = None
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: Seed | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     # Token id (a string, as JSON keys are) -> -100..100 added to its logit; ids beyond the vocabulary
     # get a 400 from the route, which knows the model.
-    logit_bias: Annotated[dict[TokenId, Bias] | None, WithJsonSchema(_LOGIT_BIAS)] = None
+    logit_bias: Annotated[dict[TokenId, Bias] | None, WithJsonSchema(LOGIT_BIAS_SCHEMA)] = None
     # Structured output (docs/structured.md): OpenAI's response_format, llama.cpp's json_schema and grammar.
     response_format: ResponseFormat | None = None
     json_schema: Annotated[dict[str, Any] | None, WithJsonSchema(_JSON_SCHEMA_EXTRA)] = None
     grammar: Annotated[str | None, WithJsonSchema(_GRAMMAR)] = None
     # llama.cpp extras
-    top_k: integer(ge=0) | None = None
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repeat_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repeat_penalty: RepetitionPenalty | None = None
     # vLLM's name for the same thing
-    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
+    repetition_penalty: RepetitionPenalty | None = None
     # simmer extras
     truncate: bool = False  # sliding-window truncation instead of context_length_exceeded
     ignore_eos: bool = False  # llama.cpp's: generate exactly max_tokens (benchmarks)
@@ -241,36 +137,35 @@ class _GenerationRequest(_Request):
             }
         ),
     ] = None
-    route: Literal["local", "auto", "upstream"] | None = None  # where to serve it (or X-Simmer-Route)
+    route: RouteMode | None = None
     # vLLM's: a secret of the client's; prefixes are reused only between requests with the same salt (and
     # the same API key), so cached_tokens cannot reveal another client's prompt (serving/cache_scope.py)
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
-    _constraint: tuple[str | None, str | None] | None = PrivateAttr(default=None)
 
     @field_validator("n")
     @classmethod
     def _one_choice(cls, n: int) -> int:
         if n != 1:
-            raise _invalid("n must be 1: simmer generates one choice per request")
+            raise invalid("n must be 1: simmer generates one choice per request")
         return n
 
     @model_validator(mode="after")
-    def _one_constraint(self) -> _GenerationRequest:
+    def _one_constraint(self) -> GenerationBody:
         # Which fields ask for a grammar, not the grammar itself: converting one (a 64 KB GBNF grammar takes
-        # a fraction of a second) is left to `constraint_checks`, off the event loop.
-        asked = self._asked()
+        # a fraction of a second) is left to the one parse (server/serving/request.py), off the event loop.
+        asked = self.constraint_fields()
         rf = self.response_format
         if rf is not None and rf.type == "json_schema" and rf.json_schema is None:
-            raise _invalid("response_format.json_schema is required with type json_schema", "response_format")
+            raise invalid("response_format.json_schema is required with type json_schema", "response_format")
         if len(asked) > 1:
-            raise _invalid(
+            raise invalid(
                 f"{asked[1]} cannot be combined with {asked[0]}: give one way to constrain the output",
                 asked[1],
             )
         return self
 
-    def _asked(self) -> list[str]:
-        """The fields that ask for a grammar, in the order constraint() reads them."""
+    def constraint_fields(self) -> list[str]:
+        """The fields that ask for a grammar (the validator lets one through; translate.py reads it)."""
         rf = self.response_format
         asked = ["response_format"] if rf is not None and rf.type in ("json_object", "json_schema") else []
         if self.json_schema is not None:
@@ -279,162 +174,13 @@ class _GenerationRequest(_Request):
             asked.append("grammar")
         return asked
 
-    def constraint(self, grammars: Grammars = LLGUIDANCE) -> tuple[str | None, str | None]:
-        """The grammar the reply must follow and the field that asked for it (None, None: free text).
-        At most one of response_format (a JSON type), json_schema and grammar (the validator saw to it).
-        Built once per request (`constraint_checks` builds it off the event loop before anything else
-        asks); what llguidance cannot compile is found there too."""
-        if self._constraint is not None:
-            return self._constraint
-        asked = self._asked()
-        rf = self.response_format
-        if not asked:
-            built: tuple[str | None, str | None] = (None, None)
-        elif asked[0] == "response_format" and rf is not None and rf.type == "json_object":
-            built = (grammars.json_schema(rf.schema_, "response_format"), "response_format")
-        elif asked[0] == "response_format" and rf is not None and rf.json_schema is not None:
-            spec = rf.json_schema
-            schema = spec.schema_ if spec.schema_ is not None else {}
-            built = (grammars.json_schema(schema, "response_format"), "response_format")
-        elif asked[0] == "json_schema":
-            built = (grammars.json_schema(self.json_schema, "json_schema"), "json_schema")
-        else:
-            built = (grammars.gbnf(self.grammar or "", "grammar"), "grammar")
-        self._constraint = built
-        return built
-
-    def constraint_checks(self, grammars: Grammars = LLGUIDANCE) -> list[tuple[str, str]]:
-        """(grammar, field) pairs to compile before the job is queued. Converts what the request asks for
-        (raising InvalidParameter for what cannot be): call it off the event loop."""
-        grammar, param = self.constraint(grammars)
-        return [(grammar, param)] if grammar is not None and param is not None else []
-
     @field_validator("keep_alive")
     @classmethod
     def _keep_alive(cls, value: float | str | None) -> float | str | None:
-        try:
-            parse_keep_alive(value)
-        except InvalidParameter as err:
-            raise _invalid(err.message, "keep_alive") from None
-        return value
-
-    def keep_alive_seconds(self) -> float | None:
-        return parse_keep_alive(self.keep_alive)
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
-
-    def _stop_tuple(self) -> tuple[str, ...]:
-        if self.stop is None or self.stop == "":
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-
-    def _params(
-        self, max_tokens: int | None, logprobs: int | None, defaults: SamplingDefaults, grammars: Grammars
-    ) -> GenerationParams:
-        penalty = self.repeat_penalty or self.repetition_penalty or 1.0
-        sampling = SamplingParams(
-            temperature=defaults.temperature if self.temperature is None else self.temperature,
-            top_p=defaults.top_p if self.top_p is None else self.top_p,
-            top_k=defaults.top_k if self.top_k is None else self.top_k,
-            min_p=defaults.min_p if self.min_p is None else self.min_p,
-            repetition_penalty=penalty,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            seed=self.seed,
-            logprobs=logprobs,
-            logit_bias=tuple((int(k), v) for k, v in (self.logit_bias or {}).items()),
-        )
-        return GenerationParams(
-            sampling=sampling,
-            max_tokens=max_tokens,
-            stop=self._stop_tuple(),
-            truncate=self.truncate,
-            ignore_eos=self.ignore_eos,
-            grammar=self.constraint(grammars)[0],
-        )
+        return valid_keep_alive(value)
 
 
-class TextPart(BaseModel):
-    model_config = STRICT
-
-    type: Literal["text"]
-    text: str
-
-
-class CalledFunction(BaseModel):
-    model_config = STRICT
-
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it back
-
-
-class MessageToolCall(BaseModel):
-    """A call an earlier assistant turn made (sent back with the conversation)."""
-
-    model_config = STRICT
-
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: CalledFunction
-
-
-class ChatMessage(BaseModel):
-    model_config = STRICT
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[MessageToolCall] | None = None  # assistant turns that called tools
-    tool_call_id: str | None = None  # a tool turn: the call it answers
-
-    def as_dict(self) -> dict[str, Any]:
-        if isinstance(self.content, list):
-            text = "".join(part.text for part in self.content)
-        else:
-            text = self.content or ""
-        # "developer" is the newer OpenAI name for the system role; chat templates know "system".
-        role = "system" if self.role == "developer" else self.role
-        out: dict[str, Any] = {"role": role, "content": text}
-        if self.tool_calls:
-            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        return out
-
-
-class FunctionSpec(BaseModel):
-    model_config = STRICT
-
-    name: FunctionName
-    description: str | None = None
-    # A JSON schema of the arguments object (absent: any object). Unsupported keywords: 400.
-    parameters: Annotated[dict[str, Any] | None, WithJsonSchema(_PARAMETERS)] = None
-    strict: bool | None = None  # calls always follow the schema (simmer constrains them)
-
-
-class ToolSpec(BaseModel):
-    model_config = STRICT
-
-    type: Literal["function"]
-    function: FunctionSpec
-
-
-class ChosenFunction(BaseModel):
-    model_config = STRICT
-
-    name: FunctionName
-
-
-class NamedToolChoice(BaseModel):
-    model_config = STRICT
-
-    type: Literal["function"]
-    function: ChosenFunction
-
-
-class ChatCompletionRequest(_GenerationRequest):
+class ChatCompletionRequest(GenerationBody):
     # top_logprobs (a number) needs logprobs: true, as OpenAI has it.
     # and tool_choice needs tools.
     model_config = ConfigDict(
@@ -459,78 +205,34 @@ class ChatCompletionRequest(_GenerationRequest):
     )
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: integer(ge=1) | None = None
+    max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
-    top_logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
+    top_logprobs: TopLogprobs | None = None
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
     def _supported(self) -> ChatCompletionRequest:
-        names = [t.function.name for t in self.tools or ()]
-        if len(set(names)) != len(names):
-            raise _invalid("tools: function names must be unique", "tools")
-        if self.tool_choice is not None and not self.tools:
-            raise _invalid("tool_choice is only allowed when tools are given", "tool_choice")
-        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
-            raise _invalid(
-                f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools",
-                "tool_choice",
-            )
-        for i, tool in enumerate(self.tools or ()):
-            kind = (tool.function.parameters or {}).get("type", "object")
-            if kind != "object":
-                raise _invalid(
-                    f"tools[{i}].function.parameters must describe an object (type 'object'), not {kind!r}",
-                    f"tools[{i}].function.parameters",
-                )
-        if self.tool_use() is not None and self._asked():
-            raise _invalid(
-                f"{self._asked()[0]} cannot be combined with tool calls (use tool_choice 'none')",
-                self._asked()[0],
+        check_openai_tools(self.tools, self.tool_choice)
+        calls = bool(self.tools) and self.tool_choice != "none"
+        if calls and self.constraint_fields():
+            raise invalid(
+                f"{self.constraint_fields()[0]} cannot be combined with tool calls (use tool_choice 'none')",
+                self.constraint_fields()[0],
             )
         if self.top_logprobs is not None and not self.logprobs:
-            raise _invalid("top_logprobs requires logprobs to be true", "top_logprobs")
+            raise invalid("top_logprobs requires logprobs to be true", "top_logprobs")
         return self
-
-    def message_dicts(self) -> list[dict[str, Any]]:
-        return [m.as_dict() for m in self.messages]
-
-    def tool_use(self) -> ToolUse | None:
-        """The tools for the engine (None without tools or with tool_choice "none": plain chat)."""
-        if not self.tools or self.tool_choice == "none":
-            return None
-        choice = self.tool_choice
-        name = choice.function.name if isinstance(choice, NamedToolChoice) else (choice or "auto")
-        tools = tuple(
-            Tool(t.function.name, t.function.description, t.function.parameters) for t in self.tools
-        )
-        return ToolUse(tools, name, True if self.parallel_tool_calls is None else self.parallel_tool_calls)
-
-    def constraint_checks(self, grammars: Grammars = LLGUIDANCE) -> list[tuple[str, str]]:
-        checks = super().constraint_checks(grammars)
-        for i, tool in enumerate(self.tools or ()):
-            if self.tool_choice != "none" and tool.function.parameters is not None:
-                param = f"tools[{i}].function.parameters"
-                checks.append((grammars.json_schema(tool.function.parameters, param), param))
-        return checks
-
-    def to_params(
-        self, defaults: SamplingDefaults = OPENAI_DEFAULTS, grammars: Grammars = LLGUIDANCE
-    ) -> GenerationParams:
-        logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        params = self._params(self.max_completion_tokens or self.max_tokens, logprobs, defaults, grammars)
-        return replace(params, tools=self.tool_use())
 
 
 _ONE_STRING_LIST = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1}
 _ONE_PROMPT = {"anyOf": [{"type": "string"}, _ONE_STRING_LIST]}
 
 
-class CompletionRequest(_GenerationRequest):
+class CompletionRequest(GenerationBody):
     prompt: Annotated[str | list[str], WithJsonSchema(_ONE_PROMPT)]
-    logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
+    logprobs: TopLogprobs | None = None
     echo: Annotated[bool, WithJsonSchema({"type": "boolean", "enum": [False], "default": False})] = False
     suffix: Annotated[str | None, WithJsonSchema({"type": ["string", "null"], "maxLength": 0})] = None
     best_of: Annotated[
@@ -540,22 +242,17 @@ class CompletionRequest(_GenerationRequest):
     @model_validator(mode="after")
     def _supported(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise _invalid("prompt must be one string (batches are not supported)", "prompt")
+            raise invalid("prompt must be one string (batches are not supported)", "prompt")
         if self.echo:
-            raise _invalid("echo is not supported", "echo")
+            raise invalid("echo is not supported", "echo")
         if self.suffix:
-            raise _invalid("suffix is not supported", "suffix")
+            raise invalid("suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
-            raise _invalid("best_of must be 1", "best_of")
+            raise invalid("best_of must be 1", "best_of")
         return self
 
     def prompt_text(self) -> str:
         return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
-
-    def to_params(
-        self, defaults: SamplingDefaults = OPENAI_DEFAULTS, grammars: Grammars = LLGUIDANCE
-    ) -> GenerationParams:
-        return self._params(self.max_tokens, self.logprobs, defaults, grammars)
 
 
 # ---- responses ---------------------------------------------------------------------------------
@@ -581,31 +278,12 @@ def timings_dict(timings: Timings) -> dict:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(timings).items()}
 
 
-def _token_text(ev: TokenEvent) -> str:
-    return ev.token_text if ev.token_text is not None else ev.text
-
-
-def chat_logprobs(events: list[TokenEvent]) -> dict | None:
-    if not events or all(ev.logprob is None for ev in events):
-        return None
-    content = []
-    for ev in events:
-        text = _token_text(ev)
-        tops = [
-            {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)} for t in ev.top_logprobs or ()
-        ]
-        content.append(
-            {"token": text, "logprob": ev.logprob, "bytes": list(text.encode()), "top_logprobs": tops}
-        )
-    return {"content": content, "refusal": None}
-
-
 def completion_logprobs(events: list[TokenEvent], offset: int = 0) -> dict | None:
     if not events or all(ev.logprob is None for ev in events):
         return None
     tokens, token_logprobs, tops, offsets = [], [], [], []
     for ev in events:
-        text = _token_text(ev)
+        text = token_text(ev)
         tokens.append(text)
         token_logprobs.append(ev.logprob)
         tops.append({t.token: t.logprob for t in ev.top_logprobs or ()})
@@ -629,22 +307,6 @@ def _fingerprint(variant: str | None) -> str | None:
 def _finish_reason(finish: FinishEvent) -> str:
     # OpenAI knows stop/length/tool_calls; a cancelled generation that still answers reports what it has.
     return finish.finish_reason if finish.finish_reason in ("stop", "length", "tool_calls") else "stop"
-
-
-def call_deltas(tokens: list[TokenEvent], finish: FinishEvent | None = None) -> list[ToolCallDelta]:
-    return [d for ev in tokens for d in ev.tool_calls] + list(finish.tool_calls if finish else ())
-
-
-def assemble_calls(deltas: list[ToolCallDelta]) -> list[dict]:
-    """OpenAI message.tool_calls from the engine's call deltas (arguments: JSON text; incomplete when
-    max_tokens cut the call short, finish_reason "length")."""
-    calls: dict[int, dict] = {}
-    for d in deltas:
-        call = calls.setdefault(
-            d.index, {"id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}}
-        )
-        call["function"]["arguments"] += d.arguments
-    return [calls[i] for i in sorted(calls)]
 
 
 def _stream_calls(deltas: list[ToolCallDelta]) -> list[dict]:

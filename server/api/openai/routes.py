@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -10,10 +11,13 @@ from fastapi.responses import Response
 
 from models.errors import ModelNotFound
 from models.variant_facts import floor_facts, refused_variants, variant_facts
-from server.api.common.flow import complete
-from server.api.ollama.protocol import LATEST
+from server.api.common.flow import respond, start
+from server.api.common.names import LATEST
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.api.openai.stream import OpenAIRenderer
+from server.api.openai.translate import chat_draft, completion_draft
 from server.serving.catalog import CatalogEntry
+from server.serving.request import Draft
 
 if TYPE_CHECKING:
     from server.api.context import Runtime
@@ -22,14 +26,21 @@ if TYPE_CHECKING:
 router = APIRouter(prefix="/v1")
 
 
+async def complete(request: Request, draft: Draft) -> Response:
+    """/v1/chat/completions and /v1/completions."""
+    rid = ("chatcmpl-" if draft.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+    gen = await start(request, draft, rid=rid)
+    return await respond(request, gen, OpenAIRenderer(draft.kind, draft.show.include_usage))
+
+
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return await complete(request, "chat", body, body.message_dicts())
+    return await complete(request, chat_draft(body))
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    return await complete(request, "text", body, body.prompt_text())
+    return await complete(request, completion_draft(body))
 
 
 @router.get("/models")

@@ -2,17 +2,18 @@
 
 `input` is a string or a list of message items ({"role", "content"} with "type": "message" optional;
 content a string or input_text / output_text parts), `instructions` becomes a system message in front.
-The request converts itself to the OpenAI chat request the shared flow takes (`to_openai`):
-max_output_tokens -> max_tokens, truncation "auto" -> simmer's sliding window, top_logprobs (with
-include "message.output_text.logprobs") -> logprobs, temperature/top_p and simmer's extras as they are.
+The input items are read once, by the validator (`chat_messages`); translate.py turns the body into the
+internal request: max_output_tokens -> max_tokens, truncation "auto" -> simmer's sliding window,
+top_logprobs (with include "message.output_text.logprobs") -> logprobs, temperature/top_p and simmer's
+extras as they are.
 
-Structured output and tool calls map onto the chat request's: `text.format` (json_object, or json_schema
-with its `schema` flat in the format object) -> response_format; function `tools` ({"type": "function",
-"name", "parameters"}) -> tools; `tool_choice` ("none", "auto", "required", {"type": "function", "name"})
-and `parallel_tool_calls` as they are. Input items of type function_call become the assistant turn's
-tool_calls (consecutive calls one turn), function_call_output items `tool` messages. What the chat request
-refuses is refused here naming the Responses API's field (`text.format`, `tools[0].parameters`). Calls
-come back as output items of type function_call (call_id, name, arguments as JSON text).
+Structured output and tool calls: `text.format` (json_object, or json_schema with its `schema` flat in the
+format object) is the reply's grammar; function `tools` ({"type": "function", "name", "parameters"}),
+`tool_choice` ("none", "auto", "required", {"type": "function", "name"}) and `parallel_tool_calls` as chat
+has them. Input items of type function_call become the assistant turn's tool_calls (consecutive calls one
+turn), function_call_output items `tool` messages. Chat's rules apply, and their errors name the Responses
+API's field (`text.format`, `tools[0].parameters`). Calls come back as output items of type function_call
+(call_id, name, arguments as JSON text).
 
 Nothing is stored: `previous_response_id`, `conversation`, a stored `prompt` and `background` (all need
 server-side state) are a 400 saying so; `store` is accepted and the response says `"store": false`, which
@@ -26,37 +27,44 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
-from models.runtime.sampling import (
-    MAX_REPETITION_PENALTY,
-    MAX_TOP_LOGPROBS,
-    MIN_REPETITION_PENALTY,
-    SEED_MAX,
-    SEED_MIN,
-)
 from models.types import FinishEvent, TokenEvent, ToolCallDelta, Usage
-from server.api.common.convert import Renamer, openai_request
-from server.api.openai.protocol import (
-    _PARAMETERS,
-    _SCHEMA_OBJECT,
+from server.api.common.fields import (
+    PARAMETERS,
+    SCHEMA_OBJECT,
     STRICT,
-    ChatCompletionRequest,
     FunctionName,
-    _invalid,
-    _Request,
-    assemble_calls,
-    call_deltas,
-    chat_logprobs,
-    integer,
+    MaxTokens,
+    MinP,
+    RepetitionPenalty,
+    RouteMode,
+    Seed,
+    StrictBody,
+    Temperature,
+    TopK,
+    TopLogprobs,
+    TopP,
+    invalid,
 )
+from server.api.common.logprobs import chat_logprobs
+from server.api.common.tools import assemble_calls, call_deltas, check_tools
 
 STATELESS = "simmer's Responses API is stateless: no response is stored"
 HOSTED = "only function tools are served (OpenAI's hosted tools run on OpenAI's servers)"
 LOGPROBS = "message.output_text.logprobs"
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
-FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+NAME_PATTERN = "^[a-zA-Z0-9_-]{1,64}$"  # a function's name, and a json_schema format's (as chat's)
+FUNCTION_NAME = re.compile(NAME_PATTERN)
 
 _CONTENT = {
     "anyOf": [
@@ -122,20 +130,20 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _invalid(f"{where} must be a string or a list of text parts", where)
+        raise invalid(f"{where} must be a string or a list of text parts", where)
     texts = []
     for j, part in enumerate(content):
         at = f"{where}[{j}]"
         if not isinstance(part, dict):
-            raise _invalid(f"{at} must be a content part object", at)
+            raise invalid(f"{at} must be a content part object", at)
         if part.get("type") not in TEXT_PARTS:
-            raise _invalid(
+            raise invalid(
                 f"{at}.type must be input_text or output_text (the served model reads text only), "
                 f"got {part.get('type')!r}",
                 f"{at}.type",
             )
         if not isinstance(part.get("text"), str):
-            raise _invalid(f"{at}.text must be a string", f"{at}.text")
+            raise invalid(f"{at}.text must be a string", f"{at}.text")
         texts.append(part["text"])
     return "".join(texts)
 
@@ -143,7 +151,7 @@ def _text(content: Any, where: str) -> str:
 def _string(item: dict[str, Any], key: str, where: str) -> str:
     value = item.get(key)
     if not isinstance(value, str):
-        raise _invalid(f"{where}.{key} must be a string", f"{where}.{key}")
+        raise invalid(f"{where}.{key} must be a string", f"{where}.{key}")
     return value
 
 
@@ -151,12 +159,12 @@ def _message(item: Any, where: str) -> dict[str, Any]:
     """One input item as a chat message (a function_call item: an assistant turn with that call); anything
     else is a 400 naming where it is."""
     if not isinstance(item, dict):
-        raise _invalid(f"{where} must be a message object {{'role', 'content'}}", where)
+        raise invalid(f"{where} must be a message object {{'role', 'content'}}", where)
     kind = item.get("type", "message")
     if kind == "function_call":
         name = _string(item, "name", where)
         if not FUNCTION_NAME.fullmatch(name):
-            raise _invalid(f"{where}.name must be 1-64 letters, digits, '_' or '-'", f"{where}.name")
+            raise invalid(f"{where}.name must be 1-64 letters, digits, '_' or '-'", f"{where}.name")
         call = {
             "id": _string(item, "call_id", where),
             "type": "function",
@@ -172,14 +180,14 @@ def _message(item: Any, where: str) -> dict[str, Any]:
         }
     if kind != "message":
         if kind == "item_reference":
-            raise _invalid(f"{where}: item references need stored items; {STATELESS}", f"{where}.type")
-        raise _invalid(
+            raise invalid(f"{where}: item references need stored items; {STATELESS}", f"{where}.type")
+        raise invalid(
             f"{where}.type must be message, function_call or function_call_output, got {kind!r}",
             f"{where}.type",
         )
     role = item.get("role")
     if role not in ROLES:
-        raise _invalid(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+        raise invalid(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
     text = _text(item.get("content"), f"{where}.content")
     return {"role": "system" if role == "developer" else role, "content": text}
 
@@ -205,15 +213,8 @@ class TextFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"] = "text"
     name: str | None = None  # OpenAI requires it; simmer does not need it
     description: str | None = None
-    schema_: Annotated[dict[str, Any] | None, WithJsonSchema(_SCHEMA_OBJECT)] = Field(None, alias="schema")
+    schema_: Annotated[dict[str, Any] | None, WithJsonSchema(SCHEMA_OBJECT)] = Field(None, alias="schema")
     strict: bool | None = None  # the output always follows the schema, strict or not
-
-    def response_format(self) -> dict[str, Any] | None:
-        if self.type == "json_object":
-            return {"type": "json_object"}
-        if self.type == "json_schema":
-            return {"type": "json_schema", "json_schema": {"name": self.name, "schema": self.schema_}}
-        return None
 
     def echo(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True)
@@ -232,12 +233,8 @@ class FunctionTool(BaseModel):
     type: Annotated[str, WithJsonSchema({"const": "function"})]
     name: FunctionName
     description: str | None = None
-    parameters: Annotated[dict[str, Any] | None, WithJsonSchema(_PARAMETERS)] = None
+    parameters: Annotated[dict[str, Any] | None, WithJsonSchema(PARAMETERS)] = None
     strict: bool | None = None  # calls always follow the schema (simmer constrains them)
-
-    def as_chat_tool(self) -> dict[str, Any]:
-        function = {"name": self.name, "description": self.description, "parameters": self.parameters}
-        return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
 
     def echo(self) -> dict[str, Any]:
         return {
@@ -256,19 +253,10 @@ class FunctionChoice(BaseModel):
     name: FunctionName
 
 
-# The chat request's field names -> the Responses API's.
-RENAME = Renamer(
-    (r"^response_format\.json_schema\.schema", "text.format.schema"),
-    (r"^response_format(\.json_schema)?", "text.format"),
-    (r"^tools\[(\d+)\]\.function", r"tools[\1]"),
-    (r"^tool_choice\.function\.name", "tool_choice.name"),
-)
-
-
 _WITH_TOOLS = {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]}
 
 
-class ResponsesRequest(_Request):
+class ResponsesRequest(StrictBody):
     # a tool_choice that calls needs tools; text.format other than text with tools is refused
     model_config = ConfigDict(
         json_schema_extra={
@@ -313,10 +301,10 @@ class ResponsesRequest(_Request):
     model: str | None = None
     input: Annotated[str | list[Any], WithJsonSchema(_INPUT)]
     instructions: str | None = None
-    max_output_tokens: integer(ge=1) | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, ge=0.0, le=1.0)
-    top_logprobs: integer(ge=0, le=MAX_TOP_LOGPROBS) | None = None
+    max_output_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_logprobs: TopLogprobs | None = None
     include: Annotated[
         list[str] | None,
         WithJsonSchema({"type": ["array", "null"], "items": {"enum": ["message.output_text.logprobs"]}}),
@@ -347,43 +335,61 @@ class ResponsesRequest(_Request):
         WithJsonSchema({"type": ["object", "null"], "properties": {"effort": {"enum": [None, "none"]}}}),
     ] = None
     # simmer's (llama.cpp's) extras
-    seed: integer(ge=SEED_MIN, lt=SEED_MAX + 1) | None = None
-    top_k: integer(ge=0) | None = None
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repeat_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
-    route: Literal["local", "auto", "upstream"] | None = None
+    seed: Seed | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repeat_penalty: RepetitionPenalty | None = None
+    route: RouteMode | None = None
     governor_events: bool = False  # opt in to chat's `event: governor` SSE events (SDKs would choke on them)
     cache_salt: str | None = Field(
         None, min_length=1, max_length=256
     )  # as chat's (server/serving/cache_scope.py)
+    _messages: tuple[dict[str, Any], ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")
     def _supported(self) -> ResponsesRequest:
         if self.previous_response_id is not None:
-            raise _invalid(
+            raise invalid(
                 f"previous_response_id cannot be resolved: {STATELESS}; send the earlier turns in `input`",
                 "previous_response_id",
             )
         if self.conversation is not None:
-            raise _invalid(
+            raise invalid(
                 f"conversation cannot be used: {STATELESS}; send the turns in `input`", "conversation"
             )
         if self.prompt is not None:
-            raise _invalid(
+            raise invalid(
                 f"stored prompts cannot be used: {STATELESS}; send `instructions` and `input`", "prompt"
             )
         if self.background:
-            raise _invalid(f"background responses need storage: {STATELESS}", "background")
+            raise invalid(f"background responses need storage: {STATELESS}", "background")
         if self.tool_choice not in (None, "none", "auto") and not self.tools:
-            raise _invalid("tool_choice needs tools", "tool_choice")
+            raise invalid("tool_choice needs tools", "tool_choice")
         if self.reasoning and self.reasoning.get("effort") not in (None, "none"):
-            raise _invalid("reasoning: the served model does not reason", "reasoning.effort")
+            raise invalid("reasoning: the served model does not reason", "reasoning.effort")
         for i, name in enumerate(self.include or ()):
             if name != LOGPROBS:
-                raise _invalid(
+                raise invalid(
                     f"include[{i}]: only {LOGPROBS!r} can be included, got {name!r}", f"include[{i}]"
                 )
-        self.to_openai()  # every input item, and what the chat request refuses, is checked before any work
+        self._messages = self._read_input()  # every input item is checked (and read) once, before any work
+        name = self.format.name if self.format.type == "json_schema" else None
+        if name is not None and not FUNCTION_NAME.fullmatch(name):  # as chat's json_schema name
+            raise invalid(
+                f"text.format.name: String should match pattern {NAME_PATTERN!r}", "text.format.name"
+            )
+        if self.tools:
+            check_tools(
+                [t.name for t in self.tools],
+                [t.parameters for t in self.tools],
+                choice_given=self.tool_choice is not None,
+                chosen=self.tool_choice.name if isinstance(self.tool_choice, FunctionChoice) else None,
+                params_path=lambda i: f"tools[{i}].parameters",
+            )
+            if self.tool_choice != "none" and self.format.type != "text":
+                raise invalid(
+                    "text.format cannot be combined with tool calls (use tool_choice 'none')", "text.format"
+                )
         return self
 
     @field_validator("tools", mode="before")
@@ -392,26 +398,31 @@ class ResponsesRequest(_Request):
         for i, tool in enumerate(tools if isinstance(tools, list) else ()):
             kind = tool.get("type") if isinstance(tool, dict) else None
             if isinstance(kind, str) and kind != "function":
-                raise _invalid(f"tools[{i}].type {kind!r}: {HOSTED}", f"tools[{i}].type")
+                raise invalid(f"tools[{i}].type {kind!r}: {HOSTED}", f"tools[{i}].type")
         return tools
 
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _function_choice(cls, choice: Any) -> Any:
         if isinstance(choice, dict) and choice.get("type") != "function":
-            raise _invalid(
+            raise invalid(
                 f"tool_choice {choice.get('type')!r}: choose 'none', 'auto', 'required' or "
                 f"{{'type': 'function', 'name': ...}}; {HOSTED}",
                 "tool_choice",
             )
         return choice
 
-    def messages(self) -> list[dict[str, Any]]:
+    def _read_input(self) -> tuple[dict[str, Any], ...]:
         items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
         if not items:
-            raise _invalid("input must not be empty", "input")
+            raise invalid("input must not be empty", "input")
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        return _joined(system + [_message(item, f"input[{i}]") for i, item in enumerate(items)])
+        return tuple(_joined(system + [_message(item, f"input[{i}]") for i, item in enumerate(items)]))
+
+    @property
+    def chat_messages(self) -> tuple[dict[str, Any], ...]:
+        """The input items (and instructions) as chat messages, read once by the validator."""
+        return self._messages
 
     @property
     def format(self) -> TextFormat:
@@ -420,29 +431,6 @@ class ResponsesRequest(_Request):
     @property
     def wants_logprobs(self) -> bool:
         return LOGPROBS in (self.include or ()) or self.top_logprobs is not None
-
-    def to_openai(self) -> ChatCompletionRequest:
-        fields: dict[str, Any] = {"messages": self.messages(), "stream": self.stream}
-        names = ("model", "temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty")
-        names += ("route", "governor_events", "cache_salt")  # simmer's and vLLM's extras
-        fields.update({n: getattr(self, n) for n in names if getattr(self, n) is not None})
-        if self.max_output_tokens is not None:
-            fields["max_tokens"] = self.max_output_tokens
-        fields["truncate"] = self.truncation == "auto"
-        if self.wants_logprobs:
-            fields["logprobs"] = True
-            fields["top_logprobs"] = self.top_logprobs or 0
-        if (fmt := self.format.response_format()) is not None:
-            fields["response_format"] = fmt
-        if self.tools:
-            fields["tools"] = [t.as_chat_tool() for t in self.tools]
-            if isinstance(self.tool_choice, FunctionChoice):
-                fields["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
-            elif self.tool_choice is not None:
-                fields["tool_choice"] = self.tool_choice
-            if self.parallel_tool_calls is not None:
-                fields["parallel_tool_calls"] = self.parallel_tool_calls
-        return openai_request(ChatCompletionRequest, fields, RENAME)
 
 
 # ---- the response object and its stream events ---------------------------------------------------------
@@ -480,7 +468,7 @@ def message_item(item_id: str, status: str, parts: list[dict[str, Any]]) -> dict
 
 
 def call_item(item_id: str, call: dict[str, Any], status: str) -> dict[str, Any]:
-    """A function_call output item from an assembled chat call (assemble_calls in api/openai/protocol.py)."""
+    """A function_call output item from an assembled chat call (assemble_calls in api/common/tools.py)."""
     function = call["function"]
     return {
         "id": item_id,

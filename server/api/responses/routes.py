@@ -19,9 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from models.errors import InvalidParameter
 from models.types import FinishEvent, TokenEvent
-from server.api.common.convert import renamed
 from server.api.common.flow import Generation, respond, start
 from server.api.common.streaming import (
     Batch,
@@ -32,7 +30,8 @@ from server.api.common.streaming import (
     governor_event,
     switch_report,
 )
-from server.api.responses.protocol import RENAME, EventStream, ResponseObject, ResponsesRequest
+from server.api.responses.protocol import EventStream, ResponseObject, ResponsesRequest
+from server.api.responses.translate import draft
 from server.http.errors import error_payload
 from server.serving.events import GovernorState, Started, Switched
 
@@ -108,9 +107,5 @@ class ResponsesEncoder:
 @router.post("/responses")
 async def responses(body: ResponsesRequest, request: Request) -> Response:
     rid = "resp_" + uuid.uuid4().hex[:24]
-    openai = body.to_openai()
-    try:
-        gen = await start(request, "chat", openai, openai.message_dicts(), rid=rid, endpoint="responses")
-    except InvalidParameter as err:  # a schema llguidance cannot compile: named as this API names it
-        raise renamed(err, RENAME) from None
+    gen = await start(request, draft(body), rid=rid)
     return await respond(request, gen, ResponsesRenderer(ResponseObject(rid, gen.model, body)))

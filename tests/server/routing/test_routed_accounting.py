@@ -12,7 +12,7 @@ import threading
 import httpx
 
 from models.errors import ContextLengthExceeded
-from models.types import FinishEvent, GenerationParams
+from models.types import FinishEvent
 from server.routing.router import Router
 from server.routing.upstream import UpstreamClient
 from server.serving.accounting import RequestAccount
@@ -21,7 +21,7 @@ from server.serving.worker import Job
 from tests import aio
 from tests.server.routing.conftest import free_port
 from tests.server.routing.scripted import Script, ScriptedUpstream, chat_chunk
-from tests.server.routing.test_router import BODY, local_side
+from tests.server.routing.test_router import REQUEST, local_side
 from tests.server.routing.test_upstream_e2e import CHAT, stream
 from tests.server.test_accounting import metric, request_lines
 from tests.server.test_worker_flow import wait_until
@@ -34,14 +34,7 @@ def accounted_job(events: list, written: list, route_of=lambda: None) -> Job:
     account = RequestAccount(
         id="t", endpoint="chat", model="m", stream=True, emit=written.append, route=route_of
     )
-    return Job(
-        id="t",
-        kind="chat",
-        payload=BODY.message_dicts(),
-        params=GenerationParams(),
-        sink=events.append,
-        account=account,
-    )
+    return Job(id="t", request=REQUEST, sink=events.append, account=account)
 
 
 async def settle(router: Router) -> None:
@@ -66,7 +59,7 @@ def test_account_when_served_upstream_then_the_relay_is_the_worker_half() -> Non
             written: list = []
             route = router.plan(None, None, None, truncate=False)
             j = accounted_job(events, written, lambda: f"{route.side}/{route.reason}")
-            router.start(route, j, "chat", BODY, j.payload)
+            router.start(route, j)
             assert j.account is not None
             while not any(isinstance(e, FinishEvent) for e in events):
                 await asyncio.sleep(0.01)
@@ -106,7 +99,7 @@ def test_account_when_local_refusal_goes_upstream_then_one_record_after_the_upst
             written: list = []
             route = router.plan(None, None, None, truncate=False)
             j = accounted_job(events, written)
-            router.start(route, j, "chat", BODY, j.payload)
+            router.start(route, j)
             assert j.account is not None
 
             def worker_refuses() -> None:  # as Worker._run_job does: sink the refusal, then let go
@@ -147,7 +140,7 @@ def test_account_when_local_refusal_stays_then_one_record() -> None:
             written: list = []
             route = router.plan(None, "local", None, truncate=False)
             j = accounted_job(events, written)
-            router.start(route, j, "chat", BODY, j.payload)
+            router.start(route, j)
 
             def worker_refuses() -> None:
                 j.sink(Failed(ContextLengthExceeded("too long")))
@@ -182,7 +175,7 @@ def test_account_when_upstream_fails_before_start_and_local_takes_it_then_the_lo
         route = router.plan(None, "upstream", None, truncate=False)
         route.fallback = True  # as under SIMMER_ROUTE=upstream: a failed start may be served here
         j = accounted_job(events, written)
-        router.start(route, j, "chat", BODY, j.payload)
+        router.start(route, j)
         await settle(router)
         assert j.account is not None
         j.account.route_done("stop", 0)

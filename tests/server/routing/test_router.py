@@ -6,17 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 
-from models.types import CancelToken, GenerationParams
-from server.api.openai.protocol import ChatCompletionRequest
+from models.types import CancelToken
 from server.routing.breaker import Breaker
 from server.routing.router import LocalSide, Router
 from server.routing.upstream import UpstreamClient
 from server.serving.events import Failed
 from server.serving.worker import Job
 from tests import aio
+from tests.server.requests import chat_request
 from tests.server.routing.scripted import Script, ScriptedUpstream, chat_chunk
 
-BODY = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}])
+REQUEST = chat_request()
 
 
 class Clock:
@@ -37,9 +37,7 @@ def local_side(submitted: list) -> LocalSide:
 
 
 def job(events: list) -> Job:
-    return Job(
-        id="t", kind="chat", payload=BODY.message_dicts(), params=GenerationParams(), sink=events.append
-    )
+    return Job(id="t", request=REQUEST, sink=events.append)
 
 
 def test_router_when_client_leaves_before_upstream_task_runs_then_probe_freed() -> None:
@@ -59,7 +57,7 @@ def test_router_when_client_leaves_before_upstream_task_runs_then_probe_freed() 
         events: list = []
         j = job(events)
         route = router.plan(None, None, None, truncate=False)
-        router.start(route, j, "chat", BODY, j.payload)
+        router.start(route, j)
         assert breaker.state == "open"  # the probe is out
         j.cancel.cancel()  # the client hangs up before the task ever ran
         for _ in range(5):
@@ -85,7 +83,7 @@ def test_router_when_shutdown_mid_relay_then_job_told_shutting_down() -> None:
             )
             events: list = []
             j = job(events)
-            router.start(router.plan(None, None, None, truncate=False), j, "chat", BODY, j.payload)
+            router.start(router.plan(None, None, None, truncate=False), j)
             for _ in range(100):
                 if upstream.received:
                     break
@@ -124,16 +122,9 @@ def test_router_when_local_refuses_before_start_then_auto_goes_upstream() -> Non
                 events.append(item)
                 got.set()
 
-            j = Job(
-                id="t",
-                kind="chat",
-                payload=BODY.message_dicts(),
-                params=GenerationParams(),
-                sink=sink,
-                cancel=CancelToken(),
-            )
+            j = Job(id="t", request=REQUEST, sink=sink, cancel=CancelToken())
             route = router.plan(None, body_route, None, truncate=False)
-            router.start(route, j, "chat", BODY, j.payload)
+            router.start(route, j)
             assert submitted == [j] and route.side == "local"
             # the worker thread refuses it before Started
             await loop.run_in_executor(None, j.sink, Failed(ContextLengthExceeded("too long")))
@@ -283,9 +274,9 @@ def test_router_when_new_work_is_held_then_queued_auto_jobs_move_and_the_others_
                 if type(item).__name__ == "FinishEvent":
                     done.set()
 
-            j = Job(id="t", kind="chat", payload=BODY.message_dicts(), params=GenerationParams(), sink=sink)
+            j = Job(id="t", request=REQUEST, sink=sink)
             route = router.plan(None, body_route, None, truncate=False)
-            router.start(route, j, "chat", BODY, j.payload)
+            router.start(route, j)
             assert route.side == "local" and queue == [j]
             if not in_queue:
                 queue.clear()  # the worker took it (not Started yet)

@@ -10,8 +10,8 @@ from email.utils import format_datetime
 import httpx
 import pytest
 
-from server.api.openai.protocol import CompletionRequest
 from server.routing.upstream import base_url, classify, forward_body, retry_after
+from tests.server.requests import text_request
 
 
 def connect_error(cause: BaseException) -> httpx.ConnectError:
@@ -65,8 +65,8 @@ def test_base_url_when_bare_host_then_v1(url, expected) -> None:
 
 
 def test_forward_body_when_completion_then_prompt_and_explicit_fields_only() -> None:
-    body = CompletionRequest(prompt="once", max_tokens=3, seed=1, truncate=True, route="upstream")
-    assert forward_body("text", body, body.prompt_text(), "up-name") == {
+    request = text_request(prompt="once", max_tokens=3, seed=1, truncate=True, route="upstream")
+    assert forward_body(request, "up-name") == {
         "model": "up-name",
         "prompt": "once",
         "max_tokens": 3,
