@@ -42,8 +42,11 @@ from models.runtime.session import (
     GeneralDecoderSession,
     KVCache,
     ModelShape,
+    exact_prefix,
     kv_slot_count,
     new_run_options,
+    note_write,
+    prefill_end,
 )
 from models.runtime.speculative import MAX_DRAFT, RowCost, Speculation
 from models.runtime.tokenizer import Tokenizer, tokenizer_key
@@ -105,6 +108,22 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def reusable_prefix(cache: Any, ids: Sequence[int], positions_exact: bool) -> int:
+    """How much of `cache` a prompt `ids` reuses: the prefix they share, leaving at least one token to
+    prefill (its logits are the first token's). Where a one-position pass is not exact (a session's
+    positions_exact), only keys a cold prefill would write count (exact_prefix) and two tokens are left, so
+    the last prefill pass is one of several positions, as a cold prefill's is."""
+    n = common_prefix(cache.tokens, ids)
+    if positions_exact:
+        return max(0, min(n, len(ids) - 1))
+    return max(0, min(n, exact_prefix(cache), len(ids) - 2))
+
+
+def positions_exact(sess: object) -> bool:
+    """Whether a session's one-position passes give what a pass of several does (session.py)."""
+    return bool(getattr(sess, "positions_exact", True))
 
 
 def variant_order(manifest: dict[str, Any]) -> list[str]:
@@ -247,6 +266,7 @@ class LlamaEngine:
                 )
                 if self.speculation != "off":
                     sess.rows_exact  # noqa: B018 (the probe runs at load, not in a request)
+                sess.positions_exact  # noqa: B018 (likewise)
             log.info(
                 "loaded %s/%s with %d threads in %.2f s",
                 self.model_id,
@@ -286,6 +306,12 @@ class LlamaEngine:
         return (self.variant, self.threads, spinning)
 
     @property
+    def reuse_tail(self) -> int:
+        """Prompt tokens a reused prefix always leaves to prefill (reusable_prefix): 1, or 2 where this
+        session's one-position passes are not exact."""
+        return 1 if positions_exact(self._session()) else 2
+
+    @property
     def speculates(self) -> bool:
         """Whether requests speculate on the current variant (see _speculation)."""
         sess = self._session()
@@ -316,15 +342,15 @@ class LlamaEngine:
 
     def _slot_for(self, ids: Sequence[int], scope: str = "") -> tuple[KVSlot, int]:
         """The slot sharing the longest prefix with `ids` (same variant, big enough, same cache scope), else
-        a free or the least recently used one. At least one token is always left to prefill (we need its
-        logits)."""
+        a free or the least recently used one; how much of it is reused: reusable_prefix."""
+        exact = positions_exact(self._session())
         best, best_n = None, 0
         for slot in self._slots:
             if slot.variant != self.variant or slot.cache.capacity < self.context_length:
                 continue
             if slot.scope != scope:
                 continue
-            n = min(common_prefix(slot.tokens, ids), len(ids) - 1)
+            n = reusable_prefix(slot.cache, ids, exact)
             if n > best_n or best is None:
                 best, best_n = slot, n
         fits_another = len(self._slots) < kv_slot_count(
@@ -680,6 +706,7 @@ class _Generation:
             bigger = self.e.new_cache(max(self.e.context_length, self.pos + len(ids)))
             bigger.copy_prefix_from(cache, self.pos)
             self.slot.cache = cache = bigger
+        note_write(cache, self.pos, len(ids), len(ids) > 1 or positions_exact(self.sess))
         try:
             fed = np.asarray(ids, dtype=np.int64)
             if keep > 1:  # a verification pass: a row of logits per fed token
@@ -718,7 +745,8 @@ class _Generation:
                 if self.stale:
                     continue
             first = False
-            logits = self._run(self.ctx[self.pos : self.pos + self.e.prefill_chunk])
+            end = prefill_end(self.pos, len(self.ctx), self.e.prefill_chunk, positions_exact(self.sess))
+            logits = self._run(self.ctx[self.pos : end])
 
     def _advance(self, token: int, left: int) -> np.ndarray:
         """The logits after `token` (just appended to ctx). Speculating, a verified drafted token's row is
