@@ -71,6 +71,8 @@ class Gate(Protocol):
     def memory_pressure(self) -> bool: ...
 
     # (optional) `pauses_new`: new work waits now; a batch then admits no reply beside its running ones
+    # (optional) `note_pass(tokens)`: what a batch's pass before the next step made (its replies' tokens, 0
+    # for a prefill chunk); unsaid, a step is one token
 
     @property
     def rung(self) -> str | None:
@@ -641,9 +643,13 @@ class Worker:
                     if batch.prefilling and (prefill_next or not batch.decoding):
                         events += batch.prefill()
                         prefill_next = False
+                        self._note_pass(0)
                     else:
+                        before = batch.last_pass
                         events += batch.step()
                         prefill_next = True
+                        ran = batch.last_pass if batch.last_pass is not before else None
+                        self._note_pass(ran.replies if ran is not None else 0)
                         last_emit = self._pace(engine, batch, last_emit)
                 self._dispatch(rows, events)
         except Exception as err:  # the gate (device overheated, paused too long) or a bug: every row fails
@@ -741,6 +747,12 @@ class Worker:
         if stay is not None:
             self._sync_limits(engine, stay)
         return self._take_batch_events()
+
+    def _note_pass(self, tokens: int) -> None:
+        """The gate's meter and pace count what the pass made (a gate without note_pass: one a step)."""
+        note = getattr(self.gate, "note_pass", None)
+        if note is not None:
+            note(tokens)
 
     def _pace(self, engine: Engine, batch: BatchDecoder, last_emit: float) -> float:
         """The engine's tokens/s pace holds for the whole batch: a pass of n replies makes n tokens."""

@@ -352,3 +352,29 @@ def test_batch_when_another_model_is_asked_for_then_it_waits_for_the_batch_and_i
         assert usage["completion_tokens"] == 16 and set(names) == {model}, key
     # tiny-big's first two decode together; tiny-small's reply waits for them (FIFO), then big-2 follows it
     assert 2 in passes and max(passes) == 2
+
+
+class MeteredGate(HoldGate):
+    """HoldGate that hears, as GovernorGate's meter and pace do, what each step's pass made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noted: list[int] = []
+
+    def note_pass(self, tokens: int) -> None:
+        self.noted.append(tokens)
+
+
+def test_batch_when_replies_decode_together_then_the_gate_hears_each_pass_s_tokens(
+    live, tiny_model_dir, passes
+):
+    """The meter keys a pass's cost on the tokens it made (server/serving/cost_meter.py): the worker tells
+    the gate the replies of every decode pass, and 0 for a prefill chunk (no token)."""
+    gate = MeteredGate()
+    srv, _ = serve(live, tiny_model_dir, "q4-a8", 4, gate)
+    passes.clear()
+    out = together(srv, gate, [0, 1, 2], max_tokens=8)
+    assert [len(out[i]) for i in range(3)] == [8, 8, 8]
+    assert [n for n in gate.noted if n] == passes and max(passes) == 3
+    assert sum(passes) == 3 * 7  # each reply's first token comes from its prefill
+    assert gate.noted.count(0) >= 3  # one prefill chunk each, at least
