@@ -412,6 +412,18 @@ class LlamaEngine:
             return None
         return self._batch
 
+    def shrink_batch(self, slots: int) -> bool:
+        """Drop the batch decoder when it holds rows for more than `slots` replies and none runs (memory
+        pressure: server/serving/model_pool.py cap_rows): its KV rows go back now, and batch_decoder builds
+        one of the size asked at the next batch. True if it went."""
+        batch = self._batch
+        if not isinstance(batch, bool) and batch is not None and batch.slots > slots and not batch.active:
+            self._batch = None
+            del batch
+            release_freed_memory()
+            return True
+        return False
+
     def unload(self) -> None:
         self._batch = None
         self._sessions.clear()

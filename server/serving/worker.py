@@ -604,7 +604,7 @@ class Worker:
     def _serve(self, reply: _Reply) -> None:
         """A started reply: in a batch with the replies of its model that follow it, or alone when its
         engine cannot batch."""
-        batch = _batch_decoder(reply.engine, self.max_batch)
+        batch = _batch_decoder(reply.engine, self._rows())
         if batch is None:
             self._generate_alone(reply)
         else:
@@ -677,7 +677,7 @@ class Worker:
         """Free rows take replies of the batch's model: moved ones first, then the queue's head while it
         is placed on this model (and the governor lets new work start)."""
         engine = batch.e
-        while batch.free > 0:
+        while batch.free > 0 and len(batch.active) < self._rows():  # fewer rows under memory pressure
             reply = self._next_for(engine)
             if reply is None:
                 return
@@ -830,10 +830,23 @@ class Worker:
         job.sink(Switched(old_name, engine.model_id, engine.variant, reason, handover.generated))
         return engine, prompt
 
+    def _rows(self) -> int:
+        """Replies a batch may hold now: SIMMER_MAX_BATCH, or fewer while memory is short (pool.rows_cap)."""
+        cap = getattr(self.pool, "rows_cap", None)
+        return self.max_batch if cap is None else max(1, min(self.max_batch, cap))
+
     def _relieve_memory(self, engine: Engine) -> None:
-        """Under memory pressure only the model that serves stays loaded: the governor's smaller rung
-        frees the room of the bigger ones (idle: the worker runs one job at a time)."""
+        """Under memory pressure, first batches of fewer replies (halved at each job's start, down to one
+        at a time: new requests wait in the queue, running rows finish), then only the model that serves
+        stays loaded: the governor's smaller rung frees the room of the bigger ones. Without pressure the
+        rows come back, doubling, as far as the memory plan says they fit."""
+        rows = self._rows()
         if not self.gate.memory_pressure:
+            if rows < self.max_batch and self.pool.rows_fit(more := min(self.max_batch, 2 * rows)):
+                self.pool.cap_rows(None if more >= self.max_batch else more, "memory pressure over")
+            return
+        if rows > 1:
+            self.pool.cap_rows(rows // 2, "memory pressure")
             return
         for model_id, view in self.pool.loaded().items():
             if model_id != engine.model_id and not view.busy:  # a batch's model still serves its rows
@@ -888,7 +901,12 @@ class _Reply:
 
 def _batch_decoder(engine: Engine | None, slots: int) -> BatchDecoder | None:
     """The engine's batch decoder of `slots` rows, or None when it serves one reply at a time (an engine
-    that offers none, or a graph of one sequence)."""
+    that offers none, a graph of one sequence, or one slot: memory pressure, whose decoder then goes)."""
+    if slots <= 1:
+        shrink = getattr(engine, "shrink_batch", None)
+        if shrink is not None:
+            shrink(1)
+        return None
     make = getattr(engine, "batch_decoder", None)
     return make(slots) if make is not None else None
 

@@ -378,3 +378,33 @@ def test_batch_when_replies_decode_together_then_the_gate_hears_each_pass_s_toke
     assert [n for n in gate.noted if n] == passes and max(passes) == 3
     assert sum(passes) == 3 * 7  # each reply's first token comes from its prefill
     assert gate.noted.count(0) >= 3  # one prefill chunk each, at least
+
+
+class PressedGate(HoldGate):
+    """HoldGate whose governing level comes from memory while `memory_pressure` is set."""
+
+    memory_pressure = True
+
+
+def test_batch_when_memory_pressure_then_batches_of_fewer_rows_and_the_same_replies(
+    live, tiny_model_dir, passes
+):
+    """Memory pressure halves the rows at a job's start (4 -> 2: the other requests wait in the queue for
+    a row, then 2 -> 1: one at a time, its decoder's rows gone); no reply changes. Without pressure the
+    rows come back, doubling at each job's start."""
+    gate = PressedGate()
+    gate.memory_pressure = False
+    srv, e = serve(live, tiny_model_dir, "q4-a8", 4, gate)
+    alone = {i: stream(srv, i) for i in range(4)}
+    pool = srv.app.state.runtime.served.pool
+    gate.memory_pressure = True
+    passes.clear()
+    at_once = together(srv, gate, list(range(4)))
+    assert max(passes) == 2 and pool.rows_cap == 1  # a batch of two, then the others one at a time
+    assert at_once == alone
+    assert e._batch is None  # one at a time: the batch decoder's KV rows went
+    gate.memory_pressure = False
+    stream(srv, 0, max_tokens=2)
+    assert pool.rows_cap == 2
+    stream(srv, 0, max_tokens=2)
+    assert pool.rows_cap is None

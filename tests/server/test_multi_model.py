@@ -345,13 +345,23 @@ def test_switch_when_memory_pressure_moves_the_reply_then_the_bigger_model_unloa
 
 
 @pytest.mark.parametrize("pressed", [False, True])
-def test_request_when_memory_pressure_then_only_the_model_that_serves_stays_loaded(several, pressed):
+def test_request_when_memory_pressure_then_fewer_batch_rows_first_then_only_the_serving_model_stays(
+    several, pressed
+):
+    """Under memory pressure each job's start first halves the replies a batch may hold (SIMMER_MAX_BATCH 4:
+    2, then one at a time), and only then unloads the models that do not serve."""
     gate = (PressedGate if pressed else SwitchingGate)("tiny-small", after=10**9)  # never moves the rung
-    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    srv, served = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
     assert {m for m, e in models(srv).items() if e["loaded"]} == {"tiny-big"}  # loaded at start
-    assert complete(srv, "tiny-small").status_code == 200
-    loaded = {m for m, e in models(srv).items() if e["loaded"]}
-    assert loaded == ({"tiny-small"} if pressed else {"tiny-big", "tiny-small"})
+    seen = []
+    for _ in range(3):
+        assert complete(srv, "tiny-small").status_code == 200
+        seen.append((served.pool.rows_cap, {m for m, e in models(srv).items() if e["loaded"]}))
+    both = {"tiny-big", "tiny-small"}
+    if pressed:
+        assert seen == [(2, both), (1, both), (1, {"tiny-small"})]
+    else:
+        assert seen == [(None, both)] * 3
 
 
 # -- an idle bigger model once the governor's rung moved below it ------------------------------------------
