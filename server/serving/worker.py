@@ -836,17 +836,19 @@ class Worker:
         return self.max_batch if cap is None else max(1, min(self.max_batch, cap))
 
     def _relieve_memory(self, engine: Engine) -> None:
-        """Under memory pressure, first batches of fewer replies (halved at each job's start, down to one
-        at a time: new requests wait in the queue, running rows finish), then only the model that serves
-        stays loaded: the governor's smaller rung frees the room of the bigger ones. Without pressure the
-        rows come back, doubling, as far as the memory plan says they fit."""
+        """Under memory pressure, first batches of fewer replies (halved when a job starts a batch, down to
+        one at a time: new requests wait in the queue, running rows finish; a job joining a running batch
+        changes nothing, the last halving is not in effect yet), then only the model that serves stays
+        loaded: the governor's smaller rung frees the room of the bigger ones. Without pressure the rows
+        come back, doubling, as far as the memory plan says they fit."""
         rows = self._rows()
         if not self.gate.memory_pressure:
             if rows < self.max_batch and self.pool.rows_fit(more := min(self.max_batch, 2 * rows)):
                 self.pool.cap_rows(None if more >= self.max_batch else more, "memory pressure over")
             return
         if rows > 1:
-            self.pool.cap_rows(rows // 2, "memory pressure")
+            if self._batch is None:
+                self.pool.cap_rows(rows // 2, "memory pressure")
             return
         for model_id, view in self.pool.loaded().items():
             if model_id != engine.model_id and not view.busy:  # a batch's model still serves its rows

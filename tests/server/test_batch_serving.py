@@ -389,9 +389,9 @@ class PressedGate(HoldGate):
 def test_batch_when_memory_pressure_then_batches_of_fewer_rows_and_the_same_replies(
     live, tiny_model_dir, passes
 ):
-    """Memory pressure halves the rows at a job's start (4 -> 2: the other requests wait in the queue for
-    a row, then 2 -> 1: one at a time, its decoder's rows gone); no reply changes. Without pressure the
-    rows come back, doubling at each job's start."""
+    """Memory pressure halves the rows when a job starts a batch (4 -> 2: the other requests wait in the
+    queue for a row; at the next batch 2 -> 1: one at a time, its decoder's rows gone); no reply changes.
+    Without pressure the rows come back, doubling at each batch's start."""
     gate = PressedGate()
     gate.memory_pressure = False
     srv, e = serve(live, tiny_model_dir, "q4-a8", 4, gate)
@@ -400,9 +400,13 @@ def test_batch_when_memory_pressure_then_batches_of_fewer_rows_and_the_same_repl
     gate.memory_pressure = True
     passes.clear()
     at_once = together(srv, gate, list(range(4)))
-    assert max(passes) == 2 and pool.rows_cap == 1  # a batch of two, then the others one at a time
+    assert max(passes) == 2 and pool.rows_cap == 2  # a batch of two rows, the others joining as rows free
     assert at_once == alone
-    assert e._batch is None  # one at a time: the batch decoder's KV rows went
+    batch = e._batch
+    assert batch is not None and not isinstance(batch, bool) and batch.slots == 2
+    passes.clear()
+    assert stream(srv, 1) == alone[1]  # the next batch: one reply at a time
+    assert pool.rows_cap == 1 and passes == [] and e._batch is None  # the batch decoder's KV rows went
     gate.memory_pressure = False
     stream(srv, 0, max_tokens=2)
     assert pool.rows_cap == 2

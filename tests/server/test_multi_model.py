@@ -348,8 +348,8 @@ def test_switch_when_memory_pressure_moves_the_reply_then_the_bigger_model_unloa
 def test_request_when_memory_pressure_then_fewer_batch_rows_first_then_only_the_serving_model_stays(
     several, pressed
 ):
-    """Under memory pressure each job's start first halves the replies a batch may hold (SIMMER_MAX_BATCH 4:
-    2, then one at a time), and only then unloads the models that do not serve."""
+    """Under memory pressure each batch's start first halves the replies a batch may hold (SIMMER_MAX_BATCH
+    4: 2, then one at a time), and only then unloads the models that do not serve."""
     gate = (PressedGate if pressed else SwitchingGate)("tiny-small", after=10**9)  # never moves the rung
     srv, served = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
     assert {m for m, e in models(srv).items() if e["loaded"]} == {"tiny-big"}  # loaded at start
