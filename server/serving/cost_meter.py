@@ -6,6 +6,7 @@ paces the tokens a batch really makes per CPU-second."""
 from __future__ import annotations
 
 import statistics
+import threading
 from collections import deque
 
 from governor.limits import ConfigCost
@@ -33,6 +34,7 @@ class CostMeter:
         self._cpu: dict[Key, deque[float]] = {}
         self._wall: dict[Key, deque[float]] = {}
         self._since: dict[Key, int] = {}
+        self._lock = threading.Lock()  # the worker steps it, a /metrics scrape reads its table
 
     def step(
         self,
@@ -49,15 +51,16 @@ class CostMeter:
         if tokens < 1:
             return None
         key = (model_id, variant, threads, spinning, tokens)
-        cpu = self._cpu.setdefault(key, deque(maxlen=self.window))
-        wall = self._wall.setdefault(key, deque(maxlen=self.window))
-        cpu.append(max(0.0, cpu_s) / tokens)
-        wall.append(max(0.0, wall_s))
-        self._since[key] = self._since.get(key, 0) + 1
-        if self._since[key] < self.publish_every or len(cpu) < self.publish_every:
-            return None
-        self._since[key] = 0
-        return self._cost(key)
+        with self._lock:
+            cpu = self._cpu.setdefault(key, deque(maxlen=self.window))
+            wall = self._wall.setdefault(key, deque(maxlen=self.window))
+            cpu.append(max(0.0, cpu_s) / tokens)
+            wall.append(max(0.0, wall_s))
+            self._since[key] = self._since.get(key, 0) + 1
+            if self._since[key] < self.publish_every or len(cpu) < self.publish_every:
+                return None
+            self._since[key] = 0
+            return self._cost(key)
 
     def _cost(self, key: Key) -> ConfigCost | None:
         model_id, variant, threads, spinning, tokens = key
@@ -70,10 +73,8 @@ class CostMeter:
     def table(self) -> list[ConfigCost]:
         """What every configuration and batch size measured costs now (at least publish_every passes),
         fewest rows first: what `simmer bench concurrency` and /metrics show."""
-        costs = [
-            self._cost(key)
-            for key, cpu in self._cpu.items()
-            if len(cpu) >= min(self.publish_every, self.window)
-        ]
+        with self._lock:
+            least = min(self.publish_every, self.window)
+            costs = [self._cost(key) for key, cpu in self._cpu.items() if len(cpu) >= least]
         found = [c for c in costs if c is not None]
         return sorted(found, key=lambda c: (c.model_id or "", c.variant, c.threads, bool(c.spinning), c.rows))

@@ -412,3 +412,39 @@ def test_batch_when_memory_pressure_then_batches_of_fewer_rows_and_the_same_repl
     assert pool.rows_cap == 2
     stream(srv, 0, max_tokens=2)
     assert pool.rows_cap is None
+
+
+def test_bench_concurrency_meter_when_replies_decode_together_then_cost_per_token_of_each_batch_size(
+    live, tiny_model_dir, passes
+):
+    """A real governor gate's meter, fed by the worker, shows each batch size's cost on /metrics, and the
+    bench reads it (bench/concurrency.py meter_costs): what `simmer bench concurrency` reports."""
+    from bench.concurrency import meter_costs
+    from governor.governor import Governor
+    from governor.limits import build_ladder
+    from server.serving.cost_meter import CostMeter
+    from server.serving.governor_gate import GovernorGate
+
+    class HeldGovernorGate(GovernorGate):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.release = threading.Event()
+            self.release.set()
+
+        def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
+            self.release.wait(30)
+            return super().before_job(cancel, enqueued_at)
+
+    e = engine(tiny_model_dir, "q4-a8")
+    governor = Governor(usable_cpus=1, ladder=build_ladder([(e.model_id, "q4-a8", 0.03, 1.0, 1, 1, 60.0)]))
+    gate = HeldGovernorGate(governor, meter=CostMeter(window=32, publish_every=2))
+    srv = live(engine=e, model=e.model_id, max_batch=4, governor=gate)
+    passes.clear()
+    together(srv, gate, [0, 1, 2], max_tokens=12)  # type: ignore[arg-type]
+    metrics = httpx.get(srv.url + "/metrics").text
+    costs = meter_costs(metrics)
+    batched = sorted({c["rows"] for c in costs})
+    assert batched and set(batched) <= set(passes) and max(batched) >= 2
+    for c in costs:
+        assert (c["model"], c["variant"], c["threads"]) == (e.model_id, "q4-a8", "1")
+        assert c["cpu_s_per_token"] > 0 and c["tok_s"] > 0 and c["tokens_per_cpu_s"] > 0
