@@ -144,3 +144,27 @@ def test_note_write_table(tokens, exact, pos, n, exact_pass, after):
     assert cache.exact == after
     cache.tokens = cache.tokens[:pos]
     assert exact_prefix(cache) == min(after, pos)
+
+
+@pytest.mark.slow
+def test_real_model_when_cold_or_warm_prefix_then_same_greedy_text_and_logprobs(smollm2_model_dir):
+    """SmolLM2 q4-a8, where a one-position pass is 0.5 apart in the logits from a pass of several: a chat
+    prompt cold, then warm (whole), partly warm (a prompt sharing its first 24 tokens), and a follow-up
+    whose cached prefix holds the reply."""
+    e = engine(smollm2_model_dir, "q4-a8", threads=2, context_length=512)
+    prompt = e.chat_prompt([{"role": "user", "content": "Name three colours and say why the sky is blue."}])
+    params = replace(GREEDY, max_tokens=24)
+    e.reset_cache()
+    cold = generate(e, prompt, params)
+    warm = generate(e, prompt, params)
+    e.reset_cache()
+    generate(e, Prompt([*prompt.ids[:24], *e.tokenize("zebra")]), params)
+    partly = generate(e, prompt, params)
+    assert cached(warm) >= len(prompt.ids) - 2 and cached(partly) == 24
+    assert tokens(warm) == tokens(cold) == tokens(partly)
+    follow = Prompt(
+        [*prompt.ids, *(t for t, _, _ in tokens(cold)), *e.tokenize(" And why is it red at dusk?")]
+    )
+    warm_follow = generate(e, follow, params)
+    e.reset_cache()
+    assert tokens(warm_follow) == tokens(generate(e, follow, params))
