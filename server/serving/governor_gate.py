@@ -206,6 +206,7 @@ class GovernorGate:
         self._job_wake = wake = threading.Event()
         cancel.on_cancel(wake.set)
         self._last_step = None
+        self._pass_tokens = 1
         return self._apply(self._decide(None, new_job=True), cancel, enqueued_at + self.pause_timeout_s)
 
     def note_pass(self, tokens: int) -> None:
