@@ -107,8 +107,8 @@ def same_events(a: Events, b: Events) -> None:
 
 
 def one_reply(e: LlamaEngine, prompt: Prompt, params: GenerationParams, **kw) -> Events:
-    """The one-reply engine's events, its whole prompt prefilled (a reused prefix feeds fewer positions
-    in a pass, which sums attention in another order)."""
+    """The one-reply engine's events, its whole prompt prefilled (cached_tokens 0, as the batch's rows
+    that are compared with it)."""
     e.reset_cache()
     return list(e.generate(prompt, params, **kw))  # type: ignore[arg-type]
 

@@ -90,7 +90,7 @@ SALTS = iter(range(1 << 30))
 def stream(srv, i: int, max_tokens: int = 24, after: Callable[[int], bool] | None = None) -> list:
     """Request i streamed: [(text, logprob, top logprobs)] per token; `after(n)` False closes the stream
     after n chunks (the client leaves). Each request its own cache scope: a prompt is prefilled whole
-    every time (a reused prefix feeds fewer positions, whose sums may differ in the last bits)."""
+    every time (the same text either way: tests/models/test_prefix_exact.py; here the usage is too)."""
     chunks = sdk(srv).chat.completions.create(
         model=srv.settings.model,
         messages=[{"role": "user", "content": PROMPTS[i]}],
