@@ -133,11 +133,12 @@ def one_position_exact(run: Any, new_cache: Any, vocab: int) -> bool:
     positions agree bitwise whatever their number and however the prompt was split before them. Where it
     does not, a prefill never runs a pass of one position (prefill_end) and prefix reuse takes only keys
     written by passes of several (exact_prefix), so a reply's text never depends on how much of its
-    prompt was cached. Three probe passes on throwaway caches, once per session."""
-    probe = [(j * 7919 + 11) % vocab for j in range(3)]
+    prompt was cached. Three probe passes on throwaway caches, once per session: 24 positions, so that
+    attention over a past longer than a few keys is compared too."""
+    probe = [(j * 7919 + 11) % vocab for j in range(24)]
     split = new_cache(len(probe))
-    run(np.array(probe[:2]), split, 0)
-    alone = run(np.array(probe[2:]), split, 2).copy()
+    run(np.array(probe[:-1]), split, 0)
+    alone = run(np.array(probe[-1:]), split, len(probe) - 1).copy()
     whole = run(np.array(probe), new_cache(len(probe)), 0)
     return bool(np.array_equal(alone, whole))
 
