@@ -11,7 +11,9 @@ first request sent to last token received), TTFT p50/p95 over the requests, and 
 each client saw (the gaps between its tokens' arrivals, a chunk of k tokens counting k gaps of a k-th of
 its wait; simmer's SSE coalescing is off here, SIMMER_STREAM_INTERVAL_MS=0, as llama-server sends each
 token): p50 per client, then the median and the worst client. The report gives per system the median over
-rounds, and the ratios of simmer's figures to the peer's and to simmer's own one-at-a-time server.
+rounds, and the ratios of simmer's figures to the peer's and to simmer's own one-at-a-time server; and
+`meter`, what each simmer server's cost meter measured at the end (its /metrics): CPU seconds per token and
+tokens per second of a pass, per batch size (`rows`), which is what the governor's pace buys.
 Numbers from a shared machine mean something only as ratios within one run.
 """
 
@@ -153,6 +155,35 @@ def run_round(url: str, model: str | None, clients: int, requests: int, max_toke
     }
 
 
+def meter_costs(metrics: str) -> list[dict[str, Any]]:
+    """The cost meter's table from a /metrics text (server/http/metrics.py): one entry per configuration
+    and batch size, fewest rows first."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    names = {
+        "simmer_cost_cpu_seconds_per_token": "cpu_s_per_token",
+        "simmer_cost_tokens_per_second": "tok_s",
+    }
+    for line in metrics.splitlines():
+        name, _, rest = line.partition("{")
+        if name not in names or "}" not in rest:
+            continue
+        labels_text, _, value = rest.rpartition("}")
+        labels = dict(
+            (k, v.strip('"'))
+            for k, v in (part.split("=", 1) for part in labels_text.split(",") if "=" in part)
+        )
+        key = tuple(sorted(labels.items()))
+        entry = rows.setdefault(key, {**labels, "rows": int(labels.get("rows", "1"))})
+        entry[names[name]] = round(float(value), 6)
+    out = list(rows.values())
+    for e in out:
+        cpu = e.get("cpu_s_per_token")
+        e["tokens_per_cpu_s"] = round(1 / cpu, 1) if cpu else None
+    return sorted(
+        out, key=lambda e: (e.get("model", ""), e.get("variant", ""), e.get("threads", ""), e["rows"])
+    )
+
+
 def _quantile(sorted_xs: list[float], q: float) -> float:
     """Nearest-rank quantile (the value below which a q share of them lie)."""
     k = max(0, min(len(sorted_xs) - 1, round(q * len(sorted_xs) + 0.5) - 1))
@@ -283,6 +314,10 @@ def bench_concurrency(
                 url, _ = systems[name]
                 model = served_model if name.startswith("simmer") else None
                 results[name].append(run_round(url, model, clients, requests, max_tokens))
+        meter = {}
+        for name in ("simmer_batched", "simmer_one_at_a_time"):
+            with httpx.Client(base_url=systems[name][0], timeout=30) as c:
+                meter[name] = meter_costs(c.get("/metrics").text)
 
     def med(name: str, key: str) -> float | None:
         xs = [r[key] for r in results[name] if r[key] is not None]
@@ -327,5 +362,6 @@ def bench_concurrency(
             "one_at_a_time_vs_peer_tok_s": ratio("simmer_one_at_a_time", peer, "aggregate_tok_s"),
             "batched_vs_peer_itl_p50": ratio("simmer_batched", peer, "itl_p50_ms"),
         },
+        "meter": meter,
         "rounds_raw": results,
     }

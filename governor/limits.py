@@ -191,6 +191,9 @@ class ConfigCost:
     cpu_s_per_token: float  # process CPU seconds (all threads) per generated token
     tok_s: float  # decode tokens per wall second, unpaced
     model_id: str | None = None  # whose variant (None: any model's of this name, e.g. an engine bench table)
+    # replies per pass measured (a batch decodes several at once, each token cheaper): the governor's table
+    # holds, per configuration, the batch size that ran last (merge_cost), so its pace follows the batch
+    rows: int = 1
 
 
 # Busy cores per thread under which a manifest's speed was measured starved (see config_costs). Two quiet
@@ -236,7 +239,8 @@ def config_costs(rung: Rung, max_threads: int, measured: Sequence[ConfigCost] = 
 
 
 def merge_cost(costs: Sequence[ConfigCost], new: ConfigCost) -> tuple[ConfigCost, ...]:
-    """The table with `new` in place of the entry for its (model, variant, threads, spinning)."""
+    """The table with `new` in place of the entry for its (model, variant, threads, spinning), whatever
+    batch size either measured: the cost of the batch running now is the one a pace must buy."""
 
     def key(c: ConfigCost) -> tuple:
         return (c.model_id, c.variant, c.threads, c.spinning)

@@ -34,8 +34,10 @@ same alone or beside 1, 2 or 3 others at no cost; with fp32 activations (q4's Ma
 a one-row pass sums in another order than the rows of a larger one (~7e-5 apart in the logits; passes of
 two or more rows agree bitwise), so there a reply decoding alone is padded to two rows. `pad` None (the
 default) decides per session from that measurement, True or False force it; bench/batch.py measures what
-padding costs. A prefill chunk runs its row alone whatever else is active, so it is the same too; a
-reply's text does depend on how its prompt was chunked (prefix reuse), as for the one-reply engine.
+padding costs. A prefill chunk runs its row alone whatever else is active, so it is the same too; and
+its text does not depend on how much of its prompt a free row held (prefix reuse), as for the one-reply
+engine: a prefill never runs a pass of one position, and reuses only keys a cold prefill would write
+(session.one_position_exact; a row's decoded keys only where one-position rows are exact in any pass).
 (What bench/experiments/rows_probe.py saw on q4-a8, logits 0.4-0.9 apart, is between a one-position
 pass and the rows of a pass of several positions of one sequence: the same MatMulNBits rows, but
 GroupQueryAttention's prompt path against its token path, amplified by the int8 activations. A batch of
@@ -63,9 +65,18 @@ import onnxruntime as ort
 
 from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter
 from models.protocol import EngineLimits, Prompt
-from models.runtime.engine import KVSlot, _Generation, _terminator, common_prefix
+from models.runtime.engine import KVSlot, _Generation, _terminator, positions_exact, reusable_prefix
 from models.runtime.sampling import validate
-from models.runtime.session import KEEP_INPUT, ROWS_ATOL, DecoderSession, KVCache, ModelShape, kv_zeros
+from models.runtime.session import (
+    KEEP_INPUT,
+    ROWS_ATOL,
+    DecoderSession,
+    KVCache,
+    ModelShape,
+    kv_zeros,
+    note_write,
+    prefill_end,
+)
 from models.types import CancelToken, FinishEvent, FinishReason, GenerationParams, Handover, TokenEvent
 
 if TYPE_CHECKING:
@@ -124,6 +135,7 @@ class _RowKV(KVCache):
             (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v)) for k, v in self.arrays
         ]
         self.tokens = []
+        self.exact = 0
 
 
 class BatchPass:
@@ -326,8 +338,9 @@ class BatchDecoder:
 
     def _row_for(self, ids: list[int], scope: str) -> tuple[int, int]:
         """The free row sharing the longest prefix with `ids` (computed by this variant, in `scope`), else an
-        empty one, else the least recently used; lowest first on ties, so passes stay narrow. At least one
-        token is left to prefill (its logits are the first token's)."""
+        empty one, else the least recently used; lowest first on ties, so passes stay narrow. How much of
+        it is reused: the one-reply engine's rule (reusable_prefix)."""
+        exact = positions_exact(self.e._session())
         best: tuple[int, bool, float, int] | None = None
         chosen = -1
         for b in range(self.slots):
@@ -336,7 +349,7 @@ class BatchDecoder:
             free, tokens = self.free_rows[b], self.kv.rows[b].tokens
             n = 0
             if free.variant == self.e.variant and free.scope == scope:
-                n = min(common_prefix(tokens, ids), len(ids) - 1)
+                n = reusable_prefix(self.kv.rows[b], ids, exact)
             key = (n, not tokens, -free.last_used, -b)
             if best is None or key > best:
                 best, chosen = key, b
@@ -372,7 +385,8 @@ class BatchDecoder:
         if row.t_prefill is None:
             row.t_prefill = time.perf_counter()
         try:
-            logits = gen._run(gen.ctx[gen.pos : gen.pos + e.prefill_chunk])
+            end = prefill_end(gen.pos, len(gen.ctx), e.prefill_chunk, positions_exact(gen.sess))
+            logits = gen._run(gen.ctx[gen.pos : end])
         except Cancelled:
             return [*events, self._finish(slot, "cancelled")]
         except Exception as err:  # this reply fails, the others go on
@@ -408,13 +422,19 @@ class BatchDecoder:
             n = PAD_ROWS
         ids = np.zeros(n, np.int64)
         lengths = np.ones(n, np.int64)
+        sess = self.e._session()
+        # a row's decoded keys are a cold prefill's only where neither the pass's width nor its one
+        # position changes a sum (else prefix reuse stops before them)
+        exact = positions_exact(sess) and batch_traits(sess).one_row_exact
         for b in range(n):
             row = self.rows[b]
+            decodes = row is not None and row.decoding
             if row is not None and row.decoding:
                 ids[b] = row.gen.ctx[row.gen.pos]
                 lengths[b] = row.gen.pos + 1
             else:  # a throwaway token just past the row's valid keys, where its next write goes anyway
                 lengths[b] = self._filled(b) + 1
+            note_write(self.kv.rows[b], int(lengths[b]) - 1, 1, exact and decodes)
         t0 = time.perf_counter()
         try:
             logits = self._batch_pass().run(ids, lengths)

@@ -42,8 +42,11 @@ from models.runtime.session import (
     GeneralDecoderSession,
     KVCache,
     ModelShape,
+    exact_prefix,
     kv_slot_count,
     new_run_options,
+    note_write,
+    prefill_end,
 )
 from models.runtime.speculative import MAX_DRAFT, RowCost, Speculation
 from models.runtime.text_side import TextSideMixin, read_tokenizer
@@ -106,6 +109,22 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def reusable_prefix(cache: Any, ids: Sequence[int], positions_exact: bool) -> int:
+    """How much of `cache` a prompt `ids` reuses: the prefix they share, leaving at least one token to
+    prefill (its logits are the first token's). Where a one-position pass is not exact (a session's
+    positions_exact), only keys a cold prefill would write count (exact_prefix) and two tokens are left, so
+    the last prefill pass is one of several positions, as a cold prefill's is."""
+    n = common_prefix(cache.tokens, ids)
+    if positions_exact:
+        return max(0, min(n, len(ids) - 1))
+    return max(0, min(n, exact_prefix(cache), len(ids) - 2))
+
+
+def positions_exact(sess: object) -> bool:
+    """Whether a session's one-position passes give what a pass of several does (session.py)."""
+    return bool(getattr(sess, "positions_exact", True))
 
 
 def variant_order(manifest: dict[str, Any]) -> list[str]:
@@ -245,6 +264,7 @@ class LlamaEngine(TextSideMixin):
                 )
                 if self.speculation != "off":
                     sess.rows_exact  # noqa: B018 (the probe runs at load, not in a request)
+                sess.positions_exact  # noqa: B018 (likewise)
             log.info(
                 "loaded %s/%s with %d threads in %.2f s",
                 self.model_id,
@@ -284,6 +304,12 @@ class LlamaEngine(TextSideMixin):
         return (self.variant, self.threads, spinning)
 
     @property
+    def reuse_tail(self) -> int:
+        """Prompt tokens a reused prefix always leaves to prefill (reusable_prefix): 1, or 2 where this
+        session's one-position passes are not exact."""
+        return 1 if positions_exact(self._session()) else 2
+
+    @property
     def speculates(self) -> bool:
         """Whether requests speculate on the current variant (see _speculation)."""
         sess = self._session()
@@ -314,15 +340,15 @@ class LlamaEngine(TextSideMixin):
 
     def _slot_for(self, ids: Sequence[int], scope: str = "") -> tuple[KVSlot, int]:
         """The slot sharing the longest prefix with `ids` (same variant, big enough, same cache scope), else
-        a free or the least recently used one. At least one token is always left to prefill (we need its
-        logits)."""
+        a free or the least recently used one; how much of it is reused: reusable_prefix."""
+        exact = positions_exact(self._session())
         best, best_n = None, 0
         for slot in self._slots:
             if slot.variant != self.variant or slot.cache.capacity < self.context_length:
                 continue
             if slot.scope != scope:
                 continue
-            n = min(common_prefix(slot.tokens, ids), len(ids) - 1)
+            n = reusable_prefix(slot.cache, ids, exact)
             if n > best_n or best is None:
                 best, best_n = slot, n
         fits_another = len(self._slots) < kv_slot_count(
@@ -383,6 +409,18 @@ class LlamaEngine(TextSideMixin):
             self._batch = False
             return None
         return self._batch
+
+    def shrink_batch(self, slots: int) -> bool:
+        """Drop the batch decoder when it holds rows for more than `slots` replies and none runs (memory
+        pressure: server/serving/model_pool.py cap_rows): its KV rows go back now, and batch_decoder builds
+        one of the size asked at the next batch. True if it went."""
+        batch = self._batch
+        if not isinstance(batch, bool) and batch is not None and batch.slots > slots and not batch.active:
+            self._batch = None
+            del batch
+            release_freed_memory()
+            return True
+        return False
 
     def unload(self) -> None:
         self._batch = None
@@ -665,6 +703,7 @@ class _Generation:
             bigger = self.e.new_cache(max(self.e.context_length, self.pos + len(ids)))
             bigger.copy_prefix_from(cache, self.pos)
             self.slot.cache = cache = bigger
+        note_write(cache, self.pos, len(ids), len(ids) > 1 or positions_exact(self.sess))
         try:
             fed = np.asarray(ids, dtype=np.int64)
             if keep > 1:  # a verification pass: a row of logits per fed token
@@ -703,7 +742,8 @@ class _Generation:
                 if self.stale:
                     continue
             first = False
-            logits = self._run(self.ctx[self.pos : self.pos + self.e.prefill_chunk])
+            end = prefill_end(self.pos, len(self.ctx), self.e.prefill_chunk, positions_exact(self.sess))
+            logits = self._run(self.ctx[self.pos : end])
 
     def _advance(self, token: int, left: int) -> np.ndarray:
         """The logits after `token` (just appended to ctx). Speculating, a verified drafted token's row is

@@ -98,6 +98,7 @@ class KVCache:
             (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v)) for k, v in self.arrays
         ]
         self.tokens: list[int] = []  # the token ids whose keys/values fill positions 0..len-1
+        self.exact = 0  # positions 0..exact-1 hold what a cold prefill writes (note_write)
 
     @property
     def nbytes(self) -> int:
@@ -108,6 +109,48 @@ class KVCache:
             dk[:, :, :n] = sk[:, :, :n]
             dv[:, :, :n] = sv[:, :, :n]
         self.tokens = list(other.tokens[:n])
+        self.exact = min(other.exact, n)
+
+
+def note_write(cache: Any, pos: int, n: int, exact_pass: bool) -> None:
+    """Before a pass writes positions pos..pos+n-1 of `cache`: how far its keys stay what a cold prefill
+    of the same tokens writes (`cache.exact`, what prefix reuse may take). `exact_pass`: the pass's rows
+    are bitwise a multi-position prefill's (PositionsExact). Positions past pos are overwritten, so the
+    exact prefix never reaches beyond pos unless this pass extends it."""
+    cache.exact = pos + n if exact_pass and cache.exact >= pos else min(cache.exact, pos)
+
+
+def exact_prefix(cache: Any) -> int:
+    """The leading positions of `cache` a prompt may reuse and still get the logits a cold prefill gives."""
+    return min(getattr(cache, "exact", 0), len(cache.tokens))
+
+
+def one_position_exact(run: Any, new_cache: Any, vocab: int) -> bool:
+    """Whether a pass feeding one position after a past gives bitwise the logits that position gets as the
+    last of a pass of several. Measured, not assumed: on onnxruntime 1.32 x86 it does not, with int8
+    activations (q4-a8: GroupQueryAttention's token path against its prompt path, 0.5 apart in SmolLM2's
+    logits) nor with fp32 ones (q4: MatMulNBits' one-row kernel, ~2e-5); passes of two or more
+    positions agree bitwise whatever their number and however the prompt was split before them. Where it
+    does not, a prefill never runs a pass of one position (prefill_end) and prefix reuse takes only keys
+    written by passes of several (exact_prefix), so a reply's text never depends on how much of its
+    prompt was cached. Three probe passes on throwaway caches, once per session: 24 positions, so that
+    attention over a past longer than a few keys is compared too."""
+    probe = [(j * 7919 + 11) % vocab for j in range(24)]
+    split = new_cache(len(probe))
+    run(np.array(probe[:-1]), split, 0)
+    alone = run(np.array(probe[-1:]), split, len(probe) - 1).copy()
+    whole = run(np.array(probe), new_cache(len(probe)), 0)
+    return bool(np.array_equal(alone, whole))
+
+
+def prefill_end(pos: int, total: int, chunk: int, exact: bool) -> int:
+    """Where the prefill pass starting at `pos` of a context of `total` positions ends: `chunk` positions
+    at most, and (unless one-position passes are `exact`) never leaving one position for a last pass of
+    its own (that pass then takes one more, or this one one less)."""
+    end = min(total, pos + max(1, chunk))
+    if not exact and total - end == 1:
+        end = end - 1 if end - pos >= 3 else end + 1
+    return end
 
 
 PREFAULT_ALL_MAX = 96 << 20  # when all that stays mapped is at most this, all of it is read in at load
@@ -338,6 +381,13 @@ class DecoderSession:
         self._binding, self._bound_kv = None, None  # the probe cache goes
         return exact
 
+    @cached_property
+    def positions_exact(self) -> bool:
+        """one_position_exact, measured on this session (at load)."""
+        exact = one_position_exact(self.run, lambda n: KVCache(self.shape, n), self.shape.vocab)
+        self._binding, self._bound_kv = None, None  # the probe caches go
+        return exact
+
     def _bind_k(self, b: ort.IOBinding, k: int) -> None:
         """Bind a [1, k, vocab] view of the logits buffer (grown when k is larger than ever before: one
         buffer, so the views of smaller k stay valid) and the matching num_logits_to_keep."""
@@ -404,6 +454,7 @@ class SharedKV(KVCache):
             (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v)) for k, v in self.arrays
         ]
         self.tokens = []
+        self.exact = 0
 
 
 class GrowingKV:
@@ -424,6 +475,7 @@ class GrowingKV:
         ]
         self.length = 0
         self.tokens: list[int] = []
+        self.exact = 0  # as KVCache's
 
     @property
     def nbytes(self) -> int:
@@ -445,6 +497,7 @@ class GrowingKV:
     def copy_prefix_from(self, other: GrowingKV, n: int) -> None:
         self.values, self.length = other.past(n), n
         self.tokens = list(other.tokens[:n])
+        self.exact = min(other.exact, n)
 
 
 class GeneralDecoderSession:
@@ -485,6 +538,11 @@ class GeneralDecoderSession:
         self.positions_dtype = _ORT_INT_DTYPES.get(ins.get(self.positions_name or "", ""), np.int64)
         self.run_options = ort.RunOptions()
         prefault_mappings(self.path.parent, skip=before)
+
+    @cached_property
+    def positions_exact(self) -> bool:
+        """one_position_exact, measured on this session (at its first use)."""
+        return one_position_exact(self.run, self.new_cache, self.shape.vocab)
 
     def new_cache(self, capacity: int, prefault: bool = False) -> SharedKV | GrowingKV:
         kind = SharedKV if self.io.share_buffer else GrowingKV

@@ -140,11 +140,33 @@ class GovernorCollector:
             "Worker seconds idled by the (simulated) device's own throttling",
             self.gate.throttled_seconds,
         )
+        yield from _meter_metrics(getattr(self.gate, "meter", None))
         sim = self.gate.governor.thermal.simulator
         if sim is not None:
             yield CounterMetricFamily(
                 "simmer_device_kills", "Times the simulated device killed the app", sim.kills
             )
+
+
+def _meter_metrics(meter: Any) -> Iterator[Metric]:
+    """What the gate's meter measured (server/serving/cost_meter.py), per configuration and batch size
+    (`rows`: replies a pass decoded): CPU seconds per token and tokens per second, unpaced."""
+    costs = meter.table() if meter is not None else []
+    if not costs:
+        return
+    labels = ["model", "variant", "threads", "spinning", "rows"]
+    cpu = GaugeMetricFamily(
+        "simmer_cost_cpu_seconds_per_token", "Process CPU seconds per token, measured", labels=labels
+    )
+    speed = GaugeMetricFamily(
+        "simmer_cost_tokens_per_second", "Tokens per wall second of the passes, unpaced", labels=labels
+    )
+    for c in costs:
+        key = [c.model_id or "", c.variant, str(c.threads), str(bool(c.spinning)).lower(), str(c.rows)]
+        cpu.add_metric(key, c.cpu_s_per_token)
+        speed.add_metric(key, c.tok_s)
+    yield cpu
+    yield speed
 
 
 class SummaryCollector:

@@ -10,8 +10,10 @@ The governor decides (its own thread); the gate acts on the worker thread:
   killed the app (T >= T_critical) fails the reply with device_overheated until it cools;
 - the pace: the gate idles after each pass to hold the governor's tokens_per_second, or without a known
   cost per token its CPU budget (Limits.pace_delay): one mechanism, fed by the pace controller;
-- a meter measures the process CPU time per step of each configuration the engine runs and tells the
-  governor (serving/cost_meter.py): the budget then buys the configuration that is really cheapest here;
+- a meter measures the process CPU time per step of each configuration the engine runs, and per token of
+  each batch size (the worker says what a pass made: note_pass), and tells the governor
+  (serving/cost_meter.py): the budget then buys the configuration that is really cheapest here, and a
+  batch's cheaper tokens raise its pace at the same CPU;
 - a model load is wrapped in Governor.loading() (loading(), around the pool's every load): the pace
   controller credits none of its CPU;
 - limits go to the worker only when they change (it places them on the request's rung, serving/ladder.py).
@@ -74,12 +76,13 @@ class StepDecision:
     limits: EngineLimits | None  # new limits for the worker, None when unchanged
 
 
-# The rule table for one step, after a forward pass of pass_s (None: no pass before it, a job's start):
+# The rule table for one step, after a forward pass of pass_s (None: no pass before it, a job's start) that
+# made `tokens` tokens (1 for the one-reply engine's steps; a batch's pass: its replies, a prefill chunk 0):
 #
 #   idle     = max(throttle, pace): two lower bounds on the idle after a pass
 #     throttle: the simulated device's own throttling, a multiple of the pass (0 on real devices)
-#     pace:     enforced, a tokens/s pace: the rest of 1 / pace after the pass (the engine's own wait then
-#               finds nothing left to wait; the meter sees passes without the idle)
+#     pace:     enforced, a tokens/s pace: the rest of tokens / pace after the pass (the engine's own wait
+#               then finds nothing left to wait; the meter sees passes without the idle)
 #               enforced, no tokens/s pace (no cost per token known): the CPU budget's idle
 #               (Limits.pace_delay of the pass)
 #   killed   = the device killed the app (T >= T_critical, until it cools below T_throttle)
@@ -97,10 +100,11 @@ def decide_step(
     enforce: bool,
     new_job: bool,
     applied: EngineLimits | None,
+    tokens: int = 1,
 ) -> StepDecision:
     pace = 0.0
     if pass_s is not None and enforce and limits.tokens_per_second:
-        pace = max(0.0, 1.0 / limits.tokens_per_second - pass_s)
+        pace = max(0.0, max(0, tokens) / limits.tokens_per_second - pass_s)
     elif pass_s is not None and enforce:
         pace = limits.pace_delay(pass_s)
     engine_limits = to_engine_limits(limits)
@@ -141,6 +145,7 @@ class GovernorGate:
         self._job: CancelToken | None = None
         self._job_wake = threading.Event()
         self._last_step: float | None = None
+        self._pass_tokens = 1  # what the pass before the next step made (note_pass)
         self.pauses = 0  # times the governor entered a pause
         self.paused_seconds = 0.0  # worker time spent waiting out pauses
         self.throttled_seconds = 0.0  # worker time spent idling for the device's own throttling
@@ -201,7 +206,13 @@ class GovernorGate:
         self._job_wake = wake = threading.Event()
         cancel.on_cancel(wake.set)
         self._last_step = None
+        self._pass_tokens = 1
         return self._apply(self._decide(None, new_job=True), cancel, enqueued_at + self.pause_timeout_s)
+
+    def note_pass(self, tokens: int) -> None:
+        """The worker's word on the pass before the next step: it made `tokens` tokens (a batch's pass of
+        that many replies; 0: a prefill chunk). Unsaid, a step is one token (the one-reply engine's)."""
+        self._pass_tokens = tokens
 
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
         if cancel is not self._job:  # a caller that skipped before_job (engine used directly)
@@ -209,9 +220,10 @@ class GovernorGate:
             cancel.on_cancel(self._job_wake.set)
         now = time.monotonic()
         pass_s = None if self._last_step is None else now - self._last_step
+        tokens, self._pass_tokens = self._pass_tokens, 1
         if pass_s is not None:
-            self._measure(self._cpu_time() - self._last_cpu, pass_s)
-        decision = self._decide(pass_s, new_job=False)
+            self._measure(self._cpu_time() - self._last_cpu, pass_s, tokens)
+        decision = self._decide(pass_s, new_job=False, tokens=tokens)
         limits = self._apply(decision, cancel, None)
         # the next call measures the forward pass alone; the CPU clock is read first, so the pass measured
         # does not include reading it
@@ -219,8 +231,9 @@ class GovernorGate:
         self._last_step = time.monotonic()
         return limits
 
-    def _measure(self, cpu_s: float, wall_s: float) -> None:
-        """One step of the configuration the engine runs (the limits last handed out) into the meter."""
+    def _measure(self, cpu_s: float, wall_s: float, tokens: int = 1) -> None:
+        """One step of the configuration the engine runs (the limits last handed out), which made `tokens`
+        tokens, into the meter."""
         with self._lock:
             applied = self._applied
         if applied is None or applied.variant is None or not applied.threads:
@@ -231,12 +244,18 @@ class GovernorGate:
         # server picks (a one-thread measurement on a busy machine against a two-thread prior).
         spinning = pool_spins(self._spin, applied.spin, applied.tokens_per_second, max(2, applied.threads))
         cost = self.meter.step(
-            applied.variant, applied.threads, spinning, cpu_s, wall_s, model_id=applied.model_id
+            applied.variant,
+            applied.threads,
+            spinning,
+            cpu_s,
+            wall_s,
+            model_id=applied.model_id,
+            tokens=tokens,
         )
         if cost is not None:
             self.governor.costs = merge_cost(self.governor.costs, cost)
 
-    def _decide(self, pass_s: float | None, *, new_job: bool) -> StepDecision:
+    def _decide(self, pass_s: float | None, *, new_job: bool, tokens: int = 1) -> StepDecision:
         governor = self.governor
         with self._lock:
             applied = self._applied
@@ -248,6 +267,7 @@ class GovernorGate:
             enforce=governor.enforce,
             new_job=new_job,
             applied=applied,
+            tokens=tokens,
         )
 
     def _apply(

@@ -1,15 +1,17 @@
-"""The memory planner: what a model costs resident, what the budget leaves free, and what to unload to load
-another. Pure functions plus one reading of the machine (MemoryBudget); the pool acts on the plan.
+"""The memory planner: what a model costs resident, what the budget leaves free, and what to give up to load
+another: batch rows first, then idle models. Pure functions plus one reading of the machine (MemoryBudget);
+the pool acts on the plan.
 
 A model's resident cost = its variant's weights + the KV buffers it keeps (full context cap, one per prefix
-slot: the formula is models/runtime/session.py's, the only one) + the tokenizer + the runtime around them.
+slot and one per batch row: the formula is models/runtime/session.py's, the only one) + the tokenizer + the
+runtime around them.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from governor.sensors import MemoryReading
@@ -26,16 +28,32 @@ RUNTIME_BYTES = 128 * MiB
 TOKENIZER_FACTOR = 3
 
 
+def kv_rows(batch: int) -> int:
+    """KV rows a batch decoder of up to `batch` replies holds: none for one reply at a time (the worker
+    serves it through the engine's prefix slot, no batch decoder)."""
+    return batch if batch > 1 else 0
+
+
 @dataclass(frozen=True)
 class Estimate:
     weights_bytes: int
-    kv_bytes: int
+    kv_bytes: int  # batch rows included
     tokenizer_bytes: int
     runtime_bytes: int = RUNTIME_BYTES
+    rows: int = 0  # the batch decoder's KV rows counted in kv_bytes (kv_rows)
+    row_bytes: int = 0  # one row's: a KV buffer of the whole context
 
     @property
     def total(self) -> int:
         return self.weights_bytes + self.kv_bytes + self.tokenizer_bytes + self.runtime_bytes
+
+    def with_rows(self, batch: int | None) -> Estimate:
+        """The model serving at most `batch` replies at once (None: as configured); never more rows than
+        configured."""
+        if batch is None or kv_rows(batch) >= self.rows:
+            return self
+        rows = kv_rows(batch)
+        return replace(self, kv_bytes=self.kv_bytes - (self.rows - rows) * self.row_bytes, rows=rows)
 
     def describe(self) -> str:
         return (
@@ -81,7 +99,7 @@ def estimate(
     slots = kv_slot_count(ctx, per_token, prefix_slots, prefix_budget_bytes) + batch_rows
     files = manifest.get("files") or {}
     tokenizer = int((files.get("tokenizer.json") or {}).get("size") or 0) * TOKENIZER_FACTOR
-    return Estimate(weights, per_token * ctx * slots, tokenizer)
+    return Estimate(weights, per_token * ctx * slots, tokenizer, rows=batch_rows, row_bytes=per_token * ctx)
 
 
 # -- the budget ------------------------------------------------------------------------------------------
@@ -121,6 +139,12 @@ class Resident:
     bytes: int
     last_used: float
     busy: bool = False  # serving right now (or pinned): never unloaded to make room
+    rows: int = 0  # its batch decoder's KV rows counted in bytes (Estimate.rows)
+    row_bytes: int = 0
+
+    def with_rows(self, batch: int) -> int:
+        """Its bytes serving at most `batch` replies at once."""
+        return self.bytes - max(0, self.rows - kv_rows(batch)) * self.row_bytes
 
 
 @dataclass(frozen=True)
@@ -128,36 +152,50 @@ class LoadPlan:
     evict: tuple[str, ...]  # least recently used first
     need_bytes: int
     free_bytes: int | None  # before evicting
+    rows: int | None = None  # the batch size every model serves from now (None: unchanged)
 
 
-# The rule table for loading one model (decide first, act after: a refusal unloads nothing):
+# The rule table for loading one model (decide first, act after: a refusal unloads nothing). `need` and
+# the residents are at the batch size served now; fewer rows is a batch of fewer replies (new requests wait
+# in the queue for a row), which costs throughput, not a model:
 #
 #   free unknown (no budget, no reading)                -> load, unload nothing
 #   need <= free                                        -> load, unload nothing
-#   need <= free + the idle models' estimates           -> unload idle models, least recently used first,
-#                                                          until it fits; then load
+#   need at b rows <= free + what idle models' rows     -> the largest such b (down to one reply at a
+#     beyond b give back                                   time): serve batches of b, then load
+#   need at one reply at a time <= free + the idle      -> one reply at a time, then unload idle models,
+#     models' estimates                                    least recently used first, until it fits; load
 #   otherwise                                           -> refuse: insufficient_memory with the numbers
+# A busy model's rows are not counted: its running batch holds them until it ends.
 def plan_load(
     model_id: str, need: Estimate, free_bytes: int | None, loaded: Sequence[Resident], *, budget: str = ""
 ) -> LoadPlan:
     if free_bytes is None or need.total <= free_bytes:
         return LoadPlan((), need.total, free_bytes)
+    idle = sorted((r for r in loaded if not r.busy), key=lambda r: r.last_used)
+    for batch in range(need.rows - 1, 0, -1):
+        fewer = need.with_rows(batch).total
+        if fewer <= free_bytes + sum(r.bytes - r.with_rows(batch) for r in idle):
+            return LoadPlan((), fewer, free_bytes, rows=batch)
+    one = need.with_rows(1).total
+    rows = 1 if need.rows or any(r.rows for r in idle) else None
     evict: list[str] = []
-    room = free_bytes
-    for resident in sorted((r for r in loaded if not r.busy), key=lambda r: r.last_used):
+    room = free_bytes + sum(r.bytes - r.with_rows(1) for r in idle)
+    for resident in idle:
         evict.append(resident.model_id)
-        room += resident.bytes
-        if need.total <= room:
-            return LoadPlan(tuple(evict), need.total, free_bytes)
+        room += resident.with_rows(1)
+        if one <= room:
+            return LoadPlan(tuple(evict), one, free_bytes, rows=rows)
     busy = [r for r in loaded if r.busy]
     held = "; in use: " + ", ".join(f"{r.model_id} ~{mib(r.bytes)}" for r in busy) if busy else ""
-    idle = sum(r.bytes for r in loaded if not r.busy)
+    idle_bytes = sum(r.bytes for r in idle)
+    alone = " serving one reply at a time" if need.rows else ""
     raise InsufficientMemory(
-        f"Not enough memory to load {model_id}: it needs ~{need.describe()}, and {budget or 'the budget'} "
-        f"leaves {mib(max(free_bytes, 0))} free ({mib(idle)} more if every idle model were unloaded{held}). "
-        "Nothing was unloaded. Free memory, lower SIMMER_CONTEXT_LENGTH or SIMMER_PREFIX_CACHE_MB, or raise "
-        "SIMMER_MEMORY_BUDGET_MB.",
-        needed_bytes=need.total,
+        f"Not enough memory to load {model_id}: it needs ~{need.with_rows(1).describe()}{alone}, and "
+        f"{budget or 'the budget'} leaves {mib(max(free_bytes, 0))} free ({mib(idle_bytes)} more if every "
+        f"idle model were unloaded{held}). Nothing was unloaded. Free memory, lower SIMMER_CONTEXT_LENGTH or "
+        "SIMMER_PREFIX_CACHE_MB, or raise SIMMER_MEMORY_BUDGET_MB.",
+        needed_bytes=one,
         free_bytes=free_bytes,
-        idle_bytes=idle,
+        idle_bytes=idle_bytes,
     )

@@ -2,7 +2,8 @@
 
 Only the worker thread loads and unloads (one thread owns every engine); the views (`loaded`,
 `last_served`) are read by the routes from the event loop, under a lock. Before a load the memory planner
-(serving/memory_plan.py) decides what must go; a refusal unloads nothing and raises insufficient_memory.
+(serving/memory_plan.py) decides what must go: batch rows first (`rows_cap`: every model serves batches of
+fewer replies), then idle models; a refusal unloads nothing and raises insufficient_memory.
 
 keep_alive, as Ollama has it: after each request the model stays loaded for that request's keep_alive
 (SIMMER_KEEP_ALIVE_S when it gives none), 0 unloads it at once, infinity keeps it. Unloading drops the
@@ -75,6 +76,9 @@ class ModelPool:
         self._kept: dict[str, Engine] = {}  # pinned engines, loaded or not
         self.loads = 0
         self.unloads = 0
+        # replies a batch may hold (None: as configured); the planner lowers it before it unloads a model,
+        # the worker under memory pressure too (Worker._relieve_memory), and raises it again
+        self.rows_cap: int | None = None
 
     # -- views (any thread) -----------------------------------------------------------------------------
     def last_served(self) -> LoadedView | None:
@@ -97,7 +101,7 @@ class ModelPool:
         return LoadedView(
             item.engine.model_id,
             item.engine.variant,
-            self.cost(item.entry, item.engine.variant).total,
+            self._estimate(item.entry, item.engine.variant).total,
             None if item.expires_at == math.inf else max(0.0, item.expires_at - now),
             item.busy,
             item.engine.threads,
@@ -212,16 +216,58 @@ class ModelPool:
         for model_id in ids:
             self.unload(model_id, "server stopping")
 
+    # -- batch rows: what the planner gives up before a model ------------------------------------------
+    def _estimate(self, entry: CatalogEntry, variant: str | None) -> Estimate:
+        return self.cost(entry, variant).with_rows(self.rows_cap)
+
+    def _residents(self) -> list[Resident]:
+        with self._lock:
+            items = list(self._loaded.items())
+        out = []
+        for m, i in items:
+            est = self._estimate(i.entry, i.engine.variant)
+            out.append(Resident(m, est.total, i.last_used, i.busy, est.rows, est.row_bytes))
+        return out
+
+    def cap_rows(self, rows: int | None, reason: str) -> None:
+        """Batches of at most `rows` replies from now (None: as configured). An idle model's batch decoder
+        holding more rows goes now (rebuilt at its next batch); a busy one's running batch keeps its rows
+        until it ends (its new replies wait in the queue beyond `rows`)."""
+        if rows == self.rows_cap:
+            return
+        log.info(
+            "batch rows: %s -> %s (%s)", self.rows_cap or "as configured", rows or "as configured", reason
+        )
+        self.rows_cap = rows
+        if rows is None:
+            return
+        with self._lock:
+            idle = [i.engine for i in self._loaded.values() if not i.busy]
+        for engine in idle:
+            shrink = getattr(engine, "shrink_batch", None)
+            if shrink is not None:
+                shrink(rows)
+
+    def rows_fit(self, rows: int | None) -> bool:
+        """Whether the loaded models serving batches of `rows` (None: as configured) stay within the budget
+        (what raising rows_cap to it would add, against what is free now)."""
+        residents = self._residents()
+        with self._lock:
+            entries = [(i.entry, i.engine.variant) for i in self._loaded.values()]
+        more = sum(self.cost(e, v).with_rows(rows).total for e, v in entries) - sum(
+            r.bytes for r in residents
+        )
+        free = self.budget.free(sum(r.bytes for r in residents))
+        return free is None or more <= free
+
     def _load(self, entry: CatalogEntry, variant: str | None, limits: EngineLimits | None) -> _Loaded:
         model_id = entry.id
-        need = self.cost(entry, variant or entry.default_variant)
-        with self._lock:
-            residents = [
-                Resident(m, self.cost(i.entry, i.engine.variant).total, i.last_used, i.busy)
-                for m, i in self._loaded.items()
-            ]
+        need = self._estimate(entry, variant or entry.default_variant)
+        residents = self._residents()
         free = self.budget.free(sum(r.bytes for r in residents))
         plan = plan_load(model_id, need, free, residents, budget=self.budget.describe())
+        if plan.rows is not None:
+            self.cap_rows(plan.rows, f"room for {model_id}")
         for victim in plan.evict:
             self.unload(victim, f"least recently used: room for {model_id}")
         t0 = time.perf_counter()
@@ -241,7 +287,7 @@ class ModelPool:
             model_id,
             engine.variant,
             time.perf_counter() - t0,
-            mib(need.total),
+            mib(plan.need_bytes),
             mib(plan.free_bytes),
             self.budget.describe(),
             describe_keep_alive(self.keep_alive_s),

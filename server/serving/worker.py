@@ -72,6 +72,8 @@ class Gate(Protocol):
     def memory_pressure(self) -> bool: ...
 
     # (optional) `pauses_new`: new work waits now; a batch then admits no reply beside its running ones
+    # (optional) `note_pass(tokens)`: what a batch's pass before the next step made (its replies' tokens, 0
+    # for a prefill chunk); unsaid, a step is one token
 
     @property
     def rung(self) -> str | None:
@@ -598,7 +600,7 @@ class Worker:
     def _serve(self, reply: _Reply) -> None:
         """A started reply: in a batch with the replies of its model that follow it, or alone when its
         engine cannot batch."""
-        batch = _batch_decoder(reply.engine, self.max_batch)
+        batch = _batch_decoder(reply.engine, self._rows())
         if batch is None:
             self._generate_alone(reply)
         else:
@@ -637,9 +639,13 @@ class Worker:
                     if batch.prefilling and (prefill_next or not batch.decoding):
                         events += batch.prefill()
                         prefill_next = False
+                        self._note_pass(0)
                     else:
+                        before = batch.last_pass
                         events += batch.step()
                         prefill_next = True
+                        ran = batch.last_pass if batch.last_pass is not before else None
+                        self._note_pass(ran.replies if ran is not None else 0)
                         last_emit = self._pace(engine, batch, last_emit)
                 self._dispatch(rows, events)
         except Exception as err:  # the gate (device overheated, paused too long) or a bug: every row fails
@@ -669,7 +675,7 @@ class Worker:
         """Free rows take replies of the batch's model: moved ones first, then the queue's head while it
         is placed on this model (and the governor lets new work start)."""
         engine = batch.e
-        while batch.free > 0:
+        while batch.free > 0 and len(batch.active) < self._rows():  # fewer rows under memory pressure
             reply = self._next_for(engine)
             if reply is None:
                 return
@@ -739,6 +745,12 @@ class Worker:
         if stay is not None:
             self._sync_limits(engine, stay)
         return self._take_batch_events()
+
+    def _note_pass(self, tokens: int) -> None:
+        """The gate's meter and pace count what the pass made (a gate without note_pass: one a step)."""
+        note = getattr(self.gate, "note_pass", None)
+        if note is not None:
+            note(tokens)
 
     def _pace(self, engine: Engine, batch: BatchDecoder, last_emit: float) -> float:
         """The engine's tokens/s pace holds for the whole batch: a pass of n replies makes n tokens."""
@@ -816,10 +828,25 @@ class Worker:
         job.sink(Switched(old_name, engine.model_id, engine.variant, reason, handover.generated))
         return engine, prompt
 
+    def _rows(self) -> int:
+        """Replies a batch may hold now: SIMMER_MAX_BATCH, or fewer while memory is short (pool.rows_cap)."""
+        cap = getattr(self.pool, "rows_cap", None)
+        return self.max_batch if cap is None else max(1, min(self.max_batch, cap))
+
     def _relieve_memory(self, engine: Engine) -> None:
-        """Under memory pressure only the model that serves stays loaded: the governor's smaller rung
-        frees the room of the bigger ones (idle: the worker runs one job at a time)."""
+        """Under memory pressure, first batches of fewer replies (halved when a job starts a batch, down to
+        one at a time: new requests wait in the queue, running rows finish; a job joining a running batch
+        changes nothing, the last halving is not in effect yet), then only the model that serves stays
+        loaded: the governor's smaller rung frees the room of the bigger ones. Without pressure the rows
+        come back, doubling, as far as the memory plan says they fit."""
+        rows = self._rows()
         if not self.gate.memory_pressure:
+            if rows < self.max_batch and self.pool.rows_fit(more := min(self.max_batch, 2 * rows)):
+                self.pool.cap_rows(None if more >= self.max_batch else more, "memory pressure over")
+            return
+        if rows > 1:
+            if self._batch is None:
+                self.pool.cap_rows(rows // 2, "memory pressure")
             return
         for model_id, view in self.pool.loaded().items():
             if model_id != engine.model_id and not view.busy:  # a batch's model still serves its rows
@@ -878,7 +905,12 @@ class _Reply:
 
 def _batch_decoder(engine: Engine | None, slots: int) -> BatchDecoder | None:
     """The engine's batch decoder of `slots` rows, or None when it serves one reply at a time (an engine
-    that offers none, or a graph of one sequence)."""
+    that offers none, a graph of one sequence, or one slot: memory pressure, whose decoder then goes)."""
+    if slots <= 1:
+        shrink = getattr(engine, "shrink_batch", None)
+        if shrink is not None:
+            shrink(1)
+        return None
     make = getattr(engine, "batch_decoder", None)
     return make(slots) if make is not None else None
 

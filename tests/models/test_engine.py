@@ -72,7 +72,7 @@ def test_prefix_reuse_when_same_prompt_then_cached_and_same_output(tiny):
     a_tokens, a = run(tiny, p, GenerationParams(GREEDY, max_tokens=8))
     b_tokens, b = run(tiny, p, GenerationParams(GREEDY, max_tokens=8))
     assert a.usage.cached_tokens == 0
-    assert b.usage.cached_tokens == len(p.ids) - 1
+    assert b.usage.cached_tokens == len(p.ids) - tiny.reuse_tail
     assert [t.token_id for t in a_tokens] == [t.token_id for t in b_tokens]
 
 
@@ -326,13 +326,13 @@ def test_prefix_reuse_when_two_slots_then_two_conversations_alternate_cached(tin
     run(eng, b, GenerationParams(GREEDY, max_tokens=4))
     _, fa = run(eng, a, GenerationParams(GREEDY, max_tokens=4))
     _, fb = run(eng, b, GenerationParams(GREEDY, max_tokens=4))
-    assert fa.usage.cached_tokens == len(a.ids) - 1
-    assert fb.usage.cached_tokens == len(b.ids) - 1
+    assert fa.usage.cached_tokens == len(a.ids) - eng.reuse_tail
+    assert fb.usage.cached_tokens == len(b.ids) - eng.reuse_tail
     one = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128, prefix_slots=1)
     run(one, a, GenerationParams(GREEDY, max_tokens=4))
     run(one, b, GenerationParams(GREEDY, max_tokens=4))
     _, fa1 = run(one, a, GenerationParams(GREEDY, max_tokens=4))
-    assert fa1.usage.cached_tokens < len(a.ids) - 1  # one slot: b evicted a
+    assert fa1.usage.cached_tokens < len(a.ids) - one.reuse_tail  # one slot: b evicted a
 
 
 @pytest.mark.slow

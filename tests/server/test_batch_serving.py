@@ -86,7 +86,7 @@ SALTS = iter(range(1 << 30))
 def stream(srv, i: int, max_tokens: int = 24, after: Callable[[int], bool] | None = None) -> list:
     """Request i streamed: [(text, logprob, top logprobs)] per token; `after(n)` False closes the stream
     after n chunks (the client leaves). Each request its own cache scope: a prompt is prefilled whole
-    every time (a reused prefix feeds fewer positions, whose sums may differ in the last bits)."""
+    every time (the same text either way: tests/models/test_prefix_exact.py; here the usage is too)."""
     chunks = sdk(srv).chat.completions.create(
         model=srv.settings.model,
         messages=[{"role": "user", "content": PROMPTS[i]}],
@@ -348,3 +348,99 @@ def test_batch_when_another_model_is_asked_for_then_it_waits_for_the_batch_and_i
         assert usage["completion_tokens"] == 16 and set(names) == {model}, key
     # tiny-big's first two decode together; tiny-small's reply waits for them (FIFO), then big-2 follows it
     assert 2 in passes and max(passes) == 2
+
+
+class MeteredGate(HoldGate):
+    """HoldGate that hears, as GovernorGate's meter and pace do, what each step's pass made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noted: list[int] = []
+
+    def note_pass(self, tokens: int) -> None:
+        self.noted.append(tokens)
+
+
+def test_batch_when_replies_decode_together_then_the_gate_hears_each_pass_s_tokens(
+    live, tiny_model_dir, passes
+):
+    """The meter keys a pass's cost on the tokens it made (server/serving/cost_meter.py): the worker tells
+    the gate the replies of every decode pass, and 0 for a prefill chunk (no token)."""
+    gate = MeteredGate()
+    srv, _ = serve(live, tiny_model_dir, "q4-a8", 4, gate)
+    passes.clear()
+    out = together(srv, gate, [0, 1, 2], max_tokens=8)
+    assert [len(out[i]) for i in range(3)] == [8, 8, 8]
+    assert [n for n in gate.noted if n] == passes and max(passes) == 3
+    assert sum(passes) == 3 * 7  # each reply's first token comes from its prefill
+    assert gate.noted.count(0) >= 3  # one prefill chunk each, at least
+
+
+class PressedGate(HoldGate):
+    """HoldGate whose governing level comes from memory while `memory_pressure` is set."""
+
+    memory_pressure = True
+
+
+def test_batch_when_memory_pressure_then_batches_of_fewer_rows_and_the_same_replies(
+    live, tiny_model_dir, passes
+):
+    """Memory pressure halves the rows when a job starts a batch (4 -> 2: the other requests wait in the
+    queue for a row; at the next batch 2 -> 1: one at a time, its decoder's rows gone); no reply changes.
+    Without pressure the rows come back, doubling at each batch's start."""
+    gate = PressedGate()
+    gate.memory_pressure = False
+    srv, e = serve(live, tiny_model_dir, "q4-a8", 4, gate)
+    alone = {i: stream(srv, i) for i in range(4)}
+    pool = srv.app.state.runtime.served.pool
+    gate.memory_pressure = True
+    passes.clear()
+    at_once = together(srv, gate, list(range(4)))
+    assert max(passes) == 2 and pool.rows_cap == 2  # a batch of two rows, the others joining as rows free
+    assert at_once == alone
+    batch = e._batch
+    assert batch is not None and not isinstance(batch, bool) and batch.slots == 2
+    passes.clear()
+    assert stream(srv, 1) == alone[1]  # the next batch: one reply at a time
+    assert pool.rows_cap == 1 and passes == [] and e._batch is None  # the batch decoder's KV rows went
+    gate.memory_pressure = False
+    stream(srv, 0, max_tokens=2)
+    assert pool.rows_cap == 2
+    stream(srv, 0, max_tokens=2)
+    assert pool.rows_cap is None
+
+
+def test_bench_concurrency_meter_when_replies_decode_together_then_cost_per_token_of_each_batch_size(
+    live, tiny_model_dir, passes
+):
+    """A real governor gate's meter, fed by the worker, shows each batch size's cost on /metrics, and the
+    bench reads it (bench/concurrency.py meter_costs): what `simmer bench concurrency` reports."""
+    from bench.concurrency import meter_costs
+    from governor.governor import Governor
+    from governor.limits import build_ladder
+    from server.serving.cost_meter import CostMeter
+    from server.serving.governor_gate import GovernorGate
+
+    class HeldGovernorGate(GovernorGate):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.release = threading.Event()
+            self.release.set()
+
+        def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
+            self.release.wait(30)
+            return super().before_job(cancel, enqueued_at)
+
+    e = engine(tiny_model_dir, "q4-a8")
+    governor = Governor(usable_cpus=1, ladder=build_ladder([(e.model_id, "q4-a8", 0.03, 1.0, 1, 1, 60.0)]))
+    gate = HeldGovernorGate(governor, meter=CostMeter(window=32, publish_every=2))
+    srv = live(engine=e, model=e.model_id, max_batch=4, governor=gate)
+    passes.clear()
+    together(srv, gate, [0, 1, 2], max_tokens=12)  # type: ignore[arg-type]
+    metrics = httpx.get(srv.url + "/metrics").text
+    costs = meter_costs(metrics)
+    batched = sorted({c["rows"] for c in costs})
+    assert batched and set(batched) <= set(passes) and max(batched) >= 2
+    for c in costs:
+        assert (c["model"], c["variant"], c["threads"]) == (e.model_id, "q4-a8", "1")
+        assert c["cpu_s_per_token"] > 0 and c["tok_s"] > 0 and c["tokens_per_cpu_s"] > 0

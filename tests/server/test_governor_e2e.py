@@ -291,6 +291,20 @@ def test_thermal_when_sim_source_then_simulated_temperature_in_thermal_health_an
         assert "simmer_governor_pauses_total 0.0" in metrics
 
 
+def test_metrics_when_the_meter_measured_batches_then_cost_per_token_of_each_batch_size(live):
+    gate = gate_for(ScriptedSensor(30.0))
+    for _ in range(4):  # what the gate's meter heard: passes of one reply and passes of four
+        gate.meter.step("q4-a8", 2, False, 0.020, 0.010, model_id="m", tokens=1)
+        gate.meter.step("q4-a8", 2, False, 0.040, 0.016, model_id="m", tokens=4)
+    srv = live(governor=gate)
+    with srv.client() as c:
+        metrics = c.get("/metrics").text
+    labels = 'model="m",rows="{}",spinning="false",threads="2",variant="q4-a8"'
+    assert f"simmer_cost_cpu_seconds_per_token{{{labels.format(1)}}} 0.02" in metrics
+    assert f"simmer_cost_cpu_seconds_per_token{{{labels.format(4)}}} 0.01" in metrics
+    assert f"simmer_cost_tokens_per_second{{{labels.format(4)}}} 250.0" in metrics
+
+
 def write(root: Path, rel: str, text: str) -> None:
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from models.types import CancelToken
 from server.launch import gate_for
 from server.refusals import DevicePaused
 from server.serving.cost_meter import CostMeter
-from server.serving.governor_gate import GovernorGate
+from server.serving.governor_gate import GovernorGate, decide_step
 from server.serving.served import serve_folders
 from tests.server.conftest import make_settings
 
@@ -145,6 +145,86 @@ def test_cost_meter_when_configurations_then_each_its_own():
     assert (spinning.cpu_s_per_token, spinning.tok_s) == (pytest.approx(0.024), pytest.approx(1 / 0.012))
     assert (quiet.cpu_s_per_token, quiet.tok_s) == (pytest.approx(0.020), pytest.approx(1 / 0.015))
     assert (theirs.model_id, theirs.cpu_s_per_token) == ("other", pytest.approx(0.040))
+
+
+@pytest.mark.parametrize(
+    ("passes", "published"),
+    [
+        # (tokens the pass made, process CPU s, wall s) -> (rows, CPU s per token, tokens per wall second)
+        ([(1, 0.020, 0.010)] * 4, [(1, 0.020, 100.0)]),
+        ([(4, 0.040, 0.020)] * 4, [(4, 0.010, 200.0)]),  # 4 rows: each token half the CPU, twice as fast
+        ([(2, 0.030, 0.016)] * 3 + [(0, 0.300, 0.150)], []),  # a prefill chunk makes no token: not a pass
+        ([(1, 0.02, 0.01), (3, 0.03, 0.012)] * 4, [(1, 0.02, 100.0), (3, 0.01, 250.0)]),  # each size its own
+    ],
+)
+def test_cost_meter_when_batches_of_several_sizes_then_each_size_published_per_token(passes, published):
+    meter = CostMeter(window=8, publish_every=4)
+    got = [meter.step("q4-a8", 2, False, cpu, wall, model_id="m", tokens=k) for k, cpu, wall in passes]
+    costs = [c for c in got if c is not None]
+    assert [(c.rows, c.cpu_s_per_token, c.tok_s) for c in costs] == [
+        (rows, pytest.approx(cpu), pytest.approx(tok_s)) for rows, cpu, tok_s in published
+    ]
+    assert [(c.rows, c.cpu_s_per_token) for c in meter.table()] == [
+        (rows, pytest.approx(cpu)) for rows, cpu, _ in published
+    ]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "pass_s", "idle"),
+    [(1, 0.05, 0.05), (4, 0.05, 0.35), (0, 0.05, 0.0), (4, 0.5, 0.0)],  # a 10 tokens/s pace
+)
+def test_decide_step_when_a_pass_makes_several_tokens_then_the_pace_idles_for_all_of_them(
+    tokens, pass_s, idle
+):
+    gov_limits = Governor(table=make_table({"nominal": {"tokens_per_second": 10.0}})).limits
+    decision = decide_step(
+        gov_limits,
+        pass_s=pass_s,
+        throttle_s=0.0,
+        killed=False,
+        enforce=True,
+        new_job=False,
+        applied=None,
+        tokens=tokens,
+    )
+    assert decision.idle_s == pytest.approx(idle)
+
+
+def test_before_step_when_the_batch_grows_then_the_governor_paces_more_tokens_for_the_same_cpu():
+    """One core of budget: one reply at 20 ms of CPU a token is paced to 50 tokens/s; four replies a pass at
+    40 ms of CPU a pass (10 ms a token) to 100, and the gate idles for the pass's four tokens."""
+    cpu = [0.0]
+    gov = Governor(
+        usable_cpus=2,
+        ladder=build_ladder([("m", "q4-a8", 0.03, 1.0, 1, 2, 60.0)]),
+        table=make_table({"nominal": {"cpu_budget_cores": 1.0}}),
+    )
+    slept: list[float] = []
+    gate = GovernorGate(
+        gov, cpu_time=lambda: cpu[0], meter=CostMeter(window=8, publish_every=4), sleep=slept.append
+    )
+    gov.tick()
+    cancel = CancelToken()
+    gate.before_job(cancel, time.monotonic())
+    gate.before_step(cancel)
+    for _ in range(4):
+        cpu[0] += 0.020
+        gate.before_step(cancel)
+    gov.tick()
+    assert gov.limits.tokens_per_second == pytest.approx(50.0)
+    for _ in range(4):
+        gate.note_pass(4)
+        cpu[0] += 0.040
+        gate.before_step(cancel)
+    gov.tick()
+    assert gov.limits.tokens_per_second == pytest.approx(100.0)
+    (cost,) = gov.costs
+    assert (cost.rows, cost.cpu_s_per_token) == (4, pytest.approx(0.010))
+    slept.clear()
+    gate.before_step(cancel)  # the engine now runs with the new pace
+    gate.note_pass(4)
+    gate.before_step(cancel)
+    assert slept and 0.03 < slept[-1] <= 4 / 100.0  # four tokens' worth of the pace, less the pass
 
 
 def test_before_step_when_paced_then_the_gate_idles_the_rest_of_one_over_the_pace():

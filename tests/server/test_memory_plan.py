@@ -98,3 +98,58 @@ def test_plan_load_when_even_every_idle_model_is_not_enough_then_refuse_with_num
     assert "needs ~900 MiB" in message and "leaves 100 MiB free" in message and "100 MiB more" in message
     assert "in use: busy ~500 MiB" in message and "Nothing was unloaded" in message
     assert err.value.numbers == {"needed_bytes": 900 * MiB, "free_bytes": 100 * MiB, "idle_bytes": 100 * MiB}
+
+
+# -- batch rows go before a model --------------------------------------------------------------------------
+def batched(weights_mib: int, rows: int = 4, row_mib: int = 10) -> Estimate:
+    """A model serving batches of `rows` replies, each row a KV buffer of row_mib."""
+    return Estimate(weights_mib * MiB, rows * row_mib * MiB, 0, 0, rows=rows, row_bytes=row_mib * MiB)
+
+
+def idle(model_id: str, weights_mib: int, last_used: float, busy: bool = False) -> Resident:
+    e = batched(weights_mib)
+    return Resident(model_id, e.total, last_used, busy, e.rows, e.row_bytes)
+
+
+@pytest.mark.parametrize(
+    ("batch", "kv_mib", "rows"),
+    [(None, 40, 4), (4, 40, 4), (8, 40, 4), (3, 30, 3), (2, 20, 2), (1, 0, 0), (0, 0, 0)],
+)
+def test_estimate_with_rows_when_fewer_replies_then_fewer_kv_rows_never_more(batch, kv_mib, rows):
+    fewer = batched(300).with_rows(batch)
+    assert (fewer.kv_bytes, fewer.rows) == (kv_mib * MiB, rows)  # one at a time: no batch decoder
+
+
+def test_estimate_when_batch_rows_then_each_a_kv_buffer_of_the_whole_context():
+    e = estimate(
+        MANIFEST, "q4-a8", context_length=2048, prefix_slots=1, prefix_budget_bytes=1 << 30, batch_rows=4
+    )
+    row = kv_bytes_per_token(30, 3, 64) * 2048
+    assert (e.rows, e.row_bytes, e.kv_bytes) == (4, row, 5 * row)
+    assert e.with_rows(2).kv_bytes == 3 * row and e.with_rows(1).kv_bytes == row
+
+
+@pytest.mark.parametrize(
+    ("free_mib", "loaded", "rows", "evict"),
+    [
+        (400, [], None, ()),  # 340 fits
+        (335, [], 3, ()),  # 330 at three rows
+        (315, [], 1, ()),  # 320 at two rows does not fit: one reply at a time, 300
+        (310, [idle("a", 100, 1.0)], 2, ()),  # a's rows beyond 2 count: 310 + 20 >= 320
+        (310, [idle("a", 100, 1.0, busy=True)], 1, ()),  # a busy model's batch keeps its rows
+        (200, [idle("a", 100, 2.0), idle("b", 50, 1.0)], 1, ("b",)),  # rows first, then the LRU model
+        (250, [idle("a", 100, 2.0), idle("b", 50, 1.0)], 1, ()),  # their rows alone make room
+        (150, [idle("a", 100, 2.0), idle("b", 50, 1.0)], 1, ("b", "a")),
+    ],
+)
+def test_plan_load_when_short_then_batch_rows_go_before_any_model(free_mib, loaded, rows, evict):
+    plan = plan_load("new", batched(300), free_mib * MiB, loaded)
+    assert (plan.rows, plan.evict) == (rows, evict)
+    assert plan.need_bytes == batched(300).with_rows(rows).total
+
+
+def test_plan_load_when_short_even_one_reply_at_a_time_then_refused_with_its_numbers():
+    with pytest.raises(InsufficientMemory) as err:
+        plan_load("new", batched(300), 200 * MiB, [idle("a", 100, 1.0, busy=True)])
+    assert "needs ~300 MiB" in err.value.message and "one reply at a time" in err.value.message
+    assert err.value.numbers["needed_bytes"] == 300 * MiB

@@ -178,3 +178,79 @@ def test_borrow_when_idle_work_uses_a_model_then_keep_alive_and_current_unchange
     assert opened == ["a"] and set(p.loaded()) == {"a"}
     last = p.last_served()  # borrowing is not serving
     assert last is not None and last.model_id == "a"
+
+
+# -- batch rows before models --------------------------------------------------------------------------------
+class Batched(Unloads):
+    """A scripted engine with a batch decoder's rows (the pool drops them through shrink_batch)."""
+
+    def __init__(self, model_id: str, log: list[str], shrunk: list[tuple[str, int]]) -> None:
+        super().__init__(model_id, log)
+        self.shrunk = shrunk
+
+    def shrink_batch(self, slots: int) -> bool:
+        self.shrunk.append((self.model_id, slots))
+        return True
+
+
+def batched_pool(budget_mib: int, weights_mib: dict[str, int], available_mib: list[int] | None = None):
+    """Models of weights_mib with batches of 4 rows of 10 MiB each (the real estimate's shape); an explicit
+    budget, or (available_mib) a fake memory reading."""
+    from governor.sensors import MemoryReading
+
+    unloaded: list[str] = []
+    shrunk: list[tuple[str, int]] = []
+
+    def opener(entry: CatalogEntry, variant: str | None, limits=None):
+        return Batched(entry.id, unloaded, shrunk)
+
+    def cost(entry: CatalogEntry, variant: str | None) -> Estimate:
+        return Estimate(entry.manifest["size"], 40 * MiB, 0, 0, rows=4, row_bytes=10 * MiB)
+
+    def read() -> MemoryReading:
+        assert available_mib is not None
+        return MemoryReading(
+            limit_bytes=4096 * MiB, used_bytes=0, available_bytes=available_mib[0] * MiB, source="fake"
+        )
+
+    budget = MemoryBudget(budget_mib * MiB, 0) if available_mib is None else MemoryBudget(None, 0, read)
+    p = ModelPool(Catalog({m: s * MiB for m, s in weights_mib.items()}), opener, cost, budget, clock=Clock())
+    return p, unloaded, shrunk
+
+
+def test_load_when_short_then_every_model_serves_fewer_rows_before_one_is_unloaded():
+    p, unloaded, shrunk = batched_pool(300, {"a": 100, "b": 120, "c": 150})
+    p.acquire("a")
+    p.release("a")
+    assert p.rows_cap is None
+    p.acquire("b")  # 140 + 160 = 300 fits
+    p.release("b")
+    p.acquire("c")  # 190 more, none free: one reply at a time frees 80 of a and b and needs 150
+    assert (p.rows_cap, unloaded) == (1, ["a"])  # then the LRU model goes: 120 + 150 <= 300
+    assert ("b", 1) in shrunk
+    assert {m: v.bytes for m, v in p.loaded().items()} == {"b": 120 * MiB, "c": 150 * MiB}
+
+
+def test_load_when_fewer_rows_make_room_then_no_model_unloaded_and_idle_rows_dropped():
+    p, unloaded, shrunk = batched_pool(330, {"a": 100, "b": 150})
+    p.acquire("a")
+    p.release("a")
+    p.acquire("b")  # 140 + 190 = 330: fits
+    p.release("b")
+    p, unloaded, shrunk = batched_pool(300, {"a": 100, "b": 150})
+    p.acquire("a")
+    p.release("a")
+    p.acquire("b")  # at three rows: 130 + 180 = 310 > 300; at two: 120 + 170 = 290
+    assert (p.rows_cap, unloaded, shrunk) == (2, [], [("a", 2)])
+
+
+def test_rows_fit_when_memory_comes_back_then_the_rows_may_come_back():
+    available = [200]
+    p, _, _ = batched_pool(0, {"a": 100}, available_mib=available)
+    p.acquire("a")
+    available[0] = 30
+    p.cap_rows(1, "memory pressure")
+    assert p.loaded()["a"].bytes == 100 * MiB
+    assert not p.rows_fit(None)  # four rows more: 40 MiB, and 30 are free now
+    available[0] = 40
+    assert p.rows_fit(None) and p.rows_fit(2)

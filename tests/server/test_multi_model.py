@@ -128,7 +128,7 @@ def test_keep_alive_default_when_idle_past_it_then_unloaded_by_the_worker(severa
 def test_memory_when_a_model_does_not_fit_then_503_with_numbers_and_nothing_unloaded(several):
     srv, served = several()
     small = cost_nominal(served, "tiny-small").total
-    big = cost_nominal(served, "tiny-big").total
+    big = cost_nominal(served, "tiny-big").with_rows(1).total  # one reply at a time: its least
     assert small < big
     served.pool.budget = MemoryBudget((small + big) // 2, 0)  # the default fits; the big one alone does not
     r = complete(srv, "tiny-big")
@@ -137,6 +137,20 @@ def test_memory_when_a_model_does_not_fit_then_503_with_numbers_and_nothing_unlo
     assert error["code"] == "insufficient_memory" and "Nothing was unloaded" in error["message"]
     assert error["memory"]["needed_bytes"] == big and error["memory"]["idle_bytes"] == small
     assert models(srv)["tiny-small"]["loaded"] and complete(srv, "tiny-small").status_code == 200
+    assert served.pool.rows_cap is None  # a refusal gives up nothing, batch rows neither
+
+
+def test_memory_when_fewer_batch_rows_make_room_then_both_loaded_and_batches_of_fewer_replies(several):
+    """SIMMER_MAX_BATCH 4: each model budgets four KV rows of the whole context. Two rows each fit beside
+    each other, four do not: the load lowers the rows (every model's) rather than unload the idle one."""
+    srv, served = several()
+    small, big = cost_nominal(served, "tiny-small"), cost_nominal(served, "tiny-big")
+    assert small.rows == big.rows == 4
+    served.pool.budget = MemoryBudget(small.with_rows(2).total + big.with_rows(2).total, 0)
+    assert complete(srv, "tiny-big").status_code == 200
+    assert {m for m, e in models(srv).items() if e["loaded"]} == {"tiny-small", "tiny-big"}
+    assert served.pool.rows_cap == 2
+    assert srv.app.state.runtime.worker._rows() == 2
 
 
 def test_memory_when_two_do_not_fit_together_then_the_idle_one_unloaded(several):
@@ -345,13 +359,23 @@ def test_switch_when_memory_pressure_moves_the_reply_then_the_bigger_model_unloa
 
 
 @pytest.mark.parametrize("pressed", [False, True])
-def test_request_when_memory_pressure_then_only_the_model_that_serves_stays_loaded(several, pressed):
+def test_request_when_memory_pressure_then_fewer_batch_rows_first_then_only_the_serving_model_stays(
+    several, pressed
+):
+    """Under memory pressure each batch's start first halves the replies a batch may hold (SIMMER_MAX_BATCH
+    4: 2, then one at a time), and only then unloads the models that do not serve."""
     gate = (PressedGate if pressed else SwitchingGate)("tiny-small", after=10**9)  # never moves the rung
-    srv, _ = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    srv, served = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
     assert {m for m, e in models(srv).items() if e["loaded"]} == {"tiny-big"}  # loaded at start
-    assert complete(srv, "tiny-small").status_code == 200
-    loaded = {m for m, e in models(srv).items() if e["loaded"]}
-    assert loaded == ({"tiny-small"} if pressed else {"tiny-big", "tiny-small"})
+    seen = []
+    for _ in range(3):
+        assert complete(srv, "tiny-small").status_code == 200
+        seen.append((served.pool.rows_cap, {m for m, e in models(srv).items() if e["loaded"]}))
+    both = {"tiny-big", "tiny-small"}
+    if pressed:
+        assert seen == [(2, both), (1, both), (1, {"tiny-small"})]
+    else:
+        assert seen == [(None, both)] * 3
 
 
 # -- an idle bigger model once the governor's rung moved below it ------------------------------------------
