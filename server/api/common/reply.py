@@ -38,3 +38,15 @@ class Window(Reply):
 
     truncated: bool = absent("the sliding window dropped turns")
     summarized: bool = absent("dropped turns came as a summary note")
+
+
+class TopLogprob(Reply):
+    """One token's log probability in OpenAI's shape, which Ollama and the Responses API reuse."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]

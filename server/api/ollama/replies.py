@@ -8,8 +8,7 @@ from typing import Any, Literal
 
 from pydantic import NonNegativeInt
 
-from server.api.common.reply import ByModel, Reply, Window, absent
-from server.api.openai.replies import TopLogprob
+from server.api.common.reply import ByModel, Reply, TopLogprob, Window, absent
 
 
 class OllamaLogprob(TopLogprob):

@@ -7,17 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt
 
-from server.api.common.reply import ByModel, Reply, Window, absent
-
-
-class TopLogprob(Reply):
-    token: str
-    logprob: float
-    bytes: list[int]
-
-
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob]
+from server.api.common.reply import ByModel, Reply, TokenLogprob, Window, absent
 
 
 class ChatLogprobs(Reply):

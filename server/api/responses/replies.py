@@ -8,8 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt
 
-from server.api.common.reply import ByModel, Reply, Window, absent
-from server.api.openai.replies import TokenLogprob
+from server.api.common.reply import ByModel, Reply, TokenLogprob, Window, absent
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
