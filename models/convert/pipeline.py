@@ -201,11 +201,11 @@ def convert(
     for name, why in refused.items():
         log.warning("variant %s %s", name, why)
     default, reason = nominal.choose(installed, entries, floor)
-    log.info("nominal variant %s: %s", default, reason)
+    report(f"nominal variant {default}: {reason}", 0.93)
     names = nominal.kept(installed, default, variants, entries)
     dropped = [n for n in installed if n not in names]
     for name in dropped:
-        log.info("variant %s measured but not kept: %s is the nominal variant", name, default)
+        report(f"{name} measured but not kept: {default} is the nominal variant", 0.94)
         remove_variant_files(out_dir, name)
     if dropped or any(own_data_file(n) in entries[n]["files"] for n in names):
         report("writing the weights of the variants kept", 0.95)
@@ -318,7 +318,7 @@ def build_reencoded(
         )
         if why is None:
             return (built, entry | {"attempts": attempts}), ""
-        log.info("variant %s, %s plan: %s", name, plan.name, why)
+        report(f"{name} ({plan.name} plan) not kept: {why}", 0.85)  # the user sees why, not only the log
         built.remove_segments()
         remove_variant_files(out_dir, name)
     return None, "; ".join(f"{a['plan']} plan: {a['verdict']}" for a in attempts)

@@ -74,8 +74,10 @@ cpuinfo="$work/cpuinfo"
 bash "$arm64_here/cpuinfo.sh" cortex-a76 >"$cpuinfo"
 # PIP_NO_COMPILE: emulated, compiling every installed module's bytecode up front costs more than the modules a
 # run imports compile at first import.
+# Three tries: one dropped connection to PyPI late in a half-hour emulated install should not lose it (pip
+# keeps what it downloaded in its cache, so a retry resumes).
 QEMU_CPU=cortex-a76 ARM64_ENV=PIP_NO_COMPILE=1 in_root "$root" "$cpuinfo" \
-    bash -c 'cd /src && make .venv/.simmer-installed PYTHON=python3 && .venv/bin/python -c "import onnxruntime, server, models, governor; print(\"onnxruntime\", onnxruntime.__version__)"' >&2
+    bash -c 'cd /src && for try in 1 2 3; do make .venv/.simmer-installed PYTHON=python3 && break; [ $try = 3 ] && exit 1; echo "pip failed (try $try of 3), again" >&2; done && .venv/bin/python -c "import onnxruntime, server, models, governor; print(\"onnxruntime\", onnxruntime.__version__)"' >&2
 # The source is copied in fresh on every run; only the venv (and its stamp) stay in the tarball.
 find "$root/src" -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} +
 rm -f "$arm64_cache"/venv-*.tar.zst

@@ -50,14 +50,18 @@ def test_convert_when_reencoded_variant_beyond_its_floor_then_refused_and_log_sa
     gguf = tiny(tmp_path, "tiny-lossy", constant_half_blocks)
     out = tmp_path / "out"
     out.mkdir()
+    said: list[str] = []
     with caplog.at_level(logging.WARNING, logger="simmer.convert"):
-        frag = convert(gguf, out, threads=1)
+        frag = convert(gguf, out, threads=1, progress=lambda msg, _: said.append(msg))
     # a default pull: the candidates built, the nominal one kept (q4 when q4-a8 is not within the floor)
     assert "fast" not in frag["variants"] and frag["default_variant"] in ("q4-a8", "q4")
     why = frag["refused_variants"]["fast"]
     # every plan was tried, and each says how far it was
     assert why.startswith("not installed: 4-bit plan: KL mean") and "; 8-bit plan: KL mean" in why
     assert any(r.getMessage() == f"variant fast {why}" for r in caplog.records)
+    # what a pull prints: each plan's verdict as it is measured, and the nominal variant with its reason
+    assert any(m.startswith("fast (4-bit plan) not kept: KL mean") for m in said)
+    assert any(m.startswith(f"nominal variant {frag['default_variant']}: ") for m in said)
     assert not (out / "fast.onnx").exists() and not (out / "fast.data").exists()
     # the floor it was held to, and how it was measured, are in the manifest
     floor = frag["quality_floor"]
