@@ -34,7 +34,9 @@ same alone or beside 1, 2 or 3 others at no cost; with fp32 activations (q4's Ma
 a one-row pass sums in another order than the rows of a larger one (~7e-5 apart in the logits; passes of
 two or more rows agree bitwise), so there a reply decoding alone is padded to two rows. `pad` None (the
 default) decides per session from that measurement, True or False force it; bench/batch.py measures what
-padding costs. A prefill chunk runs its row alone whatever else is active, so it is the same too; and
+padding costs. The padded pass costs a lone reply 2.3x on q4, so the engine offers no batch decoder for such
+a session (LlamaEngine.batch_decoder, unless its pad_batches is set): its replies run one at a time.
+A prefill chunk runs its row alone whatever else is active, so it is the same too; and
 its text does not depend on how much of its prompt a free row held (prefix reuse), as for the one-reply
 engine: a prefill never runs a pass of one position, and reuses only keys a cold prefill would write
 (session.one_position_exact; a row's decoded keys only where one-position rows are exact in any pass).

@@ -139,7 +139,8 @@ def test_batch_when_four_sdk_streams_at_once_then_the_same_as_one_after_another(
     live, tiny_model_dir, passes, variant
 ):
     gate = HoldGate()
-    srv, _ = serve(live, tiny_model_dir, variant, 4, gate)
+    srv, e = serve(live, tiny_model_dir, variant, 4, gate)
+    e.pad_batches = True  # q4 batches only when asked to: a reply alone then runs padded to two rows
     alone = {i: stream(srv, i) for i in range(4)}
     assert max(passes) == 1
     passes.clear()
@@ -153,6 +154,18 @@ def test_batch_when_four_sdk_streams_at_once_then_the_same_as_one_after_another(
         passes.clear()
         assert {i: stream(one, i) for i in range(4)} == alone
         assert passes == []  # SIMMER_MAX_BATCH=1: no batch decoder ran
+
+
+def test_batch_when_a_lone_row_is_not_exact_then_one_reply_at_a_time_by_default(live, tiny_model_dir, passes):
+    """q4's fp32 kernels sum one row otherwise than a batch's rows: batching it would cost every lone reply
+    a padded pass, so by default its replies run one at a time on the one-reply engine, with the same text."""
+    gate = HoldGate()
+    srv, e = serve(live, tiny_model_dir, "q4", 4, gate)
+    alone = {i: stream(srv, i) for i in range(4)}
+    at_once = together(srv, gate, list(range(4)))
+    assert at_once == alone
+    assert passes == []  # no batch decoder ran
+    assert e._batch is None
 
 
 def test_batch_when_a_client_leaves_mid_batch_then_its_row_ends_and_the_others_are_unchanged(
@@ -326,7 +339,7 @@ def test_batch_when_another_model_is_asked_for_then_it_waits_for_the_batch_and_i
     passes,
 ):
     gate = HoldGate()
-    srv, _ = several(governor=gate)
+    srv, _ = several(governor=gate, variant="q4-a8")  # a variant that batches (its lone row is exact)
     out: dict[str, tuple] = {}
     asks = [("big-0", "tiny-big"), ("big-1", "tiny-big"), ("small", "tiny-small"), ("big-2", "tiny-big")]
     threads = []
