@@ -81,13 +81,15 @@ def bench_server(settings: Settings, *, reps: int = 5, model_dir: Path | None = 
     from server.serving.engine_config import EngineConfig
 
     # No governing: this measures the transport, not the device (thermal "none" keeps the level nominal).
+    # keep_alive -1: the model stays loaded (0 unloads it after every reply, and each TTFT was a load)
     server_settings = settings.model_copy(
-        update={"thermal_source": "none", "keep_alive_s": 0.0, "log_level": "warning", "api_key": None}
+        update={"thermal_source": "none", "keep_alive_s": -1.0, "log_level": "warning", "api_key": None}
     )
     with (
         server_process(server_settings, model_dir=model_dir) as srv,
         httpx.Client(base_url=srv.url, timeout=120) as c,
     ):
+        _http_once(c, PROMPTS[0])  # loads the model: /v1/thermal shows what ran last
         thermal = c.get("/v1/thermal").json()
         variant, threads = thermal["variant"], thermal["threads"]
         # the engine alone, opened as the server opens it (the same EngineConfig), on what the server runs
@@ -97,7 +99,6 @@ def bench_server(settings: Settings, *, reps: int = 5, model_dir: Path | None = 
         else:
             engine = config.open_installed(settings.model, variant=variant)
         # warm both (first-run allocations, the prompt's KV slots), then alternate which goes first
-        _http_once(c, PROMPTS[0])
         _engine_once(engine, PROMPTS[0])
         http: list[tuple[float, float, int]] = []
         alone: list[tuple[float, float, int]] = []
