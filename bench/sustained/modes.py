@@ -49,7 +49,6 @@ def bench_sustained(
         )
     runs, audits = run_each(base, _runs(levels), minutes=minutes, time_scale=time_scale, model_dir=model_dir)
     g, u = runs["governed"], runs["ungoverned"]
-    ratio = g["tok_s_last_5min"] / u["tok_s_last_5min"] if u["tok_s_last_5min"] else None
     throttle = g["throttle_c"]
     rss = g["rss_mb"]
     server_audit = summarize_audit(audits)
@@ -62,8 +61,7 @@ def bench_sustained(
         "model": settings.model,
         "max_tokens_per_request": MAX_TOKENS,
         "targets": {
-            "governed_over_ungoverned_tok_s_last_5min": round(ratio, 3) if ratio else None,
-            "tok_s_ratio_ok (>= 1.2)": bool(ratio and ratio >= 1.2),
+            **governed_over_ungoverned(g, u),
             "governed_peak_below_throttle_plus_1": bool(
                 throttle is not None
                 and g["peak_temperature_c"] is not None
@@ -99,6 +97,21 @@ def bench_sustained(
         plot_runs(runs, plot, profile=profile, time_scale=time_scale)
         report["plot"] = plot
     return report
+
+
+def governed_over_ungoverned(g: dict[str, Any], u: dict[str, Any]) -> dict[str, Any]:
+    """The governed run against the ungoverned one over the last 5 minutes, in goodput, not tokens sent: an
+    ungoverned device that streams and then dies mid-reply (killed, or refusing once hot) completes
+    nothing, and what it sent before failing is no work done. The ratio is None when the ungoverned run
+    completed no reply at all (the governed one then wins if it completed any)."""
+    good_g, good_u = g["goodput_tok_s_last_5min"], u["goodput_tok_s_last_5min"]
+    ratio = good_g / good_u if good_u else None
+    sent = g["tok_s_last_5min"] / u["tok_s_last_5min"] if u["tok_s_last_5min"] else None
+    return {
+        "governed_over_ungoverned_goodput_last_5min": round(ratio, 3) if ratio is not None else None,
+        "governed_over_ungoverned_tok_s_sent_last_5min": round(sent, 3) if sent else None,
+        "goodput_ratio_ok (>= 1.2)": bool(good_g > 0 and (ratio is None or ratio >= 1.2)),
+    }
 
 
 def _runs(levels: bool) -> list[tuple[str, dict[str, Any]]]:

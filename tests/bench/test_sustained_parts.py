@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.sustained.audit import is_loopback, summarize_audit
 from bench.sustained.client import RunLog, _spread_tokens
 from bench.sustained.measure import percentile
@@ -276,3 +278,24 @@ def test_warm_memory_when_second_model_serves_late_then_growth_counts_from_its_f
         warm_memory(reqs[:4], {i: int(rss[i]) for i in range(1, 5)})["growth_mb"] is None
     )  # warm at the end
     assert warm_memory([], {})["warm_after_request"] is None
+
+
+@pytest.mark.parametrize(
+    ("governed", "ungoverned", "ratio", "ok"),
+    [
+        # the heatwave of 2026-12-02: the ungoverned run sent 4.6 tok/s and completed no reply
+        ((2.2, 2.2), (0.0, 4.6), None, True),
+        ((31.5, 31.5), (2.67, 17.63), 11.798, True),
+        ((10.0, 10.0), (10.0, 10.0), 1.0, False),
+        ((0.0, 3.0), (0.0, 3.0), None, False),  # neither completed anything: no win
+    ],
+)
+def test_governed_over_ungoverned_when_counted_then_goodput_not_tokens_sent(governed, ungoverned, ratio, ok):
+    from bench.sustained.modes import governed_over_ungoverned
+
+    def run(good: float, sent: float) -> dict:
+        return {"goodput_tok_s_last_5min": good, "tok_s_last_5min": sent}
+
+    t = governed_over_ungoverned(run(*governed), run(*ungoverned))
+    assert t["governed_over_ungoverned_goodput_last_5min"] == ratio
+    assert t["goodput_ratio_ok (>= 1.2)"] is ok
