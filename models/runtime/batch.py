@@ -20,7 +20,9 @@ length and position (seqlens_k) over the shared buffer; logits [n, 1, vocab]. Ro
 not decode now (free, or waiting for their prefill) ride along with a throwaway token written just past
 their valid keys, where their next write goes anyway (a free row keeps its keys for prefix reuse, so its
 throwaway token attends to them: one row's attention more, until a reply takes the row). Empty rows are
-handed out lowest first, so n stays small.
+handed out lowest first, so n stays small. A row's memory comes in when a reply first takes it
+(BatchKV.map_row), and a row already in is taken before a new one unless the engine keeps more prefix
+caches than rows are in: one client at a time holds one row, not `slots` of them.
 
 Per reply, everything is the one-reply engine's own code (engine._Generation): sampling and its seeded RNG,
 stops, logprobs, grammars and tool calls (a grammar's next mask is computed during the pass), the bound on a
@@ -75,6 +77,7 @@ from models.runtime.session import (
     DecoderSession,
     KVCache,
     ModelShape,
+    kv_slot_count,
     kv_zeros,
     note_write,
     prefill_end,
@@ -100,22 +103,40 @@ BatchEvent = tuple[int, TokenEvent | FinishEvent | RowError]
 
 class BatchKV:
     """Per-layer keys and values [rows, kv_heads, capacity, head_dim]; `rows[b]` is row b as a KVCache of
-    its own (a [1, ...] view, no copy) and `first(n)` rows 0..n-1 as OrtValues for a decode pass."""
+    its own (a [1, ...] view, no copy) and `first(n)` rows 0..n-1 as OrtValues for a decode pass.
+
+    A row's pages come in when a reply first takes it (map_row), not when the batch is built: one client
+    keeps one row resident, not `rows` of them (a phone's memory; the planner still budgets them all, so
+    a load that fits keeps fitting). With `prefault` map_row writes the row's pages at once, as kv_zeros
+    does for a whole buffer: a reply never faults them in mid-reply."""
 
     def __init__(self, shape: ModelShape, rows: int, capacity: int, prefault: bool = False) -> None:
         self.shape = shape
         self.capacity = capacity
+        self.prefault = prefault
         dims = (rows, shape.n_kv_heads, capacity, shape.head_dim)
         self.arrays = [
-            (kv_zeros(dims, np.float32, prefault), kv_zeros(dims, np.float32, prefault))
+            (kv_zeros(dims, np.float32, False), kv_zeros(dims, np.float32, False))
             for _ in range(shape.n_layers)
         ]
+        self.mapped = [False] * rows  # a reply took the row once: its pages are (or come) in
         self.rows = [_RowKV(self, b) for b in range(rows)]
         self._first: dict[int, list[tuple[ort.OrtValue, ort.OrtValue]]] = {}
 
     @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.arrays)
+
+    def map_row(self, b: int) -> None:
+        """Row b is taken by a reply: with `prefault`, its pages are written now (a throwaway key a pass
+        may have put in a free row is past its valid keys, and a prefill overwrites it)."""
+        if self.mapped[b]:
+            return
+        if self.prefault:
+            for k, v in self.arrays:
+                k[b].fill(0)  # the write is the point: a read would map the shared zero page
+                v[b].fill(0)
+        self.mapped[b] = True
 
     def first(self, n: int) -> list[tuple[ort.OrtValue, ort.OrtValue]]:
         if n not in self._first:
@@ -328,6 +349,7 @@ class BatchDecoder:
         gen.cancel.on_cancel(_terminator(gen.run_options))  # a prefill chunk in progress stops at once
         scope = params.cache_scope
         slot, cached = self._row_for(gen.ctx, scope)
+        self.kv.map_row(slot)
         gen.slot = KVSlot(self.kv.rows[slot], e.variant, scope=scope)
         gen.pos = cached
         self.free_rows[slot] = _Free(e.variant, scope)
@@ -339,11 +361,19 @@ class BatchDecoder:
         return slot
 
     def _row_for(self, ids: list[int], scope: str) -> tuple[int, int]:
-        """The free row sharing the longest prefix with `ids` (computed by this variant, in `scope`), else an
-        empty one, else the least recently used; lowest first on ties, so passes stay narrow. How much of
-        it is reused: the one-reply engine's rule (reusable_prefix)."""
+        """The free row sharing the longest prefix with `ids` (computed by this variant, in `scope`). Else a
+        row no reply has taken yet while fewer rows are mapped than the one-reply engine keeps prefix
+        caches (SIMMER_PREFIX_CACHE_SLOTS and its budget), else a mapped one: the rows resident are the
+        replies at once, or the conversations kept, whichever is more. Then an empty row, else the least
+        recently used; lowest first on ties, so passes stay narrow. How much of it is reused: the one-reply
+        engine's rule (reusable_prefix)."""
         exact = positions_exact(self.e._session())
-        best: tuple[int, bool, float, int] | None = None
+        e = self.e
+        keep = kv_slot_count(
+            self.kv.capacity, e.shape.kv_bytes_per_token(), e.prefix_slots, e.prefix_budget_bytes
+        )
+        spread = sum(self.kv.mapped) < keep  # room for another conversation's keys: a new row
+        best: tuple[int, bool, bool, float, int] | None = None
         chosen = -1
         for b in range(self.slots):
             if self.rows[b] is not None:
@@ -352,7 +382,7 @@ class BatchDecoder:
             n = 0
             if free.variant == self.e.variant and free.scope == scope:
                 n = reusable_prefix(self.kv.rows[b], ids, exact)
-            key = (n, not tokens, -free.last_used, -b)
+            key = (n, self.kv.mapped[b] != spread, not tokens, -free.last_used, -b)
             if best is None or key > best:
                 best, chosen = key, b
         assert best is not None

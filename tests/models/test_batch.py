@@ -484,3 +484,24 @@ def test_real_model_when_a_reply_runs_beside_1_2_3_others_then_same_tokens_and_l
 ):
     e = engine(smollm2_model_dir, variant, threads=2, context_length=512)
     assert_batch_invariant(e, max_tokens=40)
+
+
+def test_batch_rows_when_one_client_at_a_time_then_one_row_mapped_and_more_only_for_replies_at_once(
+    tiny_model_dir,
+):
+    params = GenerationParams(SAMPLINGS[0], max_tokens=3, ignore_eos=True)
+    e = engine(tiny_model_dir)  # keeps one conversation's prefix (SIMMER_PREFIX_CACHE_SLOTS 1)
+    bd = BatchDecoder(e, 4)
+    alone = [drive(bd, {"x": (e.text_prompt(t), params)})["x"] for t in TEXTS]
+    assert bd.kv.mapped == [True, False, False, False]  # each reply took the row the last one left
+    together = drive(bd, {t: (e.text_prompt(t), params) for t in TEXTS[:2]})
+    assert bd.kv.mapped == [True, True, False, False]
+    assert tokens(together[TEXTS[0]]) == tokens(alone[0])  # a reused row's old keys never leak in
+
+    kept = engine(tiny_model_dir, prefix_slots=2)  # two conversations kept: their rows both stay
+    bd = BatchDecoder(kept, 4)
+    first, second = (kept.text_prompt(t) for t in TEXTS[:2])
+    for prompt in (first, second, first):
+        last = drive(bd, {"x": (prompt, params)})["x"]
+    assert bd.kv.mapped == [True, True, False, False]
+    assert finish(last).usage.cached_tokens == len(first.ids) - kept.reuse_tail

@@ -89,3 +89,24 @@ def test_kv_when_the_heap_holds_trimmed_free_memory_then_still_lazy_and_freed_at
     assert control_mb >= 0.95 * 40  # the heap state that made np.zeros resident is reproduced
     assert kv_mb <= 0.1 * 40
     assert full_mb >= 0.95 * 40 and freed_mb >= 0.95 * 40  # prefaulted, and unmapped when dropped
+
+
+@pytest.mark.parametrize("prefault", [True, False])
+def test_batch_kv_when_built_then_no_row_resident_and_a_taken_row_alone_comes_in(prefault: bool) -> None:
+    from models.runtime.batch import BatchKV
+
+    row_mb = BUFFERS_MB  # one row of this shape: a key and a value buffer of 40 MiB
+    gc.collect()
+    before = _rss_mb()
+    kv = BatchKV(SHAPE, 4, CAPACITY, prefault=prefault)
+    assert kv.nbytes == 4 * row_mb << 20  # what the memory planner counts
+    assert _rss_mb() - before <= 0.1 * row_mb  # four rows budgeted, none resident
+    kv.map_row(1)
+    kv.map_row(1)  # taken again: nothing more
+    grown = _rss_mb() - before
+    assert kv.mapped == [False, True, False, False]
+    if prefault:
+        assert 0.95 * row_mb <= grown <= 1.2 * row_mb, grown
+    else:  # pages come in as a reply's context grows
+        assert grown <= 0.1 * row_mb, grown
+    assert not any(k.any() or v.any() for k, v in kv.arrays)
