@@ -572,13 +572,13 @@ class Worker:
         if isinstance(event, TokenEvent):
             with self._cond:
                 self._held_tokens[reply.key] = self._held_tokens.get(reply.key, 0) + 1
+            t = time.monotonic()
             if self._metrics:
-                t = time.monotonic()
                 if reply.last is None:
                     self._metrics.observe_ttft(t - job.enqueued_at)
                 else:
                     self._metrics.observe_inter_token(t - reply.last)
-                reply.last = t
+            reply.last = t
 
     def _close(self, reply: _Reply) -> None:
         """The worker is done with the reply: the summary of turns it dropped queued, its model released."""
@@ -636,7 +636,7 @@ class Worker:
                     if governed is not None:
                         events += self._govern(batch, rows, governed, token)
                 if rows and not token.cancelled:
-                    if batch.prefilling and (prefill_next or not batch.decoding):
+                    if batch.prefilling and (prefill_next or self._may_stall(batch, rows)):
                         events += batch.prefill()
                         prefill_next = False
                         self._note_pass(0)
@@ -648,6 +648,8 @@ class Worker:
                         self._note_pass(ran.replies if ran is not None else 0)
                         last_emit = self._pace(engine, batch, last_emit)
                 self._dispatch(rows, events)
+                if not rows:  # every row ended in this pass: the queue's next replies of the model go on here
+                    self._admit(batch, rows, token)
         except Exception as err:  # the gate (device overheated, paused too long) or a bug: every row fails
             for slot, reply in list(rows.items()):
                 with contextlib.suppress(Exception):
@@ -658,6 +660,16 @@ class Worker:
             self._batch = None
             if self._metrics:
                 self._metrics.add_busy(time.monotonic() - started)
+
+    @staticmethod
+    def _may_stall(batch: BatchDecoder, rows: dict[int, _Reply]) -> bool:
+        """Another prefill chunk before the next decode pass: while no decoding reply has waited
+        PREFILL_STALL_S for its next token. Prompts that arrive together (short ones, a chunk each) then all
+        get their first token before the running replies' next one, as llama-server prefills them in one
+        pass; a long prompt still alternates a chunk with a decode pass."""
+        now = time.monotonic()
+        waited = [now - (rows[b].last or now) for b in batch.decoding if b in rows]
+        return not waited or max(waited) < PREFILL_STALL_S
 
     def _join(self, batch: BatchDecoder, reply: _Reply, rows: dict[int, _Reply], token: CancelToken) -> None:
         """The reply takes a row (its prompt runs in later prefill chunks)."""
@@ -915,6 +927,9 @@ def _batch_decoder(engine: Engine | None, slots: int) -> BatchDecoder | None:
     return make(slots) if make is not None else None
 
 
+# How long a decoding reply may wait for its next token while new prompts are prefilled first: a one-off
+# pause a reader barely notices, against a newcomer's first token waiting for every running reply's pass.
+PREFILL_STALL_S = 0.2
 UNBOUNDED_REPLY_TOKENS = 256  # a reply without max_tokens, for estimates (the prompt's reserve uses it too)
 
 

@@ -457,3 +457,40 @@ def test_bench_concurrency_meter_when_replies_decode_together_then_cost_per_toke
     for c in costs:
         assert (c["model"], c["variant"], c["threads"]) == (e.model_id, "q4-a8", "1")
         assert c["cpu_s_per_token"] > 0 and c["tok_s"] > 0 and c["tokens_per_cpu_s"] > 0
+
+
+@pytest.fixture
+def schedule(monkeypatch) -> list[str]:
+    """The batch decoder's calls in order: "p" a prefill chunk, "s" a decode pass."""
+    seen: list[str] = []
+    prefill, step = BatchDecoder.prefill, BatchDecoder.step
+
+    def prefilled(self: BatchDecoder, slot: int | None = None):
+        seen.append("p")
+        return prefill(self, slot)
+
+    def stepped(self: BatchDecoder):
+        seen.append("s")
+        return step(self)
+
+    monkeypatch.setattr(BatchDecoder, "prefill", prefilled)
+    monkeypatch.setattr(BatchDecoder, "step", stepped)
+    return seen
+
+
+@pytest.mark.parametrize(("stall_s", "first"), [(None, "ppppsss"), (0.0, "pspspsp")])
+def test_batch_when_prompts_arrive_together_then_prefilled_first_unless_a_reply_waited_too_long(
+    live, tiny_model_dir, schedule, monkeypatch, stall_s, first
+):
+    """Short prompts that arrive together all get their first token before the running replies' next one
+    (the tiny model's prefill takes a millisecond, far below the stall allowed); with no stall allowed a
+    prefill chunk alternates with a decode pass, as for a long prompt."""
+    import server.serving.worker as worker_module
+
+    if stall_s is not None:
+        monkeypatch.setattr(worker_module, "PREFILL_STALL_S", stall_s)
+    gate = HoldGate()
+    srv, _ = serve(live, tiny_model_dir, "q4-a8", 4, gate)
+    out = together(srv, gate, list(range(4)), max_tokens=4)
+    assert all(len(out[i]) == 4 for i in range(4))
+    assert "".join(schedule).startswith(first), schedule
