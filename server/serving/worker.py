@@ -618,6 +618,7 @@ class Worker:
         started = time.monotonic()
         self._batch, self._batch_events = batch, []
         prefill_next = True
+        chunk_s = 0.0  # how long the last prefill chunk took: what the next one may take
         last_emit = time.perf_counter()
         try:
             self._join(batch, first, rows, token)
@@ -636,8 +637,10 @@ class Worker:
                     if governed is not None:
                         events += self._govern(batch, rows, governed, token)
                 if rows and not token.cancelled:
-                    if batch.prefilling and (prefill_next or self._may_stall(batch, rows)):
+                    if batch.prefilling and (prefill_next or self._may_stall(batch, rows, chunk_s)):
+                        t0 = time.monotonic()
                         events += batch.prefill()
+                        chunk_s = time.monotonic() - t0
                         prefill_next = False
                         self._note_pass(0)
                     else:
@@ -662,14 +665,15 @@ class Worker:
                 self._metrics.add_busy(time.monotonic() - started)
 
     @staticmethod
-    def _may_stall(batch: BatchDecoder, rows: dict[int, _Reply]) -> bool:
-        """Another prefill chunk before the next decode pass: while no decoding reply has waited
-        PREFILL_STALL_S for its next token. Prompts that arrive together (short ones, a chunk each) then all
-        get their first token before the running replies' next one, as llama-server prefills them in one
-        pass; a long prompt still alternates a chunk with a decode pass."""
+    def _may_stall(batch: BatchDecoder, rows: dict[int, _Reply], chunk_s: float) -> bool:
+        """Another prefill chunk before the next decode pass: while no decoding reply would have waited
+        PREFILL_STALL_S for its next token by the end of it (a chunk taken to last as long as the last one).
+        Prompts that arrive together (short ones, a chunk each) then get their first token before the
+        running replies' next one or two, as llama-server prefills them in one pass; a long prompt's chunks
+        still alternate with decode passes, so a running reply never waits more than one chunk."""
         now = time.monotonic()
         waited = [now - (rows[b].last or now) for b in batch.decoding if b in rows]
-        return not waited or max(waited) < PREFILL_STALL_S
+        return not waited or max(waited) + chunk_s < PREFILL_STALL_S
 
     def _join(self, batch: BatchDecoder, reply: _Reply, rows: dict[int, _Reply], token: CancelToken) -> None:
         """The reply takes a row (its prompt runs in later prefill chunks)."""
