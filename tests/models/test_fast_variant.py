@@ -65,7 +65,10 @@ def test_convert_when_reencoded_variant_beyond_its_floor_then_refused_and_log_sa
     assert not (out / "fast.onnx").exists() and not (out / "fast.data").exists()
     # the floor it was held to, and how it was measured, are in the manifest
     floor = frag["quality_floor"]
-    assert floor["source"] in ("llama.cpp", "fallback") and floor["kl_mean"] > 0 and floor["method"]
+    # llama.cpp's own KL where llama-cpp-python is installed, else the int8 reference's (arm64 has no
+    # llama-cpp-python wheel), else the fixed fallback
+    assert floor["source"] in ("llama.cpp", "int8 reference", "fallback")
+    assert floor["kl_mean"] > 0 and floor["method"]
 
 
 def test_convert_when_reencoded_variant_within_its_floor_then_installed_in_the_one_weights_file(tmp_path):
