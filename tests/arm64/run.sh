@@ -19,7 +19,7 @@
 #
 # env: QEMU_CPU (cortex-a76: the core emulated, and the /proc/cpuinfo shown), SIMMER_ARM64_CACHE
 #      (~/.cache/simmer-arm64), ARM64_TESTS (tests/models tests/governor), PYTEST_ARGS (extra arguments for
-#      the not-slow run), SIMMER_ARM64_OUT
+#      the not-slow run), SIMMER_ARM64_OUT, SIMMER_ARM64_VARIANTS (the variants bench.quality measures: q4,q4-a8)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 # shellcheck source=tests/arm64/host.sh
@@ -96,7 +96,7 @@ print(t, converted_cache_dir() / "quality-smollm2")'
     for core in ${SIMMER_ARM64_CORES:-cortex-a72 cortex-a76 max}; do
         step "bench.quality on $core"
         run_in "$core" bash -c "cd /src && .venv/bin/python -m bench.quality --gguf $gguf --model-dir $model_dir \
-            --no-peer --json /out/quality-arm64-$core.json"
+            --variants ${SIMMER_ARM64_VARIANTS:-q4,q4-a8} --no-peer --json /out/quality-arm64-$core.json"
     done
     step "done: $out/quality-arm64-*.json"
     ;;
