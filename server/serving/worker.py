@@ -568,10 +568,11 @@ class Worker:
                 job.account.token(event)
             else:
                 job.account.finished(event)
-        job.sink(event)
-        if isinstance(event, TokenEvent):
+        if isinstance(event, TokenEvent):  # counted before it is sent: tokens_ahead never lags the client
             with self._cond:
                 self._held_tokens[reply.key] = self._held_tokens.get(reply.key, 0) + 1
+        job.sink(event)
+        if isinstance(event, TokenEvent):
             t = time.monotonic()
             if self._metrics:
                 if reply.last is None:
