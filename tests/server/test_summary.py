@@ -437,6 +437,10 @@ def test_summary_when_cap_lowered_mid_reply_then_whole_turns_dropped_and_their_s
     cut = starts[0]
     assert len(encode(system + turns[cut:])) + 8 <= 160
 
+    # queued once the client has the whole reply: the worker closes the job just after sending its end
+    deadline = time.monotonic() + 20
+    while not rt.summarizer._pending and time.monotonic() < deadline:
+        time.sleep(0.01)
     with rt.summarizer._lock:
         (work,) = rt.summarizer._pending
     keys = prefix_keys(turns[: n - 1])
