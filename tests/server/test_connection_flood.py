@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 
+from bench.sustained.process import stop
 from tests.server.test_lifecycle import free_port
 from tests.server.test_shutdown import wait_ready
 
@@ -125,12 +126,7 @@ def test_slow_connection_flood_when_fds_run_short_then_health_answers_and_the_lo
         assert chat.status_code == 200, chat.text
     finally:
         flood.close()
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
     text = log.read_text(errors="replace")
     assert flood.reopened > 0, "the server never closed an unfinished connection"
     assert text.count("out of system resource") <= 5, text[-2000:]

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from bench.sustained.process import stop
 from tests.server.test_lifecycle import free_port
 from tests.server.test_shutdown import wait_ready
 
@@ -94,12 +95,7 @@ def server(tmp_path_factory) -> Iterator[tuple[str, subprocess.Popen]]:
         yield url, proc
     finally:
         if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
         assert proc.stderr is not None
         proc.stderr.close()
 

@@ -26,7 +26,7 @@ from server.routing.upstream import forward_body
 from tests.server.conftest import MODEL, LiveServer, make_settings, start_server
 from tests.server.fakes import RecordingEngine, ScriptedEngine
 from tests.server.structured_data import CITY, TIME, WEATHER
-from tests.server.test_hostile import CASES, CHAIN, FN, JSON, RESP, TEXT
+from tests.server.test_hostile import CASES, CHAIN, FN, HI, JSON, RESP, TEXT, chat, resp, text
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "request_parity.json"
 RECORD = os.environ.get("SIMMER_RECORD_PARITY") == "1"
@@ -35,7 +35,6 @@ CHAT = "/v1/chat/completions"
 OCHAT = "/api/chat"
 OGEN = "/api/generate"
 GENERATION_PATHS = (CHAT, TEXT, RESP, OCHAT, OGEN)
-HI = [{"role": "user", "content": "hi"}]
 BAD_REF = {"$ref": "#/x"}
 RESP_TOOL = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
 
@@ -46,18 +45,6 @@ def ochat(**fields: Any) -> dict:
 
 def ogen(**fields: Any) -> dict:
     return {"model": MODEL, "prompt": "hi", "stream": False, "options": {"num_predict": 2}, **fields}
-
-
-def resp(**fields: Any) -> dict:
-    return {"input": "hi", "max_output_tokens": 2, **fields}
-
-
-def chat(**fields: Any) -> dict:
-    return {"messages": HI, "max_tokens": 2, **fields}
-
-
-def text(**fields: Any) -> dict:
-    return {"prompt": "once", "max_tokens": 2, **fields}
 
 
 ALL_OPTIONS = {
