@@ -149,7 +149,8 @@ def measure(gguf: Path, model_dir: Path, variants: list[str], threads: int, peer
         "threads": threads,
         **machine(),
         "reference_s": round(time.perf_counter() - t0, 1),
-        # the same forward with every matmul input rounded to int8 per 32-block: llama.cpp's arithmetic
+        # the same forward with every matmul input rounded as llama.cpp's CPU matmul rounds it for the
+        # weight's type (int8 per 32- or 256-block, or half precision): llama.cpp's arithmetic
         "int8_reference": summarize(ref, int8),
         "variants": {},
     }

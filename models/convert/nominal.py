@@ -1,15 +1,18 @@
 """Which variant a model opens on (the manifest's `default_variant`) and which variants a pull keeps: the one
 rule, from the quality measured on the machine that converts the model.
 
-**The floor** is what int8 activations cost in themselves, measured at pull time as KL divergence from the
-fp32 reference over the quality text (mean and p99, models/convert/quality.py):
-- llama.cpp's own KL on the same GGUF and token ids, when llama-cpp-python is installed: the quality a user of
-  llama.cpp gets from this file on this machine;
-- else INT8_FACTOR x the int8 reference's: the fp32 forward with every matmul input rounded to int8 per
-  32-block (ReferenceForward with `int8_activations`), llama.cpp's arithmetic computed exactly in numpy, on
-  any machine. The factor is room for kernels that sum or block differently (x86's `q4-a8` measured 1.12x it
-  on SmolLM2, llama.cpp 1.03x: docs/arm64.md), well below what rounding a whole row of activations on one
-  scale costs (onnxruntime's int8 kernels on ARM cores with the dot product: several times it).
+**The floor** is the quality llama.cpp gets from the same GGUF, measured at pull time as KL divergence from
+the fp32 reference over the quality text (mean and p99, models/convert/quality.py):
+- llama.cpp's own KL on the same GGUF and token ids, when llama-cpp-python is installed;
+- else the int8 reference's: the fp32 forward with every matmul input rounded as llama.cpp's CPU matmul rounds
+  it for that weight's type (ReferenceForward with `int8_activations`: int8 per 32-block beside Q4_0..Q8_0,
+  per 256-block beside the K-quants, half precision beside F16), llama.cpp's arithmetic computed exactly in
+  numpy, on any machine. Over the 512-token text it measured llama.cpp's KL within 4 % on the mean on
+  SmolLM2 Q4_1, Gemma 3 270M, Qwen2.5-Coder 0.5B and 1.5B Q4_K_M (1.5B: the same one outlying position),
+  and within 0.81-1.21x on the p99. It is taken as it is, with no allowance: the first allowance (1.5x an
+  int8 reference that rounded every input per 32-block) let through SmolLM2's `q4-a8`, 1.24x llama.cpp's
+  KL, whose greedy answer to "What is the capital of France?" was wrong where the exact `q4`'s was right, and
+  a pull's choice must not depend on whether a test-only peer is installed.
 
 **The candidates** are `q4-a8` (the GGUF's blocks, int8 activations) and `fast` (re-encoded for fewer bytes
 per token; installed only within the floor, refused otherwise: pipeline.build_reencoded). A candidate is
@@ -35,7 +38,6 @@ from models.types import NOMINAL_VARIANT
 REENCODED = "fast"
 EXACT = "q4"
 CANDIDATES = (NOMINAL_VARIANT, REENCODED)
-INT8_FACTOR = 1.5
 
 
 def peer_floor(peer_quality: Mapping[str, Any]) -> dict[str, Any]:
@@ -44,14 +46,13 @@ def peer_floor(peer_quality: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def int8_floor(int8_quality: Mapping[str, Any]) -> dict[str, Any]:
-    """The floor from the int8 reference's measurement (a quality.Comparison summary)."""
+    """The floor from the int8 reference's measurement (a quality.Comparison summary): llama.cpp's
+    arithmetic on this file, computed without llama.cpp."""
     return {
+        **dict(int8_quality),
         "source": "int8 reference",
-        "kl_mean": float(f"{INT8_FACTOR * float(int8_quality['kl_mean']):.6g}"),
-        "kl_p99": float(f"{INT8_FACTOR * float(int8_quality['kl_p99']):.6g}"),
-        "factor": INT8_FACTOR,
-        "int8_reference": dict(int8_quality),
-        "method": f"{INT8_FACTOR}x the KL of the fp32 reference with int8 activations per 32-block",
+        "method": "llama.cpp's arithmetic computed in numpy (each matmul input rounded as llama.cpp's CPU "
+        f"matmul rounds it for the weight's type): {int8_quality.get('method', '')}",
     }
 
 
@@ -63,7 +64,7 @@ def check(quality: Mapping[str, Any] | None, floor: Mapping[str, Any]) -> str | 
     who = (
         "llama.cpp's on the same GGUF"
         if floor.get("source") == "llama.cpp"
-        else f"{INT8_FACTOR}x the int8 reference's"
+        else "the int8 reference's, llama.cpp's arithmetic on this file"
     )
     over = [
         f"KL {stat} {float(quality[key]):.3g} > {float(floor[key]):.3g}"

@@ -106,8 +106,8 @@ def convert(
     `memory_plan` likewise gets the memory each step may add to the process's RSS at its peak
     (models/convert/memory_need.py): the store checks it against the device's memory budget.
     `floor`: the quality floor the nominal variant's candidates are held to (convert/nominal.py); by
-    default it is measured: llama.cpp's KL on the same GGUF when llama-cpp-python is installed, else
-    1.5x the int8 reference's.
+    default it is measured: llama.cpp's KL on the same GGUF when llama-cpp-python is installed, else the
+    int8 reference's (llama.cpp's arithmetic computed in numpy).
     `variants`: build and keep these; by default the nominal variant's candidates are built and the
     nominal one alone is kept (convert/nominal.py)."""
     report = progress or (lambda stage, frac: None)
@@ -331,21 +331,32 @@ def own_data_file(variant: str) -> str:
 def measure_floor(model: GGUFModel, gguf: Path, ids: list[int], ref_logits: np.ndarray) -> dict[str, Any]:
     """The quality floor (convert/nominal.py): llama.cpp's KL on the same GGUF and token ids when
     llama-cpp-python is installed and can read the file, else from the int8 reference's."""
+    return llama_floor(gguf, ids, ref_logits) or int8_reference_floor(model, ids, ref_logits)
+
+
+def llama_floor(gguf: Path, ids: list[int], ref_logits: np.ndarray) -> dict[str, Any] | None:
+    """llama.cpp's KL on the same GGUF and token ids as a floor, or None without a llama.cpp that reads it."""
     try:
         # one thread: the logits are the same (ggml splits a matmul by rows; checked: equal at 1 and 2), and
         # ggml's threads spin at every barrier, which on a loaded machine made each token take seconds
         peer = peer_logits(gguf, ids, len(ref_logits), 1)
     except Exception as e:  # a build of llama.cpp that cannot read this file: say so, use the int8 reference
         log.warning("llama.cpp could not measure %s (%s): the int8 reference sets the floor", gguf.name, e)
-        peer = None
-    if peer is not None:
-        step, method, close = peer
-        try:
-            if step(ids[0], 0).shape[-1] == ref_logits.shape[-1]:
-                return nominal.peer_floor(compare(ref_logits, step, ids).summary(method))
-            log.warning("llama.cpp's vocabulary differs in size: the int8 reference sets the floor")
-        finally:
-            close()
+        return None
+    if peer is None:
+        return None
+    step, method, close = peer
+    try:
+        if step(ids[0], 0).shape[-1] == ref_logits.shape[-1]:
+            return nominal.peer_floor(compare(ref_logits, step, ids).summary(method))
+        log.warning("llama.cpp's vocabulary differs in size: the int8 reference sets the floor")
+        return None
+    finally:
+        close()
+
+
+def int8_reference_floor(model: GGUFModel, ids: list[int], ref_logits: np.ndarray) -> dict[str, Any]:
+    """The int8 reference's KL (llama.cpp's arithmetic in numpy) on the same token ids as a floor."""
     int8 = ReferenceForward(model, int8_activations=True).logits_many([ids[: len(ref_logits)]])[0]
     comparison = Comparison()
     for pos in range(len(ref_logits)):

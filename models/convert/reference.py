@@ -33,7 +33,8 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 def q8_blocks(x: np.ndarray, block: int = 32) -> np.ndarray:
     """x with each run of `block` values along the last axis rounded to int8 on its own scale (max |v| / 127):
-    the activations llama.cpp's quantized matmuls see (Q8_0/Q8_1), and onnxruntime's int8 kernels on x86."""
+    the activations llama.cpp's quantized matmuls see (Q8_0/Q8_1 per 32, Q8_K per 256), and onnxruntime's
+    int8 kernels on x86 (per the weight's block)."""
     shape = x.shape
     b = x.reshape(-1, shape[-1] // block, block)
     scale = np.abs(b).max(-1, keepdims=True) / np.float32(127)
@@ -41,10 +42,38 @@ def q8_blocks(x: np.ndarray, block: int = 32) -> np.ndarray:
     return (q * scale).reshape(shape).astype(np.float32)
 
 
+# What llama.cpp's CPU matmul rounds its input to for each weight type (ggml-cpu's `vec_dot_type`): int8 per
+# 32-block beside the 32-blocks (Q8_0, Q8_1), int8 per 256-block beside the K-quants' super-blocks (Q8_K),
+# half precision beside F16, nothing beside F32. The K-quants' coarser blocks are why llama.cpp's error on a
+# Q4_K_M file is several times that of int8 per 32-block (measured: Gemma 3 270M, Qwen2.5-Coder 1.5B).
+ACTIVATIONS: dict[str, int | str | None] = {
+    "F32": None,
+    "F16": "f16",
+    "BF16": "bf16",
+    **{t: 32 for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")},
+    **{t: 256 for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")},
+}
+
+
+def llama_activations(x: np.ndarray, weight_type: str) -> np.ndarray:
+    """x as llama.cpp's CPU matmul sees it beside a weight of `weight_type` (ACTIVATIONS)."""
+    how = ACTIVATIONS.get(weight_type)
+    if how == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if how == "bf16":  # round to nearest even on the top 16 bits
+        bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+        bits = (bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) & np.uint32(0xFFFF0000)
+        return bits.view(np.float32)
+    if isinstance(how, int) and x.shape[-1] % how == 0:
+        return q8_blocks(x, how)
+    return x
+
+
 class ReferenceForward:
     def __init__(self, model: GGUFModel, *, int8_activations: bool = False) -> None:
-        """`int8_activations`: every matmul's input rounded to int8 per 32-block first (q8_blocks), the
-        arithmetic of an int8 variant done exactly: its distance from the fp32 forward is the error that
+        """`int8_activations`: every matmul's input rounded first as llama.cpp's CPU matmul rounds it for the
+        weight's type (llama_activations: int8 per 32-block or per 256-block, or half precision), the
+        arithmetic of llama.cpp's int8 path done exactly: its distance from the fp32 forward is the error that
         quantizing activations this way costs, on any machine."""
         self.m = model
         self.int8_activations = int8_activations
@@ -87,14 +116,15 @@ class ReferenceForward:
             masked |= q - k >= self.cfg.sliding_window
         return np.where(masked, -np.inf, 0.0).astype(np.float32)
 
-    def _mm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """x @ w.T, w as a torch Linear's (out, in)."""
-        if self.int8_activations and x.shape[-1] % 32 == 0:
-            x = q8_blocks(x)
+    def _mm(self, x: np.ndarray, w: np.ndarray, weight_type: str) -> np.ndarray:
+        """x @ w.T, w as a torch Linear's (out, in), stored in the GGUF as `weight_type`."""
+        if self.int8_activations:
+            x = llama_activations(x, weight_type)
         return x @ w.T
 
     def _linear(self, i: int, x: np.ndarray, name: str) -> np.ndarray:
-        return self._mm(x, self._w(i, f"{name}.weight"))
+        t = self.m.tensor(f"blk.{i}.{name}.weight")
+        return self._mm(x, t.dequantize(), t.type_name)
 
     def _attention(self, i: int, h: np.ndarray, spans: list[slice]) -> np.ndarray:
         """Layer i's attention over the stacked sequences `h` (each span one sequence)."""
@@ -161,7 +191,7 @@ class ReferenceForward:
             chunk = slice(start, min(start + HEAD_CHUNK, self.cfg.vocab))
             w = dequantize_rows(head, chunk)
             for h, out in zip(hs, outs, strict=True):
-                out[:, chunk] = self._mm(h, w)
+                out[:, chunk] = self._mm(h, w, head.type_name)
         self.m.release()
         return outs
 

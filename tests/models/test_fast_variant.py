@@ -100,12 +100,9 @@ def test_convert_when_llama_cpp_absent_then_the_int8_reference_sets_the_floor_an
     out.mkdir()
     frag = convert(gguf, out, threads=1, variants=["q4-a8", "fast"])
     floor = frag["quality_floor"]
-    assert floor["source"] == "int8 reference" and floor["factor"] == nominal.INT8_FACTOR
-    assert floor["kl_mean"] == pytest.approx(
-        nominal.INT8_FACTOR * floor["int8_reference"]["kl_mean"], rel=1e-5
-    )
+    assert floor["source"] == "int8 reference" and floor["kl_mean"] > 0 and floor["kl_p99"] > 0
     assert "fast" not in frag["variants"]
-    assert "(1.5x the int8 reference's)" in frag["refused_variants"]["fast"]
+    assert "(the int8 reference's, llama.cpp's arithmetic on this file)" in frag["refused_variants"]["fast"]
 
 
 def test_convert_when_not_measured_then_reencoded_variant_never_installed(tmp_path):
