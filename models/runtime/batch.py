@@ -69,7 +69,14 @@ import onnxruntime as ort
 
 from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter
 from models.protocol import EngineLimits, Prompt
-from models.runtime.engine import KVSlot, _Generation, _terminator, positions_exact, reusable_prefix
+from models.runtime.engine import (
+    KVSlot,
+    _Generation,
+    _terminator,
+    passes_exact,
+    positions_exact,
+    reusable_prefix,
+)
 from models.runtime.sampling import validate
 from models.runtime.session import (
     KEEP_INPUT,
@@ -367,7 +374,8 @@ class BatchDecoder:
         replies at once, or the conversations kept, whichever is more. Then an empty row, else the least
         recently used; lowest first on ties, so passes stay narrow. How much of it is reused: the one-reply
         engine's rule (reusable_prefix)."""
-        exact = positions_exact(self.e._session())
+        sess = self.e._session()
+        exact, whole = positions_exact(sess), passes_exact(sess)
         e = self.e
         keep = kv_slot_count(
             self.kv.capacity, e.shape.kv_bytes_per_token(), e.prefix_slots, e.prefix_budget_bytes
@@ -381,7 +389,7 @@ class BatchDecoder:
             free, tokens = self.free_rows[b], self.kv.rows[b].tokens
             n = 0
             if free.variant == self.e.variant and free.scope == scope:
-                n = reusable_prefix(self.kv.rows[b], ids, exact)
+                n = reusable_prefix(self.kv.rows[b], ids, exact, whole)
             key = (n, self.kv.mapped[b] != spread, not tokens, -free.last_used, -b)
             if best is None or key > best:
                 best, chosen = key, b

@@ -111,11 +111,15 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def reusable_prefix(cache: Any, ids: Sequence[int], positions_exact: bool) -> int:
+def reusable_prefix(cache: Any, ids: Sequence[int], positions_exact: bool, passes_exact: bool = True) -> int:
     """How much of `cache` a prompt `ids` reuses: the prefix they share, leaving at least one token to
     prefill (its logits are the first token's). Where a one-position pass is not exact (a session's
     positions_exact), only keys a cold prefill would write count (exact_prefix) and two tokens are left, so
-    the last prefill pass is one of several positions, as a cold prefill's is."""
+    the last prefill pass is one of several positions, as a cold prefill's is. Where passes of several
+    positions depend on their number (a session's passes_exact: ARM's kernels), none: the keys a pass wrote
+    for another prompt are not the ones this prompt's cold prefill would write."""
+    if not passes_exact:
+        return 0
     n = common_prefix(cache.tokens, ids)
     if positions_exact:
         return max(0, min(n, len(ids) - 1))
@@ -125,6 +129,11 @@ def reusable_prefix(cache: Any, ids: Sequence[int], positions_exact: bool) -> in
 def positions_exact(sess: object) -> bool:
     """Whether a session's one-position passes give what a pass of several does (session.py)."""
     return bool(getattr(sess, "positions_exact", True))
+
+
+def passes_exact(sess: object) -> bool:
+    """Whether a session's passes of several positions give the same whatever their number (session.py)."""
+    return bool(getattr(sess, "passes_exact", True))
 
 
 def variant_order(manifest: dict[str, Any]) -> list[str]:
@@ -270,6 +279,13 @@ class LlamaEngine(TextSideMixin):
                 if self.speculation != "off":
                     sess.rows_exact  # noqa: B018 (the probe runs at load, not in a request)
                 sess.positions_exact  # noqa: B018 (likewise)
+                if not sess.passes_exact:
+                    log.info(
+                        "%s/%s: passes of several positions differ by their number on this CPU: no prefix "
+                        "reuse (a reply's text must not depend on what was cached)",
+                        self.model_id,
+                        self.variant,
+                    )
             log.info(
                 "loaded %s/%s with %d threads in %.2f s",
                 self.model_id,
@@ -346,14 +362,15 @@ class LlamaEngine(TextSideMixin):
     def _slot_for(self, ids: Sequence[int], scope: str = "") -> tuple[KVSlot, int]:
         """The slot sharing the longest prefix with `ids` (same variant, big enough, same cache scope), else
         a free or the least recently used one; how much of it is reused: reusable_prefix."""
-        exact = positions_exact(self._session())
+        sess = self._session()
+        exact, whole = positions_exact(sess), passes_exact(sess)
         best, best_n = None, 0
         for slot in self._slots:
             if slot.variant != self.variant or slot.cache.capacity < self.context_length:
                 continue
             if slot.scope != scope:
                 continue
-            n = reusable_prefix(slot.cache, ids, exact)
+            n = reusable_prefix(slot.cache, ids, exact, whole)
             if n > best_n or best is None:
                 best, best_n = slot, n
         fits_another = len(self._slots) < kv_slot_count(
