@@ -300,6 +300,7 @@ class GraphBuilder:
         self._packed: dict[str, Packing] = {}
         self.quant_map: dict[str, list[str]] = {}  # source tensor type -> how it was mapped (manifest)
         self.copied_at_load: set[str] = set()  # initializers a kernel copies when it packs (linear.py)
+        self.fp32_inputs = 0  # matrices the variant's plan gives fp32 activations (fast_plan.fp32_inputs)
         self._seq_shapes: dict[int, str] = {}  # width -> the shape [batch, -1, width] (to_seq)
         # where to_seq reads the batch from: a segment after the first takes one sequence, [seq, hidden]
         self._batch_of: str | None = "input_ids"
@@ -494,6 +495,7 @@ class BuiltVariant:
     copied_at_load: list[list[int]]
     # the same per file ({location: spans}): a re-encoded variant's own file holds some too
     copied_by_file: dict[str, list[list[int]]]
+    fp32_inputs: int = 0  # matrices whose MatMulNBits take fp32 activations where the variant's take int8
 
 
 def build_variant(model: GGUFModel, spec: VariantSpec, weights: Weights, out: Path) -> BuiltVariant:
@@ -513,4 +515,5 @@ def build_variant(model: GGUFModel, spec: VariantSpec, weights: Weights, out: Pa
         {t: "; ".join(ways) for t, ways in sorted(builder.quant_map.items())},
         by_file.get(shared.path.name, []),
         by_file,
+        builder.fp32_inputs,
     )

@@ -75,6 +75,7 @@ class Form:
     weight: Planned | None = None
     exact: bool = True
     requant: bool = False  # re-encoded by convert/requant.py (its initializers are named apart)
+    accuracy: int | None = None  # MatMulNBits' accuracy_level when not the variant's (fast_plan.fp32_inputs)
 
     def describe(self) -> str:
         if self.packed is None:
@@ -89,6 +90,8 @@ class Form:
             how = f"{p.bits}-bit block {p.block}"
         if p.offsets:
             how += " + offset correction"
+        if self.accuracy == 1:
+            how += ", fp32 activations"
         return how + (", exact" if self.exact else ", re-quantized symmetrically (not exact)")
 
     @property
@@ -96,7 +99,7 @@ class Form:
         if self.packed is None:
             return ("fp32",)
         kind = "requant" if self.requant else "pair" if self.pair else "nbits"
-        return (kind, self.packed.layout.bits, self.packed.layout.block)
+        return (kind, self.packed.layout.bits, self.packed.layout.block, self.accuracy)
 
 
 def form(g: GraphBuilder, name: str, small: bool = False, packed: Packing | None = None) -> Form:
@@ -119,6 +122,9 @@ def form(g: GraphBuilder, name: str, small: bool = False, packed: Packing | None
         p = p.then(p.layout.widened(), widen)
     if p.layout.bits == 8 and spec.accuracy_level < 4:
         return Form(packed=p, pair=True) if small else fp32
+    if spec.requant is not None and spec.requant.fp32_input(name) and p.layout.bits == 4 and not small:
+        g.fp32_inputs += 1
+        return Form(packed=p, accuracy=1)
     return Form(packed=p)
 
 
@@ -192,7 +198,7 @@ def linear(
             outs.append(g.node("MatMul", [x, g.init(f"{k}.weight_t", wt)])[0])
         else:
             p = Packing.concat([f.packed for f in fs if f.packed is not None])
-            outs.append(matmul_nbits(g, x, p, k, sums, pair=fs[0].pair))
+            outs.append(matmul_nbits(g, x, p, k, sums, pair=fs[0].pair, accuracy=fs[0].accuracy))
     y = outs[0] if len(outs) == 1 else g.node("Concat", outs, axis=-1)[0]
     if bias:
         parts = [g.dequantized(n) for n in bias]
@@ -213,10 +219,13 @@ def matmul_nbits(
     *,
     pair: bool = False,
     weight_names: tuple[str, str] | None = None,
+    accuracy: int | None = None,
 ) -> str:
     """One MatMulNBits node (+ the per-block correction). `weight_names`: existing initializers holding
-    the packed codes and scales (a tied table shares them with the lookup)."""
+    the packed codes and scales (a tied table shares them with the lookup). `accuracy`: its
+    accuracy_level, when not the variant's."""
     sums = {} if sums is None else sums
+    level = g.spec.accuracy_level if accuracy is None else accuracy
     lay: Layout = p.layout
     q = p.then(lay.nibble_pair(), as_nibble_pair) if pair else p
     ql = q.layout
@@ -231,7 +240,7 @@ def matmul_nbits(
     if ql.zero_points:
         zp = g.planned(ql.zero_points_shape, lambda: planned_array(q.get().zero_points), np.uint8)
         inputs.append(g.init(f"{key}.zero_points", zp))
-    if g.spec.accuracy_level >= 4 and weight_names is None:
+    if level >= 4 and weight_names is None:
         # with int8 activations MatMulNBits (x86, onnxruntime 1.32) copies the scales into its packed
         # weights and keeps the initializer mapped, read once: 247 MB of Qwen2.5 1.5B's RSS, never read
         # again (the runtime gives those pages back after loading: runtime/session.py). Not a tied head's:
@@ -246,7 +255,7 @@ def matmul_nbits(
         N=ql.n,
         bits=ql.bits,
         block_size=ql.block,
-        accuracy_level=g.spec.accuracy_level,
+        accuracy_level=level,
     )[0]
     if not lay.correction:
         return y

@@ -296,13 +296,15 @@ def build_reencoded(
         finally:
             own.close()
         weights.flush()
-        if own.size == 0:
+        if own.size == 0 and variant.fp32_inputs == 0:
             attempts.append(
-                {"plan": plan.name, "verdict": "re-encodes no tensor of this GGUF (the same as q4-a8)"}
+                {"plan": plan.name, "verdict": "changes no tensor of this GGUF (the same as q4-a8)"}
             )
             built.remove_segments()
             remove_variant_files(out_dir, name)
             continue
+        if own.size == 0:  # a plan that re-encodes nothing: every weight is q4-a8's, in the shared file
+            (out_dir / own_data_file(name)).unlink(missing_ok=True)
         report(f"measuring {name} ({plan.name} plan)", 0.85)
         entry: dict[str, Any] = variant_entry(out_dir, name, variant) | {"plan": plan.name}
         entry |= built.measure(segments, shape, ids, ref_logits, threads)

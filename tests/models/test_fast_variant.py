@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
-from models.convert import nominal
+from models.convert import nominal, pipeline
+from models.convert.fast_plan import PLANS
 from models.convert.nominal import check
 from models.convert.pipeline import convert
 from models.errors import VerificationFailed
@@ -46,7 +48,16 @@ def tiny(tmp_path: Path, name: str, edit=None) -> Path:
     )
 
 
-def test_convert_when_reencoded_variant_beyond_its_floor_then_refused_and_log_says_why(tmp_path, caplog):
+def reencoding_plans_only(monkeypatch) -> None:
+    """The plans that re-encode weights: the last one re-encodes nothing (q4-a8 with fp32 inputs to some
+    matrices), and is within any floor q4-a8 comes near (test_..._then_the_fp32_inputs_plan_installed)."""
+    monkeypatch.setattr(pipeline, "PLANS", tuple(p for p in PLANS if p.fp32_inputs == ()))
+
+
+def test_convert_when_reencoded_variant_beyond_its_floor_then_refused_and_log_says_why(
+    tmp_path, caplog, monkeypatch
+):
+    reencoding_plans_only(monkeypatch)
     gguf = tiny(tmp_path, "tiny-lossy", constant_half_blocks)
     out = tmp_path / "out"
     out.mkdir()
@@ -69,6 +80,32 @@ def test_convert_when_reencoded_variant_beyond_its_floor_then_refused_and_log_sa
     # llama-cpp-python wheel), else the fixed fallback
     assert floor["source"] in ("llama.cpp", "int8 reference", "fallback")
     assert floor["kl_mean"] > 0 and floor["method"]
+
+
+def test_convert_when_reencoding_plans_beyond_the_floor_then_the_fp32_inputs_plan_installed(tmp_path):
+    """The re-encoding plans are refused (the head's deciding half rounded away) and the last plan, the GGUF's
+    own blocks with fp32 activations into attention and ffn_down, is within the floor: installed as `fast`,
+    sharing every weight with q4-a8, its 4-bit attention nodes at accuracy level 1 and the rest at 4."""
+    gguf = tiny(tmp_path, "tiny-lossy", constant_half_blocks)
+    out = tmp_path / "out"
+    out.mkdir()
+    frag = convert(gguf, out, threads=1, variants=["q4-a8", "fast"])
+    fast = frag["variants"]["fast"]
+    verdicts = {a["plan"]: a["verdict"] for a in fast["attempts"]}
+    assert verdicts["4-bit"].startswith("KL mean") and verdicts["8-bit"].startswith("KL mean")
+    assert fast["plan"] == PLANS[-1].name and verdicts[PLANS[-1].name] == "within the floor"
+    assert check(fast["quality"], frag["quality_floor"]) is None
+    assert not (out / "fast.data").exists() and fast["files"] == ["fast.onnx", "weights.data"]
+    graph = onnx.load(str(out / "fast.onnx"), load_external_data=False).graph
+    levels: dict[str, int] = {}
+    for node in (n for n in graph.node if n.op_type == "MatMulNBits"):
+        attrs = {a.name: a.i for a in node.attribute}
+        levels[node.input[1]] = attrs["accuracy_level"]
+    fp32 = {name for name, level in levels.items() if level == 1}
+    assert fp32 and all(level in (1, 4) for level in levels.values())
+    assert all(".attn" in name for name in fp32)  # ffn_down is Q6_K here: 8-bit nodes keep int8 inputs
+    assert any(".ffn" in name and level == 4 for name, level in levels.items())
+    assert "fp32 activations" in fast["quant_map"]["Q4_1"]
 
 
 def test_convert_when_reencoded_variant_within_its_floor_then_installed_in_the_one_weights_file(tmp_path):
@@ -95,6 +132,7 @@ def test_convert_when_llama_cpp_absent_then_the_int8_reference_sets_the_floor_an
     tmp_path, monkeypatch
 ):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
+    reencoding_plans_only(monkeypatch)
     gguf = tiny(tmp_path, "tiny-lossy", constant_half_blocks)
     out = tmp_path / "out"
     out.mkdir()
