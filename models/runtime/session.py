@@ -143,18 +143,27 @@ def one_position_exact(run: Any, new_cache: Any, vocab: int) -> bool:
     return bool(np.array_equal(alone, whole))
 
 
+# passes_exact's probe: a first pass, then a last one of 11, 6, 3 and 2 positions
+PASS_SPLITS = (13, 18, 21, 22)
+
+
 def passes_exact(run: Any, new_cache: Any, vocab: int) -> bool:
     """Whether the positions of a pass of several get bitwise the same keys, values and logits whatever the
-    pass's number of positions: 24 positions in one pass against 13 then 11. On onnxruntime 1.32 x86 they do;
-    on ARM's kernels (an emulated Cortex-A76) they do not: a prompt whose cached prefix was written by a pass
-    of 78 positions then gave logprobs a few ulps from the cold prefill's pass of 76. Where they do not,
-    nothing a pass wrote for another prompt is reused (reusable_prefix), so a reply's text still never
-    depends on what was cached. Two probe passes on throwaway caches, once per session."""
+    pass's number of positions: 24 positions in one pass against two passes split at each of PASS_SPLITS,
+    whose first passes leave 1 or 2 positions past a multiple of 4 and last ones 2 to 11 positions. On
+    onnxruntime 1.32 x86 they do; on ARM's kernels (an emulated Cortex-A76) they do not, and not for every
+    split: a prompt prefilled as 74 + 2 positions gave logprobs a few ulps from one pass of 76, where 13 + 11
+    against 24 agreed. Where they do not, nothing a pass wrote for another prompt is reused
+    (reusable_prefix), so a reply's text still never depends on what was cached. Probe passes on throwaway
+    caches, once per session."""
     probe = [(j * 7919 + 11) % vocab for j in range(24)]
     whole = run(np.array(probe), new_cache(len(probe)), 0).copy()
-    split = new_cache(len(probe))
-    run(np.array(probe[:13]), split, 0)
-    return bool(np.array_equal(run(np.array(probe[13:]), split, 13), whole))
+    for cut in PASS_SPLITS:
+        split = new_cache(len(probe))
+        run(np.array(probe[:cut]), split, 0)
+        if not np.array_equal(run(np.array(probe[cut:]), split, cut), whole):
+            return False
+    return True
 
 
 def prefill_end(pos: int, total: int, chunk: int, exact: bool) -> int:
