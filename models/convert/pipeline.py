@@ -48,7 +48,10 @@ from models.runtime.session import DecoderSession, KVCache, ModelShape
 # and fast within the floor, else the exact q4), and a pull keeps it alone by default; and batch > 1: the
 # rows of input_ids are separate sequences (GroupQueryAttention's batch, each row its own past length),
 # logits [batch, positions kept, vocab]
-CONVERTER_VERSION = 11
+# 12: the floor without llama.cpp is llama.cpp's arithmetic as it is (each matmul input rounded as llama.cpp
+# rounds it for the weight's type), and `fast` has a third plan (fp32 inputs into attention and ffn_down):
+# SmolLM2's default is `fast`, not `q4`
+CONVERTER_VERSION = 12
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 SPEED_ROUNDS = 3  # the nominal variant's candidates timed in alternation
