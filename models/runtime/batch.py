@@ -41,7 +41,7 @@ a session (LlamaEngine.batch_decoder, unless its pad_batches is set): its replie
 A prefill chunk runs its row alone whatever else is active, so it is the same too; and
 its text does not depend on how much of its prompt a free row held (prefix reuse), as for the one-reply
 engine: a prefill never runs a pass of one position, and reuses only keys a cold prefill would write
-(session.one_position_exact; a row's decoded keys only where one-position rows are exact in any pass).
+(session.Exactness; a row's decoded keys only where one-position rows are exact in any pass).
 (What bench/experiments/rows_probe.py saw on q4-a8, logits 0.4-0.9 apart, is between a one-position
 pass and the rows of a pass of several positions of one sequence: the same MatMulNBits rows, but
 GroupQueryAttention's prompt path against its token path, amplified by the int8 activations. A batch of

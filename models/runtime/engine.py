@@ -116,7 +116,7 @@ def reusable_prefix(cache: Any, ids: Sequence[int], positions_exact: bool, passe
     prefill (its logits are the first token's). Where a one-position pass is not exact (a session's
     positions_exact), only keys a cold prefill would write count (exact_prefix) and two tokens are left, so
     the last prefill pass is one of several positions, as a cold prefill's is. Where passes of several
-    positions depend on their number (a session's passes_exact: ARM's kernels), none: the keys a pass wrote
+    positions depend on their number (session.Exactness.passes: ARM's kernels), none: the keys a pass wrote
     for another prompt are not the ones this prompt's cold prefill would write."""
     if not passes_exact:
         return 0

@@ -8,6 +8,7 @@ copies nothing but the one-token input.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import mmap
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from models.errors import InvalidModelFile
+from models.runtime.measured import remembered
 
 KV_DTYPE = np.dtype(np.float32)
 WEIGHTS_FILE = "weights.data"  # the converter's (models/convert/pipeline.py)
@@ -125,45 +127,62 @@ def exact_prefix(cache: Any) -> int:
     return min(getattr(cache, "exact", 0), len(cache.tokens))
 
 
-def one_position_exact(run: Any, new_cache: Any, vocab: int) -> bool:
-    """Whether a pass feeding one position after a past gives bitwise the logits that position gets as the
-    last of a pass of several. Measured, not assumed: on onnxruntime 1.32 x86 it does not, with int8
-    activations (q4-a8: GroupQueryAttention's token path against its prompt path, 0.5 apart in SmolLM2's
-    logits) nor with fp32 ones (q4: MatMulNBits' one-row kernel, ~2e-5); passes of two or more
-    positions agree bitwise whatever their number and however the prompt was split before them. Where it
-    does not, a prefill never runs a pass of one position (prefill_end) and prefix reuse takes only keys
-    written by passes of several (exact_prefix), so a reply's text never depends on how much of its
-    prompt was cached. Three probe passes on throwaway caches, once per session: 24 positions, so that
-    attention over a past longer than a few keys is compared too."""
-    probe = [(j * 7919 + 11) % vocab for j in range(24)]
-    split = new_cache(len(probe))
-    run(np.array(probe[:-1]), split, 0)
-    alone = run(np.array(probe[-1:]), split, len(probe) - 1).copy()
-    whole = run(np.array(probe), new_cache(len(probe)), 0)
-    return bool(np.array_equal(alone, whole))
+@dataclass(frozen=True)
+class Exactness:
+    """What a session's passes keep bitwise (measure_exactness).
+
+    `one_position`: a pass feeding one position after a past gives bitwise the logits that position gets
+    as the last of a pass of several. On onnxruntime 1.32 x86 it does not, with int8 activations (q4-a8:
+    GroupQueryAttention's token path against its prompt path, 0.5 apart in SmolLM2's logits) nor with
+    fp32 ones (q4: MatMulNBits' one-row kernel, ~2e-5). Where it does not, a prefill never runs a pass of
+    one position (prefill_end) and prefix reuse takes only keys written by passes of several
+    (exact_prefix).
+
+    `passes`: the positions of a pass of several get bitwise the same keys, values and logits whatever
+    the pass's number of positions. On onnxruntime 1.32 x86 they do; on ARM's kernels (an emulated
+    Cortex-A76) they do not, and not for every split: a prompt prefilled as 74 + 2 positions gave
+    logprobs a few ulps from one pass of 76, where 13 + 11 against 24 agreed. Where they do not, nothing
+    a pass wrote for another prompt is reused (reusable_prefix).
+
+    Either way a reply's text never depends on how much of its prompt was cached."""
+
+    one_position: bool
+    passes: bool
+
+    @staticmethod
+    def valid(facts: Any) -> bool:
+        """Whether `facts` (read back from measured.json) are an Exactness's fields."""
+        fields = {f.name for f in dataclasses.fields(Exactness)}
+        return (
+            isinstance(facts, dict)
+            and set(facts) == fields
+            and all(isinstance(v, bool) for v in facts.values())
+        )
 
 
-# passes_exact's probe: a first pass, then a last one of 11, 6, 3 and 2 positions
-PASS_SPLITS = (13, 18, 21, 22)
+def is_bool(fact: Any) -> bool:
+    return isinstance(fact, bool)
 
 
-def passes_exact(run: Any, new_cache: Any, vocab: int) -> bool:
-    """Whether the positions of a pass of several get bitwise the same keys, values and logits whatever the
-    pass's number of positions: 24 positions in one pass against two passes split at each of PASS_SPLITS,
-    whose first passes leave 1 or 2 positions past a multiple of 4 and last ones 2 to 11 positions. On
-    onnxruntime 1.32 x86 they do; on ARM's kernels (an emulated Cortex-A76) they do not, and not for every
-    split: a prompt prefilled as 74 + 2 positions gave logprobs a few ulps from one pass of 76, where 13 + 11
-    against 24 agreed. Where they do not, nothing a pass wrote for another prompt is reused
-    (reusable_prefix), so a reply's text still never depends on what was cached. Probe passes on throwaway
-    caches, once per session."""
-    probe = [(j * 7919 + 11) % vocab for j in range(24)]
-    whole = run(np.array(probe), new_cache(len(probe)), 0).copy()
-    for cut in PASS_SPLITS:
-        split = new_cache(len(probe))
-        run(np.array(probe[:cut]), split, 0)
-        if not np.array_equal(run(np.array(probe[cut:]), split, cut), whole):
-            return False
-    return True
+# The probe's splits of its 24 positions: a last pass of one position (Exactness.one_position), and first
+# passes leaving 1 and 2 positions past a multiple of 4 with last ones of 11 and 2 (Exactness.passes).
+ONE_POSITION_SPLIT = 23
+PASS_SPLITS = (13, 22)
+
+
+def measure_exactness(run: Any, new_cache: Any, vocab: int) -> Exactness:
+    """Exactness, measured, not assumed: 24 positions in one pass against two passes split at
+    ONE_POSITION_SPLIT and at each of PASS_SPLITS, on throwaway caches. 24 positions, so that attention
+    over a past longer than a few keys is compared too. Seven passes; a session measures it once."""
+    probe = np.array([(j * 7919 + 11) % vocab for j in range(24)])
+    whole = run(probe, new_cache(len(probe)), 0).copy()
+
+    def split_agrees(cut: int) -> bool:
+        cache = new_cache(len(probe))
+        run(probe[:cut], cache, 0)
+        return bool(np.array_equal(run(probe[cut:], cache, cut), whole))
+
+    return Exactness(split_agrees(ONE_POSITION_SPLIT), all(split_agrees(cut) for cut in PASS_SPLITS))
 
 
 def prefill_end(pos: int, total: int, chunk: int, exact: bool) -> int:
@@ -389,10 +408,13 @@ class DecoderSession:
         same activation quantization; with fp32 activations that stays ~6e-5 in SmolLM2's logits, but
         int8 activations round it up to a whole quantum now and then and 30 layers amplify it to 0.3-0.8
         (argmax flips), also on an all-8-bit graph. Rows of passes with two or more positions are
-        bitwise equal whatever their number (bench/experiments/rows_probe.py). Four probe passes on a
-        throwaway cache, once per session."""
+        bitwise equal whatever their number (bench/experiments/rows_probe.py). Six probe passes on a
+        throwaway cache, once per file and machine (measured.py)."""
         if not self.multi_logits:
             return False
+        return bool(remembered(self.path, self.threads, "rows_exact", self._measure_rows_exact, is_bool))
+
+    def _measure_rows_exact(self) -> bool:
         probe = [(j * 7919 + 11) % self.shape.vocab for j in range(6)]
         kv = KVCache(self.shape, len(probe))
         self.run(np.array(probe[:2]), kv, 0)
@@ -405,18 +427,23 @@ class DecoderSession:
         return exact
 
     @cached_property
-    def positions_exact(self) -> bool:
-        """one_position_exact, measured on this session (at load)."""
-        exact = one_position_exact(self.run, lambda n: KVCache(self.shape, n), self.shape.vocab)
-        self._binding, self._bound_kv = None, None  # the probe caches go
-        return exact
+    def exactness(self) -> Exactness:
+        """measure_exactness on this session (at load; once per file and machine: measured.py)."""
 
-    @cached_property
+        def measure() -> dict[str, bool]:
+            exact = measure_exactness(self.run, lambda n: KVCache(self.shape, n), self.shape.vocab)
+            self._binding, self._bound_kv = None, None  # the probe caches go
+            return dataclasses.asdict(exact)
+
+        return Exactness(**remembered(self.path, self.threads, "exactness", measure, Exactness.valid))
+
+    @property
+    def positions_exact(self) -> bool:
+        return self.exactness.one_position
+
+    @property
     def passes_exact(self) -> bool:
-        """passes_exact, measured on this session (at load)."""
-        exact = passes_exact(self.run, lambda n: KVCache(self.shape, n), self.shape.vocab)
-        self._binding, self._bound_kv = None, None  # the probe caches go
-        return exact
+        return self.exactness.passes
 
     def _bind_k(self, b: ort.IOBinding, k: int) -> None:
         """Bind a [1, k, vocab] view of the logits buffer (grown when k is larger than ever before: one
@@ -570,14 +597,21 @@ class GeneralDecoderSession:
         prefault_mappings(self.path.parent, skip=before)
 
     @cached_property
-    def positions_exact(self) -> bool:
-        """one_position_exact, measured on this session (at its first use)."""
-        return one_position_exact(self.run, self.new_cache, self.shape.vocab)
+    def exactness(self) -> Exactness:
+        """measure_exactness on this session (at its first use; once per file and machine: measured.py)."""
 
-    @cached_property
+        def measure() -> dict[str, bool]:
+            return dataclasses.asdict(measure_exactness(self.run, self.new_cache, self.shape.vocab))
+
+        return Exactness(**remembered(self.path, self.threads, "exactness", measure, Exactness.valid))
+
+    @property
+    def positions_exact(self) -> bool:
+        return self.exactness.one_position
+
+    @property
     def passes_exact(self) -> bool:
-        """passes_exact, measured on this session (at its first use)."""
-        return passes_exact(self.run, self.new_cache, self.shape.vocab)
+        return self.exactness.passes
 
     def new_cache(self, capacity: int, prefault: bool = False) -> SharedKV | GrowingKV:
         kind = SharedKV if self.io.share_buffer else GrowingKV

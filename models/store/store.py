@@ -48,6 +48,7 @@ from models.errors import (
     SimmerError,
     VerificationFailed,
 )
+from models.runtime.measured import MEASURED
 from models.runtime.session import kv_bytes_per_token
 from models.store import filelock, integrity, registry
 from models.store.durable import disk_full_error
@@ -59,9 +60,8 @@ from models.variant_facts import floor_facts, refused_variants, variant_facts
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
-STORE_FILES = frozenset(
-    {MANIFEST, integrity.VERIFIED, integrity.BAD}
-)  # the store writes these; a converter must not
+# The store writes these (and loads write measured.py's facts); a converter must not.
+STORE_FILES = frozenset({MANIFEST, integrity.VERIFIED, integrity.BAD, MEASURED})
 CURRENT = "current"
 TMP_PREFIX = ".tmp-"
 MB = 1000 * 1000  # decimal, as `simmer list` and `simmer pull` print sizes

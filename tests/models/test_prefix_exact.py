@@ -14,8 +14,7 @@ import pytest
 from models.protocol import Prompt
 from models.runtime.batch import BatchDecoder
 from models.runtime.engine import LlamaEngine, load_engine, passes_exact, positions_exact, reusable_prefix
-from models.runtime.session import exact_prefix, note_write, prefill_end
-from models.runtime.session import passes_exact as probe_passes
+from models.runtime.session import exact_prefix, measure_exactness, note_write, prefill_end
 from models.types import GenerationParams, SamplingParams, TokenEvent
 from tests.models.test_batch import Events, drive, finish, tokens
 
@@ -109,23 +108,35 @@ def test_prefix_when_one_position_passes_are_exact_then_reused_up_to_the_last_to
 
 
 class PassSized:
-    """A forward pass whose last logits carry the number of positions its pass had, as ARM's kernels sum
-    rows differently by the pass's number of positions (by a few ulps); `by_size` False: as x86's do."""
+    """A forward pass whose last logits carry the number of positions its pass had: `by_size` for every
+    pass, as ARM's kernels sum rows differently by the pass's number of positions (by a few ulps);
+    `one_alone` for passes of one position only, as x86's one-row kernels do; neither, as x86's
+    multi-row kernels do."""
 
-    def __init__(self, by_size: bool) -> None:
-        self.by_size = by_size
+    def __init__(self, by_size: bool, one_alone: bool = False) -> None:
+        self.by_size, self.one_alone = by_size, one_alone
 
     def __call__(self, ids, cache, past: int) -> np.ndarray:
         logits = np.zeros(8, np.float32)
         logits[int(ids[-1]) % 8] = 1.0
-        if self.by_size:
+        if self.by_size or (self.one_alone and len(ids) == 1):
             logits[0] += np.float32(1e-7) * len(ids)
         return logits
 
 
-@pytest.mark.parametrize(("by_size", "exact"), [(False, True), (True, False)])
-def test_passes_exact_when_a_pass_sums_by_its_size_then_probe_says_so(by_size, exact):
-    assert probe_passes(PassSized(by_size), lambda n: None, 8) is exact
+@pytest.mark.parametrize(
+    ("by_size", "one_alone", "one_position", "passes"),
+    [
+        (False, False, True, True),
+        (False, True, False, True),  # x86: one-row kernels alone differ
+        (True, False, False, False),  # ARM: every pass sums by its size
+    ],
+)
+def test_exactness_when_passes_sum_by_their_size_then_probe_says_which(
+    by_size, one_alone, one_position, passes
+):
+    measured = measure_exactness(PassSized(by_size, one_alone), lambda n: None, 8)
+    assert (measured.one_position, measured.passes) == (one_position, passes)
 
 
 @pytest.mark.parametrize(
