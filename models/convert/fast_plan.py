@@ -26,24 +26,18 @@ class Plan:
     the wider ones (5, 6 and 8 bits, float) and one for the LM head; None keeps a tensor's exact mapping (as
     in q4-a8), whose initializers the variants then share. `fp32_inputs`: the kinds of matrix (`ffn_down`)
     whose exact 4-bit MatMulNBits take fp32 activations instead of int8 ones, where the int8 rounding of
-    their input is what puts q4-a8 above the floor; `fp32_layers`, in the leading share of the layers
-    only."""
+    their input is what puts q4-a8 above the floor."""
 
     name: str
     four_bit: Encoding | None
     wider: Encoding | None
     head: Encoding | None
     fp32_inputs: tuple[str, ...] = ()
-    fp32_layers: float = 1.0
 
-    def fp32_input(self, tensor: str, n_layers: int) -> bool:
-        """Whether the matrix named `tensor` (`blk.3.ffn_down.weight`) of a model of `n_layers` takes fp32
-        activations."""
+    def fp32_input(self, tensor: str) -> bool:
+        """Whether the matrix named `tensor` (`blk.3.ffn_down.weight`) takes fp32 activations."""
         parts = tensor.split(".")
-        if len(parts) < 2 or parts[-2] not in self.fp32_inputs:
-            return False
-        layer = int(parts[1]) if parts[0] == "blk" and parts[1].isdigit() else 0
-        return layer < round(self.fp32_layers * n_layers)
+        return len(parts) >= 2 and parts[-2] in self.fp32_inputs
 
     def choose(self, type_name: str, k: int, *, head: bool = False) -> Encoding | None:
         """The encoding of one matrix at the plan's block, or the widest smaller one dividing k."""
@@ -68,22 +62,16 @@ class Plan:
 # | ffn_down, attn_output, attn_v | 0.00162 | 0.0071 |
 # | ffn_down, attn_output, attn_q/k/v (this plan) | 0.00132 | 0.0059 |
 # | ffn_down, ffn_gate, ffn_up | 0.00165 | 0.0091 |
-# The whole-model plan keeps half the floor's margin on the p99 (another CPU's int8 kernels round
-# differently) and one node for the fused q/k/v. The same in the first half of the layers only is tried before
-# it: 0.00206 (p99 0.01147), and about a tenth faster. Where the error enters matters: the last half only
-# gave p99 0.0130, over the floor, and the first third 0.00241 (p99 0.0109). 8-bit matrices keep int8
-# inputs (fp32 ones there run 32-48x slower: linear.py).
-FP32_INPUT_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_down")
+# This plan keeps half the floor's margin on the p99 (another CPU's int8 kernels round differently) and one
+# node for the fused q/k/v. 8-bit matrices keep int8 inputs (fp32 ones there run 32-48x slower: linear.py).
 PLANS = (
     Plan("4-bit", Encoding(4, 32, zero_point=True), Encoding(8, 32, False), Encoding(8, 32, False)),
     Plan("8-bit", None, Encoding(8, 32, False), Encoding(8, 32, False)),
     Plan(
-        "fp32 inputs but ffn_gate/ffn_up, first half of the layers",
+        "fp32 inputs but ffn_gate/ffn_up",
         None,
         None,
         None,
-        fp32_inputs=FP32_INPUT_KINDS,
-        fp32_layers=0.5,
+        fp32_inputs=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_down"),
     ),
-    Plan("fp32 inputs but ffn_gate/ffn_up", None, None, None, fp32_inputs=FP32_INPUT_KINDS),
 )

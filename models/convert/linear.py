@@ -122,12 +122,7 @@ def form(g: GraphBuilder, name: str, small: bool = False, packed: Packing | None
         p = p.then(p.layout.widened(), widen)
     if p.layout.bits == 8 and spec.accuracy_level < 4:
         return Form(packed=p, pair=True) if small else fp32
-    if (
-        spec.requant is not None
-        and spec.requant.fp32_input(name, g.cfg.n_layers)
-        and p.layout.bits == 4
-        and not small
-    ):
+    if spec.requant is not None and spec.requant.fp32_input(name) and p.layout.bits == 4 and not small:
         g.fp32_inputs += 1
         return Form(packed=p, accuracy=1)
     return Form(packed=p)

@@ -51,9 +51,7 @@ from models.runtime.session import DecoderSession, KVCache, ModelShape
 # 12: the floor without llama.cpp is llama.cpp's arithmetic as it is (each matmul input rounded as llama.cpp
 # rounds it for the weight's type), and `fast` has a third plan (fp32 inputs into attention and ffn_down):
 # SmolLM2's default is `fast`, not `q4`
-# 13: `fast` tries that plan in the first half of the layers first (SmolLM2: about a tenth faster, within
-# the floor)
-CONVERTER_VERSION = 13
+CONVERTER_VERSION = 12
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 SPEED_ROUNDS = 3  # the nominal variant's candidates timed in alternation

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from models.convert.fast_plan import FP32_INPUT_KINDS, PLANS, Plan
+from models.convert.fast_plan import PLANS
 from models.convert.requant import Encoding, relative_error, requantize
 from models.gguf.quant import PackedNBits, pack_nibbles
 
@@ -117,23 +117,6 @@ def test_requantize_when_compared_with_min_max_rounding_then_smaller_weighted_er
 def test_requantize_when_k_not_a_multiple_of_block_then_value_error():
     with pytest.raises(ValueError, match="multiple"):
         requantize(np.zeros((2, 96), np.float32), Encoding(4, 64, True))
-
-
-@pytest.mark.parametrize(
-    ("tensor", "n_layers", "share", "fp32"),
-    [
-        ("blk.0.attn_v.weight", 30, 0.5, True),
-        ("blk.14.ffn_down.weight", 30, 0.5, True),
-        ("blk.15.ffn_down.weight", 30, 0.5, False),  # the second half keeps int8 inputs
-        ("blk.29.attn_output.weight", 30, 1.0, True),
-        ("blk.0.ffn_gate.weight", 30, 1.0, False),  # not a kind the plan names
-        ("blk.1.attn_q.weight", 2, 0.5, False),
-        ("output.weight", 30, 1.0, False),
-    ],
-)
-def test_plan_fp32_input_when_kind_and_layer_then_table(tensor, n_layers, share, fp32):
-    plan = Plan("p", None, None, None, fp32_inputs=FP32_INPUT_KINDS, fp32_layers=share)
-    assert plan.fp32_input(tensor, n_layers) is fp32
 
 
 @pytest.mark.parametrize("bad", [(3, 32, True), (4, 24, False), (4, 8, True)])
