@@ -63,7 +63,9 @@ class Plan:
 # | ffn_down, attn_output, attn_q/k/v (this plan) | 0.00132 | 0.0059 |
 # | ffn_down, ffn_gate, ffn_up | 0.00165 | 0.0091 |
 # This plan keeps half the floor's margin on the p99 (another CPU's int8 kernels round differently) and one
-# node for the fused q/k/v. 8-bit matrices keep int8 inputs (fp32 ones there run 32-48x slower: linear.py).
+# node for the fused q/k/v. The same in the first half of the layers only gave 0.00206 (p99 0.0115) and was
+# 1 % faster over six interleaved rounds (bench/experiments/results/fast-plan-half-layers-smollm2-*.json):
+# not worth that margin. 8-bit matrices keep int8 inputs (fp32 ones there run 32-48x slower: linear.py).
 PLANS = (
     Plan("4-bit", Encoding(4, 32, zero_point=True), Encoding(8, 32, False), Encoding(8, 32, False)),
     Plan("8-bit", None, Encoding(8, 32, False), Encoding(8, 32, False)),
