@@ -48,7 +48,7 @@ def main() -> None:
         for k, v in runs.items()
     }
     base = summary.get("llama.cpp")
-    for k, v in summary.items():
+    for v in summary.values():
         if base:
             v["decode_vs_llama_cpp"] = round(v["decode_median"] / base["decode_median"], 3)
             v["tok_per_cpu_s_vs_llama_cpp"] = round(
