@@ -63,15 +63,17 @@ def test_engines_opened_by_engine_config_allocate_kv_as_the_setting_says(tiny_mo
 
 # A long process's heap: glibc's mmap threshold raised by a freed ~30 MiB block, 96 MiB of heap freed under
 # a live block (so it is not the top) and handed back by malloc_trim, as release_freed_memory does after a
-# session build. A np.zeros of 40 MiB then comes from that heap and calloc writes it: resident at once. The
-# KV's own mapping is not: the control shows the state is reproduced, the KV line what kv_zeros does in it.
+# session build. The live block is 4 MiB, so that it comes from the top of the heap and not from a hole the
+# imports left (a 64 KiB one did, once simmer's runtime imported a little more). A np.zeros of 40 MiB then
+# comes from that heap and calloc writes it: resident at once. The KV's own mapping is not: the control
+# shows the state is reproduced, the KV line what kv_zeros does in it.
 HEAP_SCRIPT = """
 import ctypes, gc, json, numpy as np, psutil
 from models.runtime.session import kv_zeros
 rss = lambda: psutil.Process().memory_info().rss / 2**20
 x = np.ones(30 << 20, np.uint8); del x
 chunks = [np.ones(16 << 20, np.uint8) for _ in range(6)]
-pin = np.ones(1 << 16, np.uint8)
+pin = np.ones(4 << 20, np.uint8)
 del chunks; gc.collect(); ctypes.CDLL("libc.so.6").malloc_trim(0)
 b = rss(); control = np.zeros((40 << 20) // 4, np.float32); control_mb = rss() - b
 b = rss(); kv = kv_zeros(((40 << 20) // 4,), np.float32, False); kv_mb = rss() - b
