@@ -173,7 +173,8 @@ PASS_SPLITS = (13, 22)
 def measure_exactness(run: Any, new_cache: Any, vocab: int) -> Exactness:
     """Exactness, measured, not assumed: 24 positions in one pass against two passes split at
     ONE_POSITION_SPLIT and at each of PASS_SPLITS, on throwaway caches. 24 positions, so that attention
-    over a past longer than a few keys is compared too. Seven passes; a session measures it once."""
+    over a past longer than a few keys is compared too. Seven passes, once per file and machine
+    (measured.py)."""
     probe = np.array([(j * 7919 + 11) % vocab for j in range(24)])
     whole = run(probe, new_cache(len(probe)), 0).copy()
 
