@@ -13,11 +13,10 @@ measures again. A store that cannot be written (read-only) keeps them for the pr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import os
 import platform
-import secrets
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 import onnxruntime as ort
 
 from models.store import integrity
+from models.store.durable import replace_text
 
 MEASURED = "measured.json"
 SCHEMA = 1
@@ -94,13 +94,7 @@ def _read(file: Path) -> dict[str, Any]:
 
 
 def _write(file: Path, facts: dict[str, Any]) -> None:
-    """Atomic (a unique temporary name, then rename), not fsynced: losing it costs one more measurement. A
-    folder that cannot be written is not an error."""
-    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        tmp.write_text(
-            json.dumps({"schema": SCHEMA, "facts": facts}, indent=1, sort_keys=True) + "\n", "utf-8"
-        )
-        tmp.replace(file)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    """Atomic, not fsynced: losing it costs one more measurement. A folder that cannot be written is not an
+    error."""
+    with contextlib.suppress(OSError):
+        replace_text(file, json.dumps({"schema": SCHEMA, "facts": facts}, indent=1, sort_keys=True) + "\n")

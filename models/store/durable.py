@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import secrets
 from pathlib import Path
 
 
@@ -15,6 +16,19 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write `path` atomically, not fsynced: a unique temporary name beside it, then a rename (a reader sees
+    the old file or the new one; a symlink at `path` is replaced, never followed). The temporary file goes
+    if anything fails."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # ENOSPC: the filesystem is full; EDQUOT: the user's quota is. Both mean "free some space, then retry".

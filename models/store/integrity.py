@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.store.durable import fsync_dir
+from models.store.durable import fsync_dir, replace_text
 from models.store.sources import Progress, sha256_file
 
 SCHEMA = 1
@@ -106,13 +106,7 @@ def read_verified(vdir: Path) -> dict[str, dict[str, Any]]:
 def write_verified(vdir: Path, checked: dict[str, dict[str, Any]]) -> None:
     """Atomic (a unique temporary name, then rename) but not fsynced: losing it costs one more hashing."""
     data = {"schema": SCHEMA, "verified_at": _now(), "files": checked}
-    tmp = vdir / f".{VERIFIED}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(vdir / VERIFIED)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    replace_text(vdir / VERIFIED, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def read_bad(vdir: Path) -> dict[str, Any] | None:
