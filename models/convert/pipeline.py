@@ -165,7 +165,9 @@ def convert(
             for i, name in enumerate(exact):
                 report(f"measuring {name}", 0.5 + 0.2 * i / len(exact))
                 entries[name] |= built[name].measure(segments, shape, ids, ref_logits, threads)
-            if floor is None:
+            # The floor judges the candidates only: a pull of exact variants alone (`--variants q4`) has
+            # nothing to hold to it, and on a slow device the int8 reference is minutes of numpy.
+            if floor is None and any(n in nominal.CANDIDATES for n in names):
                 report("measuring the quality floor", 0.7)
                 floor = measure_floor(model, Path(gguf_path), ids, ref_logits[0])
         for name in (n for n in names if n not in exact and n not in refused):

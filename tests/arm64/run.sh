@@ -71,10 +71,10 @@ test)
     # shellcheck disable=SC2016
     run_in "$QEMU_CPU" bash -c 'cd /src && make .venv/.simmer-installed PYTHON=python3 >/dev/null \
         && .venv/bin/python -c "import platform, onnxruntime; print(platform.machine(), \"onnxruntime\", onnxruntime.__version__)" \
-        && .venv/bin/python -m pytest -m "not slow" -n 2 --dist loadfile -q -p no:cacheprovider '"$tests ${PYTEST_ARGS:-}"
+        && .venv/bin/python -m pytest -m "not slow" -n 2 --dist loadfile -q -p no:cacheprovider --durations=25 '"$tests ${PYTEST_ARGS:-}"
     suite=$?
     step "in the root ($QEMU_CPU): the end-to-end test (simmer pull, simmer serve, a greedy chat against x86's answer)"
-    run_in "$QEMU_CPU" bash -c 'cd /src && .venv/bin/python -m pytest -q -p no:cacheprovider -rA tests/test_exact_answer_e2e.py'
+    run_in "$QEMU_CPU" bash -c 'cd /src && .venv/bin/python -m pytest -q -p no:cacheprovider -rA --durations=5 tests/test_exact_answer_e2e.py'
     e2e=$?
     set -e
     step "verdict"

@@ -182,3 +182,22 @@ def test_convert_when_measured_then_manifest_records_the_choice_and_the_floor(ti
     assert (manifest["default_variant"], manifest["default_variant_reason"]) == chosen
     genai = json.loads((tiny_model_dir / "genai_config.json").read_text())
     assert genai["model"]["decoder"]["filename"] == manifest["variants"][chosen[0]]["file"]
+
+
+def test_convert_when_only_the_exact_variant_is_asked_then_no_floor_is_measured(
+    tiny_gguf, tmp_path, monkeypatch
+):
+    """The floor judges candidates; a pull of `q4` alone has none, and the int8 reference costs minutes on a
+    slow device."""
+    from models.convert import pipeline
+
+    def no_floor(*args, **kwargs):
+        raise AssertionError("the floor was measured with no candidate to judge")
+
+    monkeypatch.setattr(pipeline, "measure_floor", no_floor)
+    out = tmp_path / "out"
+    out.mkdir()
+    fragment = pipeline.convert(tiny_gguf, out, variants=["q4"], threads=1)
+    assert fragment["quality_floor"] is None
+    assert list(fragment["variants"]) == ["q4"] and fragment["default_variant"] == "q4"
+    assert fragment["variants"]["q4"]["quality"]["kl_mean"] < 1e-6  # still measured: the exact variant's own
