@@ -389,7 +389,7 @@ class BatchDecoder:
             free, tokens = self.free_rows[b], self.kv.rows[b].tokens
             n = 0
             if free.variant == self.e.variant and free.scope == scope:
-                n = reusable_prefix(self.kv.rows[b], ids, exact, whole)
+                n = reusable_prefix(self.kv.rows[b], ids, exact, whole, e.prefill_chunk)
             key = (n, self.kv.mapped[b] != spread, not tokens, -free.last_used, -b)
             if best is None or key > best:
                 best, chosen = key, b
@@ -464,8 +464,8 @@ class BatchDecoder:
         lengths = np.ones(n, np.int64)
         sess = self.e._session()
         # a row's decoded keys are a cold prefill's only where neither the pass's width nor its one
-        # position changes a sum (else prefix reuse stops before them)
-        exact = positions_exact(sess) and batch_traits(sess).one_row_exact
+        # position nor a pass's size changes a sum (else prefix reuse stops before them)
+        exact = positions_exact(sess) and passes_exact(sess) and batch_traits(sess).one_row_exact
         for b in range(n):
             row = self.rows[b]
             decodes = row is not None and row.decoding

@@ -42,6 +42,7 @@ from models.runtime.session import (
     GeneralDecoderSession,
     KVCache,
     ModelShape,
+    cold_pass,
     exact_prefix,
     kv_slot_count,
     new_run_options,
@@ -111,19 +112,21 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def reusable_prefix(cache: Any, ids: Sequence[int], positions_exact: bool, passes_exact: bool = True) -> int:
+def reusable_prefix(
+    cache: Any, ids: Sequence[int], positions_exact: bool, passes_exact: bool = True, chunk: int = 1
+) -> int:
     """How much of `cache` a prompt `ids` reuses: the prefix they share, leaving at least one token to
     prefill (its logits are the first token's). Where a one-position pass is not exact (a session's
     positions_exact), only keys a cold prefill would write count (exact_prefix) and two tokens are left, so
     the last prefill pass is one of several positions, as a cold prefill's is. Where passes of several
-    positions depend on their number (session.Exactness.passes: ARM's kernels), none: the keys a pass wrote
-    for another prompt are not the ones this prompt's cold prefill would write."""
-    if not passes_exact:
-        return 0
+    positions depend on their number (session.Exactness.passes: ARM's kernels), whole prefill chunks of
+    `chunk` positions (session.cold_pass): the warm prefill then runs from a chunk's start the passes a
+    cold prefill runs from there."""
     n = common_prefix(cache.tokens, ids)
-    if positions_exact:
+    if positions_exact and passes_exact:
         return max(0, min(n, len(ids) - 1))
-    return max(0, min(n, exact_prefix(cache), len(ids) - 2))
+    n = max(0, min(n, exact_prefix(cache), len(ids) - (1 if positions_exact else 2)))
+    return n if passes_exact else n - n % max(1, chunk)
 
 
 def positions_exact(sess: object) -> bool:
@@ -281,8 +284,9 @@ class LlamaEngine(TextSideMixin):
                 sess.positions_exact  # noqa: B018 (likewise)
                 if not sess.passes_exact:
                     log.info(
-                        "%s/%s: passes of several positions differ by their number on this CPU: no prefix "
-                        "reuse (a reply's text must not depend on what was cached)",
+                        "%s/%s: passes of several positions differ by their number on this CPU: prefixes "
+                        "are reused a whole prefill chunk at a time (a reply's text must not depend on "
+                        "what was cached)",
                         self.model_id,
                         self.variant,
                     )
@@ -370,7 +374,7 @@ class LlamaEngine(TextSideMixin):
                 continue
             if slot.scope != scope:
                 continue
-            n = reusable_prefix(slot.cache, ids, exact, whole)
+            n = reusable_prefix(slot.cache, ids, exact, whole, self.prefill_chunk)
             if n > best_n or best is None:
                 best, best_n = slot, n
         fits_another = len(self._slots) < kv_slot_count(
@@ -731,7 +735,13 @@ class _Generation:
             bigger = self.e.new_cache(max(self.e.context_length, self.pos + len(ids)))
             bigger.copy_prefix_from(cache, self.pos)
             self.slot.cache = cache = bigger
-        note_write(cache, self.pos, len(ids), len(ids) > 1 or positions_exact(self.sess))
+        chunk, sess = self.e.prefill_chunk, self.sess
+        note_write(
+            cache,
+            self.pos,
+            len(ids),
+            cold_pass(self.pos, len(ids), chunk, positions_exact(sess), passes_exact(sess)),
+        )
         try:
             fed = np.asarray(ids, dtype=np.int64)
             if keep > 1:  # a verification pass: a row of logits per fed token

@@ -122,6 +122,19 @@ def note_write(cache: Any, pos: int, n: int, exact_pass: bool) -> None:
     cache.exact = pos + n if exact_pass and cache.exact >= pos else min(cache.exact, pos)
 
 
+def cold_pass(pos: int, n: int, chunk: int, one_position: bool, passes: bool) -> bool:
+    """Whether a pass writing positions pos..pos+n-1 writes what a cold prefill of the same tokens writes
+    (note_write's `exact_pass`), from the session's Exactness and the prefill chunk. Where passes of
+    several positions are exact (x86), any pass of several does, and one of one position where those are
+    exact too. Where passes depend on their number of positions (ARM's kernels), only the pass a cold
+    prefill itself runs there: a whole chunk starting at a multiple of it, as prefill_end plans a prompt
+    from position 0 (its last, shorter pass is no longer prompt's), so a prefix is reused a chunk at a
+    time (reusable_prefix) and the keys before it are the ones that prompt's cold prefill would write."""
+    if not passes:
+        return n == chunk and pos % chunk == 0
+    return n > 1 or one_position
+
+
 def exact_prefix(cache: Any) -> int:
     """The leading positions of `cache` a prompt may reuse and still get the logits a cold prefill gives."""
     return min(getattr(cache, "exact", 0), len(cache.tokens))
@@ -144,8 +157,8 @@ class Exactness:
     logprobs a few ulps from one pass of 76, where 13 + 11 against 24 agreed. There the last position's
     logits of 74 + 2 were still bitwise those of 76 while two positions' keys and values were not (the
     tiny test model: an ulp in one key does not reach its logits, but it reaches the next tokens'), so
-    the probe compares what the passes wrote too. Where they do not, nothing a pass wrote for another
-    prompt is reused (reusable_prefix).
+    the probe compares what the passes wrote too. Where they do not, a prefix is reused only in the
+    whole prefill chunks a cold prefill runs (cold_pass, reusable_prefix).
 
     Either way a reply's text never depends on how much of its prompt was cached."""
 

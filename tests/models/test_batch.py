@@ -30,6 +30,7 @@ from models.types import (
     ToolUse,
 )
 from tests.models.test_constraint import PERSON
+from tests.models.test_engine import warm_reuse
 from tests.models.test_tools import TIME, WEATHER, calls_of
 from tests.reference_llama import ReferenceLlama
 
@@ -384,7 +385,7 @@ def test_batch_when_same_prompt_again_then_prefix_reused_within_its_scope(tiny_m
     again = drive(bd, {"x": (prompt, alice)})["x"]
     other = drive(bd, {"x": (prompt, bob)})["x"]
     assert finish(first).usage.cached_tokens == 0 and finish(other).usage.cached_tokens == 0
-    assert finish(again).usage.cached_tokens == len(prompt.ids) - e.reuse_tail
+    assert finish(again).usage.cached_tokens == warm_reuse(e, len(prompt.ids))
     assert tokens(first) == tokens(again) == tokens(other)  # logprobs too (tests/models/test_prefix_exact.py)
 
 
@@ -504,4 +505,4 @@ def test_batch_rows_when_one_client_at_a_time_then_one_row_mapped_and_more_only_
     for prompt in (first, second, first):
         last = drive(bd, {"x": (prompt, params)})["x"]
     assert bd.kv.mapped == [True, True, False, False]
-    assert finish(last).usage.cached_tokens == len(first.ids) - kept.reuse_tail
+    assert finish(last).usage.cached_tokens == warm_reuse(kept, len(first.ids))

@@ -14,7 +14,14 @@ import pytest
 from models.protocol import Prompt
 from models.runtime.batch import BatchDecoder
 from models.runtime.engine import LlamaEngine, load_engine, passes_exact, positions_exact, reusable_prefix
-from models.runtime.session import exact_prefix, measure_exactness, note_write, prefill_end
+from models.runtime.session import (
+    Exactness,
+    cold_pass,
+    exact_prefix,
+    measure_exactness,
+    note_write,
+    prefill_end,
+)
 from models.types import GenerationParams, SamplingParams, TokenEvent
 from tests.models.test_batch import Events, drive, finish, tokens
 
@@ -37,9 +44,12 @@ def cached(events: list) -> int:
 
 
 def reuses(e: LlamaEngine, events: list, at_least: int) -> bool:
-    """The reply reused at least `at_least` cached tokens, or none where this CPU's passes of several
-    positions depend on their number (passes_exact: no prefix reuse there)."""
-    return cached(events) >= at_least if passes_exact(e._session()) else cached(events) == 0
+    """The reply reused at least `at_least` cached tokens; where this CPU's passes of several positions
+    depend on their number (passes_exact), whole prefill chunks, at least those `at_least` holds."""
+    if passes_exact(e._session()):
+        return cached(events) >= at_least
+    chunk = e.prefill_chunk
+    return cached(events) % chunk == 0 and cached(events) >= at_least - at_least % chunk
 
 
 @pytest.mark.parametrize("variant", ["q4", "q4-a8"])
@@ -95,6 +105,38 @@ def test_batch_prefix_when_a_row_joins_with_a_cached_prefix_then_same_tokens_as_
     warm = drive(bd, {"x": (follow, GREEDY)})["x"]
     assert reuses(e, warm, len(prompt.ids) - 2)
     assert tokens(warm) == tokens(drive(BatchDecoder(e, 2), {"x": (follow, GREEDY)})["x"])
+
+
+@pytest.mark.parametrize("forced", [True, False], ids=["passes-forced-inexact", "as-measured"])
+@pytest.mark.parametrize("variant", ["q4", "q4-a8"])
+def test_prefix_when_reused_in_whole_chunks_then_same_tokens_and_logprobs_as_cold(
+    tiny_model_dir, variant, forced
+):
+    """Where passes depend on their size (ARM; or forced here, on any CPU, through the session's measured
+    facts) a prefix is reused in whole prefill chunks, and the replies are still a cold prefill's bit for
+    bit: a prompt again, another sharing part of it, and a follow-up after a decoded reply."""
+    e = engine(tiny_model_dir, variant, prefill_chunk=4)
+    sess = e._session()
+    if forced:
+        sess.__dict__["exactness"] = Exactness(one_position=False, passes=False)
+    prompt = e.text_prompt(TEXT)
+    n = len(prompt.ids)
+    e.reset_cache()
+    cold = generate(e, prompt, GREEDY)
+    warm = generate(e, prompt, GREEDY)
+    assert cached(cold) == 0 and reuses(e, warm, n - 2) and cached(warm) > 0
+    assert tokens(warm) == tokens(cold)
+    for keep in (n - 3, n // 2 + 1, 6):
+        e.reset_cache()
+        generate(e, Prompt([*prompt.ids[:keep], *e.tokenize(" zebra crossing")]), GREEDY)
+        partly = generate(e, prompt, GREEDY)
+        assert cached(partly) <= keep and reuses(e, partly, keep - 2) and tokens(partly) == tokens(cold), keep
+    reply = [t for t, _, _ in tokens(cold)]
+    follow = Prompt([*prompt.ids, *reply, *e.tokenize(" and so on")])
+    warm = generate(e, follow, GREEDY)
+    assert reuses(e, warm, n - 2) and cached(warm) <= n
+    e.reset_cache()
+    assert tokens(warm) == tokens(generate(e, follow, GREEDY))
 
 
 def test_prefix_when_one_position_passes_are_exact_then_reused_up_to_the_last_token(tiny_model_dir):
@@ -165,17 +207,37 @@ def test_exactness_when_only_the_keys_a_pass_wrote_differ_then_passes_not_exact(
 
 
 @pytest.mark.parametrize(
-    ("positions", "passes", "reused"),
+    ("positions", "passes", "chunk", "reused"),
     [
-        (True, True, 9),  # all but the last prompt token
-        (False, True, 7),  # keys a cold prefill would write (7), two tokens left
-        (True, False, 0),  # passes depend on their size: nothing another prompt's pass wrote
-        (False, False, 0),
+        (True, True, 4, 9),  # all but the last prompt token
+        (False, True, 4, 7),  # keys a cold prefill would write (7), two tokens left
+        (True, False, 4, 4),  # passes depend on their size: whole chunks of those keys
+        (False, False, 4, 4),
+        (False, False, 8, 0),
+        (False, False, 1, 7),
     ],
 )
-def test_reusable_prefix_table(positions, passes, reused):
+def test_reusable_prefix_table(positions, passes, chunk, reused):
     cache = Cache(12, exact=7)
-    assert reusable_prefix(cache, list(range(10)), positions, passes) == reused
+    assert reusable_prefix(cache, list(range(10)), positions, passes, chunk) == reused
+
+
+@pytest.mark.parametrize(
+    ("pos", "n", "chunk", "one_position", "passes", "cold"),
+    [
+        (0, 10, 256, False, True, True),  # x86: any pass of several
+        (10, 1, 256, False, True, False),  # ...but one position alone, where those differ
+        (10, 1, 256, True, True, True),
+        (0, 4, 4, False, False, True),  # ARM: a whole chunk from a multiple of it, as a cold prefill runs
+        (8, 4, 4, False, False, True),
+        (0, 10, 4, False, False, False),  # a pass longer than the chunk (another prefill_chunk)
+        (2, 4, 4, False, False, False),  # a chunk not from a multiple of it (after a reused prefix)
+        (8, 3, 4, False, False, False),  # a prompt's last, shorter pass: no longer prompt's
+        (9, 1, 4, True, False, False),  # a decode step
+    ],
+)
+def test_cold_pass_table(pos, n, chunk, one_position, passes, cold):
+    assert cold_pass(pos, n, chunk, one_position, passes) is cold
 
 
 # -- the pure parts, table by table ----------------------------------------------------------------------
