@@ -62,19 +62,27 @@ def fp32_bytes(model: GGUFModel) -> int:
     return sum(4 * r * c for r, c in model.shapes.values())
 
 
-def test_convert_when_model_is_many_times_its_size_in_fp32_then_peak_memory_stays_a_fraction_of_it(
-    wide_gguf: Path, tmp_path: Path
-) -> None:
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def wide_peak(wide_gguf: Path, tmp_path_factory) -> dict[str, int]:
+    """The wide model's conversion in a subprocess: its RSS at the start and its high-water mark. Once per
+    module: emulated (make test-arm64) one conversion takes minutes."""
+    work = tmp_path_factory.mktemp("peak")
+    out = work / "out"
     out.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-c", PEAK, str(wide_gguf), str(tmp_path), str(out)],
+        [sys.executable, "-c", PEAK, str(wide_gguf), str(work), str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
     )
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_convert_when_model_is_many_times_its_size_in_fp32_then_peak_memory_stays_a_fraction_of_it(
+    wide_gguf: Path, wide_peak: dict[str, int]
+) -> None:
+    got = wide_peak
     grew = got["peak"] - got["before"]
     whole = fp32_bytes(GGUFModel(wide_gguf))
     # Holding the model in fp32 (the reference's old layer cache) or the GGUF's pages, or a whole table's
@@ -168,20 +176,11 @@ def test_cli_pull_when_memory_budget_too_small_then_exit_1_with_the_need(
 
 
 def test_estimate_memory_when_measured_then_the_conversion_stays_under_it(
-    wide_gguf: Path, tmp_path: Path
+    wide_gguf: Path, wide_peak: dict[str, int]
 ) -> None:
     """The plan the store checks is an upper bound of what the conversion really takes (measured in a
     subprocess: its high-water mark over its RSS at the start)."""
-    out = tmp_path / "out"
-    out.mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-c", PEAK, str(wide_gguf), str(tmp_path), str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = wide_peak
     planned = max(estimate_memory(GGUFModel(wide_gguf)).values())
     assert got["peak"] - got["before"] <= planned
 
