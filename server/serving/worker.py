@@ -308,8 +308,9 @@ class Worker:
 
     def _run(self) -> None:
         try:
-            if self._preload is not None:
-                engine = self.pool.acquire(self._preload)
+            preload = self._start_model()
+            if preload is not None:
+                engine = self.pool.acquire(preload)
                 self.pool.release(engine.model_id)
         except BaseException as err:  # the worker must report, not die silently
             log.exception("model load failed")
@@ -383,6 +384,16 @@ class Worker:
         with self._cond:
             self._held.pop(key, None)
             self._held_tokens.pop(key, None)
+
+    def _start_model(self) -> str | None:
+        """The model loaded at start: the memory tier's pick, or the governor's rung where that is a model
+        further down the ladder (its first reading already says the device is hot, or will be). A load is
+        seconds of full CPU: one the governor would leave at once only heats the device."""
+        first, rung = self._preload, self.gate.rung
+        order = [r.model_id for r in self.ladder]  # best first
+        if first in order and rung in order and order.index(rung) > order.index(first):
+            return rung
+        return first
 
     def _rung_moved(self) -> bool:
         return self.gate.rung != self._rung_seen

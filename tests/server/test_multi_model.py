@@ -437,6 +437,18 @@ def test_rung_when_it_moves_below_an_idle_bigger_model_then_the_worker_unloads_i
     assert loaded_now(srv) == {"tiny-big", "tiny-small"} and served.pool.unloads == 1
 
 
+def test_start_when_the_governor_is_already_on_a_lower_rung_then_only_that_model_loads(several):
+    """The governor's first reading comes before the worker's first load: where it already put the ladder
+    on a cheaper rung (a hot device), the memory tier's bigger pick is not loaded only to be left."""
+    gate = RungGate()
+    gate.rung = "tiny-small"
+    srv, served = several(governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big")
+    assert loaded_now(srv) == {"tiny-small"} and served.pool.unloads == 0
+    assert complete(srv, None).json()["model"] == "tiny-small"
+    gate.move("tiny-big")  # cooled: the bigger model loads for the next request
+    assert complete(srv, None).json()["model"] == "tiny-big"
+
+
 def test_rung_when_only_the_bigger_model_can_serve_then_it_loads_for_the_request(several):
     """A chat request skips the base rung below: the chat model above it serves, although the rung is lower,
     and it is unloaded once idle again (the device is hot or short of memory)."""
