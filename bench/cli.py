@@ -215,6 +215,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             profile=args.profile,
             minutes=args.minutes,
             time_scale=args.time_scale,
+            plot=args.plot,
         )
     else:
         from bench.sustained.modes import bench_sustained

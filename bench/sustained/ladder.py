@@ -9,6 +9,7 @@ from typing import Any
 from bench.sustained.audit import install_socket_audit, summarize_audit
 from bench.sustained.client import ENDPOINTS, MAX_TOKENS
 from bench.sustained.measure import WARM_SPAN, envelope, growth
+from bench.sustained.plot import plot_runs
 from bench.sustained.run import bench_settings, run_each
 from server.settings import Settings
 
@@ -38,6 +39,7 @@ def bench_ladder(
     minutes: float = 10.0,
     time_scale: float = 10.0,
     model_dir: Path | None = None,
+    plot: str | None = None,
 ) -> dict[str, Any]:
     """The ladder benchmark: the ladder across models against variants alone and against no governor, in
     one run, each configuration on the same simulated device starting cold. Requests name the ladder's
@@ -73,6 +75,15 @@ def bench_ladder(
         "series": {k: v["series"] for k, v in runs.items()},
     }
     report["envelope"] = envelope(profile, runs, governed="ladder")
+    if plot:
+        plot_runs(
+            runs,
+            plot,
+            profile=profile,
+            time_scale=time_scale,
+            title="the ladder, its first model's variants, ungoverned",
+        )
+        report["plot"] = plot
     return report
 
 

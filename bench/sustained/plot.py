@@ -27,6 +27,8 @@ def plot_runs(
         "levels": "tab:green",
         "offload": "tab:green",
         "no_offload": "tab:red",
+        "ladder": "tab:blue",
+        "variants": "tab:orange",
     }
     for name, run in runs.items():
         s = run["series"]
