@@ -139,6 +139,28 @@ def test_prefix_when_reused_in_whole_chunks_then_same_tokens_and_logprobs_as_col
     assert tokens(warm) == tokens(generate(e, follow, GREEDY))
 
 
+@pytest.mark.parametrize("forced", [True, False], ids=["passes-forced-inexact", "as-measured"])
+@pytest.mark.parametrize("variant", ["q4", "q4-a8"])
+def test_batch_prefix_when_reused_in_whole_chunks_then_same_tokens_as_cold(tiny_model_dir, variant, forced):
+    """The same in a batch: a row that joins with a cached prefix beside another reply, and a follow-up
+    whose cached prefix holds the first reply's decoded keys (a batch pass's, never reused there)."""
+    e = engine(tiny_model_dir, variant, prefill_chunk=4)
+    if forced:
+        e._session().__dict__["exactness"] = Exactness(one_position=False, passes=False)
+    prompt = e.text_prompt(TEXT)
+    n = len(prompt.ids)
+    cold = drive(BatchDecoder(e, 2), {"x": (prompt, GREEDY)})["x"]
+    bd = BatchDecoder(e, 2)
+    drive(bd, {"x": (prompt, GREEDY)})
+    together = drive(bd, {"x": (prompt, GREEDY), "y": (e.text_prompt("a cat"), GREEDY)})
+    assert reuses(e, together["x"], n - 2) and cached(together["x"]) > 0
+    assert tokens(together["x"]) == tokens(cold)
+    follow = Prompt([*prompt.ids, *(t for t, _, _ in tokens(cold)), *e.tokenize(" more")])
+    warm = drive(bd, {"x": (follow, GREEDY)})["x"]
+    assert reuses(e, warm, n - 2) and cached(warm) <= n
+    assert tokens(warm) == tokens(drive(BatchDecoder(e, 2), {"x": (follow, GREEDY)})["x"])
+
+
 def test_prefix_when_one_position_passes_are_exact_then_reused_up_to_the_last_token(tiny_model_dir):
     """Where the session measures a one-position pass exact (or a foreign decoder, unmeasured), prefix
     reuse is as before: all but the last prompt token."""
