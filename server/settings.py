@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     # engine
     threads: int | None = Field(None, description="Inference threads (default and cap: the CPUs we may use)")
     context_length: int = Field(2048, description="Context cap in tokens (KV buffer size)")
-    prefill_chunk: int = Field(256, description="Prompt tokens per prefill chunk")
+    prefill_chunk: int = Field(256, ge=1, description="Prompt tokens per prefill chunk")
     spin: str = Field("auto", description="Thread-pool spinning: auto (while unpaced) | on | off")
     speculation: Literal["auto", "off"] = Field(
         "auto",

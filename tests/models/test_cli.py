@@ -168,6 +168,14 @@ def test_cli_when_no_settings_given_then_built_from_environment(tmp_path, gguf, 
     assert (tmp_path / "envhome" / "models" / "tiny-llama" / "current").is_file()
 
 
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_cli_when_prefill_chunk_not_positive_then_exit_2_naming_it(value, monkeypatch, capsys) -> None:
+    """A prompt prefilled a token per pass would be silently slow (and reuse a token at a time)."""
+    monkeypatch.setenv("SIMMER_PREFILL_CHUNK", value)
+    assert cli.main(["list"]) == 2
+    assert "prefill_chunk" in capsys.readouterr().err
+
+
 def test_cli_when_external_subcommand_exits_then_code_returned(settings, monkeypatch) -> None:
     def fake_entry_exiting(argv: list[str], got: Settings) -> int:
         raise SystemExit(2)  # what its own argparse does on a usage error
