@@ -34,7 +34,7 @@ from models.convert.quality import (
 )
 from models.convert.reference import ReferenceForward
 from models.convert.tokenizer_gguf import metadata_from_reader, tokenizer_from_metadata
-from models.errors import VerificationFailed
+from models.errors import InvalidParameter, VerificationFailed
 from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
 
@@ -121,7 +121,7 @@ def convert(
     names = variants or default_variants(model, measure)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
-        raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+        raise InvalidParameter(f"unknown variants {unknown}; known: {', '.join(sorted(VARIANTS))}")
     refused: dict[str, str] = {}
     if not measure:  # a re-encoded variant is installed only once its quality is measured
         for n in names:

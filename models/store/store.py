@@ -44,6 +44,7 @@ from models.errors import (
     InsufficientDisk,
     InsufficientMemory,
     InvalidModelFile,
+    InvalidParameter,
     ModelNotInstalled,
     SimmerError,
     VerificationFailed,
@@ -86,6 +87,8 @@ class Converter:
     # True: convert() takes `memory_plan=` and calls it with what each step adds to RSS at its peak before
     # doing any (models/convert/memory_need.py); the store refuses what the memory budget cannot hold.
     plans_memory: bool = False
+    # the variants convert() can build; None: unknown here (convert() refuses what it cannot build)
+    variants: frozenset[str] | None = None
 
 
 def default_converter() -> Converter:
@@ -97,7 +100,14 @@ def default_converter() -> Converter:
             raise
         raise SimmerError(f"the GGUF converter is not available ({err})") from err
     version = int(getattr(mod, "CONVERTER_VERSION", 1))
-    return Converter(mod.convert, mod.smoke_test, version, plans_disk=True, plans_memory=True)
+    return Converter(
+        mod.convert,
+        mod.smoke_test,
+        version,
+        plans_disk=True,
+        plans_memory=True,
+        variants=frozenset(mod.VARIANTS),
+    )
 
 
 def version_name(gguf_sha256: str, converter_version: int) -> str:
@@ -225,6 +235,11 @@ class ModelStore:
         `local_dirs`: the only folders a local path may name (None: any; see registry.resolve)."""
         spec = registry.resolve(name, sha256=sha256, hub=self.hub, local_dirs=local_dirs)
         conv = spec.installer or self._converter()
+        unknown = sorted(set(variants or ()) - conv.variants) if conv.variants is not None else []
+        if unknown:  # before any download
+            raise InvalidParameter(
+                f"unknown variants {unknown}; known: {', '.join(sorted(conv.variants or ()))}"
+            )
         model_dir = self._path(spec.id)
         watch = _DiskWatch(retry=f"simmer pull {name}" + (" --force" if force else ""))
         with (

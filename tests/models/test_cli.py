@@ -176,6 +176,17 @@ def test_cli_when_prefill_chunk_not_positive_then_exit_2_naming_it(value, monkey
     assert "prefill_chunk" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("variants", ["bogus", "q4,nope"])
+def test_cli_pull_when_variant_unknown_then_exit_1_naming_it_before_any_work(
+    variants, settings, gguf, capsys
+) -> None:
+    """The real converter's variants, checked before the fetch: no traceback, nothing installed."""
+    assert cli.main(["pull", str(gguf), "--variants", variants], settings=settings) == 1
+    err = capsys.readouterr().err
+    assert "unknown variants" in err and "q4-a8" in err and "Traceback" not in err
+    assert not (settings.home / "models" / gguf.stem.lower()).exists()
+
+
 def test_cli_when_external_subcommand_exits_then_code_returned(settings, monkeypatch) -> None:
     def fake_entry_exiting(argv: list[str], got: Settings) -> int:
         raise SystemExit(2)  # what its own argparse does on a usage error
