@@ -113,7 +113,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def reusable_prefix(
-    cache: Any, ids: Sequence[int], positions_exact: bool, passes_exact: bool = True, chunk: int = 1
+    cache: Any, ids: Sequence[int], positions_exact: bool, passes_exact: bool, chunk: int
 ) -> int:
     """How much of `cache` a prompt `ids` reuses: the prefix they share, leaving at least one token to
     prefill (its logits are the first token's). Where a one-position pass is not exact (a session's
@@ -126,7 +126,7 @@ def reusable_prefix(
     if positions_exact and passes_exact:
         return max(0, min(n, len(ids) - 1))
     n = max(0, min(n, exact_prefix(cache), len(ids) - (1 if positions_exact else 2)))
-    return n if passes_exact else n - n % max(1, chunk)
+    return n if passes_exact else n - n % chunk
 
 
 def positions_exact(sess: object) -> bool:

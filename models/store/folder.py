@@ -199,6 +199,7 @@ class FolderInstaller:
     smoke_test: Any = smoke_test
     version: int = 1
     plans_disk: bool = True  # copy_folder reports its files' sizes before copying
+    variants: frozenset[str] | None = None  # a folder's variants are whatever it holds: not checked ahead
 
 
 FOLDER_INSTALLER = FolderInstaller()

@@ -24,6 +24,7 @@ from models.runtime.session import (
 )
 from models.types import GenerationParams, SamplingParams, TokenEvent
 from tests.models.test_batch import Events, drive, finish, tokens
+from tests.models.test_engine import in_chunks
 
 GREEDY = GenerationParams(SamplingParams(temperature=0.0, logprobs=2), max_tokens=8, ignore_eos=True)
 SEEDED = replace(GREEDY, sampling=SamplingParams(temperature=1.2, seed=3, logprobs=2))
@@ -46,10 +47,8 @@ def cached(events: list) -> int:
 def reuses(e: LlamaEngine, events: list, at_least: int) -> bool:
     """The reply reused at least `at_least` cached tokens; where this CPU's passes of several positions
     depend on their number (passes_exact), whole prefill chunks, at least those `at_least` holds."""
-    if passes_exact(e._session()):
-        return cached(events) >= at_least
-    chunk = e.prefill_chunk
-    return cached(events) % chunk == 0 and cached(events) >= at_least - at_least % chunk
+    n = cached(events)
+    return n >= in_chunks(e, at_least) and in_chunks(e, n) == n
 
 
 @pytest.mark.parametrize("variant", ["q4", "q4-a8"])
