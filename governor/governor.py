@@ -20,7 +20,16 @@ from typing import Any
 
 from governor.lifecycle import Lease, expire, lifecycle_of, report
 from governor.limits import DEFAULT_TABLE, ConfigCost, LevelLimits, Limits, Rung, resolve_limits
-from governor.policy import GovernorState, Level, Lifecycle, PolicyConfig, Readings, Transition, decide
+from governor.policy import (
+    GovernorState,
+    Level,
+    Lifecycle,
+    PolicyConfig,
+    Readings,
+    Transition,
+    decide,
+    loads_held,
+)
 from governor.sensors import (
     BatteryReading,
     MemoryReading,
@@ -147,10 +156,12 @@ class Governor:
         self._leases: tuple[Lease, ...] = ()
         self._loads = 0  # models loading now
         self._loaded_since_poll = False  # a load ended after the last poll: its tail is in this poll's CPU
+        self._models: frozenset[str] | None = None  # the models loaded now (None: not told; no hold)
         self._state = GovernorState()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._snapshot = self._build_snapshot(self._now(), Readings(), self._state)
+        self._readings = Readings()
+        self._snapshot = self._build_snapshot(self._now(), self._readings, self._state)
 
     # -- the loop ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -196,26 +207,29 @@ class Governor:
             self._state = decide(old, readings, self.config, now)
             if self._state.level != old.level:
                 log.info("%s -> %s: %s", old.level, self._state.level, self._state.reason)
-            previous = self._snapshot
-            self._snapshot = snap = self._build_snapshot(now, readings, self._state)
-            old_rung, new_rung = _rung(previous.limits), _rung(snap.limits)
-            if old_rung != new_rung and previous.limits.variant is not None:
-                log.info("rung %s -> %s: %s (%s)", old_rung, new_rung, snap.level, self._state.reason)
-            changed = _differs(previous, snap)
-            if changed:
-                self._changed.notify_all()
-            subscribers = list(self._subscribers.values()) if changed else []
-        for callback in subscribers:
-            try:
-                callback(snap)
-            except Exception:
-                log.exception("governor subscriber failed")
+            self._readings = readings
+            snap, subscribers = self._publish(now)
+        _tell(subscribers, snap)
         return snap
+
+    def _publish(self, now: float) -> tuple[Snapshot, list[Subscriber]]:
+        """The snapshot of the state decided last (under the lock), and who must hear of it."""
+        previous = self._snapshot
+        self._snapshot = snap = self._build_snapshot(now, self._readings, self._state)
+        old_rung, new_rung = _rung(previous.limits), _rung(snap.limits)
+        if old_rung != new_rung and previous.limits.variant is not None:
+            held = "; held on a loaded model while the device cools" if snap.limits.rung_held else ""
+            log.info("rung %s -> %s: %s (%s%s)", old_rung, new_rung, snap.level, self._state.reason, held)
+        changed = _differs(previous, snap)
+        if changed:
+            self._changed.notify_all()
+        return snap, list(self._subscribers.values()) if changed else []
 
     def _build_snapshot(self, now: float, readings: Readings, state: GovernorState) -> Snapshot:
         level: Level = state.level if self.enforce else "nominal"
         previous = getattr(self, "_snapshot", None)
         running = previous.limits if previous is not None else None
+        held = self.enforce and loads_held(state, self.config)
         limits = resolve_limits(
             level,
             usable_cpus=self.usable_cpus,
@@ -228,6 +242,8 @@ class Governor:
             current=(running.variant, running.threads)
             if running and running.variant and running.threads
             else None,
+            loaded=self._models,
+            loads_held=held,
         )
         return Snapshot(
             time=now,
@@ -289,6 +305,17 @@ class Governor:
             with self._lock:
                 self._loads -= 1
                 self._loaded_since_poll = True
+
+    def models_loaded(self, models: frozenset[str]) -> Snapshot:
+        """The worker's pool loaded or unloaded a model: `models` are loaded now. While loads are held the
+        rung waits on them (limits.hold_rung). The limits follow at once (the last poll's decision, no new
+        reading), so the rung never names a model just unloaded, nor leaves one just loaded, until the
+        next poll."""
+        with self._lock:
+            self._models = frozenset(models)
+            snap, subscribers = self._publish(self._snapshot.time)
+        _tell(subscribers, snap)
+        return snap
 
     def active_leases(self) -> list[dict[str, Any]]:
         """The background leases held now: [{"client", "expires_in"}] (seconds, on the governor's clock)."""
@@ -390,6 +417,15 @@ class Governor:
         """The simulated device killed the app (T >= T_critical) and it has not cooled below T_throttle."""
         sim = self.thermal.simulator
         return sim.killed if sim is not None else False
+
+
+def _tell(subscribers: list[Subscriber], snap: Snapshot) -> None:
+    """Outside the lock: a subscriber may read the governor."""
+    for callback in subscribers:
+        try:
+            callback(snap)
+        except Exception:
+            log.exception("governor subscriber failed")
 
 
 def _rung(limits: Limits) -> str:

@@ -14,7 +14,7 @@ envelope runs one thread without spinning, because a thread pool never makes a t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +35,7 @@ class Limits:
     model_id: str | None = None
     cpu_budget_cores: float | None = None  # average busy cores allowed (the pace, when s/token is unknown)
     spin: bool | None = None  # may thread pools spin between runs (pool_spin); None: the engine's setting
+    rung_held: bool = False  # the level names another rung, whose load waits until the device cools
 
     def pace_delay(self, pass_seconds: float) -> float:
         """Seconds to idle after a forward pass that kept `threads` cores busy for `pass_seconds`, so the
@@ -176,6 +177,25 @@ def pick_rung(
     raise NoRungFits(f"no model variant fits the memory budget of {budget_bytes / 2**20:.0f} MiB ({detail})")
 
 
+# The rung a level names, where reaching it would load a model (the worker loads on demand). While loads
+# are held (policy.loads_held: the device at or past its throttling point), a load is the one burst of CPU
+# no pace governs, so the ladder waits on what is loaded:
+#
+#   loads not held, or what is loaded not known (None)            -> the level's rung
+#   the level's rung's model is loaded, or no model is loaded      -> the level's rung (something must load)
+#   otherwise                                                      -> the nearest rung below it whose model
+#                                                                     is loaded, else the nearest above
+# Below first: it is the cheaper one the level asked for. Above: the model that serves now goes on, paced
+# by the same CPU budget, until the device cools below its throttling point and the move can load.
+def hold_rung(ladder: Sequence[Rung], index: int, loaded: Collection[str] | None, held: bool) -> int:
+    if not held or loaded is None or not ladder or ladder[index].model_id in loaded:
+        return index
+    for i in [*range(index + 1, len(ladder)), *range(index - 1, -1, -1)]:
+        if ladder[i].model_id in loaded:
+            return i
+    return index
+
+
 # -- configurations and what a token costs in each -------------------------------------------------------
 @dataclass(frozen=True)
 class ConfigCost:
@@ -312,11 +332,14 @@ def resolve_limits(
     thermal: bool = False,
     costs: Sequence[ConfigCost] = (),
     current: tuple[str, int] | None = None,
+    loaded: Collection[str] | None = None,
+    loads_held: bool = False,
 ) -> Limits:
     """The concrete Limits for a level on this machine and ladder.
 
     The rung is start_rung + the row's rung_step, clamped to the ladder's cheapest (the table's comment
-    says which level uses which rungs, and why).
+    says which level uses which rungs, and why), or, while loads are held, a rung whose model is `loaded`
+    (hold_rung).
     pace_cores is the pace controller's CPU budget. When the level's cause is thermal it replaces the
     row's budget and thread fraction (the controller, not the table, holds the thermal envelope; up to
     usable_cpus threads); otherwise the row's apply, with the tighter of the two budgets.
@@ -329,7 +352,8 @@ def resolve_limits(
     (pool_spin)."""
     row = table[level]
     max_threads = max(1, math.floor(usable_cpus * row.thread_fraction))
-    rung_index = min(start_rung + row.rung_step, len(ladder) - 1) if ladder else -1
+    named = min(start_rung + row.rung_step, len(ladder) - 1) if ladder else -1
+    rung_index = hold_rung(ladder, named, loaded, loads_held)
     rung = ladder[rung_index] if ladder else None
     budget = row.cpu_budget_cores
     if pace_cores is not None and thermal:
@@ -357,4 +381,5 @@ def resolve_limits(
         pause_running=row.pause_running,
         cpu_budget_cores=budget,
         spin=pool_spin(budget, pace),
+        rung_held=rung_index != named,
     )

@@ -104,6 +104,8 @@ class PolicyConfig:
     pace_max_cores: float | None = None  # None: the governor's usable CPUs
     pace_max_dt_s: float = 5.0  # a late poll integrates at most this long
     pace_binding: float = 0.75  # the budget is in use when the process is this busy (of the budget) or more
+    # a model load waits while headroom now or forecast is at least this (loads_held)
+    load_headroom: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.fair_headroom <= self.serious_headroom <= self.critical_headroom:
@@ -347,6 +349,24 @@ def decide_pace(
         integral = min(max(integral + config.pace_ki * e * dt, 0.0), hi)
     u = min(max(config.pace_kp * e + integral, lo), hi)
     return replace(state, pace_cores=u, pace_integral=integral, pace_time=now)
+
+
+# Whether a rung move that must load a model waits (governor/limits.py hold_rung applies it). A load is
+# seconds of full CPU that no pace governs: on a device already past its throttling point it is heat the
+# device cannot shed, and on a phone in a heatwave one load took the device from T_throttle to T_critical.
+#
+#   no temperature reading                                            -> False (nothing to govern on)
+#   memory at serious or critical                                     -> False (a smaller model is what frees
+#                                                                        memory; the OS kills first)
+#   headroom now or forecast >= load_headroom (1.0: T_throttle)       -> True
+#   otherwise                                                         -> False
+def loads_held(state: GovernorState, config: PolicyConfig) -> bool:
+    if state.headroom is None:
+        return False
+    if level_index(state.memory_level) >= level_index("serious"):
+        return False
+    forecast = state.forecast_headroom if state.forecast_headroom is not None else state.headroom
+    return max(state.headroom, forecast) >= config.load_headroom
 
 
 def _decide_memory(

@@ -93,6 +93,7 @@ def create_app(
     gate.subscribe(worker.publish_governor)
     if governed is not None:  # its pace controller hears of every load; export its state
         served.pool.loading = governed.loading
+        served.pool.on_loaded = governed.models_loaded
         metrics.watch_governor(governed, lambda: _variant(served.pool.last_served()))
 
     @contextlib.asynccontextmanager

@@ -174,6 +174,11 @@ class GovernorGate:
         """Wraps a model load (the pool's, on the worker thread): the pace controller credits none of it."""
         return self.governor.loading()
 
+    def models_loaded(self, models: frozenset[str]) -> None:
+        """After every load and unload of the pool: what is loaded now (the rung waits on it while the
+        device is too hot for a load)."""
+        self.governor.models_loaded(models)
+
     @property
     def memory_pressure(self) -> bool:
         """The governing level comes from memory: a model the reply leaves is unloaded at once."""

@@ -68,6 +68,9 @@ class ModelPool:
     clock: Callable[[], float] = time.monotonic
     # wraps every load (the governor's loading(): the pace controller credits none of a load's CPU)
     loading: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+    # hears which models are loaded after every load and unload (the governor's rung waits on them while
+    # the device is too hot for a load: governor/limits.py hold_rung)
+    on_loaded: Callable[[frozenset[str]], object] = lambda models: None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -208,7 +211,12 @@ class ModelPool:
         del item
         release_freed_memory()
         log.info("unloaded %s: %s", model_id, reason)
+        self.on_loaded(self.loaded_ids())
         return True
+
+    def loaded_ids(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._loaded)
 
     def unload_all(self) -> None:
         with self._lock:
@@ -282,6 +290,7 @@ class ModelPool:
         with self._lock:
             self._loaded[engine.model_id] = item
         self.loads += 1
+        self.on_loaded(self.loaded_ids())
         log.info(
             "loaded %s/%s in %.2f s: ~%s of %s free (%s); keep_alive %s",
             model_id,

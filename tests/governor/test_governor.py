@@ -18,7 +18,7 @@ LADDER = build_ladder([("m", "q4", 0.014, 1.0, 230_000_000), ("m", "q4-a8", 0.01
 def make_governor(sensor=None, **kw) -> tuple[Governor, FakeSensor, FakeClock]:
     clock = FakeClock()
     sensor = sensor or FakeSensor(30.0)
-    gov = Governor(thermal=sensor, clock=clock, usable_cpus=2, ladder=LADDER, **kw)
+    gov = Governor(thermal=sensor, clock=clock, usable_cpus=2, **{"ladder": LADDER, **kw})
     return gov, sensor, clock
 
 
@@ -250,3 +250,29 @@ def test_loading_when_a_model_loads_then_the_budget_holds_through_it_and_the_pol
     clock.advance(1)
     e = 0.98 - (1 - 1.1 / 30)
     assert gov.tick().limits.cpu_budget_cores == pytest.approx(before + 0.15 * e * 1.0)
+
+
+def test_models_loaded_when_hot_then_the_rung_waits_on_the_loaded_model_until_the_device_cools(caplog):
+    """Past T_throttle a move that must load a model waits: the rung stays on the loaded bigger model (paced
+    by the same budget) and moves once the device is below T_throttle again. What is loaded reaches the
+    limits at once, without a new reading."""
+    two = build_ladder([("big", "q4", 0.02, 0.99, 300), ("small", "q4", 0.005, 0.9, 90)])
+    gov, sensor, clock = make_governor(FakeSensor(44.0, critical_c=48.0), ladder=two)
+    assert gov.tick().limits.model_id == "small"  # serious; nothing loaded yet: the level's rung loads
+    with caplog.at_level(logging.INFO, logger="simmer.governor"):
+        snap = gov.models_loaded(frozenset({"big"}))
+    assert snap.time == 1000.0 and (snap.limits.model_id, snap.limits.rung_held) == ("big", True)
+    assert "held on a loaded model while the device cools" in caplog.text
+    clock.advance(60)
+    assert gov.tick().limits.model_id == "big"  # still past T_throttle
+    sensor.celsius = 42.0  # below T_throttle, still serious
+    clock.advance(60)
+    snap = gov.tick()
+    assert snap.level == "serious" and (snap.limits.model_id, snap.limits.rung_held) == ("small", False)
+
+
+def test_models_loaded_when_not_enforced_then_nothing_is_held():
+    two = build_ladder([("big", "q4", 0.02, 0.99, 300), ("small", "q4", 0.005, 0.9, 90)])
+    gov, _, _ = make_governor(FakeSensor(44.0, critical_c=48.0), ladder=two, enforce=False)
+    gov.tick()
+    assert not gov.models_loaded(frozenset({"big"})).limits.rung_held

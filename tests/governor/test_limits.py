@@ -10,6 +10,7 @@ from governor.limits import (
     Rung,
     build_ladder,
     config_costs,
+    hold_rung,
     make_table,
     merge_cost,
     pick_config,
@@ -348,3 +349,39 @@ def test_config_costs_when_the_manifest_was_measured_starved_then_its_speed_is_n
     assert two.tok_s == pytest.approx(two_threads_tok_s)
     assert pick_config([one, two], None)[0].threads == unpaced_threads
     assert pick_config([one, two], 0.5)[0].threads == 1  # under a budget a pool never makes a token cheaper
+
+
+# -- hold_rung: while loads are held the ladder waits on what is loaded --------------------------------------
+THREE = [
+    Rung("big", "q4", 0.02, 0.99, 300),
+    Rung("mid", "q4", 0.01, 0.95, 150),
+    Rung("small", "q4", 0.005, 0.9, 90),
+]
+
+
+@pytest.mark.parametrize(
+    ("index", "loaded", "held", "expected"),
+    [
+        (1, {"big"}, False, 1),  # not held: the level's rung, whatever it loads
+        (1, None, True, 1),  # what is loaded is not known: no hold
+        (1, {"mid", "big"}, True, 1),  # the level's rung is loaded
+        (1, set(), True, 1),  # nothing is loaded: something must load
+        (1, {"big"}, True, 0),  # only a bigger one: it goes on serving, paced
+        (0, {"small", "mid"}, True, 1),  # below first: the nearest cheaper one
+        (1, {"big", "small"}, True, 2),  # below first, even where one above is as near
+        (2, {"big", "mid"}, True, 1),  # the bottom is not loaded: the nearest above
+        (1, {"other"}, True, 1),  # only models off the ladder: the level's rung loads
+    ],
+)
+def test_hold_rung_when_loads_held_then_the_rule_table_says(index, loaded, held, expected):
+    assert hold_rung(THREE, index, loaded, held) == expected
+
+
+def test_resolve_limits_when_loads_held_then_the_rung_is_the_loaded_one_and_says_so():
+    free = resolve_limits("serious", usable_cpus=2, ladder=THREE, loaded={"big"}, loads_held=False)
+    held = resolve_limits("serious", usable_cpus=2, ladder=THREE, loaded={"big"}, loads_held=True)
+    assert (free.model_id, free.rung_held) == ("mid", False)
+    assert (held.model_id, held.rung_held) == ("big", True)
+    assert held.cpu_budget_cores == free.cpu_budget_cores  # the same budget paces the bigger model
+    loaded = resolve_limits("serious", usable_cpus=2, ladder=THREE, loaded={"big", "mid"}, loads_held=True)
+    assert (loaded.model_id, loaded.rung_held) == ("mid", False)

@@ -14,6 +14,7 @@ from governor.policy import (
     decide_pace,
     forecast_c,
     headroom,
+    loads_held,
 )
 from governor.sensors import BatteryReading, MemoryReading, TemperatureReading
 
@@ -473,3 +474,28 @@ def test_decide_pace_when_a_load_ends_then_only_the_time_after_it_integrates():
     assert state.pace_integral == 0.8
     state = decide_pace(state, PACE, 31.0, 1.0)
     assert state.pace_integral == pytest.approx(0.8 + 0.15 * (0.98 - headroom(42.0, 43, 30)) * 1.0)
+
+
+# -- loads_held: a load waits while the device is at or past its throttling point ---------------------------
+@pytest.mark.parametrize(
+    ("state", "held"),
+    [
+        (GovernorState(), False),  # no temperature reading
+        (GovernorState(headroom=0.97, forecast_headroom=0.99), False),  # below T_throttle, now and ahead
+        (GovernorState(headroom=1.0, forecast_headroom=0.9), True),  # at T_throttle now
+        (GovernorState(headroom=0.97, forecast_headroom=1.02), True),  # heading past it
+        (GovernorState(headroom=1.1), True),  # too few samples for a forecast: now decides
+        (GovernorState(headroom=1.1, forecast_headroom=1.1, memory_level="fair"), True),
+        (GovernorState(headroom=1.1, forecast_headroom=1.1, memory_level="serious"), False),  # memory first
+        (GovernorState(headroom=1.1, forecast_headroom=1.1, memory_level="critical"), False),
+    ],
+)
+def test_loads_held_when_state_then_the_rule_table_says(state, held):
+    assert loads_held(state, CFG) is held
+
+
+def test_loads_held_when_decided_from_readings_then_it_follows_the_temperature_through_decide():
+    hot = decide(GovernorState(), temp(44.0), CFG, 0.0)
+    cool = decide(GovernorState(), temp(42.0), CFG, 0.0)
+    assert loads_held(hot, CFG) and not loads_held(cool, CFG)
+    assert loads_held(cool, replace(CFG, load_headroom=0.95))  # 42 C is headroom 0.967

@@ -802,3 +802,48 @@ def test_ollama_generate_when_the_other_kind_of_model_ran_last_then_the_named_mo
     r = ollama_generate(srv, "tiny-small", prompt)  # tiny-base ran last
     assert r.status_code == 200, r.text
     assert r.json()["prompt_eval_count"] == as_chat
+
+
+def test_rung_when_the_device_is_past_its_throttling_point_then_a_move_that_must_load_waits_until_it_cools(
+    live, tmp_path, tiny_pair_dirs
+):
+    """A load is seconds of full CPU that no pace governs. Past T_throttle the governor's serious rung (the
+    smaller model, not loaded) waits: the loaded bigger model serves, paced, and stays loaded. Below
+    T_throttle (still serious) the move loads the smaller model and the bigger one goes."""
+    from governor.governor import Governor
+    from governor.policy import PolicyConfig
+    from server.serving.governor_gate import GovernorGate
+    from tests.governor.fakes import FakeSensor
+
+    overrides = {"model": "tiny-big", "ladder": "tiny-big:f32,tiny-small:f32", "context_length": 128}
+    settings = make_settings(tmp_path, **overrides)
+    served = serve_folders(settings, list(tiny_pair_dirs))
+    sensor = FakeSensor(30.0, throttle_c=43.0, critical_c=48.0)  # cool: the bigger model loads at start
+    governor = Governor(
+        thermal=sensor,
+        config=PolicyConfig(forecast_s=0.0, min_dwell_s=0.0),  # a step is a level, not a trend
+        usable_cpus=2,
+        ladder=served.ladder,
+        start_rung=0,
+        poll_s=0.02,
+    )
+    srv = live(served=served, governor=GovernorGate(governor), **overrides)
+    wait_ready(srv)
+    assert loaded_now(srv) == {"tiny-big"}
+    sensor.celsius = 44.0  # past T_throttle: serious, whose rung is tiny-small
+    for _ in range(250):
+        if governor.snapshot().level == "serious":
+            break
+        time.sleep(0.02)
+    limits = governor.snapshot().limits
+    assert (limits.model_id, limits.rung_held) == ("tiny-big", True)
+    assert complete(srv, None).json()["model"] == "tiny-big"
+    assert loaded_now(srv) == {"tiny-big"} and served.pool.loads == 1
+    sensor.celsius = 42.0  # below T_throttle, still serious: the move may load now
+    for _ in range(250):
+        if not governor.snapshot().limits.rung_held:
+            break
+        time.sleep(0.02)
+    assert governor.snapshot().level == "serious"
+    assert complete(srv, None).json()["model"] == "tiny-small"
+    wait_loaded(srv, {"tiny-small"})  # the bigger model, idle above the rung, goes
