@@ -20,6 +20,7 @@ from typing import Any
 
 from governor.lifecycle import Lease, expire, lifecycle_of, report
 from governor.limits import DEFAULT_TABLE, ConfigCost, LevelLimits, Limits, Rung, resolve_limits
+from governor.load_heat import LoadHeat
 from governor.policy import (
     GovernorState,
     Level,
@@ -28,7 +29,7 @@ from governor.policy import (
     Readings,
     Transition,
     decide,
-    loads_held,
+    load_room,
 )
 from governor.sensors import (
     BatteryReading,
@@ -131,7 +132,10 @@ class Governor:
         poll_s: float = 1.0,
         enforce: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        load_heat: LoadHeat | None = None,
     ) -> None:
+        """`load_heat`: what model loads heated this device by, kept across restarts (None: measured in
+        this process only)."""
         self.thermal: ThermalSource = thermal or NoThermalSource()
         self._read_memory = read_memory
         self._read_battery = read_battery
@@ -145,6 +149,7 @@ class Governor:
         self.start_rung = start_rung
         self.costs: Sequence[ConfigCost] = costs  # measured CPU s/token per configuration, if any
         self.enforce = enforce
+        self.load_heat = load_heat or LoadHeat()
         self._clock = clock
         sim = self.thermal.simulator
         # Poll in simulated seconds: poll_s of device time, however fast the simulation runs.
@@ -229,7 +234,9 @@ class Governor:
         level: Level = state.level if self.enforce else "nominal"
         previous = getattr(self, "_snapshot", None)
         running = previous.limits if previous is not None else None
-        held = self.enforce and loads_held(state, self.config)
+        room = load_room(state, self.config) if self.enforce else None
+        reading = readings.temperature
+        rises = self.load_heat.rises(self._device(reading)) if reading is not None else {}
         limits = resolve_limits(
             level,
             usable_cpus=self.usable_cpus,
@@ -243,7 +250,8 @@ class Governor:
             if running and running.variant and running.threads
             else None,
             loaded=self._models,
-            loads_held=held,
+            room=room,
+            rises=rises,
         )
         return Snapshot(
             time=now,
@@ -294,21 +302,42 @@ class Governor:
         return self.tick()
 
     @contextlib.contextmanager
-    def loading(self) -> Iterator[None]:
+    def loading(self, model_id: str | None = None) -> Iterator[None]:
         """Wraps a model load: the polls during it, and the first one after it, tell the pace controller
-        that the process's CPU is a load's, not paced work (policy.decide_pace holds its integral)."""
+        that the process's CPU is a load's, not paced work (policy.decide_pace holds its integral). With
+        `model_id`, the temperature before and after it is the heat of that model's load (load_heat)."""
         with self._lock:
             self._loads += 1
+            before = self._read_for_load() if model_id else None
+        loaded = False
         try:
             yield
+            loaded = True
         finally:
             with self._lock:
                 self._loads -= 1
                 self._loaded_since_poll = True
+                after = self._read_for_load() if before is not None and loaded else None
+            if model_id and before is not None and after is not None:
+                self.load_heat.record(self._device(after), model_id, after.celsius - before.celsius)
+
+    def _read_for_load(self) -> TemperatureReading | None:
+        try:
+            return self.thermal.read()
+        except Exception:  # a sensor that fails here costs one measurement, never the load
+            log.exception("reading the temperature around a load failed")
+            return None
+
+    def _device(self, reading: TemperatureReading) -> str:
+        """The key load_heat keeps a device's measurements under: its sensor, and for a simulated device
+        its time scale (a device with 1/time_scale of the heat capacity)."""
+        sim = self.thermal.simulator
+        scale = f"@x{sim.time_scale:g}" if sim is not None else ""
+        return f"{reading.source}:{reading.sensor}{scale}"
 
     def models_loaded(self, models: frozenset[str]) -> Snapshot:
         """The worker's pool loaded or unloaded a model: `models` are loaded now. While loads are held the
-        rung waits on them (limits.hold_rung). The limits follow at once (the last poll's decision, no new
+        rung counts on them (limits.choose_rung). The limits follow at once (the last poll's decision, no new
         reading), so the rung never names a model just unloaded, nor leaves one just loaded, until the
         next poll."""
         with self._lock:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from governor.policy import LEVELS, Level
+from governor.policy import LEVELS, Level, LoadRoom
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Limits:
     model_id: str | None = None
     cpu_budget_cores: float | None = None  # average busy cores allowed (the pace, when s/token is unknown)
     spin: bool | None = None  # may thread pools spin between runs (pool_spin); None: the engine's setting
-    rung_held: bool = False  # the level names another rung, whose load waits until the device cools
+    rung_held: bool = False  # the level names another rung, whose load the device has no room for now
 
     def pace_delay(self, pass_seconds: float) -> float:
         """Seconds to idle after a forward pass that kept `threads` cores busy for `pass_seconds`, so the
@@ -177,23 +177,38 @@ def pick_rung(
     raise NoRungFits(f"no model variant fits the memory budget of {budget_bytes / 2**20:.0f} MiB ({detail})")
 
 
-# The rung a level names, where reaching it would load a model (the worker loads on demand). While loads
-# are held (policy.loads_held: the device at or past its throttling point), a load is the one burst of CPU
-# no pace governs, so the ladder waits on what is loaded:
+# The rung a level names, where reaching it would load a model (the worker loads on demand). A load is the
+# one burst of CPU no pace governs, so a rung whose model is not loaded counts its load's heat first:
 #
-#   loads not held, or what is loaded not known (None)            -> the level's rung
-#   the level's rung's model is loaded, or no model is loaded      -> the level's rung (something must load)
-#   otherwise                                                      -> the nearest rung below it whose model
-#                                                                     is loaded, else the nearest above
-# Below first: it is the cheaper one the level asked for. Above: the model that serves now goes on, paced
-# by the same CPU budget, until the device cools below its throttling point and the move can load.
-def hold_rung(ladder: Sequence[Rung], index: int, loaded: Collection[str] | None, held: bool) -> int:
-    if not held or loaded is None or not ladder or ladder[index].model_id in loaded:
+#   no room known (no temperature; memory pressure), or what is loaded not known (None) -> the level's rung
+#   fits(rung): its model is loaded, or the device is below its throttling point and the heat that model's
+#               load was measured to add (rises; unmeasured: 0) is less than the room before critical
+#   the level's rung fits                               -> it
+#   else the nearest fitting rung below it, else the nearest fitting rung above it
+#   none fits (nothing loaded, no load fits)            -> the cheapest rung: a load must happen, and it is
+#                                                          the smallest
+# Below first: it is the cheaper one the level asked for. Above: the loaded model goes on serving, paced by
+# the same CPU budget, until the device has room for the load. At start nothing is loaded: the start rung
+# is the best one whose load the device can take (a phone in a heatwave does not start on its biggest model).
+def choose_rung(
+    ladder: Sequence[Rung],
+    index: int,
+    loaded: Collection[str] | None,
+    room: LoadRoom | None,
+    rises: Mapping[str, float],
+) -> int:
+    if room is None or loaded is None or not ladder:
         return index
-    for i in [*range(index + 1, len(ladder)), *range(index - 1, -1, -1)]:
-        if ladder[i].model_id in loaded:
+
+    def fits(rung: Rung) -> bool:
+        if rung.model_id in loaded:
+            return True
+        return room.below_throttle and rises.get(rung.model_id, 0.0) < room.room_c
+
+    for i in [index, *range(index + 1, len(ladder)), *range(index - 1, -1, -1)]:
+        if fits(ladder[i]):
             return i
-    return index
+    return len(ladder) - 1
 
 
 # -- configurations and what a token costs in each -------------------------------------------------------
@@ -333,13 +348,14 @@ def resolve_limits(
     costs: Sequence[ConfigCost] = (),
     current: tuple[str, int] | None = None,
     loaded: Collection[str] | None = None,
-    loads_held: bool = False,
+    room: LoadRoom | None = None,
+    rises: Mapping[str, float] | None = None,
 ) -> Limits:
     """The concrete Limits for a level on this machine and ladder.
 
     The rung is start_rung + the row's rung_step, clamped to the ladder's cheapest (the table's comment
-    says which level uses which rungs, and why), or, while loads are held, a rung whose model is `loaded`
-    (hold_rung).
+    says which level uses which rungs, and why), or the nearest one whose model is `loaded` or whose load
+    the device has `room` for (choose_rung).
     pace_cores is the pace controller's CPU budget. When the level's cause is thermal it replaces the
     row's budget and thread fraction (the controller, not the table, holds the thermal envelope; up to
     usable_cpus threads); otherwise the row's apply, with the tighter of the two budgets.
@@ -353,7 +369,7 @@ def resolve_limits(
     row = table[level]
     max_threads = max(1, math.floor(usable_cpus * row.thread_fraction))
     named = min(start_rung + row.rung_step, len(ladder) - 1) if ladder else -1
-    rung_index = hold_rung(ladder, named, loaded, loads_held)
+    rung_index = choose_rung(ladder, named, loaded, room, rises or {})
     rung = ladder[rung_index] if ladder else None
     budget = row.cpu_budget_cores
     if pace_cores is not None and thermal:

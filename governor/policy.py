@@ -104,7 +104,7 @@ class PolicyConfig:
     pace_max_cores: float | None = None  # None: the governor's usable CPUs
     pace_max_dt_s: float = 5.0  # a late poll integrates at most this long
     pace_binding: float = 0.75  # the budget is in use when the process is this busy (of the budget) or more
-    # a model load waits while headroom now or forecast is at least this (loads_held)
+    # no model loads while headroom now or forecast is at least this (load_room)
     load_headroom: float = 1.0
 
     def __post_init__(self) -> None:
@@ -351,22 +351,31 @@ def decide_pace(
     return replace(state, pace_cores=u, pace_integral=integral, pace_time=now)
 
 
-# Whether a rung move that must load a model waits (governor/limits.py hold_rung applies it). A load is
-# seconds of full CPU that no pace governs: on a device already past its throttling point it is heat the
-# device cannot shed, and on a phone in a heatwave one load took the device from T_throttle to T_critical.
+@dataclass(frozen=True)
+class LoadRoom:
+    """What the device can take of a model load now (limits.choose_rung decides with it)."""
+
+    below_throttle: bool  # the hotter of now and the forecast is below load_headroom (T_throttle)
+    room_c: float  # degrees from the hotter of now and the forecast to where critical (a pause) starts
+
+
+# The room a load has. A load is seconds of full CPU that no pace governs: on a device past its throttling
+# point it is heat the device cannot shed, and one that heats it into the emergency pauses every reply.
 #
-#   no temperature reading                                            -> False (nothing to govern on)
-#   memory at serious or critical                                     -> False (a smaller model is what frees
-#                                                                        memory; the OS kills first)
-#   headroom now or forecast >= load_headroom (1.0: T_throttle)       -> True
-#   otherwise                                                         -> False
-def loads_held(state: GovernorState, config: PolicyConfig) -> bool:
-    if state.headroom is None:
-        return False
+#   no temperature reading                                      -> None (nothing to govern on: any load)
+#   memory at serious or critical                               -> None (a smaller model is what frees
+#                                                                  memory; the OS kills first)
+#   otherwise -> LoadRoom(below_throttle: max(headroom now, forecast) < load_headroom,
+#                         room_c: (critical entry - max(headroom now, forecast)) x headroom_span_c)
+def load_room(state: GovernorState, config: PolicyConfig) -> LoadRoom | None:
+    if state.headroom is None or state.critical_headroom is None:
+        return None
     if level_index(state.memory_level) >= level_index("serious"):
-        return False
+        return None
     forecast = state.forecast_headroom if state.forecast_headroom is not None else state.headroom
-    return max(state.headroom, forecast) >= config.load_headroom
+    hotter = max(state.headroom, forecast)
+    room = (state.critical_headroom - hotter) * config.headroom_span_c
+    return LoadRoom(below_throttle=hotter < config.load_headroom, room_c=room)
 
 
 def _decide_memory(

@@ -94,6 +94,7 @@ def create_app(
     if governed is not None:  # its pace controller hears of every load; export its state
         served.pool.loading = governed.loading
         served.pool.on_loaded = governed.models_loaded
+        governed.models_loaded(served.pool.loaded_ids())  # nothing yet: the start rung counts its load's heat
         metrics.watch_governor(governed, lambda: _variant(served.pool.last_served()))
 
     @contextlib.asynccontextmanager

@@ -170,13 +170,14 @@ class GovernorGate:
     def set_lifecycle(self, state: str, client: str = "anonymous", ttl_s: float | None = None) -> Snapshot:
         return self.governor.set_lifecycle(state, client, ttl_s)  # type: ignore[arg-type]
 
-    def loading(self) -> AbstractContextManager[None]:
-        """Wraps a model load (the pool's, on the worker thread): the pace controller credits none of it."""
-        return self.governor.loading()
+    def loading(self, model_id: str) -> AbstractContextManager[None]:
+        """Wraps a model load (the pool's, on the worker thread): the pace controller credits none of it, and
+        the governor measures its heat."""
+        return self.governor.loading(model_id)
 
     def models_loaded(self, models: frozenset[str]) -> None:
-        """After every load and unload of the pool: what is loaded now (the rung waits on it while the
-        device is too hot for a load)."""
+        """After every load and unload of the pool: what is loaded now (a rung whose model must load counts
+        its heat first)."""
         self.governor.models_loaded(models)
 
     @property

@@ -3,16 +3,23 @@ them from the catalog before anything loads): the governor decides on them, noth
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from governor.cgroup import usable_cpus
 from governor.governor import Governor
 from governor.limits import Rung
+from governor.load_heat import LoadHeat
 from governor.policy import PolicyConfig
 from governor.sensors import ThermalSource, make_thermal_source, read_battery, read_memory
 from models.errors import InvalidParameter
+from models.store.durable import replace_text
 from server.serving.governor_gate import GovernorGate
 from server.settings import Settings
+
+log = logging.getLogger("simmer.governor")
+LOAD_HEAT_FILE = "load_heat.json"
 
 
 def build_governor(
@@ -49,7 +56,25 @@ def build_governor(
         start_rung=start_rung,
         poll_s=settings.governor_poll_s,
         enforce=settings.governor,
+        load_heat=kept_load_heat(settings.home / LOAD_HEAT_FILE),
     )
+
+
+def kept_load_heat(path: Path) -> LoadHeat:
+    """What model loads heated this device by, kept in SIMMER_HOME across restarts."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = None
+    except (OSError, UnicodeDecodeError) as err:
+        log.warning("%s unreadable (%s): load heat is measured again", path, err)
+        text = None
+
+    def save(new: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_text(path, new)
+
+    return LoadHeat(text, save)
 
 
 def _mb(value: int | None) -> int | None:

@@ -66,10 +66,11 @@ class ModelPool:
     keep_alive_s: float = 300.0  # the default (SIMMER_KEEP_ALIVE_S; math.inf: keep)
     pinned: bool = False  # one engine handed over ready: unloading frees its sessions, the object stays
     clock: Callable[[], float] = time.monotonic
-    # wraps every load (the governor's loading(): the pace controller credits none of a load's CPU)
-    loading: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
-    # hears which models are loaded after every load and unload (the governor's rung waits on them while
-    # the device is too hot for a load: governor/limits.py hold_rung)
+    # wraps every load of a model (the governor's loading(model_id): the pace controller credits none of
+    # its CPU, and its heat is measured)
+    loading: Callable[[str], contextlib.AbstractContextManager[None]] = lambda _: contextlib.nullcontext()
+    # hears which models are loaded after every load and unload (the governor's rung counts on them: a
+    # rung whose model must load waits for room on a hot device, governor/limits.py choose_rung)
     on_loaded: Callable[[frozenset[str]], object] = lambda models: None
 
     def __post_init__(self) -> None:
@@ -281,7 +282,7 @@ class ModelPool:
         t0 = time.perf_counter()
         engine = self._kept.get(model_id)
         if engine is None:
-            with self.loading():
+            with self.loading(model_id):
                 engine = self.opener(entry, variant, limits)
         if self.pinned:
             self._kept[model_id] = engine

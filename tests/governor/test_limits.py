@@ -9,8 +9,8 @@ from governor.limits import (
     NoRungFits,
     Rung,
     build_ladder,
+    choose_rung,
     config_costs,
-    hold_rung,
     make_table,
     merge_cost,
     pick_config,
@@ -19,6 +19,7 @@ from governor.limits import (
     resolve_limits,
     rungs_from_manifest,
 )
+from governor.policy import LoadRoom
 
 MANIFEST = {
     "q4": {
@@ -351,37 +352,45 @@ def test_config_costs_when_the_manifest_was_measured_starved_then_its_speed_is_n
     assert pick_config([one, two], 0.5)[0].threads == 1  # under a budget a pool never makes a token cheaper
 
 
-# -- hold_rung: while loads are held the ladder waits on what is loaded --------------------------------------
+# -- choose_rung: a rung whose model must load counts its load's heat first ----------------------------------
 THREE = [
     Rung("big", "q4", 0.02, 0.99, 300),
     Rung("mid", "q4", 0.01, 0.95, 150),
     Rung("small", "q4", 0.005, 0.9, 90),
 ]
+COOL = LoadRoom(below_throttle=True, room_c=9.0)  # 38 C on a heatwave phone: 9 C below critical's 47 C
+HOT = LoadRoom(below_throttle=False, room_c=3.0)  # 44 C: past T_throttle 43 C
+RISES = {"big": 10.0, "mid": 3.5, "small": 1.0}  # as measured at earlier loads
 
 
 @pytest.mark.parametrize(
-    ("index", "loaded", "held", "expected"),
+    ("index", "loaded", "room", "rises", "expected"),
     [
-        (1, {"big"}, False, 1),  # not held: the level's rung, whatever it loads
-        (1, None, True, 1),  # what is loaded is not known: no hold
-        (1, {"mid", "big"}, True, 1),  # the level's rung is loaded
-        (1, set(), True, 1),  # nothing is loaded: something must load
-        (1, {"big"}, True, 0),  # only a bigger one: it goes on serving, paced
-        (0, {"small", "mid"}, True, 1),  # below first: the nearest cheaper one
-        (1, {"big", "small"}, True, 2),  # below first, even where one above is as near
-        (2, {"big", "mid"}, True, 1),  # the bottom is not loaded: the nearest above
-        (1, {"other"}, True, 1),  # only models off the ladder: the level's rung loads
+        (1, {"big"}, None, RISES, 1),  # no room known (no sensor, memory pressure): the level's rung
+        (1, None, HOT, RISES, 1),  # what is loaded is not known: the level's rung
+        (1, {"mid", "big"}, HOT, RISES, 1),  # the level's rung is loaded
+        (0, set(), COOL, {}, 0),  # nothing measured: a cool device loads the level's rung
+        (0, set(), COOL, RISES, 1),  # the big load would heat past critical: the best rung whose load fits
+        (0, set(), LoadRoom(True, 0.5), RISES, 2),  # no load fits, nothing loaded: the cheapest
+        (0, set(), HOT, RISES, 2),  # past T_throttle, nothing loaded: the cheapest
+        (1, {"big"}, HOT, RISES, 0),  # past T_throttle: the loaded bigger one goes on, paced
+        (1, {"big"}, COOL, RISES, 1),  # room for the middle one's load
+        (1, {"big"}, LoadRoom(True, 3.0), RISES, 2),  # too little room for it, enough for the small one's
+        (0, {"small", "mid"}, HOT, RISES, 1),  # below first: the nearest loaded cheaper one
+        (1, {"big", "small"}, HOT, RISES, 2),  # below first, even where one above is as near
+        (2, {"big", "mid"}, HOT, RISES, 1),  # the bottom is not loaded: the nearest loaded above
+        (1, {"other"}, HOT, RISES, 2),  # only models off the ladder are loaded: the cheapest loads
     ],
 )
-def test_hold_rung_when_loads_held_then_the_rule_table_says(index, loaded, held, expected):
-    assert hold_rung(THREE, index, loaded, held) == expected
+def test_choose_rung_when_a_load_must_fit_then_the_rule_table_says(index, loaded, room, rises, expected):
+    assert choose_rung(THREE, index, loaded, room, rises) == expected
 
 
-def test_resolve_limits_when_loads_held_then_the_rung_is_the_loaded_one_and_says_so():
-    free = resolve_limits("serious", usable_cpus=2, ladder=THREE, loaded={"big"}, loads_held=False)
-    held = resolve_limits("serious", usable_cpus=2, ladder=THREE, loaded={"big"}, loads_held=True)
+def test_resolve_limits_when_no_room_for_the_load_then_the_rung_is_the_loaded_one_and_says_so():
+    free = resolve_limits("serious", usable_cpus=2, ladder=THREE, loaded={"big"}, room=COOL, rises=RISES)
+    held = resolve_limits("serious", usable_cpus=2, ladder=THREE, loaded={"big"}, room=HOT, rises=RISES)
     assert (free.model_id, free.rung_held) == ("mid", False)
     assert (held.model_id, held.rung_held) == ("big", True)
     assert held.cpu_budget_cores == free.cpu_budget_cores  # the same budget paces the bigger model
-    loaded = resolve_limits("serious", usable_cpus=2, ladder=THREE, loaded={"big", "mid"}, loads_held=True)
-    assert (loaded.model_id, loaded.rung_held) == ("mid", False)
+    both = resolve_limits("serious", usable_cpus=2, ladder=THREE, loaded={"big", "mid"}, room=HOT)
+    assert (both.model_id, both.rung_held) == ("mid", False)

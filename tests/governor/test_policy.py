@@ -14,7 +14,7 @@ from governor.policy import (
     decide_pace,
     forecast_c,
     headroom,
-    loads_held,
+    load_room,
 )
 from governor.sensors import BatteryReading, MemoryReading, TemperatureReading
 
@@ -476,26 +476,46 @@ def test_decide_pace_when_a_load_ends_then_only_the_time_after_it_integrates():
     assert state.pace_integral == pytest.approx(0.8 + 0.15 * (0.98 - headroom(42.0, 43, 30)) * 1.0)
 
 
-# -- loads_held: a load waits while the device is at or past its throttling point ---------------------------
+# -- load_room: what the device can take of a model load --------------------------------------------------
+def hot(h, fc=None, memory="nominal", critical_h=1.1333):  # critical (the emergency) at 47 C, T_throttle 43 C
+    return GovernorState(headroom=h, forecast_headroom=fc, critical_headroom=critical_h, memory_level=memory)
+
+
 @pytest.mark.parametrize(
-    ("state", "held"),
+    ("state", "below", "room_c"),
     [
-        (GovernorState(), False),  # no temperature reading
-        (GovernorState(headroom=0.97, forecast_headroom=0.99), False),  # below T_throttle, now and ahead
-        (GovernorState(headroom=1.0, forecast_headroom=0.9), True),  # at T_throttle now
-        (GovernorState(headroom=0.97, forecast_headroom=1.02), True),  # heading past it
-        (GovernorState(headroom=1.1), True),  # too few samples for a forecast: now decides
-        (GovernorState(headroom=1.1, forecast_headroom=1.1, memory_level="fair"), True),
-        (GovernorState(headroom=1.1, forecast_headroom=1.1, memory_level="serious"), False),  # memory first
-        (GovernorState(headroom=1.1, forecast_headroom=1.1, memory_level="critical"), False),
+        (GovernorState(), None, None),  # no temperature reading
+        (hot(0.8333, 0.8333), True, 9.0),  # 38 C: 9 C below the emergency
+        (hot(0.97, 0.99), True, 4.3),  # below T_throttle now and ahead: the hotter one counts
+        (hot(1.0, 0.9), False, 4.0),  # at T_throttle now
+        (hot(0.97, 1.02), False, 3.4),  # heading past it
+        (hot(1.1), False, 1.0),  # too few samples for a forecast: now decides
+        (hot(1.1, 1.1, "fair"), False, 1.0),
+        (hot(1.1, 1.1, "serious"), None, None),  # memory first: a smaller model is what frees it
+        (hot(1.1, 1.1, "critical"), None, None),
     ],
 )
-def test_loads_held_when_state_then_the_rule_table_says(state, held):
-    assert loads_held(state, CFG) is held
+def test_load_room_when_state_then_the_rule_table_says(state, below, room_c):
+    room = load_room(state, CFG)
+    if below is None:
+        assert room is None
+    else:
+        assert (
+            room is not None
+            and room.below_throttle is below
+            and room.room_c == pytest.approx(room_c, abs=0.01)
+        )
 
 
-def test_loads_held_when_decided_from_readings_then_it_follows_the_temperature_through_decide():
-    hot = decide(GovernorState(), temp(44.0), CFG, 0.0)
-    cool = decide(GovernorState(), temp(42.0), CFG, 0.0)
-    assert loads_held(hot, CFG) and not loads_held(cool, CFG)
-    assert loads_held(cool, replace(CFG, load_headroom=0.95))  # 42 C is headroom 0.967
+def test_load_room_when_decided_from_readings_then_it_follows_the_temperature_and_the_critical_point():
+    hot_state = decide(GovernorState(), temp_critical(44.0), CFG, 0.0)
+    cool_state = decide(GovernorState(), temp_critical(42.0), CFG, 0.0)
+    hot_room, cool_room = load_room(hot_state, CFG), load_room(cool_state, CFG)
+    assert hot_room is not None and not hot_room.below_throttle and hot_room.room_c == pytest.approx(3.0)
+    assert cool_room is not None and cool_room.below_throttle and cool_room.room_c == pytest.approx(5.0)
+    lower = load_room(cool_state, replace(CFG, load_headroom=0.95))  # 42 C is headroom 0.967
+    assert lower is not None and not lower.below_throttle
+
+
+def temp_critical(celsius: float) -> Readings:
+    return Readings(temperature=TemperatureReading(celsius, "psutil", "fake", 43.0, 48.0))

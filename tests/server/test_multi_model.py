@@ -847,3 +847,57 @@ def test_rung_when_the_device_is_past_its_throttling_point_then_a_move_that_must
     assert governor.snapshot().level == "serious"
     assert complete(srv, None).json()["model"] == "tiny-small"
     wait_loaded(srv, {"tiny-small"})  # the bigger model, idle above the rung, goes
+
+
+def test_start_when_the_biggest_models_load_is_known_to_overheat_the_device_then_a_smaller_one_starts(
+    live, tmp_path, tiny_pair_dirs
+):
+    """SIMMER_HOME keeps what each model's load heated this device by (load_heat.json). On a warm device
+    whose room before critical is less than the bigger model's load, the start loads the smaller one, and
+    its own load is measured and kept beside the other."""
+    from governor.governor import Governor
+    from server.serving.governor_gate import GovernorGate
+    from server.serving.governor_setup import LOAD_HEAT_FILE, kept_load_heat
+    from tests.governor.fakes import FakeSensor
+
+    overrides = {"model": "tiny-big", "ladder": "tiny-big:f32,tiny-small:f32", "context_length": 128}
+    settings = make_settings(tmp_path, **overrides)
+    kept = settings.home / LOAD_HEAT_FILE
+    kept.write_text(json.dumps({"psutil:fake": {"tiny-big": 10.0}}))
+    served = serve_folders(settings, list(tiny_pair_dirs))
+    assert served.preload == "tiny-big"  # the memory tier's pick
+    sensor = FakeSensor(38.0, throttle_c=43.0, critical_c=48.0)  # 9 C of room before critical's 47 C
+    governor = Governor(
+        thermal=sensor, usable_cpus=2, ladder=served.ladder, poll_s=0.02, load_heat=kept_load_heat(kept)
+    )
+    srv = live(served=served, governor=GovernorGate(governor), **overrides)
+    wait_ready(srv)
+    assert loaded_now(srv) == {"tiny-small"} and served.pool.loads == 1
+    assert complete(srv, None).json()["model"] == "tiny-small"
+    assert json.loads(kept.read_text()) == {"psutil:fake": {"tiny-big": 10.0, "tiny-small": 0.0}}
+
+
+@pytest.mark.parametrize(
+    "text", [b"\xff\xfe not utf-8", b"{not json", b'{"psutil:fake": {"tiny-big": "hot"}}']
+)
+def test_start_when_the_kept_load_heat_is_damaged_then_it_is_measured_again(
+    live, tmp_path, tiny_pair_dirs, text
+):
+    from governor.governor import Governor
+    from server.serving.governor_gate import GovernorGate
+    from server.serving.governor_setup import LOAD_HEAT_FILE, kept_load_heat
+    from tests.governor.fakes import FakeSensor
+
+    overrides = {"model": "tiny-big", "ladder": "tiny-big:f32,tiny-small:f32", "context_length": 128}
+    settings = make_settings(tmp_path, **overrides)
+    kept = settings.home / LOAD_HEAT_FILE
+    kept.write_bytes(text)
+    served = serve_folders(settings, list(tiny_pair_dirs))
+    sensor = FakeSensor(38.0, throttle_c=43.0, critical_c=48.0)
+    governor = Governor(
+        thermal=sensor, usable_cpus=2, ladder=served.ladder, poll_s=0.02, load_heat=kept_load_heat(kept)
+    )
+    srv = live(served=served, governor=GovernorGate(governor), **overrides)
+    wait_ready(srv)
+    assert loaded_now(srv) == {"tiny-big"}
+    assert json.loads(kept.read_text()) == {"psutil:fake": {"tiny-big": 0.0}}

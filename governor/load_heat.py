@@ -1,0 +1,75 @@
+"""How much one model's load heats the device, measured at every load and kept per device.
+
+A load is seconds of full CPU that no pace governs: the governor counts its heat before it moves to a rung
+that must load (limits.choose_rung). On a simulated phone in a heatwave the load of the biggest model alone
+took the device from ambient past the temperature at which it kills the app; with the heat of that load
+known, the next start begins on a model whose load the device can take.
+
+As JSON, {device: {model: degrees C}} (the server keeps it in SIMMER_HOME/load_heat.json). The device key
+names the sensor, and for a simulated device its profile and time scale: the same load heats a device with
+a tenth of the heat capacity ten times as much. Knowledge only: what cannot be read is measured again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger("simmer.governor")
+
+SMOOTHING = 0.5  # weight of a new measurement against the kept one (a load's time varies with the machine)
+
+
+class LoadHeat:
+    def __init__(self, text: str | None = None, save: Callable[[str], None] | None = None) -> None:
+        """`text`: what was kept (JSON; None or unreadable: nothing); `save(text)`: keeps the new state after
+        each measurement (None: this process only). A save that fails is logged, never raised."""
+        self._lock = threading.Lock()
+        self._data = parse(text)
+        self._save = save
+
+    def rises(self, device: str) -> dict[str, float]:
+        """model -> degrees C its load heated `device` by, as measured so far."""
+        with self._lock:
+            return dict(self._data.get(device, {}))
+
+    def record(self, device: str, model: str, rise_c: float) -> None:
+        if not math.isfinite(rise_c):
+            return
+        rise_c = max(0.0, rise_c)
+        with self._lock:
+            kept = self._data.setdefault(device, {})
+            old = kept.get(model)
+            kept[model] = now = round(rise_c if old is None else old + SMOOTHING * (rise_c - old), 3)
+            text = json.dumps(self._data, indent=1, sort_keys=True)
+        log.info("the load of %s heated %s by %.1f C (kept: %.1f C)", model, device, rise_c, now)
+        if self._save is None:
+            return
+        try:
+            self._save(text)
+        except OSError as err:
+            log.warning("the load heat could not be kept (%s); it is measured again after a restart", err)
+
+
+def parse(text: str | None) -> dict[str, dict[str, float]]:
+    """The kept JSON, checked: a device maps models to finite degrees >= 0 (the rest is dropped)."""
+    try:
+        raw = json.loads(text) if text else {}
+    except ValueError:
+        log.warning("the kept load heat is not JSON; measuring again")
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for device, models in raw.items() if isinstance(raw, dict) else ():
+        if not isinstance(models, dict):
+            continue
+        kept = {
+            str(m): float(c)
+            for m, c in models.items()
+            if isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) and c >= 0
+        }
+        if kept:
+            out[str(device)] = kept
+    return out
