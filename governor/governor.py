@@ -234,7 +234,8 @@ class Governor:
         level: Level = state.level if self.enforce else "nominal"
         previous = getattr(self, "_snapshot", None)
         running = previous.limits if previous is not None else None
-        room = load_room(state, self.config) if self.enforce else None
+        waiting = running is not None and running.rung_held
+        room = load_room(state, self.config, waiting) if self.enforce else None
         reading = readings.temperature
         rises = self.load_heat.rises(self._device(reading)) if reading is not None else {}
         limits = resolve_limits(

@@ -104,8 +104,11 @@ class PolicyConfig:
     pace_max_cores: float | None = None  # None: the governor's usable CPUs
     pace_max_dt_s: float = 5.0  # a late poll integrates at most this long
     pace_binding: float = 0.75  # the budget is in use when the process is this busy (of the budget) or more
-    # no model loads while headroom now or forecast is at least this (load_room)
+    # no model loads while headroom now or forecast is at least this (load_room), and once a load waited,
+    # until the device is this much further below it (above pace_setpoint's 0.6 C, or a paced device that
+    # waits on a bigger model would never get there)
     load_headroom: float = 1.0
+    load_hysteresis_c: float = 0.3
 
     def __post_init__(self) -> None:
         if not self.fair_headroom <= self.serious_headroom <= self.critical_headroom:
@@ -365,9 +368,11 @@ class LoadRoom:
 #   no temperature reading                                      -> None (nothing to govern on: any load)
 #   memory at serious or critical                               -> None (a smaller model is what frees
 #                                                                  memory; the OS kills first)
-#   otherwise -> LoadRoom(below_throttle: max(headroom now, forecast) < load_headroom,
+#   otherwise -> LoadRoom(below_throttle: max(headroom now, forecast) < load_headroom, or, while a load
+#                                         waits already (`waiting`), load_hysteresis_c further below it
+#                                         (a device hovering at T_throttle must not flip the rung each poll),
 #                         room_c: (critical entry - max(headroom now, forecast)) x headroom_span_c)
-def load_room(state: GovernorState, config: PolicyConfig) -> LoadRoom | None:
+def load_room(state: GovernorState, config: PolicyConfig, waiting: bool = False) -> LoadRoom | None:
     if state.headroom is None or state.critical_headroom is None:
         return None
     if level_index(state.memory_level) >= level_index("serious"):
@@ -375,7 +380,8 @@ def load_room(state: GovernorState, config: PolicyConfig) -> LoadRoom | None:
     forecast = state.forecast_headroom if state.forecast_headroom is not None else state.headroom
     hotter = max(state.headroom, forecast)
     room = (state.critical_headroom - hotter) * config.headroom_span_c
-    return LoadRoom(below_throttle=hotter < config.load_headroom, room_c=room)
+    limit = config.load_headroom - (config.load_hysteresis_c / config.headroom_span_c if waiting else 0.0)
+    return LoadRoom(below_throttle=hotter < limit, room_c=room)
 
 
 def _decide_memory(

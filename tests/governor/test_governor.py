@@ -276,3 +276,19 @@ def test_models_loaded_when_not_enforced_then_nothing_is_held():
     gov, _, _ = make_governor(FakeSensor(44.0, critical_c=48.0), ladder=two, enforce=False)
     gov.tick()
     assert not gov.models_loaded(frozenset({"big"})).limits.rung_held
+
+
+def test_models_loaded_when_the_device_hovers_at_t_throttle_then_the_held_rung_does_not_flip():
+    two = build_ladder([("big", "q4", 0.02, 0.99, 300), ("small", "q4", 0.005, 0.9, 90)])
+    gov, sensor, clock = make_governor(FakeSensor(43.1, critical_c=48.0), ladder=two)
+    gov.tick()
+    gov.models_loaded(frozenset({"big"}))
+    rungs = []
+    for celsius in [42.9, 43.0, 42.8, 43.1, 42.9, 42.8]:  # within 0.3 C of T_throttle
+        sensor.celsius = celsius
+        clock.advance(1)
+        rungs.append(gov.tick().limits.model_id)
+    assert rungs == ["big"] * 6
+    sensor.celsius = 42.6
+    clock.advance(60)  # the forecast's window holds only 42.6 C now
+    assert gov.tick().limits.model_id == "small"

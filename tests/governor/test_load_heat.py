@@ -31,15 +31,16 @@ def test_parse_when_kept_text_then_only_finite_non_negative_degrees_survive(text
     assert parse(text) == kept
 
 
-def test_record_when_measured_twice_then_smoothed_and_saved_each_time():
+def test_record_when_measured_again_then_a_hotter_load_counts_at_once_a_cooler_one_slowly():
     saved: list[str] = []
     heat = LoadHeat(None, saved.append)
-    heat.record("dev", "m", 4.0)
     heat.record("dev", "m", 2.0)
+    heat.record("dev", "m", 4.0)
+    heat.record("dev", "m", 0.0)
     heat.record("dev", "n", -1.0)  # a device that cooled during a load: no heat, not negative heat
     heat.record("dev", "n", float("nan"))  # not a measurement
     assert heat.rises("dev") == {"m": 3.0, "n": 0.0} and heat.rises("other") == {}
-    assert len(saved) == 3 and json.loads(saved[-1]) == {"dev": {"m": 3.0, "n": 0.0}}
+    assert len(saved) == 4 and json.loads(saved[-1]) == {"dev": {"m": 3.0, "n": 0.0}}
     assert LoadHeat(saved[-1]).rises("dev") == {"m": 3.0, "n": 0.0}  # what a restart reads
 
 

@@ -519,3 +519,14 @@ def test_load_room_when_decided_from_readings_then_it_follows_the_temperature_an
 
 def temp_critical(celsius: float) -> Readings:
     return Readings(temperature=TemperatureReading(celsius, "psutil", "fake", 43.0, 48.0))
+
+
+@pytest.mark.parametrize(
+    ("celsius", "waiting", "below"), [(42.9, False, True), (42.9, True, False), (42.6, True, True)]
+)
+def test_load_room_when_a_load_waits_already_then_it_needs_the_hysteresis_below_t_throttle(
+    celsius, waiting, below
+):
+    state = decide(GovernorState(), temp_critical(celsius), CFG, 0.0)
+    room = load_room(state, CFG, waiting)
+    assert room is not None and room.below_throttle is below
