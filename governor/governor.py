@@ -237,7 +237,9 @@ class Governor:
         waiting = running is not None and running.rung_held
         room = load_room(state, self.config, waiting) if self.enforce else None
         reading = readings.temperature
-        rises = self.load_heat.rises(self._device(reading)) if reading is not None else {}
+        rises = {}  # read only where choose_rung will use them: a room, a ladder, what is loaded known
+        if room is not None and reading is not None and self._models is not None and self.ladder:
+            rises = self.load_heat.rises(self._device(reading))
         limits = resolve_limits(
             level,
             usable_cpus=self.usable_cpus,
@@ -337,10 +339,10 @@ class Governor:
         return f"{reading.source}:{reading.sensor}{scale}"
 
     def models_loaded(self, models: frozenset[str]) -> Snapshot:
-        """The worker's pool loaded or unloaded a model: `models` are loaded now. While loads are held the
-        rung counts on them (limits.choose_rung). The limits follow at once (the last poll's decision, no new
-        reading), so the rung never names a model just unloaded, nor leaves one just loaded, until the
-        next poll."""
+        """The worker's pool loaded or unloaded a model: `models` are loaded now; a rung whose model is not
+        among them counts its load's heat first (limits.choose_rung). The limits follow at once (the last
+        poll's decision, no new reading), so the rung never names a model just unloaded, nor leaves one just
+        loaded, until the next poll."""
         with self._lock:
             self._models = frozenset(models)
             snap, subscribers = self._publish(self._snapshot.time)
