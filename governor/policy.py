@@ -97,7 +97,11 @@ class PolicyConfig:
     max_transitions: int = 20
     # the pace controller (decide_pace): a PI law on headroom whose output is a CPU budget in busy cores
     pace_control: bool = True
-    pace_setpoint: float = 0.98  # headroom held in the steady state (0.6 C below T_throttle on a 30 C span)
+    # the steady state is held this far below T_throttle: pace_margin_c, or pace_margin_steps of the
+    # sensor's resolution where that is more, at most pace_margin_max_c (pace_margin_c())
+    pace_margin_c: float = 0.1
+    pace_margin_steps: float = 0.6
+    pace_margin_max_c: float = 0.6
     pace_kp: float = 12.0  # busy cores per unit of headroom error (0.4 core per C)
     pace_ki: float = 0.15  # busy cores per unit of headroom error per second (integral time 80 s)
     pace_min_cores: float = 0.05  # the slowest pace; below it is a pause, which only an emergency earns
@@ -105,8 +109,8 @@ class PolicyConfig:
     pace_max_dt_s: float = 5.0  # a late poll integrates at most this long
     pace_binding: float = 0.75  # the budget is in use when the process is this busy (of the budget) or more
     # no model loads while headroom now or forecast is at least this (load_room), and once a load waited,
-    # until the device is this much further below it (above pace_setpoint's 0.6 C, or a paced device that
-    # waits on a bigger model would never get there)
+    # until the device is this much further below it, at most half the pace's margin (a paced device that
+    # waits on a bigger model must get there)
     load_headroom: float = 1.0
     load_hysteresis_c: float = 0.3
 
@@ -115,6 +119,8 @@ class PolicyConfig:
             raise ValueError("headroom thresholds must be ordered fair <= serious <= critical")
         if not 0.0 < self.pace_min_cores <= (self.pace_max_cores or math.inf):
             raise ValueError("pace bounds must satisfy 0 < pace_min_cores <= pace_max_cores")
+        if not (0 < self.pace_margin_c <= self.pace_margin_max_c and self.pace_margin_steps >= 0):
+            raise ValueError("pace margins must satisfy 0 < pace_margin_c <= pace_margin_max_c, steps >= 0")
         if self.pace_kp < 0 or self.pace_ki < 0:
             raise ValueError("pace gains must be >= 0")
         if self.background_action not in ("pause", "low_priority"):
@@ -144,6 +150,7 @@ class GovernorState:
     memory_level: Level = "nominal"
     memory_since: float = -math.inf
     samples: tuple[tuple[float, float], ...] = ()  # (time, C), the last history_s seconds
+    sensor_step_c: float | None = None  # the smallest change between two readings seen (sensor_step)
     temperature_c: float | None = None
     throttle_c: float | None = None
     headroom: float | None = None
@@ -303,16 +310,41 @@ def _decide_thermal(
         headroom=h_now,
         forecast_headroom=h_fc,
         critical_headroom=critical_h,
+        sensor_step_c=sensor_step(state.sensor_step_c, state.temperature_c, t_now),
     )
     if level != prev_level:
         state = replace(state, thermal_level=level, thermal_since=now)
     return level, reason, state
 
 
+STEP_FLOOR_C = 0.001  # sysfs reports millidegrees: a smaller difference is float rounding, not a step
+
+
+def sensor_step(step_c: float | None, before_c: float | None, now_c: float) -> float | None:
+    """The sensor's resolution as far as its readings show it: the smallest change between two successive
+    readings (a whole-degree sensor never moves by less than 1 C; a fine one soon shows a small change)."""
+    if before_c is None or abs(now_c - before_c) < STEP_FLOOR_C:
+        return step_c
+    return abs(now_c - before_c) if step_c is None else min(step_c, abs(now_c - before_c))
+
+
+def pace_margin_c(state: GovernorState, config: PolicyConfig) -> float:
+    """How far below T_throttle the pace holds the device. Every tenth of a degree of margin costs busy
+    cores the envelope allows: on phone-heatwave, whose idle device sits 2.6 C below T_throttle, 0.6 C of
+    margin cost a quarter of them. A coarse sensor needs more: its reading lags the truth by up to half a
+    step, and the pace then cycles one step either side of the setpoint (0.6 steps keeps a whole-degree
+    sensor below T_throttle: tests/governor/test_closed_loop.py). At most pace_margin_max_c: a fine sensor
+    whose first readings jumped (a late poll) looks coarse until it moves by less, and none needs more."""
+    by_step = config.pace_margin_steps * (state.sensor_step_c or 0.0)
+    return min(max(config.pace_margin_c, by_step), config.pace_margin_max_c)
+
+
 # The pace controller, run on every reading: a PI law on headroom whose output is the CPU budget (average
 # busy cores) the device can sustain. It limits only where it binds: a cool device's budget is all the cores.
 #
-#   e = pace_setpoint - headroom now                               (> 0: room to spare)
+#   setpoint = 1 - pace_margin_c() / headroom_span_c               (0.1 C below T_throttle; more on a
+#                                                                   coarse sensor)
+#   e = setpoint - headroom now                                    (> 0: room to spare)
 #   u = clamp(pace_kp * e + I, pace_min_cores, pace_max_cores)     the budget
 #   I += pace_ki * e * dt  (dt: since the last reading, at most pace_max_dt_s), only
 #        - while u is inside its bounds, or e pulls it back inside (conditional integration: a cold device
@@ -340,7 +372,7 @@ def decide_pace(
     if not config.pace_control or state.headroom is None:
         return replace(state, pace_cores=None, pace_integral=0.0, pace_time=None)
     lo, hi = config.pace_min_cores, max(config.pace_min_cores, config.pace_max_cores or 1.0)
-    e = config.pace_setpoint - state.headroom
+    e = 1.0 - pace_margin_c(state, config) / config.headroom_span_c - state.headroom
     integral = state.pace_integral
     dt = 0.0 if state.pace_time is None else min(max(0.0, now - state.pace_time), config.pace_max_dt_s)
     raw = config.pace_kp * e + integral
@@ -369,8 +401,9 @@ class LoadRoom:
 #   memory at serious or critical                               -> None (a smaller model is what frees
 #                                                                  memory; the OS kills first)
 #   otherwise -> LoadRoom(below_throttle: max(headroom now, forecast) < load_headroom, or, while a load
-#                                         waits already (`waiting`), load_hysteresis_c further below it
-#                                         (a device hovering at T_throttle must not flip the rung each poll),
+#                                         waits already (`waiting`), load_hysteresis_c further below it,
+#                                         at most half pace_margin_c() (a device hovering at T_throttle
+#                                         must not flip the rung each poll; a paced one must get there),
 #                         room_c: (critical entry - max(headroom now, forecast)) x headroom_span_c)
 def load_room(state: GovernorState, config: PolicyConfig, waiting: bool = False) -> LoadRoom | None:
     if state.headroom is None or state.critical_headroom is None:
@@ -380,7 +413,8 @@ def load_room(state: GovernorState, config: PolicyConfig, waiting: bool = False)
     forecast = state.forecast_headroom if state.forecast_headroom is not None else state.headroom
     hotter = max(state.headroom, forecast)
     room = (state.critical_headroom - hotter) * config.headroom_span_c
-    limit = config.load_headroom - (config.load_hysteresis_c / config.headroom_span_c if waiting else 0.0)
+    hysteresis_c = min(config.load_hysteresis_c, pace_margin_c(state, config) / 2) if waiting else 0.0
+    limit = config.load_headroom - hysteresis_c / config.headroom_span_c
     return LoadRoom(below_throttle=hotter < limit, room_c=room)
 
 

@@ -179,7 +179,7 @@ def test_closed_loop_when_heatwave_then_pace_holds_without_pauses_where_the_leve
 @pytest.mark.parametrize("profile", ["phone", "phone-heatwave", "car-head-unit"])
 def test_closed_loop_when_pace_control_then_no_overshoot_and_settles_at_the_setpoint(profile):
     p = get_profile(profile)
-    setpoint_c = p.t_throttle - 30 * (1 - PolicyConfig().pace_setpoint)  # 0.6 C below T_throttle
+    setpoint_c = p.t_throttle - PolicyConfig().pace_margin_c  # 0.1 C below T_throttle: a fine sensor
     r = run(profile, seconds=1200)
     assert r.peak_c < setpoint_c + 0.1  # from cold at full speed, no overshoot past the setpoint
     assert max(r.temps[900:]) - min(r.temps[900:]) < 0.05  # settled: no limit cycle
@@ -188,14 +188,19 @@ def test_closed_loop_when_pace_control_then_no_overshoot_and_settles_at_the_setp
 
 
 # -- item 5: how close to the envelope's limit ---------------------------------------------------------------
-def test_closed_loop_when_phone_paced_then_95_percent_of_the_envelopes_limit():
+@pytest.mark.parametrize("profile", ["phone", "phone-heatwave"])
+def test_closed_loop_when_paced_then_95_percent_of_the_envelopes_limit(profile):
     """The limit: the busy cores the device sustains at T_throttle (the simulator's steady state) times the
     best tokens per CPU-second of any configuration. The paced governor gets >= 95 % of it over the last
-    5 minutes; the level machine gets ~80 %."""
-    limit = get_profile("phone").sustainable_cores() / min(TRUE_COST.values())
-    paced = run("phone")
-    pausing = run("phone", config=LEVELS_ONLY)
+    5 minutes; the level machine gets ~80 % on the phone. In a heatwave the idle device sits 2.6 C below
+    T_throttle, so every tenth of a degree of the pace's margin costs 4 % of the envelope: held 0.6 C below
+    it, the pace got 77 %."""
+    limit = get_profile(profile).sustainable_cores() / min(TRUE_COST.values())
+    paced = run(profile)
+    wide = run(profile, config=PolicyConfig(pace_margin_c=0.6))
+    pausing = run(profile, config=LEVELS_ONLY)
     assert paced.tok_s(300) / limit >= 0.95
+    assert wide.tok_s(300) < paced.tok_s(300)
     assert pausing.tok_s(300) / limit < 0.85
     assert set(paced.threads[WARM_UP_S:]) == {1}  # below one core of budget: one thread, the cheap one
 
@@ -216,7 +221,7 @@ def test_closed_loop_when_idle_first_then_no_credit_stored_and_no_overshoot_when
     # unused, so the integral must not wind up for the burst that follows
     profile = "phone-heatwave"
     p = get_profile(profile)
-    setpoint_c = p.t_throttle - 30 * (1 - PolicyConfig().pace_setpoint)
+    setpoint_c = p.t_throttle - PolicyConfig().pace_margin_c
     r = run(profile, idle_s=300, seconds=900)
     assert r.peak_c < setpoint_c + 0.1
     assert not any(r.paused)

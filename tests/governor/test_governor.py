@@ -42,7 +42,8 @@ def test_tick_when_pace_control_and_warm_then_budget_from_the_controller_not_the
     sensor.celsius = 38.0  # fair; the table would halve the threads, the controller still allows 1.87 cores
     snap = gov.tick()
     assert snap.level == "fair" and snap.cause == "thermal"
-    assert snap.limits.cpu_budget_cores == pytest.approx(12 * (0.98 - (1 - 5 / 30)))
+    setpoint = 1 - PolicyConfig().pace_margin_c / 30  # one reading: no step seen, a fine sensor
+    assert snap.limits.cpu_budget_cores == pytest.approx(12 * (setpoint - (1 - 5 / 30)))
     assert snap.limits.threads == 2 and not snap.limits.pause_running
     sensor.celsius = 42.9  # serious, above the setpoint: a budget under one core buys one thread, paced
     clock.advance(60)  # a level, not a trend: the 38 C sample has left the forecast window
@@ -248,7 +249,7 @@ def test_loading_when_a_model_loads_then_the_budget_holds_through_it_and_the_pol
     held.append(gov.tick().limits.cpu_budget_cores)  # its CPU reading still holds the load's tail
     assert held == [before] * 6
     clock.advance(1)
-    e = 0.98 - (1 - 1.1 / 30)
+    e = 1 - PolicyConfig().pace_margin_c / 30 - (1 - 1.1 / 30)
     assert gov.tick().limits.cpu_budget_cores == pytest.approx(before + 0.15 * e * 1.0)
 
 
@@ -284,11 +285,12 @@ def test_models_loaded_when_the_device_hovers_at_t_throttle_then_the_held_rung_d
     gov.tick()
     gov.models_loaded(frozenset({"big"}))
     rungs = []
-    for celsius in [42.9, 43.0, 42.8, 43.1, 42.9, 42.8]:  # within 0.3 C of T_throttle
+    # a fine sensor within half the pace's margin (0.1 C) of T_throttle, the forecast flat
+    for celsius in [42.97, 43.0, 42.96, 42.99, 42.97, 42.96]:
         sensor.celsius = celsius
         clock.advance(1)
         rungs.append(gov.tick().limits.model_id)
     assert rungs == ["big"] * 6
-    sensor.celsius = 42.6
-    clock.advance(60)  # the forecast's window holds only 42.6 C now
+    sensor.celsius = 42.9  # where the pace holds it: the waiting load gets its turn
+    clock.advance(60)  # the forecast's window holds only 42.9 C now
     assert gov.tick().limits.model_id == "small"

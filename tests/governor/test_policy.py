@@ -15,6 +15,8 @@ from governor.policy import (
     forecast_c,
     headroom,
     load_room,
+    pace_margin_c,
+    sensor_step,
 )
 from governor.sensors import BatteryReading, MemoryReading, TemperatureReading
 
@@ -291,7 +293,8 @@ def test_levels_are_ordered_mildest_first():
 
 
 # -- the pace controller (decide_pace) ---------------------------------------------------------------------
-PACE = PolicyConfig(pace_max_cores=2.0)  # setpoint 0.98 (42.4 C for T_throttle 43), kp 12, ki 0.15/s
+# the law with a fixed margin of 0.6 C: setpoint 0.98 (42.4 C for T_throttle 43), kp 12, ki 0.15/s
+PACE = PolicyConfig(pace_max_cores=2.0, pace_margin_c=0.6)
 
 
 def at(celsius: float) -> GovernorState:
@@ -359,6 +362,46 @@ def test_decide_pace_when_steady_at_setpoint_then_output_is_the_integral():
     state = decide_pace(prev, PACE, 1.0)
     assert state.pace_cores == pytest.approx(0.89, abs=1e-9)
     assert state.pace_integral == pytest.approx(0.89, abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("step_c", "before_c", "now_c", "expected"),
+    [
+        (None, None, 42.0, None),  # the first reading: nothing to compare
+        (None, 42.0, 42.0, None),  # no change: nothing learned
+        (None, 42.0, 43.0, 1.0),  # the first change
+        (1.0, 43.0, 42.0, 1.0),  # a whole-degree sensor never shows less
+        (1.0, 42.0, 42.13, 0.13),  # a finer change: it was no whole-degree sensor
+        (0.13, 42.13, 42.1305, 0.13),  # under a millidegree: float rounding, not a step
+        (0.13, 42.0, 44.0, 0.13),  # a jump (a late poll) never makes the sensor coarser
+    ],
+)
+def test_sensor_step_is_the_smallest_change_between_readings(step_c, before_c, now_c, expected):
+    assert sensor_step(step_c, before_c, now_c) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("step_c", "margin_c"),
+    [
+        (None, 0.1),  # nothing seen yet: a fine sensor's margin
+        (0.01, 0.1),  # a fine sensor (or the simulator): pace_margin_c
+        (0.5, 0.3),  # half-degree steps: 0.6 steps
+        (1.0, 0.6),  # whole degrees: 0.6 C, the margin tested with whole-degree readings
+        (3.0, 0.6),  # no sensor needs more than pace_margin_max_c
+    ],
+)
+def test_pace_margin_follows_the_sensors_resolution(step_c, margin_c):
+    assert pace_margin_c(GovernorState(sensor_step_c=step_c), PolicyConfig()) == pytest.approx(margin_c)
+
+
+def test_decide_when_readings_step_then_the_setpoint_follows_the_sensor():
+    fine = pace_run([42.85, 42.86, 42.9], config=PolicyConfig(pace_max_cores=2.0))
+    coarse = pace_run([42.0, 43.0, 42.0], config=PolicyConfig(pace_max_cores=2.0))
+    assert fine[-1].sensor_step_c == pytest.approx(0.01) and coarse[-1].sensor_step_c == pytest.approx(1.0)
+    # at 42.9 C the fine sensor's pace is at its setpoint (the floor, no integral yet); 42.0 C on the
+    # coarse one is 0.4 C below its 42.4 C setpoint
+    assert fine[-1].pace_cores == pytest.approx(0.05)
+    assert coarse[-1].pace_cores == pytest.approx(12 * 0.4 / 30 + coarse[-1].pace_integral)
 
 
 def test_decide_pace_when_no_reading_or_control_off_then_no_budget_and_integral_reset():
@@ -521,12 +564,22 @@ def temp_critical(celsius: float) -> Readings:
     return Readings(temperature=TemperatureReading(celsius, "psutil", "fake", 43.0, 48.0))
 
 
+# The hysteresis is load_hysteresis_c (0.3 C) or half the pace's margin, the smaller: a fine sensor's pace
+# holds 0.1 C below T_throttle, so a waiting load needs 0.05 C; a whole-degree sensor's holds 0.6 C below.
 @pytest.mark.parametrize(
-    ("celsius", "waiting", "below"), [(42.9, False, True), (42.9, True, False), (42.6, True, True)]
+    ("celsius", "step_c", "waiting", "below"),
+    [
+        (42.9, None, False, True),
+        (42.96, None, True, False),  # within half the fine sensor's margin of T_throttle
+        (42.9, None, True, True),  # at the paced setpoint: a waiting load gets its turn
+        (42.9, 1.0, False, True),
+        (42.9, 1.0, True, False),  # a coarse sensor: the full 0.3 C
+        (42.6, 1.0, True, True),
+    ],
 )
 def test_load_room_when_a_load_waits_already_then_it_needs_the_hysteresis_below_t_throttle(
-    celsius, waiting, below
+    celsius, step_c, waiting, below
 ):
-    state = decide(GovernorState(), temp_critical(celsius), CFG, 0.0)
+    state = replace(decide(GovernorState(), temp_critical(celsius), CFG, 0.0), sensor_step_c=step_c)
     room = load_room(state, CFG, waiting)
     assert room is not None and room.below_throttle is below
