@@ -30,6 +30,7 @@ from governor.policy import (
     Transition,
     decide,
     load_room,
+    pace_margin_c,
 )
 from governor.sensors import (
     BatteryReading,
@@ -64,6 +65,7 @@ class Snapshot:
     device_killed: bool
     transitions: tuple[Transition, ...]
     leases: tuple[tuple[str, float], ...] = ()  # (client, seconds left) when the snapshot was taken
+    pace_setpoint_c: float | None = None  # where the pace holds the device (None: no pace control)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON body of GET /v1/thermal."""
@@ -80,6 +82,7 @@ class Snapshot:
                 "sensor": t.sensor if t else None,
                 "throttle_c": _round(self.throttle_c),
                 "critical_c": _round(t.critical_c) if t else None,
+                "pace_setpoint_c": _round(self.pace_setpoint_c),
             },
             "headroom": _round(self.headroom, 3),
             "forecast": _round(self.forecast_headroom, 3),
@@ -274,6 +277,9 @@ class Governor:
             device_killed=self.device_killed,
             transitions=state.transitions,
             leases=self._lease_view(),
+            pace_setpoint_c=None
+            if state.throttle_c is None or state.pace_cores is None
+            else state.throttle_c - pace_margin_c(state, self.config),
         )
 
     # -- for the server ----------------------------------------------------------------------------------

@@ -183,6 +183,7 @@ def test_to_dict_when_no_sensor_then_source_none_and_nulls():
         "sensor": None,
         "throttle_c": None,
         "critical_c": None,
+        "pace_setpoint_c": None,
     }
     assert (body["level"], body["reason"], body["headroom"], body["memory"]) == (
         "nominal",

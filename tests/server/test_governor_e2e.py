@@ -278,6 +278,7 @@ def test_thermal_when_sim_source_then_simulated_temperature_in_thermal_health_an
         assert body["temperature"]["source"] == "simulated"
         assert body["temperature"]["sensor"] == "sim:phone-heatwave"
         assert body["temperature"]["throttle_c"] == 43
+        assert body["temperature"]["pace_setpoint_c"] == 42.9  # the simulator reads finely: 0.1 C margin
         assert 37.9 <= body["temperature"]["celsius"] < 43
         assert body["level"] == "fair"  # 38 C ambient is already headroom 0.83
         assert body["lifecycle"] == "foreground"
