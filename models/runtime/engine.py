@@ -240,6 +240,10 @@ class LlamaEngine(TextSideMixin):
         # `chat_template` (the operator's, SIMMER_CHAT_TEMPLATE) replaces the model's; None: no chat
         self.template = ChatTemplate.from_tokenizer(self.tokenizer, chat_template)
         self._sessions: dict[tuple[str, int, bool], DecoderSession | GeneralDecoderSession] = {}
+        # Wraps every session built once the engine is open (another thread count, spinning or variant, or
+        # after unload()): seconds of full CPU, like a load, that the server's governor must not take for
+        # paced work (server/serving/model_pool.py sets it).
+        self.building: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
         self._slots: list[KVSlot] = []
         # the batch decoder (batch_decoder): None until asked for, False when this graph cannot batch
         self._batch: BatchDecoder | bool | None = None
@@ -266,30 +270,16 @@ class LlamaEngine(TextSideMixin):
             if self._evict(self.max_sessions - 1):
                 release_freed_memory()
             t0 = time.perf_counter()
-            entry = self.manifest["variants"][self.variant]
-            if self.io is not None:
-                sess = GeneralDecoderSession(
-                    self.model_dir / entry["file"], self.io, self.threads, spinning=key[2]
+            with self.building():
+                sess = self._build_session(key[2])
+            if isinstance(sess, DecoderSession) and not sess.passes_exact:
+                log.info(
+                    "%s/%s: passes of several positions differ by their number on this CPU: prefixes "
+                    "are reused a whole prefill chunk at a time (a reply's text must not depend on "
+                    "what was cached)",
+                    self.model_id,
+                    self.variant,
                 )
-            else:
-                sess = DecoderSession(
-                    self.model_dir / entry["file"],
-                    self.shape,
-                    self.threads,
-                    spinning=key[2],
-                    copied_at_load=entry.get("copied_at_load") or (),
-                )
-                if self.speculation != "off":
-                    sess.rows_exact  # noqa: B018 (the probe runs at load, not in a request)
-                sess.positions_exact  # noqa: B018 (likewise)
-                if not sess.passes_exact:
-                    log.info(
-                        "%s/%s: passes of several positions differ by their number on this CPU: prefixes "
-                        "are reused a whole prefill chunk at a time (a reply's text must not depend on "
-                        "what was cached)",
-                        self.model_id,
-                        self.variant,
-                    )
             log.info(
                 "loaded %s/%s with %d threads in %.2f s",
                 self.model_id,
@@ -303,6 +293,24 @@ class LlamaEngine(TextSideMixin):
             release_freed_memory()
         else:
             self._sessions[key] = sess  # most recently used last
+        return sess
+
+    def _build_session(self, spinning: bool) -> DecoderSession | GeneralDecoderSession:
+        entry = self.manifest["variants"][self.variant]
+        if self.io is not None:
+            return GeneralDecoderSession(
+                self.model_dir / entry["file"], self.io, self.threads, spinning=spinning
+            )
+        sess = DecoderSession(
+            self.model_dir / entry["file"],
+            self.shape,
+            self.threads,
+            spinning=spinning,
+            copied_at_load=entry.get("copied_at_load") or (),
+        )
+        if self.speculation != "off":
+            sess.rows_exact  # noqa: B018 (the probe runs at load, not in a request)
+        sess.positions_exact  # noqa: B018 (likewise)
         return sess
 
     def _evict(self, keep: int) -> bool:

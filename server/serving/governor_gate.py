@@ -170,9 +170,9 @@ class GovernorGate:
     def set_lifecycle(self, state: str, client: str = "anonymous", ttl_s: float | None = None) -> Snapshot:
         return self.governor.set_lifecycle(state, client, ttl_s)  # type: ignore[arg-type]
 
-    def loading(self, model_id: str) -> AbstractContextManager[None]:
+    def loading(self, model_id: str | None) -> AbstractContextManager[None]:
         """Wraps a model load (the pool's, on the worker thread): the pace controller credits none of it, and
-        the governor measures its heat."""
+        the governor measures its heat (not with None: a loaded engine building another session)."""
         return self.governor.loading(model_id)
 
     def models_loaded(self, models: frozenset[str]) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from models.errors import ModelNotFound
 from models.protocol import Engine, EngineLimits
-from models.runtime.engine import release_freed_memory
+from models.runtime.engine import LlamaEngine, release_freed_memory
 from server.serving.catalog import Catalog, CatalogEntry
 from server.serving.keep_alive import describe as describe_keep_alive
 from server.serving.memory_plan import Estimate, MemoryBudget, Resident, mib, plan_load
@@ -67,8 +67,11 @@ class ModelPool:
     pinned: bool = False  # one engine handed over ready: unloading frees its sessions, the object stays
     clock: Callable[[], float] = time.monotonic
     # wraps every load of a model (the governor's loading(model_id): the pace controller credits none of
-    # its CPU, and its heat is measured)
-    loading: Callable[[str], contextlib.AbstractContextManager[None]] = lambda _: contextlib.nullcontext()
+    # its CPU, and its heat is measured), and, with None, every session a loaded engine builds afterwards
+    # (a thread or variant change: a load's CPU too, but not the heat of loading that model)
+    loading: Callable[[str | None], contextlib.AbstractContextManager[None]] = lambda _: (
+        contextlib.nullcontext()
+    )
     # hears which models are loaded after every load and unload (the governor's rung counts on them: a
     # rung whose model must load waits for room on a hot device, governor/limits.py choose_rung)
     on_loaded: Callable[[frozenset[str]], object] = lambda models: None
@@ -284,6 +287,8 @@ class ModelPool:
         if engine is None:
             with self.loading(model_id):
                 engine = self.opener(entry, variant, limits)
+        if isinstance(engine, LlamaEngine):
+            engine.building = lambda: self.loading(None)
         if self.pinned:
             self._kept[model_id] = engine
         entry = self.catalog.get(engine.model_id) or entry  # a factory's engine names itself once loaded

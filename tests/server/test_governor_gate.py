@@ -377,3 +377,49 @@ def test_server_when_budget_fits_then_loads_start_rung_and_ladder(live, tmp_path
     assert body["model"] == manifest["id"]
     assert [r["model"] for r in body["ladder"]] == [manifest["id"]] * len(body["ladder"])
     assert body["ladder"][0]["current"]
+
+
+def test_session_rebuilt_for_a_thread_change_when_governed_then_the_pace_credits_none_and_no_load_heat(
+    tmp_path, tiny_model_dir
+):
+    """A loaded engine that builds another session (here: the pace's one thread) spends a load's CPU inside
+    a reply: the pace holds its integral through it, as through a load, and the heat of that build is not
+    the model's load heat (a load is more: the weights come in too)."""
+    from models.protocol import EngineLimits
+    from server.app import create_app
+    from tests.governor.fakes import FakeClock, FakeSensor
+
+    clock = FakeClock()
+    sensor = FakeSensor(41.9, critical_c=48.0)
+    gov = Governor(thermal=sensor, clock=clock, usable_cpus=2, read_load=lambda: 1.0)
+    gate = GovernorGate(gov)
+    settings = make_settings(tmp_path, thermal_source="none", memory_budget_mb=1024, context_length=128)
+    served = serve_folders(settings, [tiny_model_dir])
+    create_app(settings, served=served, governor=gate)
+    gov.tick()
+    engine = served.pool.acquire(served.default_model)
+    device = gov._device(sensor.read())
+    assert gov.load_heat.rises(device) == {served.default_model: 0.0}
+    build, during = engine._build_session, []
+
+    def slow_build(spinning):  # 3 s of building, 0.5 C warmer after it, a poll in the middle
+        clock.advance(3)
+        during.append(gov.tick().limits.cpu_budget_cores)
+        sensor.celsius += 0.5
+        return build(spinning)
+
+    engine._build_session = slow_build
+    clock.advance(1)
+    before = gov.tick().limits.cpu_budget_cores
+    integral = gov._state.pace_integral
+    engine.apply_limits(EngineLimits(threads=1 if engine.threads != 1 else 2))
+    engine._session()
+    assert during == [before]
+    clock.advance(1)
+    assert gov.tick().limits.cpu_budget_cores < before  # 0.5 C warmer: the proportional term answers
+    assert gov._state.pace_integral == integral  # the first poll after the build holds it too
+    clock.advance(1)
+    gov.tick()
+    assert gov._state.pace_integral > integral  # paced work again, below the setpoint: credit
+    assert gov.load_heat.rises(device) == {served.default_model: 0.0}
+    served.pool.release(served.default_model, 0)
