@@ -20,7 +20,7 @@ from typing import Any
 
 from governor.lifecycle import Lease, expire, lifecycle_of, report
 from governor.limits import DEFAULT_TABLE, ConfigCost, LevelLimits, Limits, Rung, resolve_limits
-from governor.load_heat import LoadHeat
+from governor.load_heat import LoadHeat, with_priors
 from governor.policy import (
     GovernorState,
     Level,
@@ -242,7 +242,10 @@ class Governor:
         reading = readings.temperature
         rises = {}  # read only where choose_rung will use them: a room, a ladder, what is loaded known
         if room is not None and reading is not None and self._models is not None and self.ladder:
-            rises = self.load_heat.rises(self._device(reading))
+            sizes: dict[str, int] = {}
+            for rung in self.ladder:  # a model's biggest variant: the load may be any of them
+                sizes[rung.model_id] = max(sizes.get(rung.model_id, 0), rung.bytes)
+            rises = with_priors(self.load_heat.rises(self._device(reading)), sizes)
         limits = resolve_limits(
             level,
             usable_cpus=self.usable_cpus,

@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 log = logging.getLogger("simmer.governor")
 
@@ -57,6 +57,24 @@ class LoadHeat:
             self._save(text)
         except OSError as err:
             log.warning("the load heat could not be kept (%s); it is measured again after a restart", err)
+
+
+# A model whose load was never measured on a device is not blind if another's was: a load's CPU time goes
+# with the bytes it reads and packs, and so, for loads short against the device's time constant, its heat.
+#
+#   measured on this device                    -> that
+#   not measured, some model with bytes was    -> its bytes x the most any measured model heated it per byte
+#                                                 (the dearest per byte: erring hot only delays a load)
+#   nothing measured here, or no bytes known   -> absent (choose_rung counts it as no heat: blind)
+# Measured on one machine (heatwave phone at time scale 10, Qwen2.5-Coder's fast variants): the 1.5B's load
+# 11.5 C for 1.53 GB; the 0.5B's 6.4 C for 0.70 GB, which the 1.5B's would have put at 5.3 C; SmolLM2's
+# 0.6 C for 0.15 GB (prior 1.1 C). Another run: 18.3 C and 8.0 C (prior 8.4 C).
+def with_priors(measured: Mapping[str, float], sizes: Mapping[str, int]) -> dict[str, float]:
+    per_byte = max((c / sizes[m] for m, c in measured.items() if sizes.get(m, 0) > 0), default=None)
+    out = dict(measured)
+    if per_byte is not None:
+        out.update({m: per_byte * b for m, b in sizes.items() if m not in out and b > 0})
+    return out
 
 
 def parse(text: str | None) -> dict[str, dict[str, float]]:

@@ -5,7 +5,7 @@ import pytest
 
 from governor.governor import Governor
 from governor.limits import build_ladder
-from governor.load_heat import LoadHeat, parse
+from governor.load_heat import LoadHeat, parse, with_priors
 from governor.sensors import SimulatedThermalSource
 from tests.governor.fakes import FakeClock, FakeSensor, make_sim
 
@@ -94,3 +94,40 @@ def test_start_when_the_big_load_is_known_to_overheat_then_the_rung_is_the_best_
     fresh = Governor(thermal=sensor, clock=FakeClock(), usable_cpus=2, ladder=TWO)
     fresh.models_loaded(frozenset())
     assert fresh.tick().limits.model_id == "big"
+
+
+@pytest.mark.parametrize(
+    ("measured", "sizes", "expected"),
+    [
+        ({}, {"big": 300, "small": 90}, {}),  # nothing measured on this device: blind
+        ({"big": 10.0}, {"big": 300, "small": 90}, {"big": 10.0, "small": 3.0}),  # scaled by bytes
+        ({"big": 10.0, "small": 1.0}, {"big": 300, "small": 90}, {"big": 10.0, "small": 1.0}),  # measured
+        # the dearest per byte of those measured: small (4.5 C / 90 = 0.05) over big (10 C / 300 = 0.033)
+        (
+            {"big": 10.0, "small": 4.5},
+            {"big": 300, "small": 90, "mid": 150},
+            {"big": 10, "small": 4.5, "mid": 7.5},
+        ),
+        ({"big": 10.0}, {"big": 0, "small": 90}, {"big": 10.0}),  # no bytes known: nothing to scale by
+        ({"gone": 5.0}, {"small": 90}, {"gone": 5.0}),  # a model no longer in the ladder scales nothing
+    ],
+)
+def test_with_priors_when_a_model_was_never_loaded_here_then_its_heat_scales_by_bytes(
+    measured, sizes, expected
+):
+    assert with_priors(measured, sizes) == pytest.approx(expected)
+
+
+def test_start_when_only_the_big_load_was_measured_then_the_others_heat_scales_from_it():
+    """Only the big model's load was measured on this device (300 bytes). With 8 C of room, the mid one
+    (150 bytes) is taken when big's 12 C puts it at 6 C, and passed over for the small one (90 bytes, 6 C)
+    when big's 20 C puts it at 10 C; without the prior, mid (never measured: no heat) would load."""
+    three = build_ladder(
+        [("big", "q4", 0.02, 0.99, 300), ("mid", "q4", 0.01, 0.95, 150), ("small", "q4", 0.005, 0.9, 90)]
+    )
+    sensor = FakeSensor(39.0, critical_c=48.0)  # critical (a pause) from 47 C: 8 C of room
+    for big_c, start in [(12.0, "mid"), (20.0, "small")]:
+        known = LoadHeat(json.dumps({"psutil:fake": {"big": big_c}}))
+        gov = Governor(thermal=sensor, clock=FakeClock(), usable_cpus=2, ladder=three, load_heat=known)
+        gov.models_loaded(frozenset())
+        assert gov.tick().limits.model_id == start, big_c
