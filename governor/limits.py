@@ -182,7 +182,8 @@ def pick_rung(
 #
 #   no room known (no temperature; memory pressure), or what is loaded not known (None) -> the level's rung
 #   fits(rung): its model is loaded, or the device is below its throttling point and the heat that model's
-#               load was measured to add (rises; unmeasured: 0) is less than the room before critical
+#               load adds (rises: measured, or scaled from another model's, load_heat.with_priors; not
+#               known: 0) is less than the room before critical
 #   the level's rung fits                               -> it
 #   else the nearest fitting rung below it, else the nearest fitting rung above it
 #   none fits (nothing loaded, no load fits)            -> the cheapest rung: a load must happen, and it is
