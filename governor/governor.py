@@ -165,6 +165,7 @@ class Governor:
         self._loads = 0  # models loading now
         self._loaded_since_poll = False  # a load ended after the last poll: its tail is in this poll's CPU
         self._models: frozenset[str] | None = None  # the models loaded now (None: not told; no hold)
+        self._threads_since = -math.inf  # when the limits last named another thread count
         self._state = GovernorState()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -224,6 +225,8 @@ class Governor:
         """The snapshot of the state decided last (under the lock), and who must hear of it."""
         previous = self._snapshot
         self._snapshot = snap = self._build_snapshot(now, self._readings, self._state)
+        if snap.limits.threads != previous.limits.threads:
+            self._threads_since = now
         old_rung, new_rung = _rung(previous.limits), _rung(snap.limits)
         if old_rung != new_rung and previous.limits.variant is not None:
             held = "; held on a loaded model while the device cools" if snap.limits.rung_held else ""
@@ -258,6 +261,7 @@ class Governor:
             current=(running.variant, running.threads)
             if running and running.variant and running.threads
             else None,
+            hold=now - self._threads_since < self.config.config_dwell_s,
             loaded=self._models,
             room=room,
             rises=rises,

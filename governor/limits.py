@@ -288,7 +288,10 @@ SWITCH_GAIN = 1.10  # another configuration must make this much more to replace 
 
 
 def pick_config(
-    configs: Sequence[ConfigCost], budget_cores: float | None, current: tuple[str, int] | None = None
+    configs: Sequence[ConfigCost],
+    budget_cores: float | None,
+    current: tuple[str, int] | None = None,
+    hold: bool = False,
 ) -> tuple[ConfigCost, float | None]:
     """The configuration that makes the most tokens per second within budget_cores (None: no budget), and
     the pace (tokens/s) that keeps it within the budget (None: no budget).
@@ -300,6 +303,9 @@ def pick_config(
       the running configuration (`current`: variant, threads) stays if it is not near and the winner makes
       less than SWITCH_GAIN times its rate (a new thread count is a new onnxruntime session: not for a few
       per cent; together with the 5 % this is a hysteresis band, so a budget near a boundary cannot flap)
+      `hold`: the running configuration stays whatever the others make (it changed moments ago: a budget
+      swinging across the band must not rebuild the session every few seconds); the pace still keeps it
+      within the budget
     Where the budget binds every configuration, the highest rate IS the least CPU per token.
     """
     if not configs:
@@ -314,7 +320,7 @@ def pick_config(
     near = [c for c in configs if rate(c) >= 0.95 * top]
     best = min(near, key=lambda c: (c.cpu_s_per_token, c.threads, bool(c.spinning)))
     running = [c for c in configs if (c.variant, c.threads) == current]
-    if running and running[0] not in near and rate(best) < SWITCH_GAIN * rate(running[0]):
+    if running and (hold or (running[0] not in near and rate(best) < SWITCH_GAIN * rate(running[0]))):
         best = running[0]
     # The pace is the budget's even where the configuration cannot reach it (it then never waits): a pace
     # that vanished as the budget crossed the configuration's speed would make the output discontinuous,
@@ -348,6 +354,7 @@ def resolve_limits(
     thermal: bool = False,
     costs: Sequence[ConfigCost] = (),
     current: tuple[str, int] | None = None,
+    hold: bool = False,
     loaded: Collection[str] | None = None,
     room: LoadRoom | None = None,
     rises: Mapping[str, float] | None = None,
@@ -383,7 +390,7 @@ def resolve_limits(
     if rung is not None:
         configs = config_costs(rung, max_threads, costs)
         if configs:
-            best, pace = pick_config(configs, budget, current)
+            best, pace = pick_config(configs, budget, current, hold)
             threads = best.threads
     if row.tokens_per_second is not None:
         pace = row.tokens_per_second if pace is None else min(pace, row.tokens_per_second)

@@ -113,6 +113,9 @@ class PolicyConfig:
     # waits on a bigger model must get there)
     load_headroom: float = 1.0
     load_hysteresis_c: float = 0.3
+    # a change of threads builds a new onnxruntime session (seconds of full CPU for a 1.5B model, the reply
+    # stalled): the configuration the pace picked stays at least this long (limits.pick_config's hold)
+    config_dwell_s: float = 20.0
 
     def __post_init__(self) -> None:
         if not self.fair_headroom <= self.serious_headroom <= self.critical_headroom:

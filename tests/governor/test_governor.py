@@ -1,4 +1,5 @@
 import asyncio
+import itertools
 import json
 import logging
 import threading
@@ -295,3 +296,32 @@ def test_models_loaded_when_the_device_hovers_at_t_throttle_then_the_held_rung_d
     sensor.celsius = 42.9  # where the pace holds it: the waiting load gets its turn
     clock.advance(60)  # the forecast's window holds only 42.9 C now
     assert gov.tick().limits.model_id == "small"
+
+
+def test_tick_when_the_budget_swings_across_one_core_then_threads_change_once_per_config_dwell():
+    """A budget swinging across one core (a device between 39.4 and 40.8 C, the P term alone) would rebuild
+    the session every poll; once the threads changed, the configuration stays config_dwell_s (20 s)."""
+    gov, sensor, clock = make_governor(FakeSensor(39.4, critical_c=48.0), read_load=lambda: 0.0)
+    threads, changes = [], []
+    for second in range(60):
+        sensor.celsius = 40.8 if second % 4 < 2 else 39.4
+        clock.advance(1)
+        threads.append(gov.tick().limits.threads)
+        if len(threads) > 1 and threads[-1] != threads[-2]:
+            changes.append(second)
+    assert {1, 2} <= set(threads)  # the budget does cross the boundary
+    assert len(changes) >= 2 and all(b - a >= 20 for a, b in itertools.pairwise(changes))
+    free = Governor(
+        thermal=sensor,
+        clock=clock,
+        usable_cpus=2,
+        ladder=LADDER,
+        read_load=lambda: 0.0,
+        config=PolicyConfig(config_dwell_s=0.0),
+    )
+    flips = []
+    for second in range(60):
+        sensor.celsius = 40.8 if second % 4 < 2 else 39.4
+        clock.advance(1)
+        flips.append(free.tick().limits.threads)
+    assert sum(a != b for a, b in itertools.pairwise(flips)) > 10  # what the dwell prevents

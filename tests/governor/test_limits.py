@@ -160,6 +160,22 @@ def test_pick_config_when_budget_then_most_tokens_within_it_and_cheapest_where_i
     assert got_pace == (None if pace is None else pytest.approx(pace))
 
 
+@pytest.mark.parametrize(
+    ("budget", "current", "chosen", "pace"),
+    [
+        (1.5, ("v", 1), ONE, 1.5 / 0.016),  # two threads would make 75 (>= 1.1 x 62): held all the same
+        (0.5, ("v", 2), TWO_QUIET, 0.5 / 0.020),  # held, and paced to the budget at its own cost
+        (0.5, ("w", 2), ONE, 0.5 / 0.016),  # nothing of that name runs here: nothing to hold
+    ],
+)
+def test_pick_config_when_held_then_the_running_configuration_stays_within_the_budget(
+    budget, current, chosen, pace
+):
+    best, got_pace = pick_config(TABLE, budget, current, hold=True)
+    assert best == chosen
+    assert got_pace == pytest.approx(pace)
+
+
 def test_pick_config_when_empty_then_value_error():
     with pytest.raises(ValueError):
         pick_config([], 1.0)
