@@ -166,6 +166,7 @@ class Governor:
         self._loaded_since_poll = False  # a load ended after the last poll: its tail is in this poll's CPU
         self._models: frozenset[str] | None = None  # the models loaded now (None: not told; no hold)
         self._threads_since = -math.inf  # when the limits last named another thread count
+        self._build_s = 0.0  # how long the last load or session build took, on the governor's clock
         self._state = GovernorState()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -261,7 +262,7 @@ class Governor:
             current=(running.variant, running.threads)
             if running and running.variant and running.threads
             else None,
-            hold=now - self._threads_since < self.config.config_dwell_s,
+            hold=now - self._threads_since < self._config_dwell_s(),
             loaded=self._models,
             room=room,
             rises=rises,
@@ -325,6 +326,7 @@ class Governor:
         with self._lock:
             self._loads += 1
             before = self._read_for_load() if model_id else None
+            started = self._now()
         loaded = False
         try:
             yield
@@ -333,9 +335,17 @@ class Governor:
             with self._lock:
                 self._loads -= 1
                 self._loaded_since_poll = True
+                if loaded:
+                    self._build_s = max(0.0, self._now() - started)
                 after = self._read_for_load() if before is not None and loaded else None
             if model_id and before is not None and after is not None:
                 self.load_heat.record(self._device(after), model_id, after.celsius - before.celsius)
+
+    def _config_dwell_s(self) -> float:
+        """How long a thread count stays once changed: config_dwell_s, or config_dwell_builds times what the
+        last build took where that is longer (on a simulated device, in its seconds: a build's wall time is
+        time_scale times as long to the device, so at time scale 10 a 2.2 s build outlasts a 20 s dwell)."""
+        return max(self.config.config_dwell_s, self.config.config_dwell_builds * self._build_s)
 
     def _read_for_load(self) -> TemperatureReading | None:
         try:

@@ -114,8 +114,11 @@ class PolicyConfig:
     load_headroom: float = 1.0
     load_hysteresis_c: float = 0.3
     # a change of threads builds a new onnxruntime session (seconds of full CPU for a 1.5B model, the reply
-    # stalled): the configuration the pace picked stays at least this long (limits.pick_config's hold)
+    # stalled): the configuration the pace picked stays at least this long, and at least this many times
+    # what the last build took (limits.pick_config's hold; Governor._config_dwell_s): at most a tenth of
+    # the time goes on building
     config_dwell_s: float = 20.0
+    config_dwell_builds: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.fair_headroom <= self.serious_headroom <= self.critical_headroom:

@@ -325,3 +325,19 @@ def test_tick_when_the_budget_swings_across_one_core_then_threads_change_once_pe
         clock.advance(1)
         flips.append(free.tick().limits.threads)
     assert sum(a != b for a, b in itertools.pairwise(flips)) > 10  # what the dwell prevents
+
+
+def test_tick_when_a_build_took_long_then_a_thread_change_holds_ten_times_as_long():
+    """A session build of 5 s (the governor's clock: a simulated device's seconds) makes the dwell 50 s,
+    not 20: the time spent building stays under a tenth."""
+    gov, sensor, clock = make_governor(FakeSensor(39.4, critical_c=48.0), read_load=lambda: 0.0)
+    with gov.loading():
+        clock.advance(5)
+    threads, changes = [], []
+    for second in range(150):
+        sensor.celsius = 40.8 if second % 4 < 2 else 39.4
+        clock.advance(1)
+        threads.append(gov.tick().limits.threads)
+        if len(threads) > 1 and threads[-1] != threads[-2]:
+            changes.append(second)
+    assert len(changes) >= 2 and all(b - a >= 50 for a, b in itertools.pairwise(changes))
