@@ -16,8 +16,8 @@ from tests.governor.fakes import FakeClock, FakeSensor, make_sim
 LADDER = build_ladder([("m", "q4", 0.014, 1.0, 230_000_000), ("m", "q4-a8", 0.010, 0.95, 200_000_000)])
 
 
-def make_governor(sensor=None, **kw) -> tuple[Governor, FakeSensor, FakeClock]:
-    clock = FakeClock()
+def make_governor(sensor=None, clock=None, **kw) -> tuple[Governor, FakeSensor, FakeClock]:
+    clock = clock or FakeClock()
     sensor = sensor or FakeSensor(30.0)
     gov = Governor(thermal=sensor, clock=clock, usable_cpus=2, **{"ladder": LADDER, **kw})
     return gov, sensor, clock
@@ -298,33 +298,30 @@ def test_models_loaded_when_the_device_hovers_at_t_throttle_then_the_held_rung_d
     assert gov.tick().limits.model_id == "small"
 
 
-def test_tick_when_the_budget_swings_across_one_core_then_threads_change_once_per_config_dwell():
-    """A budget swinging across one core (a device between 39.4 and 40.8 C, the P term alone) would rebuild
-    the session every poll; once the threads changed, the configuration stays config_dwell_s (20 s)."""
-    gov, sensor, clock = make_governor(FakeSensor(39.4, critical_c=48.0), read_load=lambda: 0.0)
+def swing(gov: Governor, sensor: FakeSensor, clock: FakeClock, seconds: int) -> tuple[list[int], list[int]]:
+    """A device between 40.8 and 39.4 C, two seconds each (the P term alone puts the budget either side of
+    one core): the threads the limits name each second, and the seconds at which they changed."""
     threads, changes = [], []
-    for second in range(60):
+    for second in range(seconds):
         sensor.celsius = 40.8 if second % 4 < 2 else 39.4
         clock.advance(1)
         threads.append(gov.tick().limits.threads)
         if len(threads) > 1 and threads[-1] != threads[-2]:
             changes.append(second)
+    return threads, changes
+
+
+def test_tick_when_the_budget_swings_across_one_core_then_threads_change_once_per_config_dwell():
+    """Without a dwell the session would be rebuilt every other poll; once the threads changed, the
+    configuration stays config_dwell_s (20 s)."""
+    gov, sensor, clock = make_governor(FakeSensor(39.4, critical_c=48.0), read_load=lambda: 0.0)
+    threads, changes = swing(gov, sensor, clock, 60)
     assert {1, 2} <= set(threads)  # the budget does cross the boundary
     assert len(changes) >= 2 and all(b - a >= 20 for a, b in itertools.pairwise(changes))
-    free = Governor(
-        thermal=sensor,
-        clock=clock,
-        usable_cpus=2,
-        ladder=LADDER,
-        read_load=lambda: 0.0,
-        config=PolicyConfig(config_dwell_s=0.0),
+    free, _, _ = make_governor(
+        sensor, clock=clock, read_load=lambda: 0.0, config=PolicyConfig(config_dwell_s=0)
     )
-    flips = []
-    for second in range(60):
-        sensor.celsius = 40.8 if second % 4 < 2 else 39.4
-        clock.advance(1)
-        flips.append(free.tick().limits.threads)
-    assert sum(a != b for a, b in itertools.pairwise(flips)) > 10  # what the dwell prevents
+    assert len(swing(free, sensor, clock, 60)[1]) > 10  # what the dwell prevents
 
 
 def test_tick_when_a_build_took_long_then_a_thread_change_holds_ten_times_as_long():
@@ -333,11 +330,5 @@ def test_tick_when_a_build_took_long_then_a_thread_change_holds_ten_times_as_lon
     gov, sensor, clock = make_governor(FakeSensor(39.4, critical_c=48.0), read_load=lambda: 0.0)
     with gov.loading():
         clock.advance(5)
-    threads, changes = [], []
-    for second in range(150):
-        sensor.celsius = 40.8 if second % 4 < 2 else 39.4
-        clock.advance(1)
-        threads.append(gov.tick().limits.threads)
-        if len(threads) > 1 and threads[-1] != threads[-2]:
-            changes.append(second)
+    changes = swing(gov, sensor, clock, 150)[1]
     assert len(changes) >= 2 and all(b - a >= 50 for a, b in itertools.pairwise(changes))
