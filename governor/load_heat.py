@@ -27,12 +27,21 @@ FALL = 0.25  # weight of a cooler measurement against the kept one
 
 
 class LoadHeat:
-    def __init__(self, text: str | None = None, save: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        text: str | None = None,
+        save: Callable[[str], None] | None = None,
+        reread: Callable[[], str | None] | None = None,
+    ) -> None:
         """`text`: what was kept (JSON; None or unreadable: nothing); `save(text)`: keeps the new state after
-        each measurement (None: this process only). A save that fails is logged, never raised."""
+        each measurement (None: this process only). A save that fails is logged, never raised. `reread()`:
+        what is kept now, read again before each measurement is combined and saved, so that another server
+        keeping the same file (one SIMMER_HOME) loses none of its measurements to this one's save: the
+        file's values replace this process's, and the new measurement combines with them."""
         self._lock = threading.Lock()
         self._data = parse(text)
         self._save = save
+        self._reread = reread
 
     def rises(self, device: str) -> dict[str, float]:
         """model -> degrees C its load heated `device` by, as measured so far."""
@@ -44,6 +53,9 @@ class LoadHeat:
             return
         rise_c = max(0.0, rise_c)
         with self._lock:
+            if self._reread is not None:
+                for other_device, models in parse(self._reread()).items():
+                    self._data.setdefault(other_device, {}).update(models)
             kept = self._data.setdefault(device, {})
             old = kept.get(model)
             kept[model] = now = round(

@@ -61,20 +61,23 @@ def build_governor(
 
 
 def kept_load_heat(path: Path) -> LoadHeat:
-    """What model loads heated this device by, kept in SIMMER_HOME across restarts."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        text = None
-    except (OSError, UnicodeDecodeError) as err:
-        log.warning("%s unreadable (%s): load heat is measured again", path, err)
-        text = None
+    """What model loads heated this device by, kept in SIMMER_HOME across restarts (and read again before
+    each save: two servers may share a home)."""
+
+    def read() -> str | None:
+        try:
+            return path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as err:
+            log.warning("%s unreadable (%s): load heat is measured again", path, err)
+            return None
 
     def save(new: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         replace_text(path, new)
 
-    return LoadHeat(text, save)
+    return LoadHeat(read(), save, read)
 
 
 def _mb(value: int | None) -> int | None:
