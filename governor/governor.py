@@ -149,6 +149,10 @@ class Governor:
         self.usable_cpus = usable_cpus
         self.table = table
         self.ladder = list(ladder)
+        # what each model's load reads, for load_heat.with_priors: its biggest variant (any may load)
+        self._model_bytes: dict[str, int] = {}
+        for rung in self.ladder:
+            self._model_bytes[rung.model_id] = max(self._model_bytes.get(rung.model_id, 0), rung.bytes)
         self.start_rung = start_rung
         self.costs: Sequence[ConfigCost] = costs  # measured CPU s/token per configuration, if any
         self.enforce = enforce
@@ -246,10 +250,7 @@ class Governor:
         reading = readings.temperature
         rises = {}  # read only where choose_rung will use them: a room, a ladder, what is loaded known
         if room is not None and reading is not None and self._models is not None and self.ladder:
-            sizes: dict[str, int] = {}
-            for rung in self.ladder:  # a model's biggest variant: the load may be any of them
-                sizes[rung.model_id] = max(sizes.get(rung.model_id, 0), rung.bytes)
-            rises = with_priors(self.load_heat.rises(self._device(reading)), sizes)
+            rises = with_priors(self.load_heat.rises(self._device(reading)), self._model_bytes)
         limits = resolve_limits(
             level,
             usable_cpus=self.usable_cpus,
