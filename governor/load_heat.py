@@ -93,7 +93,7 @@ def parse(text: str | None) -> dict[str, dict[str, float]]:
     """The kept JSON, checked: a device maps models to finite degrees >= 0 (the rest is dropped)."""
     try:
         raw = json.loads(text) if text else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to be what this module wrote
         log.warning("the kept load heat is not JSON; measuring again")
         return {}
     out: dict[str, dict[str, float]] = {}

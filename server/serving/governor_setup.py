@@ -20,6 +20,7 @@ from server.settings import Settings
 
 log = logging.getLogger("simmer.governor")
 LOAD_HEAT_FILE = "load_heat.json"
+MAX_LOAD_HEAT_BYTES = 1 << 20  # a few hundred bytes per device; more is a damaged or foreign file
 
 
 def build_governor(
@@ -66,6 +67,11 @@ def kept_load_heat(path: Path) -> LoadHeat:
 
     def read() -> str | None:
         try:
+            if path.stat().st_size > MAX_LOAD_HEAT_BYTES:
+                log.warning(
+                    "%s is over %d bytes: not ours; load heat is measured again", path, MAX_LOAD_HEAT_BYTES
+                )
+                return None
             return path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return None

@@ -25,6 +25,7 @@ TWO = build_ladder([("big", "q4", 0.02, 0.99, 300), ("small", "q4", 0.005, 0.9, 
             {"d": {"m": 2.5}},
         ),
         ('{"d": {"m": 3}, "e": {}}', {"d": {"m": 3.0}}),
+        ("[" * 100_000, {}),  # nested past the parser's recursion limit
     ],
 )
 def test_parse_when_kept_text_then_only_finite_non_negative_degrees_survive(text, kept):

@@ -2,7 +2,7 @@
 
 import json
 
-from server.serving.governor_setup import LOAD_HEAT_FILE, kept_load_heat
+from server.serving.governor_setup import LOAD_HEAT_FILE, MAX_LOAD_HEAT_BYTES, kept_load_heat
 
 
 def test_kept_load_heat_when_two_servers_share_a_home_then_each_save_keeps_the_others(tmp_path):
@@ -26,3 +26,9 @@ def test_kept_load_heat_when_the_file_is_damaged_between_saves_then_the_measurem
     path.write_text("{not json")
     heat.record("sim:phone", "small", 1.0)  # what this process knew, and the new measurement
     assert json.loads(path.read_text()) == {"sim:phone": {"big": 10.0, "small": 1.0}}
+
+
+def test_kept_load_heat_when_the_file_is_huge_then_it_is_not_read(tmp_path):
+    path = tmp_path / LOAD_HEAT_FILE
+    path.write_text('{"sim:phone": {"big": 10.0}}' + " " * MAX_LOAD_HEAT_BYTES)
+    assert kept_load_heat(path).rises("sim:phone") == {}
