@@ -278,7 +278,9 @@ def test_thermal_when_sim_source_then_simulated_temperature_in_thermal_health_an
         assert body["temperature"]["source"] == "simulated"
         assert body["temperature"]["sensor"] == "sim:phone-heatwave"
         assert body["temperature"]["throttle_c"] == 43
-        assert body["temperature"]["pace_setpoint_c"] == 42.9  # the simulator reads finely: 0.1 C margin
+        # 0.1 C below T_throttle once the simulator's fine steps show, up to 0.6 C while the only changes
+        # seen are the start's fast ones (a slow machine's model load heats it 0.3 C a poll)
+        assert 42.4 <= body["temperature"]["pace_setpoint_c"] <= 42.9
         assert 37.9 <= body["temperature"]["celsius"] < 43
         assert body["level"] == "fair"  # 38 C ambient is already headroom 0.83
         assert body["lifecycle"] == "foreground"
