@@ -707,8 +707,14 @@ def test_rung_when_a_responses_stream_opened_while_queued_then_the_model_named_o
     import threading
 
     gate = SlowRungGate()
+    # one reply at a time: with batch rows free (as the memory plan allows in a small process) the
+    # response joins the running batch at once instead of waiting
     srv, _ = several(
-        governor=gate, ladder="tiny-big:f32,tiny-small:f32", model="tiny-big", keepalive_ping_s=0.05
+        governor=gate,
+        ladder="tiny-big:f32,tiny-small:f32",
+        model="tiny-big",
+        keepalive_ping_s=0.05,
+        max_batch=1,
     )
     gate.move("tiny-small")
     sdk = responses_sdk(srv)
