@@ -39,9 +39,14 @@ def without_min_term(graph: Any) -> int:
     Gemm's consumers to its third input (the MatMulNBits output). Returns how many nodes went."""
     alias: dict[str, str] = {}
     sums: set[str] = set()
+    gemm_inputs = {n.input[0] for n in graph.node if n.op_type == "Gemm"}
     kept = []
     for node in graph.node:
-        if node.op_type == "MatMul" and node.input[1].startswith(INDICATOR):
+        # the block sums: a MatMul with a 0/1 indicator (converter 12 and before), else a ReduceSum that
+        # feeds a correction Gemm (its Reshape is left, unused)
+        if (node.op_type == "MatMul" and node.input[1].startswith(INDICATOR)) or (
+            node.op_type == "ReduceSum" and node.output[0] in gemm_inputs
+        ):
             sums.add(node.output[0])
             continue
         if node.op_type == "Gemm" and node.input[0] in sums:

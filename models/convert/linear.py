@@ -260,15 +260,20 @@ def matmul_nbits(
     if not lay.correction:
         return y
     if lay.block not in sums:
-        # block sums as one small MatMul with a 0/1 block-indicator matrix (no Reshape + ReduceSum)
-        def indicator() -> np.ndarray:
-            return np.kron(np.eye(lay.nb, dtype=np.float32), np.ones((lay.block, 1), np.float32))
-
-        name = f"block_indicator_{lay.k}" if lay.block == BLOCK else f"block_indicator_{lay.k}_{lay.block}"
-        sums[lay.block] = g.node("MatMul", [x, g.init(name, g.planned((lay.k, lay.nb), indicator))])[0]
+        sums[lay.block] = block_sums(g, x, lay.k, lay.block)
     corr = g.planned(lay.correction_shape, lambda: planned_array(p.get().correction))
     # Gemm adds the correction to y in the same node (the graph is 2-D: [tokens, features])
     return g.node("Gemm", [sums[lay.block], g.init(f"{key}.correction", corr), y])[0]
+
+
+def block_sums(g: GraphBuilder, x: str, k: int, block: int) -> str:
+    """[tokens, k / block]: the sums of x over each block, by a Reshape and a ReduceSum that read x alone.
+    A MatMul with a 0/1 block-indicator matrix gave the same sums but read k * k / block fp32 a call:
+    10 MB for Qwen2.5 1.5B's ffn_down (k 8,960), 6 % of its decode step's kernel time."""
+    blocks = g.node(
+        "Reshape", [x, g.const(f"blocks_{k}_{block}", np.array([-1, k // block, block], np.int64))]
+    )[0]
+    return g.node("ReduceSum", [blocks, g.const("last_axis", np.array([-1], np.int64))], keepdims=0)[0]
 
 
 def slice_rows(lay: Layout, slice_bytes: int) -> int:
