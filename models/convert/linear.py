@@ -266,13 +266,26 @@ def matmul_nbits(
     return g.node("Gemm", [sums[lay.block], g.init(f"{key}.correction", corr), y])[0]
 
 
+# The largest 0/1 block-indicator matrix the block sums read by a MatMul (k * k / 32 fp32: k 2,896 at 32).
+# Up to here it stays in cache and one MatMul beats two nodes: a Reshape + ReduceSum everywhere made SmolLM2
+# (k 576 and 1,536) ~5 % slower to decode. Past it the reads dominate: Qwen2.5 1.5B's ffn_down (k 8,960) read
+# a 10 MB indicator a call, 6 % of its decode step's kernel time, and ReduceSum was 5 % faster overall
+# (bench/experiments/results/block-sums-*-2026-12-03.json).
+INDICATOR_MAX_BYTES = 1 << 20
+
+
 def block_sums(g: GraphBuilder, x: str, k: int, block: int) -> str:
-    """[tokens, k / block]: the sums of x over each block, by a Reshape and a ReduceSum that read x alone.
-    A MatMul with a 0/1 block-indicator matrix gave the same sums but read k * k / block fp32 a call:
-    10 MB for Qwen2.5 1.5B's ffn_down (k 8,960), 6 % of its decode step's kernel time."""
-    blocks = g.node(
-        "Reshape", [x, g.const(f"blocks_{k}_{block}", np.array([-1, k // block, block], np.int64))]
-    )[0]
+    """[tokens, k / block]: the sums of x over each block, exactly: a MatMul with a 0/1 block-indicator
+    matrix while that matrix is small, else a Reshape and a ReduceSum that read x alone."""
+    nb = k // block
+    if k * nb * 4 <= INDICATOR_MAX_BYTES:
+
+        def indicator() -> np.ndarray:
+            return np.kron(np.eye(nb, dtype=np.float32), np.ones((block, 1), np.float32))
+
+        name = f"block_indicator_{k}" if block == BLOCK else f"block_indicator_{k}_{block}"
+        return g.node("MatMul", [x, g.init(name, g.planned((k, nb), indicator))])[0]
+    blocks = g.node("Reshape", [x, g.const(f"blocks_{k}_{block}", np.array([-1, nb, block], np.int64))])[0]
     return g.node("ReduceSum", [blocks, g.const("last_axis", np.array([-1], np.int64))], keepdims=0)[0]
 
 

@@ -51,8 +51,8 @@ from models.runtime.session import DecoderSession, KVCache, ModelShape
 # 12: the floor without llama.cpp is llama.cpp's arithmetic as it is (each matmul input rounded as llama.cpp
 # rounds it for the weight's type), and `fast` has a third plan (fp32 inputs into attention and ffn_down):
 # SmolLM2's default is `fast`, not `q4`
-# 13: the block sums of a format with a min by Reshape + ReduceSum instead of a MatMul with a 0/1 indicator
-# matrix (Qwen2.5 1.5B: +5 % decode, the indicator read 10 MB a call in ffn_down)
+# 13: the block sums of a format with a min over a wide input (k > 2,896) by Reshape + ReduceSum, not
+# a MatMul with a 0/1 indicator (Qwen2.5 1.5B: +5 % decode; the indicator read 10 MB a call in ffn_down)
 CONVERTER_VERSION = 13
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"

@@ -153,6 +153,25 @@ def test_exact_variant_when_mapping_is_broken_then_test_tolerance_catches_it(con
     assert np.abs(got - ref).max() > 100 * TOL
 
 
+def test_block_sums_when_the_indicator_would_be_large_then_reduce_sum_and_the_same_logits(
+    tmp_path, monkeypatch
+):
+    """A wide input's block sums come from Reshape + ReduceSum (no indicator matrix read a call), exactly:
+    forced here on the tiny Q4_K model, whose inputs are otherwise narrow enough for the indicator."""
+    import models.convert.linear as linear
+
+    monkeypatch.setattr(linear, "INDICATOR_MAX_BYTES", 0)
+    g, d, _, ref = build(tmp_path, **SOURCES["Q4_K"])
+    m = onnx.load(str(d / "q4.onnx"), load_external_data=False)
+    assert not [i for i in m.graph.initializer if i.name.startswith("block_indicator")]
+    sums = [n for n in m.graph.node if n.op_type == "ReduceSum" and n.input[0] != "attention_mask"]
+    assert sums and all(
+        any(s.output[0] == n.input[0] for s in sums) for n in m.graph.node if n.op_type == "Gemm"
+    )
+    got = logits_per_position(d / "q4.onnx", shape_of(g), IDS)
+    assert np.abs(got - ref).max() < TOL
+
+
 @pytest.mark.parametrize(
     ("source", "variant", "expected"),
     [
