@@ -267,10 +267,10 @@ def matmul_nbits(
 
 
 # The largest 0/1 block-indicator matrix the block sums read by a MatMul (k * k / 32 fp32: k 2,896 at 32).
-# Up to here it stays in cache and one MatMul beats two nodes: a Reshape + ReduceSum everywhere made SmolLM2
-# (k 576 and 1,536) ~5 % slower to decode. Past it the reads dominate: Qwen2.5 1.5B's ffn_down (k 8,960) read
-# a 10 MB indicator a call, 6 % of its decode step's kernel time, and ReduceSum was 5 % faster overall
-# (bench/experiments/results/block-sums-*-2026-12-03.json).
+# Up to here it stays in cache and one MatMul is no slower than two nodes: a Reshape + ReduceSum everywhere
+# decoded SmolLM2 (k 576 and 1,536) 1-7 % slower in each of three interleaved rounds. Past it the reads
+# dominate: Qwen2.5 1.5B's ffn_down (k 8,960) read a 10 MB indicator a call, 6 % of its decode step's kernel
+# time, and ReduceSum decoded 5 % faster (bench/experiments/results/block-sums-*-2026-12-03.json).
 INDICATOR_MAX_BYTES = 1 << 20
 
 
