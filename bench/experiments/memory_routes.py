@@ -34,6 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.engine_probe import rss
+from models.runtime.session import session_options
+
 # name: (vocab, hidden, heads, kv heads, head_dim, layers)
 SHAPES = {
     "smollm2": (49152, 576, 9, 3, 64, 30),
@@ -44,16 +47,6 @@ SHAPES = {
 PASTS = (16, 500, 2000)
 N_CTX = 2048
 BLOCK = 32
-
-
-def session_options(threads: int) -> Any:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    return so
 
 
 def head_model(route: str, vocab: int, hidden: int, seed: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
@@ -94,12 +87,6 @@ def head_model(route: str, vocab: int, hidden: int, seed: int = 0) -> tuple[Any,
     return model, feeds
 
 
-def rss() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
 def head_probe(route: str, vocab: int, hidden: int, threads: int, calls: int) -> dict[str, Any]:
     """One head route in this process: RSS the session adds (the initializers mapped from a file, as the
     engine loads them) and ms a call."""
@@ -112,7 +99,9 @@ def head_probe(route: str, vocab: int, hidden: int, threads: int, calls: int) ->
         onnx.save_model(model, str(path), save_as_external_data=True, location="head.data", size_threshold=0)
         del model
         before = rss()
-        sess = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(
+            str(path), session_options(threads, spinning=True), providers=["CPUExecutionProvider"]
+        )
         session_mb = (rss() - before) / 1e6
         a = np.random.default_rng(1).standard_normal((1, hidden)).astype(np.float32)
         for _ in range(3):
@@ -183,7 +172,7 @@ def gqa_session(shape: tuple[int, ...], fp16: bool, threads: int) -> tuple[Any, 
     _, _, heads, kv_heads, head_dim, _ = shape
     sess = ort.InferenceSession(
         gqa_model(heads, kv_heads, head_dim, fp16).SerializeToString(),
-        session_options(threads),
+        session_options(threads, spinning=True),
         providers=["CPUExecutionProvider"],
     )
     rng = np.random.default_rng(2)

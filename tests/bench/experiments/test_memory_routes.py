@@ -7,7 +7,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from bench.experiments.memory_routes import gqa_call, gqa_session, head_model, session_options
+from bench.experiments.memory_routes import gqa_call, gqa_session, head_model
+from models.runtime.session import session_options
 
 
 def run_head(route: str, a: np.ndarray, vocab: int, hidden: int) -> np.ndarray:
