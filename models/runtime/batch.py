@@ -30,14 +30,20 @@ windowed reply, the finish and its timings. Speculative decoding is off in a bat
 feeds several positions of one row; the rows of a pass all feed one).
 
 The same text whatever runs beside it: a row's logits must not depend on how many rows its pass has.
-Measured on SmolLM2 with onnxruntime 1.32 x86 (batch_traits, at load): with int8 activations (q4-a8)
-MatMulNBits gives each row the same sums whatever the number of rows, one included, so a reply is the
-same alone or beside 1, 2 or 3 others at no cost; with fp32 activations (q4's MatMulNBits, fp32 MatMul)
-a one-row pass sums in another order than the rows of a larger one (~7e-5 apart in the logits; passes of
-two or more rows agree bitwise), so there a reply decoding alone is padded to two rows. `pad` None (the
-default) decides per session from that measurement, True or False force it; bench/batch.py measures what
-padding costs. The padded pass costs a lone reply 2.3x on q4, so the engine offers no batch decoder for such
-a session (LlamaEngine.batch_decoder, unless its pad_batches is set): its replies run one at a time.
+What a CPU's kernels do is measured per session at load (batch_traits), never assumed from the CPU's name.
+On AVX-512 VNNI with onnxruntime 1.32 (SmolLM2): with int8 activations (q4-a8) MatMulNBits gives each row
+the same sums whatever the number of rows, one included, so a reply is the same alone or beside 1, 2 or 3
+others at no cost; with fp32 activations (q4's MatMulNBits, fp32 MatMul) a one-row pass sums in another
+order than the rows of a larger one (~7e-5 apart in the logits; passes of two or more rows agree bitwise),
+so there a reply decoding alone is padded to two rows. `pad` None (the default) decides per session from
+that measurement, True or False force it; bench/batch.py measures what padding costs. The padded pass
+costs a lone reply 2.3x on q4, so the engine offers no batch decoder for such a session
+(LlamaEngine.batch_decoder, unless its pad_batches is set): its replies run one at a time. On AVX2
+(measured under qemu-x86_64 -cpu Haswell) q4's lone row is not exact either and f32's is, while q4-a8's
+int8 kernels round a lone row otherwise: on the tiny test model within summation order, on SmolLM2 0.42
+apart in the logits, rows not even alike (BatchTraits.rows_alike). Where rows are not alike the engine
+offers no batch decoder at all, and one built directly (as bench/batch.py does) decodes replies whose
+text depends on what runs beside them.
 A prefill chunk runs its row alone whatever else is active, so it is the same too; and
 its text does not depend on how much of its prompt a free row held (prefix reuse), as for the one-reply
 engine: a prefill never runs a pass of one position, and reuses only keys a cold prefill would write
@@ -211,28 +217,59 @@ class BatchPass:
 
 @dataclass(frozen=True)
 class BatchTraits:
-    """What a session's graph does with a batch, measured once per session (batch_traits).
-    `rows`: it runs the rows of a batch as separate sequences (our graphs from converter 11 on; older ones
-    and foreign decoders run batch 1 only). `one_row_exact`: a pass of one row gives bitwise the logits
-    that row gets in a pass of several, so a reply alone needs no padding to be the same as batched."""
+    """What a session's graph and this CPU's kernels do with a batch, measured once per session
+    (batch_traits).
+    `rows`: the graph runs the rows of a batch as separate sequences (our graphs from converter 11 on; older
+    ones and foreign decoders run batch 1 only). A property of the file: converting again gives it.
+    `rows_alike`: a row's logits in a pass of two rows are the ones it gets alone, up to summation order
+    (ROWS_ATOL) and with the same argmax, so what runs beside a reply cannot change its text beyond that.
+    A property of the CPU's kernels: on AVX-512 VNNI every variant measured has it; on AVX2 SmolLM2's
+    q4-a8 rows are 0.42 apart (the int8 kernels of one row and of several round differently, and 30
+    layers amplify it), which no conversion changes.
+    `one_row_exact`: a pass of one row gives bitwise the logits that row gets in a pass of several, so a
+    reply alone needs no padding to be the same as batched."""
 
     rows: bool
+    rows_alike: bool = False
     one_row_exact: bool = False
+
+    def why_alone(self, pad: bool) -> str | None:
+        """Why an engine serves such a session's replies one at a time (None: it batches them); `pad`: a
+        lone reply may decode padded to two rows (LlamaEngine.pad_batches)."""
+        if not self.rows:
+            return "its graph runs one sequence at a time (converted before batches, or not by simmer)"
+        if not self.rows_alike:
+            return (
+                "this CPU's kernels give a row of a batch other logits than the row alone (measured at "
+                "load): batched, a reply's text would depend on the replies beside it"
+            )
+        if not (self.one_row_exact or pad):
+            return (
+                "this CPU's kernels sum a lone row otherwise than a batch's rows (measured at load): a reply "
+                "alone would decode padded to two rows to stay the same text, at about twice the cost"
+            )
+        return None
 
 
 _TRAITS: weakref.WeakKeyDictionary[DecoderSession, BatchTraits] = weakref.WeakKeyDictionary()
 
 
 def batch_traits(sess: object) -> BatchTraits:
-    """Four probe passes on a throwaway two-row cache (at load, not in a request): row 1 of a two-row pass
-    must give what its token gives fed alone (up to summation order), and the one-row pass of row 0 must
-    equal row 0 of the two-row pass bit for bit. Measured on SmolLM2 with onnxruntime 1.32 x86 (1 and 2
-    threads, rows of 45 to 1200 positions): q4-a8's int8 kernels give a row the same sums whatever the
-    number of rows; q4's fp32 ones do not (~7e-5 apart in the logits)."""
+    """measure_batch_traits, once per session."""
     if not isinstance(sess, DecoderSession):
         return BatchTraits(rows=False)
-    if sess in _TRAITS:
-        return _TRAITS[sess]
+    if sess not in _TRAITS:
+        _TRAITS[sess] = measure_batch_traits(sess)
+    return _TRAITS[sess]
+
+
+def measure_batch_traits(sess: DecoderSession) -> BatchTraits:
+    """Four probe passes on a throwaway two-row cache (at load, not in a request): the two-row pass must
+    run (`rows`), its row 1 must give what its token gives fed alone up to summation order (`rows_alike`),
+    and the one-row pass of row 0 must equal row 0 of the two-row pass bit for bit (`one_row_exact`).
+    Measured with onnxruntime 1.32 on x86 (1 and 2 threads, rows of 45 to 1200 positions): on AVX-512
+    VNNI q4-a8's int8 kernels give a row the same sums whatever the number of rows, one included, and q4's
+    fp32 ones do not (~7e-5 apart in the logits); on AVX2 neither does, f32's fp32 MatMul does."""
     probe = [(j * 7919 + 11) % sess.shape.vocab for j in range(4)]
     alone = KVCache(sess.shape, 4)
     sess.run(np.array(probe[:2]), alone, 0)
@@ -241,17 +278,14 @@ def batch_traits(sess: object) -> BatchTraits:
     for row in kv.rows:
         sess.run(np.array(probe[:2]), row, 0)
     sess._binding, sess._bound_kv = None, None  # the probe caches go
-    traits = BatchTraits(rows=False)
     try:
         pas = BatchPass(sess, kv)
         two = pas.run(np.array([probe[2], probe[2]]), np.array([3, 3])).copy()
-        if bool(np.abs(two[1] - want).max() <= ROWS_ATOL) and int(two[1].argmax()) == int(want.argmax()):
-            one = pas.run(np.array([probe[2]]), np.array([3]))  # the same keys written again
-            traits = BatchTraits(rows=True, one_row_exact=bool(np.array_equal(one[0], two[0])))
+        one = pas.run(np.array([probe[2]]), np.array([3]))  # the same keys written again
     except Exception:  # a graph of batch 1 refuses the pass (onnxruntime says why)
-        pass
-    _TRAITS[sess] = traits
-    return traits
+        return BatchTraits(rows=False)
+    alike = bool(np.abs(two[1] - want).max() <= ROWS_ATOL) and int(two[1].argmax()) == int(want.argmax())
+    return BatchTraits(rows=True, rows_alike=alike, one_row_exact=bool(np.array_equal(one[0], two[0])))
 
 
 @dataclass(frozen=True)
@@ -289,10 +323,9 @@ class BatchDecoder:
         if slots < 1:
             raise InvalidParameter(f"slots must be at least 1, not {slots}", param="slots")
         if engine.io is not None or not batch_traits(engine._session()).rows:
+            why = BatchTraits(rows=False).why_alone(pad=True)
             raise InvalidParameter(
-                f"{engine.model_id}: its graph runs one sequence at a time (converted before batches, or "
-                "not by simmer): convert it again to serve several replies at once",
-                param="model",
+                f"{engine.model_id}: {why}: convert it again to serve several replies at once", param="model"
             )
         self.e = engine
         self.slots = slots

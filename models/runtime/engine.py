@@ -166,6 +166,14 @@ def nominal_variant(manifest: dict[str, Any]) -> str | None:
 class LlamaEngine(TextSideMixin):
     """Implements models.protocol.Engine for a converted model folder."""
 
+    # Batch only where it costs a reply nothing: where a lone row sums as a batch's rows do (q4-a8's int8
+    # kernels on AVX-512 VNNI). Elsewhere (q4's fp32 activations; q4-a8 on AVX2) a reply alone would
+    # have to run padded to two rows to give the same text as batched, and that pass costs 2.3x a one-row
+    # pass (SmolLM2 q4 over HTTP, 20.5 against 46-52 tok/s), so such a session serves one reply at a time
+    # unless this is set. Where rows are not even alike (BatchTraits.rows_alike) padding cannot help: one
+    # reply at a time whatever this says.
+    pad_batches = False
+
     def __init__(
         self,
         model_dir: Path,
@@ -247,11 +255,7 @@ class LlamaEngine(TextSideMixin):
         self._slots: list[KVSlot] = []
         # the batch decoder (batch_decoder): None until asked for, False when this graph cannot batch
         self._batch: BatchDecoder | bool | None = None
-        # Batch only where it costs a reply nothing: where a lone row sums as a batch's rows do (q4-a8's
-        # int8 kernels). Elsewhere (fp32 activations: q4) a reply alone would have to run padded to two rows
-        # to give the same text as batched, and that pass costs 2.3x a one-row pass (SmolLM2 q4 over HTTP,
-        # 20.5 against 46-52 tok/s), so such a variant serves one reply at a time unless this is set.
-        self.pad_batches = False
+        self._batch_refused: str | None = None  # the variant whose batch decoder was refused (logged once)
         if limits is not None:  # the governor's (threads, spinning): the one session built is the one it runs
             self.apply_limits(limits)
         self._session()  # load now: a broken model fails at start, not at the first request
@@ -428,16 +432,21 @@ class LlamaEngine(TextSideMixin):
 
     def batch_decoder(self, slots: int) -> BatchDecoder | None:
         """The decoder of up to `slots` replies at once (models/runtime/batch.py), built at the first call
-        and kept with its KV rows until unload(); None when this engine's graph runs one sequence at a time
-        (converted before batches, or not by simmer), or when a lone reply would need padding to stay the
-        same as batched (see pad_batches)."""
+        and kept with its KV rows until unload(); None when its replies run one at a time (logged once per
+        variant, with BatchTraits.why_alone's reason: a graph of one sequence, rows that this CPU's kernels
+        sum differently beside others, or a lone row that would need padding: see pad_batches)."""
         from models.runtime.batch import (
             BatchDecoder,  # batch.py builds on this module
             batch_traits,
         )
 
-        if not self.pad_batches and not batch_traits(self._session()).one_row_exact:
-            return None  # per session: a variant switch may bring a session whose lone row is exact
+        # per session: a variant switch may bring other traits
+        why = batch_traits(self._session()).why_alone(self.pad_batches)
+        if why is not None:
+            if self._batch_refused != self.variant:
+                self._batch_refused = self.variant
+                log.info("%s %s: one reply at a time: %s", self.model_id, self.variant, why)
+            return None
         if isinstance(self._batch, BatchDecoder) and self._batch.slots == slots:
             return self._batch
         if self._batch is False:
