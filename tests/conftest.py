@@ -23,6 +23,50 @@ GEMMA3_SIZE = 253_113_024
 GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 
+# What `--batch-rows` makes the batch probe (models/runtime/batch.py batch_traits) say, whatever this CPU's
+# kernels do: the answers another CPU class gives, so that the tests' branches for it run here too (the
+# numbers stay this CPU's: a test that compares text across row counts still needs the CPU itself, under
+# `qemu-x86_64 -cpu Haswell` for AVX2: docs/development.md).
+BATCH_ROWS = {
+    "measured": None,
+    # AVX2 on the tiny model: rows alike, a lone row not bitwise a batch's row
+    "one-row-inexact": {"one_row_exact": False},
+    # AVX2 on SmolLM2's q4-a8: a row of a batch differs from the row alone beyond summation order
+    "differ": {"rows_alike": False, "one_row_exact": False},
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--batch-rows",
+        choices=sorted(BATCH_ROWS),
+        default=os.environ.get("SIMMER_TEST_BATCH_ROWS", "measured"),
+        help="force the batch probe's answer as another CPU class measures it (default: measured; also "
+        "SIMMER_TEST_BATCH_ROWS)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    forced = BATCH_ROWS[config.getoption("--batch-rows")]
+    if forced is None:
+        return
+    from dataclasses import replace
+
+    from models.runtime import batch
+
+    measure = batch.measure_batch_traits
+
+    def as_forced(sess):  # a graph of one sequence stays one: the CPU's kernels cannot change that
+        traits = measure(sess)
+        return replace(traits, **forced) if traits.rows else traits
+
+    batch.measure_batch_traits = as_forced
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"batch probe: {config.getoption('--batch-rows')}"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every collected test has its own node id, or the run stops.
 
