@@ -87,6 +87,34 @@ def head_model(route: str, vocab: int, hidden: int, seed: int = 0) -> tuple[Any,
     return model, feeds
 
 
+def u8s8_saturates() -> bool:
+    """Whether this CPU's DynamicQuantizeMatMul (uint8 activations x int8 weights) saturates: on x86 without
+    VNNI, MLAS sums pairs of products in int16 (vpmaddubsw; onnxruntime's quantization docs say so), and
+    255 * 127 * 2 does not fit. Measured: [1, 1] @ [127, 127] must be 254; saturated it is 128.5. Where
+    it saturates the `unpacked` head computes other numbers than the packed one, and its timings compare
+    different work."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    node = helper.make_node("DynamicQuantizeMatMul", ["A", "B", "S"], ["Y"], domain="com.microsoft")
+    graph = helper.make_graph(
+        [node],
+        "saturation",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 1])],
+        [
+            numpy_helper.from_array(np.full((2, 1), 127, np.int8), "B"),
+            numpy_helper.from_array(np.ones(1, np.float32), "S"),
+        ],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    y = np.asarray(sess.run(None, {"A": np.ones((1, 2), np.float32)})[0])
+    return bool(abs(float(y.reshape(-1)[0]) - 254.0) > 1.0)
+
+
 def head_probe(route: str, vocab: int, hidden: int, threads: int, calls: int) -> dict[str, Any]:
     """One head route in this process: RSS the session adds (the initializers mapped from a file, as the
     engine loads them) and ms a call."""
@@ -241,6 +269,7 @@ def main() -> None:
         "experiment": "memory_routes",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "machine": {"cpus": os.cpu_count(), "arch": platform.machine(), "onnxruntime": ort.__version__},
+        "unpacked_head_saturates": u8s8_saturates(),
         "threads": args.threads,
         "rounds": args.rounds,
         "models": {},
