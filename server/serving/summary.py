@@ -23,9 +23,12 @@ Why it is shaped like this:
 - Bounded: a small LRU of summaries, a short queue of pending work (newest first; the oldest goes), each
   message clipped to MESSAGE_CHARS for the summarizer and at most SPAN_MESSAGES new messages per piece of
   work (a hostile history of thousands of turns costs a bounded amount of idle time and memory).
-- Keyed by the turns alone (not the system message, not the model): a summary is a function of those turns
-  only, so it is right for any request that starts with them, and a client that finds one learns nothing
-  it did not send. Its text goes into that client's own system message (what it could write there itself).
+- Keyed by the turns (not the system message, not the model) within the request's cache scope (its API key
+  and `cache_salt`: serving/cache_scope.py, as the prefix cache is scoped): a summary is a function of those
+  turns only, so it is right for any request of that scope that starts with them. Across scopes it would be
+  an oracle: whether a request is `summarized` (and its prompt's size) tells a client that someone else
+  sent exactly these turns, so a guessed secret in them is confirmed. Its text goes into that client's own
+  system message (what it could write there itself).
 - Optional work: it runs only while the governor's level is nominal (`allowed`), and only on a chat model
   that is already loaded (ModelPool.borrow): idle work never loads a model. A load cannot be interrupted
   (1.1-1.9 s for SmolLM2 on a shared 2-core machine, longer on a phone), so a request arriving during one
@@ -70,10 +73,11 @@ FIRST = "Summarize this conversation in two sentences, keeping names and facts a
 UPDATE = "Update the summary in two sentences, keeping names and facts about the user."
 
 
-def prefix_keys(turns: list[dict]) -> list[str]:
-    """keys[i]: the key of turns[: i + 1] (a hash chain, so one pass gives every prefix)."""
+def prefix_keys(turns: list[dict], scope: str = "") -> list[str]:
+    """keys[i]: the key of turns[: i + 1] in `scope` (a hash chain seeded with the scope, so one pass gives
+    every prefix, and no key of one scope is a key of another)."""
     keys: list[str] = []
-    h = b""
+    h = hashlib.sha256(b"scope\0" + scope.encode("utf-8", "surrogatepass")).digest() if scope else b""
     for m in turns:
         canonical = json.dumps(m, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8", "replace")
         h = hashlib.sha256(h + canonical).digest()
@@ -208,8 +212,17 @@ class Summarizer:
 
     # -- a request (worker thread, before the reply) --------------------------------------------------
     def window(
-        self, engine: Engine, messages: list[dict], *, truncate: bool, reserve: int, tools: ToolUse | None
+        self,
+        engine: Engine,
+        messages: list[dict],
+        *,
+        truncate: bool,
+        reserve: int,
+        tools: ToolUse | None,
+        scope: str = "",
     ) -> Windowed:
+        """The request's prompt: the plain window, or the window under the summary of the turns it drops
+        (found within the request's cache `scope` only); the work for a summary it lacks is queued."""
         prompt = _chat_prompt(engine, messages, truncate=truncate, reserve=reserve, tools=tools)
         plain = Windowed(prompt, False, messages)
         _, turns = window_split(messages)
@@ -218,7 +231,7 @@ class Summarizer:
         # question itself. k == 0: nothing dropped (or an engine that does not report it).
         if not prompt.truncated or k <= 0 or k >= n:
             return plain
-        keys = prefix_keys(turns[: n - 1])  # the newest turn (the question) is never summarized
+        keys = prefix_keys(turns[: n - 1], scope)  # the newest turn (the question) is never summarized
         with self._lock:
             found = self.store.longest(keys)
         served, covered, cut = plain, 0, k
@@ -232,7 +245,7 @@ class Summarizer:
             self._queue(turns, keys, covered, cut, found[1] if found and covered else "")
         return served
 
-    def dropped(self, messages: list[dict], windowed: Windowed, turns: int) -> None:
+    def dropped(self, messages: list[dict], windowed: Windowed, turns: int, scope: str = "") -> None:
         """After a reply (worker thread): its window dropped `turns` turns of the prompt's messages in all,
         more than before it started (the context filled, or the governor lowered the cap mid-reply). Queue
         their summary as window() queues the turns a request drops: a later request of this conversation
@@ -243,7 +256,7 @@ class Summarizer:
         cut = n - len(prompt_turns) + turns  # the turns a note stood for, then the ones the window dropped
         if cut <= 0 or cut >= n:
             return
-        keys = prefix_keys(all_turns[: n - 1])
+        keys = prefix_keys(all_turns[: n - 1], scope)
         with self._lock:
             found = self.store.longest(keys)  # one that covers more (a look-ahead) stands for them already
         covered, summary = found if found is not None else (0, "")

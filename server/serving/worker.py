@@ -809,7 +809,7 @@ class Worker:
         if self._window is None or not isinstance(messages, list):
             return
         try:
-            self._window.dropped(messages, windowed, turns)
+            self._window.dropped(messages, windowed, turns, job.request.params.cache_scope)
         except Exception:  # the reply is done and sent: a summary is optional
             log.exception("%s: queueing the summary of the dropped turns failed", job.id)
 
@@ -900,7 +900,12 @@ class Worker:
         tools = job.request.params.tools
         if self._window is not None:
             return self._window.window(
-                engine, job.request.payload, truncate=truncate, reserve=reserve, tools=tools
+                engine,
+                job.request.payload,
+                truncate=truncate,
+                reserve=reserve,
+                tools=tools,
+                scope=job.request.params.cache_scope,
             )
         if tools is None:  # engines without tool support keep their two-keyword signature
             prompt = engine.chat_prompt(job.request.payload, truncate=truncate, reserve=reserve)

@@ -109,6 +109,29 @@ def noted_prompt_tokens(srv, messages: list[dict]) -> int:
     return len(engine.chat_prompt(with_note(system + turns[j:], text), truncate=True, reserve=MAX_TOKENS).ids)
 
 
+def test_summary_when_another_salt_resends_the_turns_then_no_summary_and_the_same_prompt_as_a_guess(tiny):
+    """A summary is an oracle across clients unless it is scoped as the prefix cache is: alice's turns
+    (a secret in the first) are summarized; mallory resends them under her own salt, once with the right
+    secret and once with a wrong one, and both are served the plain window, alike. Alice, and a salt-less
+    request, are not mixed up either; alice again finds hers."""
+    srv = tiny()
+    secret = conversation()
+    secret[1] = {"role": "user", "content": "turn 0: my bank PIN is 4719 " + "the cat sat on a mat " * 2}
+    guess = [*secret[:1], {**secret[1], "content": secret[1]["content"].replace("4719", "4718")}, *secret[2:]]
+    alice = {"cache_salt": "alice"}
+    assert chat(srv, secret, **alice)["summarized"] is False
+    wait_idle(srv)
+    assert chat(srv, secret, **alice)["summarized"] is True
+    wait_idle(srv)
+    right = chat(srv, secret, cache_salt="mallory")
+    wrong = chat(srv, guess, cache_salt="mallory")
+    assert right["summarized"] is wrong["summarized"] is False
+    assert right["usage"]["prompt_tokens"] == wrong["usage"]["prompt_tokens"]
+    assert chat(srv, secret)["summarized"] is False  # no salt: the shared scope is another scope
+    wait_idle(srv)
+    assert chat(srv, secret, **alice)["summarized"] is True
+
+
 def test_summary_when_turns_dropped_then_first_plain_and_after_idle_summarized(tiny):
     srv = tiny()
     messages = conversation()
