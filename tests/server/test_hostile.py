@@ -367,6 +367,7 @@ CASES = [
     Case("completions logprobs 21", text(logprobs=21), BAD, IP, "logprobs", TEXT),
     Case("prompt batch", text(prompt=["a", "b"]), BAD, IP, "prompt", TEXT),
     Case("10k-level nesting", nested(10_000), BAD, "invalid_json"),
+    Case("a 4,400-digit integer", raw(HI_JSON + '"max_tokens": ' + "9" * 4400 + "}"), BAD, "invalid_json"),
     Case("65 levels in an ignored field", chat(x=deep(64)), BAD, "invalid_json"),
     Case("64 levels in an ignored field", chat(x=deep(63)), 200),
     Case("10k-level nesting, top level", b"[" * 10_000 + b"]" * 10_000, BAD, "invalid_json"),
@@ -594,6 +595,39 @@ CASES = [
         "messages[0].role",
         "/apply-template",
     ),
+    # Counts past the documented limits are refused before anything validates them: 150,000 bad items held
+    # the event loop for seconds while pydantic built an error for each
+    Case("detokenize: 150k bad ids", {"tokens": [-1] * 150_000}, BAD, IP, "tokens", "/detokenize"),
+    Case("tokenize: 150k ids", {"content": [1] * 150_000}, BAD, IP, "content", "/tokenize"),
+    Case("completions: 150k prompt ids", text(prompt=[-1] * 150_000), BAD, IP, "prompt", TEXT),
+    Case("chat: 100k stop ints", chat(stop=[1] * 100_000), BAD, IP, "stop"),
+    Case("chat: 65 stop strings", chat(stop=["x"] * 65), BAD, IP, "stop"),
+    Case("chat: 64 stop strings", chat(stop=["x"] * 64), 200),
+    Case("chat: 60k bad messages", {"messages": [{"role": "x"}] * 60_000}, BAD, IP, "messages"),
+    Case("chat: 2049 messages", {"messages": HI * 2049, "max_tokens": 1}, BAD, IP, "messages"),
+    Case(
+        "chat: 60k out-of-range logit_bias",
+        chat(logit_bias={str(i): 1000 for i in range(60_000)}),
+        BAD,
+        IP,
+        "logit_bias",
+    ),
+    Case(
+        "chat: 129 tools",
+        chat(tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]),
+        BAD,
+        IP,
+        "tools",
+    ),
+    Case(
+        "chat: 257 content parts",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 257}]},
+        BAD,
+        IP,
+        "messages[0].content",
+    ),
+    Case("chat: 160k ignored lists", chat(junk=[[0]] * 160_000), 200),
+    Case("responses: 2049 input items", resp(input=["hi"] * 2049), BAD, IP, "input", RESP),
     Case(
         "apply-template: model elsewhere",
         {"messages": HI, "model": "x"},
@@ -924,6 +958,17 @@ OLLAMA_CASES = [
     OllamaCase(
         "pull: hf: a backslash", "/api/pull", pull("hf:owner/repo/a\\..\\x.gguf"), BAD, "plain name", IP
     ),
+    OllamaCase(
+        "pull: hf: a 300-byte file name",
+        "/api/pull",
+        pull("hf:o/r/" + "a" * 300 + ".gguf"),
+        BAD,
+        "at most",
+        IP,
+    ),
+    OllamaCase(
+        "pull: hf: a 300-byte revision", "/api/pull", pull("hf:o/r/x.gguf@" + "b" * 300), BAD, "at most", IP
+    ),
     OllamaCase("pull: unknown id", "/api/pull", {"model": "nope"}, 404, "unknown model", "model_not_found"),
     OllamaCase("pull: bad hf name", "/api/pull", {"model": "hf:x"}, BAD, "Hugging Face", IP),
     OllamaCase(
@@ -935,6 +980,9 @@ OLLAMA_CASES = [
         "unsupported_content_type",
         headers={"Content-Type": "text/plain"},
     ),
+    OllamaCase("60k empty messages", "/api/chat", ochat(messages=[{}] * 60_000), BAD, "at most", IP),
+    OllamaCase("65 stop strings", "/api/chat", ochat(options={"stop": ["x"] * 65}), BAD, "at most", IP),
+    OllamaCase("150k context ids", "/api/generate", ogen(context=[1] * 150_000), BAD, "at most", IP),
     OllamaCase("2 MB body", "/api/generate", ogen(prompt="x" * 2_000_000), 413, "over", "request_too_large"),
     OllamaCase(
         "foreign Host",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from server.api.common.fields import STRICT
+from server.api.common.fields import MAX_CONTENT_PARTS, STRICT
 
 
 class TextPart(BaseModel):
@@ -37,7 +37,7 @@ class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # a tool turn: the call it answers

@@ -13,17 +13,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
-from server.api.common.fields import StrictBody, integer
+from server.api.common.fields import MAX_MESSAGES, MAX_TOKEN_IDS, StrictBody, integer
 from server.api.common.messages import ChatMessage
 
 TokenId = integer(ge=0)  # and below the model's vocabulary size (a 400 naming the position otherwise)
 
 
 class TokenizeRequest(StrictBody):
+    COUNTS: ClassVar[dict[str, int]] = {"content": MAX_TOKEN_IDS}
+
     model: str | None = None
     content: str | list[str | TokenId] = ""
     add_special: bool = False
@@ -32,11 +34,15 @@ class TokenizeRequest(StrictBody):
 
 
 class DetokenizeRequest(StrictBody):
+    COUNTS: ClassVar[dict[str, int]] = {"tokens": MAX_TOKEN_IDS}
+
     model: str | None = None
     tokens: list[TokenId] = Field(default_factory=list)
 
 
 class ApplyTemplateRequest(StrictBody):
+    COUNTS: ClassVar[dict[str, int]] = {"messages": MAX_MESSAGES}
+
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
 

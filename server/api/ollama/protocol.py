@@ -16,12 +16,17 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from models.types import FinishEvent, TokenEvent, ToolCallDelta
 from server.api.common.fields import (
+    MAX_INPUTS,
+    MAX_MESSAGES,
+    MAX_STOP,
+    MAX_TOKEN_IDS,
+    MAX_TOOLS,
     SCHEMA_OBJECT,
     STRICT,
     AnyInteger,
@@ -77,6 +82,7 @@ class OllamaOptions(StrictBody):
     """`options`: the sampling fields simmer applies, typed as Ollama types them; the rest is accepted."""
 
     model_config = ConfigDict(**{**STRICT, "extra": "allow"})
+    COUNTS: ClassVar[dict[str, int]] = {"stop": MAX_STOP}
 
     temperature: Temperature | None = None
     top_k: TopK | None = None
@@ -224,6 +230,7 @@ _WITH_TOOLS = {"properties": {"tools": {"type": "array", "minItems": 1}}, "requi
 
 
 class OllamaChatRequest(OllamaTurn):
+    COUNTS: ClassVar[dict[str, int]] = {"messages": MAX_MESSAGES, "tools": MAX_TOOLS}
     # tool_choice needs tools; format with tools is refused (the reply is a call or the format)
     model_config = _model_required(
         allOf=[
@@ -263,6 +270,8 @@ class OllamaGenerateRequest(OllamaTurn):
             "then": {"properties": {"system": {"maxLength": 0}}},
         }
     )
+
+    COUNTS: ClassVar[dict[str, int]] = {"context": MAX_TOKEN_IDS, "images": MAX_INPUTS}
 
     prompt: str = ""  # empty: load (or unload) the model
     suffix: Annotated[str, _refused(_EMPTY, "fill in the middle is not supported")] = ""
@@ -347,6 +356,8 @@ class EmbedRequest(StrictBody):
     """/api/embed and /api/embeddings: answered with an error (simmer serves no embedding model)."""
 
     model_config = _model_required()
+
+    COUNTS: ClassVar[dict[str, int]] = {"input": MAX_INPUTS}
 
     model: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})] = ""
     input: str | list[str] | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -30,6 +30,11 @@ from models.types import (
 )
 from server.api.common.fields import (
     LOGIT_BIAS_SCHEMA,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_MESSAGES,
+    MAX_STOP,
+    MAX_TOKEN_IDS,
+    MAX_TOOLS,
     SCHEMA_OBJECT,
     STRICT,
     AnyInteger,
@@ -96,6 +101,8 @@ class ResponseFormat(BaseModel):
 
 class GenerationBody(StrictBody):
     """Fields shared by /v1/chat/completions and /v1/completions."""
+
+    COUNTS: ClassVar[dict[str, int]] = {"stop": MAX_STOP, "logit_bias": MAX_LOGIT_BIAS_ENTRIES}
 
     model: str | None = None
     max_tokens: MaxTokens | None = None
@@ -204,6 +211,12 @@ class ChatCompletionRequest(GenerationBody):
         }
     )
 
+    COUNTS: ClassVar[dict[str, int]] = {
+        **GenerationBody.COUNTS,
+        "messages": MAX_MESSAGES,
+        "tools": MAX_TOOLS,
+    }
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
@@ -231,6 +244,8 @@ _ONE_PROMPT = {"anyOf": [{"type": "string"}, _ONE_STRING_LIST]}
 
 
 class CompletionRequest(GenerationBody):
+    COUNTS: ClassVar[dict[str, int]] = {**GenerationBody.COUNTS, "prompt": MAX_TOKEN_IDS}
+
     prompt: Annotated[str | list[str], WithJsonSchema(_ONE_PROMPT)]
     logprobs: TopLogprobs | None = None
     echo: Annotated[bool, WithJsonSchema({"type": "boolean", "enum": [False], "default": False})] = False

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -39,6 +39,8 @@ from pydantic import (
 
 from models.types import FinishEvent, TokenEvent, ToolCallDelta, Usage
 from server.api.common.fields import (
+    MAX_INPUTS,
+    MAX_TOOLS,
     PARAMETERS,
     SCHEMA_OBJECT,
     STRICT,
@@ -297,6 +299,8 @@ class ResponsesRequest(StrictBody):
             ]
         }
     )
+
+    COUNTS: ClassVar[dict[str, int]] = {"input": MAX_INPUTS, "tools": MAX_TOOLS, "include": MAX_INPUTS}
 
     model: str | None = None
     input: Annotated[str | list[Any], WithJsonSchema(_INPUT)]
