@@ -167,15 +167,15 @@ def create_app(
     #   Errors   turns any exception that escapes into an OpenAI-shaped answer (never a dropped connection);
     #   Security refuses foreign Hosts, missing keys and big bodies before any work;
     #   CORS     answers preflights for configured origins only.
-    if settings.cors_origins:
-        app.add_middleware(
-            CorsMiddleware,
-            allow_origins=settings.cors_origins,
-            allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],  # DELETE: Ollama's /api/delete
-            allow_headers=["Authorization", "Content-Type", "X-Simmer-Route"],
-            # so a web app can tell where a reply was served, and what the governor did
-            expose_headers=["X-Simmer-Route", LEVEL_HEADER, PAUSED_HEADER],
-        )
+    # Always there: with no origin allowed (CORS off) every preflight gets the documented 403, not a 405.
+    app.add_middleware(
+        CorsMiddleware,
+        allow_origins=settings.cors_origins or [],
+        allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],  # DELETE: Ollama's /api/delete
+        allow_headers=["Authorization", "Content-Type", "X-Simmer-Route"],
+        # so a web app can tell where a reply was served, and what the governor did
+        expose_headers=["X-Simmer-Route", LEVEL_HEADER, PAUSED_HEADER],
+    )
     app.add_middleware(
         SecurityMiddleware,
         allowed_hosts=settings.allowed_hosts,

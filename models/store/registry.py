@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from models.errors import InvalidParameter, ModelNotFound
@@ -217,7 +217,14 @@ def is_local_path(name: str) -> bool:
 def id_from_filename(filename: str) -> str:
     """A file's stem, or a folder's whole name (`./phi-3.5-mini` -> `phi-3.5-mini`)."""
     path = Path(filename).expanduser()
-    model_id = (path.resolve().name if path.is_dir() else path.stem).lower()
+    try:
+        folder = path.is_dir()
+    except OSError as err:  # a name too long for a file name
+        raise InvalidParameter(f"{filename[:HF_PART_BYTES]!r}...: {err.strerror}", param="model") from None
+    return _checked_id((path.resolve().name if folder else path.stem).lower(), filename)
+
+
+def _checked_id(model_id: str, filename: str) -> str:
     if not ID_PATTERN.match(model_id):
         raise InvalidParameter(
             f"cannot derive a model id from {filename!r}: the file name stem must use only "
@@ -235,11 +242,30 @@ def _parse_hf(name: str, hub: HubConfig | None = None) -> HuggingFaceFile:
     parts = rest.split("/")
     if revision == "" or len(parts) < 3 or not all(parts) or not parts[-1].endswith(".gguf"):
         raise InvalidParameter(
-            f"bad Hugging Face model {name!r}: expected hf:owner/repo/file.gguf[@revision]", param="model"
+            f"bad Hugging Face model {name[:HF_PART_BYTES]!r}: expected hf:owner/repo/file.gguf[@revision]",
+            param="model",
         )
+    # Checked before any path is built from it: a part longer than a file name may be made the OS's
+    # "File name too long" where the name meets the disk (the download cache, the id).
+    for part in [*parts, revision or ""]:
+        if len(part.encode("utf-8", "surrogatepass")) > HF_PART_BYTES or len(rest) > HF_NAME_CHARS:
+            raise InvalidParameter(
+                f"bad Hugging Face model {name[:HF_PART_BYTES]!r}...: each part of hf:owner/repo/file.gguf "
+                f"is at most {HF_PART_BYTES} bytes, and the whole at most {HF_NAME_CHARS} characters",
+                param="model",
+            )
     return HuggingFaceFile(
         repo="/".join(parts[:2]), filename="/".join(parts[2:]), revision=revision, hub=hub or HubConfig()
     )
+
+
+HF_PART_BYTES = 255  # a file name on Linux, Android and macOS
+HF_NAME_CHARS = 1024
+
+
+def _hf_id(source: HuggingFaceFile) -> str:
+    """The id of a Hub file: its stem, from the name alone (a Hub path is no path on this disk)."""
+    return _checked_id(PurePosixPath(source.filename).stem.lower(), source.filename)
 
 
 def model_id(name: str) -> str:
@@ -247,7 +273,7 @@ def model_id(name: str) -> str:
     if name in KNOWN_MODELS:
         return name
     if name.startswith("hf:"):
-        return id_from_filename(_parse_hf(name).filename)
+        return _hf_id(_parse_hf(name))
     if is_local_path(name):
         return id_from_filename(name)
     if ID_PATTERN.match(name):
@@ -302,10 +328,14 @@ def resolve(
         return spec
     if name.startswith("hf:"):
         source = replace(_parse_hf(name, hub), sha256=sha256)
-        return ModelSpec(id=id_from_filename(source.filename), source=source)
+        return ModelSpec(id=_hf_id(source), source=source)
     if is_local_path(name):
         path = Path(name) if local_dirs is None else local_path_within(name, local_dirs)
-        if path.expanduser().is_dir():
+        try:
+            folder = path.expanduser().is_dir()
+        except OSError as err:  # a name too long for a file name: the same answer whether it exists or not
+            raise InvalidParameter(f"{name[:HF_PART_BYTES]!r}...: {err.strerror}", param="model") from None
+        if folder:
             source = LocalFolder(path, sha256=sha256)
             return ModelSpec(id=id_from_filename(name), source=source, installer=FOLDER_INSTALLER)
         return ModelSpec(id=id_from_filename(name), source=LocalFile(path, sha256=sha256))

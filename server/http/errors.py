@@ -295,6 +295,8 @@ def validation_error(exc: RequestValidationError, content_type: str | None = "ap
 _JSON_CAUSES: dict[type[BaseException], str] = {
     UnicodeDecodeError: "Request body is not valid UTF-8",
     RecursionError: f"Request body is nested deeper than {MAX_JSON_DEPTH} levels",
+    # after UnicodeDecodeError, its subclass: Python's parser refuses an integer of over 4,300 digits
+    ValueError: "Request body is not valid JSON: a number too long to read (over 4,300 digits)",
 }
 
 

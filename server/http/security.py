@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -37,12 +38,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# RFC 9110's Host: a name or IPv4 address, or an IPv6 address in brackets, then an optional port of digits.
+# Anything else (`127.0.0.1:80@evil.example`, `[::1`) names no host this server can vouch for.
+_HOST = re.compile(r"(?:\[([0-9a-f:.]+(?:%[0-9a-z._~-]+)?)\]|([0-9a-z._-]+))(?::[0-9]{0,5})?")
+
+
 def host_name(header: str) -> str:
-    """'example.com:8000' -> 'example.com', '[::1]:8000' -> '::1'."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+    """'example.com:8000' -> 'example.com', '[::1]:8000' -> '::1'; '' for a header that is no host."""
+    match = _HOST.fullmatch(header.strip().lower())
+    if match is None:
+        return ""
+    return match.group(1) or match.group(2)
 
 
 # Headers only a browser adds on its own: every current browser sends Origin with a POST and the Fetch
@@ -71,7 +77,7 @@ def assume_json(scope: Scope, headers: dict[str, str]) -> None:
 
 def host_refused(header: str) -> str:
     """What a client that reached the server by a name it does not know (a LAN address) must set."""
-    name = host_name(header)[:100] or "(none)"
+    name = host_name(header)[:100] or ("(none)" if not header.strip() else "(malformed)")
     return (
         f"Host header {name!r} not allowed: this server answers loopback names and those in "
         f"SIMMER_ALLOWED_HOSTS (a JSON list, e.g. SIMMER_ALLOWED_HOSTS='[\"{name}\"]'), which guards against "
@@ -102,7 +108,9 @@ class SecurityMiddleware:
 
     def _host_ok(self, header: str) -> bool:
         name = host_name(header)
-        return is_loopback(name) or name in self.allowed_hosts or header.lower() in self.allowed_hosts
+        if not name:
+            return False
+        return is_loopback(name) or name in self.allowed_hosts or header.strip().lower() in self.allowed_hosts
 
     def _key_ok(self, header: str) -> bool:
         scheme, _, token = header.partition(" ")

@@ -18,6 +18,10 @@ MSG = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         ("[::1]:8000", "::1"),
         ("127.0.0.1", "127.0.0.1"),
         ("Evil.com", "evil.com"),
+        ("127.0.0.1:80@evil.example", ""),  # no host: it would have passed as 127.0.0.1
+        ("[::1", ""),
+        ("localhost:8000:1", ""),
+        ("127.0.0.1 evil", ""),
     ],
 )
 def test_host_name_when_header_with_port_then_bare_name(header: str, name: str) -> None:
@@ -46,7 +50,10 @@ def test_check_bind_when_public_address_without_key_then_refused() -> None:
     check_bind("127.0.0.1", None)
 
 
-@pytest.mark.parametrize("host", ["evil.example.com", "evil.example.com:8000", "192.168.1.10:8000"])
+@pytest.mark.parametrize(
+    "host",
+    ["evil.example.com", "evil.example.com:8000", "192.168.1.10:8000", "127.0.0.1:80@evil.example", "[::1"],
+)
 def test_server_when_host_header_not_loopback_then_403(live, host: str) -> None:
     srv = live()
     r = httpx.post(srv.url + "/v1/chat/completions", json=MSG, headers={"Host": host})
@@ -128,4 +135,14 @@ def test_server_when_cors_origin_configured_then_only_it_allowed(live) -> None:
 def test_server_when_no_cors_configured_then_no_cors_headers(live) -> None:
     srv = live()
     r = httpx.post(srv.url + "/v1/chat/completions", json=MSG, headers={"Origin": "http://evil.com"})
+    assert "access-control-allow-origin" not in r.headers
+
+
+def test_server_when_no_cors_configured_then_a_preflight_gets_403_cors_not_allowed(live) -> None:
+    srv = live()
+    r = httpx.options(
+        srv.url + "/v1/chat/completions",
+        headers={"Origin": "http://evil.com", "Access-Control-Request-Method": "POST"},
+    )
+    assert r.status_code == 403 and r.json()["error"]["code"] == "cors_not_allowed"
     assert "access-control-allow-origin" not in r.headers
