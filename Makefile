@@ -9,7 +9,7 @@ STAMP := $(VENV)/.simmer-installed
 # CMake starts CMAKE_C_FLAGS/CMAKE_CXX_FLAGS from CFLAGS/CXXFLAGS; an explicit -mno-* wins over -march=native.
 LLAMA_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 
-.PHONY: run test lint format bench docker-test test-arm64 clean
+.PHONY: run test lint format bench docker-test test-arm64 test-avx2 clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ run: $(STAMP)
 	$(BIN)/simmer pull
 	$(BIN)/simmer serve
 
+# The tests whose branches depend on what the CPU's kernels do with a batch: run again with the batch probe
+# answering as other CPU classes measure (tests/conftest.py --batch-rows), so a change that breaks them
+# there shows on any machine (docs/development.md).
+BATCH_TESTS := tests/models/test_batch.py tests/server/test_batch_serving.py
+
 # Lint, then the whole test suite. Installs, when it can, Chromium for the browser tests and the llama.cpp
 # peer (llama-cpp-python compiles llama.cpp once, ~5 minutes; pip reuses the wheel after) for the tests
 # that compare with it; without them those tests skip and say why.
@@ -32,6 +37,8 @@ test: lint
 	$(BIN)/python -c 'import llama_cpp' 2>/dev/null || CFLAGS="$(LLAMA_FLAGS)" CXXFLAGS="$(LLAMA_FLAGS)" \
 		$(BIN)/python -m pip install -q 'llama-cpp-python[server]==0.3.36' || echo "llama.cpp peer not installed: its comparison tests skip"
 	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow" --batch-rows=one-row-inexact $(BATCH_TESTS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow" --batch-rows=differ $(BATCH_TESTS)
 
 # ruff; pyright (basic) on the packages [tool.pyright] lists; import-linter's layering contracts
 # ([tool.importlinter] in pyproject.toml). All offline: pyright's node comes from a wheel.
@@ -54,6 +61,10 @@ docker-test:
 # end-to-end test. Not part of CI. The first run builds and caches the root filesystem (docs/arm64.md).
 test-arm64:
 	bash tests/arm64/run.sh
+
+# The tests that depend on the CPU's kernels on an emulated AVX2 CPU (qemu-x86_64 -cpu Haswell). Not in CI.
+test-avx2: $(STAMP)
+	bash tests/avx2/run.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache
