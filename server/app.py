@@ -16,11 +16,13 @@ from server.api.ollama import routes as ollama
 from server.api.openai import routes as v1
 from server.api.responses import routes as responses
 from server.api.simmer import ops, thermal, ui
+from server.http.connections import fd_budget
 from server.http.errors import ErrorMiddleware, install_handlers
 from server.http.governor_headers import LEVEL_HEADER, PAUSED_HEADER, GovernorHeadersMiddleware
 from server.http.metrics import Metrics, MetricsMiddleware
 from server.http.openapi import install_openapi
 from server.http.security import CorsMiddleware, SecurityMiddleware
+from server.http.stream_slots import StreamSlots, stream_limits
 from server.routing.breaker import Breaker
 from server.routing.metrics import RoutingCollector
 from server.routing.router import build_router, device_view, local_side
@@ -139,6 +141,7 @@ def create_app(
         pull_dirs=tuple(settings.pull_dirs),
         api_key_set=bool(settings.api_key),
         grammars=grammars,
+        event_streams=StreamSlots(*stream_limits(fd_budget(settings.max_connections).cap)),
     )
     # routing: a read-only view of the worker and of the governor; nothing leaves unless settings say so
     runtime.router = build_router(

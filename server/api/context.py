@@ -10,6 +10,7 @@ from pathlib import Path
 
 from models.store.store import ModelStore
 from server.http.metrics import Metrics
+from server.http.stream_slots import StreamSlots, stream_limits
 from server.routing.router import Router
 from server.serving.governor_gate import GovernorGate
 from server.serving.grammars import LLGUIDANCE, Grammars
@@ -49,3 +50,5 @@ class Runtime:
     )
     api_key_set: bool = False  # SIMMER_API_KEY: the key a request presents is part of its cache scope
     grammars: Grammars = LLGUIDANCE  # every grammar a request asks for is converted and checked here
+    # endless event streams open at once (GET /v1/thermal/events): well under the connection cap
+    event_streams: StreamSlots = field(default_factory=lambda: StreamSlots(*stream_limits(128)))

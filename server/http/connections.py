@@ -8,8 +8,10 @@ traceback thousands of times a second, and /health stops answering. So, for ever
   response, on a keep-alive connection), else the connection is closed;
 - the body must be complete within `body_timeout_s` of the head, unless the reply has started;
 - at most `max_connections` are open. A new connection beyond that closes the oldest unfinished one: one
-  still sending its request head after HEAD_GRACE_S, else one still sending its body before any reply
-  (a request that costs more to start again), else the oldest of all. Those are slow clients', not
+  still sending its request head after HEAD_GRACE_S, else one that has sent nothing since it was opened or
+  since its last reply (300 silent connections opened within a second reset an honest upload of a slow
+  client: silence costs nothing to start again), else one still sending its body before any reply (a
+  request that costs more to start again), else the oldest of all. Those are slow clients', not
   requests at work, and a fresh request such as /health gets the grace to send its head: so it gets in.
   When every connection is at work, the new one is closed.
   The cap is derived from the open-file limit (fd_budget), keeping a reserve of descriptors; asyncio accepts
@@ -74,6 +76,9 @@ class ConnectionGuard:
         self.open: set[GuardedH11] = set()
         # phase ("header", "body") -> its connections and when each entered it, the oldest first
         self.unfinished: dict[str, dict[GuardedH11, float]] = {"header": {}, "body": {}}
+        self.silent: dict[
+            GuardedH11, None
+        ] = {}  # waiting for a head and not one byte of it yet, oldest first
         self.closed = {"evicted": 0, "refused": 0, "header_timeout": 0, "body_timeout": 0}
         self._reported = dict(self.closed)
         self._reported_at = 0.0
@@ -96,7 +101,11 @@ class ConnectionGuard:
         oldest_head = next(iter(heads.items()), None)
         if oldest_head is not None and time.monotonic() - oldest_head[1] >= HEAD_GRACE_S:
             return oldest_head[0]
-        return next(iter(bodies), None) or (oldest_head[0] if oldest_head else None)
+        return (
+            next(iter(self.silent), None)
+            or next(iter(bodies), None)
+            or (oldest_head[0] if oldest_head else None)
+        )
 
     def forget(self, conn: GuardedH11) -> None:
         self.open.discard(conn)
@@ -105,6 +114,7 @@ class ConnectionGuard:
     def forget_unfinished(self, conn: GuardedH11) -> None:
         for phase in self.unfinished.values():
             phase.pop(conn, None)
+        self.silent.pop(conn, None)
 
     def count(self, reason: str) -> None:
         self.closed[reason] += 1
@@ -143,6 +153,7 @@ class GuardedH11(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        self.guard.silent.pop(self, None)
         super().data_received(data)
         self._track()
 
@@ -171,6 +182,8 @@ class GuardedH11(H11Protocol):
     def _unfinished(self, phase: str, seconds: float) -> None:
         if self._phase != phase:
             self.guard.forget_unfinished(self)  # a new phase: at the back of its line
+            if phase == "header" and not self.conn.trailing_data[0]:
+                self.guard.silent[self] = None  # nothing of the next head has come yet
         self.guard.unfinished[phase].setdefault(self, time.monotonic())
         self._arm(phase, seconds)
 

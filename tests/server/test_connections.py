@@ -131,6 +131,26 @@ def test_guard_when_at_the_cap_then_the_oldest_unfinished_goes_and_the_new_reque
         s.close()
 
 
+def test_guard_when_silent_connections_flood_the_cap_then_a_slow_honest_upload_is_not_the_one_closed(
+    serve,
+) -> None:
+    """An upload sending its body slowly, then connections that send nothing, opened within the head's grace:
+    at the cap the silent ones make room, and the upload completes."""
+    port, guard = serve(cap=4, header_timeout_s=30, body_timeout_s=30)
+    body = b"x" * 40
+    upload = connect(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n" + body[:10])
+    time.sleep(0.1)
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(6)]
+    for i in range(10, 40, 10):  # 10 bytes every 0.1 s while the flood goes on
+        time.sleep(0.1)
+        upload.sendall(body[i : i + 10])
+    upload.settimeout(5)
+    assert upload.recv(4096).startswith(b"HTTP/1.1 200")
+    assert guard.closed["evicted"] >= 3
+    for s in [upload, *silent]:
+        s.close()
+
+
 def test_accept_failures_when_thousands_then_logged_once_with_the_count(caplog) -> None:
     handler = rate_limited_exception_handler()
     loop = asyncio.new_event_loop()

@@ -363,6 +363,29 @@ def test_thermal_events_when_lifecycle_changes_then_sse_state_events(live):
     assert seen[-1]["level"] == "critical" and seen[-1]["limits"]["pause_new"] is True
 
 
+def test_thermal_events_when_subscribers_reach_their_bound_then_429_and_health_still_answers(live):
+    """SIMMER_MAX_CONNECTIONS=16: at most 2 event streams (an eighth), 1 per client (one address, no key
+    here). A subscriber beyond gets 429 too_many_streams, /health and requests still get in, and a closed
+    stream gives its place back."""
+    srv = live(governor=gate_for(ScriptedSensor(30.0)), max_connections=16)
+    with httpx.Client(base_url=srv.url, timeout=10) as c:
+        with c.stream("GET", "/v1/thermal/events") as first:
+            assert first.status_code == 200
+            lines = first.iter_lines()  # kept: a dropped iterator would close the stream
+            next(line for line in lines if line.startswith("data: "))
+            for _ in range(20):  # as an attacker keeps asking: no connection is held by a refusal
+                extra = c.get("/v1/thermal/events")
+                assert extra.status_code == 429 and extra.json()["error"]["code"] == "too_many_streams"
+            assert c.get("/health").status_code == 200
+        deadline = time.monotonic() + 5
+        while True:
+            with c.stream("GET", "/v1/thermal/events") as second:
+                if second.status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the closed stream's place did not come back"
+            time.sleep(0.05)
+
+
 @pytest.mark.parametrize("body", [{"state": "asleep"}, {}, {"state": "background", "extra": 1}])
 def test_lifecycle_when_invalid_state_then_400_openai_error(live, body):
     srv = live(governor=gate_for(ScriptedSensor(30.0)))

@@ -14,6 +14,7 @@ from sse_starlette import EventSourceResponse
 from governor.governor import Snapshot
 from governor.lifecycle import TooManyLeases
 from server.http.errors import ApiError
+from server.http.stream_slots import client_key
 
 if TYPE_CHECKING:
     from server.api.context import Runtime
@@ -71,7 +72,15 @@ async def thermal_events(request: Request) -> EventSourceResponse:
     """`event: thermal` with the state now, then one per change of level, limits, lifecycle or kill state."""
     rt: Runtime = request.app.state.runtime
     gate = governor_gate(rt)
-    queue, unsubscribe = gate.governor.subscribe_async(asyncio.get_running_loop())
+    client = client_key(request.client.host if request.client else None, request.headers.get("authorization"))
+    refused = rt.event_streams.take(client)
+    if refused is not None:
+        raise ApiError(429, "too_many_streams", f"{refused}: close one, or poll GET /v1/thermal")
+    try:
+        queue, unsubscribe = gate.governor.subscribe_async(asyncio.get_running_loop())
+    except BaseException:
+        rt.event_streams.release(client)
+        raise
 
     async def events() -> AsyncIterator[dict[str, str]]:
         try:
@@ -81,8 +90,19 @@ async def thermal_events(request: Request) -> EventSourceResponse:
                 snap = await queue.get()
         finally:
             unsubscribe()
+            rt.event_streams.release(client)
 
-    return EventSourceResponse(events(), ping=rt.keepalive_ping_s)
+    # Started here, so that its `finally` runs (when it is closed, or collected) even if the client leaves
+    # before the response iterates it: an async generator never started skips its `finally`.
+    stream = events()
+    first = await anext(stream)
+
+    async def started() -> AsyncIterator[dict[str, str]]:
+        yield first
+        async for event in stream:
+            yield event
+
+    return EventSourceResponse(started(), ping=rt.keepalive_ping_s)
 
 
 @router.post("/lifecycle")
