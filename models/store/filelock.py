@@ -18,8 +18,9 @@ MAX_TRIES = 1000  # only another process removing the file at each try can use t
 
 
 @contextlib.contextmanager
-def held(path: Path) -> Iterator[None]:
-    """Hold the lock on `path` (created when missing, and its folder); removed before it is let go."""
+def held(path: Path, *, wait: bool = True) -> Iterator[None]:
+    """Hold the lock on `path` (created when missing, and its folder); removed before it is let go.
+    `wait=False`: raise BlockingIOError at once when another process holds it."""
     for _ in range(MAX_TRIES):
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -27,7 +28,7 @@ def held(path: Path) -> Iterator[None]:
         except FileNotFoundError:
             continue  # its empty folder was removed meanwhile by a holder that let go: make it again
         try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             if _same_file(f.fileno(), path):
                 break
         except BaseException:

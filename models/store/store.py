@@ -791,11 +791,32 @@ class ModelStore:
             ) from err
 
     @contextlib.contextmanager
-    def _lock(self, model_id: str) -> Iterator[None]:
+    def _lock(self, model_id: str, *, wait: bool = True) -> Iterator[None]:
         """One pull or removal of `model_id` at a time, across processes (the lock file is there only
-        while held)."""
-        with filelock.held(self._path(".locks", f"{model_id}.lock")):
+        while held). `wait=False`: BlockingIOError when another process holds it."""
+        with filelock.held(self._path(".locks", f"{model_id}.lock"), wait=wait):
             yield
+
+    def sweep(self) -> list[str]:
+        """What killed installs left (`.tmp-*` folders and files, half-written verified.json or bad.json) goes
+        from every model's folder that no other process is installing into (its lock free): a pull killed
+        by SIGTERM left a copy of the model behind until the next pull of that model. At a server's start.
+        Returns the models cleaned."""
+        if not self.models_dir.is_dir():
+            return []
+        cleaned = []
+        for model_dir in sorted(self.models_dir.iterdir()):
+            if model_dir.name.startswith(".") or not model_dir.is_dir():
+                continue
+            if not any(model_dir.glob(f"{TMP_PREFIX}*")) and not any(model_dir.glob("*/.*.json.tmp-*")):
+                continue
+            try:
+                with self._lock(model_dir.name, wait=False):
+                    self._clean_stale(model_dir)
+            except BlockingIOError:
+                continue  # an install runs there now: its files are not leftovers
+            cleaned.append(model_dir.name)
+        return cleaned
 
     @contextlib.contextmanager
     def _no_trace_on_failure(self, model_dir: Path) -> Iterator[None]:

@@ -194,6 +194,9 @@ def keep_alive_default(settings: Settings) -> float:
 def serve_store(settings: Settings, config: EngineConfig | None = None) -> Served:
     config = config or EngineConfig.from_settings(settings)
     catalog = StoreCatalog(settings.home, chat_override=config.chat_template is not None)
+    cleaned = catalog.store.sweep()  # what an install killed mid-way (SIGTERM) left in the store
+    if cleaned:
+        logging.getLogger("simmer.store").info("removed what killed installs left of %s", ", ".join(cleaned))
 
     def opener(entry: CatalogEntry, variant: str | None, limits: EngineLimits | None) -> Engine:
         return config.open_installed(entry.id, variant=variant, limits=limits)

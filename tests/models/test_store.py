@@ -356,6 +356,42 @@ def test_pull_when_killed_then_not_installed_and_next_pull_cleans_up(
     assert not list((home / "models" / "tiny-llama").glob(".tmp-*"))
 
 
+def test_sweep_when_a_forced_pull_was_killed_then_its_leftovers_go_and_a_held_model_is_left(
+    tmp_path: Path, gguf: Path
+) -> None:
+    """A SIGTERM mid-install (`simmer pull --force`) leaves a .tmp-* folder beside the installed version;
+    the next server start sweeps it, but not from a model another process is installing into now."""
+    home = tmp_path / "home"
+    make_store(home).pull(str(gguf))
+    _pull_and_kill(home, gguf, "converting", tmp_path / "reached", version=2)
+    model_dir = home / "models" / "tiny-llama"
+    assert list(model_dir.glob(".tmp-*"))
+    busy = home / "models" / "busy"
+    (busy / ".tmp-abc").mkdir(parents=True)
+    store = make_store(home)
+    held = subprocess.Popen(  # another process's install holds the lock of "busy"
+        [sys.executable, "-c", HOLD_LOCK, str(home), "busy"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert held.stdout is not None and held.stdout.readline().strip() == "held"
+        assert store.sweep() == ["tiny-llama"]
+        assert not list(model_dir.glob(".tmp-*")) and (busy / ".tmp-abc").is_dir()
+        assert store.load("tiny-llama").version
+    finally:
+        held.kill()
+        held.wait()
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from models.store.store import ModelStore
+with ModelStore(Path(sys.argv[1]))._lock(sys.argv[2]):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
 @pytest.mark.parametrize("stage", ["converting", "manifest-written", "renamed"])
 def test_pull_when_upgrade_killed_then_previous_version_still_current(
     tmp_path: Path, gguf: Path, stage: str

@@ -389,3 +389,50 @@ def test_smollm2_when_ollama_format_and_responses_forced_call_then_both_validate
     (item,) = call.output
     assert item.type == "function_call" and item.name == "get_weather"
     jsonschema.validate(json.loads(item.arguments), WEATHER_PARAMS)
+
+
+# ---- a named tool_choice: one call --------------------------------------------------------------------
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "parallel"),
+    [
+        ("/v1/chat/completions", {"messages": ASK, "tool_choice": NAMED}, False),
+        ("/v1/chat/completions", {"messages": ASK, "tool_choice": NAMED, "parallel_tool_calls": True}, True),
+        ("/v1/chat/completions", {"messages": ASK, "tool_choice": "required"}, True),
+        ("/v1/chat/completions", {"messages": ASK, "tool_choice": "auto"}, True),
+        (
+            "/v1/responses",
+            {"input": "weather?", "tool_choice": {"type": "function", "name": "get_weather"}},
+            False,
+        ),
+        ("/api/chat", {"messages": ASK, "tool_choice": NAMED, "stream": False}, False),
+    ],
+    ids=[
+        "chat named",
+        "chat named parallel",
+        "chat required",
+        "chat auto",
+        "responses named",
+        "ollama named",
+    ],
+)
+def test_tool_choice_when_a_function_is_named_then_one_call_unless_parallel_is_asked(
+    srv, path, body, parallel
+):
+    """OpenAI's forced function is one call: the reply's grammar allows exactly one unless the request sets
+    parallel_tool_calls itself (a small model called it up to three times, identically)."""
+    tools = [WEATHER, TIME]
+    if path == "/v1/responses":
+        tools = [{"type": "function", **t["function"]} for t in tools]
+    limit = {"/api/chat": {"options": {"num_predict": 120}}, "/v1/responses": {"max_output_tokens": 120}}
+    r = httpx.post(
+        srv.url + path,
+        json={"model": srv.engine.model_id, "tools": tools, **limit.get(path, {"max_tokens": 120}), **body},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    use = srv.engine.generations[-1].params.tools
+    assert use is not None and use.parallel is parallel

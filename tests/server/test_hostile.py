@@ -627,6 +627,26 @@ CASES = [
         "messages[0].content",
     ),
     Case("chat: 160k ignored lists", chat(junk=[[0]] * 160_000), 200),
+    # within the schema caps, but past what the grammar engine's parser holds at the first property name:
+    # refused before the reply, not 3 s into it
+    Case(
+        "chat: a schema of 1,998 string properties",
+        chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "wide",
+                    "schema": {
+                        "type": "object",
+                        "properties": {f"p{i}": {"type": "string"} for i in range(1998)},
+                    },
+                },
+            }
+        ),
+        BAD,
+        IP,
+        "response_format",
+    ),
     Case("responses: 2049 input items", resp(input=["hi"] * 2049), BAD, IP, "input", RESP),
     Case(
         "apply-template: model elsewhere",

@@ -94,3 +94,13 @@ def assemble_calls(deltas: list[ToolCallDelta]) -> list[dict]:
         )
         call["function"]["arguments"] += d.arguments
     return [calls[i] for i in sorted(calls)]
+
+
+def parallel_calls(asked: bool | None, choice: str) -> bool:
+    """Whether a reply may make more than one call. OpenAI's forced function is one call: a named
+    `tool_choice` gives exactly one unless the request sets `parallel_tool_calls: true` itself ("required"
+    and "auto" keep one or more by default). Left open, a small model called the named function up to three
+    times, identically, and an instructor-style client that reads one call broke."""
+    if asked is not None:
+        return asked
+    return choice in ("auto", "required")

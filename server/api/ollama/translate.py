@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from models.types import Tool
-from server.api.common.tools import NamedToolChoice
+from server.api.common.tools import NamedToolChoice, parallel_calls
 from server.api.ollama.protocol import (
     OllamaChatRequest,
     OllamaGenerateRequest,
@@ -48,7 +48,7 @@ def _tools(body: OllamaChatRequest) -> ToolsAsk | None:
     name = choice.function.name if isinstance(choice, NamedToolChoice) else (choice or "auto")
     tools = tuple(Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools)
     params = tuple(f"tools[{i}].function.parameters" for i in range(len(tools)))
-    return ToolsAsk(tools, name, True, params)
+    return ToolsAsk(tools, name, parallel_calls(None, name), params)
 
 
 def _draft(

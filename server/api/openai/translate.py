@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from models.types import Tool
-from server.api.common.tools import NamedToolChoice
+from server.api.common.tools import NamedToolChoice, parallel_calls
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest, GenerationBody
 from server.serving.keep_alive import parse_keep_alive
 from server.serving.request import Asked, ConstraintAsk, Draft, Show, ToolsAsk
@@ -49,7 +49,7 @@ def _tools(body: ChatCompletionRequest) -> ToolsAsk | None:
     choice = body.tool_choice
     name = choice.function.name if isinstance(choice, NamedToolChoice) else (choice or "auto")
     tools = tuple(Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools)
-    parallel = True if body.parallel_tool_calls is None else body.parallel_tool_calls
+    parallel = parallel_calls(body.parallel_tool_calls, name)
     params = tuple(f"tools[{i}].function.parameters" for i in range(len(tools)))
     return ToolsAsk(tools, name, parallel, params)
 

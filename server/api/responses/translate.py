@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from models.types import Tool
+from server.api.common.tools import parallel_calls
 from server.api.responses.protocol import FunctionChoice, ResponsesRequest
 from server.serving.request import Asked, ConstraintAsk, Draft, Show, ToolsAsk
 
@@ -31,7 +32,7 @@ def _tools(body: ResponsesRequest) -> ToolsAsk | None:
     choice = body.tool_choice
     name = choice.name if isinstance(choice, FunctionChoice) else (choice or "auto")
     tools = tuple(Tool(t.name, t.description, t.parameters) for t in body.tools)
-    parallel = True if body.parallel_tool_calls is None else body.parallel_tool_calls
+    parallel = parallel_calls(body.parallel_tool_calls, name)
     return ToolsAsk(tools, name, parallel, tuple(f"tools[{i}].parameters" for i in range(len(tools))))
 
 
