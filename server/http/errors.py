@@ -72,6 +72,7 @@ _STATUS: dict[str, tuple[int, str]] = {
     "upstream_error": (502, "server_error"),
     "too_many_leases": (429, "invalid_request_error"),
     "too_many_streams": (429, "invalid_request_error"),
+    "model_busy": (409, "invalid_request_error"),
     # installing a model (Ollama's /api/pull): the file or the source is the problem, not the server
     "invalid_model_file": (400, "invalid_request_error"),
     "unsupported_model": (400, "invalid_request_error"),

@@ -81,6 +81,10 @@ class ModelPool:
         self._loaded: dict[str, _Loaded] = {}
         self._current: Engine | None = None
         self._kept: dict[str, Engine] = {}  # pinned engines, loaded or not
+        # A delete and a load of one model exclude each other: a model's files deleted while its session
+        # was built failed that load with a 500 ("External data path validation failed").
+        self._opening: set[str] = set()  # models being loaded now
+        self._deleting: set[str] = set()  # models whose files are being deleted now
         self.loads = 0
         self.unloads = 0
         # replies a batch may hold (None: as configured); the planner lowers it before it unloads a model,
@@ -124,6 +128,25 @@ class ModelPool:
         tokenizer."""
         with self._lock:
             return next((e for e in self._kept.values() if e.model_id == model_id), None)
+
+    @contextlib.contextmanager
+    def deleting(self, model_id: str) -> Iterator[str | None]:
+        """Around the deletion of `model_id`'s files: yields None while no load of it may start, or why it
+        cannot be deleted now (it is loaded, or being loaded)."""
+        with self._lock:
+            if model_id in self._loaded:
+                why = "loaded"
+            elif model_id in self._opening or model_id in self._deleting:
+                why = "loading" if model_id in self._opening else "being deleted"
+            else:
+                why = None
+                self._deleting.add(model_id)
+        try:
+            yield why
+        finally:
+            if why is None:
+                with self._lock:
+                    self._deleting.discard(model_id)
 
     # -- the worker thread ------------------------------------------------------------------------------
     def acquire(
@@ -285,8 +308,16 @@ class ModelPool:
         t0 = time.perf_counter()
         engine = self._kept.get(model_id)
         if engine is None:
-            with self.loading(model_id):
-                engine = self.opener(entry, variant, limits)
+            with self._lock:
+                if model_id in self._deleting:
+                    raise ModelNotFound(f"The model '{model_id}' is being deleted", param="model")
+                self._opening.add(model_id)
+            try:
+                with self.loading(model_id):
+                    engine = self.opener(entry, variant, limits)
+            finally:
+                with self._lock:
+                    self._opening.discard(model_id)
         if isinstance(engine, LlamaEngine):
             engine.building = lambda: self.loading(None)
         if self.pinned:

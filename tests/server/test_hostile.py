@@ -1086,6 +1086,7 @@ def test_hostile_cases_cover_every_error_code_the_request_path_can_send() -> Non
         "insufficient_disk",  # model installs: tests/models/test_store_disk*.py
         "too_many_leases",  # 64 background leases first: tests/server/test_lifecycle_route.py
         "too_many_streams",  # open event streams first: tests/server/test_governor_e2e.py
+        "model_busy",  # a delete while the model loads: tests/server/test_model_pool.py
         # a pull of a GGUF the converter refuses, or from a source that cannot be reached: tests/models/
         "unsupported_model",
         "unsupported_architecture",

@@ -254,3 +254,42 @@ def test_rows_fit_when_memory_comes_back_then_the_rows_may_come_back():
     assert not p.rows_fit(None)  # four rows more: 40 MiB, and 30 are free now
     available[0] = 40
     assert p.rows_fit(None) and p.rows_fit(2)
+
+
+def test_deleting_when_the_model_loads_then_refused_and_no_load_starts_while_its_files_go():
+    """A delete and a load of one model exclude each other: deleted files under a session being built
+    failed that load with a 500. While it loads, the delete is told "loading" (the route's 409); while it
+    is deleted, a load is refused (ModelNotFound); once loaded, "loaded"."""
+    import threading
+
+    started, go = threading.Event(), threading.Event()
+    clock = Clock()
+
+    def opener(entry: CatalogEntry, variant: str | None, limits=None):
+        started.set()
+        assert go.wait(10)
+        return ScriptedEngine(model_id=entry.id)
+
+    p = ModelPool(
+        Catalog({"a": 100 * MiB, "b": 100 * MiB}),
+        opener,
+        lambda entry, variant: Estimate(entry.manifest["size"], 0, 0, 0),
+        MemoryBudget(None, 0),
+        clock=clock,
+    )
+    loader = threading.Thread(target=p.acquire, args=("a",))
+    loader.start()
+    assert started.wait(10)
+    with p.deleting("a") as busy:
+        assert busy == "loading"
+    go.set()
+    loader.join(10)
+    with p.deleting("a") as busy:
+        assert busy == "loaded"
+    with p.deleting("b") as busy:
+        assert busy is None
+        with pytest.raises(ModelNotFound, match="being deleted"):
+            p.acquire("b")
+        with p.deleting("b") as again:
+            assert again == "being deleted"
+    assert p.acquire("b").model_id == "b"  # the delete is over: it loads again

@@ -345,8 +345,14 @@ async def delete(body: wire.ModelRequest, request: Request) -> Response:
     present = await asyncio.to_thread(installed, rt.model_store)
     if rt.model_store is None or not any(m.id == model for m in present):
         raise ModelNotFound(f"model '{body.given}' not found", param="model")
-    loop = asyncio.get_running_loop()
-    await loop.run_in_executor(rt.store_executor, rt.model_store.remove, model)  # may wait for a pull
+    store = rt.model_store
+    with rt.served.pool.deleting(model) as busy:  # no load of it starts meanwhile
+        if busy == "loaded":
+            raise ApiError(400, "invalid_parameter", f"model '{body.given}' {_LOADED}", param="model")
+        if busy is not None:
+            raise ApiError(409, "model_busy", f"model '{body.given}' is {busy} now: delete it once that ends")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(rt.store_executor, store.remove, model)  # may wait for a pull
     await asyncio.to_thread(rt.served.catalog.refresh)  # gone from what the server lists, at once
     return Response(status_code=200)
 
@@ -359,11 +365,14 @@ def _in_use(rt: Runtime, model: str) -> str | None:
     if model in rt.served.ladder_models():
         return "is on the governor's ladder (SIMMER_LADDER): take it off before deleting it"
     if model in rt.served.pool.loaded():
-        return (
-            "is loaded: delete it once it unloads (after its keep_alive, or at once after a request "
-            'with "keep_alive": 0)'
-        )
+        return _LOADED
     return None
+
+
+_LOADED = (
+    "is loaded: delete it once it unloads (after its keep_alive, or at once after a request with "
+    '"keep_alive": 0)'
+)
 
 
 @router.post("/pull")
