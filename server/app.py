@@ -21,7 +21,7 @@ from server.http.errors import ErrorMiddleware, install_handlers
 from server.http.governor_headers import LEVEL_HEADER, PAUSED_HEADER, GovernorHeadersMiddleware
 from server.http.metrics import Metrics, MetricsMiddleware
 from server.http.openapi import install_openapi
-from server.http.security import CorsMiddleware, SecurityMiddleware
+from server.http.security import CorsMiddleware, NoCorsMiddleware, SecurityMiddleware
 from server.http.stream_slots import StreamSlots, stream_limits
 from server.routing.breaker import Breaker
 from server.routing.metrics import RoutingCollector
@@ -170,15 +170,17 @@ def create_app(
     #   Errors   turns any exception that escapes into an OpenAI-shaped answer (never a dropped connection);
     #   Security refuses foreign Hosts, missing keys and big bodies before any work;
     #   CORS     answers preflights for configured origins only.
-    # Always there: with no origin allowed (CORS off) every preflight gets the documented 403, not a 405.
-    app.add_middleware(
-        CorsMiddleware,
-        allow_origins=settings.cors_origins or [],
-        allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],  # DELETE: Ollama's /api/delete
-        allow_headers=["Authorization", "Content-Type", "X-Simmer-Route"],
-        # so a web app can tell where a reply was served, and what the governor did
-        expose_headers=["X-Simmer-Route", LEVEL_HEADER, PAUSED_HEADER],
-    )
+    if settings.cors_origins:
+        app.add_middleware(
+            CorsMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],  # DELETE: Ollama's /api/delete
+            allow_headers=["Authorization", "Content-Type", "X-Simmer-Route"],
+            # so a web app can tell where a reply was served, and what the governor did
+            expose_headers=["X-Simmer-Route", LEVEL_HEADER, PAUSED_HEADER],
+        )
+    else:  # CORS off: every preflight gets the documented 403, not the router's 405
+        app.add_middleware(NoCorsMiddleware)
     app.add_middleware(
         SecurityMiddleware,
         allowed_hosts=settings.allowed_hosts,

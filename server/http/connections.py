@@ -8,11 +8,12 @@ traceback thousands of times a second, and /health stops answering. So, for ever
   response, on a keep-alive connection), else the connection is closed;
 - the body must be complete within `body_timeout_s` of the head, unless the reply has started;
 - at most `max_connections` are open. A new connection beyond that closes the oldest unfinished one: one
-  still sending its request head after HEAD_GRACE_S, else one that has sent nothing since it was opened or
-  since its last reply (300 silent connections opened within a second reset an honest upload of a slow
-  client: silence costs nothing to start again), else one still sending its body before any reply (a
-  request that costs more to start again), else the oldest of all. Those are slow clients', not
-  requests at work, and a fresh request such as /health gets the grace to send its head: so it gets in.
+  still sending its request head after HEAD_GRACE_S, else one that has sent nothing for SILENT_GRACE_S
+  since it was opened or since its last reply (silence costs nothing to start again), else, while some
+  connection has sent nothing yet, the oldest one still sending its head (a burst of silent connections,
+  300 opened within a second, reset an honest upload of a slow client), else one still sending its body
+  before any reply (a request that costs more to start again), else the oldest. Those are slow clients',
+  not requests at work, and a fresh request such as /health, the newest, gets in.
   When every connection is at work, the new one is closed.
   The cap is derived from the open-file limit (fd_budget), keeping a reserve of descriptors; asyncio accepts
   a limited burst of connections in one go (uvicorn's backlog), so it cannot overrun the limit before the
@@ -42,6 +43,7 @@ log = logging.getLogger("simmer.server")
 LISTEN_QUEUE = 2048  # the kernel's queue of connections not yet accepted
 LOG_EVERY_S = 10.0
 HEAD_GRACE_S = 1.0  # a new connection's time to send its request head before it may make room for others
+SILENT_GRACE_S = 0.1  # a new connection's time to send its first byte (a local client sends it at once)
 ACCEPT_FAILED = "socket.accept() out of system resource"
 
 
@@ -76,9 +78,8 @@ class ConnectionGuard:
         self.open: set[GuardedH11] = set()
         # phase ("header", "body") -> its connections and when each entered it, the oldest first
         self.unfinished: dict[str, dict[GuardedH11, float]] = {"header": {}, "body": {}}
-        self.silent: dict[
-            GuardedH11, None
-        ] = {}  # waiting for a head and not one byte of it yet, oldest first
+        # waiting for a head and not one byte of it yet, oldest first: since when
+        self.silent: dict[GuardedH11, float] = {}
         self.closed = {"evicted": 0, "refused": 0, "header_timeout": 0, "body_timeout": 0}
         self._reported = dict(self.closed)
         self._reported_at = 0.0
@@ -86,7 +87,7 @@ class ConnectionGuard:
     def admit(self, conn: GuardedH11) -> bool:
         """Room for `conn` (making it by closing the oldest unfinished connection)?"""
         if len(self.open) >= self.cap:
-            victim = self._victim()
+            victim = self._victim(time.monotonic())
             if victim is None:
                 self.count("refused")
                 return False
@@ -96,16 +97,19 @@ class ConnectionGuard:
         self.open.add(conn)
         return True
 
-    def _victim(self) -> GuardedH11 | None:
+    def _victim(self, now: float) -> GuardedH11 | None:
+        """The connection to close for a new one (the module docstring's order); None: refuse the new one
+        (every open connection is at work)."""
         heads, bodies = self.unfinished["header"], self.unfinished["body"]
         oldest_head = next(iter(heads.items()), None)
-        if oldest_head is not None and time.monotonic() - oldest_head[1] >= HEAD_GRACE_S:
+        if oldest_head is not None and now - oldest_head[1] >= HEAD_GRACE_S:
             return oldest_head[0]
-        return (
-            next(iter(self.silent), None)
-            or next(iter(bodies), None)
-            or (oldest_head[0] if oldest_head else None)
-        )
+        oldest_silent = next(iter(self.silent.items()), None)
+        if oldest_silent is not None:
+            if now - oldest_silent[1] >= SILENT_GRACE_S:
+                return oldest_silent[0]
+            return next(iter(heads))  # a burst under way: a head goes, not a body
+        return next(iter(bodies), None) or (oldest_head[0] if oldest_head else None)
 
     def forget(self, conn: GuardedH11) -> None:
         self.open.discard(conn)
@@ -183,7 +187,7 @@ class GuardedH11(H11Protocol):
         if self._phase != phase:
             self.guard.forget_unfinished(self)  # a new phase: at the back of its line
             if phase == "header" and not self.conn.trailing_data[0]:
-                self.guard.silent[self] = None  # nothing of the next head has come yet
+                self.guard.silent[self] = time.monotonic()  # nothing of the next head has come yet
         self.guard.unfinished[phase].setdefault(self, time.monotonic())
         self._arm(phase, seconds)
 

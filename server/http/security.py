@@ -172,6 +172,24 @@ class SecurityMiddleware:
                 await send_error(send, too_large, path)
 
 
+class NoCorsMiddleware:
+    """CORS off (no origin configured): a preflight is refused as a refused one is with CORS on, 403
+    `cors_not_allowed` (not a 405 from the router); anything else passes untouched (no CORS header, no
+    `Vary: Origin`)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") == "OPTIONS":
+            headers = Headers(scope=scope)
+            if "origin" in headers and "access-control-request-method" in headers:
+                error = ApiError(403, "cors_not_allowed", "Cross-origin requests are off for this server")
+                await send_error(send, error, scope.get("path", ""))
+                return
+        await self.app(scope, receive, send)
+
+
 class CorsMiddleware(CORSMiddleware):
     """Starlette's CORS, with a refused preflight (foreign origin, method or header) answered in the OpenAI
     error shape, 403 `cors_not_allowed`, instead of a plain-text 400. No Allow-Origin header either way."""

@@ -146,7 +146,7 @@ def test_guard_when_silent_connections_flood_the_cap_then_a_slow_honest_upload_i
         upload.sendall(body[i : i + 10])
     upload.settimeout(5)
     assert upload.recv(4096).startswith(b"HTTP/1.1 200")
-    assert guard.closed["evicted"] >= 3
+    assert guard.closed["evicted"] >= 3  # silent ones
     for s in [upload, *silent]:
         s.close()
 

@@ -290,10 +290,10 @@ def test_summary_hostile_histories(tiny):
     assert chat(srv, odd)["truncated"] is True
     wait_idle(srv)
     assert chat(srv, odd)["summarized"] is True
-    huge = conversation(turns=3000, size=20)
+    huge = conversation(turns=2046, size=20)  # 2,048 messages: the most a request may have
     t0 = time.perf_counter()
     assert chat(srv, huge)["truncated"] is True
-    print(f"a 3000-turn history answered in {time.perf_counter() - t0:.2f} s")
+    print(f"a 2046-turn history answered in {time.perf_counter() - t0:.2f} s")
     with rt.summarizer._lock:  # bounded work, whatever the history
         assert len(rt.summarizer._pending) <= PENDING_MAX
         assert all(len(w.lines) <= SPAN_MESSAGES for w in rt.summarizer._pending)

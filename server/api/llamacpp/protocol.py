@@ -17,17 +17,15 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from server.api.common.fields import MAX_MESSAGES, MAX_TOKEN_IDS, StrictBody, integer
+from server.api.common.fields import MAX_MESSAGES, MAX_TOKEN_IDS, StrictBody, token_ids
 from server.api.common.messages import ChatMessage
-
-TokenId = integer(ge=0)  # and below the model's vocabulary size (a 400 naming the position otherwise)
 
 
 class TokenizeRequest(StrictBody):
     COUNTS: ClassVar[dict[str, int]] = {"content": MAX_TOKEN_IDS}
 
     model: str | None = None
-    content: str | list[str | TokenId] = ""
+    content: str | token_ids("content", text=True) = ""
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False
@@ -37,7 +35,7 @@ class DetokenizeRequest(StrictBody):
     COUNTS: ClassVar[dict[str, int]] = {"tokens": MAX_TOKEN_IDS}
 
     model: str | None = None
-    tokens: list[TokenId] = Field(default_factory=list)
+    tokens: token_ids("tokens") = Field(default_factory=list)
 
 
 class ApplyTemplateRequest(StrictBody):

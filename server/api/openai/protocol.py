@@ -254,6 +254,14 @@ class CompletionRequest(GenerationBody):
         AnyInteger | None, WithJsonSchema({"type": ["integer", "null"], "enum": [1, None]})
     ] = None
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        # one error for a list that is not text: pydantic would report each of 131,072 ids (seconds)
+        if isinstance(value, list) and not all(isinstance(item, str) for item in value):
+            raise invalid("prompt: a prompt of token ids is not supported: send it as one string", "prompt")
+        return value
+
     @model_validator(mode="after")
     def _supported(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
