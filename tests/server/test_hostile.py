@@ -599,6 +599,12 @@ CASES = [
     # the event loop for seconds while pydantic built an error for each
     Case("detokenize: 150k bad ids", {"tokens": [-1] * 150_000}, BAD, IP, "tokens", "/detokenize"),
     Case("tokenize: 150k ids", {"content": [1] * 150_000}, BAD, IP, "content", "/tokenize"),
+    # within the count, every id bad: one error at the first (pydantic made 131,072 of them, seconds)
+    Case("detokenize: 131,072 bad ids", {"tokens": [-1] * 131_072}, BAD, IP, "tokens[0]", "/detokenize"),
+    Case(
+        "tokenize: 131,072 bad ids", {"content": ["a", *[-1] * 131_071]}, BAD, IP, "content[1]", "/tokenize"
+    ),
+    Case("completions: 131,072 prompt ids", text(prompt=[1] * 131_072), BAD, IP, "prompt", TEXT),
     Case("completions: 150k prompt ids", text(prompt=[-1] * 150_000), BAD, IP, "prompt", TEXT),
     Case("chat: 100k stop ints", chat(stop=[1] * 100_000), BAD, IP, "stop"),
     Case("chat: 65 stop strings", chat(stop=["x"] * 65), BAD, IP, "stop"),

@@ -183,9 +183,10 @@ MAX_TOKEN_ID = 2**31 - 1  # above any vocabulary; the route checks the model's o
 
 
 def token_ids(field: str, *, text: bool = False) -> Any:
-    """A list of token ids (with `text`, strings may stand among them), checked in one pass that stops at
-    the first bad item with one error naming it: pydantic reports every bad item of 131,072 (each an error
-    object), which held the event loop for seconds. Whole floats are ids, as elsewhere."""
+    """A list of token ids (with `text`: a string, or a list where strings may stand among the ids),
+    checked in one pass that stops at the first bad item with one error naming it: pydantic reports every
+    bad item of 131,072 (each an error object), which held the event loop for seconds. Whole floats are
+    ids, as elsewhere."""
 
     def check(value: Any) -> Any:
         if not isinstance(value, list):
@@ -206,8 +207,8 @@ def token_ids(field: str, *, text: bool = False) -> Any:
         return out
 
     token = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
-    if text:
-        return Annotated[list[str | token], BeforeValidator(check)]
+    if text:  # a string, or a list of strings and ids: checked before the union, so one error stands
+        return Annotated[str | list[str | token], BeforeValidator(check)]
     return Annotated[list[token], BeforeValidator(check)]
 
 

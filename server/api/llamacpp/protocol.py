@@ -25,7 +25,7 @@ class TokenizeRequest(StrictBody):
     COUNTS: ClassVar[dict[str, int]] = {"content": MAX_TOKEN_IDS}
 
     model: str | None = None
-    content: str | token_ids("content", text=True) = ""
+    content: token_ids("content", text=True) = ""
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False
