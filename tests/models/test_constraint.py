@@ -252,17 +252,32 @@ def test_check_when_ref_cycle_allows_no_output_then_invalid_parameter():
     assert err.value.param == "response_format" and "allows no output" in err.value.message
 
 
-def test_constraint_when_matcher_fails_mid_reply_then_constraint_failed(tiny):
-    """The same cycle behind a required property: the start is fine, the matcher fails once the reply
-    reaches it. That is an error (a 400, or an error event in a stream), not a reply cut short."""
+def test_check_when_the_cycle_is_a_few_bytes_in_then_refused_up_front():
+    """The same cycle behind a required property: the first mask is fine, and the check's walk of the
+    first bytes (`{"a":`) reaches it: a 400 before any reply."""
     schema = {
         "type": "object",
         "properties": {"a": {"$ref": "#/$defs/a"}},
         "required": ["a"],
         "$defs": SELF_REF["$defs"],
     }
+    with pytest.raises(InvalidParameter) as err:
+        check_grammar(json_schema_grammar(schema), "response_format")
+    assert err.value.param == "response_format"
+
+
+def test_constraint_when_matcher_fails_mid_reply_then_constraint_failed(tiny):
+    """The cycle behind a required property past what the check walks (a 40-character constant first):
+    the start is fine, the matcher fails once the reply reaches it. That is an error (a 400, or an error
+    event in a stream), not a reply cut short."""
+    schema = {
+        "type": "object",
+        "properties": {"pad": {"const": "x" * 40}, "a": {"$ref": "#/$defs/a"}},
+        "required": ["pad", "a"],
+        "$defs": SELF_REF["$defs"],
+    }
     grammar = json_schema_grammar(schema)
-    check_grammar(grammar, "response_format")  # nothing to see at the first step
+    check_grammar(grammar, "response_format")  # nothing to see in the first bytes
     prompt = tiny.text_prompt("json please")
     for prefetch in (True, False):
         tiny.mask_prefetch = prefetch

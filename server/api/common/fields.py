@@ -206,7 +206,7 @@ def token_ids(field: str, *, text: bool = False) -> Any:
             raise invalid(f"{field}[{i}]: each item must be {what}", f"{field}[{i}]")
         return out
 
-    token = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+    token = Annotated[int, Field(ge=0)]  # (no maximum in the schema: the model's vocabulary is the bound)
     if text:  # a string, or a list of strings and ids: checked before the union, so one error stands
         return Annotated[str | list[str | token], BeforeValidator(check)]
     return Annotated[list[token], BeforeValidator(check)]
