@@ -106,7 +106,11 @@ class Engine(Protocol):
         role "tool" turns."""
         ...
 
-    def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt: ...
+    def text_prompt(self, text: str | Sequence[int], *, truncate: bool = False, reserve: int = 0) -> Prompt:
+        """A completion's prompt: `text` tokenized, or token ids of this model's vocabulary as given (an id
+        outside it is InvalidParameter naming its position). ContextLengthExceeded when it does not fit
+        with `reserve` and truncate is False; with truncate, the newest tokens are kept."""
+        ...
 
     def continuation_prompt(
         self, request: list[dict] | str, reply: str, *, truncate: bool = False, reserve: int = 0

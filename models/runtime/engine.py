@@ -540,8 +540,18 @@ class LlamaEngine(TextSideMixin):
         """How this model calls tools (models/runtime/tools.py), read from its chat template."""
         return detect_format(self.template.source if self.template else None)
 
-    def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
-        ids = self.tokenizer.encode(text)
+    def text_prompt(self, text: str | Sequence[int], *, truncate: bool = False, reserve: int = 0) -> Prompt:
+        if isinstance(text, str):
+            ids = self.tokenizer.encode(text)
+        else:
+            ids = list(text)
+            bad = next((i for i, t in enumerate(ids) if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise InvalidParameter(
+                    f"prompt[{bad}]: {ids[bad]} is not a token id of this model's vocabulary "
+                    f"(0..{self.vocab_size - 1})",
+                    param=f"prompt[{bad}]",
+                )
         if not ids:
             ids = [self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0]
         if self._fit(ids, reserve):

@@ -72,7 +72,7 @@ def forward_body(request: GenerationRequest, model: str) -> dict:
     if request.kind == "chat":
         out["messages"] = [{"role": m["role"], "content": m["content"]} for m in request.messages or ()]
     else:
-        out["prompt"] = request.prompt
+        out["prompt"] = list(request.prompt) if isinstance(request.prompt, tuple) else request.prompt
     explicit = dict(request.upstream)
     for name in _SHARED + (_CHAT if request.kind == "chat" else _TEXT):
         if explicit.get(name) is not None:

@@ -82,7 +82,7 @@ class Draft:
     endpoint: str  # for the log line: "chat", "completions", "api/chat", "api/generate", "responses"
     model: str | None  # as the client named it in simmer's ids (Ollama's ":latest" dropped); None: default
     messages: tuple[dict[str, Any], ...] | None = None  # chat
-    prompt: str | None = None  # text
+    prompt: str | tuple[int, ...] | None = None  # text completions: the text, or its token ids
     asked: Asked = field(default_factory=Asked)
     route: Mode | None = None  # the body's route (the X-Simmer-Route header is the flow's)
     keep_alive_s: float | None = None  # parsed; None: SIMMER_KEEP_ALIVE_S
@@ -105,7 +105,7 @@ class GenerationRequest:
     endpoint: str
     model: str | None  # the model that serves it (the router's name for it)
     messages: tuple[dict[str, Any], ...] | None
-    prompt: str | None
+    prompt: str | tuple[int, ...] | None
     params: GenerationParams  # defaults merged; params.grammar is constraint.text
     constraint: Grammar | None  # the response grammar
     tool_grammars: tuple[Grammar, ...]  # each tool's parameter schema, converted (and checked) once
@@ -115,8 +115,8 @@ class GenerationRequest:
     upstream: tuple[tuple[str, Any], ...]
 
     @property
-    def payload(self) -> list[dict[str, Any]] | str:
-        """What the engine renders: the chat messages, or the completion prompt."""
+    def payload(self) -> list[dict[str, Any]] | str | tuple[int, ...]:
+        """What the engine renders: the chat messages, or the completion prompt (text or token ids)."""
         if self.kind == "chat":
             return list(self.messages or ())
         return self.prompt or ""

@@ -834,7 +834,7 @@ class Worker:
             blocked.add(handover.model_id)
             engine = self.pool.acquire(old.model_id)
             return engine, None if engine.tokenizer_key == handover.tokenizer_key else self._continuation(
-                engine, job, handover
+                engine, job, handover, old
             )
         self._relieve_memory(engine)
         self._shed_above_rung()  # the model the reply left, idle now, is above the rung: its memory goes
@@ -843,7 +843,7 @@ class Worker:
             target = Target(engine.model_id, handover.variant, "handover")
         self._sync_limits(engine, target)
         same = engine.tokenizer_key == handover.tokenizer_key
-        prompt = None if same else self._continuation(engine, job, handover)
+        prompt = None if same else self._continuation(engine, job, handover, old)
         how = (
             "same tokenizer: the KV cache rebuilt once"
             if same
@@ -881,11 +881,16 @@ class Worker:
                 self.pool.unload(model_id, f"memory pressure: {engine.model_id} serves")
 
     @staticmethod
-    def _continuation(engine: Engine, job: Job, handover: Handover) -> Prompt:
+    def _continuation(engine: Engine, job: Job, handover: Handover, old: Engine) -> Prompt:
+        """`engine`'s prompt for the reply `old` started (another tokenizer: the request rendered again). A
+        prompt of token ids is the old model's: the new one reads it as the text those ids spell."""
         left = (job.request.params.max_tokens or UNBOUNDED_REPLY_TOKENS) - handover.generated
         reserve = min(max(left, 1), engine.context_length // 2) if job.request.params.truncate else 1
+        request = job.request.payload
+        if isinstance(request, tuple):
+            request = b"".join(old.token_bytes(t) for t in request).decode("utf-8", "replace")
         return engine.continuation_prompt(
-            job.request.payload, handover.text, truncate=job.request.params.truncate, reserve=reserve
+            request, handover.text, truncate=job.request.params.truncate, reserve=reserve
         )
 
     def _prompt(self, engine: Engine, job: Job) -> Windowed:

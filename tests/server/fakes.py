@@ -102,8 +102,8 @@ class ScriptedEngine:
             return Prompt(prompt.ids, truncated=True)
         return self._fit(ids, reserve, truncate)
 
-    def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
-        return self._fit([ord(c) for c in text], reserve, truncate)
+    def text_prompt(self, text: str | Sequence[int], *, truncate: bool = False, reserve: int = 0) -> Prompt:
+        return self._fit([ord(c) for c in text] if isinstance(text, str) else list(text), reserve, truncate)
 
     # ---- the tokenizer side: code points are the ids --------------------------------------------
 
@@ -314,7 +314,7 @@ class RecordingEngine:
             return self.inner.chat_prompt(messages, truncate=truncate, reserve=reserve)
         return self.inner.chat_prompt(messages, truncate=truncate, reserve=reserve, tools=tools)
 
-    def text_prompt(self, text: str, *, truncate: bool = False, reserve: int = 0) -> Prompt:
+    def text_prompt(self, text: str | Sequence[int], *, truncate: bool = False, reserve: int = 0) -> Prompt:
         return self.inner.text_prompt(text, truncate=truncate, reserve=reserve)
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:

@@ -604,7 +604,20 @@ CASES = [
     Case(
         "tokenize: 131,072 bad ids", {"content": ["a", *[-1] * 131_071]}, BAD, IP, "content[1]", "/tokenize"
     ),
-    Case("completions: 131,072 prompt ids", text(prompt=[1] * 131_072), BAD, IP, "prompt", TEXT),
+    Case(
+        "completions: 131,072 prompt ids",
+        text(prompt=[1] * 131_072),
+        BAD,
+        "context_length_exceeded",
+        "prompt",
+        TEXT,
+    ),
+    Case(
+        "completions: prompt ids past the vocabulary", text(prompt=[1, 2**31 - 1]), BAD, IP, "prompt[1]", TEXT
+    ),
+    Case("completions: a negative prompt id", text(prompt=[1, -1]), BAD, IP, "prompt[1]", TEXT),
+    Case("completions: two prompts of ids", text(prompt=[[1], [2]]), BAD, IP, "prompt", TEXT),
+    Case("completions: prompt ids", text(prompt=[1, 2, 3]), 200, path=TEXT),
     Case("completions: 150k prompt ids", text(prompt=[-1] * 150_000), BAD, IP, "prompt", TEXT),
     Case("chat: 100k stop ints", chat(stop=[1] * 100_000), BAD, IP, "stop"),
     Case("chat: 65 stop strings", chat(stop=["x"] * 65), BAD, IP, "stop"),

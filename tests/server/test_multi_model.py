@@ -907,3 +907,25 @@ def test_start_when_the_kept_load_heat_is_damaged_then_it_is_measured_again(
     wait_ready(srv)
     assert loaded_now(srv) == {"tiny-big"}
     assert json.loads(kept.read_text()) == {"psutil:fake": {"tiny-big": 0.0}}
+
+
+def test_continuation_when_a_prompt_of_token_ids_moves_to_another_tokenizer_then_the_text_they_spell(
+    tiny_pair_dirs, tiny_spm_dir
+):
+    """A completion asked as token ids, handed over to a model with another tokenizer: the new model's
+    prompt is the text those ids spell in the old model's vocabulary, then the reply so far."""
+    from types import SimpleNamespace
+
+    from server.serving.worker import Worker
+
+    old = load_engine(tiny_pair_dirs[0], threads=1, context_length=128)
+    new = load_engine(tiny_spm_dir, threads=1, context_length=128)
+    text = "once upon a time"
+    ids = tuple(old.text_prompt(text).ids)
+    params = SimpleNamespace(max_tokens=8, truncate=False)
+    job = SimpleNamespace(request=SimpleNamespace(payload=ids, params=params))
+    handover = SimpleNamespace(generated=3, text=" there")
+    spelled = b"".join(old.token_bytes(t) for t in ids).decode("utf-8", "replace")
+    assert text in spelled
+    got = Worker._continuation(new, job, handover, old)  # type: ignore[arg-type]
+    assert got.ids == new.continuation_prompt(spelled, " there", reserve=1).ids

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import openai
 import pytest
 
 from models.protocol import EngineLimits
@@ -50,6 +51,35 @@ def test_real_engine_when_completions_with_seed_then_reproducible(tiny_server):
     a = client.completions.create(**kwargs).choices[0].text
     b = client.completions.create(**kwargs).choices[0].text
     assert a == b
+
+
+def test_completions_when_the_prompt_is_token_ids_then_the_reply_of_the_text_they_are(tiny_server):
+    """OpenAI's prompt as token ids (a list, or a list of one list) runs those ids as given: the same
+    reply, logprobs included, as the text they tokenize from; an id outside the vocabulary is a 400 naming
+    its position; more than one prompt is a 400."""
+    client = sdk(tiny_server)
+    inner = tiny_server.engine.inner
+    assert isinstance(inner, LlamaEngine)
+    ids = inner.text_prompt("once upon a time").ids
+    ask = dict(model=inner.model_id, temperature=0, max_tokens=12, logprobs=2)
+    client.completions.create(prompt="once upon a time", **ask)  # a fresh session's first reply ends in
+    inner.reset_cache()  # other last bits; then each from a cold prefill: the same sums
+    text = client.completions.create(prompt="once upon a time", **ask)
+    for prompt in (list(ids), [list(ids)]):
+        inner.reset_cache()
+        got = client.completions.create(prompt=prompt, **ask)
+        assert got.choices[0].text == text.choices[0].text
+        assert got.choices[0].logprobs.token_logprobs == text.choices[0].logprobs.token_logprobs
+        assert got.usage.prompt_tokens == len(ids)
+        assert tiny_server.engine.generations[-1].prompt.ids == list(ids)
+    for prompt, param in (
+        ([1, inner.vocab_size], "prompt[1]"),
+        ([[1], [2]], "prompt"),
+        ([1, -1], "prompt[1]"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(prompt=prompt, **ask)
+        assert err.value.body["param"] == param, err.value.body
 
 
 def test_real_engine_when_client_disconnects_then_worker_free_for_next(tiny_server):

@@ -182,32 +182,35 @@ class StrictBody(BaseModel):
 MAX_TOKEN_ID = 2**31 - 1  # above any vocabulary; the route checks the model's own size
 
 
+def checked_ids(value: list, field: str, *, text: bool = False) -> list:
+    """`value` as token ids (with `text`, strings may stand among them), checked in one pass that stops at
+    the first bad item with one error naming it: pydantic reports every bad item of 131,072 (each an error
+    object), which held the event loop for seconds. Whole floats are ids, as elsewhere."""
+    out = value
+    for i, item in enumerate(value):
+        if type(item) is int and 0 <= item <= MAX_TOKEN_ID:
+            continue
+        if text and isinstance(item, str):
+            continue
+        if type(item) is float and item.is_integer() and 0 <= item <= MAX_TOKEN_ID:
+            if out is value:
+                out = list(value)
+            out[i] = int(item)
+            continue
+        what = "a token id (an integer from 0 to 2147483647)" + (" or a string" if text else "")
+        raise invalid(f"{field}[{i}]: each item must be {what}", f"{field}[{i}]")
+    return out
+
+
 def token_ids(field: str, *, text: bool = False) -> Any:
-    """A list of token ids (with `text`: a string, or a list where strings may stand among the ids),
-    checked in one pass that stops at the first bad item with one error naming it: pydantic reports every
-    bad item of 131,072 (each an error object), which held the event loop for seconds. Whole floats are
-    ids, as elsewhere."""
+    """A list of token ids (checked_ids); with `text`: a string, or a list where strings may stand among
+    the ids (checked before the union, so that one error stands)."""
 
     def check(value: Any) -> Any:
-        if not isinstance(value, list):
-            return value  # pydantic says what the type should be
-        out = value
-        for i, item in enumerate(value):
-            if type(item) is int and 0 <= item <= MAX_TOKEN_ID:
-                continue
-            if text and isinstance(item, str):
-                continue
-            if type(item) is float and item.is_integer() and 0 <= item <= MAX_TOKEN_ID:
-                if out is value:
-                    out = list(value)
-                out[i] = int(item)
-                continue
-            what = "a token id (an integer from 0 to 2147483647)" + (" or a string" if text else "")
-            raise invalid(f"{field}[{i}]: each item must be {what}", f"{field}[{i}]")
-        return out
+        return checked_ids(value, field, text=text) if isinstance(value, list) else value
 
     token = Annotated[int, Field(ge=0)]  # (no maximum in the schema: the model's vocabulary is the bound)
-    if text:  # a string, or a list of strings and ids: checked before the union, so one error stands
+    if text:
         return Annotated[str | list[str | token], BeforeValidator(check)]
     return Annotated[list[token], BeforeValidator(check)]
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     WithJsonSchema,
@@ -53,6 +54,7 @@ from server.api.common.fields import (
     TopK,
     TopLogprobs,
     TopP,
+    checked_ids,
     invalid,
     valid_keep_alive,
 )
@@ -240,13 +242,36 @@ class ChatCompletionRequest(GenerationBody):
 
 
 _ONE_STRING_LIST = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1}
-_ONE_PROMPT = {"anyOf": [{"type": "string"}, _ONE_STRING_LIST]}
+_TOKEN_LIST = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_ONE_PROMPT = {
+    "anyOf": [
+        {"type": "string"},
+        _ONE_STRING_LIST,
+        _TOKEN_LIST,
+        {"type": "array", "items": _TOKEN_LIST, "minItems": 1, "maxItems": 1},
+    ],
+    "description": "one prompt: text, or token ids of the served model's vocabulary",
+}
+
+
+def _one_prompt(value: Any) -> Any:
+    """A prompt as text, a list of one text, token ids, or a list of one list of ids, normalised to text or
+    ids (checked here, in one pass: pydantic's union would build an error per id of every other member)."""
+    if not isinstance(value, list) or not value or all(isinstance(item, str) for item in value):
+        return value  # text, or a list of texts: the type and the count are checked below
+    if all(isinstance(item, list) for item in value):
+        if len(value) != 1:
+            raise invalid("prompt must be one prompt (batches are not supported)", "prompt")
+        value = value[0]
+        if not value:
+            raise invalid("prompt: a list of token ids must not be empty", "prompt")
+    return checked_ids(value, "prompt")
 
 
 class CompletionRequest(GenerationBody):
     COUNTS: ClassVar[dict[str, int]] = {**GenerationBody.COUNTS, "prompt": MAX_TOKEN_IDS}
 
-    prompt: Annotated[str | list[str], WithJsonSchema(_ONE_PROMPT)]
+    prompt: Annotated[Any, BeforeValidator(_one_prompt), WithJsonSchema(_ONE_PROMPT)]
     logprobs: TopLogprobs | None = None
     echo: Annotated[bool, WithJsonSchema({"type": "boolean", "enum": [False], "default": False})] = False
     suffix: Annotated[str | None, WithJsonSchema({"type": ["string", "null"], "maxLength": 0})] = None
@@ -254,17 +279,14 @@ class CompletionRequest(GenerationBody):
         AnyInteger | None, WithJsonSchema({"type": ["integer", "null"], "enum": [1, None]})
     ] = None
 
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _text(cls, value: Any) -> Any:
-        # one error for a list that is not text: pydantic would report each of 131,072 ids (seconds)
-        if isinstance(value, list) and not all(isinstance(item, str) for item in value):
-            raise invalid("prompt: a prompt of token ids is not supported: send it as one string", "prompt")
-        return value
-
     @model_validator(mode="after")
     def _supported(self) -> CompletionRequest:
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+        if not isinstance(self.prompt, (str, list)) or (
+            isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], (str, int))
+        ):
+            raise invalid("prompt must be a string, a list of one string, or token ids", "prompt")
+        texts = isinstance(self.prompt, list) and (not self.prompt or isinstance(self.prompt[0], str))
+        if texts and len(self.prompt) != 1:
             raise invalid("prompt must be one string (batches are not supported)", "prompt")
         if self.echo:
             raise invalid("echo is not supported", "echo")
@@ -274,8 +296,13 @@ class CompletionRequest(GenerationBody):
             raise invalid("best_of must be 1", "best_of")
         return self
 
-    def prompt_text(self) -> str:
-        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+    def prompt_value(self) -> str | tuple[int, ...]:
+        """The prompt's text, or its token ids."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if isinstance(self.prompt[0], str):
+            return self.prompt[0]
+        return tuple(self.prompt)
 
 
 # ---- responses ---------------------------------------------------------------------------------

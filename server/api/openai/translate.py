@@ -151,5 +151,5 @@ def completion_draft(body: CompletionRequest) -> Draft:
         max_tokens=body.max_tokens,
         logprobs=body.logprobs,
         tools=None,
-        prompt=body.prompt_text(),
+        prompt=body.prompt_value(),
     )
