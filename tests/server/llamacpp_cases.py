@@ -36,7 +36,6 @@ CTX_ERROR = (
     "answers OpenAI's 400 context_length_exceeded (tests/server/test_context_overflow.py)"
 )
 VERBOSE = "llama-server's debug fields (__verbose, timings_per_token, return_progress, prompt_progress)"
-N_CHOICES = "several choices per request (n > 1); simmer generates one"
 CORS_ALL = (
     "llama-server answers a CORS preflight from any origin and its 'localhost' keyword; simmer allows only "
     "the origins SIMMER_CORS_ORIGINS lists"
@@ -78,7 +77,6 @@ NOT_APPLICABLE: dict[str, str] = {
     "unit/test_chat_completion.py::test_context_size_exceeded": CTX_ERROR,
     "unit/test_chat_completion.py::test_context_size_exceeded_stream": CTX_ERROR,
     "unit/test_chat_completion.py::test_return_progress": VERBOSE,
-    "unit/test_chat_completion.py::test_chat_completions_multiple_choices": N_CHOICES + "; " + SLOTS,
     "unit/test_chat_completion.py::test_chat_completions_token_count": "llama-server's "
     "/chat/completions/input_tokens",
     "unit/test_chat_completion.py::test_verbose_debug": VERBOSE,

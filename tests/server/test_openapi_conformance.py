@@ -129,7 +129,7 @@ def test_models_when_listed_or_retrieved_then_they_conform(srv):
     ("path", "body"),
     [
         ("/v1/chat/completions", {"model": "no-such-model", "messages": ASK}),
-        ("/v1/chat/completions", {"messages": ASK, "n": 2}),
+        ("/v1/chat/completions", {"messages": ASK, "n": 9}),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 5000}]}),
         ("/v1/completions", {"prompt": 5}),
         ("/v1/responses", {"input": "hi", "previous_response_id": "resp_1"}),

@@ -197,3 +197,27 @@ def test_real_engine_when_onnxruntime_genai_folder_pulled_then_served_like_ours(
         )
         texts.append((reply.choices[0].text, reply.usage.completion_tokens))
     assert texts[0] == texts[1] and texts[0][1] == 12
+
+
+def test_chat_when_n_choices_then_each_is_the_reply_of_its_own_seed_and_usage_adds_up(tiny_server):
+    """n = 3 with seed 5: three choices, choice i the reply a request with seed 5 + i gets alone; the
+    completion tokens add up, the prompt counts once. Streamed, n > 1 is a 400 naming n."""
+    client = sdk(tiny_server)
+    ask = dict(
+        model=tiny_server.engine.model_id,
+        messages=[{"role": "user", "content": "once upon"}],
+        temperature=1.2,
+        max_tokens=10,
+    )
+    both = client.chat.completions.create(n=3, seed=5, **ask)
+    assert [c.index for c in both.choices] == [0, 1, 2]
+    alone = [client.chat.completions.create(seed=5 + i, **ask) for i in range(3)]
+    assert [c.message.content for c in both.choices] == [a.choices[0].message.content for a in alone]
+    assert both.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    assert both.usage.prompt_tokens == alone[0].usage.prompt_tokens
+    assert both.usage.total_tokens == both.usage.prompt_tokens + both.usage.completion_tokens
+    text = client.completions.create(model=ask["model"], prompt="once", n=2, max_tokens=4, temperature=0)
+    assert [c.index for c in text.choices] == [0, 1] and text.choices[0].text == text.choices[1].text
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(n=2, stream=True, **ask)
+    assert err.value.body["param"] == "n"

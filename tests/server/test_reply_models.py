@@ -203,7 +203,7 @@ def test_models_and_tokenizer_when_asked_then_each_is_the_declared_reply(srv):
     ("method", "path", "body", "model"),
     [
         ("POST", "/v1/chat/completions", {"model": "no-such-model", "messages": ASK}, Error),
-        ("POST", "/v1/chat/completions", {"messages": ASK, "n": 2}, Error),
+        ("POST", "/v1/chat/completions", {"messages": ASK, "n": 9}, Error),
         ("GET", "/v1/models/no-such-model", None, Error),
         ("POST", "/tokenize", {"content": [10**9]}, Error),
         ("POST", "/api/chat", {"model": "no-such-model", "messages": ASK}, OllamaError),

@@ -97,9 +97,9 @@ TOKENS: list[int] = []  # its tokenizer's (ids /tokenize and /detokenize know; t
 def filter_case(context, case) -> bool:
     """Drop the few "schema-valid" cases the server must refuse for reasons the document cannot carry.
     Negative cases are all kept.
-    - logit_bias ids (and /tokenize, /detokenize token ids) at or past the model's vocabulary size (the
-      document is per server, not per model; the server answers 400 naming the field, as the hostile-input
-      table checks);
+    - logit_bias ids (and /tokenize, /detokenize and prompt token ids) at or past the model's vocabulary
+      size (the document is per server, not per model; the server answers 400 naming the field, as the
+      hostile-input table checks);
     - seeds past the document's own int64 bounds: the generator canonicalises bounds beyond 2**53 through
       float64 (jsonschema_rs) and then draws seeds such as 2**63 + 190 as valid ones;
     - `route: "upstream"`: the campaign's server keeps everything local (SIMMER_ROUTE=local), and says so
@@ -110,7 +110,10 @@ def filter_case(context, case) -> bool:
         return True
     if body.get("route") == "upstream":
         return False
-    ids = [*_ints(body.get("tokens")), *_ints(body.get("content"))]  # /detokenize, /tokenize
+    prompt = body.get("prompt")  # /v1/completions: ids, or a list of one list of ids
+    if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        prompt = [i for p in prompt for i in p]
+    ids = [*_ints(body.get("tokens")), *_ints(body.get("content")), *_ints(prompt)]  # /detokenize, /tokenize
     if TOKENS and any(i >= TOKENS[0] for i in ids):
         return False
     options = body.get("options")  # Ollama's seed is in its options

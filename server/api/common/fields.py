@@ -156,6 +156,7 @@ MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_TOKEN_IDS = 131_072  # a prompt or a detokenize list of ids: more than any served context
 MAX_CONTENT_PARTS = 256  # parts of one message's content array
 MAX_INPUTS = 2048  # strings or items in an `input` (Responses, Ollama's embed) or a prompt list
+MAX_CHOICES = 8  # choices a request may ask for (OpenAI's n): each a reply of its own
 
 
 class StrictBody(BaseModel):

@@ -31,6 +31,7 @@ from models.types import (
 )
 from server.api.common.fields import (
     LOGIT_BIAS_SCHEMA,
+    MAX_CHOICES,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_MESSAGES,
     MAX_STOP,
@@ -110,7 +111,11 @@ class GenerationBody(StrictBody):
     max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    n: Annotated[AnyInteger, WithJsonSchema({"type": "integer", "enum": [1], "default": 1})] = 1
+    # several choices: as many replies of the request, queued together (they decode in one batch where the
+    # rows allow); streamed, one choice only for now
+    n: Annotated[
+        AnyInteger, WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_CHOICES, "default": 1})
+    ] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[NonEmpty] | None = None
@@ -153,10 +158,16 @@ class GenerationBody(StrictBody):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise invalid("n must be 1: simmer generates one choice per request")
+    def _choices(cls, n: int) -> int:
+        if not 1 <= n <= MAX_CHOICES:
+            raise invalid(f"n must be from 1 to {MAX_CHOICES}")
         return n
+
+    @model_validator(mode="after")
+    def _choices_unstreamed(self) -> GenerationBody:
+        if self.n > 1 and self.stream:
+            raise invalid("n > 1 is served without streaming (stream: false); a stream has one choice", "n")
+        return self
 
     @model_validator(mode="after")
     def _one_constraint(self) -> GenerationBody:
@@ -373,6 +384,18 @@ def _stream_calls(deltas: list[ToolCallDelta]) -> list[dict]:
                 entry["function"] = {"arguments": ""}
         entry["function"]["arguments"] += d.arguments
     return [out[i] for i in sorted(out)]
+
+
+def merged_choices(bodies: list[dict]) -> dict:
+    """One reply body of several choices from the bodies of the replies that made them (choice i from the
+    i-th): the first body's fields, every choice at its index, completion tokens added up."""
+    out = dict(bodies[0])
+    out["choices"] = [{**body["choices"][0], "index": i} for i, body in enumerate(bodies)]
+    usage = dict(out["usage"])
+    usage["completion_tokens"] = sum(body["usage"]["completion_tokens"] for body in bodies)
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    out["usage"] = usage
+    return out
 
 
 def chat_completion(

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt
 
+from server.api.common.fields import MAX_CHOICES
 from server.api.common.reply import ByModel, Reply, TokenLogprob, Window, absent
 
 
@@ -98,7 +99,7 @@ class _Completion(Ending):
 
 class ChatCompletion(_Completion):
     object: Literal["chat.completion"]
-    choices: list[ChatChoice] = Field(min_length=1, max_length=1)
+    choices: list[ChatChoice] = Field(min_length=1, max_length=MAX_CHOICES)  # the request's n
     usage: Usage
 
 
@@ -147,7 +148,7 @@ class TextChoice(Reply):
 
 class TextCompletion(_Completion):
     object: Literal["text_completion"]
-    choices: list[TextChoice] = Field(min_length=1, max_length=1)
+    choices: list[TextChoice] = Field(min_length=1, max_length=MAX_CHOICES)  # the request's n
     usage: Usage
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -11,7 +12,7 @@ from fastapi.responses import Response
 
 from models.errors import ModelNotFound
 from models.variant_facts import floor_facts, refused_variants, variant_facts
-from server.api.common.flow import respond, start
+from server.api.common.flow import ClientGone, Generation, collect, respond, start
 from server.api.common.names import LATEST
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from server.api.openai.stream import OpenAIRenderer
@@ -26,21 +27,50 @@ if TYPE_CHECKING:
 router = APIRouter(prefix="/v1")
 
 
-async def complete(request: Request, draft: Draft) -> Response:
-    """/v1/chat/completions and /v1/completions."""
+async def complete(request: Request, draft: Draft, n: int = 1) -> Response:
+    """/v1/chat/completions and /v1/completions; `n` choices (unstreamed) are as many replies, queued at
+    once so that they decode together where a batch's rows allow, each a choice of one body."""
     rid = ("chatcmpl-" if draft.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-    gen = await start(request, draft, rid=rid)
-    return await respond(request, gen, OpenAIRenderer(draft.kind, draft.show.include_usage))
+    renderer = OpenAIRenderer(draft.kind, draft.show.include_usage)
+    if n == 1:
+        return await respond(request, await start(request, draft, rid=rid), renderer)
+    gens: list[Generation] = []
+    try:
+        for i in range(n):
+            gens.append(await start(request, choice_draft(draft, i), rid=rid))
+        results = []
+        for gen in gens:
+            got = await collect(request, gen)
+            if got is None:  # the client left: the other replies stop too
+                raise ClientGone
+            results.append(got)
+    except BaseException as err:
+        for gen in gens:
+            gen.job.cancel.cancel()
+        if isinstance(err, ClientGone):
+            return Response(status_code=499)  # nobody reads it; uvicorn needs an answer
+        raise
+    return renderer.replies(gens, results)
+
+
+def choice_draft(draft: Draft, i: int) -> Draft:
+    """Choice i of a request: with a seed, seed + i, so that seeded choices differ and each is
+    reproducible (without a seed each reply draws its own)."""
+    seed = draft.asked.seed
+    if i == 0 or seed is None:
+        return draft
+    seed = seed + i if seed + i < 2**63 else seed - i  # within int64, as every seed
+    return replace(draft, asked=replace(draft.asked, seed=seed))
 
 
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return await complete(request, chat_draft(body))
+    return await complete(request, chat_draft(body), body.n)
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    return await complete(request, completion_draft(body))
+    return await complete(request, completion_draft(body), body.n)
 
 
 @router.get("/models")

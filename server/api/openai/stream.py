@@ -31,7 +31,7 @@ from server.api.common.streaming import (
     encode,
     governor_event,
 )
-from server.api.openai.protocol import ChunkBuilder, chat_completion, text_completion
+from server.api.openai.protocol import ChunkBuilder, chat_completion, merged_choices, text_completion
 from server.http.errors import error_payload
 from server.serving.events import GovernorState, Started, Switched
 
@@ -117,6 +117,19 @@ class OpenAIRenderer:
         body = build(gen.rid, finish.model_id or gen.model, text, tokens, finish, finish.variant)
         body["route"] = gen.route.as_dict()
         return JSONResponse(body, headers=gen.headers())
+
+    def replies(
+        self, gens: list[Generation], results: list[tuple[list[TokenEvent], FinishEvent]]
+    ) -> Response:
+        """n choices: one body, choice i from the i-th reply."""
+        build = chat_completion if self.kind == "chat" else text_completion
+        bodies = []
+        for gen, (tokens, finish) in zip(gens, results, strict=True):
+            text = "".join(ev.text for ev in tokens) + finish.text
+            bodies.append(build(gen.rid, finish.model_id or gen.model, text, tokens, finish, finish.variant))
+        body = merged_choices(bodies)
+        body["route"] = gens[0].route.as_dict()
+        return JSONResponse(body, headers=gens[0].headers())
 
     def stream(self, gen: Generation, started: Started | None) -> Response:
         builder = ChunkBuilder(self.kind, gen.rid, gen.model)
