@@ -45,8 +45,8 @@ async def complete(request: Request, draft: Draft, n: int = 1) -> Response:
                 raise ClientGone
             results.append(got)
     except BaseException as err:
-        for gen in gens:
-            gen.job.cancel.cancel()
+        for gen in gens:  # out of the queue, or stopped; each request line says client_gone
+            gen.abandon()
         if isinstance(err, ClientGone):
             return Response(status_code=499)  # nobody reads it; uvicorn needs an answer
         raise
