@@ -141,12 +141,15 @@ def test_chat_when_unknown_model_then_404_model_not_found(live) -> None:
     assert info.value.body["param"] == "model"
 
 
-def test_chat_when_n_is_2_then_400_naming_n(live) -> None:
+@pytest.mark.parametrize(("n", "stream", "says"), [(9, False, "from 1 to 8"), (2, True, "without streaming")])
+def test_chat_when_n_is_out_of_range_or_streamed_then_400_naming_n(
+    live, n: int, stream: bool, says: str
+) -> None:
     srv = live()
     with pytest.raises(openai.BadRequestError) as info:
-        sdk(srv).chat.completions.create(model=MODEL, messages=MSG, n=2)
+        sdk(srv).chat.completions.create(model=MODEL, messages=MSG, n=n, stream=stream)
     assert info.value.body["param"] == "n"
-    assert "n must be 1" in info.value.body["message"]
+    assert says in info.value.body["message"]
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -68,7 +68,7 @@ def test_chat_request_when_content_parts_then_joined_text() -> None:
 @pytest.mark.parametrize(
     "extra",
     [
-        {"n": 2},
+        {"n": 9},
         {"temperature": 3},
         {"tools": [{"type": "function"}]},
         {"top_logprobs": 2},
