@@ -9,11 +9,10 @@ traceback thousands of times a second, and /health stops answering. So, for ever
 - the body must be complete within `body_timeout_s` of the head, unless the reply has started;
 - at most `max_connections` are open. A new connection beyond that closes the oldest unfinished one: one
   still sending its request head after HEAD_GRACE_S, else one that has sent nothing for SILENT_GRACE_S
-  since it was opened or since its last reply (silence costs nothing to start again), else, while some
-  connection has sent nothing yet, the oldest one still sending its head (a burst of silent connections,
-  300 opened within a second, reset an honest upload of a slow client), else one still sending its body
-  before any reply (a request that costs more to start again), else the oldest. Those are slow clients',
-  not requests at work, and a fresh request such as /health, the newest, gets in.
+  since it was opened or since its last reply (silence costs nothing to start again: 300 idle connections
+  reset an honest upload of a slow client), else one still sending its body before any reply (a request
+  that costs more to start again), else the oldest. Those are slow clients', not requests at work, and a
+  fresh request such as /health gets the grace to send its first bytes and its head: so it gets in.
   When every connection is at work, the new one is closed.
   The cap is derived from the open-file limit (fd_budget), keeping a reserve of descriptors; asyncio accepts
   a limited burst of connections in one go (uvicorn's backlog), so it cannot overrun the limit before the
@@ -105,10 +104,8 @@ class ConnectionGuard:
         if oldest_head is not None and now - oldest_head[1] >= HEAD_GRACE_S:
             return oldest_head[0]
         oldest_silent = next(iter(self.silent.items()), None)
-        if oldest_silent is not None:
-            if now - oldest_silent[1] >= SILENT_GRACE_S:
-                return oldest_silent[0]
-            return next(iter(heads))  # a burst under way: a head goes, not a body
+        if oldest_silent is not None and now - oldest_silent[1] >= SILENT_GRACE_S:
+            return oldest_silent[0]
         return next(iter(bodies), None) or (oldest_head[0] if oldest_head else None)
 
     def forget(self, conn: GuardedH11) -> None:

@@ -134,16 +134,19 @@ def test_guard_when_at_the_cap_then_the_oldest_unfinished_goes_and_the_new_reque
 def test_guard_when_silent_connections_flood_the_cap_then_a_slow_honest_upload_is_not_the_one_closed(
     serve,
 ) -> None:
-    """An upload sending its body slowly, then connections that send nothing, opened within the head's grace:
-    at the cap the silent ones make room, and the upload completes."""
+    """An upload sending its body slowly, then connections that send nothing, each opened within the head's
+    grace of a second but silent past SILENT_GRACE_S (0.1 s) when the next comes: at the cap the silent
+    ones make room, and the upload completes."""
     port, guard = serve(cap=4, header_timeout_s=30, body_timeout_s=30)
     body = b"x" * 40
     upload = connect(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n" + body[:10])
     time.sleep(0.1)
-    silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(6)]
-    for i in range(10, 40, 10):  # 10 bytes every 0.1 s while the flood goes on
-        time.sleep(0.1)
-        upload.sendall(body[i : i + 10])
+    silent = []
+    for i in range(6):  # one every 0.15 s, while the upload sends 10 bytes every 0.3 s
+        silent.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.15)
+        if i % 2 and 10 * (i // 2 + 1) < 40:
+            upload.sendall(body[10 * (i // 2 + 1) : 10 * (i // 2 + 2)])  # the rest of its 40 bytes
     upload.settimeout(5)
     assert upload.recv(4096).startswith(b"HTTP/1.1 200")
     assert guard.closed["evicted"] >= 3  # silent ones
