@@ -207,3 +207,17 @@ def test_logs_when_ollama_and_responses_dialects_then_one_line_each_and_metrics_
     assert metric(srv, "simmer_prompt_tokens_total") == sum(line["prompt_tokens"] for line in lines)
     assert metric(srv, "simmer_generated_tokens_total") == sum(line["completion_tokens"] for line in lines)
     assert metric(srv, "simmer_generated_tokens_total") == sum(g.tokens for g in srv.engine.generations)
+
+
+def test_logs_when_client_leaves_a_stream_of_two_choices_then_both_stop_as_client_gone(live, caplog) -> None:
+    """n = 2 streamed, the client hangs up after a few chunks of choice 0: the running reply stops, the
+    queued one never runs (or stops), and each has its own client_gone line."""
+    srv = live(token_delay_s=0.01, reply_tokens=100_000)
+    caplog.set_level(logging.INFO)
+    seen: list[str] = []
+    first_chunks(srv, chat(10_000, stream=True) | {"n": 2}, 4, seen)
+    assert wait_until(lambda: len(request_lines(caplog)) == 2)
+    lines = request_lines(caplog)
+    assert [line["outcome"] for line in lines] == ["client_gone", "client_gone"]
+    assert srv.engine.wait_for(lambda g: all(x.finish is not None for x in g))
+    assert len(srv.engine.generations) <= 2 and sum(g.tokens for g in srv.engine.generations) < 1000

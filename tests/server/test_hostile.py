@@ -254,7 +254,7 @@ CASES = [
     Case("n 2", chat(n=2), 200),
     Case("n 9", chat(n=9), BAD, IP, "n"),
     Case("n 0", chat(n=0), BAD, IP, "n"),
-    Case("n 2 streamed", chat(n=2, stream=True), BAD, IP, "n"),
+    Case("n 2 streamed", chat(n=2, stream=True), 200),
     Case("max_tokens 0", chat(max_tokens=0), BAD, IP, "max_tokens"),
     Case("max_tokens 1.5", chat(max_tokens=1.5), BAD, IP, "max_tokens"),
     Case("stop an int", chat(stop=5), BAD, IP, "stop"),

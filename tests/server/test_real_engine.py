@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -203,7 +205,8 @@ def test_real_engine_when_onnxruntime_genai_folder_pulled_then_served_like_ours(
 
 def test_chat_when_n_choices_then_each_is_the_reply_of_its_own_seed_and_usage_adds_up(tiny_server):
     """n = 3 with seed 5: three choices, choice i the reply a request with seed 5 + i gets alone; the
-    completion tokens add up, the prompt counts once. Streamed, n > 1 is a 400 naming n."""
+    completion tokens add up, the prompt counts once. Streamed, each choice's chunks carry its index and
+    its text is the same choice's unstreamed; one usage chunk adds them up, then one [DONE]."""
     client = sdk(tiny_server)
     ask = dict(
         model=tiny_server.engine.model_id,
@@ -220,6 +223,23 @@ def test_chat_when_n_choices_then_each_is_the_reply_of_its_own_seed_and_usage_ad
     assert both.usage.total_tokens == both.usage.prompt_tokens + both.usage.completion_tokens
     text = client.completions.create(model=ask["model"], prompt="once", n=2, max_tokens=4, temperature=0)
     assert [c.index for c in text.choices] == [0, 1] and text.choices[0].text == text.choices[1].text
-    with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(n=2, stream=True, **ask)
-    assert err.value.body["param"] == "n"
+    streamed: dict[int, str] = {}
+    usage = []
+    for chunk in client.chat.completions.create(
+        n=3, seed=5, stream=True, stream_options={"include_usage": True}, **ask
+    ):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+        if chunk.usage is not None:
+            usage.append(chunk.usage)
+    assert streamed == {i: c.message.content for i, c in enumerate(both.choices)}
+    assert len(usage) == 1 and usage[0].completion_tokens == both.usage.completion_tokens
+    with httpx.stream(
+        "POST",
+        f"{tiny_server.url}/v1/completions",
+        json={"model": ask["model"], "prompt": "once", "n": 2, "max_tokens": 4, "stream": True},
+    ) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and lines.count("data: [DONE]") == 1
+    finals = [json.loads(line[6:])["choices"] for line in lines[:-1]]
+    assert sorted(c[0]["index"] for c in finals if c and c[0]["finish_reason"]) == [0, 1]

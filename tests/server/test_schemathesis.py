@@ -102,7 +102,6 @@ def filter_case(context, case) -> bool:
       hostile-input table checks);
     - seeds past the document's own int64 bounds: the generator canonicalises bounds beyond 2**53 through
       float64 (jsonschema_rs) and then draws seeds such as 2**63 + 190 as valid ones;
-    - `n` over 1 with `stream`: served unstreamed only, a 400 naming n otherwise;
     - `route: "upstream"`: the campaign's server keeps everything local (SIMMER_ROUTE=local), and says so
       with 403 upstream_not_allowed (tests/server/routing/ checks it); the policy is the server's, not the
       document's."""
@@ -110,9 +109,6 @@ def filter_case(context, case) -> bool:
     if case.meta is None or not case.meta.generation.mode.is_positive or not isinstance(body, dict):
         return True
     if body.get("route") == "upstream":
-        return False
-    n = body.get("n")  # several choices are served unstreamed only (a 400 naming n otherwise)
-    if body.get("stream") is True and isinstance(n, int | float) and n > 1:
         return False
     prompt = body.get("prompt")  # /v1/completions: ids, or a list of one list of ids
     if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):

@@ -24,7 +24,7 @@ import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -225,7 +225,7 @@ class StreamEncoder(Protocol):
     def governor(self, item: GovernorState) -> Iterable[Any]: ...
 
 
-async def encode(items: AsyncIterator[Item], encoder: StreamEncoder) -> AsyncIterator[Any]:
+async def encode(items: AsyncIterator[Item], encoder: StreamEncoder) -> AsyncGenerator[Any, None]:
     """The one dispatch of a stream's items to its encoder. Closing this closes `items` (so the job is
     cancelled and its end accounted, however the stream ends)."""
     for out in encoder.opening():
@@ -246,6 +246,30 @@ async def encode(items: AsyncIterator[Item], encoder: StreamEncoder) -> AsyncIte
                 outs = encoder.governor(item)
             for out in outs:
                 yield out
+
+
+async def interleaved(streams: list[AsyncGenerator[Any, None]]) -> AsyncIterator[Any]:
+    """Every item of several streams as each comes (streams read at once, ties in list order); ends when
+    all have ended. However it ends, every stream is closed (so each job is cancelled and accounted)."""
+    pending: dict[asyncio.Future, int] = {asyncio.ensure_future(anext(s)): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=pending.__getitem__):
+                i = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield item
+                pending[asyncio.ensure_future(anext(streams[i]))] = i
+    finally:
+        for task in pending:
+            task.cancel()
+        # a stream is closed only once its pending read let go of it (closing a running one raises)
+        await asyncio.gather(*pending, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
 
 
 class _ClosesJob:

@@ -164,12 +164,6 @@ class GenerationBody(StrictBody):
         return n
 
     @model_validator(mode="after")
-    def _choices_unstreamed(self) -> GenerationBody:
-        if self.n > 1 and self.stream:
-            raise invalid("n > 1 is served without streaming (stream: false); a stream has one choice", "n")
-        return self
-
-    @model_validator(mode="after")
     def _one_constraint(self) -> GenerationBody:
         # Which fields ask for a grammar, not the grammar itself: converting one (a 64 KB GBNF grammar takes
         # a fraction of a second) is left to the one parse (server/serving/request.py), off the event loop.
@@ -391,11 +385,17 @@ def merged_choices(bodies: list[dict]) -> dict:
     i-th): the first body's fields, every choice at its index, completion tokens added up."""
     out = dict(bodies[0])
     out["choices"] = [{**body["choices"][0], "index": i} for i, body in enumerate(bodies)]
-    usage = dict(out["usage"])
-    usage["completion_tokens"] = sum(body["usage"]["completion_tokens"] for body in bodies)
-    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-    out["usage"] = usage
+    out["usage"] = summed_usage([body["usage"] for body in bodies])
     return out
+
+
+def summed_usage(usages: list[dict]) -> dict:
+    """The usage of a request's choices: the prompt counted once (every choice has the same one), the
+    completion tokens added up."""
+    usage = dict(usages[0])
+    usage["completion_tokens"] = sum(u["completion_tokens"] for u in usages)
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return usage
 
 
 def chat_completion(
@@ -450,10 +450,11 @@ def text_completion(
 class ChunkBuilder:
     """Builds the stream chunks of one response (chat or text completion)."""
 
-    def __init__(self, kind: Literal["chat", "text"], rid: str, model: str) -> None:
+    def __init__(self, kind: Literal["chat", "text"], rid: str, model: str, index: int = 0) -> None:
         self.kind = kind
         self.rid = rid
         self.model = model
+        self.index = index  # the choice these chunks carry (OpenAI's n: one builder per choice)
         self.created = now()
         self._role_sent = False
         self._offset = 0  # text offset for completion logprobs
@@ -506,7 +507,7 @@ class ChunkBuilder:
         else:
             if text or finish is not None:
                 choice = {
-                    "index": 0,
+                    "index": self.index,
                     "text": text,
                     "logprobs": completion_logprobs(tokens, self._offset),
                     "finish_reason": _finish_reason(finish) if finish else None,
@@ -525,7 +526,7 @@ class ChunkBuilder:
         self, delta: dict[str, Any], logprobs: dict | None = None, finish: FinishEvent | None = None
     ) -> dict:
         choice = {
-            "index": 0,
+            "index": self.index,
             "delta": delta,
             "logprobs": logprobs,
             "finish_reason": _finish_reason(finish) if finish else None,

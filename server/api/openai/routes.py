@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from models.errors import ModelNotFound
 from models.variant_facts import floor_facts, refused_variants, variant_facts
-from server.api.common.flow import ClientGone, Generation, collect, respond, start
+from server.api.common.flow import ClientGone, Generation, collect, respond, start, wait_started
 from server.api.common.names import LATEST
 from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from server.api.openai.stream import OpenAIRenderer
@@ -28,8 +28,8 @@ router = APIRouter(prefix="/v1")
 
 
 async def complete(request: Request, draft: Draft, n: int = 1) -> Response:
-    """/v1/chat/completions and /v1/completions; `n` choices (unstreamed) are as many replies, queued at
-    once so that they decode together where a batch's rows allow, each a choice of one body."""
+    """/v1/chat/completions and /v1/completions; `n` choices are as many replies, queued at once so that
+    they decode together where a batch's rows allow (or take turns), each a choice of one body or stream."""
     rid = ("chatcmpl-" if draft.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     renderer = OpenAIRenderer(draft.kind, draft.show.include_usage)
     if n == 1:
@@ -38,6 +38,12 @@ async def complete(request: Request, draft: Draft, n: int = 1) -> Response:
     try:
         for i in range(n):
             gens.append(await start(request, choice_draft(draft, i), rid=rid))
+        if draft.show.stream:
+            # the headers wait for the first choice's prompt (a prompt too long is a 413 for all)
+            started = await wait_started(request, gens[0])
+            if started is False:
+                raise ClientGone
+            return renderer.streams(gens, started)
         results = []
         for gen in gens:
             got = await collect(request, gen)

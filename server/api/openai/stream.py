@@ -30,8 +30,15 @@ from server.api.common.streaming import (
     coalesced,
     encode,
     governor_event,
+    interleaved,
 )
-from server.api.openai.protocol import ChunkBuilder, chat_completion, merged_choices, text_completion
+from server.api.openai.protocol import (
+    ChunkBuilder,
+    chat_completion,
+    merged_choices,
+    summed_usage,
+    text_completion,
+)
 from server.http.errors import error_payload
 from server.serving.events import GovernorState, Started, Switched
 
@@ -52,11 +59,15 @@ def error_chunk(err: BaseException) -> dict:
 
 @dataclass
 class ChunkEncoder:
-    """OpenAI's chat and text completion chunks."""
+    """OpenAI's chat and text completion chunks. One of a request's several choices (`alone` False) sends
+    neither its usage nor [DONE] (`choices_stream` sends them once all have ended) and leaves the governor's
+    events to choice 0."""
 
     job: Job
     builder: ChunkBuilder
     include_usage: bool
+    alone: bool = True
+    usage_chunk: dict | None = None  # a choice's usage, kept for `choices_stream`
 
     def opening(self) -> Iterable[dict[str, Any]]:
         return ()
@@ -66,13 +77,17 @@ class ChunkEncoder:
 
     def end(self, item: End) -> Iterable[dict[str, Any]]:
         out = [_data(chunk) for chunk in self.builder.delta(item.text, item.events, item.finish)]
+        if not self.alone:
+            self.usage_chunk = self.builder.usage(item.finish)
+            return out
         if self.include_usage:
             out.append(_data(self.builder.usage(item.finish)))
         return [*out, {"data": DONE}]
 
     def error(self, item: Error) -> Iterable[dict[str, Any]]:
         held = self.builder.delta(item.text, item.events) if item.events else ()
-        return [*(_data(chunk) for chunk in held), error_chunk(item.error), {"data": DONE}]
+        done = [{"data": DONE}] if self.alone else []
+        return [*(_data(chunk) for chunk in held), error_chunk(item.error), *done]
 
     def started(self, item: Started) -> Iterable[dict[str, Any]]:
         self.builder.started(item.model_id, item.variant)
@@ -85,7 +100,7 @@ class ChunkEncoder:
         return [event] if event is not None else []
 
     def governor(self, item: GovernorState) -> Iterable[dict[str, Any]]:
-        event = governor_event(self.job, item)
+        event = governor_event(self.job, item) if self.builder.index == 0 else None
         return [event] if event is not None else []
 
 
@@ -103,6 +118,27 @@ def sse_stream(
     """Yield sse-starlette event dicts for one job until [DONE]. `first`: as for `coalesced`."""
     stream = coalesced(job, events, interval_s=interval_s, on_end=on_end, clock=clock, first=first)
     return encode(stream, ChunkEncoder(job, builder, include_usage))
+
+
+async def choices_stream(
+    streams: list[tuple[Generation, ChunkBuilder]], *, include_usage: bool
+) -> AsyncIterator[dict[str, Any]]:
+    """The chunks of a request's n choices in one stream, as OpenAI sends them: each choice's chunks carry
+    its index and come as they are made; one usage chunk (the prompt once, completion tokens added up)
+    once every choice has ended, then one [DONE]. A choice that fails sends its error chunk; the others
+    go on."""
+    encoders = [ChunkEncoder(gen.job, builder, include_usage, alone=False) for gen, builder in streams]
+    sources = [
+        encode(gen.events_until_end(), encoder) for (gen, _), encoder in zip(streams, encoders, strict=True)
+    ]
+    async for out in interleaved(sources):
+        yield out
+    usages = [encoder.usage_chunk for encoder in encoders]
+    if include_usage and all(usages):
+        chunk = dict(usages[0] or {})
+        chunk["usage"] = summed_usage([u["usage"] for u in usages if u])
+        yield _data(chunk)
+    yield {"data": DONE}
 
 
 @dataclass
@@ -131,11 +167,31 @@ class OpenAIRenderer:
         body["route"] = gens[0].route.as_dict()
         return JSONResponse(body, headers=gens[0].headers())
 
-    def stream(self, gen: Generation, started: Started | None) -> Response:
-        builder = ChunkBuilder(self.kind, gen.rid, gen.model)
+    def builder(self, gen: Generation, started: Started | None, index: int = 0) -> ChunkBuilder:
+        builder = ChunkBuilder(self.kind, gen.rid, gen.model, index)
         builder.final_fields = lambda: {"route": gen.route.as_dict()}
         if started is not None:
             builder.started(started.model_id, started.variant)
+        return builder
+
+    def streams(self, gens: list[Generation], started: Started | None) -> Response:
+        """n choices streamed: one response; choice 0's start (when known) names the model for all."""
+        builders = [self.builder(gen, started, i) for i, gen in enumerate(gens)]
+
+        def close() -> None:
+            for gen in gens:
+                gen.abandon()
+
+        return JobEventSource(
+            choices_stream(list(zip(gens, builders, strict=True)), include_usage=self.include_usage),
+            ping=gens[0].rt.keepalive_ping_s,
+            headers=gens[0].headers(),
+            shutdown_grace_period=2.0,
+            on_close=close,
+        )
+
+    def stream(self, gen: Generation, started: Started | None) -> Response:
+        builder = self.builder(gen, started)
         return JobEventSource(
             sse_stream(
                 gen.job,
