@@ -9,7 +9,7 @@ STAMP := $(VENV)/.simmer-installed
 # CMake starts CMAKE_C_FLAGS/CMAKE_CXX_FLAGS from CFLAGS/CXXFLAGS; an explicit -mno-* wins over -march=native.
 LLAMA_FLAGS := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 
-.PHONY: run test lint format bench docker-test test-arm64 test-avx2 clean
+.PHONY: run check test lint format bench docker-test test-arm64 test-avx2 clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ run: $(STAMP)
 # answering as other CPU classes measure (tests/conftest.py --batch-rows), so a change that breaks them
 # there shows on any machine (docs/development.md).
 BATCH_TESTS := tests/models/test_batch.py tests/server/test_batch_serving.py
+
+# The first loop of a change: lint, then every test that needs neither the real SmolLM2, Chromium nor Docker
+# (nothing to download or compile beyond the venv). `make test` is the whole suite, as CI runs it.
+check: lint
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow and not browser and not docker"
 
 # Lint, then the whole test suite. Installs, when it can, Chromium for the browser tests and the llama.cpp
 # peer (llama-cpp-python compiles llama.cpp once, ~5 minutes; pip reuses the wheel after) for the tests

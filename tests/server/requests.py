@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.api.openai.requests import ChatCompletionRequest, CompletionRequest
 from server.api.openai.translate import chat_draft, completion_draft
 from server.serving.grammars import LLGUIDANCE
 from server.serving.request import GenerationRequest, SamplingDefaults, parse

@@ -201,7 +201,7 @@ def test_ollama_show_when_the_model_has_a_chat_template_then_it_lists_tools(srv)
 
 def test_call_collector_when_deltas_arrive_then_each_call_once_whole_and_a_cut_call_never():
     from models.types import ToolCallDelta
-    from server.api.ollama.protocol import CallCollector, ollama_calls
+    from server.api.ollama.render import CallCollector, ollama_calls
 
     first = [ToolCallDelta(0, "call_a", "f", ""), ToolCallDelta(0, None, None, '{"x": [1, ')]
     rest = [ToolCallDelta(0, None, None, "2]}"), ToolCallDelta(1, "call_b", "g", '{"y": "}')]

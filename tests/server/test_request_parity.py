@@ -447,7 +447,7 @@ LONG = 2000
 
 def _params(params: Any) -> Any:
     out = _plain(params)
-    if out.get("grammar") is not None:
+    if isinstance(out.get("grammar"), str):  # a long one is already a digest
         out["grammar"] = _digest(out["grammar"])
     return out
 

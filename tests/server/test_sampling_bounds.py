@@ -10,9 +10,9 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from server.api.common import fields
-from server.api.ollama.protocol import OllamaChatRequest, OllamaOptions, OllamaTurn
-from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
-from server.api.responses.protocol import ResponsesRequest
+from server.api.ollama.requests import OllamaChatRequest, OllamaOptions, OllamaTurn
+from server.api.openai.requests import ChatCompletionRequest, CompletionRequest
+from server.api.responses.requests import ResponsesRequest
 
 # (model, field) -> the shared type it must be declared with
 DECLARED: list[tuple[type[BaseModel], str, Any]] = [

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from models.errors import InvalidParameter
 from models.runtime.sampling import Sampler, make_rng, validate
-from server.api.openai.protocol import ChatCompletionRequest
+from server.api.openai.requests import ChatCompletionRequest
 from server.api.openai.translate import chat_draft
 from server.serving.grammars import LLGUIDANCE
 from server.serving.request import SamplingDefaults, parse

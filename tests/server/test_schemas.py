@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from models.types import GenerationParams
-from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.api.openai.requests import ChatCompletionRequest, CompletionRequest
 from server.api.openai.translate import chat_draft, completion_draft
 from server.serving.grammars import LLGUIDANCE
 from server.serving.request import SamplingDefaults, parse

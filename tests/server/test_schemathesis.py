@@ -136,11 +136,11 @@ def refused_tools_or_schema(body: dict, path: str = "") -> bool:
 
     from models.errors import InvalidParameter
     from server.api.ollama import translate as ollama
-    from server.api.ollama.protocol import OllamaChatRequest, OllamaGenerateRequest
+    from server.api.ollama.requests import OllamaChatRequest, OllamaGenerateRequest
     from server.api.openai import translate as openai
-    from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from server.api.openai.requests import ChatCompletionRequest, CompletionRequest
     from server.api.responses import translate as responses
-    from server.api.responses.protocol import ResponsesRequest
+    from server.api.responses.requests import ResponsesRequest
     from server.serving.grammars import LLGUIDANCE
     from server.serving.request import SamplingDefaults, check, parse
 

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from models.types import FinishEvent, Timings, TokenEvent, ToolCallDelta, Usage
-from server.api.responses.protocol import EventStream, ResponseObject, ResponsesRequest
+from server.api.responses.render import EventStream, ResponseObject
+from server.api.responses.requests import ResponsesRequest
 from tests.server.conftest import MODEL
 from tests.server.fakes import REPLY
 from tests.server.structured_data import TIME, WEATHER, structured_server

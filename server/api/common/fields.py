@@ -1,6 +1,6 @@
 """What every dialect's request validation shares: strict bodies, integers as JSON Schema has them, the
 400 raised inside a validator, and the sampling bounds, declared once as annotated types (each dialect's
-protocol.py types its fields with them; the numeric limits are the sampler's, models/runtime/sampling.py).
+requests.py types its fields with them; the numeric limits are the sampler's, models/runtime/sampling.py).
 """
 
 from __future__ import annotations

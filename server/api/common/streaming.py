@@ -6,8 +6,8 @@ Two parts, kept apart as sse-starlette keeps its encoder apart from its transpor
 - `coalesced`: reads the job's event queue, asks the coalescer what to send and yields batches, then the
   end (or the error); whatever ends the stream, the job is cancelled unless it finished.
 - `encode`: the one dispatch of those items to a dialect's `StreamEncoder`, one method per kind of item.
-  Each dialect's encoder is its own: OpenAI's chunks (api/openai/stream.py), Ollama's NDJSON and the
-  Responses API's events (their route modules).
+  Each dialect's encoder is its own: OpenAI's chunks, Ollama's NDJSON and the Responses API's events
+  (each in its dialect's render.py).
 
 Whatever ends the stream (the finish, an error, a shutdown, the client gone: sse-starlette cancels us), the
 job's CancelToken fires unless it finished.

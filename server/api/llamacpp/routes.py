@@ -1,4 +1,4 @@
-"""llama.cpp server's /tokenize, /detokenize and /apply-template (server/api/llamacpp/protocol.py has
+"""llama.cpp server's /tokenize, /detokenize and /apply-template (server/api/llamacpp/requests.py has
 the JSON).
 
 The tokenizer is read-only and needs no weights: these run on a thread of their own (serving/tokenizers.py),
@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from models.errors import InvalidParameter, ModelNotFound
-from server.api.llamacpp.protocol import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest, tokens_json
+from server.api.llamacpp.requests import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest, tokens_json
 from server.refusals import ModelLoading
 from server.serving.catalog import CatalogEntry
 from server.serving.tokenizers import TextSide, give_back_if_large

@@ -10,14 +10,9 @@ started comes as one more line, `{"error": "..."}`, and the stream ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
-import json
 import logging
-import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -26,17 +21,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from models.errors import ModelNotFound, SimmerError
 from models.store import registry
 from models.store.registry import license_notice
-from models.types import FinishEvent, TokenEvent
-from server.api.common.flow import Generation, respond, start
+from server.api.common.flow import respond, start
 from server.api.common.names import model_id
-from server.api.common.streaming import Batch, End, Error, JobStreamingResponse, encode
-from server.api.common.tools import call_deltas
-from server.api.ollama import protocol as wire
+from server.api.ollama import requests as wire
+from server.api.ollama.render import NDJSON, Kind, NdjsonRenderer, PullProgress, control, ollama_name
 from server.api.ollama.translate import chat_draft, generate_draft
-from server.http.errors import ApiError, error_payload
+from server.http.errors import ApiError
 from server.refusals import ModelLoading
 from server.serving.catalog import CatalogEntry, installed, iso
-from server.serving.events import GovernorState, Started, Switched
 from server.serving.request import Draft
 
 if TYPE_CHECKING:
@@ -46,97 +38,8 @@ log = logging.getLogger("simmer.ollama")
 
 router = APIRouter(prefix="/api")
 
-NDJSON = "application/x-ndjson"
 # The Ollama API level whose wire format these routes follow (clients gate features on /api/version).
 OLLAMA_API_VERSION = "0.12.0"
-
-
-def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-
-
-@dataclass
-class NdjsonRenderer:
-    """Ollama's answers to /api/chat and /api/generate: one object, or NDJSON ending with done: true.
-    Each line names the model that produced it: the governor may start the reply on another model, or move
-    it to another mid-way (then the held text leaves under the old name and later lines name the new one)."""
-
-    kind: wire.Kind
-    name: str  # the model as the client named it (Ollama echoes it)
-
-    def named(self, model: str | None) -> str:
-        return wire.name_as_given(self.name, model) if model else self.name
-
-    def stats(self, gen: Generation, finish: FinishEvent) -> dict[str, int]:
-        now = time.monotonic()
-        started = gen.started if gen.started is not None else now
-        return wire.durations(finish, total_s=now - gen.arrived, load_s=started - gen.arrived)
-
-    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
-        text = "".join(ev.text for ev in tokens) + finish.text
-        calls = wire.ollama_calls(call_deltas(tokens, finish))
-        name = self.named(finish.model_id)
-        body = wire.final(self.kind, name, text, tokens, finish, self.stats(gen, finish), calls)
-        return JSONResponse(body, headers=gen.headers())
-
-    def stream(self, gen: Generation, started: Started | None) -> Response:
-        name = self.named(started.model_id) if started is not None else self.name
-        return JobStreamingResponse(
-            encode(gen.events_until_end(), NdjsonEncoder(self, gen, name)),
-            media_type=NDJSON,
-            headers=gen.headers(),
-            on_close=gen.abandon,  # a no-op unless the generator never ran
-        )
-
-
-@dataclass
-class NdjsonEncoder:
-    """Ollama's stream: one line per piece, then the final line with the stats (or an error line)."""
-
-    renderer: NdjsonRenderer
-    gen: Generation
-    name: str  # the model producing the lines, from now on
-    collector: wire.CallCollector = field(default_factory=wire.CallCollector)
-
-    @property
-    def kind(self) -> wire.Kind:
-        return self.renderer.kind
-
-    def opening(self) -> list[bytes]:
-        return []
-
-    def batch(self, item: Batch) -> list[bytes]:
-        calls = self.collector.add(call_deltas(item.events))
-        if item.text or calls or any(ev.logprob is not None for ev in item.events):
-            return [_line(wire.piece(self.kind, self.name, item.text, item.events, calls))]
-        return []
-
-    def end(self, item: End) -> list[bytes]:
-        out = []
-        calls = self.collector.add(call_deltas(item.events, item.finish))
-        if item.text or item.events or calls:  # held text goes out before the final object
-            out.append(_line(wire.piece(self.kind, self.name, item.text, item.events, calls)))
-        self.gen.mark_started()
-        if item.finish.model_id:
-            self.name = self.renderer.named(item.finish.model_id)
-        stats = self.renderer.stats(self.gen, item.finish)
-        return [*out, _line(wire.final(self.kind, self.name, "", [], item.finish, stats))]
-
-    def error(self, item: Error) -> list[bytes]:
-        out = [_line(wire.piece(self.kind, self.name, item.text, item.events))] if item.events else []
-        return [*out, _line(error_payload(item.error, router.prefix + "/")[1])]
-
-    def started(self, item: Started) -> list[bytes]:
-        self.gen.mark_started()
-        self.name = self.renderer.named(item.model_id)
-        return []
-
-    def switched(self, item: Switched) -> list[bytes]:
-        self.name = self.renderer.named(item.model_id)  # `coalesced` sent the held text under the old name
-        return []
-
-    def governor(self, item: GovernorState) -> list[bytes]:
-        return []
 
 
 def _not_found(rt: Runtime, name: str) -> SimmerError:
@@ -151,7 +54,7 @@ def _not_found(rt: Runtime, name: str) -> SimmerError:
     return ModelNotFound(f"model '{name}' not found", param="model")
 
 
-async def _generate(request: Request, kind: wire.Kind, body: wire.OllamaTurn, draft: Draft) -> Response:
+async def _generate(request: Request, kind: Kind, body: wire.OllamaTurn, draft: Draft) -> Response:
     rt: Runtime = request.app.state.runtime
     rid = f"ollama-{uuid.uuid4().hex[:24]}"
     try:
@@ -161,17 +64,17 @@ async def _generate(request: Request, kind: wire.Kind, body: wire.OllamaTurn, dr
     return await respond(request, gen, NdjsonRenderer(kind, body.model))
 
 
-def _control(request: Request, kind: wire.Kind, body: wire.OllamaTurn) -> Response:
+def _control(request: Request, kind: Kind, body: wire.OllamaTurn) -> Response:
     """No prompt (no messages): Ollama's load request, or with keep_alive 0 its unload request."""
     rt: Runtime = request.app.state.runtime
     if body.model_id not in rt.served.ids():
         raise _not_found(rt, body.model)
     if body.keep_alive_s() == 0:  # unload: the worker does it once no job uses the model
         rt.worker.unload_when_idle(body.model_id)
-        return JSONResponse(wire.control(kind, body.model, "unload"))
+        return JSONResponse(control(kind, body.model, "unload"))
     if rt.worker.state != "ready":
         raise ModelLoading("The model is still loading; retry shortly")
-    return JSONResponse(wire.control(kind, body.model, "load"))
+    return JSONResponse(control(kind, body.model, "load"))
 
 
 @router.post("/chat")
@@ -208,7 +111,7 @@ def _details(entry: CatalogEntry, variant: str | None = None) -> dict[str, Any]:
 
 
 def _tag(entry: CatalogEntry, variant: str | None = None) -> dict[str, Any]:
-    name = wire.ollama_name(entry.id)
+    name = ollama_name(entry.id)
     return {
         "name": name,
         "model": name,
@@ -228,7 +131,7 @@ async def tags(request: Request) -> dict[str, Any]:
     models = [_tag(m, loaded[m.id].variant if m.id in loaded else None) for m in local]
     # Ids served only upstream, when the routing policy lets requests leave (as /v1/models lists them).
     for remote in rt.router.remote_models() if rt.router else []:
-        name = wire.ollama_name(remote)
+        name = ollama_name(remote)
         models.append(
             {
                 "name": name,
@@ -412,50 +315,6 @@ def _pulled(model: str, task: asyncio.Future) -> None:
         log.info("pulled %s", model)
     else:
         log.warning("pull of %s failed: %s", model, error)
-
-
-class PullProgress:
-    """The store's (stage, fraction) reports, from the pull's thread, as Ollama's progress objects: one per
-    stage and per 0.1 % of it. `digest` names the stage (clients key their progress bars on it); total and
-    completed are per mille, not bytes (the store reports fractions)."""
-
-    TOTAL = 1000
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._last: tuple[str, int] | None = None
-
-    def note(self, text: str) -> None:
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, {"status": text})
-
-    def __call__(self, stage: str, fraction: float) -> None:
-        done = round(max(0.0, min(1.0, fraction)) * self.TOTAL)
-        if (stage, done) == self._last:
-            return
-        self._last = (stage, done)
-        item = {"status": stage, "digest": stage, "total": self.TOTAL, "completed": done}
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-
-    async def lines(self, task: asyncio.Future) -> AsyncIterator[bytes]:
-        yield _line({"status": "pulling manifest"})
-        while not (task.done() and self.queue.empty()):
-            getter = asyncio.ensure_future(self.queue.get())
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                yield _line(getter.result())
-            else:
-                getter.cancel()
-        try:
-            installed = task.result()
-        except Exception as err:  # the stream has started: the error is its last line
-            yield _line(error_payload(err, router.prefix + "/")[1])
-            return
-        yield _line({"status": "verifying sha256 digest"})
-        yield _line({"status": f"installed {installed.id} {installed.version}"})
-        yield _line({"status": "success"})
 
 
 @router.post("/embed")

@@ -21,12 +21,7 @@ from typing import Any
 
 from models.types import Tool
 from server.api.common.tools import NamedToolChoice, parallel_calls
-from server.api.ollama.protocol import (
-    OllamaChatRequest,
-    OllamaGenerateRequest,
-    OllamaOptions,
-    OllamaTurn,
-)
+from server.api.ollama.requests import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions, OllamaTurn
 from server.serving.request import Asked, ConstraintAsk, Draft, Kind, Show, ToolsAsk
 
 # options applied as they are named (the rest is repetition_penalty, seed, stop and num_predict)

@@ -14,8 +14,8 @@ from models.errors import ModelNotFound
 from models.variant_facts import floor_facts, refused_variants, variant_facts
 from server.api.common.flow import ClientGone, Generation, collect, respond, start, wait_started
 from server.api.common.names import LATEST
-from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest
-from server.api.openai.stream import OpenAIRenderer
+from server.api.openai.render import OpenAIRenderer
+from server.api.openai.requests import ChatCompletionRequest, CompletionRequest
 from server.api.openai.translate import chat_draft, completion_draft
 from server.serving.catalog import CatalogEntry
 from server.serving.request import Draft

@@ -14,7 +14,7 @@ from typing import Any
 
 from models.types import Tool
 from server.api.common.tools import NamedToolChoice, parallel_calls
-from server.api.openai.protocol import ChatCompletionRequest, CompletionRequest, GenerationBody
+from server.api.openai.requests import ChatCompletionRequest, CompletionRequest, GenerationBody
 from server.serving.keep_alive import parse_keep_alive
 from server.serving.request import Asked, ConstraintAsk, Draft, Show, ToolsAsk
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from models.types import Tool
 from server.api.common.tools import parallel_calls
-from server.api.responses.protocol import FunctionChoice, ResponsesRequest
+from server.api.responses.requests import FunctionChoice, ResponsesRequest
 from server.serving.request import Asked, ConstraintAsk, Draft, Show, ToolsAsk
 
 # what an OpenAI upstream may be sent, under the same names, when the client set it

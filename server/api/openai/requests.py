@@ -1,15 +1,9 @@
-"""OpenAI-shaped wire models. Requests are validated here and translated once into the internal request
-(translate.py); responses and stream chunks are built by small functions so the route and the stream share
-one shape.
-
-Nothing outside the dialect folders sees these types (the router and the worker take a GenerationRequest).
-"""
+"""OpenAI's request bodies on the wire (/v1/chat/completions, /v1/completions), validated here and translated
+once into the internal request (translate.py). Nothing outside the dialect folders sees these types (the
+router and the worker take a GenerationRequest)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import asdict
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -22,13 +16,6 @@ from pydantic import (
     model_validator,
 )
 
-from models.types import (
-    FinishEvent,
-    Timings,
-    TokenEvent,
-    ToolCallDelta,
-    Usage,
-)
 from server.api.common.fields import (
     LOGIT_BIAS_SCHEMA,
     MAX_CHOICES,
@@ -59,13 +46,10 @@ from server.api.common.fields import (
     invalid,
     valid_keep_alive,
 )
-from server.api.common.logprobs import chat_logprobs, token_text
 from server.api.common.messages import ChatMessage
 from server.api.common.tools import (
     NamedToolChoice,
     ToolSpec,
-    assemble_calls,
-    call_deltas,
     check_openai_tools,
 )
 from server.serving.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
@@ -308,240 +292,3 @@ class CompletionRequest(GenerationBody):
         if isinstance(self.prompt[0], str):
             return self.prompt[0]
         return tuple(self.prompt)
-
-
-# ---- responses ---------------------------------------------------------------------------------
-
-
-def now() -> int:
-    return int(time.time())
-
-
-def usage_dict(usage: Usage) -> dict:
-    body: dict[str, Any] = {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    }
-    if usage.by_model:  # simmer: which model produced how many tokens (several when the governor moved it)
-        body["models"] = dict(usage.by_model)
-    return body
-
-
-def timings_dict(timings: Timings) -> dict:
-    return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(timings).items()}
-
-
-def completion_logprobs(events: list[TokenEvent], offset: int = 0) -> dict | None:
-    if not events or all(ev.logprob is None for ev in events):
-        return None
-    tokens, token_logprobs, tops, offsets = [], [], [], []
-    for ev in events:
-        text = token_text(ev)
-        tokens.append(text)
-        token_logprobs.append(ev.logprob)
-        tops.append({t.token: t.logprob for t in ev.top_logprobs or ()})
-        offsets.append(offset)
-        offset += len(ev.text)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
-
-
-def _extras(finish: FinishEvent) -> dict:
-    return {
-        "timings": timings_dict(finish.timings),
-        "truncated": finish.truncated,
-        "summarized": finish.summarized,
-    }
-
-
-def _fingerprint(variant: str | None) -> str | None:
-    return f"simmer-{variant}" if variant else None
-
-
-def _finish_reason(finish: FinishEvent) -> str:
-    # OpenAI knows stop/length/tool_calls; a cancelled generation that still answers reports what it has.
-    return finish.finish_reason if finish.finish_reason in ("stop", "length", "tool_calls") else "stop"
-
-
-def _stream_calls(deltas: list[ToolCallDelta]) -> list[dict]:
-    """Stream-chunk tool_calls: one entry per call index; the call's first chunk carries its id, type and
-    name (the openai SDK's stream helpers read them from there), later ones only arguments."""
-    out: dict[int, dict] = {}
-    for d in deltas:
-        entry = out.get(d.index)
-        if entry is None:
-            entry = out[d.index] = {"index": d.index}
-            if d.id is not None:
-                entry.update({"id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}})
-            else:
-                entry["function"] = {"arguments": ""}
-        entry["function"]["arguments"] += d.arguments
-    return [out[i] for i in sorted(out)]
-
-
-def merged_choices(bodies: list[dict]) -> dict:
-    """One reply body of several choices from the bodies of the replies that made them (choice i from the
-    i-th): the first body's fields, every choice at its index, completion tokens added up."""
-    out = dict(bodies[0])
-    out["choices"] = [{**body["choices"][0], "index": i} for i, body in enumerate(bodies)]
-    out["usage"] = summed_usage([body["usage"] for body in bodies])
-    return out
-
-
-def summed_usage(usages: list[dict]) -> dict:
-    """The usage of a request's choices: the prompt counted once (every choice has the same one), the
-    completion tokens added up."""
-    usage = dict(usages[0])
-    usage["completion_tokens"] = sum(u["completion_tokens"] for u in usages)
-    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-    return usage
-
-
-def chat_completion(
-    rid: str, model: str, text: str, tokens: list[TokenEvent], finish: FinishEvent, variant: str | None
-) -> dict:
-    # refusal: OpenAI's spec requires the field; simmer's models never refuse by a separate channel
-    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-    calls = assemble_calls(call_deltas(tokens, finish))
-    if calls:
-        message = {"role": "assistant", "content": text or None, "refusal": None, "tool_calls": calls}
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": now(),
-        "model": model,
-        "system_fingerprint": _fingerprint(variant),
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": chat_logprobs(tokens),
-                "finish_reason": _finish_reason(finish),
-            }
-        ],
-        "usage": usage_dict(finish.usage),
-        **_extras(finish),
-    }
-
-
-def text_completion(
-    rid: str, model: str, text: str, tokens: list[TokenEvent], finish: FinishEvent, variant: str | None
-) -> dict:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": now(),
-        "model": model,
-        "system_fingerprint": _fingerprint(variant),
-        "choices": [
-            {
-                "index": 0,
-                "text": text,
-                "logprobs": completion_logprobs(tokens),
-                "finish_reason": _finish_reason(finish),
-            }
-        ],
-        "usage": usage_dict(finish.usage),
-        **_extras(finish),
-    }
-
-
-class ChunkBuilder:
-    """Builds the stream chunks of one response (chat or text completion)."""
-
-    def __init__(self, kind: Literal["chat", "text"], rid: str, model: str, index: int = 0) -> None:
-        self.kind = kind
-        self.rid = rid
-        self.model = model
-        self.index = index  # the choice these chunks carry (OpenAI's n: one builder per choice)
-        self.created = now()
-        self._role_sent = False
-        self._offset = 0  # text offset for completion logprobs
-        self._held: list[TokenEvent] = []  # tokens of batches that showed nothing yet (their logprobs)
-        self.variant: str | None = None  # known once the worker starts the job
-        # Fields of the final chunk (and the usage chunk) known only at the end: the route object.
-        self.final_fields: Callable[[], dict] = dict
-
-    def started(self, model_id: str | None, variant: str | None) -> None:
-        """The model that runs the reply from now on (the governor may move it to another mid-way)."""
-        if model_id:
-            self.model = model_id
-        self.variant = variant
-
-    def _chunk(self, choices: list[dict], variant: str | None = None) -> dict:
-        variant = variant or self.variant
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return {
-            "id": self.rid,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": _fingerprint(variant),
-            "choices": choices,
-        }
-
-    def delta(self, text: str, tokens: list[TokenEvent], finish: FinishEvent | None = None) -> list[dict]:
-        """The chunks for one batch of tokens (and the finish, at the end): none when the batch shows nothing
-        (bytes the detokenizer holds, a call's envelope); its tokens' logprobs then go with the next chunk.
-        As OpenAI streams: the role comes alone in the first chunk (`content` null); no delta carries empty
-        content; the last chunk's delta is empty, with the finish_reason."""
-        tokens = self._held + tokens
-        self._held = []
-        chunks = []
-        if self.kind == "chat":
-            calls = _stream_calls(call_deltas(tokens, finish))
-            if not self._role_sent:  # the role-only opening chunk, before anything else
-                self._role_sent = True
-                chunks.append(self._choice({"role": "assistant", "content": None}))
-            delta: dict[str, Any] = {"content": text} if text else {}
-            if calls:
-                delta["tool_calls"] = calls
-            if delta:
-                chunks.append(self._choice(delta, chat_logprobs(tokens)))
-            elif finish is None:
-                self._held = tokens
-            if finish is not None:
-                logprobs = None if delta else chat_logprobs(tokens)
-                chunks.append(self._choice({}, logprobs, finish))
-        else:
-            if text or finish is not None:
-                choice = {
-                    "index": self.index,
-                    "text": text,
-                    "logprobs": completion_logprobs(tokens, self._offset),
-                    "finish_reason": _finish_reason(finish) if finish else None,
-                }
-                self._offset += len(text)
-                chunks.append(
-                    self._final(self._chunk([choice], finish.variant), finish)
-                    if finish
-                    else self._chunk([choice])
-                )
-            else:
-                self._held = tokens
-        return chunks
-
-    def _choice(
-        self, delta: dict[str, Any], logprobs: dict | None = None, finish: FinishEvent | None = None
-    ) -> dict:
-        choice = {
-            "index": self.index,
-            "delta": delta,
-            "logprobs": logprobs,
-            "finish_reason": _finish_reason(finish) if finish else None,
-        }
-        chunk = self._chunk([choice], finish.variant if finish else None)
-        return self._final(chunk, finish) if finish else chunk
-
-    def _final(self, chunk: dict, finish: FinishEvent) -> dict:
-        chunk.update(_extras(finish))
-        chunk.update(self.final_fields())
-        return chunk
-
-    def usage(self, finish: FinishEvent) -> dict:
-        chunk = self._chunk([], finish.variant)
-        chunk["usage"] = usage_dict(finish.usage)
-        chunk.update(_extras(finish))
-        chunk.update(self.final_fields())
-        return chunk

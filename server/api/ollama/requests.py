@@ -1,5 +1,4 @@
-"""Ollama's API on the wire (https://github.com/ollama/ollama/blob/main/docs/api.md): requests, and the
-objects the routes send.
+"""Ollama's request bodies on the wire (https://github.com/ollama/ollama/blob/main/docs/api.md).
 
 Requests are validated here; translate.py turns /api/chat and /api/generate bodies into the internal
 request (what each option becomes is listed there). options.num_ctx, repeat_last_n and Ollama's runner
@@ -13,14 +12,12 @@ reply's calls come back as Ollama's message.tool_calls, each whole once its argu
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from models.types import FinishEvent, TokenEvent, ToolCallDelta
 from server.api.common.fields import (
     MAX_INPUTS,
     MAX_MESSAGES,
@@ -46,36 +43,14 @@ from server.api.common.fields import (
     invalid,
     valid_keep_alive,
 )
-from server.api.common.names import LATEST, model_id
-from server.api.common.tools import NamedToolChoice, ToolSpec, assemble_calls, check_openai_tools
+from server.api.common.names import model_id
+from server.api.common.tools import NamedToolChoice, ToolSpec, check_openai_tools
 from server.serving.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
 from server.serving.keep_alive import parse_keep_alive
 
 log = logging.getLogger("simmer.ollama")
 
 NOT_APPLIED = ("num_ctx", "repeat_last_n")  # known to simmer, accepted, not applied (see above)
-
-
-def ollama_name(model: str) -> str:
-    """How /api/tags and /api/ps name a model: with Ollama's default tag."""
-    return model if ":" in model else model + LATEST
-
-
-def name_as_given(given: str, model: str) -> str:
-    """`model` as the reply names it: the client's own name for the model it asked for (Ollama echoes it);
-    another model (the governor moved the reply) in the same style, with the default tag if the client
-    wrote one."""
-    if model_id(given) == model:
-        return given
-    return ollama_name(model) if given.endswith(LATEST) else model
-
-
-def created_at() -> str:
-    """RFC 3339 in UTC with the fraction, as Ollama writes created_at."""
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-# ---- requests ---------------------------------------------------------------------------------------
 
 
 class OllamaOptions(StrictBody):
@@ -371,119 +346,3 @@ class EmbedRequest(StrictBody):
 
 
 # ---- replies ------------------------------------------------------------------------------------------
-
-
-def logprobs_list(tokens: list[TokenEvent]) -> list[dict[str, Any]] | None:
-    """Ollama's logprobs: one object per token, its top alternatives when asked."""
-    if not tokens or all(ev.logprob is None for ev in tokens):
-        return None
-    out = []
-    for ev in tokens:
-        text = ev.token_text if ev.token_text is not None else ev.text
-        entry: dict[str, Any] = {"token": text, "logprob": ev.logprob, "bytes": list(text.encode())}
-        if ev.top_logprobs:
-            entry["top_logprobs"] = [
-                {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)} for t in ev.top_logprobs
-            ]
-        out.append(entry)
-    return out
-
-
-def durations(finish: FinishEvent, *, total_s: float, load_s: float) -> dict[str, int]:
-    """The final object's statistics, in nanoseconds as Ollama has them. prompt_eval_count counts the
-    prompt tokens evaluated for this request (a reused prefix is not evaluated again), as Ollama reports
-    what its runner evaluated; load_duration is the wait before the worker took the job (queue, a governor
-    pause, a model loaded again after keep_alive)."""
-    t = finish.timings
-    return {
-        "total_duration": round(total_s * 1e9),
-        "load_duration": round(load_s * 1e9),
-        "prompt_eval_count": t.prompt_n,
-        "prompt_eval_duration": round(t.prompt_ms * 1e6),
-        "eval_count": finish.usage.completion_tokens,
-        "eval_duration": round(t.predicted_ms * 1e6),
-    }
-
-
-def done_reason(finish: FinishEvent) -> str:
-    return "length" if finish.finish_reason == "length" else "stop"
-
-
-def ollama_calls(deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
-    """Ollama's message.tool_calls from the engine's call deltas: the calls whose arguments object is
-    complete (one cut by num_predict has no object to give, and is left out)."""
-    out = []
-    for call in assemble_calls(deltas):
-        try:
-            arguments = json.loads(call["function"]["arguments"])
-        except ValueError:
-            continue
-        if isinstance(arguments, dict):
-            function = {"index": len(out), "name": call["function"]["name"], "arguments": arguments}
-            out.append({"id": call["id"], "function": function})
-    return out
-
-
-class CallCollector:
-    """A streamed reply's calls, each sent whole once its arguments object is complete (Ollama streams
-    calls whole: its `arguments` is an object, not text)."""
-
-    def __init__(self) -> None:
-        self._deltas: list[ToolCallDelta] = []
-        self._sent = 0
-
-    def add(self, deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
-        """The calls these deltas completed."""
-        if not deltas:
-            return []
-        self._deltas += deltas
-        calls = ollama_calls(self._deltas)
-        new, self._sent = calls[self._sent :], len(calls)
-        return new
-
-
-Kind = Literal["chat", "generate"]
-
-
-def piece(
-    kind: Kind, model: str, text: str, tokens: list[TokenEvent], calls: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """One streamed object (done: false)."""
-    out: dict[str, Any] = {"model": model, "created_at": created_at()}
-    if kind == "chat":
-        out["message"] = {"role": "assistant", "content": text}
-        if calls:
-            out["message"]["tool_calls"] = calls
-    else:
-        out["response"] = text
-    out["done"] = False
-    if (lp := logprobs_list(tokens)) is not None:
-        out["logprobs"] = lp
-    return out
-
-
-def final(
-    kind: Kind,
-    model: str,
-    text: str,
-    tokens: list[TokenEvent],
-    finish: FinishEvent,
-    stats: dict[str, int],
-    calls: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The last object: done, done_reason and the statistics (with the whole reply when not streamed), and
-    simmer's window flags as the OpenAI bodies have them: truncated (turns were dropped) and summarized
-    (the dropped turns came as a summary note)."""
-    out = piece(kind, model, text, tokens, calls)
-    out.update({"done": True, "done_reason": done_reason(finish), **stats})
-    out.update({"truncated": finish.truncated, "summarized": finish.summarized})
-    if finish.usage.by_model:  # simmer: which model produced how many tokens (the governor may move a reply)
-        out["eval_count_by_model"] = {name_as_given(model, m): n for m, n in finish.usage.by_model.items()}
-    return out
-
-
-def control(kind: Kind, model: str, reason: Literal["load", "unload"]) -> dict[str, Any]:
-    """The answer to a load or unload request (no prompt, no messages)."""
-    out = piece(kind, model, "", [])
-    out.update({"done": True, "done_reason": reason})
-    return out
