@@ -1,7 +1,7 @@
 """Where a process's memory is, read from Linux and glibc: the readers the benchmarks share.
 
 `smaps_rss` reads resident memory per mapping from an smaps file (the soak's summary, the warm-memory
-experiment's kinds); `heap_in_use` asks glibc how many heap bytes are allocated now (mallinfo2), which sees
+study's kinds); `heap_in_use` asks glibc how many heap bytes are allocated now (mallinfo2), which sees
 small blocks that RSS rounds away.
 """
 

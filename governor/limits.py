@@ -331,7 +331,7 @@ def pick_config(
 # Whether the engine's thread pools may spin between runs (onnxruntime's allow_spinning), decided with the
 # pace because a pool's spinning is CPU time: under a thermal cap tokens/s = the envelope's busy cores x
 # tokens per CPU-second, and a pool that spins through the idle a pace leaves (the gate's idle after each
-# pass) spends envelope on no token. Measured (bench/experiments/pace_probe.py, q4-a8 decode, shared 2-core
+# pass) spends envelope on no token. Measured (q4-a8 decode, Gemma 3 270M and SmolLM2, a shared 2-core
 # host): two spinning threads made 0.49-0.58x the tokens per CPU-second of one thread, two quiet threads
 # 0.80-0.86x.
 #   a CPU budget (the pace controller's or the row's) -> False

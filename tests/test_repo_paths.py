@@ -13,6 +13,7 @@ asked for it. Another project's issue is a fact's source and may be cited with t
 
 from __future__ import annotations
 
+import posixpath
 import re
 import subprocess
 from pathlib import Path
@@ -80,6 +81,8 @@ def test_repo_when_scanned_then_no_file_names_a_path_outside_it() -> None:
             for doc in MARKDOWN.findall(line):
                 if doc in NOT_REFERENCES:
                     continue
+                if doc.startswith(("../", "./")):  # relative to the file that names it
+                    doc = posixpath.normpath(posixpath.join(posixpath.dirname(rel), doc))
                 if doc not in markdown and not (("/" not in doc) and doc in basenames):
                     problems.append(f"{rel}:{n}: names {doc}, which is not in the repository")
     assert not problems, "\n".join(problems)
@@ -91,6 +94,7 @@ def test_scan_when_outside_paths_then_caught() -> None:
         assert OUTSIDE.search(bad) or MARKDOWN.search(bad), bad
     assert MARKDOWN.findall("design in THERMAL_SIM.md): one") == ["THERMAL_SIM.md"]
     assert MARKDOWN.findall("see docs/readme/docker.md") == ["docs/readme/docker.md"]
+    assert MARKDOWN.findall("[index](../studies/README.md#index)") == ["../studies/README.md"]
     for fine in ("WORKDIR /home/simmer", "default `~/.cache/simmer`", "mktemp -d /tmp/simmer.XXXX"):
         assert not OUTSIDE.search(fine), fine
 

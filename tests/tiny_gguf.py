@@ -149,7 +149,7 @@ def tensor_bytes(w: np.ndarray, type_name: str, rng: np.random.Generator) -> np.
     if len(w) <= QUANTIZE_ROWS:
         return quantize(w, type_name)
     # by rows (every format's blocks lie within a row): a vocabulary-sized matrix
-    # (bench/experiments/head_memory.py) would otherwise hold the K-quant search's temporaries for all of it
+    # (studies/experiments/head_memory.py) would otherwise hold the K-quant search's temporaries for all of it
     # at once
     step = QUANTIZE_ROWS
     return np.concatenate([quantize(w[i : i + step], type_name) for i in range(0, len(w), step)])

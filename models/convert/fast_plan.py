@@ -3,7 +3,7 @@ llama.cpp's quantizer decided a tensor needs (a "_M" mix gives its sensitive ten
 half of ffn_down, more than 4 bits), and plans tried in order at pull time, cheapest first: the first whose
 measured KL is within the quality floor (convert/nominal.py) is installed as `fast`.
 
-Why these (bench/experiments/fast_encodings.py and the KL measurements in docs/performance.md): MatMulNBits
+Why these (the KL measurements in docs/performance.md): MatMulNBits
 with int8 activations quantizes the activations per weight block, so a wider block reads fewer bytes (fp32
 scale and block sum per block) but rounds the activations more coarsely, and that, not the weights'
 rounding, is what an 8-bit re-encoding costs in KL. A 4-bit re-encoding of a 4-bit GGUF tensor is a second
@@ -64,8 +64,8 @@ class Plan:
 # | ffn_down, ffn_gate, ffn_up | 0.00165 | 0.0091 |
 # This plan keeps half the floor's margin on the p99 (another CPU's int8 kernels round differently) and one
 # node for the fused q/k/v. The same in the first half of the layers only gave 0.00206 (p99 0.0115) and was
-# 1 % faster over six interleaved rounds (bench/experiments/results/fast-plan-half-layers-smollm2-*.json):
-# not worth that margin. 8-bit matrices keep int8 inputs (fp32 ones there run 32-48x slower: linear.py).
+# 1 % faster over six interleaved rounds (SmolLM2): not worth that margin. 8-bit matrices keep int8 inputs
+# (fp32 ones there run 32-48x slower: linear.py).
 PLANS = (
     Plan("4-bit", Encoding(4, 32, zero_point=True), Encoding(8, 32, False), Encoding(8, 32, False)),
     Plan("8-bit", None, Encoding(8, 32, False), Encoding(8, 32, False)),

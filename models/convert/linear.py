@@ -11,10 +11,9 @@ How one tensor runs, by variant (`form`):
 | F32 F16 BF16 | fp32 MatMul | fp32 MatMul | 4-bit symmetric (a head: 8) | 8-bit symmetric |
 Formats with a min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) add blocksum(x) @ offsets^T, exactly (quant.py).
 
-Why fp32 MatMul for the 8-bit formats of the exact variant (bench/experiments/quant_routes.py, group route8:
-Gemma 3 270M's qkv / gate_up / down shapes, 18 distinct matrices per call so the weights stream from memory as
-in a decode step, 2 threads, interleaved rounds on a shared machine; times relative to 8-bit, int8
-activations):
+Why fp32 MatMul for the 8-bit formats of the exact variant (measured on Gemma 3 270M's qkv / gate_up / down
+shapes, 18 distinct matrices per call so the weights stream from memory as in a decode step, 2 threads,
+interleaved rounds on a shared machine; times relative to 8-bit, int8 activations):
 | route | 1 token | 256 tokens |
 |---|---|---|
 | MatMulNBits 8-bit, fp32 activations | 32-48x | 0.55-0.66x |
@@ -22,9 +21,8 @@ activations):
 | fp32 MatMul on the dequantized weights | 1.7-3.4x | 0.34-0.40x |
 All three are exact; fp32 MatMul is the fastest at both sizes (2.9-3.7x faster than the nibble pair at one
 token), for 4x the bytes of the 8-bit codes. A vocabulary-sized head is where those bytes hurt: Gemma 3's
-tied 262,144 x 640 table as an fp32 head is 649 MB resident against 231 MB as a nibble pair
-(bench/experiments/table_memory.py), though 3.4x slower there (169 against 577 ms a token on the loaded
-machine); a head takes the nibble pair (`small=True`).
+tied 262,144 x 640 table as an fp32 head is 649 MB resident against 231 MB as a nibble pair, though 3.4x
+slower there (169 against 577 ms a token on the loaded machine); a head takes the nibble pair (`small=True`).
 
 Fusion (group mixed, llama.cpp Q4_K_M's attn_q/attn_k Q4_K with attn_v Q6_K): projections that share a
 layout (bits, block) are one MatMulNBits; where they do not, each run of one layout gets its own node and a
@@ -32,17 +30,15 @@ Concat joins them. With int8 activations, widening the 4-bit part to 8 bits inst
 (1.3-4.3x at one token); with fp32 ones, promoting everything to fp32 MatMul was 10-30 % faster but costs 8x
 the bytes of the 4-bit part, so the 4-bit part stays 4-bit.
 
-Why Q5_0 / Q6_K stay one 8-bit node in q4-a8 rather than a sum of narrower ones
-(bench/experiments/split_8bit.py, two runs on a shared machine in
-bench/experiments/results/split-8bit-shared-*.json): Q5_0 = d*(lo4 - 8) + 8d*(2*hi - 1) is
-exactly a 4-bit plus a 2-bit (or 4-bit) MatMulNBits with default zero points, and with int8 activations the
-sum equals the 8-bit node to ~3e-6 relative. But a 4-bit term alone costs 0.5-0.7x of the 8-bit node at 256
-tokens and the 2-bit kernel (onnxruntime 1.32, AVX2) is no cheaper than the 4-bit one, so every split (two
-nodes, one 4-bit node over [x, x], the 2-bit LUT kernel) measured 1.0-1.5x of the 8-bit node at 256 tokens
-and 0.9-2.7x at one token; Q6_K's 16-wide blocks as 4 + 4 bits were 1.3-1.5x and 1.7-4.7x, and 2-bit with
-16-wide blocks falls back to a dequantizing kernel (20-57x). With fp32 activations every split is 3-5x
-slower than fp32 MatMul at one token. Only fp32 MatMul beats the 8-bit node at 256 tokens (0.37-0.41x),
-at 4x the bytes and 1.5-2.2x the time at one token.
+Why Q5_0 / Q6_K stay one 8-bit node in q4-a8 rather than a sum of narrower ones (two runs on a shared
+machine): Q5_0 = d*(lo4 - 8) + 8d*(2*hi - 1) is exactly a 4-bit plus a 2-bit (or 4-bit) MatMulNBits with
+default zero points, and with int8 activations the sum equals the 8-bit node to ~3e-6 relative. But a 4-bit
+term alone costs 0.5-0.7x of the 8-bit node at 256 tokens and the 2-bit kernel (onnxruntime 1.32, AVX2) is no
+cheaper than the 4-bit one, so every split (two nodes, one 4-bit node over [x, x], the 2-bit LUT kernel)
+measured 1.0-1.5x of the 8-bit node at 256 tokens and 0.9-2.7x at one token; Q6_K's 16-wide blocks as 4 + 4
+bits were 1.3-1.5x and 1.7-4.7x, and 2-bit with 16-wide blocks falls back to a dequantizing kernel (20-57x).
+With fp32 activations every split is 3-5x slower than fp32 MatMul at one token. Only fp32 MatMul beats the
+8-bit node at 256 tokens (0.37-0.41x), at 4x the bytes and 1.5-2.2x the time at one token.
 """
 
 from __future__ import annotations
@@ -270,7 +266,7 @@ def matmul_nbits(
 # Up to here it stays in cache and one MatMul is no slower than two nodes: a Reshape + ReduceSum everywhere
 # decoded SmolLM2 (k 576 and 1,536) 1-7 % slower in each of three interleaved rounds. Past it the reads
 # dominate: Qwen2.5 1.5B's ffn_down (k 8,960) read a 10 MB indicator a call, 6 % of its decode step's kernel
-# time, and ReduceSum decoded 5 % faster (bench/experiments/results/block-sums-*-2026-12-03.json).
+# time, and ReduceSum decoded 5 % faster.
 INDICATOR_MAX_BYTES = 1 << 20
 
 
@@ -312,8 +308,8 @@ def row_sliced(
 
     Why slices: onnxruntime prepacks each node's codes into memory of its own and only then unmaps the
     initializer, so while a head is packed its original codes are resident too; slice by slice only one slice
-    is. Peak RSS while the session is created, one node -> slices (bench/experiments/head_memory.py, MB over
-    the RSS before it, a shared machine, identical to 0.2 MB over three interleaved rounds):
+    is. Peak RSS while the session is created, one node -> slices (MB over the RSS before it, a shared
+    machine, identical to 0.2 MB over three interleaved rounds):
     | head | q4-a8 | q4 (exact) |
     |---|---|---|
     | untied Q8_0 151,936 x 896 (Qwen 2.5 0.5B's shape), 5 slices | 338 -> 226 | 280 -> 180 (nibble pair) |

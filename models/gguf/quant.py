@@ -4,7 +4,7 @@ without re-quantizing.
 MatMulNBits computes y = x @ W^T with W[n, j] = (u[n, j] - zp) * scale[n, j // block] for codes u and an
 integer zero point zp. We keep the default zero point (8 for 4 bits, 128 for 8 bits): integer zero points
 keep the fast kernels, float ones take a slow path, and an explicit zero-point tensor costs 10-35 % at 4 bits
-with fp32 activations (bench/experiments/quant_routes.py, group zp). Every GGML value is scale * q
+with fp32 activations (Gemma 3 270M's shapes, rounds interleaved). Every GGML value is scale * q
 (+ offset), so:
 
 - codes u = q + zp for the symmetric formats (Q4_0, Q3_K at 4 bits; Q5_0, Q6_K, Q8_0 at 8);

@@ -36,19 +36,19 @@ the same sums whatever the number of rows, one included, so a reply is the same 
 others at no cost; with fp32 activations (q4's MatMulNBits, fp32 MatMul) a one-row pass sums in another
 order than the rows of a larger one (~7e-5 apart in the logits; passes of two or more rows agree bitwise),
 so there a reply decoding alone is padded to two rows. `pad` None (the default) decides per session from
-that measurement, True or False force it; bench/batch.py measures what padding costs. The padded pass
+that measurement, True or False force it. Measured against the unpadded pass, interleaved, the padded pass
 costs a lone reply 2.3x on q4, so the engine offers no batch decoder for such a session
 (LlamaEngine.batch_decoder, unless its pad_batches is set): its replies run one at a time. On AVX2
 (measured under qemu-x86_64 -cpu Haswell) q4's lone row is not exact either and f32's is, while q4-a8's
 int8 kernels round a lone row otherwise: on the tiny test model within summation order, on SmolLM2 0.42
 apart in the logits, rows not even alike (BatchTraits.rows_alike). Where rows are not alike the engine
-offers no batch decoder at all, and one built directly (as bench/batch.py does) decodes replies whose
+offers no batch decoder at all, and one built directly (not through the engine) decodes replies whose
 text depends on what runs beside them.
 A prefill chunk runs its row alone whatever else is active, so it is the same too; and
 its text does not depend on how much of its prompt a free row held (prefix reuse), as for the one-reply
 engine: a prefill never runs a pass of one position, and reuses only keys a cold prefill would write
 (session.Exactness; a row's decoded keys only where one-position rows are exact in any pass).
-(What bench/experiments/rows_probe.py saw on q4-a8, logits 0.4-0.9 apart, is between a one-position
+(What a probe of q4-a8 saw, logits 0.4-0.9 apart, is between a one-position
 pass and the rows of a pass of several positions of one sequence: the same MatMulNBits rows, but
 GroupQueryAttention's prompt path against its token path, amplified by the int8 activations. A batch of
 one-position rows never mixes the two.)

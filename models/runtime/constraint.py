@@ -1,7 +1,7 @@
 """Constrained decoding: the set of tokens a grammar allows next, as a mask the sampler applies.
 
-Built on llguidance (the library onnxruntime-genai uses; bench/experiments/constrain_libs.py and
-docs/structured.md say why not xgrammar). Its grammars come from a JSON schema, a Lark grammar (which can
+Built on llguidance (the library onnxruntime-genai uses; docs/structured.md has the measurements that
+chose it over xgrammar). Its grammars come from a JSON schema, a Lark grammar (which can
 embed JSON schemas with `%json {...}`: tool calls use that) or a llama.cpp GBNF grammar. The grammar text is
 what travels in GenerationParams; the tokenizer side is bound when a reply starts.
 

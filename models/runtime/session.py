@@ -260,7 +260,7 @@ def prefault_mappings(
     loaded, left out of the decision: a session rebuilt for another thread count or spinning maps the
     same tables while the one it replaces is still alive, and counting both (SmolLM2: 2 x 54 MB) left its
     27 MB lookup table only advised, read in a few rows per new token for as long as the process runs
-    (7.7 MB over the ten replies after the governor's thread change: bench/experiments/warm_memory.py).
+    (7.7 MB over the ten replies after the governor's thread change, SmolLM2 q4-a8 on a worker thread).
 
     onnxruntime maps the weights file and unmaps what its kernels prepack, so what stays mapped is read in
     place: small tensors read whole by every token (norms), and tables of which a token reads a few rows
@@ -439,7 +439,7 @@ class DecoderSession:
         same activation quantization; with fp32 activations that stays ~6e-5 in SmolLM2's logits, but
         int8 activations round it up to a whole quantum now and then and 30 layers amplify it to 0.3-0.8
         (argmax flips), also on an all-8-bit graph. Rows of passes with two or more positions are
-        bitwise equal whatever their number (bench/experiments/rows_probe.py). Six probe passes on a
+        bitwise equal whatever their number (measured on the real graph). Six probe passes on a
         throwaway cache, once per file and machine (measured.py)."""
         if not self.multi_logits:
             return False

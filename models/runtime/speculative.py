@@ -20,7 +20,7 @@ logit, ~6e-5 on SmolLM2 q4) moves a draw only when its uniform falls that close 
 tokens, as reusing a cached prompt prefix (other chunk sizes) already may.
 
 Not on q4-a8 (onnxruntime 1.32, x86, AVX2): its one-row pass differs from a verification row by up to ~0.8 in
-a logit, though rows of passes with two or more positions are bitwise equal (bench/experiments/rows_probe.py).
+a logit, though rows of passes with two or more positions are bitwise equal (measured on the real graph).
 Padding every decode step to two rows would make speculation exact there, but a two-row pass costs 1.40-1.52x
 a one-row pass at 1 thread (1.30-1.42x at 2), so with SmolLM2's measured acceptance on the rewrite tasks
 (0.62-0.66) the best draft would gain ~1.09x over plain one-row decoding, and a chat reply (no drafts) would

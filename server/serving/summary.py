@@ -331,8 +331,8 @@ class Summarizer:
             return
         # Only a loaded model writes (see the module docstring): the smallest loaded one. Loading the smallest
         # in a background thread while the worker takes jobs was the other way, but the load competes with
-        # the reply for the device's few cores and memory. Measured on a shared 2-core machine
-        # (bench/experiments/load_contention.py, two runs of 6 interleaved rounds): a 48-token Gemma 3 reply
+        # the reply for the device's few cores and memory. Measured on a shared 2-core machine (two runs of 6
+        # interleaved rounds): a 48-token Gemma 3 reply
         # decoded while SmolLM2 loaded in a thread took 1.3 and 1.7 s longer (medians), as long as or longer
         # than the load alone (1.2, 1.3 s), the longest a request waits for it on the worker. It would also
         # need room reserved for an in-flight load and a hand-over of the engine to the worker.

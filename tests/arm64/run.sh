@@ -3,9 +3,9 @@
 # user there installs and runs them.
 #
 #   tests/arm64/run.sh            the not-slow suite, then the exact-answer end-to-end test (pull, serve, chat)
-#   tests/arm64/run.sh quality    bench.quality (KL of each variant from the fp32 reference) on each emulated
-#                                 core: cortex-a72 (no dot product), cortex-a76 (dot product), max (+ i8mm);
-#                                 one JSON per core into $SIMMER_ARM64_OUT (default bench/results)
+#   tests/arm64/run.sh quality    studies.experiments.quality (KL of each variant from the fp32 reference) on
+#                                 each emulated core: cortex-a72 (no dot product), cortex-a76 (dot product),
+#                                 max (+ i8mm); one JSON per core into $SIMMER_ARM64_OUT (default studies/results)
 #   tests/arm64/run.sh shell [CMD...]   a shell (or CMD) in the root, the working tree at /src
 #
 # 1. the cached root filesystem with the dependencies installed (tests/arm64/rootfs.sh; built on the first
@@ -19,7 +19,8 @@
 #
 # env: QEMU_CPU (cortex-a76: the core emulated, and the /proc/cpuinfo shown), SIMMER_ARM64_CACHE
 #      (~/.cache/simmer-arm64), ARM64_TESTS (tests/models tests/governor), PYTEST_ARGS (extra arguments for
-#      the not-slow run), SIMMER_ARM64_OUT, SIMMER_ARM64_VARIANTS (the variants bench.quality measures: q4,q4-a8)
+#      the not-slow run), SIMMER_ARM64_OUT, SIMMER_ARM64_VARIANTS (the variants studies.experiments.quality
+#      measures: q4,q4-a8)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 # shellcheck source=tests/arm64/host.sh
@@ -82,7 +83,7 @@ test)
     [ "$suite" -eq 0 ] && [ "$e2e" -eq 0 ]
     ;;
 quality)
-    out="${SIMMER_ARM64_OUT:-$repo/bench/results}"
+    out="${SIMMER_ARM64_OUT:-$repo/studies/results}"
     mkdir -p "$out"
     ARM64_BINDS="$out:/out"
     export ARM64_BINDS
@@ -94,8 +95,8 @@ build_once(t, lambda: t.exists(), lambda: _fetch_smollm2(c, t))
 print(t, converted_cache_dir() / "quality-smollm2")'
     read -r gguf model_dir < <(run_in "$QEMU_CPU" bash -c 'cd /src && .venv/bin/python -c "$1"' _ "$prepare" | tail -n 1)
     for core in ${SIMMER_ARM64_CORES:-cortex-a72 cortex-a76 max}; do
-        step "bench.quality on $core"
-        run_in "$core" bash -c "cd /src && .venv/bin/python -m bench.quality --gguf $gguf --model-dir $model_dir \
+        step "studies.experiments.quality on $core"
+        run_in "$core" bash -c "cd /src && .venv/bin/python -m studies.experiments.quality --gguf $gguf --model-dir $model_dir \
             --variants ${SIMMER_ARM64_VARIANTS:-q4,q4-a8} --no-peer --json /out/quality-arm64-$core.json"
     done
     step "done: $out/quality-arm64-*.json"

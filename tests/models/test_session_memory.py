@@ -11,6 +11,7 @@ import ctypes
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -115,15 +116,19 @@ def test_thread_change_when_mid_reply_then_the_old_session_is_gone_before_the_ne
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux") or not _has_mallinfo2(), reason="glibc, /proc")
 def test_thread_change_when_mid_reply_then_rss_over_ten_replies_stays_within_5_mb(smollm2_model_dir) -> None:
-    """bench.experiments.warm_memory's window on SmolLM2 q4-a8, on a worker thread as the server runs
+    """studies.experiments.warm_memory's window on SmolLM2 q4-a8, on a worker thread as the server runs
     it: warm on 2 threads, then ten replies, the first of which moves to 1 thread mid-reply. Before the
     fix the old session's packed weights stayed resident: +96 MB at the change, for good."""
     script = (
-        "import json, sys; from pathlib import Path; from bench.experiments.warm_memory import run; "
+        "import json, sys; from pathlib import Path; from studies.experiments.warm_memory import run; "
         "print(json.dumps(run(Path(sys.argv[1]), 10, 'q4-a8', max_tokens=24)))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", script, str(smollm2_model_dir)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", script, str(smollm2_model_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],  # studies/ is no installed package: the repository's root
     )
     result = json.loads(out.stdout)
     assert [r["threads"] for r in result["replies"]] == [1] * 10  # the change happened in the window
