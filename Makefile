@@ -25,7 +25,7 @@ run: $(STAMP)
 # The tests whose branches depend on what the CPU's kernels do with a batch: run again with the batch probe
 # answering as other CPU classes measure (tests/conftest.py --batch-rows), so a change that breaks them
 # there shows on any machine (docs/development.md).
-BATCH_TESTS := tests/models/test_batch.py tests/server/test_batch_serving.py
+BATCH_TESTS := tests/models/runtime/test_batch.py tests/server/serving/test_batch_serving.py
 
 # The first loop of a change: lint, then every test that needs neither the real SmolLM2, Chromium nor Docker
 # (nothing to download or compile beyond the venv). `make test` is the whole suite, as CI runs it.

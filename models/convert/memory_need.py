@@ -12,7 +12,7 @@ largest single step, not the model:
 - from the reference on, its logits over the quality text (convert/quality.py: a vocabulary of fp32 per
   position), held until every variant is measured, the re-encoded one built meanwhile.
 The bounds are conservative: measured peaks on Qwen2.5-Coder 0.5B and 1.5B and on a synthetic model stay
-under them (tests/models/test_convert_memory.py; docs/performance.md).
+under them (tests/models/convert/test_convert_memory.py; docs/performance.md).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Why not huggingface_hub's hf_hub_download: it resumes too, but inside its own cache layout and retry policy,
 which we could only test by imitating the whole Hub API; and it cannot tell us what it resumed. Ours is the
 same code path for every URL and is tested against a local server that drops connections, ignores ranges,
-changes the file and answers 416 (tests/models/test_download.py). What the Hub adds we read ourselves: the
-`resolve` URL, the bearer token (sent to the Hub only, never to the CDN it redirects to), and the file's
-sha256, which the Hub puts in `X-Linked-Etag` on its redirect for LFS files.
+changes the file and answers 416 (tests/models/store/test_download.py). What the Hub adds we read
+ourselves: the `resolve` URL, the bearer token (sent to the Hub only, never to the CDN it redirects to),
+and the file's sha256, which the Hub puts in `X-Linked-Etag` on its redirect for LFS files.
 
 Cache: `<downloads>/hf/<owner>/<repo>/<revision>/<path>` plus `<file>.json` (the Hub's ETag and the sha256).
 A cached file is used without asking the Hub when its sha256 is pinned, or offline; otherwise one HEAD

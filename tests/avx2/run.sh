@@ -22,7 +22,7 @@ if ! command -v qemu-x86_64 >/dev/null; then
     apt-get update -q && apt-get install -y -q qemu-user
 fi
 export QEMU_CPU="${QEMU_CPU:-Haswell}"
-tests="${AVX2_TESTS:-tests/models/test_batch.py tests/models/test_prefix_exact.py tests/server/test_batch_serving.py tests/studies/experiments}"
+tests="${AVX2_TESTS:-tests/models/runtime/test_batch.py tests/models/runtime/test_prefix_exact.py tests/server/serving/test_batch_serving.py tests/studies/experiments}"
 emulated() {  # pytest under qemu; qemu's warning per CPU feature it cannot show is dropped
     nice -n 19 qemu-x86_64 .venv/bin/python -m pytest -p no:xdist -p no:cacheprovider -q -rs "$@" 2>&1 |
         grep -v "TCG doesn't support requested feature"

@@ -1,5 +1,5 @@
 """Which of llama.cpp's server unit tests apply to simmer, and which of their assertions are about their
-model rather than their server. Shared by the runner (tests/server/test_llamacpp_server_tests.py) and the
+model rather than their server. Shared by the runner (tests/server/api/test_llamacpp_server_tests.py) and the
 shim it loads into their run (tests/server/llamacpp_shim.py).
 
 - NOT_APPLICABLE: cases that depend on what only llama-server has (slots, /props, /completion's native
@@ -33,7 +33,7 @@ TEMPLATE = (
 )
 CTX_ERROR = (
     "llama-server's own context error (type exceed_context_size_error, n_prompt_tokens, n_ctx); simmer "
-    "answers OpenAI's 400 context_length_exceeded (tests/server/test_context_overflow.py)"
+    "answers OpenAI's 400 context_length_exceeded (tests/server/api/test_context_overflow.py)"
 )
 VERBOSE = "llama-server's debug fields (__verbose, timings_per_token, return_progress, prompt_progress)"
 CORS_ALL = (

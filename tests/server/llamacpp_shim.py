@@ -1,8 +1,8 @@
 """A pytest plugin for llama.cpp's own server unit tests (`tools/server/tests/unit` of the llama-cpp-python
-sdist), loaded with `-p tests.server.llamacpp_shim` by tests/server/test_llamacpp_server_tests.py, which runs
-them in a subprocess. Their `ServerProcess.start()` launches llama-server; here it starts simmer instead, in
-this process, on a free port, serving the model folder SIMMER_SHIM_MODEL_DIR names. Which cases apply, and
-why the others do not: tests/server/llamacpp_cases.py (its collection hook runs here).
+sdist), loaded with `-p tests.server.llamacpp_shim` by tests/server/api/test_llamacpp_server_tests.py,
+which runs them in a subprocess. Their `ServerProcess.start()` launches llama-server; here it starts
+simmer instead, in this process, on a free port, serving the model folder SIMMER_SHIM_MODEL_DIR names.
+Which cases apply, and why the others do not: tests/server/llamacpp_cases.py (its collection hook runs here).
 
 Their requests go to OpenAI's chat and Responses routes without the /v1 prefix, which llama-server also
 serves: the shim adds it. The server settings a case sets map to simmer's: `api_key`, `temperature` (the

@@ -22,8 +22,8 @@ from server.settings import Settings
 from tests.server.fakes import RecordingEngine, ScriptedEngine
 from tests.server.routing.conftest import MODEL
 from tests.server.routing.test_upstream_e2e import CHAT
-from tests.server.test_accounting import metric, request_lines
-from tests.server.test_worker_flow import wait_until
+from tests.server.serving.test_accounting import metric, request_lines
+from tests.server.serving.test_worker_flow import wait_until
 
 HEAT = {**CHAT, "max_tokens": 200, "ignore_eos": True, "route": "local"}
 

@@ -1,0 +1,1326 @@
+"""The hostile-input table: each request, as raw bytes on ONE keep-alive connection, gets its
+expected status and error code, and the connection still serves the next request.
+
+The server runs the tiny real model. Requests go through http.client, which sends paths, headers and
+bodies exactly as written (httpx would normalise `/static/../..` away before it left the client).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from models.runtime.engine import LlamaEngine, load_engine
+from tests.server.conftest import LiveServer, make_settings, start_server
+from tests.server.fakes import ScriptedEngine
+from tests.server.routing.hostile_upstream import HostileUpstream
+
+CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
+HI = [{"role": "user", "content": "hi"}]
+JSON = {"Content-Type": "application/json"}
+
+Body = bytes | dict | Callable[[LlamaEngine], dict] | None
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    body: Body
+    status: int
+    code: str | None = None  # the error code; None for a success
+    param: str | None = None  # the field the error names (checked when given)
+    path: str = CHAT
+    method: str = "POST"
+    headers: dict[str, str] = field(default_factory=lambda: dict(JSON))
+    allow_origin: str | None = None  # the Access-Control-Allow-Origin expected (None: absent)
+
+
+RESP = "/v1/responses"
+
+
+def resp(**fields: Any) -> dict:
+    return {"input": "hi", "max_output_tokens": 2, **fields}
+
+
+def chat(**fields: Any) -> dict:
+    return {"messages": HI, "max_tokens": 2, **fields}
+
+
+def text(**fields: Any) -> dict:
+    return {"prompt": "once", "max_tokens": 2, **fields}
+
+
+def raw(obj_text: str) -> bytes:
+    """JSON written by hand: lone surrogates and NaN, which json.dumps would not write."""
+    return obj_text.encode()
+
+
+def nested(depth: int) -> bytes:
+    return b'{"messages": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+def deep(levels: int) -> list:
+    """A value `levels` lists deep, inside a body that adds one more level."""
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def fn(**function: Any) -> dict:
+    return {"type": "function", "function": {**FN["function"], **function}}
+
+
+def ref_chain(n: int, *, objects: bool = False) -> dict:
+    """Definitions each referring to the next; 1,300 of them (85 KB) overflowed llguidance's native stack
+    and killed the server (tests/server/http/test_grammar_crash.py is the subprocess version)."""
+    if objects:
+        defs = {
+            f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(n)
+        }
+    else:
+        defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"type": "null"}]} for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    return {"type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}, "required": ["a"], "$defs": defs}
+
+
+def gbnf_chain(rules: int) -> str:
+    lines = ["root ::= r0", *(f'r{i} ::= "a" r{i + 1} | "b"' for i in range(rules - 2))]
+    return "\n".join([*lines, f'r{rules - 2} ::= "c"'])
+
+
+CHAIN = ref_chain(1300)
+SELF_REF = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}
+
+
+BAD = 400
+IP = "invalid_parameter"
+HI_JSON = '{"messages": [{"role": "user", "content": "hi"}], '
+CASES = [
+    # defect 1: sampling values the validation accepts must not give a 500; extreme penalties are refused
+    Case("temperature 1e-40", chat(temperature=1e-40), 200),
+    Case("temperature 5e-324", chat(temperature=5e-324), 200),
+    Case("temperature 1e-40 streamed", chat(temperature=1e-40, stream=True), 200),
+    Case("repeat_penalty 5e-324", chat(repeat_penalty=5e-324), BAD, IP, "repeat_penalty"),
+    Case("repetition_penalty 5e-324", chat(repetition_penalty=5e-324), BAD, IP, "repetition_penalty"),
+    Case("repetition_penalty 1e308", chat(repetition_penalty=1e308), BAD, IP, "repetition_penalty"),
+    Case("repetition_penalty at both ends", chat(repeat_penalty=0.01, repetition_penalty=100), 200),
+    Case("temperature NaN", raw(HI_JSON + '"temperature": NaN}'), BAD, IP, "temperature"),
+    Case("top_p 1e400 (inf)", raw(HI_JSON + '"top_p": 1e400}'), BAD, IP, "top_p"),
+    Case("top_k 10**30", chat(top_k=10**30), 200),
+    Case("max_tokens 10**30", chat(max_tokens=10**30), 200),
+    # defect 2: every int64 seed, outside it a 400
+    Case("seed -1", chat(seed=-1, temperature=1.5), 200),
+    Case("seed int64 min", chat(seed=-(2**63)), 200),
+    Case("seed int64 max", chat(seed=2**63 - 1), 200),
+    Case("seed 2**63", chat(seed=2**63), BAD, IP, "seed"),
+    Case("seed -2**63-1", chat(seed=-(2**63) - 1), BAD, IP, "seed"),
+    Case("seed 2**64", text(seed=2**64), BAD, IP, "seed"),
+    # defect 3: lone surrogates, wherever they are
+    Case(
+        "surrogate in content",
+        raw('{"messages": [{"role": "user", "content": "a\\ud800b"}]}'),
+        BAD,
+        IP,
+        "messages[0].content",
+    ),
+    Case(
+        "surrogate in a text part",
+        raw('{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}'),
+        BAD,
+        IP,
+        "messages[0].content[0].text",
+    ),
+    Case("surrogate in prompt", raw('{"prompt": "x\\udc00"}'), BAD, IP, "prompt", TEXT),
+    Case("surrogate in stop", raw('{"prompt": "x", "stop": ["ok", "\\ud83d"]}'), BAD, IP, "stop[1]", TEXT),
+    Case(
+        "surrogate in model",
+        raw('{"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}'),
+        BAD,
+        IP,
+        "model",
+    ),
+    Case("surrogate in an ignored field", raw(HI_JSON + '"x": "\\ud800"}'), BAD, IP, "x"),
+    Case(
+        "surrogate pair (an emoji) is fine",
+        raw('{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "max_tokens": 1}'),
+        200,
+    ),
+    # defect 11: no silently ignored fields, no coercion, JSON problems are invalid_json
+    Case("logit_bias in vocabulary", chat(logit_bias={"5": 100, "6": -100}), 200),
+    Case(
+        "logit_bias beyond the vocabulary",
+        lambda e: chat(logit_bias={str(e.vocab_size): 1}),
+        BAD,
+        IP,
+        "logit_bias",
+    ),
+    Case("logit_bias key not a number", chat(logit_bias={"abc": 1}), BAD, IP, "logit_bias.abc"),
+    Case("logit_bias value 101", chat(logit_bias={"5": 101}), BAD, IP, "logit_bias.5"),
+    Case(
+        "logit_bias streamed, beyond the vocabulary",
+        lambda e: chat(stream=True, logit_bias={"99999999": 1}),
+        BAD,
+        IP,
+        "logit_bias",
+    ),
+    Case("tool_choice", chat(tool_choice="auto"), BAD, IP, "tool_choice"),
+    Case("tool_choice none", chat(tool_choice="none"), BAD, IP, "tool_choice"),
+    # tools; the tiny model's 128 tokens hold no tools description, so the 200s use "none"
+    Case("tools, choice none", chat(tools=[FN], tool_choice="none"), 200),
+    Case("tools not a list", chat(tools={"type": "function"}), BAD, IP, "tools"),
+    Case(
+        "tool type not function",
+        chat(tools=[{"type": "web", "function": FN["function"]}]),
+        BAD,
+        IP,
+        "tools[0].type",
+    ),
+    Case("function name with a space", chat(tools=[fn(name="a b")]), BAD, IP, "tools[0].function.name"),
+    Case("function name 65 chars", chat(tools=[fn(name="a" * 65)]), BAD, IP, "tools[0].function.name"),
+    Case("parameters a string", chat(tools=[fn(parameters="{}")]), BAD, IP, "tools[0].function.parameters"),
+    Case(
+        "parameters type array",
+        chat(tools=[fn(parameters={"type": "array"})]),
+        BAD,
+        IP,
+        "tools[0].function.parameters",
+    ),
+    Case(
+        "parameters uniqueItems",
+        chat(tools=[fn(parameters={"type": "object", "uniqueItems": True})]),
+        BAD,
+        IP,
+        "tools[0].function.parameters",
+    ),
+    Case(
+        "tool_choice unknown function",
+        chat(tools=[FN], tool_choice={"type": "function", "function": {"name": "g"}}),
+        BAD,
+        IP,
+        "tool_choice",
+    ),
+    Case("tool_choice 'always'", chat(tools=[FN], tool_choice="always"), BAD, IP, "tool_choice"),
+    Case(
+        "parallel_tool_calls 'yes'",
+        chat(tools=[FN], parallel_tool_calls="yes"),
+        BAD,
+        IP,
+        "parallel_tool_calls",
+    ),
+    # an integer beyond 64 bits in a schema is read (it was a 500); the prompt with tools is then too long
+    Case(
+        "parameters with 2**80",
+        chat(tools=[fn(parameters={"type": "object", "x": 2**80})], tool_choice="required"),
+        BAD,
+        "context_length_exceeded",
+    ),
+    Case(
+        "schema with 2**80",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": {"enum": [2**80]}}}),
+        200,
+    ),
+    Case(
+        "tool turn",
+        {"messages": [*HI, {"role": "tool", "tool_call_id": "c", "content": "1"}], "max_tokens": 2},
+        200,
+    ),
+    Case(
+        "tool_calls arguments an object",
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]},
+        BAD,
+        IP,
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    Case("echo 0", text(echo=0), BAD, IP, "echo", TEXT),
+    Case("max_tokens '5'", chat(max_tokens="5"), BAD, IP, "max_tokens"),
+    Case("stream 'true'", chat(stream="true"), BAD, IP, "stream"),
+    Case("temperature as a bool", chat(temperature=True), BAD, IP, "temperature"),
+    Case("temperature as an int is a number", chat(temperature=1), 200),
+    Case("n 2", chat(n=2), 200),
+    Case("n 9", chat(n=9), BAD, IP, "n"),
+    Case("n 0", chat(n=0), BAD, IP, "n"),
+    Case("n 2 streamed", chat(n=2, stream=True), 200),
+    Case("max_tokens 0", chat(max_tokens=0), BAD, IP, "max_tokens"),
+    Case("max_tokens 1.5", chat(max_tokens=1.5), BAD, IP, "max_tokens"),
+    Case("stop an int", chat(stop=5), BAD, IP, "stop"),
+    Case("stop with an empty string", chat(stop=["a", ""]), BAD, IP, "stop[1]"),
+    Case(
+        "content a dict",
+        {"messages": [{"role": "user", "content": {"a": 1}}]},
+        BAD,
+        IP,
+        "messages[0].content",
+    ),
+    Case(
+        "text part text an int",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+        BAD,
+        IP,
+        "messages[0].content[0].text",
+    ),
+    Case("role missing", {"messages": [{"content": "x"}]}, BAD, IP, "messages[0].role"),
+    Case("messages empty", {"messages": []}, BAD, IP, "messages"),
+    # structured output
+    Case("response_format json_object", chat(response_format={"type": "json_object"}), 200),
+    Case(
+        "response_format json_schema",
+        chat(
+            response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": {"enum": ["a"]}}}
+        ),
+        200,
+    ),
+    Case(
+        "response_format type yaml", chat(response_format={"type": "yaml"}), BAD, IP, "response_format.type"
+    ),
+    Case("response_format a string", chat(response_format="json"), BAD, IP, "response_format"),
+    Case("json_schema missing", chat(response_format={"type": "json_schema"}), BAD, IP, "response_format"),
+    Case(
+        "schema not an object",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": True}}),
+        BAD,
+        IP,
+        "response_format.json_schema.schema",
+    ),
+    Case(
+        "schema with a bad $ref",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": {"$ref": "#/x"}}}),
+        BAD,
+        IP,
+        "response_format",
+    ),
+    Case(
+        "schema type 5",
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": {"type": 5}}}),
+        BAD,
+        IP,
+        "response_format",
+    ),
+    Case(
+        "schema minimum > maximum",
+        text(json_schema={"type": "integer", "minimum": 3, "maximum": 1}),
+        BAD,
+        IP,
+        "json_schema",
+        TEXT,
+    ),
+    Case("grammar that does not parse", text(grammar="root ::= ("), BAD, IP, "grammar", TEXT),
+    Case("grammar and json_schema", text(grammar='root ::= "a"', json_schema={}), BAD, IP, "grammar", TEXT),
+    Case("grammar streamed", text(grammar='root ::= "a"', stream=True), 200, path=TEXT),
+    # grammars that once crashed or stalled the server: bounded before llguidance, compiled on a thread
+    # with a large stack; what fails is a 400 naming the field
+    Case(
+        "schema: 85 KB $ref chain",
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": CHAIN}}),
+        BAD,
+        IP,
+        "response_format",
+    ),
+    Case("json_schema: 85 KB $ref chain", text(json_schema=CHAIN), BAD, IP, "json_schema", TEXT),
+    Case(
+        "tool parameters: 85 KB $ref chain",
+        chat(tools=[fn(parameters=CHAIN)], tool_choice="required"),
+        BAD,
+        IP,
+        "tools[0].function.parameters",
+    ),
+    Case(
+        "schema: $ref chain past the depth bound",
+        text(json_schema=ref_chain(200, objects=True)),
+        BAD,
+        IP,
+        "json_schema",
+        TEXT,
+    ),
+    Case(
+        "schema: $ref to a remote document",
+        text(json_schema={"$ref": "https://x.test/s.json"}),
+        BAD,
+        IP,
+        "json_schema",
+        TEXT,
+    ),
+    Case(
+        "schema: a $ref cycle (no output possible)", text(json_schema=SELF_REF), BAD, IP, "json_schema", TEXT
+    ),
+    Case("grammar: 4,000-rule chain", text(grammar=gbnf_chain(4000)), BAD, IP, "grammar", TEXT),
+    Case("grammar: 1,000-rule chain (the bound)", text(grammar=gbnf_chain(1000)), 200, path=TEXT),
+    Case(
+        "grammar: 70,000 characters",
+        text(grammar='root ::= "' + "a" * 70_000 + '"'),
+        BAD,
+        IP,
+        "grammar",
+        TEXT,
+    ),
+    Case("completions logprobs 21", text(logprobs=21), BAD, IP, "logprobs", TEXT),
+    Case("prompt batch", text(prompt=["a", "b"]), BAD, IP, "prompt", TEXT),
+    Case("10k-level nesting", nested(10_000), BAD, "invalid_json"),
+    Case("a 4,400-digit integer", raw(HI_JSON + '"max_tokens": ' + "9" * 4400 + "}"), BAD, "invalid_json"),
+    Case("65 levels in an ignored field", chat(x=deep(64)), BAD, "invalid_json"),
+    Case("64 levels in an ignored field", chat(x=deep(63)), 200),
+    Case("10k-level nesting, top level", b"[" * 10_000 + b"]" * 10_000, BAD, "invalid_json"),
+    Case("invalid UTF-8", b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', BAD, "invalid_json"),
+    Case("truncated JSON", b'{"messages": [', BAD, "invalid_json"),
+    Case("empty body", b"", BAD, "invalid_json"),
+    Case("body a list", b"[]", BAD, IP),
+    Case("body null", b"null", BAD, IP),
+    Case(
+        "Content-Type text/plain",
+        chat(),
+        415,
+        "unsupported_content_type",
+        headers={"Content-Type": "text/plain"},
+    ),
+    # no Content-Type at all: JSON, as Ollama reads it, unless a browser sent it (a "simple" request)
+    Case("no Content-Type", chat(), 200, headers={}),
+    Case(
+        "no Content-Type, from a page",
+        chat(),
+        415,
+        "unsupported_content_type",
+        headers={"Origin": "http://evil.example"},
+    ),
+    Case(
+        "no Content-Type, a browser's fetch metadata",
+        chat(),
+        415,
+        "unsupported_content_type",
+        headers={"Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Site": "cross-site"},
+    ),
+    Case("no Content-Type, not JSON", b"messages=hi", BAD, "invalid_json", headers={}),
+    Case(
+        "Content-Type form",
+        chat(),
+        415,
+        "unsupported_content_type",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    ),
+    Case(
+        "Content-Type json with charset",
+        chat(),
+        200,
+        headers={"Content-Type": "application/json; charset=utf-8"},
+    ),
+    Case(
+        "2 MB body", chat(messages=[{"role": "user", "content": "x" * 2_000_000}]), 413, "request_too_large"
+    ),
+    Case(
+        "prompt beyond the context",
+        chat(messages=[{"role": "user", "content": "word " * 2000}]),
+        BAD,
+        "context_length_exceeded",
+    ),
+    # text that is fine
+    Case("NUL bytes", chat(messages=[{"role": "user", "content": "a\x00b\x00"}]), 200),
+    Case("NUL in the model name", chat(model="a\x00b"), 404, "model_not_found", "model"),
+    Case("CJK", chat(messages=[{"role": "user", "content": "你好，世界。日本語のテキスト"}]), 200),
+    Case("emoji", chat(messages=[{"role": "user", "content": "🙂👍🏽🇫🇷 family: 👨‍👩‍👧"}]), 200),
+    Case(
+        "right-to-left and combining", chat(messages=[{"role": "user", "content": "\u202eabc e\u0301"}]), 200
+    ),
+    Case("model ../../etc/passwd", chat(model="../../etc/passwd"), 404, "model_not_found", "model"),
+    # paths, hosts, origins
+    Case("static ../ traversal", None, 404, "not_found", path="/static/../../etc/passwd", method="GET"),
+    Case(
+        "static %2e%2e traversal",
+        None,
+        404,
+        "not_found",
+        path="/static/%2e%2e/%2e%2e/etc/passwd",
+        method="GET",
+    ),
+    Case(
+        "static %2f traversal", None, 404, "not_found", path="/static/..%2f..%2fserver%2fapp.py", method="GET"
+    ),
+    Case("static absolute path", None, 404, "not_found", path="/static//etc/passwd", method="GET"),
+    Case("unknown path", None, 404, "not_found", path="/v1/nothing", method="GET"),
+    Case("wrong method", None, 405, "method_not_allowed", path="/v1/models", method="DELETE"),
+    Case("foreign Host", chat(), 403, "host_not_allowed", headers={**JSON, "Host": "evil.example"}),
+    Case(
+        "foreign Host on GET",
+        None,
+        403,
+        "host_not_allowed",
+        path="/v1/models",
+        method="GET",
+        headers={"Host": "attacker.test:8000"},
+    ),
+    Case(
+        "CORS preflight from a foreign origin",
+        None,
+        403,
+        "cors_not_allowed",
+        method="OPTIONS",
+        headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
+    ),
+    Case(
+        "CORS preflight from the configured origin",
+        None,
+        200,
+        method="OPTIONS",
+        headers={"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"},
+        allow_origin="http://localhost:3000",
+    ),
+    Case(
+        "CORS request from a foreign origin", chat(), 200, headers={**JSON, "Origin": "http://evil.example"}
+    ),
+    # the Responses API and llama.cpp's tokenizer endpoints (OpenAI's error shape)
+    Case("responses: surrogate in input", raw('{"input": "a\\ud800"}'), BAD, IP, "input", RESP),
+    Case(
+        "responses: surrogate in an item",
+        raw('{"input": [{"role": "user", "content": [{"type": "input_text", "text": "\\udc00"}]}]}'),
+        BAD,
+        IP,
+        "input[0].content[0].text",
+        RESP,
+    ),
+    Case(
+        "responses: previous_response_id",
+        resp(previous_response_id="resp_x"),
+        BAD,
+        IP,
+        "previous_response_id",
+        RESP,
+    ),
+    Case("responses: max_output_tokens '5'", resp(max_output_tokens="5"), BAD, IP, "max_output_tokens", RESP),
+    Case(
+        "responses: temperature NaN", raw('{"input": "hi", "temperature": NaN}'), BAD, IP, "temperature", RESP
+    ),
+    Case("responses: input a number", resp(input=5), BAD, IP, "input", RESP),
+    Case("responses: item not an object", resp(input=["hi"]), BAD, IP, "input[0]", RESP),
+    Case("responses: 65-level input", resp(input=deep(64)), BAD, "invalid_json", path=RESP),
+    Case(
+        "responses: input beyond the context",
+        resp(input="word " * 2000),
+        BAD,
+        "context_length_exceeded",
+        path=RESP,
+    ),
+    Case("responses: truncation auto", resp(input="word " * 2000, truncation="auto"), 200, path=RESP),
+    Case("responses: emoji", resp(input="🙂👍🏽🇫🇷"), 200, path=RESP),
+    Case("responses: max_output_tokens 10**30", resp(max_output_tokens=10**30), 200, path=RESP),
+    # structured output and function tools
+    Case(
+        "responses: text.format json_object", resp(text={"format": {"type": "json_object"}}), 200, path=RESP
+    ),
+    Case(
+        "responses: text.format json_schema",
+        resp(text={"format": {"type": "json_schema", "name": "n", "schema": {"enum": ["a"]}}}),
+        200,
+        path=RESP,
+    ),
+    Case(
+        "responses: text.format unsupported",
+        resp(text={"format": {"type": "json_schema", "schema": {"not": {}}}}),
+        BAD,
+        IP,
+        "text.format",
+        RESP,
+    ),
+    Case("responses: text.format a string", resp(text={"format": "json"}), BAD, IP, "text.format", RESP),
+    Case(
+        "responses: text.format 85 KB $ref chain",
+        resp(text={"format": {"type": "json_schema", "name": "x", "schema": CHAIN}}),
+        BAD,
+        IP,
+        "text.format",
+        RESP,
+    ),
+    Case("responses: hosted tool", resp(tools=[{"type": "web_search"}]), BAD, IP, "tools[0].type", RESP),
+    Case(
+        "responses: function tool, choice none",
+        resp(tools=[{"type": "function", "name": "f"}], tool_choice="none"),
+        200,
+        path=RESP,
+    ),
+    Case(
+        "responses: tool parameters unsupported",
+        resp(tools=[{"type": "function", "name": "f", "parameters": {"type": "object", "not": {}}}]),
+        BAD,
+        IP,
+        "tools[0].parameters",
+        RESP,
+    ),
+    Case(
+        "responses: function call and its output",
+        resp(
+            input=[
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"a": 1}'},
+                {"type": "function_call_output", "call_id": "c1", "output": "2"},
+            ]
+        ),
+        200,
+        path=RESP,
+    ),
+    Case(
+        "responses: function call arguments an object",
+        resp(input=[{"type": "function_call", "call_id": "c1", "name": "f", "arguments": {}}]),
+        BAD,
+        IP,
+        "input[0].arguments",
+        RESP,
+    ),
+    Case("tokenize: surrogate", raw('{"content": "\\ud800"}'), BAD, IP, "content", "/tokenize"),
+    Case("tokenize: content a dict", {"content": {"a": 1}}, BAD, IP, "content", "/tokenize"),
+    Case("tokenize: negative id", {"content": ["a", -1]}, BAD, IP, "content[1]", "/tokenize"),
+    Case("tokenize: NUL and emoji", {"content": "a\x00🙂", "with_pieces": True}, 200, path="/tokenize"),
+    Case("tokenize: 100k characters", {"content": "ab" * 50_000}, 200, path="/tokenize"),
+    Case("detokenize: id 10**30", {"tokens": [1, 10**30]}, BAD, IP, "tokens[1]", "/detokenize"),
+    Case(
+        "detokenize: id 2**64 as a float",
+        raw('{"tokens": [1.8446744073709552e19]}'),
+        BAD,
+        IP,
+        "tokens[0]",
+        "/detokenize",
+    ),
+    Case("detokenize: a string", {"tokens": ["1"]}, BAD, IP, "tokens[0]", "/detokenize"),
+    Case(
+        "apply-template: role missing",
+        {"messages": [{"content": "x"}]},
+        BAD,
+        IP,
+        "messages[0].role",
+        "/apply-template",
+    ),
+    # Counts past the documented limits are refused before anything validates them: 150,000 bad items held
+    # the event loop for seconds while pydantic built an error for each
+    Case("detokenize: 150k bad ids", {"tokens": [-1] * 150_000}, BAD, IP, "tokens", "/detokenize"),
+    Case("tokenize: 150k ids", {"content": [1] * 150_000}, BAD, IP, "content", "/tokenize"),
+    # within the count, every id bad: one error at the first (pydantic made 131,072 of them, seconds)
+    Case("detokenize: 131,072 bad ids", {"tokens": [-1] * 131_072}, BAD, IP, "tokens[0]", "/detokenize"),
+    Case(
+        "tokenize: 131,072 bad ids", {"content": ["a", *[-1] * 131_071]}, BAD, IP, "content[1]", "/tokenize"
+    ),
+    Case(
+        "completions: 131,072 prompt ids",
+        text(prompt=[1] * 131_072),
+        BAD,
+        "context_length_exceeded",
+        "prompt",
+        TEXT,
+    ),
+    Case(
+        "completions: prompt ids past the vocabulary", text(prompt=[1, 2**31 - 1]), BAD, IP, "prompt[1]", TEXT
+    ),
+    Case("completions: a negative prompt id", text(prompt=[1, -1]), BAD, IP, "prompt[1]", TEXT),
+    Case("completions: two prompts of ids", text(prompt=[[1], [2]]), BAD, IP, "prompt", TEXT),
+    Case("completions: prompt ids", text(prompt=[1, 2, 3]), 200, path=TEXT),
+    Case("completions: 150k prompt ids", text(prompt=[-1] * 150_000), BAD, IP, "prompt", TEXT),
+    Case("chat: 100k stop ints", chat(stop=[1] * 100_000), BAD, IP, "stop"),
+    Case("chat: 65 stop strings", chat(stop=["x"] * 65), BAD, IP, "stop"),
+    Case("chat: 64 stop strings", chat(stop=["x"] * 64), 200),
+    Case("chat: 60k bad messages", {"messages": [{"role": "x"}] * 60_000}, BAD, IP, "messages"),
+    Case("chat: 2049 messages", {"messages": HI * 2049, "max_tokens": 1}, BAD, IP, "messages"),
+    Case(
+        "chat: 60k out-of-range logit_bias",
+        chat(logit_bias={str(i): 1000 for i in range(60_000)}),
+        BAD,
+        IP,
+        "logit_bias",
+    ),
+    Case(
+        "chat: 129 tools",
+        chat(tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]),
+        BAD,
+        IP,
+        "tools",
+    ),
+    Case(
+        "chat: 257 content parts",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 257}]},
+        BAD,
+        IP,
+        "messages[0].content",
+    ),
+    Case("chat: 160k ignored lists", chat(junk=[[0]] * 160_000), 200),
+    # within the schema caps, but past what the grammar engine's parser holds at the first property name:
+    # refused before the reply, not 3 s into it
+    Case(
+        "chat: a schema of 1,998 string properties",
+        chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "wide",
+                    "schema": {
+                        "type": "object",
+                        "properties": {f"p{i}": {"type": "string"} for i in range(1998)},
+                    },
+                },
+            }
+        ),
+        BAD,
+        IP,
+        "response_format",
+    ),
+    Case("responses: 2049 input items", resp(input=["hi"] * 2049), BAD, IP, "input", RESP),
+    Case(
+        "apply-template: model elsewhere",
+        {"messages": HI, "model": "x"},
+        404,
+        "model_not_found",
+        "model",
+        "/apply-template",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[LiveServer, LlamaEngine]]:
+    engine = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128)
+    pull_dir = tmp_path_factory.mktemp("pulls")  # SIMMER_PULL_DIRS: a file that is no GGUF, a link out
+    (pull_dir / "notes.gguf").write_text("these are notes, not a model")
+    (pull_dir / "passwd.gguf").symlink_to("/etc/passwd")
+    settings = make_settings(
+        tmp_path_factory.mktemp("hostile"),
+        model=engine.model_id,
+        cors_origins=["http://localhost:3000"],
+        pull_dirs=[pull_dir],
+    )
+    srv = start_server(settings, engine=engine)
+    yield srv, engine
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def connection(hostile_server) -> Iterator[http.client.HTTPConnection]:
+    srv, _ = hostile_server
+    host, port = srv.host_header.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    yield conn
+    conn.close()
+
+
+def send(conn: http.client.HTTPConnection, host: str, case: Case, body: bytes | None):
+    conn.putrequest(case.method, case.path, skip_host=True, skip_accept_encoding=True)
+    headers = {"Host": host, **case.headers}
+    for name, value in headers.items():
+        conn.putheader(name, value)
+    if body is not None or case.method == "POST":
+        conn.putheader("Content-Length", str(len(body or b"")))
+    conn.endheaders(body)
+    response = conn.getresponse()
+    return response, response.read()
+
+
+def encode(case: Case, engine: LlamaEngine) -> bytes | None:
+    body = case.body(engine) if callable(case.body) else case.body
+    return json.dumps(body).encode() if isinstance(body, dict) else body
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_request_when_sent_then_expected_status_and_code_and_connection_still_serves(
+    hostile_server, connection: http.client.HTTPConnection, case: Case
+) -> None:
+    srv, engine = hostile_server
+    sock_before = connection.sock
+    try:
+        response, data = send(connection, srv.host_header, case, encode(case, engine))
+    except (OSError, http.client.HTTPException):
+        connection.close()  # so one broken case does not fail the rows after it
+        raise
+    assert response.status == case.status, data[:300]
+    assert response.getheader("access-control-allow-origin") == case.allow_origin
+    content_type = response.getheader("content-type", "")
+    if case.code is not None:
+        assert content_type.startswith("application/json")
+        error = json.loads(data)["error"]
+        assert set(error) == {"message", "type", "code", "param"}
+        assert error["code"] == case.code, error
+        if case.param is not None:
+            assert error["param"] == case.param, error
+        assert error["message"] and "Traceback" not in error["message"]
+    elif case.status == 200 and case.method == "POST":
+        if content_type.startswith("text/event-stream"):
+            assert b'"error"' not in data and data.rstrip().endswith(b"data: [DONE]")
+        else:
+            body = json.loads(data)
+            assert body.get("error") is None and any(
+                k in body for k in ("choices", "output", "tokens", "content")
+            )
+    # The connection survives: the same socket answers the next request, unless the server said it would
+    # close it (then the client opens a new one, as any pooled client does).
+    closing = (response.getheader("connection") or "").lower() == "close"
+    assert sock_before is None or connection.sock is sock_before or closing
+    response, data = send(
+        connection, srv.host_header, Case("health", None, 200, path="/health", method="GET"), None
+    )
+    assert response.status == 200, data
+
+
+# ---- Ollama's API: the same discipline, Ollama's error shape {"error": "message"} ----
+
+
+@dataclass(frozen=True)
+class OllamaCase:
+    id: str
+    path: str
+    body: Body
+    status: int
+    words: str = ""  # in the error message (when an error is expected)
+    code: str | None = None  # the simmer code behind it (its status is _STATUS's)
+    never: str = ""  # not in the error message (a file's content)
+    headers: dict[str, str] = field(default_factory=lambda: dict(JSON))
+    method: str = "POST"
+
+
+def ochat(model: str = "{model}", **fields: Any) -> dict:
+    return {"model": model, "messages": HI, "stream": False, "options": {"num_predict": 2}, **fields}
+
+
+def pull(model: str) -> dict:
+    return {"model": model, "stream": False}
+
+
+def ogen(model: str = "{model}", **fields: Any) -> dict:
+    return {"model": model, "prompt": "once", "stream": False, "options": {"num_predict": 2}, **fields}
+
+
+OLLAMA_CASES = [
+    OllamaCase("chat ok", "/api/chat", ochat(), 200),
+    OllamaCase("chat streamed ok", "/api/chat", ochat(stream=True), 200),
+    OllamaCase("generate ok", "/api/generate", ogen(), 200),
+    OllamaCase("not JSON", "/api/chat", b'{"model": ', BAD, "not valid JSON", "invalid_json"),
+    OllamaCase("empty body", "/api/chat", b"", BAD, "empty", "invalid_json"),
+    OllamaCase("body a list", "/api/generate", b"[]", BAD, "JSON object", IP),
+    OllamaCase("invalid UTF-8", "/api/chat", b'{"model": "\xff"}', BAD, "UTF-8", "invalid_json"),
+    OllamaCase(
+        "10k-level nesting", "/api/chat", b"[" * 10_000 + b"]" * 10_000, BAD, "nested", "invalid_json"
+    ),
+    OllamaCase(
+        "surrogate in content",
+        "/api/chat",
+        raw('{"model": "m", "messages": [{"role": "user", "content": "a\\ud800"}]}'),
+        BAD,
+        "messages[0].content",
+        IP,
+    ),
+    OllamaCase(
+        "surrogate in an option",
+        "/api/generate",
+        raw('{"model": "m", "options": {"x": "\\udfff"}}'),
+        BAD,
+        "options.x",
+        IP,
+    ),
+    OllamaCase(
+        "temperature NaN",
+        "/api/generate",
+        raw('{"model": "m", "options": {"temperature": NaN}}'),
+        BAD,
+        "options.temperature",
+        IP,
+    ),
+    OllamaCase(
+        "top_p 1e400 (inf)",
+        "/api/generate",
+        raw('{"model": "m", "options": {"top_p": 1e400}}'),
+        BAD,
+        "options.top_p",
+        IP,
+    ),
+    OllamaCase("seed 2**64", "/api/generate", ogen(options={"seed": 2**64}), BAD, "options.seed", IP),
+    OllamaCase("seed int64 min", "/api/generate", ogen(options={"seed": -(2**63), "num_predict": 2}), 200),
+    OllamaCase(
+        "num_predict 10**30", "/api/generate", ogen(options={"num_predict": 10**30}, truncate=False), 200
+    ),
+    OllamaCase("top_k 10**30", "/api/chat", ochat(options={"top_k": 10**30, "num_predict": 2}), 200),
+    OllamaCase("options a list", "/api/chat", ochat(options=[1]), BAD, "options", IP),
+    OllamaCase("stream 'true'", "/api/chat", ochat(stream="true"), BAD, "stream", IP),
+    OllamaCase(
+        "keep_alive 1e400", "/api/chat", raw('{"model": "m", "keep_alive": 1e400}'), BAD, "keep_alive", IP
+    ),
+    OllamaCase("keep_alive 10**400", "/api/generate", ogen(keep_alive=10**400), 200),
+    OllamaCase("keep_alive garbage", "/api/chat", ochat(keep_alive="5 minutes"), BAD, "keep_alive", IP),
+    OllamaCase("messages a string", "/api/chat", ochat(messages="hi"), BAD, "messages", IP),
+    OllamaCase(
+        "prompt beyond the context, truncate false",
+        "/api/generate",
+        ogen(prompt="word " * 2000, truncate=False),
+        BAD,
+        "context",
+        "context_length_exceeded",
+    ),
+    OllamaCase(
+        "prompt beyond the context, Ollama's truncate",
+        "/api/chat",
+        ochat(messages=[{"role": "user", "content": "word " * 2000}]),
+        200,
+    ),
+    OllamaCase("NUL bytes and emoji", "/api/generate", ogen(prompt="a\x00b 🙂👍🏽", raw=True), 200),
+    # structured output and tools: the tiny model's 128 tokens hold no tools description, so the
+    # 200s with tools use simmer's tool_choice "none"
+    OllamaCase("format json", "/api/chat", ochat(format="json"), 200),
+    OllamaCase(
+        "format a schema, streamed", "/api/generate", ogen(format={"enum": ["a", "b"]}, stream=True), 200
+    ),
+    OllamaCase("format yaml", "/api/chat", ochat(format="yaml"), BAD, 'format must be "json"', IP),
+    OllamaCase("format a list", "/api/chat", ochat(format=["json"]), BAD, "format", IP),
+    OllamaCase(
+        "format unsupported", "/api/generate", ogen(format={"not": {}}), BAD, "format: unsupported", IP
+    ),
+    OllamaCase("format with 2**80", "/api/chat", ochat(format={"enum": [2**80]}), 200),
+    OllamaCase(
+        "format: 85 KB $ref chain",
+        "/api/chat",
+        ochat(format=CHAIN),
+        BAD,
+        "format: the schema is too large",
+        IP,
+    ),
+    OllamaCase("format: $ref cycle", "/api/generate", ogen(format=SELF_REF), BAD, "format: unsupported", IP),
+    OllamaCase("tools, choice none", "/api/chat", ochat(tools=[FN], tool_choice="none"), 200),
+    OllamaCase("tools a dict", "/api/chat", ochat(tools={"type": "function"}), BAD, "tools", IP),
+    OllamaCase("tool name with a space", "/api/chat", ochat(tools=[fn(name="a b")]), BAD, "tools[0]", IP),
+    OllamaCase(
+        "tool parameters unsupported",
+        "/api/chat",
+        ochat(tools=[fn(parameters={"type": "object", "uniqueItems": True})]),
+        BAD,
+        "tools[0].function.parameters: unsupported",
+        IP,
+    ),
+    OllamaCase(
+        "tools and format", "/api/chat", ochat(tools=[FN], format="json"), BAD, "cannot be combined", IP
+    ),
+    OllamaCase(
+        "tool call arguments a string",
+        "/api/chat",
+        ochat(
+            messages=[
+                *HI,
+                {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
+            ]
+        ),
+        BAD,
+        "messages[1].tool_calls[0].function.arguments",
+        IP,
+    ),
+    OllamaCase(
+        "tool turn",
+        "/api/chat",
+        ochat(
+            messages=[
+                *HI,
+                {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
+                {"role": "tool", "content": "2", "tool_name": "f"},
+            ]
+        ),
+        200,
+    ),
+    OllamaCase(
+        "model ../../etc/passwd",
+        "/api/chat",
+        ochat(model="../../etc/passwd"),
+        404,
+        "not found",
+        "model_not_found",
+    ),
+    OllamaCase("model with NUL", "/api/show", {"model": "a\x00b"}, 404, "not found", "model_not_found"),
+    OllamaCase("show: model a number", "/api/show", {"model": 5}, BAD, "model", IP),
+    OllamaCase("delete: no body", "/api/delete", b"", BAD, "empty", "invalid_json", method="DELETE"),
+    OllamaCase(
+        "delete: unknown",
+        "/api/delete",
+        {"model": "nope"},
+        404,
+        "not found",
+        "model_not_found",
+        method="DELETE",
+    ),
+    # a local path: only from SIMMER_PULL_DIRS, the same refusal whether the file exists or not (no oracle),
+    # no byte of a file in any error
+    OllamaCase("pull: /etc/passwd", "/api/pull", pull("/etc/passwd"), BAD, "SIMMER_PULL_DIRS", IP, "'root'"),
+    OllamaCase(
+        "pull: /proc/self/environ", "/api/pull", pull("/proc/self/environ"), BAD, "SIMMER_PULL_DIRS", IP
+    ),
+    OllamaCase("pull: a missing file", "/api/pull", pull("/etc/hostname.gguf"), BAD, "SIMMER_PULL_DIRS", IP),
+    OllamaCase("pull: a file that is no GGUF", "/api/pull", pull("{not_gguf}"), BAD, "SIMMER_PULL_DIRS", IP),
+    OllamaCase("pull: ~", "/api/pull", pull("~/x.gguf"), BAD, "SIMMER_PULL_DIRS", IP),
+    OllamaCase(
+        "pull: .. out of SIMMER_PULL_DIRS",
+        "/api/pull",
+        pull("{pull_dir}/../x.gguf"),
+        BAD,
+        "SIMMER_PULL_DIRS",
+        IP,
+    ),
+    OllamaCase(
+        "pull: a symlink out of SIMMER_PULL_DIRS",
+        "/api/pull",
+        pull("{pull_dir}/passwd.gguf"),
+        BAD,
+        "SIMMER_PULL_DIRS",
+        IP,
+        "'root'",
+    ),
+    OllamaCase(
+        "pull: no GGUF in SIMMER_PULL_DIRS",
+        "/api/pull",
+        pull("{pull_dir}/notes.gguf"),
+        BAD,
+        "not a GGUF",
+        "invalid_model_file",
+        "these",
+    ),
+    OllamaCase(
+        "pull: missing in SIMMER_PULL_DIRS",
+        "/api/pull",
+        pull("{pull_dir}/ghost.gguf"),
+        404,
+        "no such file",
+        "model_not_found",
+    ),
+    # hf: names: no part may climb out of the download cache (it deleted and wrote files elsewhere)
+    OllamaCase(
+        "pull: hf: climbing out",
+        "/api/pull",
+        pull("hf:" + "../" * 12 + "etc/x.gguf@."),
+        BAD,
+        "plain name",
+        IP,
+    ),
+    OllamaCase("pull: hf: revision ..", "/api/pull", pull("hf:owner/repo/x.gguf@.."), BAD, "plain name", IP),
+    OllamaCase(
+        "pull: hf: a backslash", "/api/pull", pull("hf:owner/repo/a\\..\\x.gguf"), BAD, "plain name", IP
+    ),
+    OllamaCase(
+        "pull: hf: a 300-byte file name",
+        "/api/pull",
+        pull("hf:o/r/" + "a" * 300 + ".gguf"),
+        BAD,
+        "at most",
+        IP,
+    ),
+    OllamaCase(
+        "pull: hf: a 300-byte revision", "/api/pull", pull("hf:o/r/x.gguf@" + "b" * 300), BAD, "at most", IP
+    ),
+    OllamaCase("pull: unknown id", "/api/pull", {"model": "nope"}, 404, "unknown model", "model_not_found"),
+    OllamaCase("pull: bad hf name", "/api/pull", {"model": "hf:x"}, BAD, "Hugging Face", IP),
+    OllamaCase(
+        "Content-Type text/plain",
+        "/api/chat",
+        ochat(),
+        415,
+        "Content-Type",
+        "unsupported_content_type",
+        headers={"Content-Type": "text/plain"},
+    ),
+    OllamaCase("60k empty messages", "/api/chat", ochat(messages=[{}] * 60_000), BAD, "at most", IP),
+    OllamaCase("65 stop strings", "/api/chat", ochat(options={"stop": ["x"] * 65}), BAD, "at most", IP),
+    OllamaCase("150k context ids", "/api/generate", ogen(context=[1] * 150_000), BAD, "at most", IP),
+    OllamaCase("2 MB body", "/api/generate", ogen(prompt="x" * 2_000_000), 413, "over", "request_too_large"),
+    OllamaCase(
+        "foreign Host",
+        "/api/tags",
+        None,
+        403,
+        "Host",
+        "host_not_allowed",
+        headers={"Host": "evil.example"},
+        method="GET",
+    ),
+    OllamaCase("wrong method", "/api/tags", None, 405, "Not Allowed", "method_not_allowed", method="DELETE"),
+    OllamaCase("unknown path", "/api/nothing", None, 404, "Not Found", "not_found", method="GET"),
+]
+
+
+def render(body: Body, engine: LlamaEngine, not_gguf: str, pull_dir: Path) -> bytes | None:
+    if isinstance(body, dict):
+        text = json.dumps(body).replace('"{model}"', json.dumps(engine.model_id))
+        text = text.replace("{pull_dir}", json.dumps(str(pull_dir))[1:-1])
+        return text.replace('"{not_gguf}"', json.dumps(not_gguf)).encode()
+    return body  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("case", OLLAMA_CASES, ids=[c.id for c in OLLAMA_CASES])
+def test_hostile_ollama_request_when_sent_then_status_and_ollama_error_and_connection_still_serves(
+    hostile_server, connection: http.client.HTTPConnection, case: OllamaCase, tmp_path
+) -> None:
+    srv, engine = hostile_server
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("these are notes, not a model")
+    as_case = Case(case.id, None, case.status, path=case.path, method=case.method, headers=case.headers)
+    try:
+        body = render(case.body, engine, str(not_gguf), srv.settings.pull_dirs[0])
+        response, data = send(connection, srv.host_header, as_case, body)
+    except (OSError, http.client.HTTPException):
+        connection.close()
+        raise
+    assert response.status == case.status, data[:300]
+    if case.status >= 400:
+        body = json.loads(data)
+        assert set(body) == {"error"} and isinstance(body["error"], str), body
+        assert case.words in body["error"] and "Traceback" not in body["error"], body
+        assert not case.never or case.never not in body["error"], body
+        if case.code is not None:
+            from server.http.errors import _STATUS
+
+            assert _STATUS[case.code][0] == case.status
+    elif case.method == "POST":
+        if response.getheader("content-type", "").startswith("application/x-ndjson"):
+            lines = [json.loads(line) for line in data.splitlines() if line]
+            assert lines[-1]["done"] is True and all("error" not in line for line in lines)
+        else:
+            assert json.loads(data)["done"] is True
+    response, data = send(
+        connection, srv.host_header, Case("health", None, 200, path="/health", method="GET"), None
+    )
+    assert response.status == 200, data
+
+
+def test_hostile_cases_cover_every_error_code_the_request_path_can_send() -> None:
+    """The table exercises each client-error code of server/http/errors.py that a request alone can cause."""
+    from server.http.errors import _STATUS
+
+    # Codes a single request cannot cause on a healthy idle server (load, the governor, auth when no key
+    # is set, a cancelled request, model installs) are covered by their own tests.
+    elsewhere = {
+        "model_not_installed",
+        "invalid_api_key",
+        "server_busy",
+        "model_loading",
+        "server_shutting_down",
+        "insufficient_memory",
+        "device_overheated",
+        "device_paused",
+        "cancelled",
+        "model_not_chat",  # the tiny model has a template: tests/server/api/test_chat_template.py
+        "upstream_not_allowed",  # routing: tests/server/routing/
+        "upstream_error",
+        "upstream_unavailable",
+        "insufficient_disk",  # model installs: tests/models/store/test_store_disk*.py
+        "too_many_leases",  # 64 background leases first: tests/server/api/test_lifecycle_route.py
+        "too_many_streams",  # open event streams first: tests/server/serving/test_governor_e2e.py
+        "model_busy",  # a delete while the model loads: tests/server/serving/test_model_pool.py
+        # a pull of a GGUF the converter refuses, or from a source that cannot be reached: tests/models/
+        "unsupported_model",
+        "unsupported_architecture",
+        "unsupported_quantization",  # tests/models/convert/test_quant_convert.py
+        "hash_mismatch",
+        "source_unavailable",
+    }
+    covered = {c.code for c in CASES} | {c.code for c in OLLAMA_CASES}
+    assert set(_STATUS) - elsewhere <= covered, set(_STATUS) - elsewhere - covered
+
+
+# ---- the accepted values do what they say, over HTTP on the real model ----
+
+
+def post(srv: LiveServer, path: str, body: dict) -> dict:
+    with srv.client() as client:
+        response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def token_texts(srv: LiveServer, **fields: Any) -> list[str]:
+    body = {"prompt": "the cat", "max_tokens": 6, "logprobs": 0, "ignore_eos": True, **fields}
+    return post(srv, TEXT, body)["choices"][0]["logprobs"]["tokens"]
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0, 2.0])
+def test_logit_bias_when_plus_100_then_every_token_is_the_forced_one(hostile_server, temperature) -> None:
+    srv, engine = hostile_server
+    forced = engine.tokenizer.encode("a", add_special_tokens=False)[0]
+    texts = token_texts(srv, temperature=temperature, seed=3, logit_bias={str(forced): 100})
+    assert texts == [engine.tokenizer.token_text(forced)] * 6
+
+
+def test_logit_bias_when_minus_100_then_the_greedy_tokens_never_come(hostile_server) -> None:
+    srv, engine = hostile_server
+    greedy = set(token_texts(srv, temperature=0))
+    ids = [i for i in range(engine.vocab_size) if engine.tokenizer.token_text(i) in greedy]
+    banned = token_texts(srv, temperature=0, logit_bias={str(i): -100 for i in ids})
+    assert not set(banned) & greedy
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**63 - 1])
+def test_seed_when_negative_or_extreme_then_same_seed_same_reply(hostile_server, seed: int) -> None:
+    srv, _ = hostile_server
+    body = {"prompt": "once upon", "max_tokens": 12, "temperature": 1.5, "ignore_eos": True, "seed": seed}
+    first = post(srv, TEXT, body)["choices"][0]["text"]
+    assert post(srv, TEXT, body)["choices"][0]["text"] == first
+
+
+# ---- a hostile upstream (SIMMER_ROUTE=upstream; tests/server/routing/hostile_upstream.py): every relayed
+# reply is bounded in tokens, bytes and time, and nothing it reports becomes a 500 ----
+
+STALL_S, DEADLINE_S = 3.0, 8.0  # the local server's upstream read (no token) and reply timeouts here
+
+
+@dataclass(frozen=True)
+class UpstreamCase:
+    id: str
+    behaviour: str  # what the hostile upstream does (the user message names it)
+    status: int
+    code: str | None = None  # the error code (in the body, or in the stream's error event)
+    words: str = ""  # in the error message
+    fields: dict = field(default_factory=dict)
+    stream: bool = False
+    finish: str | None = None  # the finish_reason of a 200
+    tokens: int | None = None  # completion tokens of a 200
+
+
+UPSTREAM_CASES = [
+    UpstreamCase(
+        "1 GB of valid chunks, max_tokens 10",
+        "endless",
+        200,
+        fields={"max_tokens": 10},
+        finish="length",
+        tokens=10,
+    ),
+    UpstreamCase(
+        "1 GB of valid chunks, streamed, max_tokens 7",
+        "endless",
+        200,
+        fields={"max_tokens": 7},
+        stream=True,
+        finish="length",
+        tokens=7,
+    ),
+    UpstreamCase("HTTP 500 with a 1 GB body", "error-gb", 503, "upstream_unavailable", "HTTP 500"),
+    UpstreamCase("a 100 MB line", "long-line", 503, "upstream_unavailable", "over 262144 bytes"),
+    UpstreamCase(
+        "comment pings forever", "pings", 503, "upstream_unavailable", f"no token for {STALL_S:g} s"
+    ),
+    UpstreamCase(
+        "a byte at a time forever", "drip", 503, "upstream_unavailable", f"no token for {STALL_S:g} s"
+    ),
+    UpstreamCase(
+        "a token every 0.3 s forever", "slow-tokens", 502, "upstream_error", f"took over {DEADLINE_S:g} s"
+    ),
+    UpstreamCase(
+        "a token every 0.3 s forever, streamed",
+        "slow-tokens",
+        200,
+        "upstream_error",
+        f"took over {DEADLINE_S:g} s",
+        stream=True,
+    ),
+    UpstreamCase("usage.prompt_tokens of 400 digits", "usage-400-digits", 200, finish="stop"),
+    UpstreamCase(
+        "logprobs of 1e400 and 400 digits",
+        "logprob-overflow",
+        200,
+        fields={"logprobs": True, "top_logprobs": 1},
+        finish="stop",
+    ),
+    UpstreamCase("delta a string, content a number", "delta-not-an-object", 200, finish="stop"),
+]
+
+
+@pytest.fixture(scope="module")
+def hostile_upstream(tmp_path_factory):
+    upstream = HostileUpstream().start()
+    settings = make_settings(
+        tmp_path_factory.mktemp("hostile-upstream"),
+        route="upstream",
+        upstream_url=upstream.url,
+        upstream_read_timeout_s=STALL_S,
+        upstream_reply_timeout_s=DEADLINE_S,
+        upstream_max_connections=2,
+        upstream_breaker_failures=10_000,  # every row meets the upstream, however the last one went
+    )
+    srv = start_server(settings, engine=ScriptedEngine())
+    yield srv, upstream
+    srv.stop()
+    upstream.stop()
+
+
+def upstream_chat(
+    srv: LiveServer, behaviour: str, *, stream: bool = False, **fields
+) -> tuple[int, list[dict]]:
+    """(status, the body as one dict, or a stream's data events)."""
+    messages = [{"role": "user", "content": behaviour}]
+    body = {"messages": messages, "stream": stream, "route": "upstream", **fields}
+    with httpx.Client(base_url=srv.url, timeout=60) as client, client.stream("POST", CHAT, json=body) as r:
+        if not stream:
+            return r.status_code, [json.loads(r.read())]
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", events[-3:]
+    return r.status_code, [json.loads(e) for e in events[:-1]]
+
+
+@pytest.mark.parametrize("case", UPSTREAM_CASES, ids=[c.id for c in UPSTREAM_CASES])
+def test_hostile_upstream_when_relayed_then_bounded_and_never_a_500(
+    hostile_upstream, case: UpstreamCase
+) -> None:
+    srv, _ = hostile_upstream
+    status, got = upstream_chat(srv, case.behaviour, stream=case.stream, **case.fields)
+    assert status == case.status, got[-1]
+    errors = [g["error"] for g in got if "error" in g]
+    if case.code is not None:
+        assert errors and errors[-1]["code"] == case.code and case.words in errors[-1]["message"], errors
+    else:
+        assert not errors, errors
+        last = got[-1]
+        assert last["choices"][0]["finish_reason"] == case.finish
+        usage = last.get("usage") or {}
+        if case.tokens is not None and not case.stream:
+            assert usage["completion_tokens"] == case.tokens
+        if case.tokens is not None and case.stream:
+            assert (
+                sum(1 for g in got for c in g["choices"] if c.get("delta", {}).get("content")) <= case.tokens
+            )
+        if case.behaviour == "usage-400-digits":
+            assert usage["prompt_tokens"] == 0  # out of range: not a count
+    with srv.client() as client:
+        assert client.get("/health").status_code == 200
+
+
+def rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+@pytest.mark.parametrize(
+    "behaviour", ["endless", "error-gb"], ids=["1 GB stream, no max_tokens", "1 GB error body"]
+)
+def test_hostile_upstream_when_a_gigabyte_then_rss_does_not_grow(hostile_upstream, behaviour: str) -> None:
+    """Read in full, these took the process 1-1.5 GB up for good. The stream stops at the relay's token or
+    text bound (or its deadline), the error body at 64 KB."""
+    srv, _ = hostile_upstream
+    before = rss_mb()
+    status, got = upstream_chat(srv, behaviour)
+    assert status in (200, 502, 503), got
+    assert rss_mb() - before < 100
+
+
+def test_hostile_upstream_when_slow_replies_fill_the_pool_then_the_next_request_is_still_served(
+    hostile_upstream,
+) -> None:
+    """Two replies that drip a byte at a time hold both pooled connections; a third request waits for one
+    (the relay ends a reply without a token after the read timeout) instead of a 503 after 3 s."""
+    srv, _ = hostile_upstream
+    results: dict[str, int] = {}
+
+    def drip(i: int) -> None:
+        results[f"drip{i}"] = upstream_chat(srv, "drip")[0]
+
+    threads = [threading.Thread(target=drip, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # both drips hold their connections
+    status, got = upstream_chat(srv, "ok")
+    for t in threads:
+        t.join()
+    assert status == 200, got
+    assert got[0]["choices"][0]["message"]["content"] == "hello world"
+    assert results == {"drip0": 503, "drip1": 503}
