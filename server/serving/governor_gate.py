@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from governor.governor import Governor, Snapshot
@@ -46,16 +46,9 @@ PACE_STEP = 1.1  # the engine hears of the pace in steps of 10 %
 
 def to_engine_limits(limits: Limits) -> EngineLimits:
     """The engine's part of the governor's limits, with the rung (model, variant) the governor runs on; the
-    worker maps that rung onto each request's own (server/serving/ladder.py place)."""
-    return EngineLimits(
-        threads=limits.threads,
-        variant=limits.variant,
-        context_cap=limits.context_cap,
-        max_tokens=limits.max_tokens,
-        tokens_per_second=limits.tokens_per_second,
-        spin=limits.spin,
-        model_id=limits.model_id,
-    )
+    worker maps that rung onto each request's own (server/serving/ladder.py place). Every EngineLimits field
+    is the Limits field of the same name: a new lever is one field on each, never a copy here."""
+    return EngineLimits(**{f.name: getattr(limits, f.name) for f in fields(EngineLimits)})
 
 
 def pace_step(tokens_per_second: float) -> float:

@@ -6,20 +6,22 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import fields
 
 import pytest
 
 from governor.governor import Governor
-from governor.limits import ConfigCost, build_ladder, make_table
+from governor.limits import ConfigCost, Limits, build_ladder, make_table
 from governor.policy import PolicyConfig
 from governor.sensors import SimulatedThermalSource
 from governor.thermal_sim import ThermalSimulator, get_profile
 from models.errors import Cancelled, DeviceOverheated
+from models.protocol import EngineLimits
 from models.types import CancelToken
 from server.launch import gate_for
 from server.refusals import DevicePaused
 from server.serving.cost_meter import CostMeter
-from server.serving.governor_gate import GovernorGate, decide_step
+from server.serving.governor_gate import GovernorGate, decide_step, to_engine_limits
 from server.serving.served import serve_folders
 from tests.server.conftest import make_settings
 
@@ -424,3 +426,13 @@ def test_session_rebuilt_for_a_thread_change_when_governed_then_the_pace_credits
     assert gov._state.pace_integral > integral  # paced work again, below the setpoint: credit
     assert gov.load_heat.rises(device) == {served.default_model: 0.0}
     served.pool.release(served.default_model, 0)
+
+
+def test_engine_limits_when_built_from_limits_then_every_field_is_the_governors_own():
+    """A lever is one field on Limits and one on EngineLimits, of the same name: the engine's limits carry
+    every such field's value, whatever it is."""
+    values = {"threads": 3, "variant": "q4", "context_cap": 512, "max_tokens": 64, "tokens_per_second": 7.5}
+    limits = Limits(**values, spin=False, model_id="m")
+    engine = to_engine_limits(limits)
+    assert {f.name for f in fields(EngineLimits)} <= {f.name for f in fields(Limits)}
+    assert engine == EngineLimits(**values, spin=False, model_id="m")
