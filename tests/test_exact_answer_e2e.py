@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.conftest import build_once, converted_cache_dir
-from tests.server.http.test_lifecycle import free_port
+from tests.server.processes import free_port
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "exact_answer_x86.json"
 MODEL = "smollm2-135m-instruct"

@@ -12,15 +12,7 @@ from governor.policy import PolicyConfig
 from governor.sensors import BatteryReading, MemoryReading, SimulatedThermalSource
 from tests import aio
 from tests.governor.fakes import FakeClock, FakeSensor, make_sim
-
-LADDER = build_ladder([("m", "q4", 0.014, 1.0, 230_000_000), ("m", "q4-a8", 0.010, 0.95, 200_000_000)])
-
-
-def make_governor(sensor=None, clock=None, **kw) -> tuple[Governor, FakeSensor, FakeClock]:
-    clock = clock or FakeClock()
-    sensor = sensor or FakeSensor(30.0)
-    gov = Governor(thermal=sensor, clock=clock, usable_cpus=2, **{"ladder": LADDER, **kw})
-    return gov, sensor, clock
+from tests.governor.helpers import LADDER, make_governor
 
 
 def test_tick_when_temperature_rises_then_level_limits_and_log_line(caplog):

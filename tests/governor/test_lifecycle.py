@@ -11,7 +11,7 @@ from governor.lifecycle import Lease, TooManyLeases, expire, lifecycle_of, repor
 from governor.policy import PolicyConfig
 from governor.sensors import SimulatedThermalSource
 from tests.governor.fakes import FakeClock, make_sim
-from tests.governor.test_governor import make_governor
+from tests.governor.helpers import make_governor
 
 A = Lease("app", 130.0, 30.0)
 B = Lease("page", 115.0, 30.0)

@@ -12,25 +12,9 @@ import pytest
 from models.runtime.engine import load_engine
 from tests.server.fakes import REPLY, RecordingEngine, ScriptedEngine
 from tests.ui.conftest import health, wait_until
+from tests.ui.helpers import REPLY_STATE, send, wait_reply_end
 
 pytestmark = pytest.mark.browser
-
-REPLY_STATE = """() => {
-  const r = document.querySelector('.msg.assistant:last-of-type');
-  return r ? {text: r.querySelector('.content').textContent, busy: r.getAttribute('aria-busy'),
-              status: r.querySelector('.status').textContent, meta: r.querySelector('.meta').textContent}
-           : {text: '', busy: 'true', status: '', meta: ''};
-}"""
-
-
-def send(page, text: str) -> None:
-    page.fill("#prompt", text)
-    page.press("#prompt", "Enter")
-
-
-def wait_reply_end(page) -> dict:
-    page.wait_for_function("() => document.getElementById('messages').getAttribute('aria-busy') === 'false'")
-    return page.evaluate(REPLY_STATE)
 
 
 def scripted_words(n: int, reply: str = REPLY) -> str:

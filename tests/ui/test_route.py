@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.server.fakes import REPLY
-from tests.ui.test_chat import send, wait_reply_end
+from tests.ui.helpers import send, wait_reply_end
 
 pytestmark = pytest.mark.browser
 

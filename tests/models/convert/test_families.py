@@ -22,7 +22,7 @@ from models.runtime.session import DecoderSession, KVCache, ModelShape
 from server.cli import main as cli
 from server.settings import Settings
 from tests.helpers import shape_of
-from tests.models.convert.test_quant_convert import small_logits
+from tests.models.convert.helpers import small_logits
 from tests.tiny_gguf import FAMILY_SPECS, TinySpec, write_tiny_gguf
 
 TINY = ["llama", "llama3", "qwen2", "qwen3", "gemma3"]

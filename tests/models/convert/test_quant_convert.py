@@ -12,7 +12,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from gguf import GGUFReader
 
 from models.convert.graph import VARIANTS
 from models.convert.model import GGUFModel
@@ -20,11 +19,11 @@ from models.convert.pipeline import convert, plan_variants
 from models.convert.reference import ReferenceForward
 from models.errors import UnsupportedQuantization
 from models.gguf.reader import K_QUANTS, SUPPORTED_TYPES
-from models.runtime.session import DecoderSession, KVCache, ModelShape
 from models.store.store import ModelStore, default_converter
 from server.cli import main as cli
 from server.settings import Settings
 from tests.helpers import shape_of
+from tests.models.convert.helpers import logits_per_position, small_logits
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 IDS = [5, 40, 77, 100, 3, 9, 250, 12, 30, 31, 200, 7]
@@ -35,28 +34,6 @@ TOL = 1e-4
 A8_FLOOR = 0.5
 A8_MIN_CORRELATION = 0.8
 K_SPEC = TinySpec(hidden=256, ffn=256)  # K-quant blocks hold 256 values: inputs must be multiples of 256
-LOGIT_SCALE = 0.125
-
-
-def small_logits(path: Path) -> Path:
-    """Scale the final norm's gain down: logits of a few units. At |logit| ~ 40 (hidden 256) fp32 alone
-    leaves 1-2e-4 between two correct forward passes (the numpy reference in fp32 against float64), which
-    would drown the 1e-4 tolerance; a wrong mapping errs by far more than either."""
-    r = GGUFReader(path, "r+")
-    (t,) = [t for t in r.tensors if t.name == "output_norm.weight"]
-    t.data[:] *= np.float32(LOGIT_SCALE)
-    r.data.flush()
-    del r
-    return path
-
-
-def logits_per_position(onnx_file: Path, shape: ModelShape, ids: list[int]) -> np.ndarray:
-    """Token by token (the KV path), then the same ids in one prefill: both must match the reference."""
-    sess = DecoderSession(onnx_file, shape, 1)
-    kv = KVCache(shape, 64)
-    steps = np.stack([sess.run(np.array([t]), kv, pos).copy() for pos, t in enumerate(ids)])
-    full = sess.run(np.array(ids), KVCache(shape, 64), 0).copy()
-    return np.concatenate([steps, full[None]])
 
 
 def build(root: Path, **kw) -> tuple[Path, Path, dict, np.ndarray]:

@@ -16,7 +16,7 @@ from models.convert import embedding, linear
 from models.convert.model import GGUFModel
 from models.convert.pipeline import convert
 from models.runtime.session import DecoderSession, KVCache, ModelShape
-from tests.models.runtime.test_genai_compat import assert_genai_runs_alike
+from tests.models.runtime.helpers import assert_genai_runs_alike
 from tests.tiny_gguf import write_tiny_gguf
 
 IDS = [5, 40, 77, 100, 3, 9, 250, 12, 30, 31, 200, 7]

@@ -19,8 +19,8 @@ from models.convert.pipeline import convert
 from models.convert.reference import ReferenceForward
 from models.gguf.quant import Layout
 from tests.helpers import shape_of
-from tests.models.convert.test_quant_convert import logits_per_position, small_logits
-from tests.models.runtime.test_genai_compat import assert_genai_runs_alike
+from tests.models.convert.helpers import logits_per_position, small_logits
+from tests.models.runtime.helpers import assert_genai_runs_alike
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 IDS = [5, 40, 77, 100, 3, 9, 250, 12, 30, 31, 200, 7]

@@ -29,7 +29,7 @@ from models.types import (
     ToolCallDelta,
     ToolUse,
 )
-from tests.models.runtime.test_constraint import PERSON
+from tests.models.runtime.helpers import PERSON
 from tests.models.runtime.test_engine import warm_reuse
 from tests.models.runtime.test_tools import TIME, WEATHER, calls_of
 from tests.reference_llama import ReferenceLlama
@@ -200,7 +200,7 @@ def test_graph_when_batch_of_rows_then_onnxruntime_genai_decodes_them_too(tiny_m
     for two prompts decoded together are ours for each alone."""
     import onnxruntime_genai as og
 
-    from tests.models.runtime.test_genai_compat import ours_greedy
+    from tests.models.runtime.helpers import ours_greedy
 
     model = og.Model(str(tiny_model_dir))
     prompts = [[1, 5, 17, 40, 33, 9], [7, 100, 200, 31, 5, 250]]

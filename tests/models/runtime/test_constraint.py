@@ -20,18 +20,8 @@ from models.runtime.constraint import (
     json_schema_grammar,
 )
 from models.types import GenerationParams, SamplingParams
+from tests.models.runtime.helpers import PERSON
 from tests.models.runtime.test_engine import GREEDY, run, text_of
-
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3},
-    },
-    "required": ["name", "age", "tags"],
-    "additionalProperties": False,
-}
 
 
 def params(grammar: str | None, max_tokens: int = 200, **sampling) -> GenerationParams:

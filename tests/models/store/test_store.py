@@ -25,81 +25,9 @@ from models.errors import (
     UnsupportedModel,
     VerificationFailed,
 )
-from models.store.store import Converter, ModelStore
+from tests.models.store.helpers import FakeConverter, make_store, write_gguf
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-class FakeConverter:
-    """Writes small files shaped like the real converter's output; its output depends on the GGUF bytes."""
-
-    def __init__(
-        self, *, version: int = 1, smoke_ok: bool = True, fail_with: Exception | None = None
-    ) -> None:
-        self.version = version
-        self.smoke_ok = smoke_ok
-        self.fail_with = fail_with
-        self.calls = 0
-        self.pause_file: Path | None = None  # when set: write half the files, signal, sleep (to be killed)
-
-    def convert(self, gguf_path: Path, out_dir: Path, *, variants=None, progress=None) -> dict:
-        self.calls += 1
-        assert out_dir.is_dir() and not any(out_dir.iterdir()), "converter must get an empty folder"
-        if self.fail_with is not None:
-            raise self.fail_with
-        data = gguf_path.read_bytes()
-        (out_dir / "q4").mkdir()
-        (out_dir / "q4" / "model.onnx").write_bytes(b"onnx-q4:" + data[:64])
-        if self.pause_file is not None:
-            self.pause_file.write_text("converting")
-            time.sleep(60)
-        (out_dir / "f32").mkdir()
-        (out_dir / "f32" / "model.onnx").write_bytes(b"onnx-f32:" + data * 2)
-        (out_dir / "tokenizer.json").write_text('{"model": "fake"}')
-        if progress:
-            progress("convert", 1.0)
-        wanted = variants or ["q4", "f32"]
-        all_variants = {
-            "q4": {
-                "file": "q4/model.onnx",
-                "files": ["q4/model.onnx"],
-                "quality": {},
-                "speed": {},
-                "memory": {"load_rss_bytes": 1000},
-            },
-            "f32": {
-                "file": "f32/model.onnx",
-                "files": ["f32/model.onnx"],
-                "quality": {},
-                "speed": {},
-                "memory": {},
-            },
-        }
-        return {
-            "architecture": {"n_layers": 2, "n_kv_heads": 1, "head_dim": 8},
-            "context_length": 128,
-            "variants": {k: v for k, v in all_variants.items() if k in wanted},
-            "default_variant": wanted[-1],  # the converter's choice (not the best quality): kept as is
-            "tokenizer": "tokenizer.json",
-            "chat_template": "{{ messages }}",
-        }
-
-    def smoke_test(self, model_dir: Path, manifest: dict) -> None:
-        assert (model_dir / "q4" / "model.onnx").is_file()
-        if not self.smoke_ok:
-            raise VerificationFailed("smoke generation produced garbage")
-
-    def as_converter(self) -> Converter:
-        return Converter(self.convert, self.smoke_test, self.version)
-
-
-def write_gguf(path: Path, payload: bytes = b"weights") -> Path:
-    path.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + bytes(16) + payload)
-    return path
-
-
-def make_store(home: Path, fake: FakeConverter | None = None, **kw) -> ModelStore:
-    return ModelStore(home, converter=(fake or FakeConverter()).as_converter(), **kw)
 
 
 @pytest.fixture
@@ -300,7 +228,7 @@ CHILD = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from tests.models.store.test_store import FakeConverter, make_store
+from tests.models.store.helpers import FakeConverter, make_store
 home, gguf, stage, signal_file = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
 version = int(sys.argv[5])
 fake = FakeConverter(version=version)

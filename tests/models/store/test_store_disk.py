@@ -29,7 +29,7 @@ from server.cli import main as cli
 from server.http.errors import error_payload
 from server.settings import Settings
 from tests.faults import Tmpfs, fail_open, writing
-from tests.models.store.test_sources import MEMBER, build_wheel
+from tests.models.store.helpers import MEMBER, build_wheel
 
 MODEL = "tiny"  # the id of tiny.gguf
 WHEEL_ID = "tiny-from-wheel"

@@ -20,12 +20,11 @@ from models.store.store import ModelStore
 from tests.faults import Tmpfs, fail_open, writing
 from tests.models import genai_folders as gf
 from tests.models.fileserver import FileServer, Served, sha
-from tests.models.store.test_multipart import CHUNKS as SPLIT_CHUNKS
-from tests.models.store.test_multipart import GGUF as SPLIT_GGUF
-from tests.models.store.test_multipart import NAME as SPLIT_NAME
-from tests.models.store.test_multipart import build_wheelhouse
-from tests.models.store.test_multipart import source as split_source
-from tests.models.store.test_store import FakeConverter, write_gguf
+from tests.models.store.helpers import CHUNKS as SPLIT_CHUNKS
+from tests.models.store.helpers import GGUF as SPLIT_GGUF
+from tests.models.store.helpers import NAME as SPLIT_NAME
+from tests.models.store.helpers import FakeConverter, build_wheelhouse, write_gguf
+from tests.models.store.helpers import source as split_source
 
 RESOLVE = "/owner/repo/resolve/main/model.gguf"
 

@@ -14,8 +14,7 @@ from models.store import registry
 from models.store.registry import ModelSpec
 from models.store.sources import MultiPartWheel, WheelPart
 from models.store.store import Converter, ModelStore
-from tests.models.store.test_multipart import from_wheelhouse
-from tests.models.store.test_sources import build_dist_wheel
+from tests.models.store.helpers import build_dist_wheel, from_wheelhouse
 
 MODEL = "tiny-split-model"
 

@@ -15,7 +15,7 @@ import pytest
 
 from models.errors import VerificationFailed
 from models.store.store import ModelStore
-from tests.models.store.test_store import FakeConverter, make_store, write_gguf
+from tests.models.store.helpers import FakeConverter, make_store, write_gguf
 
 MODEL = "tiny-llama"
 

@@ -14,7 +14,7 @@ from models.store.hub import HubConfig
 from models.store.paths import inside
 from models.store.store import ModelStore
 from tests.models.fileserver import FileServer
-from tests.models.store.test_store import FakeConverter, write_gguf
+from tests.models.store.helpers import FakeConverter, write_gguf
 
 NOBODY = HubConfig(endpoint="http://127.0.0.1:9", token_file=None, retries=0)  # nothing listens on port 9
 

@@ -19,8 +19,9 @@ import httpx
 import jsonschema
 import pytest
 
+from tests.server.api.helpers import ASK, CHATS, RESP_TOOLS
 from tests.server.conftest import MODEL
-from tests.server.structured_data import TIME, WEATHER, structured_server
+from tests.server.structured_data import structured_server
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "openai_openapi_components.json"
 SPEC = json.loads(FIXTURE.read_text())
@@ -79,20 +80,6 @@ def streamed(srv, path: str, body: dict) -> list[dict]:
     ):
         assert r.status_code == 200, r.read()
         return sse(r)
-
-
-ASK = [{"role": "user", "content": "Paris?"}]
-FORCED = {"tools": [WEATHER, TIME], "tool_choice": "required", "temperature": 1.0, "seed": 3}
-RESP_TOOLS = [
-    {"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
-    for t in (WEATHER, TIME)
-]
-CHATS = {
-    "text": {"messages": ASK, "max_tokens": 8},
-    "logprobs": {"messages": ASK, "max_tokens": 8, "logprobs": True, "top_logprobs": 3},
-    "tool calls": {"messages": ASK, "max_tokens": 300, **FORCED},
-    "json": {"messages": ASK, "max_tokens": 60, "response_format": {"type": "json_object"}},
-}
 
 
 @pytest.mark.parametrize("kind", list(CHATS))

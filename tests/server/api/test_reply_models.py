@@ -37,7 +37,7 @@ from server.api.simmer.replies import Health, ThermalState
 from server.http.error_bodies import Error, OllamaError
 from server.http.openapi import REPLIES
 from server.serving.governor_gate import GovernorGate
-from tests.server.api.test_openapi_conformance import ASK, CHATS, RESP_TOOLS
+from tests.server.api.helpers import ASK, CHATS, RESP_TOOLS
 from tests.server.conftest import LiveServer, make_settings, start_server
 from tests.server.structured_data import WEATHER
 

@@ -20,8 +20,7 @@ import httpx
 import pytest
 
 from bench.sustained.process import stop
-from tests.server.http.test_lifecycle import free_port
-from tests.server.http.test_shutdown import wait_ready
+from tests.server.processes import free_port, wait_ready
 
 SERVE_SCRIPT = textwrap.dedent(
     """

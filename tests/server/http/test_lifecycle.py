@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ import time
 import httpx
 
 from tests.server.fakes import FakeGovernor
+from tests.server.processes import free_port
 
 SERVE_SCRIPT = textwrap.dedent(
     """
@@ -25,12 +25,6 @@ SERVE_SCRIPT = textwrap.dedent(
     serve(settings, engine_factory=lambda: ScriptedEngine(token_delay_s=0.01, reply_tokens=100_000))
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serve_when_sigterm_during_stream_then_error_chunk_done_and_exit_within_5s(tmp_path) -> None:

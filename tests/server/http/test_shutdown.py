@@ -14,7 +14,7 @@ import time
 
 import httpx
 
-from tests.server.http.test_lifecycle import free_port
+from tests.server.processes import free_port, wait_ready
 
 # `simmer serve` (server.launch.serve, what the CLI calls) with a scripted engine that never ends alone.
 SERVE_SCRIPT = textwrap.dedent(
@@ -29,19 +29,6 @@ SERVE_SCRIPT = textwrap.dedent(
     """
 )
 BODY = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the server exited before it was ready"
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError("the server did not become ready")
 
 
 def read_stream(url: str, into: dict, key: str, first_line: threading.Event | None = None) -> None:

@@ -16,8 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.server.http.test_lifecycle import free_port
-from tests.server.http.test_shutdown import wait_ready
+from tests.server.processes import free_port, wait_ready
 
 SERVE_FOLDER = textwrap.dedent(
     """

@@ -15,7 +15,7 @@ from models.runtime.engine import load_engine
 from server.routing.breaker import Breaker
 from tests.server.fakes import RecordingEngine
 from tests.server.routing.conftest import MODEL, UPSTREAM_KEY, free_port, start_upstream
-from tests.server.routing.test_upstream_e2e import CHAT, stream, text_of
+from tests.server.routing.helpers import CHAT, stream, text_of
 
 LONG = {**CHAT, "max_tokens": 150, "ignore_eos": True}
 

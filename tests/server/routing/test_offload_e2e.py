@@ -20,10 +20,9 @@ from server.serving.governor_gate import GovernorGate
 from server.serving.governor_setup import build_gate, build_governor
 from server.settings import Settings
 from tests.server.fakes import RecordingEngine, ScriptedEngine
+from tests.server.helpers import metric, request_lines, wait_until
 from tests.server.routing.conftest import MODEL
-from tests.server.routing.test_upstream_e2e import CHAT
-from tests.server.serving.test_accounting import metric, request_lines
-from tests.server.serving.test_worker_flow import wait_until
+from tests.server.routing.helpers import CHAT
 
 HEAT = {**CHAT, "max_tokens": 200, "ignore_eos": True, "route": "local"}
 

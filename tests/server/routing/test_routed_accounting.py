@@ -19,12 +19,10 @@ from server.serving.accounting import RequestAccount
 from server.serving.events import Failed
 from server.serving.worker import Job
 from tests import aio
+from tests.server.helpers import metric, request_lines, wait_until
 from tests.server.routing.conftest import free_port
+from tests.server.routing.helpers import CHAT, REQUEST, local_side, stream
 from tests.server.routing.scripted import Script, ScriptedUpstream, chat_chunk
-from tests.server.routing.test_router import REQUEST, local_side
-from tests.server.routing.test_upstream_e2e import CHAT, stream
-from tests.server.serving.test_accounting import metric, request_lines
-from tests.server.serving.test_worker_flow import wait_until
 
 USAGE = json.dumps({"id": "x", "object": "chat.completion.chunk", "model": "m", "choices": [], "usage": {
     "prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}})  # fmt: skip

@@ -13,10 +13,8 @@ from server.routing.upstream import UpstreamClient
 from server.serving.events import Failed
 from server.serving.worker import Job
 from tests import aio
-from tests.server.requests import chat_request
+from tests.server.routing.helpers import REQUEST, local_side
 from tests.server.routing.scripted import Script, ScriptedUpstream, chat_chunk
-
-REQUEST = chat_request()
 
 
 class Clock:
@@ -24,16 +22,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def local_side(submitted: list) -> LocalSide:
-    return LocalSide(
-        served_ids=lambda: {"m"},
-        default_model=lambda: "m",
-        state=lambda: "ready",
-        queue_full=lambda: False,
-        submit=submitted.append,
-    )
 
 
 def job(events: list) -> Job:

@@ -10,8 +10,8 @@ import pytest
 
 from server.routing.breaker import Breaker
 from tests.server.conftest import MODEL
+from tests.server.routing.helpers import sse_chunks, text_of
 from tests.server.routing.scripted import Script, ScriptedUpstream, chat_chunk
-from tests.server.routing.test_upstream_e2e import sse_chunks, text_of
 
 KEY = "sk-scripted-0123456789abcdef"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}

@@ -10,14 +10,13 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from models.types import FinishEvent, Timings, TokenEvent, Usage
 from server.logs import TEXT_LOGGERS, setup_logging
 from server.serving.accounting import RequestAccount
 from tests.server.conftest import MODEL
 from tests.server.fakes import REPLY
-from tests.server.serving.test_worker_flow import queue_depth, wait_until
+from tests.server.helpers import metric, queue_depth, request_lines, wait_until
 
 SECRET = "zebra-violet-7781"  # in every prompt: must never reach a log line
 MSG = [{"role": "user", "content": f"tell me about {SECRET}"}]
@@ -25,19 +24,6 @@ MSG = [{"role": "user", "content": f"tell me about {SECRET}"}]
 
 def chat(max_tokens: int, stream: bool = False) -> dict:
     return {"model": MODEL, "messages": MSG, "max_tokens": max_tokens, "stream": stream}
-
-
-def metric(srv, name: str) -> float:
-    text = httpx.get(srv.url + "/metrics", timeout=5).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return sample.value
-    raise AssertionError(f"{name} not in /metrics")
-
-
-def request_lines(caplog) -> list[dict]:
-    return [r.fields for r in caplog.records if r.name == "simmer.request"]
 
 
 def first_chunks(srv, body: dict, n: int, into: list | None = None) -> None:

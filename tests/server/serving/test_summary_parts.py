@@ -21,7 +21,7 @@ from server.serving.summary import (
     with_note,
 )
 from tests.server.conftest import make_settings
-from tests.server.serving.test_summary import TEXT_ONLY, conversation
+from tests.server.serving.helpers import TEXT_ONLY, conversation
 
 U1 = {"role": "user", "content": "hi"}
 A1 = {"role": "assistant", "content": "hello"}

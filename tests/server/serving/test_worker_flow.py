@@ -13,26 +13,13 @@ import httpx
 
 from tests.server.conftest import MODEL
 from tests.server.fakes import RecordingEngine, ScriptedEngine
+from tests.server.helpers import queue_depth, wait_until
 
 MSG = [{"role": "user", "content": "hello"}]
 
 
 def chat(max_tokens: int, stream: bool = False, **extra) -> dict:
     return {"model": MODEL, "messages": MSG, "max_tokens": max_tokens, "stream": stream, **extra}
-
-
-def wait_until(predicate, timeout: float = 20.0) -> bool:  # generous: CI machines can be loaded
-    tick = threading.Event()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        tick.wait(0.01)
-    return False
-
-
-def queue_depth(srv) -> int:
-    return httpx.get(srv.url + "/health").json()["queue_depth"]
 
 
 def data_lines(response: httpx.Response) -> list[str]:

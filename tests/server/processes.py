@@ -1,0 +1,28 @@
+"""Real `simmer serve` processes in tests: a free port, and waiting until one answers /health."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the server exited before it was ready"
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("the server did not become ready")
