@@ -178,8 +178,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         ]
         today = [t.token_id for t in e.generate(prompts[0], params) if isinstance(t, TokenEvent)]
         invariance[v] = {
-            "rows_alike": batch_traits(e._session()).rows_alike,
-            "needs_padding": not batch_traits(e._session()).one_row_exact,
+            "rows_alike": batch_traits(e.session()).rows_alike,
+            "needs_padding": not batch_traits(e.session()).one_row_exact,
             "padded_decode_vs_unpadded": round(statistics.median(cost), 3),
             "unpadded_ids_equal_one_reply_engine": rounds[0][f"{v}_single_unpadded"]["ids"][0] == today,
             "padded_ids_equal_one_reply_engine": rounds[0][f"{v}_single_padded"]["ids"][0] == today,

@@ -55,9 +55,9 @@ class ScriptedEngine(LlamaEngine):
         script = self.tokenizer.encode(reply, add_special_tokens=False, parse_special=False)
         self.scripted = ScriptedSession(script, self.vocab_size, eos)
 
-    def _session(self) -> Any:
+    def session(self) -> Any:
         if not hasattr(self, "scripted"):  # the load check in LlamaEngine.__init__: a real session
-            return super()._session()
+            return super().session()
         return self.scripted
 
 

@@ -51,7 +51,7 @@ def engine(folder: Path, variant: str = "q4-a8", **kw) -> LlamaEngine:
     test asserts what the server does there instead (one reply at a time) and skips, saying so."""
     kw = {"threads": 1, "context_length": 128, "speculation": "off", **kw}
     e = load_engine(folder, variant=variant, **kw)
-    traits = batch_traits(e._session())
+    traits = batch_traits(e.session())
     if traits.rows and not traits.rows_alike:
         assert e.batch_decoder(4) is None
         pytest.skip(f"{e.model_id} {variant}: {traits.why_alone(pad=True)}; its replies run one at a time")
@@ -128,7 +128,7 @@ def same_as_the_one_reply_engine(e: LlamaEngine, batched: dict[str, Events], rep
     the one-reply engine's one-row passes round otherwise, so the check goes in two steps that hold on
     every CPU: the batch's reply decoded alone in one-row passes (pad=False: the one-reply engine's
     kernels) is the one-reply engine's, and the batched reply is the batch's reply alone (padded)."""
-    exact = batch_traits(e._session()).one_row_exact
+    exact = batch_traits(e.session()).one_row_exact
     for key, (prompt, params) in replies.items():
         mine = one_reply(e, prompt, params)
         if exact:
@@ -166,7 +166,7 @@ def test_batch_when_a_lone_row_is_not_exact_then_one_reply_padded_to_two_rows(
     kernels, and q4-a8's int8 ones on AVX2), a reply alone decodes in a pass of two rows and is the reply
     it is beside another; where they sum alike (q4-a8 on AVX-512 VNNI) it runs alone, the same reply."""
     e = engine(tiny_model_dir, variant)
-    exact = batch_traits(e._session()).one_row_exact
+    exact = batch_traits(e.session()).one_row_exact
     replies = {"0": (e.text_prompt(TEXTS[0]), GenerationParams(SAMPLINGS[0], max_tokens=8))}
     beside = drive(BatchDecoder(e, 2), {**replies, "1": (e.text_prompt(TEXTS[1]), replies["0"][1])})["0"]
     bd = BatchDecoder(e, 2)
@@ -494,7 +494,7 @@ def test_batch_when_foreign_decoder_then_refused_with_a_clear_error(tiny_model_d
     foreign = LlamaEngine(
         installed.path, installed.manifest, model_id=installed.id, threads=1, context_length=64
     )
-    assert batch_traits(foreign._session()).rows is False
+    assert batch_traits(foreign.session()).rows is False
     with pytest.raises(InvalidParameter) as err:
         BatchDecoder(foreign, 2)
     assert "one sequence at a time" in err.value.message

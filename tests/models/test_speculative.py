@@ -219,7 +219,7 @@ def test_sampled_when_speculating_then_next_token_frequencies_are_the_models(sam
 
     spec, plain = sampling_pair
     prompt = spec.text_prompt(COPY_TEXT).ids
-    sess = plain._session()
+    sess = plain.session()
     kv = KVCache(sess.shape, len(prompt) + 16)
     first = sess.run(np.array(prompt), kv, 0).copy()
     observed, expected = np.zeros(5), np.zeros(5)
@@ -329,7 +329,7 @@ def test_greedy_when_smollm2_rewrite_then_identical_to_plain(smollm2_model_dir, 
     kw = dict(variant=variant, threads=1, context_length=1024)
     spec = load_engine(smollm2_model_dir, speculation="auto", **kw)
     plain = load_engine(smollm2_model_dir, speculation="off", **kw)
-    exact = spec._session().rows_exact
+    exact = spec.session().rows_exact
     assert exact or variant == "q4-a8"
     if exact:  # measured row costs follow the machine's load; this test is about identity, not speed
         spec._row_costs[spec.session_key()] = FixedCost(prior=0.1)

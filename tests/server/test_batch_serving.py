@@ -93,7 +93,7 @@ def padded(monkeypatch) -> None:
 def alike_or_skip(e: LlamaEngine) -> LlamaEngine:
     """`e`, where a batch's rows get the logits they get alone; elsewhere the server serves one reply at a
     time (asserted), and the test skips, saying why."""
-    why = batch_traits(e._session()).why_alone(pad=True)
+    why = batch_traits(e.session()).why_alone(pad=True)
     if why is not None:
         assert e.batch_decoder(4) is None
         pytest.skip(f"{e.model_id} {e.variant}: {why}; its replies run one at a time")
@@ -174,7 +174,7 @@ def test_batch_when_four_sdk_streams_at_once_then_the_same_as_one_after_another(
     for i in range(4):
         assert len(at_once[i]) == 24
         assert at_once[i] == alone[i], i
-    if batch_traits(e._session()).one_row_exact:  # one row sums as a batch's rows do (q4-a8 on AVX-512):
+    if batch_traits(e.session()).one_row_exact:  # one row sums as a batch's rows do (q4-a8 on AVX-512):
         one, _ = serve(live, tiny_model_dir, variant, 1)  # the one-reply engine gives the same
         passes.clear()
         assert {i: stream(one, i) for i in range(4)} == alone
@@ -192,7 +192,7 @@ def test_batch_when_served_by_default_then_batched_only_where_a_lone_row_is_exac
     run one at a time on the one-reply engine. The same text either way."""
     gate = HoldGate()
     e = engine(tiny_model_dir, variant)
-    traits = batch_traits(e._session())
+    traits = batch_traits(e.session())
     srv = live(engine=e, model=e.model_id, max_batch=4, governor=gate)
     alone = {i: stream(srv, i) for i in range(4)}
     passes.clear()
@@ -460,7 +460,7 @@ def test_batch_when_memory_pressure_then_batches_of_fewer_rows_and_the_same_repl
     passes.clear()
     single = stream(srv, 1)  # the next batch: one reply at a time, on the one-reply engine
     assert pool.rows_cap == 1 and passes == [] and e._batch is None  # the batch decoder's KV rows went
-    if batch_traits(e._session()).one_row_exact:  # a lone row sums as a batch's rows: the same reply
+    if batch_traits(e.session()).one_row_exact:  # a lone row sums as a batch's rows: the same reply
         assert single == alone[1]
     else:  # (AVX2) its one-row passes round otherwise than the padded ones: the one-reply engine's reply
         one, _ = serve(live, tiny_model_dir, "q4-a8", 1)

@@ -774,7 +774,7 @@ class OllamaCase:
     body: Body
     status: int
     words: str = ""  # in the error message (when an error is expected)
-    code: str | None = None  # the simmer code behind it (its status is _STATUS's)
+    code: str | None = None  # the simmer code behind it (its status is STATUS's)
     never: str = ""  # not in the error message (a file's content)
     headers: dict[str, str] = field(default_factory=lambda: dict(JSON))
     method: str = "POST"
@@ -1070,9 +1070,9 @@ def test_hostile_ollama_request_when_sent_then_status_and_ollama_error_and_conne
         assert case.words in body["error"] and "Traceback" not in body["error"], body
         assert not case.never or case.never not in body["error"], body
         if case.code is not None:
-            from server.http.errors import _STATUS
+            from server.http.errors import STATUS
 
-            assert _STATUS[case.code][0] == case.status
+            assert STATUS[case.code][0] == case.status
     elif case.method == "POST":
         if response.getheader("content-type", "").startswith("application/x-ndjson"):
             lines = [json.loads(line) for line in data.splitlines() if line]
@@ -1087,7 +1087,7 @@ def test_hostile_ollama_request_when_sent_then_status_and_ollama_error_and_conne
 
 def test_hostile_cases_cover_every_error_code_the_request_path_can_send() -> None:
     """The table exercises each client-error code of server/http/errors.py that a request alone can cause."""
-    from server.http.errors import _STATUS
+    from server.http.errors import STATUS
 
     # Codes a single request cannot cause on a healthy idle server (load, the governor, auth when no key
     # is set, a cancelled request, model installs) are covered by their own tests.
@@ -1117,7 +1117,7 @@ def test_hostile_cases_cover_every_error_code_the_request_path_can_send() -> Non
         "source_unavailable",
     }
     covered = {c.code for c in CASES} | {c.code for c in OLLAMA_CASES}
-    assert set(_STATUS) - elsewhere <= covered, set(_STATUS) - elsewhere - covered
+    assert set(STATUS) - elsewhere <= covered, set(STATUS) - elsewhere - covered
 
 
 # ---- the accepted values do what they say, over HTTP on the real model ----
