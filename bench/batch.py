@@ -5,7 +5,7 @@
 
 Each round runs, for N = 1..4 streams of `tokens` tokens each (chat prompts, ignore_eos, greedy), one after
 another so that the machine's drift falls on every mode alike:
-- `sequential`: today's path, LlamaEngine.generate one reply after another (what simmer's worker does with N
+- `sequential`: today's path, DecoderEngine.generate one reply after another (what simmer's worker does with N
   clients today);
 - `batch`: models/runtime/batch.py's BatchDecoder with the N replies added at once, driven as a scheduler
   would (a prefill chunk when one is due, else a decode pass).

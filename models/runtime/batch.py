@@ -38,7 +38,7 @@ order than the rows of a larger one (~7e-5 apart in the logits; passes of two or
 so there a reply decoding alone is padded to two rows. `pad` None (the default) decides per session from
 that measurement, True or False force it; bench/batch.py measures what padding costs. The padded pass
 costs a lone reply 2.3x on q4, so the engine offers no batch decoder for such a session
-(LlamaEngine.batch_decoder, unless its pad_batches is set): its replies run one at a time. On AVX2
+(DecoderEngine.batch_decoder, unless its pad_batches is set): its replies run one at a time. On AVX2
 (measured under qemu-x86_64 -cpu Haswell) q4's lone row is not exact either and f32's is, while q4-a8's
 int8 kernels round a lone row otherwise: on the tiny test model within summation order, on SmolLM2 0.42
 apart in the logits, rows not even alike (BatchTraits.rows_alike). Where rows are not alike the engine
@@ -98,7 +98,7 @@ from models.runtime.session import (
 from models.types import CancelToken, FinishEvent, FinishReason, GenerationParams, Handover, TokenEvent
 
 if TYPE_CHECKING:
-    from models.runtime.engine import LlamaEngine
+    from models.runtime.engine import DecoderEngine
 
 PAD_ROWS = 2  # the fewest rows a padded pass runs: any two or more sum in the same order
 
@@ -235,7 +235,7 @@ class BatchTraits:
 
     def why_alone(self, pad: bool) -> str | None:
         """Why an engine serves such a session's replies one at a time (None: it batches them); `pad`: a
-        lone reply may decode padded to two rows (LlamaEngine.pad_batches)."""
+        lone reply may decode padded to two rows (DecoderEngine.pad_batches)."""
         if not self.rows:
             return "its graph runs one sequence at a time (converted before batches, or not by simmer)"
         if not self.rows_alike:
@@ -319,7 +319,7 @@ class _Free:
 class BatchDecoder:
     """Up to `slots` replies of one engine decoding together (see the module docstring)."""
 
-    def __init__(self, engine: LlamaEngine, slots: int = 4, *, pad: bool | None = None) -> None:
+    def __init__(self, engine: DecoderEngine, slots: int = 4, *, pad: bool | None = None) -> None:
         if slots < 1:
             raise InvalidParameter(f"slots must be at least 1, not {slots}", param="slots")
         if engine.io is not None or not batch_traits(engine.session()).rows:
@@ -333,7 +333,7 @@ class BatchDecoder:
         # a padded pass of one reply needs a second row, so one slot still has two (its pages are mapped
         # only where written: a throwaway key a pass)
         rows = slots if pad is False else max(slots, PAD_ROWS)
-        # the configured context: the governor's cap only ever lowers it (LlamaEngine.apply_limits)
+        # the configured context: the governor's cap only ever lowers it (DecoderEngine.apply_limits)
         self.kv = BatchKV(engine.shape, rows, engine.configured_context, engine.kv_prefault)
         self.rows: list[_Row | None] = [None] * rows
         self.free_rows = [_Free() for _ in range(rows)]

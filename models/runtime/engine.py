@@ -100,8 +100,10 @@ def nominal_variant(manifest: dict[str, Any]) -> str | None:
     return NOMINAL_VARIANT if NOMINAL_VARIANT in names else (names[0] if names else None)
 
 
-class LlamaEngine(TextSideMixin):
-    """Implements models.protocol.Engine for a converted model folder."""
+class DecoderEngine(TextSideMixin):
+    """Implements models.protocol.Engine for a converted model folder: a decoder-only transformer of any
+    family the converter writes (models/convert/families/: llama, qwen2, qwen3, gemma3), or a folder
+    installed as onnxruntime-genai laid it out (the general path)."""
 
     # Batch only where it costs a reply nothing: where a lone row sums as a batch's rows do (q4-a8's int8
     # kernels on AVX-512 VNNI). Elsewhere (q4's fp32 activations; q4-a8 on AVX2) a reply alone would
@@ -553,7 +555,7 @@ class LlamaEngine(TextSideMixin):
         return Generation(self, prompt, params, cancel or CancelToken(), step_hook, resume).run()
 
 
-def load_engine(model_dir: Path, **kwargs: Any) -> LlamaEngine:
+def load_engine(model_dir: Path, **kwargs: Any) -> DecoderEngine:
     """Open a converted model folder (its manifest.json next to the ONNX files)."""
     manifest = json.loads((Path(model_dir) / "manifest.json").read_text())
-    return LlamaEngine(Path(model_dir), manifest, **kwargs)
+    return DecoderEngine(Path(model_dir), manifest, **kwargs)

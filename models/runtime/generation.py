@@ -50,7 +50,7 @@ from models.types import (
 )
 
 if TYPE_CHECKING:
-    from models.runtime.engine import LlamaEngine
+    from models.runtime.engine import DecoderEngine
 
 log = logging.getLogger("simmer.engine")
 
@@ -131,7 +131,7 @@ class Generation:
 
     def __init__(
         self,
-        engine: LlamaEngine,
+        engine: DecoderEngine,
         prompt: Prompt | None,
         params: GenerationParams,
         cancel: CancelToken,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from models.errors import ModelNotFound
 from models.protocol import Engine, EngineLimits
-from models.runtime.engine import LlamaEngine, release_freed_memory
+from models.runtime.engine import DecoderEngine, release_freed_memory
 from server.serving.catalog import Catalog, CatalogEntry
 from server.serving.keep_alive import describe as describe_keep_alive
 from server.serving.memory_plan import Estimate, MemoryBudget, Resident, mib, plan_load
@@ -318,7 +318,7 @@ class ModelPool:
             finally:
                 with self._lock:
                     self._opening.discard(model_id)
-        if isinstance(engine, LlamaEngine):
+        if isinstance(engine, DecoderEngine):
             engine.building = lambda: self.loading(None)
         if self.pinned:
             self._kept[model_id] = engine

@@ -9,7 +9,7 @@ import pytest
 
 from models.errors import ContextLengthExceeded
 from models.protocol import EngineLimits, Prompt
-from models.runtime.engine import LlamaEngine, load_engine, window_split
+from models.runtime.engine import DecoderEngine, load_engine, window_split
 from models.runtime.generation import passes_exact
 from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams, TokenEvent
 from tests.margins import WIDE, greedy
@@ -20,7 +20,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def run(
-    engine: LlamaEngine, prompt: Prompt, params: GenerationParams, **kw
+    engine: DecoderEngine, prompt: Prompt, params: GenerationParams, **kw
 ) -> tuple[list[TokenEvent], FinishEvent]:
     events = list(engine.generate(prompt, params, **kw))
     assert isinstance(events[-1], FinishEvent)
@@ -28,13 +28,13 @@ def run(
     return events[:-1], events[-1]
 
 
-def in_chunks(e: LlamaEngine, n: int) -> int:
+def in_chunks(e: DecoderEngine, n: int) -> int:
     """`n` cached tokens as prefix reuse counts them: all, or whole prefill chunks where this CPU's passes of
     several positions depend on their number (session.cold_pass: ARM's kernels)."""
     return n if passes_exact(e.session()) else n - n % e.prefill_chunk
 
 
-def warm_reuse(e: LlamaEngine, n: int) -> int:
+def warm_reuse(e: DecoderEngine, n: int) -> int:
     """What a prompt of `n` tokens reuses of itself, cached: all but reuse_tail, in_chunks."""
     return in_chunks(e, n - e.reuse_tail)
 
@@ -527,7 +527,7 @@ def test_pool_spins_when_setting_governor_pace_and_threads_then_the_rule_table(
 def test_apply_limits_when_the_governor_says_no_spinning_then_a_quiet_session(tiny_model_dir):
     import json
 
-    engine = LlamaEngine(
+    engine = DecoderEngine(
         tiny_model_dir, json.loads((tiny_model_dir / "manifest.json").read_text()), threads=2
     )
     assert engine.session_key()[2] is True  # auto, unpaced
@@ -544,7 +544,7 @@ def test_apply_limits_when_one_thread_and_the_pace_comes_and_goes_then_the_same_
 ):
     import json
 
-    engine = LlamaEngine(
+    engine = DecoderEngine(
         tiny_model_dir, json.loads((tiny_model_dir / "manifest.json").read_text()), threads=1
     )
     first = engine.session()

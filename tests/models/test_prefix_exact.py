@@ -13,7 +13,7 @@ import pytest
 
 from models.protocol import Prompt
 from models.runtime.batch import BatchDecoder
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import DecoderEngine, load_engine
 from models.runtime.generation import passes_exact, positions_exact, reusable_prefix
 from models.runtime.session import (
     Exactness,
@@ -32,12 +32,12 @@ SEEDED = replace(GREEDY, sampling=SamplingParams(temperature=1.2, seed=3, logpro
 TEXT = "the quick brown fox jumps over the lazy dog and then it runs far away into the dark forest"
 
 
-def engine(folder, variant: str, **kw) -> LlamaEngine:
+def engine(folder, variant: str, **kw) -> DecoderEngine:
     kw = {"threads": 1, "context_length": 128, "speculation": "off", **kw}
     return load_engine(folder, variant=variant, **kw)
 
 
-def generate(e: LlamaEngine, prompt: Prompt, params: GenerationParams) -> Events:
+def generate(e: DecoderEngine, prompt: Prompt, params: GenerationParams) -> Events:
     return list(e.generate(prompt, params))  # type: ignore[arg-type]
 
 
@@ -45,7 +45,7 @@ def cached(events: list) -> int:
     return finish(events).usage.cached_tokens
 
 
-def reuses(e: LlamaEngine, events: list, at_least: int) -> bool:
+def reuses(e: DecoderEngine, events: list, at_least: int) -> bool:
     """The reply reused at least `at_least` cached tokens; where this CPU's passes of several positions
     depend on their number (passes_exact), whole prefill chunks, at least those `at_least` holds."""
     n = cached(events)

@@ -5,7 +5,7 @@ text and logprobs token for token.
 
 What the server does depends on what this CPU's kernels do with a batch (models/runtime/batch.py
 batch_traits, measured at load). The tests of the batch path let a lone reply decode padded to two rows
-(`padded`: LlamaEngine.pad_batches) so that it runs on every CPU where a batch's rows are alike; where they
+(`padded`: DecoderEngine.pad_batches) so that it runs on every CPU where a batch's rows are alike; where they
 are not, the server serves one reply at a time and those tests skip, saying so. What the server does by
 default on this CPU is test_batch_when_served_by_default_then_batched_only_where_a_lone_row_is_exact's."""
 
@@ -22,7 +22,7 @@ import pytest
 
 from models.protocol import EngineLimits
 from models.runtime.batch import BatchDecoder, batch_traits
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import DecoderEngine, load_engine
 from models.types import CancelToken
 from tests.helpers import sdk
 from tests.server.test_multi_model import reference, several  # noqa: F401 (several: a fixture)
@@ -79,7 +79,7 @@ def passes(monkeypatch) -> list[int]:
     return seen
 
 
-def engine(folder, variant: str) -> LlamaEngine:
+def engine(folder, variant: str) -> DecoderEngine:
     return load_engine(folder, variant=variant, threads=1, context_length=128, speculation="off")
 
 
@@ -87,10 +87,10 @@ def engine(folder, variant: str) -> LlamaEngine:
 def padded(monkeypatch) -> None:
     """Every engine batches where its rows are alike: a reply alone decodes padded to two rows where this
     CPU's kernels sum one row otherwise (q4; q4-a8 on AVX2), as it does beside others."""
-    monkeypatch.setattr(LlamaEngine, "pad_batches", True)
+    monkeypatch.setattr(DecoderEngine, "pad_batches", True)
 
 
-def alike_or_skip(e: LlamaEngine) -> LlamaEngine:
+def alike_or_skip(e: DecoderEngine) -> DecoderEngine:
     """`e`, where a batch's rows get the logits they get alone; elsewhere the server serves one reply at a
     time (asserted), and the test skips, saying why."""
     why = batch_traits(e.session()).why_alone(pad=True)

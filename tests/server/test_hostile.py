@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import DecoderEngine, load_engine
 from tests.server.conftest import LiveServer, make_settings, start_server
 from tests.server.fakes import ScriptedEngine
 from tests.server.routing.hostile_upstream import HostileUpstream
@@ -30,7 +30,7 @@ TEXT = "/v1/completions"
 HI = [{"role": "user", "content": "hi"}]
 JSON = {"Content-Type": "application/json"}
 
-Body = bytes | dict | Callable[[LlamaEngine], dict] | None
+Body = bytes | dict | Callable[[DecoderEngine], dict] | None
 
 
 @dataclass(frozen=True)
@@ -682,7 +682,7 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def hostile_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[LiveServer, LlamaEngine]]:
+def hostile_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[LiveServer, DecoderEngine]]:
     engine = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128)
     pull_dir = tmp_path_factory.mktemp("pulls")  # SIMMER_PULL_DIRS: a file that is no GGUF, a link out
     (pull_dir / "notes.gguf").write_text("these are notes, not a model")
@@ -719,7 +719,7 @@ def send(conn: http.client.HTTPConnection, host: str, case: Case, body: bytes | 
     return response, response.read()
 
 
-def encode(case: Case, engine: LlamaEngine) -> bytes | None:
+def encode(case: Case, engine: DecoderEngine) -> bytes | None:
     body = case.body(engine) if callable(case.body) else case.body
     return json.dumps(body).encode() if isinstance(body, dict) else body
 
@@ -1041,7 +1041,7 @@ OLLAMA_CASES = [
 ]
 
 
-def render(body: Body, engine: LlamaEngine, not_gguf: str, pull_dir: Path) -> bytes | None:
+def render(body: Body, engine: DecoderEngine, not_gguf: str, pull_dir: Path) -> bytes | None:
     if isinstance(body, dict):
         text = json.dumps(body).replace('"{model}"', json.dumps(engine.model_id))
         text = text.replace("{pull_dir}", json.dumps(str(pull_dir))[1:-1])
