@@ -95,23 +95,21 @@ from models.runtime.session import (
     note_write,
     prefill_end,
 )
-from models.types import CancelToken, FinishEvent, FinishReason, GenerationParams, Handover, TokenEvent
+from models.types import (
+    BatchEvent,
+    CancelToken,
+    FinishEvent,
+    FinishReason,
+    GenerationParams,
+    Handover,
+    PassStats,
+    RowError,
+)
 
 if TYPE_CHECKING:
     from models.runtime.engine import DecoderEngine
 
 PAD_ROWS = 2  # the fewest rows a padded pass runs: any two or more sum in the same order
-
-
-@dataclass(frozen=True)
-class RowError:
-    """A reply that failed with `error` (a forward pass, or its own sampling): its slot is free again, the
-    other replies go on. The caller reports the error to that reply's client as the one-reply path does."""
-
-    error: Exception
-
-
-BatchEvent = tuple[int, TokenEvent | FinishEvent | RowError]
 
 
 class BatchKV:
@@ -288,16 +286,6 @@ def measure_batch_traits(sess: DecoderSession) -> BatchTraits:
     return BatchTraits(rows=True, rows_alike=alike, one_row_exact=bool(np.array_equal(one[0], two[0])))
 
 
-@dataclass(frozen=True)
-class PassStats:
-    """The last decode pass: replies that got a token, rows run (with the ones riding along), its seconds.
-    What a cost meter keys on: tokens per CPU-second rise with the batch."""
-
-    replies: int
-    rows: int
-    seconds: float
-
-
 @dataclass
 class _Row:
     gen: Generation
@@ -342,6 +330,10 @@ class BatchDecoder:
         self.last_pass: PassStats | None = None
 
     # -- what the scheduler reads ----------------------------------------------------------------------
+    @property
+    def engine(self) -> DecoderEngine:
+        return self.e
+
     @property
     def active(self) -> list[int]:
         return [b for b, row in enumerate(self.rows) if row is not None]

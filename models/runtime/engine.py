@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from models.errors import (
     ContextLengthExceeded,
@@ -26,6 +26,7 @@ from models.errors import (
     ModelNotInstalled,
 )
 from models.protocol import ChatTurns, EngineLimits, Prompt, StepHook, pool_spins
+from models.runtime.batch import BatchDecoder, batch_traits
 from models.runtime.chat import ChatTemplate, encode_chat
 from models.runtime.constraint import Constraint, ConstraintVocabulary
 from models.runtime.genai_config import DecoderIO
@@ -52,9 +53,6 @@ from models.types import (
     TokenEvent,
     ToolUse,
 )
-
-if TYPE_CHECKING:
-    from models.runtime.batch import BatchDecoder
 
 log = logging.getLogger("simmer.engine")
 
@@ -374,11 +372,6 @@ class DecoderEngine(TextSideMixin):
         and kept with its KV rows until unload(); None when its replies run one at a time (logged once per
         variant, with BatchTraits.why_alone's reason: a graph of one sequence, rows that this CPU's kernels
         sum differently beside others, or a lone row that would need padding: see pad_batches)."""
-        from models.runtime.batch import (
-            BatchDecoder,  # batch.py builds on this module
-            batch_traits,
-        )
-
         # per session: a variant switch may bring other traits
         why = batch_traits(self.session()).why_alone(self.pad_batches)
         if why is not None:

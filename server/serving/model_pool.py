@@ -279,9 +279,7 @@ class ModelPool:
         with self._lock:
             idle = [i.engine for i in self._loaded.values() if not i.busy]
         for engine in idle:
-            shrink = getattr(engine, "shrink_batch", None)
-            if shrink is not None:
-                shrink(rows)
+            engine.shrink_batch(rows)
 
     def rows_fit(self, rows: int | None) -> bool:
         """Whether the loaded models serving batches of `rows` (None: as configured) stay within the budget

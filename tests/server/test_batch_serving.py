@@ -62,6 +62,9 @@ class HoldGate:
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
         return None
 
+    def note_pass(self, tokens: int) -> None:
+        return None
+
 
 @pytest.fixture
 def passes(monkeypatch) -> list[int]:
