@@ -1,5 +1,5 @@
 """`simmer bench server`: what HTTP streaming costs. Streamed tok/s and TTFT of a chat completion over HTTP
-(httpx, the server as a child process as users run it) against the engine alone (LlamaEngine.generate in
+(httpx, the server as a child process as users run it) against the engine alone (DecoderEngine.generate in
 this process), same model, variant and threads, in the same run, interleaved; medians.
 
 Targets: HTTP streaming costs <= 5 % of tok/s and <= 10 ms of TTFT. TTFT is measured from sending the

@@ -1,5 +1,6 @@
-"""The engine contract the server's worker relies on. The real engine is models/runtime/engine.py;
-tests/fakes.py has a scripted one that satisfies the same protocol."""
+"""The engine contract the server's worker relies on. The real engine is models/runtime/engine.py, its batch
+decoder models/runtime/batch.py; tests/server/fakes.py has a scripted engine that satisfies the same
+protocol."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from models.types import CancelToken, FinishEvent, GenerationParams, Handover, TokenEvent, ToolUse
+from models.types import (
+    BatchEvent,
+    CancelToken,
+    FinishEvent,
+    GenerationParams,
+    Handover,
+    PassStats,
+    TokenEvent,
+    ToolUse,
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,71 @@ StepHook = Callable[[], EngineLimits | None]
 It may block (a pause), raise models.errors.Cancelled, or return new limits (None = unchanged)."""
 
 
+class BatchDecoding(Protocol):
+    """Up to `slots` replies of one engine decoding together, as the worker drives them (the calls and their
+    order: models/runtime/batch.py). Every call returns the events it produced; a FinishEvent or a RowError
+    frees that slot."""
+
+    last_pass: PassStats | None  # the last decode pass (None before the first)
+
+    @property
+    def engine(self) -> Engine:
+        """The engine whose replies these are."""
+        ...
+
+    @property
+    def active(self) -> list[int]:
+        """The slots that hold a reply."""
+        ...
+
+    @property
+    def free(self) -> int:
+        """How many more replies may join."""
+        ...
+
+    @property
+    def prefilling(self) -> list[int]:
+        """Slots waiting for a prefill chunk, first come first."""
+        ...
+
+    @property
+    def decoding(self) -> list[int]:
+        """Slots the next step() advances."""
+        ...
+
+    def add(
+        self,
+        prompt: Prompt | None,
+        params: GenerationParams,
+        *,
+        cancel: CancelToken | None = None,
+        resume: Handover | None = None,
+    ) -> int:
+        """Take a slot for a reply (its prompt runs in later prefill() calls). Raises what generate() would
+        before its first token."""
+        ...
+
+    def prefill(self, slot: int | None = None) -> list[BatchEvent]:
+        """One prefill chunk of `slot` (by default the one waiting longest); its first token when done."""
+        ...
+
+    def step(self) -> list[BatchEvent]:
+        """One forward pass: the next token of every decoding reply."""
+        ...
+
+    def cancel(self, slot: int) -> FinishEvent:
+        """End a reply now (finish_reason "cancelled"); its slot is free at once."""
+        ...
+
+    def hand_over(self, slot: int, limits: EngineLimits) -> Handover:
+        """The reply of `slot`, to go on on the model `limits` names; its slot is free at once."""
+        ...
+
+    def apply_limits(self, limits: EngineLimits) -> list[BatchEvent]:
+        """The governor's limits for every reply of the batch, between passes."""
+        ...
+
+
 class Engine(Protocol):
     model_id: str
     variant: str  # active variant name
@@ -85,6 +160,9 @@ class Engine(Protocol):
     can_chat: bool  # False without a chat template: chat_prompt raises ModelNotChat
     vocab_size: int  # logits per position; token ids are 0..vocab_size-1 (logit_bias is checked against it)
     tokenizer_key: str  # equal for two models exactly when their token ids mean the same text
+    # The pace in force (EngineLimits.tokens_per_second; None: unpaced). generate() holds it itself; a batch
+    # leaves it to its caller, for whom a pass of n replies makes n tokens.
+    tokens_per_second: float | None
 
     @property
     def model_dir(self) -> Path | None:
@@ -157,4 +235,15 @@ class Engine(Protocol):
 
     def unload(self) -> None:
         """Free sessions and KV buffers (keep_alive expiry); the next generate() loads again."""
+        ...
+
+    def batch_decoder(self, slots: int) -> BatchDecoding | None:
+        """The decoder of up to `slots` replies at once, kept (with its KV rows) until unload() or
+        shrink_batch(); None when this engine serves its replies one at a time (then generate() them)."""
+        ...
+
+    def shrink_batch(self, slots: int) -> bool:
+        """Drop the batch decoder when it holds rows for more than `slots` replies and none runs (memory
+        pressure): its KV rows go back now, batch_decoder builds one of the size asked next time. True if it
+        went (False too for an engine that keeps none)."""
         ...

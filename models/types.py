@@ -157,6 +157,30 @@ class Handover:
     state: Any  # the engine's own (models/runtime/reply.py)
 
 
+@dataclass(frozen=True)
+class RowError:
+    """A reply of a batch that failed with `error` (a forward pass, or its own sampling): its slot is free
+    again, the other replies go on. The caller reports the error to that reply's client as the one-reply
+    path does."""
+
+    error: Exception
+
+
+# What a batch's call produced for one of its replies: (its slot, the event). A FinishEvent or a RowError
+# frees the slot.
+BatchEvent = tuple[int, TokenEvent | FinishEvent | RowError]
+
+
+@dataclass(frozen=True)
+class PassStats:
+    """A batch's last decode pass: replies that got a token, rows run (with the ones riding along), its
+    seconds. What a cost meter keys on: tokens per CPU-second rise with the batch."""
+
+    replies: int
+    rows: int
+    seconds: float
+
+
 class CancelToken:
     """Set from any thread; checked by the worker between tokens and prefill chunks."""
 

@@ -8,7 +8,7 @@ from typing import Any
 import openai
 
 from models.convert.model import GGUFModel
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import DecoderEngine, load_engine
 from models.runtime.session import ModelShape
 
 
@@ -18,7 +18,7 @@ def sdk(srv: Any, **kwargs: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=srv.url + "/v1", **options)
 
 
-def tiny_engine(model_dir: Path, **overrides: Any) -> LlamaEngine:
+def tiny_engine(model_dir: Path, **overrides: Any) -> DecoderEngine:
     """The tiny real model, exact variant, one thread: small enough that a test loads its own."""
     options: dict[str, Any] = {"variant": "q4", "threads": 1, "context_length": 256, "prefill_chunk": 256}
     return load_engine(model_dir, **{**options, **overrides})

@@ -1,6 +1,6 @@
 """The real engine with its forward pass replaced by a script: a fake through the session seam.
 
-`scripted_engine(folder, reply)` opens a converted folder (a tiny model) as LlamaEngine does, but each
+`scripted_engine(folder, reply)` opens a converted folder (a tiny model) as DecoderEngine does, but each
 forward pass returns logits that favour the next token of `reply` (encoded by the model's own tokenizer),
 then an end-of-generation token. Everything else is the engine's own: the chat template, the grammar and
 its masks, the sampler, the detokenizer, the stop matcher, the tool-call reader. So a test can make a
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from models.runtime.engine import LlamaEngine
+from models.runtime.engine import DecoderEngine
 
 FAVOURED = 30.0  # the scripted token's logit; every other is 0
 
@@ -47,7 +47,7 @@ class ScriptedSession:
         return self.logits
 
 
-class ScriptedEngine(LlamaEngine):
+class ScriptedEngine(DecoderEngine):
     def __init__(self, model_dir: Path, reply: str, **kwargs: Any) -> None:
         manifest = json.loads((Path(model_dir) / "manifest.json").read_text())
         super().__init__(Path(model_dir), manifest, **kwargs)
@@ -55,9 +55,9 @@ class ScriptedEngine(LlamaEngine):
         script = self.tokenizer.encode(reply, add_special_tokens=False, parse_special=False)
         self.scripted = ScriptedSession(script, self.vocab_size, eos)
 
-    def _session(self) -> Any:
-        if not hasattr(self, "scripted"):  # the load check in LlamaEngine.__init__: a real session
-            return super()._session()
+    def session(self) -> Any:
+        if not hasattr(self, "scripted"):  # the load check in DecoderEngine.__init__: a real session
+            return super().session()
         return self.scripted
 
 

@@ -24,7 +24,7 @@ handed out lowest first, so n stays small. A row's memory comes in when a reply 
 (BatchKV.map_row), and a row already in is taken before a new one unless the engine keeps more prefix
 caches than rows are in: one client at a time holds one row, not `slots` of them.
 
-Per reply, everything is the one-reply engine's own code (engine._Generation): sampling and its seeded RNG,
+Per reply, everything is the one-reply engine's own code (generation.Generation): sampling and its seeded RNG,
 stops, logprobs, grammars and tool calls (a grammar's next mask is computed during the pass), the bound on a
 windowed reply, the finish and its timings. Speculative decoding is off in a batch (a verification pass
 feeds several positions of one row; the rows of a pass all feed one).
@@ -38,7 +38,7 @@ order than the rows of a larger one (~7e-5 apart in the logits; passes of two or
 so there a reply decoding alone is padded to two rows. `pad` None (the default) decides per session from
 that measurement, True or False force it. Measured against the unpadded pass, interleaved, the padded pass
 costs a lone reply 2.3x on q4, so the engine offers no batch decoder for such a session
-(LlamaEngine.batch_decoder, unless its pad_batches is set): its replies run one at a time. On AVX2
+(DecoderEngine.batch_decoder, unless its pad_batches is set): its replies run one at a time. On AVX2
 (measured under qemu-x86_64 -cpu Haswell) q4's lone row is not exact either and f32's is, while q4-a8's
 int8 kernels round a lone row otherwise: on the tiny test model within summation order, on SmolLM2 0.42
 apart in the logits, rows not even alike (BatchTraits.rows_alike). Where rows are not alike the engine
@@ -75,13 +75,13 @@ import onnxruntime as ort
 
 from models.errors import Cancelled, ContextLengthExceeded, InvalidParameter
 from models.protocol import EngineLimits, Prompt
-from models.runtime.engine import (
+from models.runtime.generation import (
+    Generation,
     KVSlot,
-    _Generation,
-    _terminator,
     passes_exact,
     positions_exact,
     reusable_prefix,
+    terminator,
 )
 from models.runtime.sampling import validate
 from models.runtime.session import (
@@ -95,23 +95,21 @@ from models.runtime.session import (
     note_write,
     prefill_end,
 )
-from models.types import CancelToken, FinishEvent, FinishReason, GenerationParams, Handover, TokenEvent
+from models.types import (
+    BatchEvent,
+    CancelToken,
+    FinishEvent,
+    FinishReason,
+    GenerationParams,
+    Handover,
+    PassStats,
+    RowError,
+)
 
 if TYPE_CHECKING:
-    from models.runtime.engine import LlamaEngine
+    from models.runtime.engine import DecoderEngine
 
 PAD_ROWS = 2  # the fewest rows a padded pass runs: any two or more sum in the same order
-
-
-@dataclass(frozen=True)
-class RowError:
-    """A reply that failed with `error` (a forward pass, or its own sampling): its slot is free again, the
-    other replies go on. The caller reports the error to that reply's client as the one-reply path does."""
-
-    error: Exception
-
-
-BatchEvent = tuple[int, TokenEvent | FinishEvent | RowError]
 
 
 class BatchKV:
@@ -235,7 +233,7 @@ class BatchTraits:
 
     def why_alone(self, pad: bool) -> str | None:
         """Why an engine serves such a session's replies one at a time (None: it batches them); `pad`: a
-        lone reply may decode padded to two rows (LlamaEngine.pad_batches)."""
+        lone reply may decode padded to two rows (DecoderEngine.pad_batches)."""
         if not self.rows:
             return "its graph runs one sequence at a time (converted before batches, or not by simmer)"
         if not self.rows_alike:
@@ -277,7 +275,7 @@ def measure_batch_traits(sess: DecoderSession) -> BatchTraits:
     kv = BatchKV(sess.shape, 2, 4)
     for row in kv.rows:
         sess.run(np.array(probe[:2]), row, 0)
-    sess._binding, sess._bound_kv = None, None  # the probe caches go
+    sess.unbind()  # the probe caches go
     try:
         pas = BatchPass(sess, kv)
         two = pas.run(np.array([probe[2], probe[2]]), np.array([3, 3])).copy()
@@ -288,19 +286,9 @@ def measure_batch_traits(sess: DecoderSession) -> BatchTraits:
     return BatchTraits(rows=True, rows_alike=alike, one_row_exact=bool(np.array_equal(one[0], two[0])))
 
 
-@dataclass(frozen=True)
-class PassStats:
-    """The last decode pass: replies that got a token, rows run (with the ones riding along), its seconds.
-    What a cost meter keys on: tokens per CPU-second rise with the batch."""
-
-    replies: int
-    rows: int
-    seconds: float
-
-
 @dataclass
 class _Row:
-    gen: _Generation
+    gen: Generation
     decoding: bool = False  # ctx[-1] is a sampled token the next pass feeds; else a prefill is due
     started: bool = False  # its first prefill ended (the reply's prompt timings are taken)
     t_prefill: float | None = None
@@ -319,10 +307,10 @@ class _Free:
 class BatchDecoder:
     """Up to `slots` replies of one engine decoding together (see the module docstring)."""
 
-    def __init__(self, engine: LlamaEngine, slots: int = 4, *, pad: bool | None = None) -> None:
+    def __init__(self, engine: DecoderEngine, slots: int = 4, *, pad: bool | None = None) -> None:
         if slots < 1:
             raise InvalidParameter(f"slots must be at least 1, not {slots}", param="slots")
-        if engine.io is not None or not batch_traits(engine._session()).rows:
+        if engine.io is not None or not batch_traits(engine.session()).rows:
             why = BatchTraits(rows=False).why_alone(pad=True)
             raise InvalidParameter(
                 f"{engine.model_id}: {why}: convert it again to serve several replies at once", param="model"
@@ -333,7 +321,7 @@ class BatchDecoder:
         # a padded pass of one reply needs a second row, so one slot still has two (its pages are mapped
         # only where written: a throwaway key a pass)
         rows = slots if pad is False else max(slots, PAD_ROWS)
-        # the configured context: the governor's cap only ever lowers it (LlamaEngine.apply_limits)
+        # the configured context: the governor's cap only ever lowers it (DecoderEngine.apply_limits)
         self.kv = BatchKV(engine.shape, rows, engine.configured_context, engine.kv_prefault)
         self.rows: list[_Row | None] = [None] * rows
         self.free_rows = [_Free() for _ in range(rows)]
@@ -342,6 +330,10 @@ class BatchDecoder:
         self.last_pass: PassStats | None = None
 
     # -- what the scheduler reads ----------------------------------------------------------------------
+    @property
+    def engine(self) -> DecoderEngine:
+        return self.e
+
     @property
     def active(self) -> list[int]:
         return [b for b, row in enumerate(self.rows) if row is not None]
@@ -376,7 +368,7 @@ class BatchDecoder:
         if self.free <= 0:
             raise InvalidParameter(f"all {self.slots} slots are taken", param="slots")
         validate(params.sampling, e.vocab_size)
-        gen = _Generation(e, prompt, params, cancel or CancelToken(), None, resume)
+        gen = Generation(e, prompt, params, cancel or CancelToken(), None, resume)
         if resume is None and len(gen.ctx) >= e.context_length:
             raise ContextLengthExceeded(
                 f"This model's context is {e.context_length} tokens; the prompt has {len(gen.ctx)} tokens.",
@@ -384,9 +376,9 @@ class BatchDecoder:
                 context_length=e.context_length,
                 prompt_tokens=len(gen.ctx),
             )
-        gen._start_constraint()
-        gen.sess = e._session()
-        gen.cancel.on_cancel(_terminator(gen.run_options))  # a prefill chunk in progress stops at once
+        gen.start_constraint()
+        gen.sess = e.session()
+        gen.cancel.on_cancel(terminator(gen.run_options))  # a prefill chunk in progress stops at once
         scope = params.cache_scope
         slot, cached = self._row_for(gen.ctx, scope)
         self.kv.map_row(slot)
@@ -407,7 +399,7 @@ class BatchDecoder:
         replies at once, or the conversations kept, whichever is more. Then an empty row, else the least
         recently used; lowest first on ties, so passes stay narrow. How much of it is reused: the one-reply
         engine's rule (reusable_prefix)."""
-        sess = self.e._session()
+        sess = self.e.session()
         exact, whole = positions_exact(sess), passes_exact(sess)
         e = self.e
         keep = kv_slot_count(
@@ -448,18 +440,18 @@ class BatchDecoder:
             # a smaller model took the reply over: it slides its window, or ends
             if not gen.params.truncate:
                 return [*events, self._finish(slot, "length")]
-            gen._window()
+            gen.slide_window()
         if gen.stale:  # other weights (a variant switch) or a new window: the context from position 0
             gen.stale = False
             gen.pos = 0
             self.kv.rows[slot].tokens = []
             self.free_rows[slot].variant = e.variant
-        gen.sess = e._session()
+        gen.sess = e.session()
         if row.t_prefill is None:
             row.t_prefill = time.perf_counter()
         try:
             end = prefill_end(gen.pos, len(gen.ctx), e.prefill_chunk, positions_exact(gen.sess))
-            logits = gen._run(gen.ctx[gen.pos : end])
+            logits = gen.forward(gen.ctx[gen.pos : end])
         except Cancelled:
             return [*events, self._finish(slot, "cancelled")]
         except Exception as err:  # this reply fails, the others go on
@@ -470,7 +462,7 @@ class BatchDecoder:
             row.started = True
             if not gen.resumed:
                 gen.r.timings.prompt_ms = (time.perf_counter() - row.t_prefill) * 1000
-            gen._start_decode()
+            gen.start_decode()
         gen.logits = logits
         return [*events, *self._emit(slot)]
 
@@ -495,7 +487,7 @@ class BatchDecoder:
             n = PAD_ROWS
         ids = np.zeros(n, np.int64)
         lengths = np.ones(n, np.int64)
-        sess = self.e._session()
+        sess = self.e.session()
         # a row's decoded keys are a cold prefill's only where neither the pass's width nor its one
         # position nor a pass's size changes a sum (else prefix reuse stops before them)
         exact = positions_exact(sess) and passes_exact(sess) and batch_traits(sess).one_row_exact
@@ -542,10 +534,10 @@ class BatchDecoder:
         """Whether a reply decoding alone runs in a pass of two rows (see the module docstring)."""
         if self.pad is not None:
             return self.pad
-        return not batch_traits(self.e._session()).one_row_exact
+        return not batch_traits(self.e.session()).one_row_exact
 
     def _batch_pass(self) -> BatchPass:
-        sess = self.e._session()
+        sess = self.e.session()
         if self._pass is None or self._pass.sess is not sess:
             assert isinstance(sess, DecoderSession)
             self._pass = BatchPass(sess, self.kv)
@@ -558,7 +550,7 @@ class BatchDecoder:
         assert row is not None
         gen = row.gen
         try:
-            event, ends = gen._next_token()
+            event, ends = gen.next_token()
         except Exception as err:  # this reply fails, the others go on
             return [self._fail(slot, err)]
         events: list[BatchEvent] = [] if event is None else [(slot, event)]
@@ -566,7 +558,7 @@ class BatchDecoder:
             if not gen.params.truncate:
                 ends = "length"
             else:
-                gen._window()  # stale: the row prefills its new context, then decodes on
+                gen.slide_window()  # stale: the row prefills its new context, then decodes on
         if ends is not None:
             events.append(self._finish(slot, ends))
         else:
@@ -579,11 +571,11 @@ class BatchDecoder:
         gen = row.gen
         held, calls = "", ()
         if finish != "cancelled":
-            finish, held, calls = gen._flush(finish)
+            finish, held, calls = gen.flush(finish)
         if gen.r.constraint is not None:
             gen.r.constraint.close()
         self._release(slot)
-        return slot, gen._finish_event(finish, held, calls)
+        return slot, gen.finish_event(finish, held, calls)
 
     def _held(self, slot: int) -> _Row:
         row = self.rows[slot] if 0 <= slot < self.slots else None
@@ -601,7 +593,7 @@ class BatchDecoder:
     def hand_over(self, slot: int, limits: EngineLimits) -> Handover:
         """The reply of `slot`, to go on on the model `limits` names (decoder.add(resume=...) there); the
         slot is free at once, the others decode on."""
-        handover = self._held(slot).gen._handover(limits)
+        handover = self._held(slot).gen.handover(limits)
         self._release(slot)
         return handover
 
@@ -657,7 +649,7 @@ class BatchDecoder:
             if row is None or len(row.gen.ctx) <= e.context_length:
                 continue
             if row.gen.params.truncate:
-                row.gen._window()
+                row.gen.slide_window()
                 row.decoding = False
             elif row.decoding:
                 events.append(self._finish(b, "length"))

@@ -454,7 +454,7 @@ class DecoderSession:
         exact = bool(np.abs(together - alone).max() <= ROWS_ATOL) and bool(
             (together.argmax(-1) == alone.argmax(-1)).all()
         )
-        self._binding, self._bound_kv = None, None  # the probe cache goes
+        self.unbind()  # the probe cache goes
         return exact
 
     @cached_property
@@ -463,7 +463,7 @@ class DecoderSession:
 
         def measure() -> dict[str, bool]:
             exact = measure_exactness(self.run, lambda n: KVCache(self.shape, n), self.shape.vocab)
-            self._binding, self._bound_kv = None, None  # the probe caches go
+            self.unbind()  # the probe caches go
             return dataclasses.asdict(exact)
 
         return Exactness(**remembered(self.path, self.threads, "exactness", measure, Exactness.valid))
@@ -491,6 +491,11 @@ class DecoderSession:
                 self._keep[k] = ort.OrtValue.ortvalue_from_numpy(np.array(k, np.int64))
             b.bind_ortvalue_input(KEEP_INPUT, self._keep[k])
         self._bound_k = k
+
+    def unbind(self) -> None:
+        """Forget the KV bound between calls, so a throwaway cache (a probe's) is freed; the next run binds
+        its own."""
+        self._binding, self._bound_kv = None, None
 
     def _binding_for(self, kv: KVCache) -> ort.IOBinding:
         """The KV buffers and logits stay bound between calls: rebinding 60 OrtValues per token costs

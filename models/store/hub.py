@@ -33,8 +33,8 @@ from models.store.paths import inside, plain_names
 from models.store.sources import (
     FetchedFile,
     Progress,
-    _check_size,
     check_gguf_header,
+    check_size,
     sha256_file,
 )
 
@@ -192,7 +192,7 @@ class HuggingFaceFile:
         if actual != (self.sha256 or meta.get("sha256")):
             dest.unlink()  # damaged, or not the pinned file
             return None
-        _check_size(self.where, self.size, dest.stat().st_size)
+        check_size(self.where, self.size, dest.stat().st_size)
         return FetchedFile(dest, actual, dest.stat().st_size)
 
     def _current_etag(self) -> str | None:

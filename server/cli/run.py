@@ -8,7 +8,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-from models.runtime.engine import LlamaEngine
+from models.runtime.engine import DecoderEngine
 from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams
 from server.serving.engine_config import EngineConfig
 from server.serving.summary import Summarizer
@@ -39,7 +39,10 @@ def _params(args: argparse.Namespace) -> GenerationParams:
 
 
 def _stream(
-    engine: LlamaEngine, messages: list[dict], args: argparse.Namespace, summarizer: Summarizer | None = None
+    engine: DecoderEngine,
+    messages: list[dict],
+    args: argparse.Namespace,
+    summarizer: Summarizer | None = None,
 ) -> str:
     reserve = min(args.max_tokens, 256)
     summarized = False
@@ -77,7 +80,7 @@ def _messages(args: argparse.Namespace) -> list[dict]:
     return [{"role": "system", "content": args.system}] if args.system else []
 
 
-def _open(settings: Settings, args: argparse.Namespace) -> LlamaEngine:
+def _open(settings: Settings, args: argparse.Namespace) -> DecoderEngine:
     """The engine as `simmer serve` opens it (EngineConfig), with the command line's overrides."""
     config = EngineConfig.from_settings(settings, threads=args.threads)
     return config.open_installed(args.model or settings.model, variant=args.variant)
@@ -93,11 +96,11 @@ def cli_run(argv: list[str], settings: Settings) -> int:
 class _OneEngine:
     """The chat's engine as the summarizer's model source (the server's is its ModelPool)."""
 
-    def __init__(self, engine: LlamaEngine) -> None:
+    def __init__(self, engine: DecoderEngine) -> None:
         self.engine = engine
 
     @contextlib.contextmanager
-    def borrow(self, model_id: str) -> Iterator[LlamaEngine | None]:
+    def borrow(self, model_id: str) -> Iterator[DecoderEngine | None]:
         yield self.engine if model_id == self.engine.model_id else None
 
 
@@ -105,7 +108,7 @@ class _IdleSummary:
     """The summary work of `simmer chat`, in a thread while the user types (the engine is otherwise idle);
     the next line stops it at the engine's next step, before the reply uses the engine."""
 
-    def __init__(self, summarizer: Summarizer, engine: LlamaEngine) -> None:
+    def __init__(self, summarizer: Summarizer, engine: DecoderEngine) -> None:
         self.summarizer = summarizer
         self.models = _OneEngine(engine)
         self.cancel = CancelToken()

@@ -8,9 +8,9 @@ from typing import Literal
 from pydantic import Field
 
 from server.api.common.reply import Reply
-from server.http.errors import _STATUS
+from server.http.errors import STATUS
 
-ERROR_CODES = sorted({*_STATUS, "internal_error", "http_error"})
+ERROR_CODES = sorted({*STATUS, "internal_error", "http_error"})
 
 
 class ErrorDetail(Reply):

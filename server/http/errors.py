@@ -41,7 +41,7 @@ class ApiError(SimmerError):
 
 
 # code -> (HTTP status, OpenAI error type). Codes not listed are server-side failures (500).
-_STATUS: dict[str, tuple[int, str]] = {
+STATUS: dict[str, tuple[int, str]] = {
     "invalid_parameter": (400, "invalid_request_error"),
     "invalid_json": (400, "invalid_request_error"),
     "unsupported_content_type": (415, "invalid_request_error"),
@@ -106,14 +106,14 @@ def ollama_error_body(message: str) -> dict:
 
 
 def error_body(code: str, message: str, *, param: str | None = None, err_type: str | None = None) -> dict:
-    kind = err_type or _STATUS.get(code, (500, "server_error"))[1]
+    kind = err_type or STATUS.get(code, (500, "server_error"))[1]
     return {"error": {"message": message, "type": kind, "code": code, "param": param}}
 
 
 def status_for(err: SimmerError) -> int:
     if isinstance(err, ApiError):
         return err.status
-    return _STATUS.get(err.code, (500, "server_error"))[0]
+    return STATUS.get(err.code, (500, "server_error"))[0]
 
 
 # The request field that holds the prompt, per generating path: what a context overflow names as `param`.

@@ -11,7 +11,7 @@ from typing import Any
 from governor.cgroup import usable_cpus
 from models.errors import InvalidParameter
 from models.protocol import EngineLimits
-from models.runtime.engine import LlamaEngine
+from models.runtime.engine import DecoderEngine
 from server.settings import Settings
 
 
@@ -79,12 +79,12 @@ class EngineConfig:
         model_id: str,
         variant: str | None = None,
         limits: EngineLimits | None = None,
-    ) -> LlamaEngine:
+    ) -> DecoderEngine:
         """A converted folder. `variant`, else SIMMER_VARIANT where the model has it, else its default.
         `limits`: the governor's, applied before the first session is built (one session, not two)."""
         variants = manifest.get("variants") or {}
         chosen = variant or (self.variant if self.variant in variants else None)
-        return LlamaEngine(
+        return DecoderEngine(
             path,
             manifest,
             model_id=model_id,
@@ -102,7 +102,7 @@ class EngineConfig:
             limits=limits,
         )
 
-    def open_dir(self, model_dir: Path, *, variant: str | None = None) -> LlamaEngine:
+    def open_dir(self, model_dir: Path, *, variant: str | None = None) -> DecoderEngine:
         """A folder with its manifest.json (the benchmarks' --model-dir)."""
         manifest = json.loads((Path(model_dir) / "manifest.json").read_text())
         model_id = str(manifest.get("id") or Path(model_dir).name)
@@ -110,7 +110,7 @@ class EngineConfig:
 
     def open_installed(
         self, model: str, *, variant: str | None = None, limits: EngineLimits | None = None
-    ) -> LlamaEngine:
+    ) -> DecoderEngine:
         """An installed model, as the store serves it (a version whose files changed falls back)."""
         from models.store.store import ModelStore
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from models.errors import ModelNotFound
 from models.protocol import Engine, EngineLimits
-from models.runtime.engine import LlamaEngine, release_freed_memory
+from models.runtime.engine import DecoderEngine, release_freed_memory
 from server.serving.catalog import Catalog, CatalogEntry
 from server.serving.keep_alive import describe as describe_keep_alive
 from server.serving.memory_plan import Estimate, MemoryBudget, Resident, mib, plan_load
@@ -279,9 +279,7 @@ class ModelPool:
         with self._lock:
             idle = [i.engine for i in self._loaded.values() if not i.busy]
         for engine in idle:
-            shrink = getattr(engine, "shrink_batch", None)
-            if shrink is not None:
-                shrink(rows)
+            engine.shrink_batch(rows)
 
     def rows_fit(self, rows: int | None) -> bool:
         """Whether the loaded models serving batches of `rows` (None: as configured) stay within the budget
@@ -318,7 +316,7 @@ class ModelPool:
             finally:
                 with self._lock:
                     self._opening.discard(model_id)
-        if isinstance(engine, LlamaEngine):
+        if isinstance(engine, DecoderEngine):
             engine.building = lambda: self.loading(None)
         if self.pinned:
             self._kept[model_id] = engine

@@ -45,9 +45,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from governor.limits import Rung
 from models.errors import Cancelled, SimmerError
-from models.protocol import Engine, EngineLimits, Prompt
-from models.runtime.batch import BatchDecoder, BatchEvent, RowError
-from models.types import CancelToken, FinishEvent, Handover, TokenEvent, ToolUse
+from models.protocol import BatchDecoding, Engine, EngineLimits, Prompt
+from models.types import BatchEvent, CancelToken, FinishEvent, Handover, RowError, TokenEvent, ToolUse
 from server.refusals import ModelLoading, ServerBusy, ShuttingDown
 from server.serving.events import Failed, GovernorState, Started, Switched
 from server.serving.ladder import Target, shed_above
@@ -71,9 +70,15 @@ class Gate(Protocol):
     @property
     def memory_pressure(self) -> bool: ...
 
-    # (optional) `pauses_new`: new work waits now; a batch then admits no reply beside its running ones
-    # (optional) `note_pass(tokens)`: what a batch's pass before the next step made (its replies' tokens, 0
-    # for a prefill chunk); unsaid, a step is one token
+    @property
+    def pauses_new(self) -> bool:
+        """New work waits now: a batch then admits no reply beside its running ones."""
+        ...
+
+    def note_pass(self, tokens: int) -> None:
+        """What a batch's pass before the next step made (its replies' tokens, 0 for a prefill chunk), for
+        the gate's meter and pace; a gate never told counts a step as one token."""
+        ...
 
     @property
     def rung(self) -> str | None:
@@ -95,6 +100,9 @@ class NoGate:
         return None
 
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        return None
+
+    def note_pass(self, tokens: int) -> None:
         return None
 
 
@@ -191,7 +199,7 @@ class Worker:
         self._held_tokens: dict[int, int] = {}  # id(job) -> tokens it generated so far (tokens_ahead)
         # replies moved to another model mid-batch: they go on there once the batch they left is done
         self._moved: collections.deque[_Reply] = collections.deque()
-        self._batch: BatchDecoder | None = None  # the decoder running a batch now
+        self._batch: BatchDecoding | None = None  # the decoder running a batch now
         self._batch_events: list[BatchEvent] = []  # what applying limits to it ended (_sync_limits)
         self._governed: EngineLimits | None = None  # the governor's latest limits (its rung included)
         self._applied: dict[int, EngineLimits] = {}  # per engine (id()): the limits it runs with
@@ -449,7 +457,7 @@ class Worker:
         else:
             limits = self._limits_for(target)
         if self._applied.get(id(engine)) != limits:
-            if self._batch is not None and self._batch.e is engine:  # every row of the batch gets them
+            if self._batch is not None and self._batch.engine is engine:  # every row of the batch gets them
                 self._batch_events += self._batch.apply_limits(limits)
             else:
                 engine.apply_limits(limits)
@@ -618,7 +626,7 @@ class Worker:
         else:
             self._run_batch(batch, reply)
 
-    def _run_batch(self, batch: BatchDecoder, first: _Reply) -> None:
+    def _run_batch(self, batch: BatchDecoding, first: _Reply) -> None:
         """Up to max_batch replies of `first`'s model, one token each per forward pass, until all are done.
         Between passes: replies of the same model join from the queue (their prompt a prefill chunk at a
         time, alternating with the decode passes), the governor's step runs once for the batch and its
@@ -654,13 +662,13 @@ class Worker:
                         events += batch.prefill()
                         chunk_s = time.monotonic() - t0
                         prefill_next = False
-                        self._note_pass(0)
+                        self.gate.note_pass(0)
                     else:
                         before = batch.last_pass
                         events += batch.step()
                         prefill_next = True
                         ran = batch.last_pass if batch.last_pass is not before else None
-                        self._note_pass(ran.replies if ran is not None else 0)
+                        self.gate.note_pass(ran.replies if ran is not None else 0)
                         last_emit = self._pace(engine, batch, last_emit)
                 self._dispatch(rows, events)
                 if not rows:  # every row ended in this pass: the queue's next replies of the model go on here
@@ -677,7 +685,7 @@ class Worker:
                 self._metrics.add_busy(time.monotonic() - started)
 
     @staticmethod
-    def _may_stall(batch: BatchDecoder, rows: dict[int, _Reply], chunk_s: float) -> bool:
+    def _may_stall(batch: BatchDecoding, rows: dict[int, _Reply], chunk_s: float) -> bool:
         """Another prefill chunk before the next decode pass: while no decoding reply would have waited
         PREFILL_STALL_S for its next token by the end of it (a chunk taken to last as long as the last one).
         Prompts that arrive together (short ones, a chunk each) then get their first token before the
@@ -687,7 +695,7 @@ class Worker:
         waited = [now - (rows[b].last or now) for b in batch.decoding if b in rows]
         return not waited or max(waited) + chunk_s < PREFILL_STALL_S
 
-    def _join(self, batch: BatchDecoder, reply: _Reply, rows: dict[int, _Reply], token: CancelToken) -> None:
+    def _join(self, batch: BatchDecoding, reply: _Reply, rows: dict[int, _Reply], token: CancelToken) -> None:
         """The reply takes a row (its prompt runs in later prefill chunks)."""
         try:
             slot = batch.add(
@@ -699,10 +707,10 @@ class Worker:
         rows[slot] = reply
         reply.job.cancel.on_cancel(token.cancel)
 
-    def _admit(self, batch: BatchDecoder, rows: dict[int, _Reply], token: CancelToken) -> None:
+    def _admit(self, batch: BatchDecoding, rows: dict[int, _Reply], token: CancelToken) -> None:
         """Free rows take replies of the batch's model: moved ones first, then the queue's head while it
         is placed on this model (and the governor lets new work start)."""
-        engine = batch.e
+        engine = batch.engine
         while batch.free > 0 and len(batch.active) < self._rows():  # fewer rows under memory pressure
             reply = self._next_for(engine)
             if reply is None:
@@ -722,7 +730,7 @@ class Worker:
                 if reply.engine is engine:
                     self._moved.remove(reply)
                     return reply
-            if self._moved or getattr(self.gate, "pauses_new", False):
+            if self._moved or self.gate.pauses_new:
                 return None  # the moved replies go first; a paused governor holds new work
             while self._queue and self._queue[0].cancel.cancelled:
                 gone = self._queue.popleft()
@@ -736,7 +744,7 @@ class Worker:
             self._held[id(job)] = job  # close() fails it from here on
         return self._start(job)
 
-    def _sweep(self, batch: BatchDecoder, rows: dict[int, _Reply]) -> list[BatchEvent]:
+    def _sweep(self, batch: BatchDecoding, rows: dict[int, _Reply]) -> list[BatchEvent]:
         """Rows whose client left end now (their slot free for the next reply)."""
         return [(slot, batch.cancel(slot)) for slot, r in list(rows.items()) if r.job.cancel.cancelled]
 
@@ -745,12 +753,12 @@ class Worker:
         return events
 
     def _govern(
-        self, batch: BatchDecoder, rows: dict[int, _Reply], governed: EngineLimits, token: CancelToken
+        self, batch: BatchDecoding, rows: dict[int, _Reply], governed: EngineLimits, token: CancelToken
     ) -> list[BatchEvent]:
         """The governor's new limits for every row: a row placed on another model is handed over (it goes
         on there after this batch), the others get the limits together (a variant switch re-prefills them)."""
         self._governed = governed
-        engine = batch.e
+        engine = batch.engine
         stay: Target | None = None
         for slot, reply in list(rows.items()):
             target = self._place(reply.job, governed, reply.blocked)
@@ -774,15 +782,9 @@ class Worker:
             self._sync_limits(engine, stay)
         return self._take_batch_events()
 
-    def _note_pass(self, tokens: int) -> None:
-        """The gate's meter and pace count what the pass made (a gate without note_pass: one a step)."""
-        note = getattr(self.gate, "note_pass", None)
-        if note is not None:
-            note(tokens)
-
-    def _pace(self, engine: Engine, batch: BatchDecoder, last_emit: float) -> float:
+    def _pace(self, engine: Engine, batch: BatchDecoding, last_emit: float) -> float:
         """The engine's tokens/s pace holds for the whole batch: a pass of n replies makes n tokens."""
-        tps = getattr(engine, "tokens_per_second", None)
+        tps = engine.tokens_per_second
         if tps and batch.last_pass is not None:
             wait = last_emit + batch.last_pass.replies / tps - time.perf_counter()
             if wait > 0:
@@ -858,7 +860,7 @@ class Worker:
 
     def _rows(self) -> int:
         """Replies a batch may hold now: SIMMER_MAX_BATCH, or fewer while memory is short (pool.rows_cap)."""
-        cap = getattr(self.pool, "rows_cap", None)
+        cap = self.pool.rows_cap
         return self.max_batch if cap is None else max(1, min(self.max_batch, cap))
 
     def _relieve_memory(self, engine: Engine) -> None:
@@ -941,16 +943,15 @@ class _Reply:
     finish: FinishEvent | None = None
 
 
-def _batch_decoder(engine: Engine | None, slots: int) -> BatchDecoder | None:
+def _batch_decoder(engine: Engine | None, slots: int) -> BatchDecoding | None:
     """The engine's batch decoder of `slots` rows, or None when it serves one reply at a time (an engine
     that offers none, a graph of one sequence, or one slot: memory pressure, whose decoder then goes)."""
-    if slots <= 1:
-        shrink = getattr(engine, "shrink_batch", None)
-        if shrink is not None:
-            shrink(1)
+    if engine is None:
         return None
-    make = getattr(engine, "batch_decoder", None)
-    return make(slots) if make is not None else None
+    if slots <= 1:
+        engine.shrink_batch(1)
+        return None
+    return engine.batch_decoder(slots)
 
 
 # How long a decoding reply may wait for its next token while new prompts are prefilled first: a one-off

@@ -5,7 +5,7 @@
 
 Each round runs, for N = 1..4 streams of `tokens` tokens each (chat prompts, ignore_eos, greedy), one after
 another so that the machine's drift falls on every mode alike:
-- `sequential`: today's path, LlamaEngine.generate one reply after another (what simmer's worker does with N
+- `sequential`: today's path, DecoderEngine.generate one reply after another (what simmer's worker does with N
   clients today);
 - `batch`: models/runtime/batch.py's BatchDecoder with the N replies added at once, driven as a scheduler
   would (a prefill chunk when one is due, else a decode pass).
@@ -178,8 +178,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         ]
         today = [t.token_id for t in e.generate(prompts[0], params) if isinstance(t, TokenEvent)]
         invariance[v] = {
-            "rows_alike": batch_traits(e._session()).rows_alike,
-            "needs_padding": not batch_traits(e._session()).one_row_exact,
+            "rows_alike": batch_traits(e.session()).rows_alike,
+            "needs_padding": not batch_traits(e.session()).one_row_exact,
             "padded_decode_vs_unpadded": round(statistics.median(cost), 3),
             "unpadded_ids_equal_one_reply_engine": rounds[0][f"{v}_single_unpadded"]["ids"][0] == today,
             "padded_ids_equal_one_reply_engine": rounds[0][f"{v}_single_padded"]["ids"][0] == today,

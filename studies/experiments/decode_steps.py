@@ -64,7 +64,7 @@ def _simmer(cfg: dict[str, Any]) -> dict[str, Any]:
         session_mod.session_options = profiled  # type: ignore[assignment]
     driver = SimmerDriver(cfg)
     engine = driver.engine
-    sess = engine._session()
+    sess = engine.session()
     runs: list[float] = []  # seconds inside run_with_iobinding, per call
     calls: list[float] = []  # seconds inside DecoderSession.run, per call
     inner = sess.sess

@@ -34,7 +34,7 @@ def probe(
     engine = load_engine(
         model_dir, variant=variant, threads=threads, context_length=context, speculation="off"
     )
-    s = engine._session()
+    s = engine.session()
     assert isinstance(s, DecoderSession) and s.multi_logits, "needs a graph with num_logits_to_keep"
     rng = np.random.default_rng(0)
     prefix = rng.integers(0, s.shape.vocab, 40)

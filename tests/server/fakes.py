@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from models.errors import Cancelled, ContextLengthExceeded
-from models.protocol import Engine, EngineLimits, Prompt, StepHook
+from models.protocol import BatchDecoding, Engine, EngineLimits, Prompt, StepHook
 from models.types import (
     CancelToken,
     FinishEvent,
@@ -64,6 +64,7 @@ class ScriptedEngine:
         self._last_prompt: list[int] = []
         self.applied_limits: list[EngineLimits] = []
         self.last_tools: ToolUse | None = None
+        self.tokens_per_second: float | None = None  # it never paces itself
 
     # ---- prompts: one character per token --------------------------------------------------------
 
@@ -240,6 +241,12 @@ class ScriptedEngine:
     def unload(self) -> None:
         self._last_prompt = []
 
+    def batch_decoder(self, slots: int) -> BatchDecoding | None:
+        return None  # one reply at a time
+
+    def shrink_batch(self, slots: int) -> bool:
+        return False
+
 
 @dataclass
 class Generation:
@@ -326,11 +333,21 @@ class RecordingEngine:
     def chat_text(self, messages: list[dict]) -> str:
         return self.inner.chat_text(messages)
 
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.inner.tokens_per_second
+
     def apply_limits(self, limits: EngineLimits) -> None:
         self.inner.apply_limits(limits)
 
     def unload(self) -> None:
         self.inner.unload()
+
+    def batch_decoder(self, slots: int) -> BatchDecoding | None:
+        return None  # every reply through generate(), where it is recorded
+
+    def shrink_batch(self, slots: int) -> bool:
+        return self.inner.shrink_batch(slots)
 
     def generate(
         self,
@@ -381,6 +398,7 @@ class FakeGovernor:
     """A gate through the real seam: publishes a state change at the third step and lowers threads."""
 
     memory_pressure = False
+    pauses_new = False
     rung = None
 
     def __init__(self) -> None:
@@ -398,4 +416,7 @@ class FakeGovernor:
         if self.steps == 3 and self.publish:
             self.publish({"level": "moderate", "reason": "test"})
             return EngineLimits(threads=1)
+        return None
+
+    def note_pass(self, tokens: int) -> None:
         return None

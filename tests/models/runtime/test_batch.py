@@ -1,7 +1,7 @@
 """Several replies decoding together (models/runtime/batch.py) on the tiny real model, and (slow) on SmolLM2.
 
 Equality is asserted between two paths of the same engine: a reply alone and beside others, a reply in a
-batch and through the one-reply engine (LlamaEngine.generate), token ids and logprobs bit for bit."""
+batch and through the one-reply engine (DecoderEngine.generate), token ids and logprobs bit for bit."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from models.errors import ContextLengthExceeded, InvalidParameter
 from models.protocol import EngineLimits, Prompt
 from models.runtime.batch import BatchDecoder, RowError, batch_traits
 from models.runtime.constraint import json_schema_grammar
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import DecoderEngine, load_engine
 from models.types import (
     CancelToken,
     FinishEvent,
@@ -45,13 +45,13 @@ SAMPLINGS = [
 ]
 
 
-def engine(folder: Path, variant: str = "q4-a8", **kw) -> LlamaEngine:
+def engine(folder: Path, variant: str = "q4-a8", **kw) -> DecoderEngine:
     """The engine, where this CPU's kernels give a batch's row the logits of the row alone (batch_traits).
     Elsewhere a batched reply's text depends on what runs beside it, which every test here compares: the
     test asserts what the server does there instead (one reply at a time) and skips, saying so."""
     kw = {"threads": 1, "context_length": 128, "speculation": "off", **kw}
     e = load_engine(folder, variant=variant, **kw)
-    traits = batch_traits(e._session())
+    traits = batch_traits(e.session())
     if traits.rows and not traits.rows_alike:
         assert e.batch_decoder(4) is None
         pytest.skip(f"{e.model_id} {variant}: {traits.why_alone(pad=True)}; its replies run one at a time")
@@ -115,20 +115,20 @@ def same_events(a: Events, b: Events) -> None:
             assert x.usage.cached_tokens == y.usage.cached_tokens
 
 
-def one_reply(e: LlamaEngine, prompt: Prompt, params: GenerationParams, **kw) -> Events:
+def one_reply(e: DecoderEngine, prompt: Prompt, params: GenerationParams, **kw) -> Events:
     """The one-reply engine's events, its whole prompt prefilled (cached_tokens 0, as the batch's rows
     that are compared with it)."""
     e.reset_cache()
     return list(e.generate(prompt, params, **kw))  # type: ignore[arg-type]
 
 
-def same_as_the_one_reply_engine(e: LlamaEngine, batched: dict[str, Events], replies: dict) -> None:
+def same_as_the_one_reply_engine(e: DecoderEngine, batched: dict[str, Events], replies: dict) -> None:
     """Each batched reply against the one-reply engine's. Where a lone row sums as a batch's rows do
     (batch_traits, measured at load) they are equal bit for bit. Elsewhere (AVX2, or q4's fp32 kernels)
     the one-reply engine's one-row passes round otherwise, so the check goes in two steps that hold on
     every CPU: the batch's reply decoded alone in one-row passes (pad=False: the one-reply engine's
     kernels) is the one-reply engine's, and the batched reply is the batch's reply alone (padded)."""
-    exact = batch_traits(e._session()).one_row_exact
+    exact = batch_traits(e.session()).one_row_exact
     for key, (prompt, params) in replies.items():
         mine = one_reply(e, prompt, params)
         if exact:
@@ -141,7 +141,7 @@ def same_as_the_one_reply_engine(e: LlamaEngine, batched: dict[str, Events], rep
 # -- the same tokens whatever runs beside a reply ------------------------------------------------------------
 
 
-def assert_batch_invariant(e: LlamaEngine, max_tokens: int) -> None:
+def assert_batch_invariant(e: DecoderEngine, max_tokens: int) -> None:
     replies = {
         str(i): (e.text_prompt(t), GenerationParams(s, max_tokens=max_tokens, ignore_eos=True))
         for i, (t, s) in enumerate(zip(TEXTS, SAMPLINGS, strict=True))
@@ -166,7 +166,7 @@ def test_batch_when_a_lone_row_is_not_exact_then_one_reply_padded_to_two_rows(
     kernels, and q4-a8's int8 ones on AVX2), a reply alone decodes in a pass of two rows and is the reply
     it is beside another; where they sum alike (q4-a8 on AVX-512 VNNI) it runs alone, the same reply."""
     e = engine(tiny_model_dir, variant)
-    exact = batch_traits(e._session()).one_row_exact
+    exact = batch_traits(e.session()).one_row_exact
     replies = {"0": (e.text_prompt(TEXTS[0]), GenerationParams(SAMPLINGS[0], max_tokens=8))}
     beside = drive(BatchDecoder(e, 2), {**replies, "1": (e.text_prompt(TEXTS[1]), replies["0"][1])})["0"]
     bd = BatchDecoder(e, 2)
@@ -492,10 +492,10 @@ def test_batch_when_foreign_decoder_then_refused_with_a_clear_error(tiny_model_d
 
     folder = gf.foreign_copy(tiny_model_dir, tmp_path / "separate", share_buffer=False)
     installed = ModelStore(tmp_path / "home").pull(str(folder))
-    foreign = LlamaEngine(
+    foreign = DecoderEngine(
         installed.path, installed.manifest, model_id=installed.id, threads=1, context_length=64
     )
-    assert batch_traits(foreign._session()).rows is False
+    assert batch_traits(foreign.session()).rows is False
     with pytest.raises(InvalidParameter) as err:
         BatchDecoder(foreign, 2)
     assert "one sequence at a time" in err.value.message

@@ -9,7 +9,8 @@ import pytest
 
 from models.errors import ContextLengthExceeded
 from models.protocol import EngineLimits, Prompt
-from models.runtime.engine import LlamaEngine, load_engine, passes_exact, window_split
+from models.runtime.engine import DecoderEngine, load_engine, window_split
+from models.runtime.generation import passes_exact
 from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams, TokenEvent
 from tests.margins import WIDE, greedy
 from tests.reference_llama import ReferenceLlama
@@ -19,7 +20,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def run(
-    engine: LlamaEngine, prompt: Prompt, params: GenerationParams, **kw
+    engine: DecoderEngine, prompt: Prompt, params: GenerationParams, **kw
 ) -> tuple[list[TokenEvent], FinishEvent]:
     events = list(engine.generate(prompt, params, **kw))
     assert isinstance(events[-1], FinishEvent)
@@ -27,13 +28,13 @@ def run(
     return events[:-1], events[-1]
 
 
-def in_chunks(e: LlamaEngine, n: int) -> int:
+def in_chunks(e: DecoderEngine, n: int) -> int:
     """`n` cached tokens as prefix reuse counts them: all, or whole prefill chunks where this CPU's passes of
     several positions depend on their number (session.cold_pass: ARM's kernels)."""
-    return n if passes_exact(e._session()) else n - n % e.prefill_chunk
+    return n if passes_exact(e.session()) else n - n % e.prefill_chunk
 
 
-def warm_reuse(e: LlamaEngine, n: int) -> int:
+def warm_reuse(e: DecoderEngine, n: int) -> int:
     """What a prompt of `n` tokens reuses of itself, cached: all but reuse_tail, in_chunks."""
     return in_chunks(e, n - e.reuse_tail)
 
@@ -206,13 +207,13 @@ def test_sliding_window_when_thousands_of_turns_then_few_encodings_and_the_same_
         {"role": r, "content": f"t{i}" + " x" * (i % 3)} for i, r in enumerate(["user", "assistant"] * 1000)
     ]
     encodings: list[int] = []
-    real = tiny._encode_chat
+    real = tiny.chat_ids
 
     def counted(messages, tools=None):
         encodings.append(len(messages))
         return real(messages, tools)
 
-    monkeypatch.setattr(tiny, "_encode_chat", counted)
+    monkeypatch.setattr(tiny, "chat_ids", counted)
     p = tiny.chat_prompt(msgs, truncate=True, reserve=8)
     assert p.truncated and len(encodings) <= 2 + 2 * 11  # log2(1,000 user starts) ~ 10
     kept = msgs[1 + p.dropped :]
@@ -526,13 +527,13 @@ def test_pool_spins_when_setting_governor_pace_and_threads_then_the_rule_table(
 def test_apply_limits_when_the_governor_says_no_spinning_then_a_quiet_session(tiny_model_dir):
     import json
 
-    engine = LlamaEngine(
+    engine = DecoderEngine(
         tiny_model_dir, json.loads((tiny_model_dir / "manifest.json").read_text()), threads=2
     )
     assert engine.session_key()[2] is True  # auto, unpaced
     engine.apply_limits(EngineLimits(threads=2, spin=False))  # paced by a CPU budget: no tokens/s pace
     assert engine.session_key() == (engine.variant, 2, False)
-    engine._session()
+    engine.session()
     assert list(engine._sessions) == [(engine.variant, 2, False)]  # the spinning one went (max_sessions 1)
     engine.apply_limits(EngineLimits(threads=2))
     assert engine.session_key()[2] is True
@@ -543,14 +544,14 @@ def test_apply_limits_when_one_thread_and_the_pace_comes_and_goes_then_the_same_
 ):
     import json
 
-    engine = LlamaEngine(
+    engine = DecoderEngine(
         tiny_model_dir, json.loads((tiny_model_dir / "manifest.json").read_text()), threads=1
     )
-    first = engine._session()
+    first = engine.session()
     caplog.set_level("INFO", logger="simmer.engine")
     for limits in (EngineLimits(threads=1, spin=False, tokens_per_second=30.0), EngineLimits(threads=1)):
         engine.apply_limits(limits)
-        assert engine._session() is first  # one thread has no pool: paced or not, the same session
+        assert engine.session() is first  # one thread has no pool: paced or not, the same session
     assert not [r for r in caplog.records if r.getMessage().startswith("loaded ")]
 
 
@@ -562,5 +563,5 @@ def test_load_when_session_built_then_freed_heap_handed_back(tiny_model_dir, mon
     monkeypatch.setattr(engine_module, "release_freed_memory", lambda: calls.append(1))
     engine = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128)
     assert calls == [1]
-    engine._session()  # the same session again: nothing new to hand back
+    engine.session()  # the same session again: nothing new to hand back
     assert calls == [1]

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from models.protocol import EngineLimits
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import DecoderEngine, load_engine
 from models.runtime.reply import ReplyState
 from models.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 from models.types import FinishEvent, GenerationParams, Handover, SamplingParams, TokenEvent
@@ -21,7 +21,7 @@ PROMPT = "The quick brown fox"
 N = 20
 
 
-def engines(*dirs) -> list[LlamaEngine]:
+def engines(*dirs) -> list[DecoderEngine]:
     return [load_engine(d, variant="f32", threads=1, context_length=128) for d in dirs]
 
 
@@ -47,7 +47,7 @@ def run(events: Iterator, emitted: list[int] | None = None) -> tuple[list[TokenE
     raise AssertionError("no final event")
 
 
-def alone(engine: LlamaEngine, prompt_ids: list[int], params: GenerationParams) -> list[TokenEvent]:
+def alone(engine: DecoderEngine, prompt_ids: list[int], params: GenerationParams) -> list[TokenEvent]:
     from models.protocol import Prompt
 
     tokens, _ = run(engine.generate(Prompt(list(prompt_ids)), params))

@@ -77,7 +77,7 @@ def test_graph_when_no_logits_count_fed_then_every_position(tiny_model_dir) -> N
 def test_last_k_when_smollm2_q4_then_equal_to_feeding_one_at_a_time(smollm2_model_dir) -> None:
     """q4 (fp32 activations): a row does not depend on how many rows the pass has, up to summation order.
     q4-a8 is not row-exact on onnxruntime 1.32's x86 kernels (its M=1 and M>1 paths quantize activations
-    differently, ~1 logit apart): speculation checks that per session (LlamaEngine._speculation)."""
+    differently, ~1 logit apart): speculation checks that per session (DecoderEngine._speculation)."""
     sess, shape = open_session(smollm2_model_dir, "q4")
     ids = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198]
     expected = one_at_a_time(sess, shape, ids, 32)

@@ -128,12 +128,12 @@ def test_engine_when_loaded_twice_then_the_second_load_reads_the_probes(
     vdir = shutil.copytree(tiny_model_dir, tmp_path / "version", ignore=shutil.ignore_patterns(MEASURED))
     integrity.write_verified(vdir, {})
     first = load_engine(vdir, variant="q4-a8")
-    sess = first._session()
+    sess = first.session()
     facts = json.loads((vdir / MEASURED).read_text())["facts"]
     exactness = next(v for k, v in facts.items() if k.startswith("exactness|q4-a8.onnx|"))
     assert exactness == {"one_position": sess.positions_exact, "passes": sess.passes_exact}
 
     monkeypatch.setattr(measured, "_process", {})
     monkeypatch.setattr("models.runtime.session.measure_exactness", lambda *a: pytest.fail("probed again"))
-    second = load_engine(vdir, variant="q4-a8")._session()
+    second = load_engine(vdir, variant="q4-a8").session()
     assert (second.positions_exact, second.passes_exact) == (sess.positions_exact, sess.passes_exact)

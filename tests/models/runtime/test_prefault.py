@@ -97,7 +97,7 @@ def test_session_when_real_model_loaded_then_its_mapped_weights_are_resident(smo
     from models.runtime.engine import load_engine
 
     engine = load_engine(smollm2_model_dir, variant="q4", threads=1, context_length=256)
-    engine._session()
+    engine.session()
     size, rss = resident(Path(smollm2_model_dir).resolve() / "weights.data")
     assert 20_000 < size <= PREFAULT_ALL_MAX // 1024  # the embedding table (~27 MiB) is read in place
     assert rss >= size - 64  # all of it in at load (a partial page at a mapping's end may differ)
@@ -112,9 +112,9 @@ def test_session_when_rebuilt_for_other_threads_then_its_mapped_weights_are_resi
     from models.runtime.engine import load_engine
 
     engine = load_engine(smollm2_model_dir, variant="q4", threads=1, context_length=256)
-    engine._session()
+    engine.session()
     engine.apply_limits(EngineLimits(threads=2))
-    engine._session()
+    engine.session()
     assert list(engine._sessions) == [("q4", 2, engine.session_key()[2])]  # the one-thread session is gone
     size, rss = resident(Path(smollm2_model_dir).resolve() / "weights.data")  # the new session's alone
     assert 20_000 < size <= PREFAULT_ALL_MAX // 1024

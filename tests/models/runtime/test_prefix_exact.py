@@ -13,7 +13,8 @@ import pytest
 
 from models.protocol import Prompt
 from models.runtime.batch import BatchDecoder
-from models.runtime.engine import LlamaEngine, load_engine, passes_exact, positions_exact, reusable_prefix
+from models.runtime.engine import DecoderEngine, load_engine
+from models.runtime.generation import passes_exact, positions_exact, reusable_prefix
 from models.runtime.session import (
     Exactness,
     cold_pass,
@@ -31,12 +32,12 @@ SEEDED = replace(GREEDY, sampling=SamplingParams(temperature=1.2, seed=3, logpro
 TEXT = "the quick brown fox jumps over the lazy dog and then it runs far away into the dark forest"
 
 
-def engine(folder, variant: str, **kw) -> LlamaEngine:
+def engine(folder, variant: str, **kw) -> DecoderEngine:
     kw = {"threads": 1, "context_length": 128, "speculation": "off", **kw}
     return load_engine(folder, variant=variant, **kw)
 
 
-def generate(e: LlamaEngine, prompt: Prompt, params: GenerationParams) -> Events:
+def generate(e: DecoderEngine, prompt: Prompt, params: GenerationParams) -> Events:
     return list(e.generate(prompt, params))  # type: ignore[arg-type]
 
 
@@ -44,7 +45,7 @@ def cached(events: list) -> int:
     return finish(events).usage.cached_tokens
 
 
-def reuses(e: LlamaEngine, events: list, at_least: int) -> bool:
+def reuses(e: DecoderEngine, events: list, at_least: int) -> bool:
     """The reply reused at least `at_least` cached tokens; where this CPU's passes of several positions
     depend on their number (passes_exact), whole prefill chunks, at least those `at_least` holds."""
     n = cached(events)
@@ -69,7 +70,7 @@ def test_prefix_when_cold_warm_partly_warm_or_chunked_then_same_tokens_and_logpr
         generate(e, Prompt([*prompt.ids[:keep], *e.tokenize(" zebra crossing")]), params)
         partly = generate(e, prompt, params)
         assert cached(partly) <= keep and reuses(e, partly, 1) and tokens(partly) == tokens(cold), keep
-    if not passes_exact(e._session()):
+    if not passes_exact(e.session()):
         return  # a prompt a chunk at a time is passes of other numbers of positions: not the same there
     for chunk in (n - 1, n - 2, 4, 3, 2):  # cold, a chunk at a time
         chunked = engine(tiny_model_dir, variant, prefill_chunk=chunk)
@@ -115,7 +116,7 @@ def test_prefix_when_reused_in_whole_chunks_then_same_tokens_and_logprobs_as_col
     facts) a prefix is reused in whole prefill chunks, and the replies are still a cold prefill's bit for
     bit: a prompt again, another sharing part of it, and a follow-up after a decoded reply."""
     e = engine(tiny_model_dir, variant, prefill_chunk=4)
-    sess = e._session()
+    sess = e.session()
     if forced:
         sess.__dict__["exactness"] = Exactness(one_position=False, passes=False)
     prompt = e.text_prompt(TEXT)
@@ -145,7 +146,7 @@ def test_batch_prefix_when_reused_in_whole_chunks_then_same_tokens_as_cold(tiny_
     whose cached prefix holds the first reply's decoded keys (a batch pass's, never reused there)."""
     e = engine(tiny_model_dir, variant, prefill_chunk=4)
     if forced:
-        e._session().__dict__["exactness"] = Exactness(one_position=False, passes=False)
+        e.session().__dict__["exactness"] = Exactness(one_position=False, passes=False)
     prompt = e.text_prompt(TEXT)
     n = len(prompt.ids)
     cold = drive(BatchDecoder(e, 2), {"x": (prompt, GREEDY)})["x"]
@@ -166,7 +167,7 @@ def test_prefix_when_one_position_passes_are_exact_then_reused_up_to_the_last_to
     e = engine(tiny_model_dir, "q4-a8")
     prompt = e.text_prompt(TEXT)
     generate(e, prompt, GREEDY)
-    exact = positions_exact(e._session())
+    exact = positions_exact(e.session())
     assert reuses(e, generate(e, prompt, GREEDY), len(prompt.ids) - (1 if exact else 2))
 
 

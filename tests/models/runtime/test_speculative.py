@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from models.protocol import Prompt
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import DecoderEngine, load_engine
 from models.runtime.sampling import draw
 from models.runtime.speculative import DraftPolicy, NgramDrafter, RowCost, expected_tokens
 from models.types import FinishEvent, GenerationParams, SamplingParams, TokenEvent
@@ -79,7 +79,7 @@ def test_acceptance_when_coupled_with_the_draw_then_leviathans_rule(ids, proposa
 
 # -- the engine --------------------------------------------------------------------------------------------
 def run(
-    engine: LlamaEngine, prompt: Prompt, params: GenerationParams
+    engine: DecoderEngine, prompt: Prompt, params: GenerationParams
 ) -> tuple[list[TokenEvent], FinishEvent]:
     events = list(engine.generate(prompt, params))
     assert isinstance(events[-1], FinishEvent)
@@ -87,7 +87,7 @@ def run(
 
 
 @pytest.fixture(scope="module")
-def tiny_pair(tiny_model_dir) -> tuple[LlamaEngine, LlamaEngine]:
+def tiny_pair(tiny_model_dir) -> tuple[DecoderEngine, DecoderEngine]:
     kw = dict(variant="q4", threads=1, context_length=256)
     return load_engine(tiny_model_dir, speculation="auto", **kw), load_engine(
         tiny_model_dir, speculation="off", **kw
@@ -176,7 +176,7 @@ class FixedCost(RowCost):
 
 
 @pytest.fixture(scope="module")
-def sampling_pair(tiny_model_dir) -> tuple[LlamaEngine, LlamaEngine]:
+def sampling_pair(tiny_model_dir) -> tuple[DecoderEngine, DecoderEngine]:
     kw = dict(variant="q4", threads=1, context_length=256)
     spec = load_engine(tiny_model_dir, speculation="auto", **kw)
     spec._row_costs[spec.session_key()] = FixedCost(prior=0.05)
@@ -219,7 +219,7 @@ def test_sampled_when_speculating_then_next_token_frequencies_are_the_models(sam
 
     spec, plain = sampling_pair
     prompt = spec.text_prompt(COPY_TEXT).ids
-    sess = plain._session()
+    sess = plain.session()
     kv = KVCache(sess.shape, len(prompt) + 16)
     first = sess.run(np.array(prompt), kv, 0).copy()
     observed, expected = np.zeros(5), np.zeros(5)
@@ -248,7 +248,7 @@ def test_sampled_when_speculating_then_next_token_frequencies_are_the_models(sam
 
 
 def test_greedy_when_constrained_then_decodes_plainly_and_same_reply(tiny_pair) -> None:
-    """A grammar's reply does not speculate (LlamaEngine._speculation says why); its reply is the plain
+    """A grammar's reply does not speculate (DecoderEngine._speculation says why); its reply is the plain
     one. The prompt repeats the grammar's own words, so an unguarded engine drafts here."""
     from models.runtime.constraint import json_schema_grammar
 
@@ -271,7 +271,7 @@ def test_handover_when_speculating_then_same_ids_as_plain_and_drafts_counted_ove
     from models.protocol import EngineLimits
     from models.types import Handover
 
-    def handed(speculation: str) -> tuple[list[int], FinishEvent, LlamaEngine]:
+    def handed(speculation: str) -> tuple[list[int], FinishEvent, DecoderEngine]:
         big, small = (
             load_engine(d, variant="f32", threads=1, context_length=256, speculation=speculation)
             for d in tiny_pair_dirs
@@ -329,7 +329,7 @@ def test_greedy_when_smollm2_rewrite_then_identical_to_plain(smollm2_model_dir, 
     kw = dict(variant=variant, threads=1, context_length=1024)
     spec = load_engine(smollm2_model_dir, speculation="auto", **kw)
     plain = load_engine(smollm2_model_dir, speculation="off", **kw)
-    exact = spec._session().rows_exact
+    exact = spec.session().rows_exact
     assert exact or variant == "q4-a8"
     if exact:  # measured row costs follow the machine's load; this test is about identity, not speed
         spec._row_costs[spec.session_key()] = FixedCost(prior=0.1)

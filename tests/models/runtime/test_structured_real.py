@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from models.runtime.constraint import json_schema_grammar
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import DecoderEngine, load_engine
 from models.types import FinishEvent, GenerationParams, SamplingParams, Tool, ToolUse
 
 pytestmark = pytest.mark.slow
@@ -148,11 +148,13 @@ SAMPLINGS = {
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_model_dir) -> LlamaEngine:
+def smollm2(smollm2_model_dir) -> DecoderEngine:
     return load_engine(smollm2_model_dir, threads=2, context_length=2048)
 
 
-def reply(engine: LlamaEngine, messages: list[dict], params: GenerationParams, tools: ToolUse | None = None):
+def reply(
+    engine: DecoderEngine, messages: list[dict], params: GenerationParams, tools: ToolUse | None = None
+):
     events = list(engine.generate(engine.chat_prompt(messages, tools=tools), params))
     finish = events[-1]
     assert isinstance(finish, FinishEvent)

@@ -99,12 +99,12 @@ def test_auto_when_sampled_then_text_or_valid_calls(tiny):
 
 def test_none_when_chosen_then_no_grammar_and_tools_not_shown(tiny):
     use = ToolUse((WEATHER,), choice="none")
-    assert tiny._encode_chat(ASK, use) == tiny._encode_chat(ASK)
+    assert tiny.chat_ids(ASK, use) == tiny.chat_ids(ASK)
     assert tool_grammar(use, FORMATS["simmer"]) is None
 
 
 def test_prompt_when_template_without_tools_then_tools_described_in_system_message(tiny):
-    shown = tiny.tokenizer.decode(tiny._encode_chat(ASK, ToolUse((WEATHER,))), skip_special_tokens=False)
+    shown = tiny.tokenizer.decode(tiny.chat_ids(ASK, ToolUse((WEATHER,))), skip_special_tokens=False)
     assert shown.startswith("<|im_start|>system\nYou can call functions")
     assert '"name": "get_weather"' in shown and "<tool_call>" in shown
 
@@ -137,7 +137,7 @@ def test_prompt_when_history_has_calls_and_results_then_written_as_text(tiny):
         messages[3]["content"]
         == "<tool_response>\n18 C\n</tool_response>\n<tool_response>\nsunny\n</tool_response>"
     )
-    tiny._encode_chat(history, ToolUse((WEATHER,)))  # renders
+    tiny.chat_ids(history, ToolUse((WEATHER,)))  # renders
 
 
 def test_prompt_when_template_renders_tools_then_it_gets_them_and_dict_arguments():

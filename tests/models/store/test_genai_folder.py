@@ -17,7 +17,7 @@ import pytest
 
 from models.errors import InvalidModelFile, InvalidParameter, VerificationFailed
 from models.protocol import Prompt
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import DecoderEngine, load_engine
 from models.runtime.genai_config import DecoderIO
 from models.runtime.session import DecoderSession, GeneralDecoderSession, GrowingKV, KVCache, SharedKV
 from models.store.store import ModelStore
@@ -58,13 +58,13 @@ def installed(request, tiny_model_dir, tmp_path_factory, store_home):
 
 
 @pytest.fixture(scope="module")
-def ours(installed, tiny_model_dir) -> LlamaEngine:
+def ours(installed, tiny_model_dir) -> DecoderEngine:
     """Our own folder on the fast path, with the variant the foreign folder's decoder was made from."""
     decoder = installed[1].variants["genai"]["file"]
     return load_engine(tiny_model_dir, variant=Path(decoder).stem, threads=1, context_length=128)
 
 
-def greedy(engine: LlamaEngine, ids: list[int]) -> list[int]:
+def greedy(engine: DecoderEngine, ids: list[int]) -> list[int]:
     return [e.token_id for e in engine.generate(Prompt(list(ids)), GREEDY) if hasattr(e, "token_id")]
 
 
@@ -89,7 +89,7 @@ def test_folder_pull_when_genai_folder_then_manifest_from_its_config(installed) 
 
 def test_folder_engine_when_any_layout_then_greedy_equals_our_folder(installed, ours) -> None:
     kind, model = installed
-    engine = LlamaEngine(model.path, model.manifest, threads=1, context_length=128)
+    engine = DecoderEngine(model.path, model.manifest, threads=1, context_length=128)
     assert engine.io is not None and engine.io.share_buffer == (kind == "shared")
     for ids in PROMPTS:
         assert greedy(engine, ids) == greedy(ours, ids), ids
@@ -98,7 +98,7 @@ def test_folder_engine_when_any_layout_then_greedy_equals_our_folder(installed, 
 def test_folder_engine_when_prefix_reused_then_same_as_fresh(installed, ours) -> None:
     """A second prompt sharing a shorter prefix rewinds the foreign KV cache (a copy for separate buffers)."""
     _, model = installed
-    engine = LlamaEngine(model.path, model.manifest, threads=1, context_length=128)
+    engine = DecoderEngine(model.path, model.manifest, threads=1, context_length=128)
     first, second = [1, 5, 17, 40, 33, 9, 8, 8], [1, 5, 17, 99, 98]
     greedy(engine, first)
     assert greedy(engine, second) == greedy(ours, second)

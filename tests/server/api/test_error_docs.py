@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from server.http.errors import _STATUS
+from server.http.errors import STATUS
 from server.http.openapi import ERROR_CODES
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "server.md"
@@ -20,7 +20,7 @@ def documented() -> dict[str, tuple[str, str]]:
 
 def test_error_table_when_compared_with_errors_py_then_every_code_with_its_status_and_type() -> None:
     table = documented()
-    expected = {code: (str(status), kind) for code, (status, kind) in _STATUS.items()}
+    expected = {code: (str(status), kind) for code, (status, kind) in STATUS.items()}
     expected["internal_error"] = ("500", "server_error")
     for code, row in expected.items():
         assert table.get(code) == row, f"docs/server.md: {code} should read {row}, reads {table.get(code)}"

@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import DecoderEngine, load_engine
 from tests.server.conftest import LiveServer, make_settings, start_server
 from tests.server.fakes import ScriptedEngine
 from tests.server.routing.hostile_upstream import HostileUpstream
@@ -30,7 +30,7 @@ TEXT = "/v1/completions"
 HI = [{"role": "user", "content": "hi"}]
 JSON = {"Content-Type": "application/json"}
 
-Body = bytes | dict | Callable[[LlamaEngine], dict] | None
+Body = bytes | dict | Callable[[DecoderEngine], dict] | None
 
 
 @dataclass(frozen=True)
@@ -682,7 +682,7 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def hostile_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[LiveServer, LlamaEngine]]:
+def hostile_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[tuple[LiveServer, DecoderEngine]]:
     engine = load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128)
     pull_dir = tmp_path_factory.mktemp("pulls")  # SIMMER_PULL_DIRS: a file that is no GGUF, a link out
     (pull_dir / "notes.gguf").write_text("these are notes, not a model")
@@ -719,7 +719,7 @@ def send(conn: http.client.HTTPConnection, host: str, case: Case, body: bytes | 
     return response, response.read()
 
 
-def encode(case: Case, engine: LlamaEngine) -> bytes | None:
+def encode(case: Case, engine: DecoderEngine) -> bytes | None:
     body = case.body(engine) if callable(case.body) else case.body
     return json.dumps(body).encode() if isinstance(body, dict) else body
 
@@ -774,7 +774,7 @@ class OllamaCase:
     body: Body
     status: int
     words: str = ""  # in the error message (when an error is expected)
-    code: str | None = None  # the simmer code behind it (its status is _STATUS's)
+    code: str | None = None  # the simmer code behind it (its status is STATUS's)
     never: str = ""  # not in the error message (a file's content)
     headers: dict[str, str] = field(default_factory=lambda: dict(JSON))
     method: str = "POST"
@@ -1041,7 +1041,7 @@ OLLAMA_CASES = [
 ]
 
 
-def render(body: Body, engine: LlamaEngine, not_gguf: str, pull_dir: Path) -> bytes | None:
+def render(body: Body, engine: DecoderEngine, not_gguf: str, pull_dir: Path) -> bytes | None:
     if isinstance(body, dict):
         text = json.dumps(body).replace('"{model}"', json.dumps(engine.model_id))
         text = text.replace("{pull_dir}", json.dumps(str(pull_dir))[1:-1])
@@ -1070,9 +1070,9 @@ def test_hostile_ollama_request_when_sent_then_status_and_ollama_error_and_conne
         assert case.words in body["error"] and "Traceback" not in body["error"], body
         assert not case.never or case.never not in body["error"], body
         if case.code is not None:
-            from server.http.errors import _STATUS
+            from server.http.errors import STATUS
 
-            assert _STATUS[case.code][0] == case.status
+            assert STATUS[case.code][0] == case.status
     elif case.method == "POST":
         if response.getheader("content-type", "").startswith("application/x-ndjson"):
             lines = [json.loads(line) for line in data.splitlines() if line]
@@ -1087,7 +1087,7 @@ def test_hostile_ollama_request_when_sent_then_status_and_ollama_error_and_conne
 
 def test_hostile_cases_cover_every_error_code_the_request_path_can_send() -> None:
     """The table exercises each client-error code of server/http/errors.py that a request alone can cause."""
-    from server.http.errors import _STATUS
+    from server.http.errors import STATUS
 
     # Codes a single request cannot cause on a healthy idle server (load, the governor, auth when no key
     # is set, a cancelled request, model installs) are covered by their own tests.
@@ -1117,7 +1117,7 @@ def test_hostile_cases_cover_every_error_code_the_request_path_can_send() -> Non
         "source_unavailable",
     }
     covered = {c.code for c in CASES} | {c.code for c in OLLAMA_CASES}
-    assert set(_STATUS) - elsewhere <= covered, set(_STATUS) - elsewhere - covered
+    assert set(STATUS) - elsewhere <= covered, set(STATUS) - elsewhere - covered
 
 
 # ---- the accepted values do what they say, over HTTP on the real model ----

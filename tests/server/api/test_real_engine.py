@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from models.protocol import EngineLimits
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import DecoderEngine, load_engine
 from tests.helpers import sdk
 from tests.margins import WIDE, greedy
 from tests.server.fakes import RecordingEngine
@@ -41,7 +41,7 @@ def test_real_engine_when_streamed_then_same_text_as_non_streamed(tiny_server):
     assert usage.completion_tokens == full.usage.completion_tokens
     # the second identical request reused the prompt's KV cache
     inner = tiny_server.engine.inner
-    assert isinstance(inner, LlamaEngine)
+    assert isinstance(inner, DecoderEngine)
     assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - inner.reuse_tail
 
 
@@ -61,7 +61,7 @@ def test_completions_when_the_prompt_is_token_ids_then_the_reply_of_the_text_the
     its position; more than one prompt is a 400."""
     client = sdk(tiny_server)
     inner = tiny_server.engine.inner
-    assert isinstance(inner, LlamaEngine)
+    assert isinstance(inner, DecoderEngine)
     ids = inner.text_prompt("once upon a time").ids
     ask = dict(model=inner.model_id, temperature=0, max_tokens=12, logprobs=2)
     inner.reset_cache()
@@ -181,14 +181,14 @@ def test_real_engine_when_onnxruntime_genai_folder_pulled_then_served_like_ours(
 ):
     """`simmer pull ./folder` of a foreign-layout folder (separate KV buffers, all-position logits), served
     over the API: the same greedy completion as our own folder with the same decoder."""
-    from models.runtime.engine import LlamaEngine
+    from models.runtime.engine import DecoderEngine
     from models.store.store import ModelStore
     from tests.models import genai_folders as gf
 
     folder = gf.foreign_copy(tiny_model_dir, tmp_path / "foreign-tiny", share_buffer=False)
     gf.all_position_logits(folder)
     installed = ModelStore(tmp_path / "home").pull(str(folder))
-    foreign = LlamaEngine(
+    foreign = DecoderEngine(
         installed.path, installed.manifest, model_id=installed.id, threads=1, context_length=128
     )
     decoder = installed.variants["genai"]["file"].removesuffix(".onnx")

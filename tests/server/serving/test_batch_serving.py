@@ -5,7 +5,7 @@ text and logprobs token for token.
 
 What the server does depends on what this CPU's kernels do with a batch (models/runtime/batch.py
 batch_traits, measured at load). The tests of the batch path let a lone reply decode padded to two rows
-(`padded`: LlamaEngine.pad_batches) so that it runs on every CPU where a batch's rows are alike; where they
+(`padded`: DecoderEngine.pad_batches) so that it runs on every CPU where a batch's rows are alike; where they
 are not, the server serves one reply at a time and those tests skip, saying so. What the server does by
 default on this CPU is test_batch_when_served_by_default_then_batched_only_where_a_lone_row_is_exact's."""
 
@@ -22,7 +22,7 @@ import pytest
 
 from models.protocol import EngineLimits
 from models.runtime.batch import BatchDecoder, batch_traits
-from models.runtime.engine import LlamaEngine, load_engine
+from models.runtime.engine import DecoderEngine, load_engine
 from models.types import CancelToken
 from tests.helpers import sdk
 from tests.server.serving.test_multi_model import reference, several  # noqa: F401 (several: a fixture)
@@ -62,6 +62,9 @@ class HoldGate:
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
         return None
 
+    def note_pass(self, tokens: int) -> None:
+        return None
+
 
 @pytest.fixture
 def passes(monkeypatch) -> list[int]:
@@ -79,7 +82,7 @@ def passes(monkeypatch) -> list[int]:
     return seen
 
 
-def engine(folder, variant: str) -> LlamaEngine:
+def engine(folder, variant: str) -> DecoderEngine:
     return load_engine(folder, variant=variant, threads=1, context_length=128, speculation="off")
 
 
@@ -87,13 +90,13 @@ def engine(folder, variant: str) -> LlamaEngine:
 def padded(monkeypatch) -> None:
     """Every engine batches where its rows are alike: a reply alone decodes padded to two rows where this
     CPU's kernels sum one row otherwise (q4; q4-a8 on AVX2), as it does beside others."""
-    monkeypatch.setattr(LlamaEngine, "pad_batches", True)
+    monkeypatch.setattr(DecoderEngine, "pad_batches", True)
 
 
-def alike_or_skip(e: LlamaEngine) -> LlamaEngine:
+def alike_or_skip(e: DecoderEngine) -> DecoderEngine:
     """`e`, where a batch's rows get the logits they get alone; elsewhere the server serves one reply at a
     time (asserted), and the test skips, saying why."""
-    why = batch_traits(e._session()).why_alone(pad=True)
+    why = batch_traits(e.session()).why_alone(pad=True)
     if why is not None:
         assert e.batch_decoder(4) is None
         pytest.skip(f"{e.model_id} {e.variant}: {why}; its replies run one at a time")
@@ -175,7 +178,7 @@ def test_batch_when_four_sdk_streams_at_once_then_the_same_as_one_after_another(
     for i in range(4):
         assert len(at_once[i]) == 24
         assert at_once[i] == alone[i], i
-    if batch_traits(e._session()).one_row_exact:  # one row sums as a batch's rows do (q4-a8 on AVX-512):
+    if batch_traits(e.session()).one_row_exact:  # one row sums as a batch's rows do (q4-a8 on AVX-512):
         one, _ = serve(live, tiny_model_dir, variant, 1)  # the one-reply engine gives the same
         passes.clear()
         assert {i: stream(one, i) for i in range(4)} == alone
@@ -193,7 +196,7 @@ def test_batch_when_served_by_default_then_batched_only_where_a_lone_row_is_exac
     run one at a time on the one-reply engine. The same text either way."""
     gate = HoldGate()
     e = engine(tiny_model_dir, variant)
-    traits = batch_traits(e._session())
+    traits = batch_traits(e.session())
     srv = live(engine=e, model=e.model_id, max_batch=4, governor=gate)
     alone = {i: stream(srv, i) for i in range(4)}
     passes.clear()
@@ -461,7 +464,7 @@ def test_batch_when_memory_pressure_then_batches_of_fewer_rows_and_the_same_repl
     passes.clear()
     single = stream(srv, 1)  # the next batch: one reply at a time, on the one-reply engine
     assert pool.rows_cap == 1 and passes == [] and e._batch is None  # the batch decoder's KV rows went
-    if batch_traits(e._session()).one_row_exact:  # a lone row sums as a batch's rows: the same reply
+    if batch_traits(e.session()).one_row_exact:  # a lone row sums as a batch's rows: the same reply
         assert single == alone[1]
     else:  # (AVX2) its one-row passes round otherwise than the padded ones: the one-reply engine's reply
         one, _ = serve(live, tiny_model_dir, "q4-a8", 1)

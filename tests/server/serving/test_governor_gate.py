@@ -416,7 +416,7 @@ def test_session_rebuilt_for_a_thread_change_when_governed_then_the_pace_credits
     before = gov.tick().limits.cpu_budget_cores
     integral = gov._state.pace_integral
     engine.apply_limits(EngineLimits(threads=1 if engine.threads != 1 else 2))
-    engine._session()
+    engine.session()
     assert during == [before]
     clock.advance(1)
     assert gov.tick().limits.cpu_budget_cores < before  # 0.5 C warmer: the proportional term answers

@@ -196,6 +196,7 @@ class SwitchingGate:
     """A gate through the real seam: after `after` steps the governor's rung is `target`'s."""
 
     memory_pressure = False
+    pauses_new = False
 
     def __init__(self, target: str, after: int) -> None:
         self.target = target
@@ -214,6 +215,9 @@ class SwitchingGate:
         if self.steps == self.after:
             self.rung = self.target
             return EngineLimits(model_id=self.target, variant="f32")
+        return None
+
+    def note_pass(self, tokens: int) -> None:
         return None
 
 

@@ -438,7 +438,7 @@ def test_summary_when_cap_lowered_mid_reply_then_whole_turns_dropped_and_their_s
     assert (body["truncated"], body["summarized"]) == (True, False)
 
     slot = max(engine._slots, key=lambda s: s.last_used).tokens
-    encode = engine._encode_chat  # the window's own encoding (chat_prompt would refuse: the cap is 160 now)
+    encode = engine.chat_ids  # the window's own encoding (chat_prompt would refuse: the cap is 160 now)
     starts = [k for k in range(1, n) if slot[: len(ids := encode(system + turns[k:]))] == ids]
     assert len(starts) == 1 and turns[starts[0]]["role"] == "user"  # whole turns kept, the system message too
     cut = starts[0]

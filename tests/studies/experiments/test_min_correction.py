@@ -20,7 +20,7 @@ def _logits(model_dir) -> np.ndarray:
     from models.runtime.engine import load_engine
     from models.runtime.session import KVCache
 
-    s = load_engine(model_dir, variant="q4-a8", threads=1)._session()
+    s = load_engine(model_dir, variant="q4-a8", threads=1).session()
     ids = np.array([5, 17, 42, 9])
     return s.run(ids, KVCache(s.shape, len(ids)), 0).copy()
 
