@@ -1,17 +1,27 @@
-"""Runtime tests' helpers: greedy decoding through onnxruntime-genai and through simmer's engine on the
-same folder (the two must agree), and the JSON schema several structured-output tests constrain to."""
+"""Runtime tests' helpers: running an engine greedily and reading its text, prompts in chunks, the warm
+prefix reuse to expect, driving a batch decoder, greedy decoding through onnxruntime-genai beside simmer's
+engine, and the tools and schema several structured-output tests use."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 import onnxruntime_genai as og  # a dev dependency: a missing one must fail, not skip
 
 from models.protocol import Prompt
-from models.runtime.engine import load_engine
-from models.types import GenerationParams, SamplingParams
+from models.runtime.batch import BatchDecoder, RowError
+from models.runtime.engine import DecoderEngine, load_engine
+from models.runtime.generation import passes_exact
+from models.types import (
+    FinishEvent,
+    GenerationParams,
+    SamplingParams,
+    TokenEvent,
+    Tool,
+)
 
 
 def og_greedy(model, prompt: list[int], new_tokens: int) -> tuple[list[int], list[np.ndarray]]:
@@ -57,3 +67,105 @@ PERSON = {
     "required": ["name", "age", "tags"],
     "additionalProperties": False,
 }
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def run(
+    engine: DecoderEngine, prompt: Prompt, params: GenerationParams, **kw
+) -> tuple[list[TokenEvent], FinishEvent]:
+    events = list(engine.generate(prompt, params, **kw))
+    assert isinstance(events[-1], FinishEvent)
+    assert all(isinstance(e, TokenEvent) for e in events[:-1])
+    return events[:-1], events[-1]
+
+
+def in_chunks(e: DecoderEngine, n: int) -> int:
+    """`n` cached tokens as prefix reuse counts them: all, or whole prefill chunks where this CPU's passes of
+    several positions depend on their number (session.cold_pass: ARM's kernels)."""
+    return n if passes_exact(e.session()) else n - n % e.prefill_chunk
+
+
+def warm_reuse(e: DecoderEngine, n: int) -> int:
+    """What a prompt of `n` tokens reuses of itself, cached: all but reuse_tail, in_chunks."""
+    return in_chunks(e, n - e.reuse_tail)
+
+
+def text_of(tokens: list[TokenEvent], fin: FinishEvent) -> str:
+    return "".join(t.text for t in tokens) + fin.text
+
+
+WEATHER = Tool(
+    "get_weather",
+    "The weather in a city",
+    {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+        },
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+)
+
+TIME = Tool(
+    "get_time",
+    None,
+    {
+        "type": "object",
+        "properties": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+        "required": ["zone"],
+        "additionalProperties": False,
+    },
+)
+
+
+def calls_of(tokens, fin) -> list[dict]:
+    """OpenAI-style calls assembled from the deltas (as a client's stream helper does)."""
+    calls: dict[int, dict] = {}
+    for d in [c for t in tokens for c in t.tool_calls] + list(fin.tool_calls):
+        call = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+        call["id"] = call["id"] or d.id
+        call["name"] = call["name"] or d.name
+        call["arguments"] += d.arguments
+    return [calls[i] for i in sorted(calls)]
+
+
+Events = list[TokenEvent | FinishEvent | RowError]
+
+
+def drive(
+    bd: BatchDecoder,
+    replies: Mapping[str, tuple[Prompt | None, GenerationParams]],
+    between: Callable[[BatchDecoder, dict[str, Events]], list | None] | None = None,
+    **add,
+) -> dict[str, Events]:
+    """Add every reply, then prefill (a chunk per call) and decode until all are finished, as a
+    scheduler would: a prefill chunk first when one is due, else a decode pass. `between` runs after each
+    call (where a worker applies limits or cancels) and may return events of its own."""
+    slots = {bd.add(prompt, params, **add): key for key, (prompt, params) in replies.items()}
+    out: dict[str, Events] = {key: [] for key in replies}
+
+    def take(events: list) -> None:
+        for slot, event in events:
+            assert not isinstance(event, RowError), event.error
+            out[slots[slot]].append(event)
+            if isinstance(event, FinishEvent):
+                del slots[slot]
+
+    while slots:
+        take(bd.prefill() if bd.prefilling else bd.step())
+        if between is not None:
+            take(between(bd, out) or [])
+    return out
+
+
+def tokens(events: Events) -> list[tuple[int, float | None, object]]:
+    return [(e.token_id, e.logprob, e.top_logprobs) for e in events if isinstance(e, TokenEvent)]
+
+
+def finish(events: Events) -> FinishEvent:
+    assert isinstance(events[-1], FinishEvent)
+    return events[-1]

@@ -6,7 +6,6 @@ batch and through the one-reply engine (DecoderEngine.generate), token ids and l
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,12 +28,18 @@ from models.types import (
     ToolCallDelta,
     ToolUse,
 )
-from tests.models.runtime.helpers import PERSON
-from tests.models.runtime.test_engine import warm_reuse
-from tests.models.runtime.test_tools import TIME, WEATHER, calls_of
+from tests.models.runtime.helpers import (
+    PERSON,
+    TIME,
+    WEATHER,
+    Events,
+    calls_of,
+    drive,
+    finish,
+    tokens,
+    warm_reuse,
+)
 from tests.reference_llama import ReferenceLlama
-
-Events = list[TokenEvent | FinishEvent | RowError]
 
 TEXTS = ["the cat sat on the mat", "once upon a time there was a", "what is the capital", "def fib(n):"]
 SAMPLINGS = [
@@ -56,41 +61,6 @@ def engine(folder: Path, variant: str = "q4-a8", **kw) -> DecoderEngine:
         assert e.batch_decoder(4) is None
         pytest.skip(f"{e.model_id} {variant}: {traits.why_alone(pad=True)}; its replies run one at a time")
     return e
-
-
-def drive(
-    bd: BatchDecoder,
-    replies: Mapping[str, tuple[Prompt | None, GenerationParams]],
-    between: Callable[[BatchDecoder, dict[str, Events]], list | None] | None = None,
-    **add,
-) -> dict[str, Events]:
-    """Add every reply, then prefill (a chunk per call) and decode until all are finished, as a
-    scheduler would: a prefill chunk first when one is due, else a decode pass. `between` runs after each
-    call (where a worker applies limits or cancels) and may return events of its own."""
-    slots = {bd.add(prompt, params, **add): key for key, (prompt, params) in replies.items()}
-    out: dict[str, Events] = {key: [] for key in replies}
-
-    def take(events: list) -> None:
-        for slot, event in events:
-            assert not isinstance(event, RowError), event.error
-            out[slots[slot]].append(event)
-            if isinstance(event, FinishEvent):
-                del slots[slot]
-
-    while slots:
-        take(bd.prefill() if bd.prefilling else bd.step())
-        if between is not None:
-            take(between(bd, out) or [])
-    return out
-
-
-def tokens(events: Events) -> list[tuple[int, float | None, object]]:
-    return [(e.token_id, e.logprob, e.top_logprobs) for e in events if isinstance(e, TokenEvent)]
-
-
-def finish(events: Events) -> FinishEvent:
-    assert isinstance(events[-1], FinishEvent)
-    return events[-1]
 
 
 def anonymous(calls: tuple[ToolCallDelta, ...]) -> tuple[ToolCallDelta, ...]:

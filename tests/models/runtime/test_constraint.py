@@ -20,8 +20,7 @@ from models.runtime.constraint import (
     json_schema_grammar,
 )
 from models.types import GenerationParams, SamplingParams
-from tests.models.runtime.helpers import PERSON
-from tests.models.runtime.test_engine import GREEDY, run, text_of
+from tests.models.runtime.helpers import GREEDY, PERSON, run, text_of
 
 
 def params(grammar: str | None, max_tokens: int = 200, **sampling) -> GenerationParams:

@@ -10,37 +10,12 @@ import pytest
 from models.errors import ContextLengthExceeded
 from models.protocol import EngineLimits, Prompt
 from models.runtime.engine import DecoderEngine, load_engine, window_split
-from models.runtime.generation import passes_exact
-from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams, TokenEvent
+from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams
 from tests.margins import WIDE, greedy
+from tests.models.runtime.helpers import GREEDY, in_chunks, run, text_of, warm_reuse
 from tests.reference_llama import ReferenceLlama
 
 TINY_CONTEXT = 128  # the tiny fixture's context: the window tests fill it
-GREEDY = SamplingParams(temperature=0.0)
-
-
-def run(
-    engine: DecoderEngine, prompt: Prompt, params: GenerationParams, **kw
-) -> tuple[list[TokenEvent], FinishEvent]:
-    events = list(engine.generate(prompt, params, **kw))
-    assert isinstance(events[-1], FinishEvent)
-    assert all(isinstance(e, TokenEvent) for e in events[:-1])
-    return events[:-1], events[-1]
-
-
-def in_chunks(e: DecoderEngine, n: int) -> int:
-    """`n` cached tokens as prefix reuse counts them: all, or whole prefill chunks where this CPU's passes of
-    several positions depend on their number (session.cold_pass: ARM's kernels)."""
-    return n if passes_exact(e.session()) else n - n % e.prefill_chunk
-
-
-def warm_reuse(e: DecoderEngine, n: int) -> int:
-    """What a prompt of `n` tokens reuses of itself, cached: all but reuse_tail, in_chunks."""
-    return in_chunks(e, n - e.reuse_tail)
-
-
-def text_of(tokens: list[TokenEvent], fin: FinishEvent) -> str:
-    return "".join(t.text for t in tokens) + fin.text
 
 
 def test_greedy_when_tiny_model_then_matches_reference_argmax_chain(tiny, tiny_gguf):

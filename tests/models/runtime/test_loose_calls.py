@@ -11,7 +11,7 @@ import pytest
 from models.runtime.loose_calls import LooseScan, parse, schema_order, valid
 from models.runtime.tools import FORMATS, CallReader
 from models.types import GenerationParams, SamplingParams, Tool, ToolCallDelta, ToolUse
-from tests.models.runtime.test_engine import run
+from tests.models.runtime.helpers import run
 from tests.scripted_session import scripted_engine
 
 WEATHER = Tool(

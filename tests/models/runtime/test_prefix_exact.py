@@ -24,8 +24,7 @@ from models.runtime.session import (
     prefill_end,
 )
 from models.types import GenerationParams, SamplingParams, TokenEvent
-from tests.models.runtime.test_batch import Events, drive, finish, tokens
-from tests.models.runtime.test_engine import in_chunks
+from tests.models.runtime.helpers import Events, drive, finish, in_chunks, tokens
 
 GREEDY = GenerationParams(SamplingParams(temperature=0.0, logprobs=2), max_tokens=8, ignore_eos=True)
 SEEDED = replace(GREEDY, sampling=SamplingParams(temperature=1.2, seed=3, logprobs=2))

@@ -10,45 +10,11 @@ import pytest
 
 from models.runtime.chat import ChatTemplate
 from models.runtime.tools import FORMATS, CallReader, detect_format, prepare_messages, tool_grammar
-from models.types import GenerationParams, SamplingParams, Tool, ToolCallDelta, ToolUse
+from models.types import GenerationParams, SamplingParams, ToolCallDelta, ToolUse
 from tests.chat_templates import GEMMA3, LLAMA3, QWEN25
-from tests.models.runtime.test_engine import run
+from tests.models.runtime.helpers import TIME, WEATHER, calls_of, run
 
-WEATHER = Tool(
-    "get_weather",
-    "The weather in a city",
-    {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 12},
-            "unit": {"enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
-)
-TIME = Tool(
-    "get_time",
-    None,
-    {
-        "type": "object",
-        "properties": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"}},
-        "required": ["zone"],
-        "additionalProperties": False,
-    },
-)
 ASK = [{"role": "user", "content": "weather in Paris?"}]
-
-
-def calls_of(tokens, fin) -> list[dict]:
-    """OpenAI-style calls assembled from the deltas (as a client's stream helper does)."""
-    calls: dict[int, dict] = {}
-    for d in [c for t in tokens for c in t.tool_calls] + list(fin.tool_calls):
-        call = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
-        call["id"] = call["id"] or d.id
-        call["name"] = call["name"] or d.name
-        call["arguments"] += d.arguments
-    return [calls[i] for i in sorted(calls)]
 
 
 def generate(tiny, use: ToolUse, seed: int, max_tokens: int = 200):

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from server.routing.upstream import forward_body
-from tests.server.api.test_hostile import CASES, CHAIN, FN, HI, JSON, RESP, TEXT, chat, resp, text
+from tests.server.api.hostile_cases import CASES, CHAIN, FN, HI, JSON, RESP, TEXT, chat, resp, text
 from tests.server.conftest import MODEL, LiveServer, make_settings, start_server
 from tests.server.fakes import RecordingEngine, ScriptedEngine
 from tests.server.structured_data import CITY, TIME, WEATHER

@@ -25,8 +25,8 @@ from models.runtime.batch import BatchDecoder, batch_traits
 from models.runtime.engine import DecoderEngine, load_engine
 from models.types import CancelToken
 from tests.helpers import sdk
-from tests.server.serving.test_multi_model import reference, several  # noqa: F401 (several: a fixture)
-from tests.server.serving.test_multi_model import stream as multi_stream
+from tests.server.serving.helpers import reference
+from tests.server.serving.helpers import stream as multi_stream
 
 PROMPTS = ["the cat sat on the mat", "once upon a time", "what is the capital", "def fib(n):"]
 # two greedy replies, two seeded ones
@@ -300,7 +300,7 @@ class HoldThenSwitchGate(HoldGate):
 
 
 def test_batch_when_the_rung_moves_mid_batch_then_every_row_goes_on_on_the_other_model(
-    several,  # noqa: F811 (the fixture imported above)
+    several,
     tiny_pair_dirs,
     passes,
     padded,
@@ -379,7 +379,7 @@ def test_batch_when_the_governor_switches_variant_mid_batch_then_every_row_goes_
 
 
 def test_batch_when_another_model_is_asked_for_then_it_waits_for_the_batch_and_is_served(
-    several,  # noqa: F811 (the fixture imported above)
+    several,
     tiny_pair_dirs,
     passes,
     padded,

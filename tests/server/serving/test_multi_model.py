@@ -17,24 +17,9 @@ from models.types import CancelToken, GenerationParams, SamplingParams, TokenEve
 from server.serving.memory_plan import MemoryBudget
 from server.serving.served import serve_folders
 from tests.server.conftest import make_settings, responses_events, wait_ready
+from tests.server.serving.helpers import PROMPT, reference, stream
 
 MiB = 1 << 20
-PROMPT = "The quick brown fox"
-
-
-@pytest.fixture
-def several(live, tmp_path, tiny_pair_dirs, tiny_spm_dir, tiny_base_model_dir):
-    """start(**settings) -> a live server over tiny-big, tiny-small, tiny-spm and tiny-base."""
-
-    def start(governor=None, **overrides):
-        overrides = {"model": "tiny-small", "context_length": 128, **overrides}
-        settings = make_settings(tmp_path, **overrides)
-        served = serve_folders(settings, [*tiny_pair_dirs, tiny_spm_dir, tiny_base_model_dir])
-        srv = live(served=served, governor=governor, **overrides)
-        wait_ready(srv)
-        return srv, served
-
-    return start
 
 
 def models(srv) -> dict[str, dict]:
@@ -219,53 +204,6 @@ class SwitchingGate:
 
     def note_pass(self, tokens: int) -> None:
         return None
-
-
-def stream(srv, model: str, max_tokens: int) -> tuple[str, list[str], list[dict], dict]:
-    body = {
-        "model": model,
-        "prompt": PROMPT,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "governor_events": True,
-    }
-    text, names, switches, usage, event = "", [], [], {}, None
-    with httpx.Client(base_url=srv.url, timeout=30) as c, c.stream("POST", "/v1/completions", json=body) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                event = line.removeprefix("event: ")
-            elif line.startswith("data: ") and line != "data: [DONE]":
-                data = json.loads(line.removeprefix("data: "))
-                if event == "governor":
-                    switches.append(data["switch"])
-                elif data.get("usage"):
-                    usage = data["usage"]
-                else:
-                    text += "".join(ch["text"] for ch in data["choices"])
-                    names.append(data["model"])
-                event = None
-    return text, names, switches, usage
-
-
-def reference(first_dir, second_dir, n_first: int, total: int, same_tokenizer: bool) -> str:
-    """The same greedy reply, model by model, engines alone."""
-    a = load_engine(first_dir, variant="f32", threads=1, context_length=128)
-    b = load_engine(second_dir, variant="f32", threads=1, context_length=128)
-    prompt = a.text_prompt(PROMPT)
-    params = GenerationParams(SamplingParams(temperature=0), max_tokens=n_first, ignore_eos=True)
-    first = [e for e in a.generate(prompt, params) if isinstance(e, TokenEvent)]
-    shown = "".join(e.text for e in first)
-    rest_params = replace(params, max_tokens=total - n_first)
-    if same_tokenizer:
-        then = Prompt(prompt.ids + [e.token_id for e in first])
-    else:
-        then = b.continuation_prompt(PROMPT, shown)
-    events = list(b.generate(then, rest_params))
-    return shown + "".join(e.text for e in events)
 
 
 @pytest.mark.parametrize("second", ["tiny-small", "tiny-spm"])
