@@ -15,6 +15,8 @@ The governor seam (kept small on purpose), both called on the worker thread:
   engine's step hook). It may idle (device throttling), block while the running reply is paused (the
   job's CancelToken interrupts that wait when the client leaves), raise (device killed), and returns new
   limits or None.
+- a batch asks two more (Gate): `gate.pauses_new` (new work waits: no reply joins the running ones) and
+  `gate.note_pass(tokens)` (what each pass made, for the gate's meter and pace).
 - `worker.publish_governor(state)` (any thread) sends a JSON-able state to every open job; streams that
   asked for it (`governor_events: true`) forward it as SSE `event: governor`. It also wakes an idle worker
   to look at the governor's rung (`gate.rung`): once it moved below a loaded bigger model, that model is
