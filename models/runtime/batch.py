@@ -61,6 +61,9 @@ other model's decoder.add(resume=...)); the others stay. The sliding window is p
 context fills (or whose cap the governor lowers) slides its window as the one-reply engine does and
 prefills the new context. Free rows keep their keys for prefix reuse (a new reply takes the free row
 sharing the longest prefix with its prompt, within its cache scope: another client's cache is never reused).
+
+(~670 lines: the rows' shared KV buffer and the passes that read it are one layout; the probe of what a
+batch's rows do on this CPU is in batch_traits below, public, because the server asks it too.)
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 Decode binds the same KV buffers as GroupQueryAttention's past inputs and present outputs (its shared
 buffer mode), a preallocated attention mask and a preallocated logits buffer: a decode step allocates and
 copies nothing but the one-token input.
+
+Longer than most modules (~700 lines) because the binding, the buffers it binds and the session options
+that make them valid are one contract with onnxruntime: split, each half would have to know the other's
+layout.
 """
 
 from __future__ import annotations

