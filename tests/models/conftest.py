@@ -9,6 +9,6 @@ from tests.helpers import tiny_engine
 
 
 @pytest.fixture
-def tiny(request, tiny_model_dir) -> DecoderEngine:
+def tiny_decoder(request, tiny_model_dir) -> DecoderEngine:
     """The tiny real model; a module sets TINY_CONTEXT for another context length than 256."""
     return tiny_engine(tiny_model_dir, context_length=getattr(request.module, "TINY_CONTEXT", 256))

@@ -33,7 +33,7 @@ EXACT = ["f32", "q4"]  # Q4_0 matrices and a Q8_0 embedding map exactly onto bot
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny_families(tmp_path_factory):
     """family -> (gguf, converted folder, manifest fragment): Q4_0 matrices, Q8_0 embedding."""
     out = {}
     for fam in TINY:
@@ -47,8 +47,8 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def references(tiny):
-    return {fam: ReferenceForward(GGUFModel(g)).logits(IDS) for fam, (g, _, _) in tiny.items()}
+def references(tiny_families):
+    return {fam: ReferenceForward(GGUFModel(g)).logits(IDS) for fam, (g, _, _) in tiny_families.items()}
 
 
 def run_chunks(sess: DecoderSession, shape: ModelShape, chunks: list[int]) -> list[np.ndarray]:
@@ -63,8 +63,8 @@ def run_chunks(sess: DecoderSession, shape: ModelShape, chunks: list[int]) -> li
 
 @pytest.mark.parametrize("variant", EXACT)
 @pytest.mark.parametrize("family", TINY)
-def test_family_when_prefill_then_logits_match_reference(tiny, references, family, variant):
-    g, d, _ = tiny[family]
+def test_family_when_prefill_then_logits_match_reference(tiny_families, references, family, variant):
+    g, d, _ = tiny_families[family]
     shape = shape_of(GGUFModel(g))
     sess = DecoderSession(d / f"{variant}.onnx", shape, 1)
     ref = references[family]
@@ -75,9 +75,11 @@ def test_family_when_prefill_then_logits_match_reference(tiny, references, famil
 
 @pytest.mark.parametrize("variant", EXACT)
 @pytest.mark.parametrize("family", TINY)
-def test_family_when_decoding_token_by_token_then_logits_match_reference(tiny, references, family, variant):
+def test_family_when_decoding_token_by_token_then_logits_match_reference(
+    tiny_families, references, family, variant
+):
     """The shared KV buffer across decode steps, past the sliding window."""
-    g, d, _ = tiny[family]
+    g, d, _ = tiny_families[family]
     shape = shape_of(GGUFModel(g))
     sess = DecoderSession(d / f"{variant}.onnx", shape, 1)
     steps = run_chunks(sess, shape, [1] * len(IDS))
@@ -88,13 +90,13 @@ def test_family_when_decoding_token_by_token_then_logits_match_reference(tiny, r
 @pytest.mark.parametrize("variant", EXACT)
 @pytest.mark.parametrize("family", TINY)
 def test_family_when_rows_decode_as_one_batch_then_each_row_matches_reference(
-    tiny, references, family, variant
+    tiny_families, references, family, variant
 ):
     """A pass of three rows, each its own sequence at its own position over its own past (one inside the
     tiny sliding window, two past it): each row's logits are the reference's at that position."""
     from models.runtime.batch import BatchKV, BatchPass
 
-    g, d, _ = tiny[family]
+    g, d, _ = tiny_families[family]
     shape = shape_of(GGUFModel(g))
     sess = DecoderSession(d / f"{variant}.onnx", shape, 1)
     lengths = [5, 19, 12]
@@ -107,8 +109,8 @@ def test_family_when_rows_decode_as_one_batch_then_each_row_matches_reference(
 
 
 @pytest.mark.parametrize("family", TINY)
-def test_family_when_prefill_is_chunked_across_the_window_then_same_logits(tiny, references, family):
-    g, d, _ = tiny[family]
+def test_family_when_prefill_is_chunked_across_the_window_then_same_logits(tiny_families, references, family):
+    g, d, _ = tiny_families[family]
     shape = shape_of(GGUFModel(g))
     sess = DecoderSession(d / "q4.onnx", shape, 1)
     steps = run_chunks(sess, shape, [6, 7, 7])
@@ -117,8 +119,10 @@ def test_family_when_prefill_is_chunked_across_the_window_then_same_logits(tiny,
 
 
 @pytest.mark.parametrize("family", TINY)
-def test_family_when_int8_activations_then_top1_mostly_agrees(tiny, references, family, record_property):
-    g, d, _ = tiny[family]
+def test_family_when_int8_activations_then_top1_mostly_agrees(
+    tiny_families, references, family, record_property
+):
+    g, d, _ = tiny_families[family]
     shape = shape_of(GGUFModel(g))
     sess = DecoderSession(d / "q4-a8.onnx", shape, 1)
     steps = run_chunks(sess, shape, [1] * len(IDS))
@@ -200,9 +204,9 @@ def _with_attribute(d, variant: str, name: str, value: int | None):
 
 
 @pytest.mark.parametrize("family", TINY)
-def test_family_when_rope_pairing_is_flipped_then_logits_disagree(tiny, references, family):
+def test_family_when_rope_pairing_is_flipped_then_logits_disagree(tiny_families, references, family):
     """The tests above can tell interleaved from NEOX RoPE for every family."""
-    g, d, _ = tiny[family]
+    g, d, _ = tiny_families[family]
     flipped = 0 if GGUFModel(g).family.rope_interleaved else 1
     shape = shape_of(GGUFModel(g))
     sess = DecoderSession(_with_attribute(d, "f32", "rotary_interleaved", flipped), shape, 1)
@@ -210,9 +214,9 @@ def test_family_when_rope_pairing_is_flipped_then_logits_disagree(tiny, referenc
     assert np.abs(logits - references[family][-1]).max() > 100 * TOL
 
 
-def test_gemma3_when_window_removed_then_logits_disagree(tiny, references):
+def test_gemma3_when_window_removed_then_logits_disagree(tiny_families, references):
     """The sliding window is really exercised by these positions (and only sliding layers have one)."""
-    g, d, _ = tiny["gemma3"]
+    g, d, _ = tiny_families["gemma3"]
     model = onnx.load(str(d / "f32.onnx"), load_external_data=False)
     windows = [
         next((a.i for a in n.attribute if a.name == "local_window_size"), None)
@@ -226,8 +230,8 @@ def test_gemma3_when_window_removed_then_logits_disagree(tiny, references):
     assert np.abs(logits - references["gemma3"][-1]).max() > 100 * TOL
 
 
-def test_gemma3_config_when_read_then_family_values_resolved(tiny):
-    cfg = GGUFModel(tiny["gemma3"][0]).config
+def test_gemma3_config_when_read_then_family_values_resolved(tiny_families):
+    cfg = GGUFModel(tiny_families["gemma3"][0]).config
     assert (cfg.head_dim, cfg.n_kv_heads, cfg.sliding_window) == (32, 1, 8)
     assert cfg.sliding_layers == (0, 1, 2, 3, 4)
     assert [cfg.layer_rope(i).base for i in range(6)] == [10000.0] * 5 + [1e6]
@@ -251,8 +255,8 @@ def test_head_dim_256_with_one_kv_head_when_converted_then_matches_reference(tmp
 
 
 @pytest.mark.parametrize("family", TINY)
-def test_convert_when_family_then_manifest_and_genai_config_name_it(tiny, family):
-    _, d, frag = tiny[family]
+def test_convert_when_family_then_manifest_and_genai_config_name_it(tiny_families, family):
+    _, d, frag = tiny_families[family]
     arch = frag["architecture"]
     assert arch["name"] == ("llama" if family == "llama3" else family)
     assert ModelShape.from_architecture(arch).kv_bytes_per_token() == frag["kv_bytes_per_token"]
@@ -317,10 +321,10 @@ def test_reader_when_a_tensor_the_family_would_ignore_then_unsupported(tmp_path)
 
 
 @pytest.mark.parametrize("family", TINY)
-def test_genai_when_folder_loaded_then_same_greedy_ids_as_our_session(tiny, family):
+def test_genai_when_folder_loaded_then_same_greedy_ids_as_our_session(tiny_families, family):
     """Our folders stay runnable by onnxruntime-genai (genai_config.json's `type` per family)."""
     og = pytest.importorskip("onnxruntime_genai")
-    g, d, _ = tiny[family]
+    g, d, _ = tiny_families[family]
     shape = shape_of(GGUFModel(g))
     sess, kv = DecoderSession(d / "q4.onnx", shape, 1), KVCache(shape, 48)
     cfg = json.loads((d / "genai_config.json").read_text())

@@ -36,7 +36,7 @@ def constant_half_blocks(w: dict[str, np.ndarray]) -> None:
     head[:, cols % 32 < 16] = CONSTANT
 
 
-def tiny(tmp_path: Path, name: str, edit=None) -> Path:
+def tiny_gguf_file(tmp_path: Path, name: str, edit=None) -> Path:
     return write_tiny_gguf(
         tmp_path / f"{name}.gguf",
         matrix_type="Q4_1",
@@ -58,7 +58,7 @@ def test_convert_when_reencoded_variant_beyond_its_floor_then_refused_and_log_sa
     tmp_path, caplog, monkeypatch
 ):
     reencoding_plans_only(monkeypatch)
-    gguf = tiny(tmp_path, "tiny-lossy", constant_half_blocks)
+    gguf = tiny_gguf_file(tmp_path, "tiny-lossy", constant_half_blocks)
     out = tmp_path / "out"
     out.mkdir()
     said: list[str] = []
@@ -86,7 +86,7 @@ def test_convert_when_reencoding_plans_beyond_the_floor_then_the_fp32_inputs_pla
     """The re-encoding plans are refused (the head's deciding half rounded away) and the last plan, the GGUF's
     own blocks with fp32 activations into attention and ffn_down, is within the floor: installed as `fast`,
     sharing every weight with q4-a8, its 4-bit attention nodes at accuracy level 1 and the rest at 4."""
-    gguf = tiny(tmp_path, "tiny-lossy", constant_half_blocks)
+    gguf = tiny_gguf_file(tmp_path, "tiny-lossy", constant_half_blocks)
     out = tmp_path / "out"
     out.mkdir()
     frag = convert(gguf, out, threads=1, variants=["q4-a8", "fast"])
@@ -112,7 +112,7 @@ def test_convert_when_reencoded_variant_within_its_floor_then_installed_in_the_o
     """On random weights every variant's KL is noise around llama.cpp's (int8 activations, either engine),
     so this one says where the floor is: well above that noise, as a model with headroom has it. Both
     candidates asked for by name: both kept, the re-encoded bytes moved into weights.data."""
-    gguf = tiny(tmp_path, "tiny-fine")
+    gguf = tiny_gguf_file(tmp_path, "tiny-fine")
     out = tmp_path / "out"
     out.mkdir()
     floor = {"source": "given", "kl_mean": 0.5, "kl_p99": 5.0}
@@ -133,7 +133,7 @@ def test_convert_when_llama_cpp_absent_then_the_int8_reference_sets_the_floor_an
 ):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
     reencoding_plans_only(monkeypatch)
-    gguf = tiny(tmp_path, "tiny-lossy", constant_half_blocks)
+    gguf = tiny_gguf_file(tmp_path, "tiny-lossy", constant_half_blocks)
     out = tmp_path / "out"
     out.mkdir()
     frag = convert(gguf, out, threads=1, variants=["q4-a8", "fast"])
@@ -144,7 +144,7 @@ def test_convert_when_llama_cpp_absent_then_the_int8_reference_sets_the_floor_an
 
 
 def test_convert_when_not_measured_then_reencoded_variant_never_installed(tmp_path):
-    gguf = tiny(tmp_path, "tiny-unmeasured")
+    gguf = tiny_gguf_file(tmp_path, "tiny-unmeasured")
     out = tmp_path / "out"
     out.mkdir()
     frag = convert(gguf, out, threads=1, measure=False, variants=["q4-a8", "fast"])

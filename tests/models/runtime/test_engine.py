@@ -18,10 +18,10 @@ from tests.reference_llama import ReferenceLlama
 TINY_CONTEXT = 128  # the tiny fixture's context: the window tests fill it
 
 
-def test_greedy_when_tiny_model_then_matches_reference_argmax_chain(tiny, tiny_gguf):
+def test_greedy_when_tiny_model_then_matches_reference_argmax_chain(tiny_decoder, tiny_gguf):
     ref = ReferenceLlama(tiny_gguf)
-    prompt = tiny.text_prompt("the cat sat on the mat")
-    tokens, fin = run(tiny, prompt, GenerationParams(GREEDY, max_tokens=12))
+    prompt = tiny_decoder.text_prompt("the cat sat on the mat")
+    tokens, fin = run(tiny_decoder, prompt, GenerationParams(GREEDY, max_tokens=12))
     ids = list(prompt.ids)
     expected = []
     for _ in range(len(tokens)):
@@ -32,10 +32,10 @@ def test_greedy_when_tiny_model_then_matches_reference_argmax_chain(tiny, tiny_g
     assert fin.usage.completion_tokens == len(tokens)
 
 
-def test_generate_when_max_tokens_then_finish_length(tiny):
+def test_generate_when_max_tokens_then_finish_length(tiny_decoder):
     tokens, fin = run(
-        tiny,
-        tiny.text_prompt("hello"),
+        tiny_decoder,
+        tiny_decoder.text_prompt("hello"),
         GenerationParams(SamplingParams(temperature=1.0, seed=1), max_tokens=5),
     )
     # a random tiny model may emit EOS early; it must never exceed the cap
@@ -43,37 +43,39 @@ def test_generate_when_max_tokens_then_finish_length(tiny):
     assert fin.finish_reason in ("length", "stop")
 
 
-def test_seed_when_same_then_same_text_and_when_different_then_differs(tiny):
-    p = tiny.text_prompt("once upon a time")
+def test_seed_when_same_then_same_text_and_when_different_then_differs(tiny_decoder):
+    p = tiny_decoder.text_prompt("once upon a time")
 
     def sample(seed: int) -> list[int]:
-        tokens, _ = run(tiny, p, GenerationParams(SamplingParams(temperature=1.5, seed=seed), max_tokens=20))
+        tokens, _ = run(
+            tiny_decoder, p, GenerationParams(SamplingParams(temperature=1.5, seed=seed), max_tokens=20)
+        )
         return [t.token_id for t in tokens]
 
     assert sample(7) == sample(7)
     assert sample(7) != sample(8) or sample(7) != sample(9)
 
 
-def test_prefix_reuse_when_same_prompt_then_cached_and_same_output(tiny):
-    p = tiny.text_prompt("the quick brown fox jumps over the lazy dog")
-    a_tokens, a = run(tiny, p, GenerationParams(GREEDY, max_tokens=8))
-    b_tokens, b = run(tiny, p, GenerationParams(GREEDY, max_tokens=8))
+def test_prefix_reuse_when_same_prompt_then_cached_and_same_output(tiny_decoder):
+    p = tiny_decoder.text_prompt("the quick brown fox jumps over the lazy dog")
+    a_tokens, a = run(tiny_decoder, p, GenerationParams(GREEDY, max_tokens=8))
+    b_tokens, b = run(tiny_decoder, p, GenerationParams(GREEDY, max_tokens=8))
     assert a.usage.cached_tokens == 0
-    assert b.usage.cached_tokens == warm_reuse(tiny, len(p.ids))
+    assert b.usage.cached_tokens == warm_reuse(tiny_decoder, len(p.ids))
     assert [t.token_id for t in a_tokens] == [t.token_id for t in b_tokens]
 
 
-def test_prefix_reuse_when_follow_up_turn_then_only_new_tokens_prefilled(tiny):
+def test_prefix_reuse_when_follow_up_turn_then_only_new_tokens_prefilled(tiny_decoder):
     first = [{"role": "user", "content": "hello there"}]
-    tokens, fin = run(tiny, tiny.chat_prompt(first), GenerationParams(GREEDY, max_tokens=6))
+    tokens, fin = run(tiny_decoder, tiny_decoder.chat_prompt(first), GenerationParams(GREEDY, max_tokens=6))
     follow = [
         *first,
         {"role": "assistant", "content": text_of(tokens, fin)},
         {"role": "user", "content": "more"},
     ]
-    p2 = tiny.chat_prompt(follow)
-    _, fin2 = run(tiny, p2, GenerationParams(GREEDY, max_tokens=4))
-    assert fin2.usage.cached_tokens >= in_chunks(tiny, len(tiny.chat_prompt(first).ids))
+    p2 = tiny_decoder.chat_prompt(follow)
+    _, fin2 = run(tiny_decoder, p2, GenerationParams(GREEDY, max_tokens=4))
+    assert fin2.usage.cached_tokens >= in_chunks(tiny_decoder, len(tiny_decoder.chat_prompt(first).ids))
     assert fin2.timings.prompt_n == len(p2.ids) - fin2.usage.cached_tokens
 
 
@@ -86,9 +88,9 @@ def test_prefill_when_chunked_then_same_tokens_as_one_shot(tiny_model_dir):
     assert [t.token_id for t in a] == [t.token_id for t in b]
 
 
-def test_stop_when_sequence_spans_tokens_then_text_ends_before_it(tiny):
-    p = tiny.text_prompt("stop words")
-    tokens, fin = run(tiny, p, GenerationParams(GREEDY, max_tokens=30))
+def test_stop_when_sequence_spans_tokens_then_text_ends_before_it(tiny_decoder):
+    p = tiny_decoder.text_prompt("stop words")
+    tokens, fin = run(tiny_decoder, p, GenerationParams(GREEDY, max_tokens=30))
     full = text_of(tokens, fin)
     # choose a stop that straddles the boundary between two generated tokens' texts
     texts = [t.text for t in tokens]
@@ -98,23 +100,23 @@ def test_stop_when_sequence_spans_tokens_then_text_ends_before_it(tiny):
     boundary = len("".join(texts[:i]))
     stop = full[boundary - 1 : boundary + 1]
     cut = full.find(stop)
-    tokens2, fin2 = run(tiny, p, GenerationParams(GREEDY, max_tokens=30, stop=(stop,)))
+    tokens2, fin2 = run(tiny_decoder, p, GenerationParams(GREEDY, max_tokens=30, stop=(stop,)))
     assert fin2.finish_reason == "stop"
     assert text_of(tokens2, fin2) == full[:cut]
 
 
-def test_stream_when_deltas_joined_then_equal_full_decode(tiny):
+def test_stream_when_deltas_joined_then_equal_full_decode(tiny_decoder):
     tokens, fin = run(
-        tiny,
-        tiny.text_prompt("deltas"),
+        tiny_decoder,
+        tiny_decoder.text_prompt("deltas"),
         GenerationParams(SamplingParams(temperature=1.2, seed=3), max_tokens=40),
     )
     ids = [t.token_id for t in tokens]
-    assert text_of(tokens, fin) == tiny.tokenizer.decode(ids)
-    assert "\ufffd" not in "".join(t.text for t in tokens) or "\ufffd" in tiny.tokenizer.decode(ids)
+    assert text_of(tokens, fin) == tiny_decoder.tokenizer.decode(ids)
+    assert "\ufffd" not in "".join(t.text for t in tokens) or "\ufffd" in tiny_decoder.tokenizer.decode(ids)
 
 
-def test_cancel_when_set_mid_reply_then_stops_within_one_token(tiny):
+def test_cancel_when_set_mid_reply_then_stops_within_one_token(tiny_decoder):
     cancel = CancelToken()
     seen = []
 
@@ -125,8 +127,8 @@ def test_cancel_when_set_mid_reply_then_stops_within_one_token(tiny):
         return None
 
     tokens, fin = run(
-        tiny,
-        tiny.text_prompt("cancel me"),
+        tiny_decoder,
+        tiny_decoder.text_prompt("cancel me"),
         GenerationParams(GREEDY, max_tokens=50),
         cancel=cancel,
         step_hook=hook,
@@ -153,11 +155,11 @@ def test_cancel_when_set_between_prefill_chunks_then_no_token(tiny_model_dir):
     assert tokens == [] and fin.finish_reason == "cancelled"
 
 
-def test_context_when_prompt_too_long_then_error_or_truncated(tiny):
+def test_context_when_prompt_too_long_then_error_or_truncated(tiny_decoder):
     long = "word " * 400
     with pytest.raises(ContextLengthExceeded, match="context is 128 tokens"):
-        tiny.text_prompt(long)
-    p = tiny.text_prompt(long, truncate=True)
+        tiny_decoder.text_prompt(long)
+    p = tiny_decoder.text_prompt(long, truncate=True)
     assert p.truncated and len(p.ids) < 128
     msgs = (
         [{"role": "system", "content": "be brief"}]
@@ -168,13 +170,15 @@ def test_context_when_prompt_too_long_then_error_or_truncated(tiny):
         + [{"role": "user", "content": "last question"}]
     )
     with pytest.raises(ContextLengthExceeded):
-        tiny.chat_prompt(msgs)
-    p = tiny.chat_prompt(msgs, truncate=True)
-    text = tiny.tokenizer.decode(p.ids)
+        tiny_decoder.chat_prompt(msgs)
+    p = tiny_decoder.chat_prompt(msgs, truncate=True)
+    text = tiny_decoder.tokenizer.decode(p.ids)
     assert p.truncated and "be brief" in text and "last question" in text and "turn 0" not in text
 
 
-def test_sliding_window_when_thousands_of_turns_then_few_encodings_and_the_same_window(tiny, monkeypatch):
+def test_sliding_window_when_thousands_of_turns_then_few_encodings_and_the_same_window(
+    tiny_decoder, monkeypatch
+):
     """The window's first start that fits is bisected: a hostile history of 2,000 turns costs a few dozen
     encodings (one per turn before: minutes of worker time for a 1 MB body), and the window is the one the
     turn-by-turn search finds: the newest turns that fit, starting with a user turn."""
@@ -182,20 +186,20 @@ def test_sliding_window_when_thousands_of_turns_then_few_encodings_and_the_same_
         {"role": r, "content": f"t{i}" + " x" * (i % 3)} for i, r in enumerate(["user", "assistant"] * 1000)
     ]
     encodings: list[int] = []
-    real = tiny.chat_ids
+    real = tiny_decoder.chat_ids
 
     def counted(messages, tools=None):
         encodings.append(len(messages))
         return real(messages, tools)
 
-    monkeypatch.setattr(tiny, "chat_ids", counted)
-    p = tiny.chat_prompt(msgs, truncate=True, reserve=8)
+    monkeypatch.setattr(tiny_decoder, "chat_ids", counted)
+    p = tiny_decoder.chat_prompt(msgs, truncate=True, reserve=8)
     assert p.truncated and len(encodings) <= 2 + 2 * 11  # log2(1,000 user starts) ~ 10
     kept = msgs[1 + p.dropped :]
     assert kept[0]["role"] == "user" and p.ids == real([msgs[0], *kept])
-    assert len(p.ids) + 8 <= tiny.context_length
+    assert len(p.ids) + 8 <= tiny_decoder.context_length
     earlier = [i for i in range(p.dropped) if msgs[1 + i]["role"] == "user"][-1]  # the previous user start
-    assert len(real([msgs[0], *msgs[1 + earlier :]])) + 8 > tiny.context_length  # it did not fit
+    assert len(real([msgs[0], *msgs[1 + earlier :]])) + 8 > tiny_decoder.context_length  # it did not fit
 
 
 @pytest.mark.parametrize("contexts", [None, 3])
@@ -229,28 +233,28 @@ def test_sliding_window_when_no_or_huge_max_tokens_then_bounded_at_window_reply_
     assert len(capped) == bound - 1  # a smaller cap the request gives still rules
 
 
-def test_variant_switch_when_mid_reply_then_reply_continues_coherently(tiny):
-    p = tiny.text_prompt("switch variants")
-    plain, _ = run(tiny, p, GenerationParams(GREEDY, max_tokens=12))
+def test_variant_switch_when_mid_reply_then_reply_continues_coherently(tiny_decoder):
+    p = tiny_decoder.text_prompt("switch variants")
+    plain, _ = run(tiny_decoder, p, GenerationParams(GREEDY, max_tokens=12))
     calls = []
 
     def hook():
         calls.append(1)
         return EngineLimits(variant="f32") if len(calls) == 4 else None
 
-    switched, fin = run(tiny, p, GenerationParams(GREEDY, max_tokens=12), step_hook=hook)
+    switched, fin = run(tiny_decoder, p, GenerationParams(GREEDY, max_tokens=12), step_hook=hook)
     assert fin.variant == "f32"
     # the KV cache was rebuilt from the history once: every token exactly once, the last one not yet fed
-    (slot,) = tiny._slots
+    (slot,) = tiny_decoder._slots
     assert slot.tokens == [*p.ids, *(t.token_id for t in switched[:-1])]
     # q4 and f32 are both exact on this model: the greedy reply must not change at the switch
     assert [t.token_id for t in switched] == [t.token_id for t in plain]
 
 
-def test_logprobs_when_asked_then_chosen_and_top_alternatives(tiny):
+def test_logprobs_when_asked_then_chosen_and_top_alternatives(tiny_decoder):
     tokens, _ = run(
-        tiny,
-        tiny.text_prompt("logprobs"),
+        tiny_decoder,
+        tiny_decoder.text_prompt("logprobs"),
         GenerationParams(SamplingParams(temperature=0.0, logprobs=3), max_tokens=3),
     )
     for t in tokens:

@@ -50,7 +50,7 @@ def tiny_meta(*, pre: str = "smollm", add_bos: bool = False, **extra: object) ->
 
 
 @pytest.fixture(scope="module")
-def tiny() -> Tokenizer:
+def tiny_tokenizer() -> Tokenizer:
     return tokenizer_from_metadata(tiny_meta())
 
 
@@ -61,23 +61,23 @@ def pieces(tok: Tokenizer, text: str) -> list[str]:
 # -- tiny vocabulary ----------------------------------------------------------------------------------
 
 
-def test_encode_when_merges_exist_then_bpe_applies_them(tiny: Tokenizer) -> None:
-    assert pieces(tiny, "a the") == ["a", "Ġthe"]
+def test_encode_when_merges_exist_then_bpe_applies_them(tiny_tokenizer: Tokenizer) -> None:
+    assert pieces(tiny_tokenizer, "a the") == ["a", "Ġthe"]
 
 
-def test_encode_when_pre_is_smollm_then_digits_split_even_with_a_merge(tiny: Tokenizer) -> None:
-    assert pieces(tiny, "12") == ["1", "2"]
+def test_encode_when_pre_is_smollm_then_digits_split_even_with_a_merge(tiny_tokenizer: Tokenizer) -> None:
+    assert pieces(tiny_tokenizer, "12") == ["1", "2"]
     plain = tokenizer_from_metadata(tiny_meta(pre="gpt-2"))
     assert pieces(plain, "12") == ["12"]
 
 
-def test_encode_when_control_token_text_then_single_special_id(tiny: Tokenizer) -> None:
-    ids = tiny.encode("<|im_start|>the<|im_end|><tool>")
+def test_encode_when_control_token_text_then_single_special_id(tiny_tokenizer: Tokenizer) -> None:
+    ids = tiny_tokenizer.encode("<|im_start|>the<|im_end|><tool>")
     assert ids[0] == 1 and ids[-2] == 2 and ids[-1] == 3
-    assert tiny.special_ids == {0, 1, 2}
+    assert tiny_tokenizer.special_ids == {0, 1, 2}
     # Control tokens vanish from decoded text; user-defined ones stay, as llama.cpp renders them.
-    assert tiny.decode(ids) == "the<tool>"
-    assert tiny.decode(ids, skip_special_tokens=False) == "<|im_start|>the<|im_end|><tool>"
+    assert tiny_tokenizer.decode(ids) == "the<tool>"
+    assert tiny_tokenizer.decode(ids, skip_special_tokens=False) == "<|im_start|>the<|im_end|><tool>"
 
 
 def test_encode_when_add_bos_then_bos_first_unless_disabled() -> None:
@@ -95,7 +95,7 @@ def test_eos_ids_when_gguf_names_eos_and_eot_then_both_plus_control_end_tokens()
     assert 1 not in tok.eos_ids
 
 
-def test_save_when_reloaded_then_same_ids_and_facts(tiny: Tokenizer, tmp_path) -> None:
+def test_save_when_reloaded_then_same_ids_and_facts(tiny_tokenizer: Tokenizer, tmp_path) -> None:
     tok = tokenizer_from_metadata(tiny_meta(add_bos=True))
     tok.save(tmp_path)
     again = Tokenizer.load(tmp_path)
@@ -118,8 +118,8 @@ def test_save_when_sentencepiece_reloaded_then_same_ids_bytes_and_kind(tmp_path)
     assert "chat_template" not in json.loads((tmp_path / "tokenizer_config.json").read_text())
 
 
-def test_load_when_folder_predates_sentencepiece_then_byte_level(tiny: Tokenizer, tmp_path) -> None:
-    tiny.save(tmp_path)
+def test_load_when_folder_predates_sentencepiece_then_byte_level(tiny_tokenizer: Tokenizer, tmp_path) -> None:
+    tiny_tokenizer.save(tmp_path)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     for key in ("tokenizer_kind", "add_space_prefix", "add_eos_token"):
         del config[key]
@@ -151,34 +151,42 @@ def test_load_when_folder_empty_then_invalid_model_file(tmp_path) -> None:
         Tokenizer.load(tmp_path)
 
 
-def test_token_bytes_when_byte_token_then_raw_byte(tiny: Tokenizer) -> None:
-    ids = tiny.encode("é")  # no merge for it: one token per UTF-8 byte
-    assert [tiny.token_bytes(i) for i in ids] == [b"\xc3", b"\xa9"]
-    assert tiny.token_bytes(tiny.encode(" the")[0]) == b" the"
-    assert tiny.token_bytes(2) == b"<|im_end|>"
+def test_token_bytes_when_byte_token_then_raw_byte(tiny_tokenizer: Tokenizer) -> None:
+    ids = tiny_tokenizer.encode("é")  # no merge for it: one token per UTF-8 byte
+    assert [tiny_tokenizer.token_bytes(i) for i in ids] == [b"\xc3", b"\xa9"]
+    assert tiny_tokenizer.token_bytes(tiny_tokenizer.encode(" the")[0]) == b" the"
+    assert tiny_tokenizer.token_bytes(2) == b"<|im_end|>"
 
 
-def test_encode_when_special_tokens_not_parsed_then_marker_is_text(tiny: Tokenizer) -> None:
-    ids = tiny.encode("hi<|im_end|>", parse_special=False)
+def test_encode_when_special_tokens_not_parsed_then_marker_is_text(tiny_tokenizer: Tokenizer) -> None:
+    ids = tiny_tokenizer.encode("hi<|im_end|>", parse_special=False)
     assert 2 not in ids and len(ids) > 2
-    assert tiny.decode(ids) == "hi<|im_end|>"
-    assert tiny.encode("hi<tool>", parse_special=False)[-1] == 3  # user-defined tokens are always matched
+    assert tiny_tokenizer.decode(ids) == "hi<|im_end|>"
+    assert (
+        tiny_tokenizer.encode("hi<tool>", parse_special=False)[-1] == 3
+    )  # user-defined tokens are always matched
 
 
-def test_encode_when_literal_spans_then_markers_inside_are_text(tiny: Tokenizer) -> None:
+def test_encode_when_literal_spans_then_markers_inside_are_text(tiny_tokenizer: Tokenizer) -> None:
     markup, content = "<|im_start|>user\n", "hi<|im_end|><|im_start|>system"
     text = markup + content + "<|im_end|>\n"
     span = (len(markup), len(markup) + len(content))
-    ids = tiny.encode(text, add_special_tokens=False, literal_spans=[span])
-    expected = [1, *tiny.encode("user\n"), *tiny.encode(content, parse_special=False), 2, *tiny.encode("\n")]
+    ids = tiny_tokenizer.encode(text, add_special_tokens=False, literal_spans=[span])
+    expected = [
+        1,
+        *tiny_tokenizer.encode("user\n"),
+        *tiny_tokenizer.encode(content, parse_special=False),
+        2,
+        *tiny_tokenizer.encode("\n"),
+    ]
     assert ids == expected
     assert ids.count(1) == 1 and ids.count(2) == 1  # only the markup's own markers are special
     # A span without markers changes nothing; a span cutting into a marker makes that marker text.
-    assert tiny.encode("<|im_start|>ab<|im_end|>", literal_spans=[(12, 14)]) == tiny.encode(
-        "<|im_start|>ab<|im_end|>"
-    )
-    cut = tiny.encode("ab<|im_end|>", literal_spans=[(0, 3)])
-    assert 2 not in cut and cut == tiny.encode("ab<|im_end|>", parse_special=False)
+    assert tiny_tokenizer.encode(
+        "<|im_start|>ab<|im_end|>", literal_spans=[(12, 14)]
+    ) == tiny_tokenizer.encode("<|im_start|>ab<|im_end|>")
+    cut = tiny_tokenizer.encode("ab<|im_end|>", literal_spans=[(0, 3)])
+    assert 2 not in cut and cut == tiny_tokenizer.encode("ab<|im_end|>", parse_special=False)
 
 
 def test_encode_when_literal_spans_and_bos_added_then_bos_once(tmp_path) -> None:
@@ -194,26 +202,26 @@ def stream(tok: Tokenizer, ids: list[int]) -> list[str]:
 
 @pytest.mark.parametrize("text", STREAM_TEXTS)
 def test_detokenizer_when_characters_split_over_tokens_then_no_replacement_char(
-    tiny: Tokenizer, text: str
+    tiny_tokenizer: Tokenizer, text: str
 ) -> None:
-    ids = tiny.encode(text)
-    deltas = stream(tiny, ids)
+    ids = tiny_tokenizer.encode(text)
+    deltas = stream(tiny_tokenizer, ids)
     assert all("\ufffd" not in d for d in deltas)
-    assert "".join(deltas) == tiny.decode(ids) == text
+    assert "".join(deltas) == tiny_tokenizer.decode(ids) == text
     assert "" in deltas[:-1]  # some bytes really were held back
 
 
-def test_detokenizer_when_special_tokens_then_skipped_like_decode(tiny: Tokenizer) -> None:
-    ids = tiny.encode("<|im_start|>你<|im_end|>")
-    assert "".join(stream(tiny, ids)) == tiny.decode(ids) == "你"
+def test_detokenizer_when_special_tokens_then_skipped_like_decode(tiny_tokenizer: Tokenizer) -> None:
+    ids = tiny_tokenizer.encode("<|im_start|>你<|im_end|>")
+    assert "".join(stream(tiny_tokenizer, ids)) == tiny_tokenizer.decode(ids) == "你"
 
 
-def test_detokenizer_when_bytes_invalid_or_unfinished_then_same_as_decode(tiny: Tokenizer) -> None:
+def test_detokenizer_when_bytes_invalid_or_unfinished_then_same_as_decode(tiny_tokenizer: Tokenizer) -> None:
     b = byte_decoder()
-    by_byte = {v: tiny.token_to_id(k) for k, v in b.items()}
+    by_byte = {v: tiny_tokenizer.token_to_id(k) for k, v in b.items()}
     ids = [by_byte[0xFF], by_byte[ord("a")], by_byte[0xE4], by_byte[0xBD]]  # invalid byte, then a cut char
-    deltas = stream(tiny, ids)
-    assert "".join(deltas) == tiny.decode(ids) == "\ufffda\ufffd"
+    deltas = stream(tiny_tokenizer, ids)
+    assert "".join(deltas) == tiny_tokenizer.decode(ids) == "\ufffda\ufffd"
 
 
 # -- the real SmolLM2 tokenizer -------------------------------------------------------------------------

@@ -17,16 +17,16 @@ from tests.models.runtime.helpers import TIME, WEATHER, calls_of, run
 ASK = [{"role": "user", "content": "weather in Paris?"}]
 
 
-def generate(tiny, use: ToolUse, seed: int, max_tokens: int = 200):
+def generate(tiny_decoder, use: ToolUse, seed: int, max_tokens: int = 200):
     # (the tools' description alone is longer than the tiny model's 256-token context)
-    prompt = tiny.text_prompt("call")
+    prompt = tiny_decoder.text_prompt("call")
     params = GenerationParams(SamplingParams(temperature=1.0, seed=seed), max_tokens=max_tokens, tools=use)
-    return run(tiny, prompt, params)
+    return run(tiny_decoder, prompt, params)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_named_choice_when_sampled_then_one_valid_call_of_that_function(tiny, seed):
-    tokens, fin = generate(tiny, ToolUse((WEATHER, TIME), choice="get_time", parallel=False), seed)
+def test_named_choice_when_sampled_then_one_valid_call_of_that_function(tiny_decoder, seed):
+    tokens, fin = generate(tiny_decoder, ToolUse((WEATHER, TIME), choice="get_time", parallel=False), seed)
     assert fin.finish_reason == "tool_calls"
     (call,) = calls_of(tokens, fin)
     assert call["name"] == "get_time" and call["id"].startswith("call_")
@@ -35,8 +35,8 @@ def test_named_choice_when_sampled_then_one_valid_call_of_that_function(tiny, se
 
 
 @pytest.mark.parametrize("seed", [5, 6, 7])
-def test_required_when_parallel_then_every_call_valid_for_its_function(tiny, seed):
-    tokens, fin = generate(tiny, ToolUse((WEATHER, TIME), choice="required"), seed, max_tokens=250)
+def test_required_when_parallel_then_every_call_valid_for_its_function(tiny_decoder, seed):
+    tokens, fin = generate(tiny_decoder, ToolUse((WEATHER, TIME), choice="required"), seed, max_tokens=250)
     calls = calls_of(tokens, fin)
     assert calls
     schemas = {"get_weather": WEATHER.parameters, "get_time": TIME.parameters}
@@ -46,10 +46,12 @@ def test_required_when_parallel_then_every_call_valid_for_its_function(tiny, see
     assert len({c["id"] for c in calls}) == len(calls)
 
 
-def test_auto_when_sampled_then_text_or_valid_calls(tiny):
+def test_auto_when_sampled_then_text_or_valid_calls(tiny_decoder):
     seen = set()
     for seed in range(8):
-        tokens, fin = generate(tiny, ToolUse((WEATHER,), choice="auto", parallel=False), seed, max_tokens=60)
+        tokens, fin = generate(
+            tiny_decoder, ToolUse((WEATHER,), choice="auto", parallel=False), seed, max_tokens=60
+        )
         text = "".join(t.text for t in tokens) + fin.text
         calls = calls_of(tokens, fin)
         if calls:
@@ -63,19 +65,21 @@ def test_auto_when_sampled_then_text_or_valid_calls(tiny):
     assert "text" in seen  # random weights rarely open a call on their own
 
 
-def test_none_when_chosen_then_no_grammar_and_tools_not_shown(tiny):
+def test_none_when_chosen_then_no_grammar_and_tools_not_shown(tiny_decoder):
     use = ToolUse((WEATHER,), choice="none")
-    assert tiny.chat_ids(ASK, use) == tiny.chat_ids(ASK)
+    assert tiny_decoder.chat_ids(ASK, use) == tiny_decoder.chat_ids(ASK)
     assert tool_grammar(use, FORMATS["simmer"]) is None
 
 
-def test_prompt_when_template_without_tools_then_tools_described_in_system_message(tiny):
-    shown = tiny.tokenizer.decode(tiny.chat_ids(ASK, ToolUse((WEATHER,))), skip_special_tokens=False)
+def test_prompt_when_template_without_tools_then_tools_described_in_system_message(tiny_decoder):
+    shown = tiny_decoder.tokenizer.decode(
+        tiny_decoder.chat_ids(ASK, ToolUse((WEATHER,))), skip_special_tokens=False
+    )
     assert shown.startswith("<|im_start|>system\nYou can call functions")
     assert '"name": "get_weather"' in shown and "<tool_call>" in shown
 
 
-def test_prompt_when_history_has_calls_and_results_then_written_as_text(tiny):
+def test_prompt_when_history_has_calls_and_results_then_written_as_text(tiny_decoder):
     history = [
         *ASK,
         {
@@ -103,7 +107,7 @@ def test_prompt_when_history_has_calls_and_results_then_written_as_text(tiny):
         messages[3]["content"]
         == "<tool_response>\n18 C\n</tool_response>\n<tool_response>\nsunny\n</tool_response>"
     )
-    tiny.chat_ids(history, ToolUse((WEATHER,)))  # renders
+    tiny_decoder.chat_ids(history, ToolUse((WEATHER,)))  # renders
 
 
 def test_prompt_when_template_renders_tools_then_it_gets_them_and_dict_arguments():

@@ -19,15 +19,15 @@ TEXT = "Hello world, héllo 世界 🙂 <|im_start|>"
 
 
 @pytest.fixture
-def tiny(live, tiny_model_dir):
+def tiny_server(live, tiny_model_dir):
     engine = RecordingEngine(load_engine(tiny_model_dir, variant="q4", threads=1, context_length=256))
     return live(engine=engine, model=engine.model_id), engine
 
 
 @pytest.mark.parametrize("add_special", [False, True])
 @pytest.mark.parametrize("parse_special", [False, True])
-def test_tokenize_when_real_model_then_ids_equal_the_engines(tiny, add_special, parse_special) -> None:
-    srv, engine = tiny
+def test_tokenize_when_real_model_then_ids_equal_the_engines(tiny_server, add_special, parse_special) -> None:
+    srv, engine = tiny_server
     body = {"content": TEXT, "add_special": add_special, "parse_special": parse_special}
     with srv.client() as c:
         r = c.post("/tokenize", json=body)
@@ -40,8 +40,8 @@ def test_tokenize_when_real_model_then_ids_equal_the_engines(tiny, add_special, 
     assert (special[0] in expected) == (parse_special and len(special) == 1)
 
 
-def test_tokenize_when_with_pieces_then_id_and_piece_and_bytes_for_partial_characters(tiny) -> None:
-    srv, engine = tiny
+def test_tokenize_when_with_pieces_then_id_and_piece_and_bytes_for_partial_characters(tiny_server) -> None:
+    srv, engine = tiny_server
     with srv.client() as c:
         tokens = c.post("/tokenize", json={"content": TEXT, "with_pieces": True}).json()["tokens"]
         ids = c.post("/tokenize", json={"content": TEXT}).json()["tokens"]
@@ -57,8 +57,8 @@ def test_tokenize_when_with_pieces_then_id_and_piece_and_bytes_for_partial_chara
     assert any(isinstance(t["piece"], list) for t in tokens)  # the emoji is split across byte tokens
 
 
-def test_detokenize_when_ids_then_the_text_back(tiny) -> None:
-    srv, _ = tiny
+def test_detokenize_when_ids_then_the_text_back(tiny_server) -> None:
+    srv, _ = tiny_server
     with srv.client() as c:
         ids = c.post("/tokenize", json={"content": TEXT}).json()["tokens"]
         assert c.post("/detokenize", json={"tokens": ids}).json() == {"content": TEXT}
@@ -69,8 +69,8 @@ def test_detokenize_when_ids_then_the_text_back(tiny) -> None:
         assert neg.status_code == 400
 
 
-def test_apply_template_when_messages_then_the_prompt_chat_completions_feeds_the_model(tiny) -> None:
-    srv, engine = tiny
+def test_apply_template_when_messages_then_the_prompt_chat_completions_feeds_the_model(tiny_server) -> None:
+    srv, engine = tiny_server
     messages = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "hi <|im_end|> there"},  # special-token text inside content stays text

@@ -39,7 +39,7 @@ def scripted(live):
 
 
 @pytest.fixture
-def tiny(live, tiny_long_model_dir):
+def tiny_long_server(live, tiny_long_model_dir):
     return structured_server(live, tiny_long_model_dir)
 
 
@@ -134,8 +134,10 @@ class City(BaseModel):
 
 
 @pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
-def test_langchain_with_structured_output_when_invoked_then_a_parsed_object(tiny, method: str) -> None:
-    model = chat_model(tiny, max_tokens=300, temperature=1.0, seed=5)
+def test_langchain_with_structured_output_when_invoked_then_a_parsed_object(
+    tiny_long_server, method: str
+) -> None:
+    model = chat_model(tiny_long_server, max_tokens=300, temperature=1.0, seed=5)
     if method == "json_mode":  # json_mode asks for an object; the schema is only in the prompt
         reply = model.with_structured_output(City, method=method, include_raw=True).invoke("A city, as JSON.")
         assert isinstance(json.loads(reply["raw"].content), dict)
@@ -144,12 +146,14 @@ def test_langchain_with_structured_output_when_invoked_then_a_parsed_object(tiny
     assert isinstance(city, City)
 
 
-def test_langchain_bind_tools_when_a_call_is_forced_then_tool_calls_that_follow_the_schema(tiny) -> None:
+def test_langchain_bind_tools_when_a_call_is_forced_then_tool_calls_that_follow_the_schema(
+    tiny_long_server,
+) -> None:
     weather = {
         "type": "function",
         "function": {"name": "get_weather", "description": "The weather", "parameters": WEATHER_PARAMS},
     }
-    model = chat_model(tiny, max_tokens=300, temperature=1.0, seed=6).bind_tools(
+    model = chat_model(tiny_long_server, max_tokens=300, temperature=1.0, seed=6).bind_tools(
         [weather], tool_choice="get_weather", parallel_tool_calls=False
     )
     message = model.invoke("Weather in Paris?")

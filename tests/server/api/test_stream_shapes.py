@@ -64,13 +64,13 @@ def test_chat_stream_when_text_then_role_first_no_empty_content_and_an_empty_las
 
 
 @pytest.fixture
-def tiny(live, tiny_long_model_dir):
+def tiny_long_server(live, tiny_long_model_dir):
     return structured_server(live, tiny_long_model_dir)
 
 
-def test_chat_stream_when_tools_then_no_empty_content_delta(tiny):
+def test_chat_stream_when_tools_then_no_empty_content_delta(tiny_long_server):
     body = {
-        "model": tiny.engine.model_id,
+        "model": tiny_long_server.engine.model_id,
         "messages": [{"role": "user", "content": "Paris?"}],
         "tools": [WEATHER, TIME],
         "tool_choice": "required",
@@ -78,7 +78,7 @@ def test_chat_stream_when_tools_then_no_empty_content_delta(tiny):
         "temperature": 1.0,
         "seed": 2,
     }
-    stream = chunks(tiny, "/v1/chat/completions", body)
+    stream = chunks(tiny_long_server, "/v1/chat/completions", body)
     check_chat_stream(stream)
     assert any("tool_calls" in c["choices"][0]["delta"] for c in stream if c["choices"])
 
@@ -137,13 +137,13 @@ def test_responses_events_when_parallel_calls_arrive_in_one_batch_then_each_clos
     assert done == final["output"] and all(item["status"] == "completed" for item in done)
 
 
-def test_responses_stream_when_forced_calls_then_items_in_turn_and_as_the_final_output(tiny):
+def test_responses_stream_when_forced_calls_then_items_in_turn_and_as_the_final_output(tiny_long_server):
     tools = [
         {"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
         for t in (WEATHER, TIME)
     ]
     body = {
-        "model": tiny.engine.model_id,
+        "model": tiny_long_server.engine.model_id,
         "input": "Paris?",
         "tools": tools,
         "tool_choice": "required",
@@ -151,7 +151,7 @@ def test_responses_stream_when_forced_calls_then_items_in_turn_and_as_the_final_
         "temperature": 1.0,
         "seed": 3,
     }
-    events = chunks(tiny, "/v1/responses", body)
+    events = chunks(tiny_long_server, "/v1/responses", body)
     final = events[-1]["response"]
     assert open_items_in_turn(events) == list(range(len(final["output"])))
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]

@@ -68,7 +68,7 @@ def gate_for(thermal, *, ladder=(), pause_timeout_s: float = 10.0, **config) -> 
 
 
 @pytest.fixture
-def tiny_engine(tiny_model_dir):
+def recording_f32_engine(tiny_model_dir):
     return RecordingEngine(load_engine(tiny_model_dir, variant="f32", threads=1, context_length=256))
 
 
@@ -145,12 +145,12 @@ def paused(state: dict) -> bool:
 
 # -- a running stream pauses and resumes -------------------------------------------------------------------
 def test_stream_when_device_overheats_then_paused_resumed_and_no_token_lost_or_repeated(
-    live, tiny_engine, tiny_model_dir
+    live, recording_f32_engine, tiny_model_dir
 ):
     cpu = ScriptedCPU()
     sim = ThermalSimulator(get_profile("phone-heatwave"), cpu_time_fn=cpu, time_scale=100, max_cores=2)
     gate = gate_for(SimulatedThermalSource(sim))
-    srv = live(engine=tiny_engine, governor=gate, model=tiny_engine.model_id)
+    srv = live(engine=recording_f32_engine, governor=gate, model=recording_f32_engine.model_id)
 
     def heat() -> None:
         cpu.set(2.0)  # two busy cores: the forecast crosses T_throttle within a few polls
@@ -176,9 +176,11 @@ def test_stream_when_device_overheats_then_paused_resumed_and_no_token_lost_or_r
     assert gate.paused_seconds > 0
 
 
-def test_lifecycle_when_background_mid_stream_then_paused_until_foreground(live, tiny_engine, tiny_model_dir):
+def test_lifecycle_when_background_mid_stream_then_paused_until_foreground(
+    live, recording_f32_engine, tiny_model_dir
+):
     gate = gate_for(ScriptedSensor(30.0))
-    srv = live(engine=tiny_engine, governor=gate, model=tiny_engine.model_id)
+    srv = live(engine=recording_f32_engine, governor=gate, model=recording_f32_engine.model_id)
     control = httpx.Client(base_url=srv.url, timeout=10)
     resumed_at: list[float] = []
 
@@ -207,15 +209,15 @@ def test_lifecycle_when_background_mid_stream_then_paused_until_foreground(live,
 
 # -- a variant switch mid-reply ----------------------------------------------------------------------------
 def test_stream_when_level_serious_mid_reply_then_switches_to_cheaper_variant_and_finishes(
-    live, tiny_engine, caplog
+    live, recording_f32_engine, caplog
 ):
     caplog.set_level("INFO", logger="simmer.server")
     sensor = ScriptedSensor(30.0)
-    model_id = tiny_engine.model_id
+    model_id = recording_f32_engine.model_id
     ladder = [Rung(model_id, "f32", 2e-4, 1.0, 400_000), Rung(model_id, "q4-a8", 1e-4, 0.9, 100_000)]
     # forecast_s=0: the step from 30 to 42 C is a level, not a trend heading to critical
     gate = gate_for(sensor, ladder=ladder, forecast_s=0.0)
-    srv = live(engine=tiny_engine, governor=gate, model=model_id)
+    srv = live(engine=recording_f32_engine, governor=gate, model=model_id)
 
     def warm() -> None:
         sensor.celsius = 42.0  # headroom 0.97: serious, whose rung is one step cheaper
@@ -223,7 +225,7 @@ def test_stream_when_level_serious_mid_reply_then_switches_to_cheaper_variant_an
     log = stream_chat(srv, on_first_token=warm)
     assert log.fingerprints[0] == "simmer-f32"
     assert log.fingerprints[-1] == "simmer-q4-a8"
-    assert tiny_engine.variant == "q4-a8"
+    assert recording_f32_engine.variant == "q4-a8"
     assert log.usage["completion_tokens"] == REPLY_TOKENS  # the reply went on after the re-prefill
     assert any("mid-reply" in r.message and "variant=q4-a8" in r.message for r in caplog.records)
     assert [s["level"] for _, s in log.governor][-1] == "serious"

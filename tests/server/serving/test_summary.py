@@ -42,7 +42,7 @@ def wait_idle(srv, timeout: float = 60.0) -> None:
 
 
 @pytest.fixture
-def tiny(live, tmp_path, tiny_pair_dirs, tiny_base_model_dir):
+def start_pair_server(live, tmp_path, tiny_pair_dirs, tiny_base_model_dir):
     """start(**settings) -> a live server over tiny-big, tiny-small and tiny-base (context 256)."""
 
     def start(governor=None, **overrides):
@@ -93,12 +93,14 @@ def noted_prompt_tokens(srv, messages: list[dict]) -> int:
     return len(engine.chat_prompt(with_note(system + turns[j:], text), truncate=True, reserve=MAX_TOKENS).ids)
 
 
-def test_summary_when_another_salt_resends_the_turns_then_no_summary_and_the_same_prompt_as_a_guess(tiny):
+def test_summary_when_another_salt_resends_the_turns_then_no_summary_and_the_same_prompt_as_a_guess(
+    start_pair_server,
+):
     """A summary is an oracle across clients unless it is scoped as the prefix cache is: alice's turns
     (a secret in the first) are summarized; mallory resends them under her own salt, once with the right
     secret and once with a wrong one, and both are served the plain window, alike. Alice, and a salt-less
     request, are not mixed up either; alice again finds hers."""
-    srv = tiny()
+    srv = start_pair_server()
     secret = conversation()
     secret[1] = {"role": "user", "content": "turn 0: my bank PIN is 4719 " + "the cat sat on a mat " * 2}
     guess = [*secret[:1], {**secret[1], "content": secret[1]["content"].replace("4719", "4718")}, *secret[2:]]
@@ -116,8 +118,8 @@ def test_summary_when_another_salt_resends_the_turns_then_no_summary_and_the_sam
     assert chat(srv, secret, **alice)["summarized"] is True
 
 
-def test_summary_when_turns_dropped_then_first_plain_and_after_idle_summarized(tiny):
-    srv = tiny()
+def test_summary_when_turns_dropped_then_first_plain_and_after_idle_summarized(start_pair_server):
+    srv = start_pair_server()
     messages = conversation()
     first = chat(srv, messages)
     assert (first["truncated"], first["summarized"]) == (True, False)
@@ -148,10 +150,10 @@ def ollama_lines(srv, path: str, body: dict) -> list[dict]:
         return [json.loads(line) for line in r.iter_lines() if line]
 
 
-def test_summary_when_other_dialects_then_they_report_truncated_and_summarized(tiny):
+def test_summary_when_other_dialects_then_they_report_truncated_and_summarized(start_pair_server):
     """Ollama's last line (and its one object) and the Responses API's finished response (the openai SDK's,
     not streamed and streamed) say what the OpenAI bodies say."""
-    srv = tiny()
+    srv = start_pair_server()
     messages = conversation()
     chat(srv, messages)
     wait_idle(srv)
@@ -180,10 +182,10 @@ def test_summary_when_other_dialects_then_they_report_truncated_and_summarized(t
     assert (last.response.model_extra or {}).get("summarized") is True
 
 
-def test_summary_when_conversation_grows_then_summary_still_serves(tiny):
+def test_summary_when_conversation_grows_then_summary_still_serves(start_pair_server):
     """The look-ahead: a summary covers more than the first request dropped, so the next request (one turn
     pair more) still finds it."""
-    srv = tiny()
+    srv = start_pair_server()
     messages = conversation()
     chat(srv, messages)
     wait_idle(srv)
@@ -191,8 +193,8 @@ def test_summary_when_conversation_grows_then_summary_still_serves(tiny):
     assert chat(srv, longer)["summarized"] is True
 
 
-def test_summary_when_prefix_changes_then_not_used(tiny):
-    srv = tiny()
+def test_summary_when_prefix_changes_then_not_used(start_pair_server):
+    srv = start_pair_server()
     messages = conversation()
     chat(srv, messages)
     wait_idle(srv)
@@ -201,8 +203,8 @@ def test_summary_when_prefix_changes_then_not_used(tiny):
     assert (body["truncated"], body["summarized"]) == (True, False)
 
 
-def test_summary_when_setting_off_then_never(tiny):
-    srv = tiny(summary=False)
+def test_summary_when_setting_off_then_never(start_pair_server):
+    srv = start_pair_server(summary=False)
     messages = conversation()
     assert srv.app.state.runtime.summarizer is None
     assert chat(srv, messages)["summarized"] is False
@@ -211,8 +213,10 @@ def test_summary_when_setting_off_then_never(tiny):
     assert (final["truncated"], final["summarized"]) == (True, False)
 
 
-def test_summary_when_no_chat_model_in_ladder_then_never(tiny):
-    srv = tiny(ladder="tiny-base")  # the ladder's only model is a base model: no one can write a summary
+def test_summary_when_no_chat_model_in_ladder_then_never(start_pair_server):
+    srv = start_pair_server(
+        ladder="tiny-base"
+    )  # the ladder's only model is a base model: no one can write a summary
     rt = srv.app.state.runtime
     messages = conversation()
     assert chat(srv, messages)["summarized"] is False
@@ -221,10 +225,10 @@ def test_summary_when_no_chat_model_in_ladder_then_never(tiny):
     assert chat(srv, messages)["summarized"] is False
 
 
-def test_summary_when_request_arrives_mid_summary_then_preempted(tiny):
+def test_summary_when_request_arrives_mid_summary_then_preempted(start_pair_server):
     """The idle work stops at the engine's next step once a job is submitted (the worker cancels its token),
     and resumes at the next idle moment."""
-    srv = tiny()
+    srv = start_pair_server()
     rt = srv.app.state.runtime
     running = threading.Event()
     seen: dict[str, float] = {}
@@ -255,11 +259,11 @@ def test_summary_when_request_arrives_mid_summary_then_preempted(tiny):
     print(f"request arriving mid-summary answered in {latency * 1000:.1f} ms")
 
 
-def test_summary_hostile_histories(tiny):
+def test_summary_hostile_histories(start_pair_server):
     """Empty messages, tool turns and calls, a huge history: answered, and the pending work stays bounded."""
     from server.serving.summary import PENDING_MAX, SPAN_MESSAGES
 
-    srv = tiny()
+    srv = start_pair_server()
     rt = srv.app.state.runtime
     call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
     odd = [
@@ -312,12 +316,12 @@ def test_summary_real_smollm2_when_turns_dropped_then_written_and_served(live, t
     assert (second["truncated"], second["summarized"]) == (True, True)
 
 
-def test_summary_when_its_model_is_not_loaded_then_the_loaded_one_writes_and_nothing_loads(tiny):
+def test_summary_when_its_model_is_not_loaded_then_the_loaded_one_writes_and_nothing_loads(start_pair_server):
     """SIMMER_LADDER=tiny-big,tiny-small serving tiny-big: the preferred writer, tiny-small, is not loaded,
     and its load (the pool's opener, slow here: it waits for the test) cannot be interrupted. The idle moment
     loads nothing: the loaded tiny-big writes the summary, and a request submitted meanwhile never waits for
     a load. Once tiny-small is loaded (a request named it), it is the writer."""
-    srv = tiny(model="tiny-big", ladder="tiny-big,tiny-small,tiny-base")
+    srv = start_pair_server(model="tiny-big", ladder="tiny-big,tiny-small,tiny-base")
     rt = srv.app.state.runtime
     summarizer, pool = rt.summarizer, rt.served.pool
     assert summarizer.models() == ["tiny-small", "tiny-big"]  # the base model at the bottom cannot chat
@@ -388,11 +392,11 @@ class CapGate(NoGate):
         return EngineLimits(context_cap=self.cap)
 
 
-def test_summary_when_governor_caps_context_then_dropped_turns_summarized(tiny):
+def test_summary_when_governor_caps_context_then_dropped_turns_summarized(start_pair_server):
     """Turns dropped because the governor lowered the context cap (the conversation fits the 256 tokens
     configured, not the 160 of the cap) are summarized like the ones `truncate` drops."""
     messages = conversation(turns=4)
-    srv = tiny(governor=CapGate(160))
+    srv = start_pair_server(governor=CapGate(160))
     engine = srv.app.state.runtime.served.pool.engine("tiny-small")
     assert len(engine.chat_prompt(messages, reserve=MAX_TOKENS).ids) < 256  # fits without the cap
     first = chat(srv, messages)
@@ -418,7 +422,9 @@ class MidReplyCapGate(NoGate):
         return EngineLimits(context_cap=self.cap) if self.steps == self.at else None
 
 
-def test_summary_when_cap_lowered_mid_reply_then_whole_turns_dropped_and_their_summary_queued(tiny):
+def test_summary_when_cap_lowered_mid_reply_then_whole_turns_dropped_and_their_summary_queued(
+    start_pair_server,
+):
     """The conversation fits the configured 256 tokens, and the governor lowers the cap to 160 during the
     reply: the window drops the oldest turns whole mid-reply (the KV rebuilt from the system message, the
     newest turns and the reply so far), the reply says truncated, and once the client has it the dropped
@@ -426,7 +432,9 @@ def test_summary_when_cap_lowered_mid_reply_then_whole_turns_dropped_and_their_s
     writes it, and a later request of the conversation (under the lowered cap) carries it."""
     messages = conversation(turns=4)
     gate = MidReplyCapGate(160)
-    srv = tiny(governor=gate, max_batch=1)  # one reply at a time: the test reads the engine's own KV slot
+    srv = start_pair_server(
+        governor=gate, max_batch=1
+    )  # one reply at a time: the test reads the engine's own KV slot
     rt = srv.app.state.runtime
     engine = rt.served.pool.engine("tiny-small")
     system, turns = window_split(messages)
@@ -476,8 +484,8 @@ def metrics(srv) -> dict[str, float]:
     }
 
 
-def test_metrics_when_summaries_written_preempted_failed_then_counted(tiny):
-    srv = tiny()
+def test_metrics_when_summaries_written_preempted_failed_then_counted(start_pair_server):
+    srv = start_pair_server()
     rt = srv.app.state.runtime
     zero = metrics(srv)
     assert zero["simmer_summaries_written_total"] == 0 and zero["simmer_truncated_replies_total"] == 0

@@ -14,7 +14,7 @@ CONTEXT = 64
 
 
 @pytest.fixture
-def tiny(live, tmp_path, tiny_pair_dirs):
+def start_pair_server(live, tmp_path, tiny_pair_dirs):
     def start(**overrides):
         overrides = {"model": "tiny-small", "context_length": CONTEXT, **overrides}
         settings = make_settings(tmp_path, **overrides)
@@ -32,8 +32,8 @@ def post(srv, path: str, body: bytes) -> dict:
 
 
 @pytest.mark.parametrize("contexts", [None, 2])
-def test_window_when_max_tokens_huge_or_none_then_reply_bounded_with_length(tiny, contexts):
-    srv = tiny() if contexts is None else tiny(window_reply_contexts=contexts)
+def test_window_when_max_tokens_huge_or_none_then_reply_bounded_with_length(start_pair_server, contexts):
+    srv = start_pair_server() if contexts is None else start_pair_server(window_reply_contexts=contexts)
     bound = (contexts or 1) * CONTEXT
     chat = b'"messages": [{"role": "user", "content": "hi"}], "truncate": true, "ignore_eos": true'
     for max_tokens in (b', "max_tokens": 1e300', b', "max_tokens": 100000000000000000000000', b""):
@@ -50,9 +50,9 @@ def test_window_when_max_tokens_huge_or_none_then_reply_bounded_with_length(tiny
     assert CONTEXT <= used <= CONTEXT + 1  # the last token sampled needs no room in the KV
 
 
-def test_window_when_ollama_num_predict_unbounded_then_reply_bounded(tiny):
+def test_window_when_ollama_num_predict_unbounded_then_reply_bounded(start_pair_server):
     """Ollama's truncate defaults to true: `num_predict` -1 ("until a stop") or huge ends at the bound."""
-    srv = tiny()
+    srv = start_pair_server()
     for predict in (b"-1", b"1e300"):
         body = b'{"model": "tiny-small", "prompt": "hi", "raw": true, "stream": false, '
         options = b'"options": {"num_predict": ' + predict + b', "temperature": 0}}'
