@@ -249,7 +249,7 @@ class ScriptedEngine:
 
 
 @dataclass
-class Generation:
+class FakeGeneration:
     params: GenerationParams
     prompt: Prompt
     tokens: int = 0
@@ -266,7 +266,7 @@ class RecordingEngine:
 
     inner: Engine
     fail_after_tokens: int | None = None
-    generations: list[Generation] = field(default_factory=list)
+    generations: list[FakeGeneration] = field(default_factory=list)
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     @property
@@ -358,7 +358,7 @@ class RecordingEngine:
         step_hook: StepHook | None = None,
         resume: Handover | None = None,
     ) -> Iterator[TokenEvent | FinishEvent | Handover]:
-        gen = Generation(params=params, prompt=prompt or Prompt([]), resumed=resume is not None)
+        gen = FakeGeneration(params=params, prompt=prompt or Prompt([]), resumed=resume is not None)
         with self._cond:
             self.generations.append(gen)
             self._cond.notify_all()
@@ -388,7 +388,7 @@ class RecordingEngine:
             with self._cond:
                 self._cond.notify_all()
 
-    def wait_for(self, predicate: Callable[[list[Generation]], bool], timeout: float = 5.0) -> bool:
+    def wait_for(self, predicate: Callable[[list[FakeGeneration]], bool], timeout: float = 5.0) -> bool:
         """Block until predicate(generations) holds (re-checked whenever a generation starts or ends)."""
         with self._cond:
             return self._cond.wait_for(lambda: predicate(self.generations), timeout)

@@ -12,7 +12,7 @@ A dialect is a `Renderer`: it turns the collected tokens into one response, or t
               then renderer.stream(); the stream's end (done, error, client gone) is accounted for once.
 
 Accounting (serving/accounting.py): the job carries one RequestAccount; the worker (or the upstream relay)
-closes one half, this module the other (`Generation.end`, `Generation.abandon`), and the record (the log
+closes one half, this module the other (`Submission.end`, `Submission.abandon`), and the record (the log
 line and the token counters of /metrics) is written once both are in.
 """
 
@@ -91,7 +91,7 @@ async def _next_event(events: asyncio.Queue, gone: asyncio.Event, until: float |
 
 
 @dataclass
-class Generation:
+class Submission:
     """One submitted job: its events, where it runs, and its accounting."""
 
     rt: Runtime
@@ -168,7 +168,7 @@ def _parse_and_check(
     return req
 
 
-async def start(request: Request, draft: Draft, *, rid: str) -> Generation:
+async def start(request: Request, draft: Draft, *, rid: str) -> Submission:
     """Route, parse and submit the job (instead of worker.submit). Raises, before any work, what the router
     or the worker refuses: an unknown model, a forbidden upstream, a grammar that does not compile, busy,
     loading, closing."""
@@ -211,10 +211,10 @@ async def start(request: Request, draft: Draft, *, rid: str) -> Generation:
     job = Job(id=rid, request=req, sink=loop_sink(loop, events), account=account)
     # Instead of worker.submit: local or upstream; busy / loading / closing raise here, before any work.
     rt.router.start(route, job)
-    return Generation(rt, job, events, route, route.model, req.show.stream, account, arrived=arrived)
+    return Submission(rt, job, events, route, route.model, req.show.stream, account, arrived=arrived)
 
 
-async def collect(request: Request, gen: Generation) -> tuple[list[TokenEvent], FinishEvent] | None:
+async def collect(request: Request, gen: Submission) -> tuple[list[TokenEvent], FinishEvent] | None:
     """Every token and the finish; None when the client left first (the job is cancelled). A failure is
     raised (the app's handlers answer it)."""
     tokens: list[TokenEvent] = []
@@ -243,7 +243,7 @@ async def collect(request: Request, gen: Generation) -> tuple[list[TokenEvent], 
         raise
 
 
-async def wait_started(request: Request, gen: Generation) -> Started | Literal[False] | None:
+async def wait_started(request: Request, gen: Submission) -> Started | Literal[False] | None:
     """Hold the response headers until the prompt is built (usually milliseconds), so a prompt that is too
     long still gets a real 413 instead of an error in the stream. If the job waits in the queue longer than
     the ping interval, start the stream anyway (None): pings keep the client and proxies from timing out.
@@ -276,12 +276,12 @@ async def wait_started(request: Request, gen: Generation) -> Started | Literal[F
 class Renderer(Protocol):
     """One dialect's answers."""
 
-    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response: ...
+    def reply(self, gen: Submission, tokens: list[TokenEvent], finish: FinishEvent) -> Response: ...
 
-    def stream(self, gen: Generation, started: Started | None) -> Response: ...
+    def stream(self, gen: Submission, started: Started | None) -> Response: ...
 
 
-async def respond(request: Request, gen: Generation, renderer: Renderer) -> Response:
+async def respond(request: Request, gen: Submission, renderer: Renderer) -> Response:
     if gen.stream:
         started = await wait_started(request, gen)
         if started is False:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from fastapi.responses import JSONResponse, Response
 
 from models.types import FinishEvent, TokenEvent, ToolCallDelta
-from server.api.common.flow import Generation
+from server.api.common.flow import Submission
 from server.api.common.names import LATEST, model_id
 from server.api.common.streaming import Batch, End, Error, JobStreamingResponse, encode
 from server.api.common.tools import assemble_calls, call_deltas
@@ -183,19 +183,19 @@ class NdjsonRenderer:
     def named(self, model: str | None) -> str:
         return name_as_given(self.name, model) if model else self.name
 
-    def stats(self, gen: Generation, finish: FinishEvent) -> dict[str, int]:
+    def stats(self, gen: Submission, finish: FinishEvent) -> dict[str, int]:
         now = time.monotonic()
         started = gen.started if gen.started is not None else now
         return durations(finish, total_s=now - gen.arrived, load_s=started - gen.arrived)
 
-    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
+    def reply(self, gen: Submission, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
         text = "".join(ev.text for ev in tokens) + finish.text
         calls = ollama_calls(call_deltas(tokens, finish))
         name = self.named(finish.model_id)
         body = final(self.kind, name, text, tokens, finish, self.stats(gen, finish), calls)
         return JSONResponse(body, headers=gen.headers())
 
-    def stream(self, gen: Generation, started: Started | None) -> Response:
+    def stream(self, gen: Submission, started: Started | None) -> Response:
         name = self.named(started.model_id) if started is not None else self.name
         return JobStreamingResponse(
             encode(gen.events_until_end(), NdjsonEncoder(self, gen, name)),
@@ -210,7 +210,7 @@ class NdjsonEncoder:
     """Ollama's stream: one line per piece, then the final line with the stats (or an error line)."""
 
     renderer: NdjsonRenderer
-    gen: Generation
+    gen: Submission
     name: str  # the model producing the lines, from now on
     collector: CallCollector = field(default_factory=CallCollector)
 

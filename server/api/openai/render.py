@@ -27,7 +27,7 @@ from models.types import (
     ToolCallDelta,
     Usage,
 )
-from server.api.common.flow import Generation
+from server.api.common.flow import Submission
 from server.api.common.logprobs import chat_logprobs, token_text
 from server.api.common.streaming import (
     Batch,
@@ -360,7 +360,7 @@ def sse_stream(
 
 
 async def choices_stream(
-    streams: list[tuple[Generation, ChunkBuilder]], *, include_usage: bool
+    streams: list[tuple[Submission, ChunkBuilder]], *, include_usage: bool
 ) -> AsyncIterator[dict[str, Any]]:
     """The chunks of a request's n choices in one stream, as OpenAI sends them: each choice's chunks carry
     its index and come as they are made; one usage chunk (the prompt once, completion tokens added up)
@@ -385,7 +385,7 @@ class OpenAIRenderer:
     kind: Literal["chat", "text"]
     include_usage: bool
 
-    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
+    def reply(self, gen: Submission, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
         text = "".join(ev.text for ev in tokens) + finish.text
         build = chat_completion if self.kind == "chat" else text_completion
         # the model that finished the reply (the governor may have moved it to another one mid-way)
@@ -394,7 +394,7 @@ class OpenAIRenderer:
         return JSONResponse(body, headers=gen.headers())
 
     def replies(
-        self, gens: list[Generation], results: list[tuple[list[TokenEvent], FinishEvent]]
+        self, gens: list[Submission], results: list[tuple[list[TokenEvent], FinishEvent]]
     ) -> Response:
         """n choices: one body, choice i from the i-th reply."""
         build = chat_completion if self.kind == "chat" else text_completion
@@ -406,14 +406,14 @@ class OpenAIRenderer:
         body["route"] = gens[0].route.as_dict()
         return JSONResponse(body, headers=gens[0].headers())
 
-    def builder(self, gen: Generation, started: Started | None, index: int = 0) -> ChunkBuilder:
+    def builder(self, gen: Submission, started: Started | None, index: int = 0) -> ChunkBuilder:
         builder = ChunkBuilder(self.kind, gen.rid, gen.model, index)
         builder.final_fields = lambda: {"route": gen.route.as_dict()}
         if started is not None:
             builder.started(started.model_id, started.variant)
         return builder
 
-    def streams(self, gens: list[Generation], started: Started | None) -> Response:
+    def streams(self, gens: list[Submission], started: Started | None) -> Response:
         """n choices streamed: one response; choice 0's start (when known) names the model for all."""
         builders = [self.builder(gen, started, i) for i, gen in enumerate(gens)]
 
@@ -429,7 +429,7 @@ class OpenAIRenderer:
             on_close=close,
         )
 
-    def stream(self, gen: Generation, started: Started | None) -> Response:
+    def stream(self, gen: Submission, started: Started | None) -> Response:
         builder = self.builder(gen, started)
         return JobEventSource(
             sse_stream(

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from models.errors import ModelNotFound
 from models.variant_facts import floor_facts, refused_variants, variant_facts
-from server.api.common.flow import ClientGone, Generation, collect, respond, start, wait_started
+from server.api.common.flow import ClientGone, Submission, collect, respond, start, wait_started
 from server.api.common.names import LATEST
 from server.api.openai.render import OpenAIRenderer
 from server.api.openai.requests import ChatCompletionRequest, CompletionRequest
@@ -34,7 +34,7 @@ async def complete(request: Request, draft: Draft, n: int = 1) -> Response:
     renderer = OpenAIRenderer(draft.kind, draft.show.include_usage)
     if n == 1:
         return await respond(request, await start(request, draft, rid=rid), renderer)
-    gens: list[Generation] = []
+    gens: list[Submission] = []
     try:
         for i in range(n):
             gens.append(await start(request, choice_draft(draft, i), rid=rid))

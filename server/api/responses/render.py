@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from models.types import FinishEvent, TokenEvent, ToolCallDelta, Usage
-from server.api.common.flow import Generation
+from server.api.common.flow import Submission
 from server.api.common.logprobs import chat_logprobs
 from server.api.common.streaming import (
     Batch,
@@ -393,12 +393,12 @@ def _sse(event: dict[str, Any]) -> dict[str, str]:
 class ResponsesRenderer:
     response: ResponseObject
 
-    def reply(self, gen: Generation, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
+    def reply(self, gen: Submission, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
         text = "".join(ev.text for ev in tokens) + finish.text
         body = self.response.final(text, tokens, finish)
         return JSONResponse(body, headers=gen.headers())
 
-    def stream(self, gen: Generation, started: Started | None) -> Response:
+    def stream(self, gen: Submission, started: Started | None) -> Response:
         if started is not None and started.model_id:  # placed on another model than asked for: say so at once
             self.response.model = started.model_id
         return JobEventSource(
@@ -415,7 +415,7 @@ class ResponsesEncoder:
     """The Responses API's stream: response.* events numbered in order, and chat's `event: governor`
     events for a stream that asked for them."""
 
-    gen: Generation
+    gen: Submission
     events: EventStream
 
     def opening(self) -> list[dict[str, str]]:
