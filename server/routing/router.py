@@ -69,9 +69,9 @@ from server.routing.decision import (
 )
 from server.routing.relay import ChunkReader, relay
 from server.routing.upstream import Endpoint, UpstreamClient, UpstreamFailure, forward_body, to_simmer_error
+from server.serving.contracts import Job
 from server.serving.events import Failed, Started
 from server.serving.request import Mode
-from server.serving.worker import Job
 from server.settings import Settings
 
 log = logging.getLogger("simmer.routing")
@@ -111,7 +111,7 @@ class LocalSide:
 
 
 def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: str) -> LocalSide:
-    """A LocalSide over server.serving.worker.Worker."""
+    """A LocalSide over the worker (server/serving/worker.py)."""
 
     def state() -> LocalState:
         if worker.state == "failed":

@@ -10,8 +10,8 @@ from models.types import CancelToken
 from server.routing.breaker import Breaker
 from server.routing.router import LocalSide, Router
 from server.routing.upstream import UpstreamClient
+from server.serving.contracts import Job
 from server.serving.events import Failed
-from server.serving.worker import Job
 from tests import aio
 from tests.server.routing.helpers import REQUEST, local_side
 from tests.server.routing.scripted import Script, ScriptedUpstream, chat_chunk
