@@ -25,7 +25,8 @@ from server.http.security import CorsMiddleware, NoCorsMiddleware, SecurityMiddl
 from server.http.stream_slots import StreamSlots, stream_limits
 from server.routing.breaker import Breaker
 from server.routing.metrics import RoutingCollector
-from server.routing.router import build_router, device_view, local_side
+from server.routing.router import build_router
+from server.routing.sides import device_view, local_side
 from server.serving.contracts import Gate, NoGate
 from server.serving.governor_gate import GovernorGate
 from server.serving.grammars import LLGUIDANCE, Grammars
