@@ -226,7 +226,10 @@ class BatchLoop:
 
     @staticmethod
     def _pace(engine: Engine, batch: BatchDecoding, last_emit: float) -> float:
-        """The engine's tokens/s pace holds for the whole batch: a pass of n replies makes n tokens."""
+        """The engine's tokens/s pace holds for the whole batch: a pass of n replies makes n tokens. Under a
+        governor the gate's idle holds the exact pace and the engine is told the next 10 % step up
+        (governor_gate.pace_step), so this wait binds mostly for a pace set on the engine by other hands (the
+        tests slow the tiny model so), else briefly when a pass makes more tokens than the one before."""
         tps = engine.tokens_per_second
         if tps and batch.last_pass is not None:
             wait = last_emit + batch.last_pass.replies / tps - time.perf_counter()
