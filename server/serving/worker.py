@@ -49,6 +49,9 @@ State = Literal["loading", "ready", "failed", "closed"]
 
 
 class Worker:
+    """The queue and the thread that owns the engines. It takes jobs in order, hands each to its placement
+    and its batch loop, and is what a batch draws its next replies from (batch_loop.Lineup)."""
+
     def __init__(
         self,
         pool: ModelPool,
