@@ -25,14 +25,16 @@ from server.http.security import CorsMiddleware, NoCorsMiddleware, SecurityMiddl
 from server.http.stream_slots import StreamSlots, stream_limits
 from server.routing.breaker import Breaker
 from server.routing.metrics import RoutingCollector
-from server.routing.router import build_router, device_view, local_side
+from server.routing.router import build_router
+from server.routing.sides import device_view, local_side
+from server.serving.contracts import Gate, NoGate
 from server.serving.governor_gate import GovernorGate
 from server.serving.grammars import LLGUIDANCE, Grammars
 from server.serving.model_pool import LoadedView
 from server.serving.request import SamplingDefaults
 from server.serving.served import Served, serve_single
 from server.serving.summary import Summarizer, summary_models
-from server.serving.worker import Gate, NoGate, Worker
+from server.serving.worker import Worker
 from server.settings import Settings, hub_config
 
 __all__ = ["Runtime", "create_app"]

@@ -23,8 +23,8 @@ from server.http.connections import (
 )
 from server.http.security import check_bind
 from server.logs import setup_logging
+from server.serving.contracts import Gate
 from server.serving.served import Served
-from server.serving.worker import Gate
 from server.settings import Settings
 
 log = logging.getLogger("simmer.server")

@@ -22,7 +22,8 @@ Accounting (serving/accounting.py): for a job served upstream the relay is the w
 one record: it feeds the tokens and the usage, and ends that half when the upstream task ends, unless the
 job went to the local worker (which then ends it). A local refusal that goes upstream is a hand-over.
 
-The governor is read through `device_view(gate)`, the worker through `LocalSide`: both read-only.
+The governor is read through `device_view(gate)`, the worker through `LocalSide` (server/routing/sides.py):
+both read-only.
 """
 
 from __future__ import annotations
@@ -60,7 +61,6 @@ from server.routing.decision import (
     NOT_ALLOWED,
     NOT_FOUND,
     DeviceState,
-    LocalState,
     RouteInputs,
     Side,
     decide_route,
@@ -68,10 +68,11 @@ from server.routing.decision import (
     strictest,
 )
 from server.routing.relay import ChunkReader, relay
+from server.routing.sides import LocalSide
 from server.routing.upstream import Endpoint, UpstreamClient, UpstreamFailure, forward_body, to_simmer_error
+from server.serving.contracts import Job
 from server.serving.events import Failed, Started
 from server.serving.request import Mode
-from server.serving.worker import Job
 from server.settings import Settings
 
 log = logging.getLogger("simmer.routing")
@@ -95,62 +96,6 @@ class Route:
 
     def as_dict(self) -> dict[str, str]:
         return {"served": self.side, "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class LocalSide:
-    """What routing reads from, and hands to, the local worker."""
-
-    served_ids: Callable[[], set[str]]  # every model id served here (the catalog's ids)
-    default_model: Callable[[], str]  # the model a request that names none means
-    state: Callable[[], LocalState]
-    queue_full: Callable[[], bool]
-    submit: Callable[[Job], None]
-    tokens_ahead: Callable[[], int] = lambda: 0  # what the worker generates before a job submitted now
-    take_back: Callable[[Job], bool] = lambda job: False  # out of the queue, unstarted, for another side
-
-
-def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: str) -> LocalSide:
-    """A LocalSide over server.serving.worker.Worker."""
-
-    def state() -> LocalState:
-        if worker.state == "failed":
-            return "no_memory" if isinstance(worker.load_error, InsufficientMemory) else "failed"
-        return worker.state
-
-    return LocalSide(
-        served_ids=served_ids,
-        default_model=lambda: default_model,
-        state=state,
-        queue_full=lambda: worker.queue_depth >= worker.max_queue,
-        submit=worker.submit,
-        tokens_ahead=worker.tokens_ahead,
-        take_back=worker.take_back,
-    )
-
-
-def device_view(gate: Any) -> Callable[[], DeviceState | None]:
-    """The governor's state for routing, from the gate's public snapshot (None without a governor)."""
-    if gate is None:
-        return lambda: None
-
-    def read() -> DeviceState:
-        snap = gate.snapshot()
-        limits = snap.limits
-        # Heat paces the device: the governing cause is thermal and its CPU budget binds (the budget is
-        # dropped when it covers every usable core); tokens_per_second is that budget over the measured cost
-        # of a token (governor/limits.py pick_config), None while no cost is known.
-        heat_paced = snap.cause == "thermal" and limits.cpu_budget_cores is not None
-        return DeviceState(
-            level=snap.level,
-            paused=limits.pause_new,
-            lifecycle=snap.lifecycle,
-            cause=snap.cause,
-            killed=snap.device_killed,
-            pace_tok_s=limits.tokens_per_second if heat_paced and snap.enforced else None,
-        )
-
-    return read
 
 
 # Local refusals before the first token that an auto request may answer by going upstream, and what each

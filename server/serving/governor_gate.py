@@ -113,8 +113,8 @@ def decide_step(
 
 
 class GovernorGate:
-    """Implements serving.worker.Gate on top of a Governor. Also what the routes read (/v1/thermal, /health,
-    /metrics) and what create_app subscribes the worker to."""
+    """Implements serving.contracts.Gate on top of a Governor. Also what the routes read (/v1/thermal,
+    /health, /metrics) and what create_app subscribes the worker to."""
 
     def __init__(
         self,

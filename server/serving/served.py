@@ -17,6 +17,7 @@ from governor.policy import PolicyConfig
 from governor.sensors import read_memory
 from models.protocol import Engine, EngineLimits
 from server.serving.catalog import Catalog, CatalogEntry, FolderCatalog, SingleCatalog, StoreCatalog
+from server.serving.contracts import Job
 from server.serving.engine_config import EngineConfig
 from server.serving.ladder import (
     StartPlan,
@@ -31,7 +32,6 @@ from server.serving.ladder import (
 from server.serving.memory_plan import Estimate, MemoryBudget, estimate
 from server.serving.model_pool import ModelPool, Opener
 from server.serving.tokenizers import Tokenizers
-from server.serving.worker import Job
 from server.settings import Settings
 
 log = logging.getLogger("simmer.governor")

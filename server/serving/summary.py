@@ -11,7 +11,7 @@ Why it is shaped like this:
   with the same i messages finds it, and a client that edits an earlier message simply misses (the chain
   breaks there; the longest unchanged prefix with a summary still serves).
 - Never on a reply's critical path: a request only looks summaries up (a dict lookup and one extra prompt
-  encoding). Writing one is idle work (serving/worker.py IdleWork): the worker runs it only while its queue
+  encoding). Writing one is idle work (serving/contracts.py IdleWork): the worker runs it only while its queue
   is empty, and a submitted job cancels it between two engine steps (one prefill chunk or one token).
   The first request that drops turns is served the plain window and queues the work.
 - Look-ahead: in a live chat every new request drops one turn pair more than the last, so a summary of

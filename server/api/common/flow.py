@@ -38,10 +38,10 @@ from server.routing.router import HEADER as ROUTE_HEADER
 from server.routing.router import Route
 from server.serving.accounting import RequestAccount
 from server.serving.cache_scope import cache_scope
+from server.serving.contracts import Job, loop_sink
 from server.serving.events import Failed, Started
 from server.serving.grammars import CHECKS, Grammars
 from server.serving.request import Draft, GenerationRequest, SamplingDefaults, check, parse
-from server.serving.worker import Job, loop_sink
 
 if TYPE_CHECKING:
     from server.api.context import Runtime

@@ -33,8 +33,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from models.types import FinishEvent, TokenEvent
+from server.serving.contracts import Job
 from server.serving.events import Failed, GovernorState, Started, Switched
-from server.serving.worker import Job
 
 
 class Coalescer:

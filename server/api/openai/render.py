@@ -47,7 +47,7 @@ from server.http.errors import error_payload
 from server.serving.events import GovernorState, Started, Switched
 
 if TYPE_CHECKING:
-    from server.serving.worker import Job
+    from server.serving.contracts import Job
 
 
 def now() -> int:

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from models.runtime.engine import load_engine
-from server.serving.worker import NoGate
+from server.serving.contracts import NoGate
 from tests.server.conftest import MODEL
 from tests.server.fakes import RecordingEngine
 

@@ -17,8 +17,8 @@ import ollama
 import pytest
 
 from models.types import GenerationParams
+from server.serving.contracts import Job
 from server.serving.governor_gate import GovernorGate
-from server.serving.worker import Job
 from tests.server.conftest import MODEL
 from tests.server.fakes import REPLY
 

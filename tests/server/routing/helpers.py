@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from server.routing.router import LocalSide
+from server.routing.sides import LocalSide
 from tests.server.requests import chat_request
 from tests.server.routing.conftest import MODEL
 

@@ -16,8 +16,8 @@ from models.types import FinishEvent
 from server.routing.router import Router
 from server.routing.upstream import UpstreamClient
 from server.serving.accounting import RequestAccount
+from server.serving.contracts import Job
 from server.serving.events import Failed
-from server.serving.worker import Job
 from tests import aio
 from tests.server.helpers import metric, request_lines, wait_until
 from tests.server.routing.conftest import free_port
@@ -100,7 +100,9 @@ def test_account_when_local_refusal_goes_upstream_then_one_record_after_the_upst
             router.start(route, j)
             assert j.account is not None
 
-            def worker_refuses() -> None:  # as Worker._run_job does: sink the refusal, then let go
+            def worker_refuses() -> (
+                None
+            ):  # as the worker does for a reply that fails to start: sink the refusal, then let go
                 j.sink(Failed(ContextLengthExceeded("too long")))
                 j.worker_done()
 

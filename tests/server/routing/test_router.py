@@ -8,10 +8,11 @@ import json
 
 from models.types import CancelToken
 from server.routing.breaker import Breaker
-from server.routing.router import LocalSide, Router
+from server.routing.router import Router
+from server.routing.sides import LocalSide
 from server.routing.upstream import UpstreamClient
+from server.serving.contracts import Job
 from server.serving.events import Failed
-from server.serving.worker import Job
 from tests import aio
 from tests.server.routing.helpers import REQUEST, local_side
 from tests.server.routing.scripted import Script, ScriptedUpstream, chat_chunk
@@ -205,7 +206,7 @@ def test_device_view_when_heat_binds_the_budget_then_the_pace_reaches_routing() 
     from types import SimpleNamespace
 
     from governor.limits import Limits
-    from server.routing.router import device_view
+    from server.routing.sides import device_view
 
     def view(cause="thermal", budget=0.2, tok_s=6.5, enforced=True, level="serious"):
         snap = SimpleNamespace(

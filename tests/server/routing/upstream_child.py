@@ -15,7 +15,7 @@ from pathlib import Path
 from models.protocol import EngineLimits
 from server.launch import build_server
 from server.logs import setup_logging
-from server.serving.worker import NoGate
+from server.serving.contracts import NoGate
 from server.settings import Settings
 
 

@@ -540,10 +540,10 @@ def test_batch_when_prompts_arrive_together_then_prefilled_first_unless_a_reply_
     """Short prompts that arrive together all get their first token before the running replies' next one
     (the tiny model's prefill takes a millisecond, far below the stall allowed); with no stall allowed a
     prefill chunk alternates with a decode pass, as for a long prompt."""
-    import server.serving.worker as worker_module
+    import server.serving.batch_loop as batch_loop
 
     if stall_s is not None:
-        monkeypatch.setattr(worker_module, "PREFILL_STALL_S", stall_s)
+        monkeypatch.setattr(batch_loop, "PREFILL_STALL_S", stall_s)
     gate = HoldGate()
     srv, _ = serve(live, tiny_model_dir, "q4-a8", 4, gate)
     out = together(srv, gate, list(range(4)), max_tokens=4)

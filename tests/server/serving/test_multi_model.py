@@ -135,7 +135,7 @@ def test_memory_when_fewer_batch_rows_make_room_then_both_loaded_and_batches_of_
     assert complete(srv, "tiny-big").status_code == 200
     assert {m for m, e in models(srv).items() if e["loaded"]} == {"tiny-small", "tiny-big"}
     assert served.pool.rows_cap == 2
-    assert srv.app.state.runtime.worker._rows() == 2
+    assert srv.app.state.runtime.worker.placement.rows() == 2
 
 
 def test_memory_when_two_do_not_fit_together_then_the_idle_one_unloaded(several):
@@ -858,7 +858,7 @@ def test_continuation_when_a_prompt_of_token_ids_moves_to_another_tokenizer_then
     prompt is the text those ids spell in the old model's vocabulary, then the reply so far."""
     from types import SimpleNamespace
 
-    from server.serving.worker import Worker
+    from server.serving.placement import continuation
 
     old = load_engine(tiny_pair_dirs[0], threads=1, context_length=128)
     new = load_engine(tiny_spm_dir, threads=1, context_length=128)
@@ -869,5 +869,5 @@ def test_continuation_when_a_prompt_of_token_ids_moves_to_another_tokenizer_then
     handover = SimpleNamespace(generated=3, text=" there")
     spelled = b"".join(old.token_bytes(t) for t in ids).decode("utf-8", "replace")
     assert text in spelled
-    got = Worker._continuation(new, job, handover, old)  # type: ignore[arg-type]
+    got = continuation(new, job, handover, old)  # type: ignore[arg-type]
     assert got.ids == new.continuation_prompt(spelled, " there", reserve=1).ids

@@ -208,7 +208,7 @@ def test_server_when_request_leaves_sampling_out_then_settings_defaults_reach_th
 def test_worker_tokens_ahead_when_a_reply_runs_and_two_wait_then_what_is_left_of_each(live) -> None:
     """Routing's wait estimate: the running reply's max_tokens less what it generated, plus each queued
     reply's max_tokens (one without counts UNBOUNDED_REPLY_TOKENS); a client that left frees its share."""
-    from server.serving.worker import UNBOUNDED_REPLY_TOKENS
+    from server.serving.contracts import UNBOUNDED_REPLY_TOKENS
 
     srv = live(token_delay_s=0.02, reply_tokens=10_000)
     worker = srv.app.state.runtime.worker
