@@ -34,5 +34,8 @@ class Failed:
 
 
 @dataclass(frozen=True)
-class GovernorState:
+class GovernorUpdate:
+    """The governor's state as a stream shows it (level, reason, limits), when it changes mid-reply; the
+    governor's own decision state is governor/policy.py's GovernorState."""
+
     state: Mapping[str, Any]

@@ -11,7 +11,7 @@ The event loop never touches the engine. It submits a `Job` (cheap: no tokenizin
 rejected before any real work) and reads the job's events from an asyncio.Queue that the worker fills
 through `loop.call_soon_threadsafe`. Events, in order:
   Started(prompt_tokens, truncated, summarized)  -> TokenEvent* -> FinishEvent
-or Failed(error) at any point (prompt too long, engine error, shutdown). GovernorState may come anywhere.
+or Failed(error) at any point (prompt too long, engine error, shutdown). GovernorUpdate may come anywhere.
 
 `worker.publish_governor(state)` (any thread) sends a JSON-able state to every open job; streams that asked
 for it (`governor_events: true`) forward it as SSE `event: governor`. It also wakes an idle worker to look
@@ -38,7 +38,7 @@ from models.types import CancelToken
 from server.refusals import ModelLoading, ServerBusy, ShuttingDown
 from server.serving.batch_loop import BatchLoop
 from server.serving.contracts import Gate, IdleWork, Job, NoGate, Placer, Window, WorkerMetrics, reply_tokens
-from server.serving.events import Failed, GovernorState
+from server.serving.events import Failed, GovernorUpdate
 from server.serving.model_pool import ModelPool
 from server.serving.placement import Placement, requested_model
 from server.serving.reply import Desk, Held, Reply
@@ -149,7 +149,7 @@ class Worker:
             jobs = list(self._queue) + self._held.jobs()
             self._cond.notify()  # an idle worker looks at the rung (placement.rung_moved)
         for job in jobs:
-            job.sink(GovernorState(dict(state)))
+            job.sink(GovernorUpdate(dict(state)))
 
     def withdraw(self, job: Job) -> bool:
         """Take a job whose client left out of the queue at once (not when the worker reaches it), so its

@@ -34,7 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from models.types import FinishEvent, TokenEvent
 from server.serving.contracts import Job
-from server.serving.events import Failed, GovernorState, Started, Switched
+from server.serving.events import Failed, GovernorUpdate, Started, Switched
 
 
 class Coalescer:
@@ -73,7 +73,7 @@ class Coalescer:
         return batch
 
 
-# What `coalesced` yields: the worker's events with token text batched (GovernorState and Started pass as
+# What `coalesced` yields: the worker's events with token text batched (GovernorUpdate and Started pass as
 # they are). Every dialect's stream (SSE chunks, Ollama's NDJSON, Responses events) is an encoder of these.
 @dataclass(frozen=True)
 class Batch:
@@ -110,7 +110,7 @@ class Error:
         return "".join(ev.text for ev in self.events)
 
 
-Item = Batch | End | Error | GovernorState | Started | Switched
+Item = Batch | End | Error | GovernorUpdate | Started | Switched
 
 
 def switch_report(item: Switched) -> dict[str, Any]:
@@ -123,13 +123,13 @@ def switch_report(item: Switched) -> dict[str, Any]:
     }
 
 
-def governor_event(job: Job, item: GovernorState | Switched) -> dict[str, str] | None:
+def governor_event(job: Job, item: GovernorUpdate | Switched) -> dict[str, str] | None:
     """The `event: governor` SSE event of a governor state, or of a move to another model, for a stream
     that asked for them (`governor_events: true`); None otherwise: SDKs do not expect named events. Every
     SSE dialect (OpenAI's chunks, the Responses API's events) sends the same."""
     if not job.request.show.governor_events:
         return None
-    data = item.state if isinstance(item, GovernorState) else {"switch": switch_report(item)}
+    data = item.state if isinstance(item, GovernorUpdate) else {"switch": switch_report(item)}
     return {"event": "governor", "data": json.dumps(data, separators=(",", ":"))}
 
 
@@ -187,7 +187,7 @@ async def coalesced(
                     sent_tokens += len(batch)
                     yield Batch(batch)
                 yield item
-            elif isinstance(item, GovernorState | Started):
+            elif isinstance(item, GovernorUpdate | Started):
                 yield item
     finally:
         if finish is None:
@@ -222,7 +222,7 @@ class StreamEncoder(Protocol):
         """The reply goes on on another model (the held text went out before, under the old one)."""
         ...
 
-    def governor(self, item: GovernorState) -> Iterable[Any]: ...
+    def governor(self, item: GovernorUpdate) -> Iterable[Any]: ...
 
 
 async def encode(items: AsyncIterator[Item], encoder: StreamEncoder) -> AsyncGenerator[Any, None]:

@@ -22,7 +22,7 @@ from server.api.common.names import LATEST, model_id
 from server.api.common.streaming import Batch, End, Error, JobStreamingResponse, encode
 from server.api.common.tools import assemble_calls, call_deltas
 from server.http.errors import error_payload
-from server.serving.events import GovernorState, Started, Switched
+from server.serving.events import GovernorUpdate, Started, Switched
 
 if TYPE_CHECKING:
     pass
@@ -251,7 +251,7 @@ class NdjsonEncoder:
         self.name = self.renderer.named(item.model_id)  # `coalesced` sent the held text under the old name
         return []
 
-    def governor(self, item: GovernorState) -> list[bytes]:
+    def governor(self, item: GovernorUpdate) -> list[bytes]:
         return []
 
 

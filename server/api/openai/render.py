@@ -44,7 +44,7 @@ from server.api.common.tools import (
     call_deltas,
 )
 from server.http.errors import error_payload
-from server.serving.events import GovernorState, Started, Switched
+from server.serving.events import GovernorUpdate, Started, Switched
 
 if TYPE_CHECKING:
     from server.serving.contracts import Job
@@ -338,7 +338,7 @@ class ChunkEncoder:
         event = governor_event(self.job, item)
         return [event] if event is not None else []
 
-    def governor(self, item: GovernorState) -> Iterable[dict[str, Any]]:
+    def governor(self, item: GovernorUpdate) -> Iterable[dict[str, Any]]:
         event = governor_event(self.job, item) if self.builder.index == 0 else None
         return [event] if event is not None else []
 

@@ -37,7 +37,7 @@ from server.api.common.streaming import (
 from server.api.common.tools import assemble_calls, call_deltas
 from server.api.responses.requests import ResponsesRequest
 from server.http.errors import error_payload
-from server.serving.events import GovernorState, Started, Switched
+from server.serving.events import GovernorUpdate, Started, Switched
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:
@@ -446,6 +446,6 @@ class ResponsesEncoder:
         governor = governor_event(self.gen.job, item)
         return [*out, governor] if governor is not None else out
 
-    def governor(self, item: GovernorState) -> list[dict[str, str]]:
+    def governor(self, item: GovernorUpdate) -> list[dict[str, str]]:
         governor = governor_event(self.gen.job, item)
         return [governor] if governor is not None else []

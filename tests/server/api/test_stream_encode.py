@@ -8,7 +8,7 @@ from typing import Any
 
 from models.types import FinishEvent, Timings, TokenEvent, Usage
 from server.api.common.streaming import Batch, End, Error, Item, encode
-from server.serving.events import GovernorState, Started, Switched
+from server.serving.events import GovernorUpdate, Started, Switched
 from tests import aio
 
 TOKEN = TokenEvent(1, "hi", 0)
@@ -16,7 +16,7 @@ FINISH = FinishEvent("stop", Usage(1, 1), Timings(0.0, 0.0, 0.0, 0.0))
 ITEMS: list[Item] = [
     Started(prompt_tokens=1, truncated=False, model_id="a"),
     Batch([TOKEN]),
-    GovernorState({"level": "warm"}),
+    GovernorUpdate({"level": "warm"}),
     Switched("a/q4", "b", "q4", "rung moved", 1),
     Batch([TOKEN]),
     End([TOKEN], FINISH),
@@ -51,7 +51,7 @@ class Recording:
     def switched(self, item: Switched) -> list[str]:
         return self._out("switched", item)
 
-    def governor(self, item: GovernorState) -> list[str]:
+    def governor(self, item: GovernorUpdate) -> list[str]:
         return self._out("governor", item)
 
 
