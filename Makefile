@@ -28,9 +28,10 @@ run: $(STAMP)
 BATCH_TESTS := tests/models/runtime/test_batch.py tests/server/serving/test_batch_serving.py
 
 # The first loop of a change: lint, then every test that needs neither the real SmolLM2, Chromium nor Docker
-# (nothing to download or compile beyond the venv). `make test` is the whole suite, as CI runs it.
+# (nothing to download or compile beyond the venv), without the schemathesis campaign. `make test` is the
+# whole suite, as CI runs it.
 check: lint
-	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow and not browser and not docker"
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow and not browser and not docker and not campaign"
 
 # Lint, then the whole test suite. Installs, when it can, Chromium for the browser tests and the llama.cpp
 # peer (llama-cpp-python compiles llama.cpp once, ~5 minutes; pip reuses the wheel after) for the tests

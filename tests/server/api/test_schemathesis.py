@@ -28,6 +28,8 @@ from models.runtime.engine import load_engine
 from server.serving.governor_gate import GovernorGate
 from tests.server.conftest import LiveServer, make_settings, start_server
 
+pytestmark = pytest.mark.campaign  # minutes of generated requests: `make test` runs it, `make check` not
+
 MAX_REPLY = 4
 EXAMPLES_PER_OPERATION = 80  # hypothesis examples per operation, on top of schemathesis' coverage phase
 DIALECT_EXAMPLES = 30  # for the operations of the other dialects (see CONFIG)
