@@ -10,7 +10,12 @@ from bench.cpu_cost.count import CLASSES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cpu", choices=sorted(CLASSES), required=True, help="the CPU class qemu emulates")
+    p.add_argument(
+        "--cpu",
+        choices=[*sorted(CLASSES), "native"],
+        required=True,
+        help="the CPU class qemu emulates (counted), or native: this machine's CPU, timed",
+    )
     p.add_argument("--model", default=None, help="installed model id (default: SIMMER_MODEL)")
     p.add_argument(
         "--model-dir",
@@ -26,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--arm64-root", default=None, help="an unpacked arm64 root (default: unpack the cached one)"
     )
+    p.add_argument("--reps", type=int, default=3, help="native: runs per program (medians)")
     p.add_argument("--json", help="write the report here too")
 
 
@@ -63,4 +69,5 @@ def run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         prompt_tokens=args.prompt_tokens,
         decode=args.decode,
         arm64_root=Path(args.arm64_root) if args.arm64_root else None,
+        reps=args.reps,
     )

@@ -5,7 +5,8 @@
 Opens the model folder with one thread, runs the prompt's ids as one prefill, then N greedy decode steps, one
 token each (no speculation: llama_count.cpp decodes one token per step too). Before the prefill, after it and
 after every decode step it makes a marker, close(MARK_FD), which the counter plugin (insn_count.c) records;
-the generated ids go to stdout. Nothing here times anything: under qemu only the count means something.
+the generated ids go to stdout. Each marker's time goes to stderr: natively (`--cpu native`) the time is
+what is measured; under qemu only the count means something.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
+import time
 from pathlib import Path
 
 MARK_FD = 0x51EE7  # insn_count.c's: an fd no process has, so close() fails and does nothing else
+TIMES: list[int] = []  # perf_counter_ns at each marker: natively (--cpu native) the time is the measure
 
 
 def mark() -> None:
+    TIMES.append(time.perf_counter_ns())
     with contextlib.suppress(OSError):  # EBADF, as intended: the syscall is the marker
         os.close(MARK_FD)
 
@@ -55,7 +60,9 @@ def main(argv: list[str] | None = None) -> None:
             continue
         mark()
         out.append(ev.token_id)
+    # the tokens each decode step was fed (llama_count prints the same), and the markers' times
     print(",".join(str(t) for t in out[:-1]) if len(out) > 1 else "")
+    print("times " + ",".join(str(t - TIMES[0]) for t in TIMES), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 // two engines' tokens can be compared. Built against vendor/llama.cpp's static libraries (build.sh).
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -18,7 +19,15 @@
 
 static const int MARK_FD = 0x51ee7;  // insn_count.c's
 
-static void mark() { close(MARK_FD); }
+// steady-clock ns at each marker, printed to stderr at the end: natively the time is what is measured
+static std::vector<long long> times;
+
+static void mark() {
+    times.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch())
+                        .count());
+    close(MARK_FD);
+}
 
 int main(int argc, char ** argv) {
     if (argc != 4) {
@@ -34,6 +43,8 @@ int main(int argc, char ** argv) {
     llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
+    // read the weights at load, not page by page at their first use: the prefill's time is the prefill's
+    mp.use_mmap = false;
     llama_model * model = llama_model_load_from_file(argv[1], mp);
     if (!model) {
         fprintf(stderr, "cannot load %s\n", argv[1]);
@@ -70,6 +81,10 @@ int main(int argc, char ** argv) {
             fprintf(stderr, "decode failed\n");
             return 1;
         }
+    }
+    fprintf(stderr, "times ");
+    for (size_t i = 0; i < times.size(); i++) {
+        fprintf(stderr, "%lld%s", times[i] - times[0], i + 1 < times.size() ? "," : "\n");
     }
     llama_free(ctx);
     llama_model_free(model);

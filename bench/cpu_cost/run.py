@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.cpu_cost.count import CLASSES, CpuClass, phases, run_counted
+from bench.cpu_cost.count import CLASSES, Counted, CpuClass, phases, run_counted
+from bench.cpu_cost.timed import timed
 from bench.cpu_cost.weights import gguf_decode_bytes, onnx_decode_bytes
 
 HERE = Path(__file__).resolve().parent
@@ -66,46 +67,62 @@ def arm64_guest(root: Path, cpu: CpuClass) -> tuple[list[str], dict[str, str]]:
     }
 
 
-def count_simmer(
-    cpu: CpuClass, plugin: Path, model_dir: Path, variant: str, ids: list[int], decode: int, root: Path | None
-) -> dict[str, Any]:
-    if cpu.emulated_arm:
+def simmer_command(
+    cpu: CpuClass | None, model_dir: Path, variant: str, ids: list[int], decode: int, root: Path | None
+) -> tuple[list[str], dict[str, str]]:
+    """simmer's guest: the host's Python (x86 classes, and natively: cpu None) or the arm64 root's."""
+    if cpu is not None and cpu.emulated_arm:
         if root is None:
             raise ValueError("an arm64 class needs the arm64 root filesystem (--arm64-root)")
         python, env = arm64_guest(root, cpu)
     else:
         python, env = [sys.executable], {"PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     cmd = [*python, "-m", "bench.cpu_cost.guest", "--model-dir", str(model_dir), "--variant", variant]
-    counted = run_counted(
-        cpu, plugin, [*cmd, "--ids", ",".join(map(str, ids)), "--decode", str(decode)], env=env, prefix=root
-    )
+    return [*cmd, "--ids", ",".join(map(str, ids)), "--decode", str(decode)], env
+
+
+def llama_command(build_class: str, gguf: Path, ids: list[int], decode: int) -> list[str]:
+    return [str(build("llama", build_class)), str(gguf), str(decode), ",".join(map(str, ids))]
+
+
+def simmer_facts(model_dir: Path, variant: str) -> dict[str, Any]:
     entry = manifest_variant(model_dir, variant)
     return {
         "engine": "simmer",
         "variant": variant,
         "plan": entry.get("plan"),
-        "how": "counted",
-        **phases(counted.marks, len(ids), decode),
         **onnx_decode_bytes(model_dir / entry["file"]),
-        "guest_threads": counted.vcpus,
-        "tokens": counted.stdout,
     }
+
+
+def llama_facts(build_class: str, gguf: Path) -> dict[str, Any]:
+    return {
+        "engine": "llama.cpp",
+        "variant": "gguf",
+        "build": f"llama-cpp-python 0.3.36's vendor/llama.cpp, {build_class} (bench/cpu_cost/build.sh)",
+        **gguf_decode_bytes(gguf),
+    }
+
+
+def count_simmer(
+    cpu: CpuClass, plugin: Path, model_dir: Path, variant: str, ids: list[int], decode: int, root: Path | None
+) -> dict[str, Any]:
+    cmd, env = simmer_command(cpu, model_dir, variant, ids, decode, root)
+    counted = run_counted(cpu, plugin, cmd, env=env, prefix=root)
+    return {**simmer_facts(model_dir, variant), **counted_result(counted, len(ids), decode)}
 
 
 def count_llama(
     cpu: CpuClass, plugin: Path, gguf: Path, ids: list[int], decode: int, root: Path | None
 ) -> dict[str, Any]:
-    binary = build("llama", cpu.name)
-    counted = run_counted(
-        cpu, plugin, [str(binary), str(gguf), str(decode), ",".join(map(str, ids))], prefix=root
-    )
+    counted = run_counted(cpu, plugin, llama_command(cpu.name, gguf, ids, decode), prefix=root)
+    return {**llama_facts(cpu.name, gguf), **counted_result(counted, len(ids), decode)}
+
+
+def counted_result(counted: Counted, prompt_tokens: int, decode: int) -> dict[str, Any]:
     return {
-        "engine": "llama.cpp",
-        "variant": "gguf",
-        "build": f"llama-cpp-python 0.3.36 vendor/llama.cpp, {cpu.name} (bench/cpu_cost/build.sh)",
         "how": "counted",
-        **phases(counted.marks, len(ids), decode),
-        **gguf_decode_bytes(gguf),
+        **phases(counted.marks, prompt_tokens, decode),
         "guest_threads": counted.vcpus,
         "tokens": counted.stdout,
     }
@@ -146,11 +163,14 @@ def bench_cpu_cost(
     prompt_tokens: int = 32,
     decode: int = 16,
     arm64_root: Path | None = None,
+    reps: int = 3,
 ) -> dict[str, Any]:
-    cpu = CLASSES[cpu_name]
-    plugin = build("plugin")
     arch = json.loads((model_dirs[0] / "manifest.json").read_text())["architecture"]
     ids = prompt_ids(prompt_tokens, int(arch["vocab"]))
+    if cpu_name == "native":
+        return bench_native(model_dirs, variants, gguf, ids, decode, reps)
+    cpu = CLASSES[cpu_name]
+    plugin = build("plugin")
     with tempfile.TemporaryDirectory(prefix="cpu-cost-root-", dir="/var/tmp") as tmp:
         root = arm64_root
         if cpu.emulated_arm and root is None:
@@ -164,11 +184,7 @@ def bench_cpu_cost(
         if gguf is not None:
             print(f"counting llama.cpp on {cpu.name}", file=sys.stderr)
             results.append(count_llama(cpu, plugin, gguf, ids, decode, root))
-    peer = next((r for r in results if r["engine"] == "llama.cpp"), None)
-    if peer:
-        for r in results:
-            for key in ("insns_per_decoded_token", "insns_per_prompt_token"):
-                r[f"{key}_vs_llama_cpp"] = round(r[key] / peer[key], 3)
+    relative_to_peer(results, ("insns_per_decoded_token", "insns_per_prompt_token"))
     return {
         "cpu_class": cpu.name,
         "qemu": f"{cpu.qemu} -cpu {cpu.qemu_cpu} (TCG) + bench/cpu_cost/insn_count.c",
@@ -188,3 +204,61 @@ def bench_cpu_cost(
         "what_a_count_cannot_show": NOT_SHOWN,
         "results": results,
     }
+
+
+def relative_to_peer(results: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
+    """Each result's keys over llama.cpp's (the peer's, when it ran)."""
+    peer = next((r for r in results if r["engine"] == "llama.cpp"), None)
+    if peer:
+        for r in results:
+            for key in keys:
+                r[f"{key}_vs_llama_cpp"] = round(r[key] / peer[key], 3)
+
+
+def bench_native(
+    model_dirs: list[Path], variants: list[str], gguf: Path | None, ids: list[int], decode: int, reps: int
+) -> dict[str, Any]:
+    """This machine's own CPU, timed: simmer's variants (onnxruntime dispatches to this CPU's kernels) and
+    llama.cpp built for it (GGML_NATIVE=ON), plus llama.cpp's AVX2 build (on an x86 machine), the binary
+    counted under -cpu Haswell, for the calibration in docs/cpu-classes.md."""
+    import platform
+
+    results = []
+    for variant in variants:
+        model_dir = find_variant(model_dirs, variant)
+        print(f"timing simmer {variant} natively", file=sys.stderr)
+        cmd, env = simmer_command(None, model_dir, variant, ids, decode, None)
+        results.append({**simmer_facts(model_dir, variant), **timed(cmd, len(ids), decode, reps, env)})
+    if gguf is not None:
+        builds = ["native", "avx2"] if platform.machine() == "x86_64" else ["native"]
+        for build_class in builds:
+            print(f"timing llama.cpp ({build_class} build) natively", file=sys.stderr)
+            cmd = llama_command(build_class, gguf, ids, decode)
+            results.append({**llama_facts(build_class, gguf), **timed(cmd, len(ids), decode, reps)})
+    relative_to_peer(results, ("ms_per_decoded_token", "ms_per_prompt_token"))
+    return {
+        "cpu_class": "native",
+        "cpu": cpu_model(),
+        "model": str(model_dirs[0]),
+        "gguf": str(gguf) if gguf else None,
+        "threads": 1,
+        "prompt_tokens": len(ids),
+        "prompt_ids": ids,
+        "decode_steps": decode,
+        "method": (
+            "the counted guests run natively, each in its own process, `reps` times; time read at the same "
+            "markers; medians. Per decoded token: (time after 2N steps - after N) / N. The *_vs_llama_cpp "
+            "ratios are over the first llama.cpp build listed (native)."
+        ),
+        "results": results,
+    }
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
