@@ -8,6 +8,8 @@
 #                                           simmer's benchmarks compare with, built for CLASS:
 #       avx2        x86-64, GGML_NATIVE=OFF, AVX2 + FMA + F16C + BMI2, no AVX-512 (what -cpu Haswell runs)
 #       native      x86-64, GGML_NATIVE=ON: this machine's own best (AVX-512 VNNI here), timed, never counted
+#       sse42       x86-64, SSE 4.2 only (no AVX): for the calibration alone (docs/cpu-classes.md), one program
+#                   both counted under -cpu Haswell and timed natively, as avx2 is
 #       cortex-a76  aarch64, -mcpu=cortex-a76 (dot product), Debian's gcc-aarch64-linux-gnu cross compilers
 #       cortex-a72  aarch64, -mcpu=cortex-a72 (no dot product)
 # The llama.cpp programs are linked statically: under qemu-user they need no guest libraries.
@@ -16,7 +18,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${SIMMER_CPU_COST_BUILD:-$HOME/.cache/simmer-cpu-cost}"
 mkdir -p "$out"
-what="${1:?usage: build.sh plugin | llama avx2|native|cortex-a76|cortex-a72}"
+what="${1:?usage: build.sh plugin | llama avx2|native|sse42|cortex-a76|cortex-a72}"
 
 if [ "$what" = plugin ]; then
     [ -f "$out/libinsn_count.so" ] && [ "$out/libinsn_count.so" -nt "$here/insn_count.c" ] && { echo "$out/libinsn_count.so"; exit 0; }
@@ -25,7 +27,7 @@ if [ "$what" = plugin ]; then
     exit 0
 fi
 [ "$what" = llama ] || { echo "unknown: $what" >&2; exit 2; }
-class="${2:?usage: build.sh llama avx2|native|cortex-a76|cortex-a72}"
+class="${2:?usage: build.sh llama avx2|native|sse42|cortex-a76|cortex-a72}"
 binary="$out/llama_count-$class"
 [ -x "$binary" ] && [ "$binary" -nt "$here/llama_count.cpp" ] && { echo "$binary"; exit 0; }
 
@@ -47,6 +49,11 @@ avx2)
     ;;
 native)
     flags=(-DGGML_NATIVE=ON)
+    cxx=g++
+    ;;
+sse42)
+    flags=(-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF
+        -DGGML_BMI2=OFF -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF)
     cxx=g++
     ;;
 cortex-a76 | cortex-a72)
