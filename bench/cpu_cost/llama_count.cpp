@@ -44,7 +44,7 @@ int main(int argc, char ** argv) {
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     // read the weights at load, not page by page at their first use: the prefill's time is the prefill's
-    mp.use_mmap = false;
+    mp.load_mode = LLAMA_LOAD_MODE_NONE;
     llama_model * model = llama_model_load_from_file(argv[1], mp);
     if (!model) {
         fprintf(stderr, "cannot load %s\n", argv[1]);
