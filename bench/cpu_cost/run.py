@@ -219,8 +219,8 @@ def bench_native(
     model_dirs: list[Path], variants: list[str], gguf: Path | None, ids: list[int], decode: int, reps: int
 ) -> dict[str, Any]:
     """This machine's own CPU, timed: simmer's variants (onnxruntime dispatches to this CPU's kernels) and
-    llama.cpp built for it (GGML_NATIVE=ON), plus llama.cpp's AVX2 build (on an x86 machine), the binary
-    counted under -cpu Haswell, for the calibration in docs/cpu-classes.md."""
+    llama.cpp built for it (GGML_NATIVE=ON), plus llama.cpp's AVX2 and SSE 4.2 builds (on an x86 machine),
+    the binaries counted under -cpu Haswell, for the calibration in docs/cpu-classes.md."""
     import platform
 
     results = []
@@ -230,7 +230,8 @@ def bench_native(
         cmd, env = simmer_command(None, model_dir, variant, ids, decode, None)
         results.append({**simmer_facts(model_dir, variant), **timed(cmd, len(ids), decode, reps, env)})
     if gguf is not None:
-        builds = ["native", "avx2"] if platform.machine() == "x86_64" else ["native"]
+        # avx2 and sse42: one program each, counted under -cpu Haswell and timed here (the calibration)
+        builds = ["native", "avx2", "sse42"] if platform.machine() == "x86_64" else ["native"]
         for build_class in builds:
             print(f"timing llama.cpp ({build_class} build) natively", file=sys.stderr)
             cmd = llama_command(build_class, gguf, ids, decode)
