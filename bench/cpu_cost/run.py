@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from bench.cpu_cost.count import CLASSES, Counted, CpuClass, phases, run_counted
-from bench.cpu_cost.timed import timed
+from bench.cpu_cost.timed import timed_rounds
 from bench.cpu_cost.weights import gguf_decode_bytes, onnx_decode_bytes
 
 HERE = Path(__file__).resolve().parent
@@ -223,19 +223,20 @@ def bench_native(
     the binaries counted under -cpu Haswell, for the calibration in docs/cpu-classes.md."""
     import platform
 
-    results = []
+    facts: list[dict[str, Any]] = []
+    programs: list[tuple[list[str], dict[str, str] | None]] = []
     for variant in variants:
         model_dir = find_variant(model_dirs, variant)
-        print(f"timing simmer {variant} natively", file=sys.stderr)
-        cmd, env = simmer_command(None, model_dir, variant, ids, decode, None)
-        results.append({**simmer_facts(model_dir, variant), **timed(cmd, len(ids), decode, reps, env)})
+        facts.append(simmer_facts(model_dir, variant))
+        programs.append(simmer_command(None, model_dir, variant, ids, decode, None))
     if gguf is not None:
         # avx2 and sse42: one program each, counted under -cpu Haswell and timed here (the calibration)
         builds = ["native", "avx2", "sse42"] if platform.machine() == "x86_64" else ["native"]
         for build_class in builds:
-            print(f"timing llama.cpp ({build_class} build) natively", file=sys.stderr)
-            cmd = llama_command(build_class, gguf, ids, decode)
-            results.append({**llama_facts(build_class, gguf), **timed(cmd, len(ids), decode, reps)})
+            facts.append(llama_facts(build_class, gguf))
+            programs.append((llama_command(build_class, gguf, ids, decode), None))
+    print(f"timing {len(programs)} programs natively, {reps} rounds", file=sys.stderr)
+    results = [{**f, **t} for f, t in zip(facts, timed_rounds(programs, len(ids), decode, reps), strict=True)]
     relative_to_peer(results, ("ms_per_decoded_token", "ms_per_prompt_token"))
     return {
         "cpu_class": "native",
@@ -247,9 +248,9 @@ def bench_native(
         "prompt_ids": ids,
         "decode_steps": decode,
         "method": (
-            "the counted guests run natively, each in its own process, `reps` times; time read at the same "
-            "markers; medians. Per decoded token: (time after 2N steps - after N) / N. The *_vs_llama_cpp "
-            "ratios are over the first llama.cpp build listed (native)."
+            "the counted guests run natively, each in its own process, `reps` rounds, interleaved; time "
+            "read at the same markers; medians. Per decoded token: (time after 2N steps - after N) / N. "
+            "The *_vs_llama_cpp ratios are over the first llama.cpp build listed (native)."
         ),
         "results": results,
     }

@@ -26,28 +26,36 @@ def marker_times(
     return [int(t) for t in line.split(" ", 1)[1].split(",")], proc.stdout.strip()
 
 
-def timed(
-    cmd: list[str], prompt_tokens: int, decode: int, reps: int, env: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """Median over `reps` runs (one process each) of the prefill's and the decode's time per token, decode
-    as (time after 2N steps - after N) / N like the counts."""
+def timed_rounds(
+    programs: list[tuple[list[str], dict[str, str] | None]], prompt_tokens: int, decode: int, reps: int
+) -> list[dict[str, Any]]:
+    """Each program `reps` times (one process each), interleaved round by round (a shared machine's load
+    drifts over minutes); per program the median over runs of the prefill's and the decode's time per
+    token, decode as (time after 2N steps - after N) / N like the counts."""
     half = decode // 2
-    prompt, dec = [], []
-    tokens = ""
+    prompt: list[list[float]] = [[] for _ in programs]
+    dec: list[list[float]] = [[] for _ in programs]
+    tokens = [""] * len(programs)
     for _ in range(reps):
-        t, tokens = marker_times(cmd, env)
-        if len(t) != decode + 2:
-            raise RuntimeError(f"expected {decode + 2} markers, got {len(t)}")
-        prompt.append((t[1] - t[0]) / prompt_tokens)
-        dec.append((t[1 + decode] - t[1 + half]) / half)
-    ms_prompt, ms_decode = statistics.median(prompt) / 1e6, statistics.median(dec) / 1e6
-    return {
-        "how": "timed",
-        "reps": reps,
-        "ms_per_prompt_token": round(ms_prompt, 3),
-        "ms_per_decoded_token": round(ms_decode, 3),
-        "prompt_tok_s": round(1000 / ms_prompt, 1),
-        "decode_tok_s": round(1000 / ms_decode, 1),
-        "ms_per_decoded_token_runs": [round(x / 1e6, 3) for x in dec],
-        "tokens": tokens,
-    }
+        for i, (cmd, env) in enumerate(programs):
+            t, tokens[i] = marker_times(cmd, env)
+            if len(t) != decode + 2:
+                raise RuntimeError(f"expected {decode + 2} markers, got {len(t)}")
+            prompt[i].append((t[1] - t[0]) / prompt_tokens)
+            dec[i].append((t[1 + decode] - t[1 + half]) / half)
+    out = []
+    for i in range(len(programs)):
+        ms_prompt, ms_decode = statistics.median(prompt[i]) / 1e6, statistics.median(dec[i]) / 1e6
+        out.append(
+            {
+                "how": "timed",
+                "reps": reps,
+                "ms_per_prompt_token": round(ms_prompt, 3),
+                "ms_per_decoded_token": round(ms_decode, 3),
+                "prompt_tok_s": round(1000 / ms_prompt, 1),
+                "decode_tok_s": round(1000 / ms_decode, 1),
+                "ms_per_decoded_token_runs": [round(x / 1e6, 3) for x in dec[i]],
+                "tokens": tokens[i],
+            }
+        )
+    return out
