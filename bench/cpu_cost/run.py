@@ -176,14 +176,14 @@ def bench_cpu_cost(
         if cpu.emulated_arm and root is None:
             root = unpacked_arm64_root(Path(tmp))
         results = []
+        if gguf is not None:  # first: a minute, where each of simmer's takes several (Python, onnxruntime)
+            print(f"counting llama.cpp on {cpu.name}", file=sys.stderr)
+            results.append(count_llama(cpu, plugin, gguf, ids, decode, root))
         for variant in variants:
             print(f"counting simmer {variant} on {cpu.name}", file=sys.stderr)
             results.append(
                 count_simmer(cpu, plugin, find_variant(model_dirs, variant), variant, ids, decode, root)
             )
-        if gguf is not None:
-            print(f"counting llama.cpp on {cpu.name}", file=sys.stderr)
-            results.append(count_llama(cpu, plugin, gguf, ids, decode, root))
     relative_to_peer(results, ("insns_per_decoded_token", "insns_per_prompt_token"))
     return {
         "cpu_class": cpu.name,
