@@ -59,7 +59,9 @@ def arm64_guest(root: Path, cpu: CpuClass) -> tuple[list[str], dict[str, str]]:
         check=True,
     ).stdout
     (root / "proc").mkdir(exist_ok=True)
-    (root / "proc" / "cpuinfo").write_text(cpuinfo)
+    # a new file, not the old one rewritten: a root copied with hard links (cp -al) keeps its own
+    (root / "proc" / "cpuinfo.new").write_text(cpuinfo)
+    (root / "proc" / "cpuinfo.new").replace(root / "proc" / "cpuinfo")
     site = next((root / "src" / ".venv" / "lib").glob("python3*/site-packages"))
     return [str(root / "usr" / "bin" / "python3")], {
         "PYTHONPATH": f"{REPO}:{site}",
