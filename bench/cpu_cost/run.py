@@ -28,8 +28,8 @@ REPO = HERE.parent.parent
 NOT_SHOWN = (
     "Instructions retired, counted under qemu's TCG: work, not time. A count cannot show caches or memory "
     "stalls (a decode step reads every weight: bandwidth-bound on a small core), how many instructions a "
-    "core retires per cycle (SIMD width and ports: a Cortex-A76 issues two 128-bit NEON ops a cycle, an A72 "
-    "two narrower pipes; an instruction of one ISA is not one of another), nor clocks, throttling or the "
+    "core retires per cycle (SIMD width, vector pipes and latencies differ between cores running the same "
+    "instruction; an instruction of one ISA is not one of another), nor clocks, throttling or the "
     "other threads' share of the core. Ranks the code paths of one CPU class; compare ratios within a "
     "class, not counts across classes."
 )
