@@ -1,5 +1,5 @@
-"""`simmer bench engine | server | sustained | soak | json | concurrency`: benchmarks that print JSON (and a
-peer)."""
+"""`simmer bench engine | server | sustained | soak | json | concurrency | cpu-cost`: benchmarks that print
+JSON (and a peer)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,15 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     c.add_argument("--max-tokens", type=int, default=128)
     c.add_argument("--rounds", type=int, default=3)
     c.add_argument("--json")
+    from bench.cpu_cost import cli as cpu_cost
+
+    cpu_cost.add_arguments(
+        sub.add_parser("cpu-cost", help="guest instructions per token on an emulated CPU class")
+    )
     args = p.parse_args(argv)
+    if args.what == "cpu-cost":
+        _write(cpu_cost.run(args, settings), args.json)
+        return 0
     if args.what == "concurrency":
         from bench.concurrency import bench_concurrency
 

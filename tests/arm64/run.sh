@@ -7,6 +7,7 @@
 #                                 each emulated core: cortex-a72 (no dot product), cortex-a76 (dot product),
 #                                 max (+ i8mm); one JSON per core into $SIMMER_ARM64_OUT (default studies/results)
 #   tests/arm64/run.sh shell [CMD...]   a shell (or CMD) in the root, the working tree at /src
+#   tests/arm64/run.sh count      only the instruction count of the tiny model's decode steps (below)
 #
 # 1. the cached root filesystem with the dependencies installed (tests/arm64/rootfs.sh; built on the first
 #    run or when pyproject.toml's [project] table changes, ~30 min on 2 cores; reused after)
@@ -15,6 +16,7 @@
 # 3. the tests that depend on the architecture (tests/models, tests/governor; ARM64_TESTS=tests: all of them)
 #    as `make test` runs them (pytest -n 2 --dist loadfile), minus the slow ones, then the one slow end-to-end
 #    test; pulls and converted models are cached in $SIMMER_ARM64_CACHE/simmer-test
+# 4. on the host, the tiny model's decode steps counted on the emulated core (bench/cpu_cost, docs/cpu-classes.md)
 # Everything emulated runs under nice -n 19. Each step prints its wall time; the last line is the verdict.
 #
 # env: QEMU_CPU (cortex-a76: the core emulated, and the /proc/cpuinfo shown), SIMMER_ARM64_CACHE
@@ -77,10 +79,18 @@ test)
     step "in the root ($QEMU_CPU): the end-to-end test (simmer pull, simmer serve, a greedy chat against x86's answer)"
     run_in "$QEMU_CPU" bash -c 'cd /src && .venv/bin/python -m pytest -q -p no:cacheprovider -rA --durations=5 tests/test_exact_answer_e2e.py'
     e2e=$?
+    # From the host: the instruction counter needs Debian's dynamic qemu-aarch64 (-plugin), which runs the
+    # root's Python through -L; its first run builds the plugin and llama.cpp for the core (~10 min).
+    step "on the host: count the tiny model's decode steps on cortex-a76 (tests/bench/test_cpu_cost.py)"
+    command -v qemu-aarch64 >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user >/dev/null
+    (cd "$repo" && SIMMER_ARM64_ROOT="$root" nice -n 10 "${SIMMER_HOST_PYTHON:-$repo/.venv/bin/python}" -m pytest \
+        -q -p no:cacheprovider -rA tests/bench/test_cpu_cost.py -k cortex_a76)
+    counted=$?
     set -e
     step "verdict"
-    echo "not-slow suite: exit $suite; end-to-end: exit $e2e (QEMU_CPU=$QEMU_CPU, wall $(($(date +%s) - t0)) s)"
-    [ "$suite" -eq 0 ] && [ "$e2e" -eq 0 ]
+    echo "not-slow suite: exit $suite; end-to-end: exit $e2e; counted: exit $counted" \
+        "(QEMU_CPU=$QEMU_CPU, wall $(($(date +%s) - t0)) s)"
+    [ "$suite" -eq 0 ] && [ "$e2e" -eq 0 ] && [ "$counted" -eq 0 ]
     ;;
 quality)
     out="${SIMMER_ARM64_OUT:-$repo/studies/results}"
@@ -101,11 +111,16 @@ print(t, converted_cache_dir() / "quality-smollm2")'
     done
     step "done: $out/quality-arm64-*.json"
     ;;
+count)
+    step "on the host: count the tiny model's decode steps on cortex-a76 (tests/bench/test_cpu_cost.py)"
+    cd "$repo" && SIMMER_ARM64_ROOT="$root" nice -n 10 "${SIMMER_HOST_PYTHON:-$repo/.venv/bin/python}" -m pytest \
+        -q -p no:cacheprovider -rA tests/bench/test_cpu_cost.py -k cortex_a76
+    ;;
 shell)
     run_in "$QEMU_CPU" bash -c 'cd /src && exec "${@:-bash}"' shell "$@"
     ;;
 *)
-    echo "usage: $0 [test|quality|shell [CMD...]]" >&2
+    echo "usage: $0 [test|quality|count|shell [CMD...]]" >&2
     exit 2
     ;;
 esac
