@@ -42,5 +42,8 @@ for file in $tests; do
         failed=1
     fi
 done
+# the instruction counter on the tiny model (it runs qemu itself; builds llama.cpp for AVX2 the first time)
+echo "== tests/bench/test_cpu_cost.py (counted under qemu-x86_64 -cpu Haswell)"
+SIMMER_COUNT_CPU=1 .venv/bin/python -m pytest -p no:cacheprovider -q -rs tests/bench/test_cpu_cost.py || failed=1
 [ "$failed" -eq 0 ] && echo "test-avx2: passed" || echo "test-avx2: FAILED"
 exit "$failed"
