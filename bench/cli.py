@@ -166,14 +166,14 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
         _write(report, args.json)
         return 0
     if args.what == "engine":
-        from bench.engine import bench_engine
+        from bench.engine_bench import bench_engine
 
         store = ModelStore(settings.home)
         installed = store.load(args.model or settings.model)
         variants = args.variants.split(",") if args.variants else sorted(installed.variants)
         threads = [int(t) for t in args.threads.split(",")]
         if args.workload:
-            from bench.engine import bench_workload
+            from bench.engine_bench import bench_workload
 
             gguf = None if args.no_peer else _gguf_for(store, installed, args.gguf)
             report = bench_workload(
@@ -199,7 +199,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             energy_only=args.energy_only,
         )
     elif args.what == "server":
-        from bench.server import bench_server
+        from bench.server_bench import bench_server
 
         report = bench_server(settings, reps=args.reps)
     elif args.what == "soak":

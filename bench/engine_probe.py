@@ -3,7 +3,7 @@
     python -m bench.engine_probe '{"engine": "simmer", "model_dir": ..., "variant": "q4-a8", "threads": 2}'
     python -m bench.engine_probe '{"engine": "llama.cpp", "gguf": ..., "threads": 2}'
 prints one JSON object. Both engines are driven the same way from Python: greedy argmax per token, on the
-same token ids (`known_ids` in the config: the model's own known prompt, see bench/engine.py).
+same token ids (`known_ids` in the config: the model's own known prompt, see bench/engine_bench.py).
 A simmer config may also say "spin": "auto" (the default: a pool spins while unpaced) | "on" | "off".
 
 Energy per token: cpu_s_per_token is the process CPU time (user + system, all threads) from the first

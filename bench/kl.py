@@ -128,7 +128,7 @@ def bench_kl(
     """Every variant and (with `peer`) llama.cpp against the fp32 reference of the GGUF."""
     import tempfile
 
-    from bench.engine import run_probe
+    from bench.engine_bench import run_probe
 
     with tempfile.TemporaryDirectory() as tmp:
         ref = str(Path(tmp) / "reference.npy")

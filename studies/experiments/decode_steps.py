@@ -39,7 +39,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.engine import known_prompt, machine, run_probe
+from bench.engine_bench import known_prompt, machine, run_probe
 from bench.engine_probe import DECODE_TOKENS, PROMPT_TOKENS, LlamaCppDriver, SimmerDriver, long_ids
 
 

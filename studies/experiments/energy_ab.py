@@ -13,7 +13,7 @@ import json
 import statistics
 from typing import Any
 
-from bench.engine import run_probe
+from bench.engine_bench import run_probe
 
 
 def main() -> None:

@@ -252,7 +252,7 @@ def run(
     work: Path,
     modes: tuple[str, ...] = MODES,
 ) -> dict[str, Any]:
-    from bench.engine import machine, run_probe
+    from bench.engine_bench import machine, run_probe
 
     manifest = json.loads((model_dir / "manifest.json").read_text())
     entry = manifest["variants"][variant]

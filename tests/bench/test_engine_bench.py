@@ -1,8 +1,8 @@
-"""bench/engine.py's pieces that need no model."""
+"""bench/engine_bench.py's pieces that need no model."""
 
 from __future__ import annotations
 
-from bench.engine import run_probe, summarize
+from bench.engine_bench import run_probe, summarize
 
 
 def test_run_probe_when_probe_outlives_timeout_then_error_entry_not_exception():
@@ -35,7 +35,7 @@ def test_workload_probe_when_peers_then_each_replies_and_simmer_is_compared_with
 
     pytest.importorskip("llama_cpp")
     pytest.importorskip("onnxruntime_genai")
-    from bench.engine import summarize_workload
+    from bench.engine_bench import summarize_workload
     from bench.workload_probe import PEERS, probe
 
     cfg = {"model_dir": str(tiny_model_dir), "variant": "q4", "threads": 1, "workload": "rewrite"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.engine import config_name, energy, simmer_configs
+from bench.engine_bench import config_name, energy, simmer_configs
 
 
 def test_simmer_configs_when_threads_then_one_thread_once_and_pools_with_and_without_spinning():
@@ -49,7 +49,7 @@ def test_energy_when_summaries_then_cheapest_first_with_ratio_to_llama_cpp_at_th
 def test_quality_and_disk_when_manifest_then_each_variant_and_llama_cpp_side_by_side(tmp_path):
     import json
 
-    from bench.engine import quality_and_disk, ratios
+    from bench.engine_bench import quality_and_disk, ratios
     from bench.report import variants_table
 
     (tmp_path / "fast.onnx").write_bytes(b"x" * 10)
