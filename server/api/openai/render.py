@@ -132,6 +132,12 @@ def summed_usage(usages: list[dict]) -> dict:
     usage = dict(usages[0])
     usage["completion_tokens"] = sum(u["completion_tokens"] for u in usages)
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    if any("models" in u for u in usages):  # simmer's tokens per model: each choice's added up
+        models: dict[str, int] = {}
+        for u in usages:
+            for model, n in u.get("models", {}).items():
+                models[model] = models.get(model, 0) + n
+        usage["models"] = models
     return usage
 
 

@@ -219,6 +219,7 @@ def test_chat_when_n_choices_then_each_is_the_reply_of_its_own_seed_and_usage_ad
     alone = [client.chat.completions.create(seed=5 + i, **ask) for i in range(3)]
     assert [c.message.content for c in both.choices] == [a.choices[0].message.content for a in alone]
     assert both.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    assert both.usage.model_extra["models"] == {ask["model"]: both.usage.completion_tokens}  # per model too
     assert both.usage.prompt_tokens == alone[0].usage.prompt_tokens
     assert both.usage.total_tokens == both.usage.prompt_tokens + both.usage.completion_tokens
     text = client.completions.create(model=ask["model"], prompt="once", n=2, max_tokens=4, temperature=0)
@@ -234,6 +235,7 @@ def test_chat_when_n_choices_then_each_is_the_reply_of_its_own_seed_and_usage_ad
             usage.append(chunk.usage)
     assert streamed == {i: c.message.content for i, c in enumerate(both.choices)}
     assert len(usage) == 1 and usage[0].completion_tokens == both.usage.completion_tokens
+    assert usage[0].model_extra["models"] == both.usage.model_extra["models"]
     with httpx.stream(
         "POST",
         f"{tiny_server.url}/v1/completions",
