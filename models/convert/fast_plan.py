@@ -50,25 +50,31 @@ class Plan:
         return Encoding(enc.bits, block, enc.zero_point)
 
 
-# The third plan re-encodes nothing: SmolLM2's Q4_1 file has no wider matrix for the 8-bit plan and no
-# headroom for the 4-bit one, and its q4-a8 is 1.24x llama.cpp's KL. It gives the inputs where int8 rounding
-# costs most fp32 activations, and keeps int8 ones for ffn_gate/ffn_up (half of each layer's weights) and
-# the head. SmolLM2, the pull's 512-token text, llama.cpp's KL 0.00250 (p99 0.0118) as the floor:
-# | fp32 inputs on | KL mean | KL p99 |
-# |---|---|---|
-# | nothing (q4-a8) | 0.00310 | 0.0187 |
-# | ffn_down | within | 0.0143 |
-# | ffn_down, attn_output | within | 0.0122 |
-# | ffn_down, attn_output, attn_v | 0.00162 | 0.0071 |
-# | ffn_down, attn_output, attn_q/k/v (this plan) | 0.00132 | 0.0059 |
-# | ffn_down, ffn_gate, ffn_up | 0.00165 | 0.0091 |
-# This plan keeps half the floor's margin on the p99 (another CPU's int8 kernels round differently) and one
-# node for the fused q/k/v. The same in the first half of the layers only gave 0.00206 (p99 0.0115) and was
-# 1 % faster over six interleaved rounds (SmolLM2): not worth that margin. 8-bit matrices keep int8 inputs
-# (fp32 ones there run 32-48x slower: linear.py).
+# The last two plans re-encode nothing: SmolLM2's Q4_1 file has no wider matrix for the 8-bit plan and no
+# headroom for the 4-bit one, and its q4-a8 is 1.24x llama.cpp's KL. They give fp32 activations to the inputs
+# where int8 rounding costs most, and keep int8 ones everywhere else. SmolLM2, the pull's 512-token text,
+# llama.cpp's KL 0.00250 (p99 0.0118) as the floor, measured on an AVX-512 VNNI CPU:
+# | fp32 inputs on | share of the weights | KL mean | KL p99 |
+# |---|---|---|---|
+# | nothing (q4-a8) | 0 | 0.00310 | 0.0187 |
+# | attn_k | 3 % | 0.00294 | 0.0143 |
+# | attn_v | 3 % | 0.00251 | 0.0127 |
+# | attn_k, attn_v (the third plan) | 6 % | 0.00194 | 0.0088 |
+# | attn_v, attn_output | 12 % | 0.00250 | 0.0175 |
+# | attn_q/k/v, attn_output, ffn_down in the first half of the layers | 25 % | 0.00206 | 0.0115 |
+# | ffn_down | 25 % | within | 0.0143 |
+# | attn_q/k/v, attn_output, ffn_down (the fourth plan) | 50 % | 0.00132 | 0.0059 |
+# The key and value projections feed every later position's attention through the cache, so their rounding
+# counts more than their size: the third plan gets under the floor with an eighth of the fourth's fp32-input
+# weights. What fp32 inputs cost depends on the CPU (counted per decoded token under an emulated AVX2 CPU,
+# SmolLM2: q4-a8 0.60x llama.cpp's instructions, the fourth plan 1.21x: docs/cpu-classes.md), so the plans
+# go cheapest first on every class: each is a subset of the next one's fp32 inputs. The fourth stays for a
+# model whose keys and values are not enough. 8-bit matrices keep int8 inputs (fp32 ones there run 32-48x
+# slower: linear.py).
 PLANS = (
     Plan("4-bit", Encoding(4, 32, zero_point=True), Encoding(8, 32, False), Encoding(8, 32, False)),
     Plan("8-bit", None, Encoding(8, 32, False), Encoding(8, 32, False)),
+    Plan("fp32 inputs on attn_k/attn_v", None, None, None, fp32_inputs=("attn_k", "attn_v")),
     Plan(
         "fp32 inputs but ffn_gate/ffn_up",
         None,

@@ -82,10 +82,21 @@ def test_convert_when_reencoded_variant_beyond_its_floor_then_refused_and_log_sa
     assert floor["kl_mean"] > 0 and floor["method"]
 
 
-def test_convert_when_reencoding_plans_beyond_the_floor_then_the_fp32_inputs_plan_installed(tmp_path):
-    """The re-encoding plans are refused (the head's deciding half rounded away) and the last plan, the GGUF's
-    own blocks with fp32 activations into attention and ffn_down, is within the floor: installed as `fast`,
-    sharing every weight with q4-a8, its 4-bit attention nodes at accuracy level 1 and the rest at 4."""
+def accuracy_levels(onnx_file: Path) -> dict[str, int]:
+    """Each MatMulNBits node's accuracy_level, by its codes' initializer."""
+    graph = onnx.load(str(onnx_file), load_external_data=False).graph
+    levels: dict[str, int] = {}
+    for node in (n for n in graph.node if n.op_type == "MatMulNBits"):
+        attrs = {a.name: a.i for a in node.attribute}
+        levels[node.input[1]] = attrs["accuracy_level"]
+    return levels
+
+
+def test_convert_when_reencoding_plans_beyond_the_floor_then_the_keys_and_values_take_fp32_inputs(tmp_path):
+    """The re-encoding plans are refused (the head's deciding half rounded away); the next plan, the GGUF's
+    own blocks with fp32 activations into the key and value projections alone, is within the floor:
+    installed as `fast`, sharing every weight with q4-a8, the fused projection cut in two nodes (the query's
+    at accuracy level 4, the key's and value's at 1) and every other node at 4."""
     gguf = tiny_gguf_file(tmp_path, "tiny-lossy", constant_half_blocks)
     out = tmp_path / "out"
     out.mkdir()
@@ -93,14 +104,32 @@ def test_convert_when_reencoding_plans_beyond_the_floor_then_the_fp32_inputs_pla
     fast = frag["variants"]["fast"]
     verdicts = {a["plan"]: a["verdict"] for a in fast["attempts"]}
     assert verdicts["4-bit"].startswith("KL mean") and verdicts["8-bit"].startswith("KL mean")
-    assert fast["plan"] == PLANS[-1].name and verdicts[PLANS[-1].name] == "within the floor"
+    assert fast["plan"] == "fp32 inputs on attn_k/attn_v" and list(verdicts)[-1] == fast["plan"]
     assert check(fast["quality"], frag["quality_floor"]) is None
     assert not (out / "fast.data").exists() and fast["files"] == ["fast.onnx", "weights.data"]
-    graph = onnx.load(str(out / "fast.onnx"), load_external_data=False).graph
-    levels: dict[str, int] = {}
-    for node in (n for n in graph.node if n.op_type == "MatMulNBits"):
-        attrs = {a.name: a.i for a in node.attribute}
-        levels[node.input[1]] = attrs["accuracy_level"]
+    levels = accuracy_levels(out / "fast.onnx")
+    fp32 = {name for name, level in levels.items() if level == 1}
+    assert fp32 and all(".attn_qkv.1_3." in name for name in fp32)  # k and v: the fused run's last two
+    assert all(level == 4 for name, level in levels.items() if name not in fp32)
+    assert any(".attn_qkv.0_1." in name for name in levels)  # the query apart, at int8 inputs
+    assert "fp32 activations" in fast["quant_map"]["Q4_1"]
+
+
+def test_convert_when_keys_and_values_are_not_enough_then_the_wider_fp32_inputs_plan_installed(
+    tmp_path, monkeypatch
+):
+    """Without the keys-and-values plan (as for a model it leaves beyond the floor), the widest plan
+    is installed: fp32 activations into all of attention and ffn_down."""
+    monkeypatch.setattr(pipeline, "PLANS", tuple(p for p in PLANS if p.fp32_inputs != ("attn_k", "attn_v")))
+    gguf = tiny_gguf_file(tmp_path, "tiny-lossy", constant_half_blocks)
+    out = tmp_path / "out"
+    out.mkdir()
+    frag = convert(gguf, out, threads=1, variants=["q4-a8", "fast"])
+    fast = frag["variants"]["fast"]
+    verdicts = {a["plan"]: a["verdict"] for a in fast["attempts"]}
+    assert fast["plan"] == PLANS[-1].name and verdicts[PLANS[-1].name] == "within the floor"
+    assert check(fast["quality"], frag["quality_floor"]) is None
+    levels = accuracy_levels(out / "fast.onnx")
     fp32 = {name for name, level in levels.items() if level == 1}
     assert fp32 and all(level in (1, 4) for level in levels.values())
     assert all(".attn" in name for name in fp32)  # ffn_down is Q6_K here: 8-bit nodes keep int8 inputs
