@@ -487,3 +487,29 @@ def test_generate_when_the_governor_paces_then_only_the_gate_waits_for_the_pace(
     assert len(slept) >= n - 1
     assert all(1 / pace - wall < s <= 1 / pace for s in slept)  # the rest of 1 / pace after a pass
     assert wall < 0.5 * (n - 1) / pace  # no other wait: the pace would be ~1.9 s of wall time
+
+
+def test_pace_gate_when_a_reply_runs_then_it_comes_at_the_pace(tiny_model_dir):
+    """The tests' pacing gate (tests/server/fakes.py PaceGate), which slows the tiny model where a test needs
+    a reply to last, holds the pace with the real gate's rule: a reply of n tokens takes at least n - 1
+    intervals of 1 / pace (a lower bound only: a loaded machine is slower, never faster)."""
+    from models.types import GenerationParams, SamplingParams, TokenEvent
+    from tests.helpers import tiny_engine
+    from tests.server.fakes import PaceGate
+
+    pace, n = 50.0, 10
+    gate = PaceGate(pace)
+    engine = tiny_engine(tiny_model_dir, speculation="off")
+    cancel = CancelToken()
+    gate.before_job(cancel, time.monotonic())
+    params = GenerationParams(SamplingParams(temperature=0.0), max_tokens=n, ignore_eos=True)
+    t0 = time.monotonic()
+    events = engine.generate(
+        engine.text_prompt("once upon a time"),
+        params,
+        cancel=cancel,
+        step_hook=lambda: gate.before_step(cancel),
+    )
+    assert sum(isinstance(e, TokenEvent) for e in events) == n
+    assert time.monotonic() - t0 >= (n - 1) / pace
+    assert len(gate.idled) >= n - 1
