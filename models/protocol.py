@@ -24,15 +24,16 @@ from models.types import (
 @dataclass(frozen=True)
 class EngineLimits:
     """What the governor asks of the engine; applied between tokens and prefill chunks.
-    None means "no limit / keep current"."""
+    None means "no limit / keep current". Every field is the governor's Limits field of the same name."""
 
     threads: int | None = None
     variant: str | None = None
     context_cap: int | None = None
     max_tokens: int | None = None
-    tokens_per_second: float | None = None
     # May the thread pools spin between runs? False: the governor paces, and a pool spinning through the
     # idle it leaves burns the thermal envelope on nothing. None: the engine's own setting (SIMMER_SPIN).
+    # This is all the engine hears of the pace: no tokens/s here, because the gate
+    # (server/serving/governor_gate.py) holds the pace, idling between passes, and no one else sleeps for it.
     spin: bool | None = None
     # The model the reply should run on. Another model's id, returned by the step hook, ends the
     # generation with a Handover event (the engine cannot switch model itself: the caller owns the models).
@@ -40,23 +41,24 @@ class EngineLimits:
 
 
 # Whether an engine's sessions spin (onnxruntime's session.intra_op.allow_spinning), from its setting
-# (SIMMER_SPIN), the governor's decision (EngineLimits.spin), its own pace and its threads:
+# (SIMMER_SPIN), the governor's decision (EngineLimits.spin) and its threads:
 #   one thread    -> no (no pool to spin: a session keyed "spinning" would be the same session built again
 #                    every time the pace comes or goes)
 #   setting "on"  -> spin (the operator's choice, whatever the governor says)
 #   setting "off" -> never
 #   setting "auto":
 #     the governor says False (it paces: a CPU budget or a tokens/s pace) -> no
-#     a tokens/s pace on the engine (EngineLimits without a word on spin)  -> no
 #     otherwise (unpaced: nominal, or no governor)                         -> spin
+# The governor says False whenever it paces (governor/limits.py pool_spin), so the engine learns that its
+# work is paced without being told the pace, which only the gate holds.
 # The gate keys its cost meter with the same function (server/serving/governor_gate.py); the engine its
 # sessions (models/runtime/engine.py session_key).
-def pool_spins(setting: str, governor: bool | None, tokens_per_second: float | None, threads: int) -> bool:
+def pool_spins(setting: str, governor: bool | None, threads: int) -> bool:
     if threads <= 1:
         return False
     if setting != "auto":
         return setting == "on"
-    return governor is not False and not tokens_per_second
+    return governor is not False
 
 
 @dataclass(frozen=True)
@@ -160,9 +162,6 @@ class Engine(Protocol):
     can_chat: bool  # False without a chat template: chat_prompt raises ModelNotChat
     vocab_size: int  # logits per position; token ids are 0..vocab_size-1 (logit_bias is checked against it)
     tokenizer_key: str  # equal for two models exactly when their token ids mean the same text
-    # The pace in force (EngineLimits.tokens_per_second; None: unpaced). generate() holds it itself; a batch
-    # leaves it to its caller, for whom a pass of n replies makes n tokens.
-    tokens_per_second: float | None
 
     @property
     def model_dir(self) -> Path | None:

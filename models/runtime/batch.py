@@ -9,8 +9,8 @@ The worker thread owns a BatchDecoder per engine and drives it:
 Each call returns the events it produced as (slot, TokenEvent | FinishEvent | RowError); a FinishEvent or a
 RowError frees the slot.
 The caller interleaves prefill() and step() as it likes (a long prompt is prefilled a chunk at a time
-between decode passes, so running replies keep streaming), and paces the passes (EngineLimits'
-tokens_per_second applies to the batch: step() never sleeps).
+between decode passes, so running replies keep streaming); step() never sleeps: the governor's gate paces
+the passes (server/serving/governor_gate.py: a pass of n replies makes n tokens).
 
 How it runs. The KV buffer is one array per layer of [slots, kv_heads, context, head_dim]: row b is a
 reply's cache. A prefill chunk runs one row alone, through a [1, ...] view of it (the graph's batch 1, as
@@ -627,7 +627,7 @@ class BatchDecoder:
 
     # -- the governor ------------------------------------------------------------------------------------
     def apply_limits(self, limits: EngineLimits) -> list[BatchEvent]:
-        """Threads, variant, context cap, max tokens, pace for the whole batch (between passes), as the
+        """Threads, variant, context cap, max tokens, spinning for the whole batch (between passes), as the
         one-reply engine applies them between tokens. A new variant sends every active row back to prefill
         its context on it. A context cap below a reply's context slides its window (truncate) or ends it
         (length), as at the reply's next token. `limits.model_id` is not the batch's to act on: hand those

@@ -172,7 +172,6 @@ class DecoderEngine(TextSideMixin):
         self.mask_prefetch = mask_prefetch  # constrained decoding: next mask during the forward pass
         self.max_tokens_limit: int | None = None
         self.window_reply_contexts = max(1, window_reply_contexts)
-        self.tokens_per_second: float | None = None
         self.governor_spin: bool | None = None  # the governor's word on spinning (EngineLimits.spin)
         # A folder installed as is (onnxruntime-genai layout) runs on the general path; ours on the fast one.
         genai = manifest["variants"][self.variant].get("genai")
@@ -274,7 +273,7 @@ class DecoderEngine(TextSideMixin):
     def session_key(self) -> tuple[str, int, bool]:
         """Spinning thread pools decode faster when tokens come back to back, but burn the gaps of a paced
         stream: see pool_spins."""
-        spinning = pool_spins(self.spin, self.governor_spin, self.tokens_per_second, self.threads)
+        spinning = pool_spins(self.spin, self.governor_spin, self.threads)
         return (self.variant, self.threads, spinning)
 
     @property
@@ -363,7 +362,6 @@ class DecoderEngine(TextSideMixin):
                 changed_variant = True
         self.context_length = min(self.configured_context, limits.context_cap or self.configured_context)
         self.max_tokens_limit = limits.max_tokens
-        self.tokens_per_second = limits.tokens_per_second
         self.governor_spin = limits.spin
         return changed_variant
 

@@ -5,8 +5,10 @@ The path reads top to bottom, gpt-fast style:
     run: pick a KV slot (longest common prefix) -> prefill the rest in chunks -> decode one token at a time
     -> sample -> detokenize -> stop matcher -> TokenEvent ... FinishEvent
 Between prefill chunks and between decode tokens the reply checks the cancel token and calls the step hook,
-which may block (a governor pause) or return new limits (threads, variant, context cap, max tokens, pace): a
-new variant means another session and a re-prefill of the token history, so the reply continues coherently.
+which may block (a governor pause), idle (the governor's pace: the gate, server/serving/governor_gate.py, is
+the one place that sleeps to hold it; the reply itself never waits) or return new limits (threads,
+variant, context cap, max tokens, spinning): a new variant means another session and a re-prefill of the
+token history, so the reply continues coherently.
 The engine (models/runtime/engine.py) holds what outlives a reply: the model, its sessions, its KV slots and
 limits. A batch of replies (models/runtime/batch.py) takes the same steps per row (`forward`, `next_token`,
 `slide_window`, `flush`, `finish_event`, `handover`).
@@ -379,7 +381,6 @@ class Generation:
             self.cancel.on_cancel(terminator(self.run_options))
             self._prefill()
             self.start_decode()
-            last_emit = self.t_decode
             while True:
                 event, ends = self.next_token()
                 if event is not None:
@@ -395,12 +396,6 @@ class Generation:
                     self.slide_window()
                 # normally just the new token (and a draft); all of ctx after a switch
                 self.logits = self._advance(self.ctx[-1], self._cap() - r.generated)
-                if e.tokens_per_second:
-                    # pacing: fewer tokens per second means less heat per second
-                    wait = last_emit + 1.0 / e.tokens_per_second - time.perf_counter()
-                    if wait > 0:
-                        time.sleep(wait)
-                last_emit = time.perf_counter()
             finish, held_text, end_calls = self.flush(finish)
         except Cancelled:
             finish = "cancelled"

@@ -2,7 +2,8 @@
 max_batch replies of one model decoded together, one token each per forward pass.
 
 Between a batch's passes replies of its model join (their prompt a prefill chunk at a time), the governor's
-step runs once for the batch and its limits apply to every row, cancelled rows end. Where a reply runs and
+step runs once for the batch (its idle holds the pace for the whole batch: the loop never sleeps itself) and
+its limits apply to every row, cancelled rows end. Where a reply runs and
 with what limits is server/serving/placement.py's; the queue it draws from is the worker's (`Lineup`).
 """
 
@@ -97,14 +98,13 @@ class BatchLoop:
         time, alternating with the decode passes), the governor's step runs once for the batch and its
         limits apply to every row, cancelled rows end. A job for another model waits at the head of the
         queue until the batch is done (FIFO), and so does a reply the governor moves to another model."""
-        engine, placement, metrics = first.engine, self.placement, first.desk.metrics
+        placement, metrics = self.placement, first.desk.metrics
         rows: dict[int, Reply] = {}
         token = CancelToken()  # the governor's waits wake when any row's client leaves
         started = time.monotonic()
         placement.batch, placement.batch_events = batch, []
         prefill_next = True
         chunk_s = 0.0  # how long the last prefill chunk took: what the next one may take
-        last_emit = time.perf_counter()
         try:
             self._join(batch, first, rows, token)
             while rows:
@@ -133,8 +133,8 @@ class BatchLoop:
                         events += batch.step()
                         prefill_next = True
                         ran = batch.last_pass if batch.last_pass is not before else None
+                        # the gate paces the batch at its next step: this pass made one token a reply
                         self.gate.note_pass(ran.replies if ran is not None else 0)
-                        last_emit = self._pace(engine, batch, last_emit)
                 self._dispatch(rows, events)
                 if not rows:  # every row ended in this pass: the queue's next replies of the model go on here
                     self._admit(batch, rows, token)
@@ -223,19 +223,6 @@ class BatchLoop:
         if stay is not None:
             placement.sync_limits(engine, stay)
         return placement.take_batch_events()
-
-    @staticmethod
-    def _pace(engine: Engine, batch: BatchDecoding, last_emit: float) -> float:
-        """The engine's tokens/s pace holds for the whole batch: a pass of n replies makes n tokens. Under a
-        governor the gate's idle holds the exact pace and the engine is told the next 10 % step up
-        (governor_gate.pace_step), so this wait binds mostly for a pace set on the engine by other hands (the
-        tests slow the tiny model so), else briefly when a pass makes more tokens than the one before."""
-        tps = engine.tokens_per_second
-        if tps and batch.last_pass is not None:
-            wait = last_emit + batch.last_pass.replies / tps - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-        return time.perf_counter()
 
     @staticmethod
     def _dispatch(rows: dict[int, Reply], events: list[BatchEvent]) -> None:

@@ -11,7 +11,8 @@ The governor seam (kept small on purpose), called on the worker thread:
   work while the governor pauses it (bounded: it raises once the job has waited too long) and returns new
   limits or None for "unchanged".
 - `gate.before_step(cancel) -> EngineLimits | None` runs between every token / prefill chunk (as the
-  engine's step hook). It may idle (device throttling), block while the running reply is paused (the
+  engine's step hook). It may idle (device throttling; the pace, which nothing else waits for: a gate
+  that paces holds it here, for a batch's every token), block while the running reply is paused (the
   job's CancelToken interrupts that wait when the client leaves), raise (device killed), and returns new
   limits or None.
 - a batch asks two more: `gate.pauses_new` (new work waits: no reply joins the running ones) and

@@ -21,10 +21,12 @@ class CostMeter:
     batch's pass of k replies (a pass of k rows costs less than k passes of one: the weights are read once
     for all rows). A pass is what lies between two steps without the gate's idle: one decode pass (the
     forward pass, the sampling, the hand-off), or now and then a prefill chunk, which the medians over the
-    last `window` passes leave out (a batch's prefill chunks make no token: not counted at all). Every
-    `publish_every` passes of one batch size its ConfigCost is published: CPU per token (the pass's over
-    its tokens), tokens per second unpaced (tokens / wall per pass), and `rows`, the batch size. A pass
-    that verifies several speculated tokens will have to be divided by the tokens it accepted.
+    last `window` passes leave out (a batch's prefill chunks make no token: not counted at all). A pass is
+    work alone: the gate's idle is the only wait that holds a pace (the engine and the batch loop never
+    sleep for one), and the gate leaves it out. Every `publish_every` passes of one batch size its
+    ConfigCost is published: CPU per token (the pass's over its tokens), tokens per second unpaced (tokens /
+    wall per pass), and `rows`, the batch size. A pass that verifies several speculated tokens will have to
+    be divided by the tokens it accepted.
 
     Keyed by model as well as variant: a ladder across models may hold two models' variants of one name."""
 

@@ -9,7 +9,9 @@ The governor decides (its own thread); the gate acts on the worker thread:
 - the simulated device's own throttling is emulated by idling after each forward pass, and a device that
   killed the app (T >= T_critical) fails the reply with device_overheated until it cools;
 - the pace: the gate idles after each pass to hold the governor's tokens_per_second, or without a known
-  cost per token its CPU budget (Limits.pace_delay): one mechanism, fed by the pace controller;
+  cost per token its CPU budget (Limits.pace_delay): one mechanism, fed by the pace controller, and the
+  only place that sleeps for a pace (a reply's generation and the batch loop never wait on their own; the
+  engine hears of pacing only as `spin`: its pools do not spin through the idles);
 - a meter measures the process CPU time per step of each configuration the engine runs, and per token of
   each batch size (the worker says what a pass made: note_pass), and tells the governor
   (serving/cost_meter.py): the budget then buys the configuration that is really cheapest here, and a
@@ -23,12 +25,11 @@ Each step is decided first (decide_step, pure) and applied after, in one place (
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from governor.governor import Governor, Snapshot
@@ -41,8 +42,6 @@ from server.serving.cost_meter import CostMeter
 
 log = logging.getLogger("simmer.governor")
 
-PACE_STEP = 1.1  # the engine hears of the pace in steps of 10 %
-
 
 def to_engine_limits(limits: Limits) -> EngineLimits:
     """The engine's part of the governor's limits, with the rung (model, variant) the governor runs on; the
@@ -51,11 +50,10 @@ def to_engine_limits(limits: Limits) -> EngineLimits:
     return EngineLimits(**{f.name: getattr(limits, f.name) for f in fields(EngineLimits)})
 
 
-def pace_step(tokens_per_second: float) -> float:
-    """The pace the engine is told: the next 10 % step up (the gate holds the exact one, so the engine's own
-    wait never binds; a continuous pace would be a new limit, and a log line, on every poll)."""
-    step = math.ceil(math.log(tokens_per_second) / math.log(PACE_STEP))
-    return round(PACE_STEP**step, 3)
+def pace_idle(tokens: int, tokens_per_second: float, pass_s: float) -> float:
+    """How long to idle after a pass of pass_s that made `tokens` tokens, so that the pass and the idle take
+    1 / tokens_per_second per token (a batch's pass of n replies: n tokens; a prefill chunk of a batch: 0)."""
+    return max(0.0, max(0, tokens) / tokens_per_second - pass_s)
 
 
 @dataclass(frozen=True)
@@ -74,14 +72,15 @@ class StepDecision:
 #
 #   idle     = max(throttle, pace): two lower bounds on the idle after a pass
 #     throttle: the simulated device's own throttling, a multiple of the pass (0 on real devices)
-#     pace:     enforced, a tokens/s pace: the rest of tokens / pace after the pass (the engine's own wait
-#               then finds nothing left to wait; the meter sees passes without the idle)
+#     pace:     enforced, a tokens/s pace: the rest of tokens / pace after the pass (pace_idle); this idle
+#               is the only wait that holds a pace (the engine and the batch loop never sleep for one),
+#               so the meter sees passes of work alone, without the idle
 #               enforced, no tokens/s pace (no cost per token known): the CPU budget's idle
 #               (Limits.pace_delay of the pass)
 #   killed   = the device killed the app (T >= T_critical, until it cools below T_throttle)
 #   pause    = a running reply: pause_running; a new job: pause_new
-#   limits   = the governor's limits when they differ from the last handed out, else None; a tokens/s
-#              pace in them is told in 10 % steps, rounded up (pace_step)
+#   limits   = the governor's limits when they differ from the last handed out, else None (the engine's
+#              part: to_engine_limits; the pace is not in it, so a pace moving on every poll is no new limit)
 # Applied in that order (_apply): idle (the client leaving wakes it), killed -> device_overheated,
 # pause -> wait (bounded; then killed is looked at again), limits -> returned to the worker.
 def decide_step(
@@ -97,12 +96,10 @@ def decide_step(
 ) -> StepDecision:
     pace = 0.0
     if pass_s is not None and enforce and limits.tokens_per_second:
-        pace = max(0.0, max(0, tokens) / limits.tokens_per_second - pass_s)
+        pace = pace_idle(tokens, limits.tokens_per_second, pass_s)
     elif pass_s is not None and enforce:
         pace = limits.pace_delay(pass_s)
     engine_limits = to_engine_limits(limits)
-    if engine_limits.tokens_per_second:
-        engine_limits = replace(engine_limits, tokens_per_second=pace_step(engine_limits.tokens_per_second))
     return StepDecision(
         idle_s=max(throttle_s, pace),
         throttle_s=throttle_s,
@@ -241,7 +238,7 @@ class GovernorGate:
         # keying it by the setting (as before), because config_costs lets the manifest's prior stand in next
         # to a "spinning" measurement only, and a quiet one-thread entry would change what an unpaced
         # server picks (a one-thread measurement on a busy machine against a two-thread prior).
-        spinning = pool_spins(self._spin, applied.spin, applied.tokens_per_second, max(2, applied.threads))
+        spinning = pool_spins(self._spin, applied.spin, max(2, applied.threads))
         cost = self.meter.step(
             applied.variant,
             applied.threads,

@@ -5,6 +5,8 @@
 - `RecordingEngine`: wraps ANY engine (scripted or real) and records each generate() call using only what
   the contract exposes, so the same assertions hold against the real ONNX engine.
 - `FakeGovernor`: a gate through the real seam that publishes one state change mid-reply.
+- `PaceGate`: a gate that holds a tokens/s pace as the governor's gate does (the tests slow the tiny model
+  so: nothing else paces a reply).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from models.types import (
     TopLogprob,
     Usage,
 )
+from server.serving.contracts import Gate, NoGate
+from server.serving.governor_gate import pace_idle
 
 REPLY = "The quick brown fox jumps over the lazy dog and keeps running through the quiet field."
 
@@ -64,7 +68,6 @@ class ScriptedEngine:
         self._last_prompt: list[int] = []
         self.applied_limits: list[EngineLimits] = []
         self.last_tools: ToolUse | None = None
-        self.tokens_per_second: float | None = None  # it never paces itself
 
     # ---- prompts: one character per token --------------------------------------------------------
 
@@ -333,10 +336,6 @@ class RecordingEngine:
     def chat_text(self, messages: list[dict]) -> str:
         return self.inner.chat_text(messages)
 
-    @property
-    def tokens_per_second(self) -> float | None:
-        return self.inner.tokens_per_second
-
     def apply_limits(self, limits: EngineLimits) -> None:
         self.inner.apply_limits(limits)
 
@@ -420,3 +419,69 @@ class FakeGovernor:
 
     def note_pass(self, tokens: int) -> None:
         return None
+
+
+class PaceGate:
+    """A gate that holds a tokens/s pace as the governor's gate does, over another gate (`inner`, NoGate
+    unless given): after each pass it idles the rest of the pass's tokens / pace (governor_gate.pace_idle:
+    a batch's pass makes the tokens note_pass says, a step of the one-reply engine one), then asks `inner`.
+    A pass is timed from the end of the last step, so neither the idle nor `inner`'s waits are in it. The
+    idle is `sleep`, or by default a wait that ends when the client leaves (as the governor's gate waits).
+    `idled` records every idle."""
+
+    def __init__(
+        self,
+        tokens_per_second: float,
+        inner: Gate | None = None,
+        *,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        self.tokens_per_second = tokens_per_second
+        self.inner: Gate = inner or NoGate()
+        self.idled: list[float] = []
+        self._sleep = sleep
+        self._last_step: float | None = None
+        self._tokens = 1
+        self._cancel: CancelToken | None = None
+        self._wake = threading.Event()
+
+    @property
+    def memory_pressure(self) -> bool:
+        return self.inner.memory_pressure
+
+    @property
+    def pauses_new(self) -> bool:
+        return self.inner.pauses_new
+
+    @property
+    def rung(self) -> str | None:
+        return self.inner.rung
+
+    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> Any:
+        return self.inner.subscribe(callback)
+
+    def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
+        limits = self.inner.before_job(cancel, enqueued_at)
+        self._last_step, self._tokens = None, 1  # a job's first step has no pass before it
+        return limits
+
+    def note_pass(self, tokens: int) -> None:
+        self._tokens = tokens
+        self.inner.note_pass(tokens)
+
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        if cancel is not self._cancel:  # a job's token, or a batch's (a fresh one after a row left)
+            self._cancel, self._wake = cancel, threading.Event()
+            cancel.on_cancel(self._wake.set)
+        tokens, self._tokens = self._tokens, 1
+        if self._last_step is not None and not cancel.cancelled:
+            idle = pace_idle(tokens, self.tokens_per_second, time.monotonic() - self._last_step)
+            if idle > 0:
+                self.idled.append(idle)
+                if self._sleep is not None:
+                    self._sleep(idle)
+                else:
+                    self._wake.wait(idle)
+        limits = self.inner.before_step(cancel)
+        self._last_step = time.monotonic()
+        return limits

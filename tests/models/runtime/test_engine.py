@@ -483,24 +483,20 @@ def test_context_cap_when_raised_above_the_slot_buffer_then_buffer_grows(tiny_mo
 
 
 @pytest.mark.parametrize(
-    ("setting", "governor", "pace", "threads", "spins"),
+    ("setting", "governor", "threads", "spins"),
     [
-        ("auto", None, None, 2, True),  # unpaced, no word from the governor: spin
-        ("auto", False, None, 2, False),  # the governor paces by a CPU budget alone (no tokens/s pace)
-        ("auto", False, 30.0, 2, False),
-        ("auto", None, 30.0, 2, False),  # a tokens/s pace on the engine without the governor's word
-        ("on", False, 30.0, 2, True),  # the operator's choice stands
-        ("off", None, None, 2, False),
-        ("auto", None, None, 1, False),  # one thread: no pool to spin
-        ("on", None, None, 1, False),
+        ("auto", None, 2, True),  # unpaced, no word from the governor: spin
+        ("auto", False, 2, False),  # the governor paces (a CPU budget or a tokens/s pace): no spinning
+        ("on", False, 2, True),  # the operator's choice stands
+        ("off", None, 2, False),
+        ("auto", None, 1, False),  # one thread: no pool to spin
+        ("on", None, 1, False),
     ],
 )
-def test_pool_spins_when_setting_governor_pace_and_threads_then_the_rule_table(
-    setting, governor, pace, threads, spins
-):
+def test_pool_spins_when_setting_governor_and_threads_then_the_rule_table(setting, governor, threads, spins):
     from models.protocol import pool_spins
 
-    assert pool_spins(setting, governor, pace, threads) is spins
+    assert pool_spins(setting, governor, threads) is spins
 
 
 def test_apply_limits_when_the_governor_says_no_spinning_then_a_quiet_session(tiny_model_dir):
@@ -510,7 +506,7 @@ def test_apply_limits_when_the_governor_says_no_spinning_then_a_quiet_session(ti
         tiny_model_dir, json.loads((tiny_model_dir / "manifest.json").read_text()), threads=2
     )
     assert engine.session_key()[2] is True  # auto, unpaced
-    engine.apply_limits(EngineLimits(threads=2, spin=False))  # paced by a CPU budget: no tokens/s pace
+    engine.apply_limits(EngineLimits(threads=2, spin=False))  # the governor paces: no spinning
     assert engine.session_key() == (engine.variant, 2, False)
     engine.session()
     assert list(engine._sessions) == [(engine.variant, 2, False)]  # the spinning one went (max_sessions 1)
@@ -528,7 +524,7 @@ def test_apply_limits_when_one_thread_and_the_pace_comes_and_goes_then_the_same_
     )
     first = engine.session()
     caplog.set_level("INFO", logger="simmer.engine")
-    for limits in (EngineLimits(threads=1, spin=False, tokens_per_second=30.0), EngineLimits(threads=1)):
+    for limits in (EngineLimits(threads=1, spin=False), EngineLimits(threads=1)):
         engine.apply_limits(limits)
         assert engine.session() is first  # one thread has no pool: paced or not, the same session
     assert not [r for r in caplog.records if r.getMessage().startswith("loaded ")]

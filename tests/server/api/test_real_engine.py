@@ -10,11 +10,10 @@ import httpx
 import openai
 import pytest
 
-from models.protocol import EngineLimits
 from models.runtime.engine import DecoderEngine, load_engine
 from tests.helpers import sdk
 from tests.margins import WIDE, greedy
-from tests.server.fakes import RecordingEngine
+from tests.server.fakes import PaceGate, RecordingEngine
 
 
 @pytest.fixture
@@ -86,13 +85,14 @@ def test_completions_when_the_prompt_is_token_ids_then_the_reply_of_the_text_the
         assert err.value.body["param"] == param, err.value.body
 
 
-def test_real_engine_when_client_disconnects_then_worker_free_for_next(tiny_server):
+def test_real_engine_when_client_disconnects_then_worker_free_for_next(live, tiny_model_dir):
     """A long streamed reply is dropped mid-way; the next request is served at once."""
-    # the tiny model is too fast to disconnect from in time: pace it (the governor's pacing lever)
-    tiny_server.engine.inner.apply_limits(EngineLimits(tokens_per_second=50))
-    client = sdk(tiny_server)
+    engine = RecordingEngine(load_engine(tiny_model_dir, variant="q4", threads=1, context_length=128))
+    # the tiny model is too fast to disconnect from in time: pace it, as the governor's gate does
+    srv = live(engine=engine, model=engine.model_id, governor=PaceGate(50))
+    client = sdk(srv)
     stream = client.chat.completions.create(
-        model=tiny_server.engine.model_id,
+        model=srv.engine.model_id,
         stream=True,
         max_tokens=100,
         temperature=1.0,
@@ -108,13 +108,13 @@ def test_real_engine_when_client_disconnects_then_worker_free_for_next(tiny_serv
 
     def follow_up():
         client.chat.completions.create(
-            model=tiny_server.engine.model_id, max_tokens=2, messages=[{"role": "user", "content": "next"}]
+            model=srv.engine.model_id, max_tokens=2, messages=[{"role": "user", "content": "next"}]
         )
         done.set()
 
     threading.Thread(target=follow_up, daemon=True).start()
     assert done.wait(20)
-    first = tiny_server.engine.generations[0]
+    first = srv.engine.generations[0]
     assert first.finish is not None and first.finish.finish_reason == "cancelled"
     assert first.tokens_at_cancel is not None and first.tokens - first.tokens_at_cancel <= 1
     assert first.finish.usage.completion_tokens < 100

@@ -2,9 +2,9 @@
 
     python -m tests.server.routing.upstream_child MODEL_DIR TOKENS_PER_SECOND   (settings from SIMMER_*)
 
-It is `simmer serve` with one difference: the engine is paced to TOKENS_PER_SECOND through the engine's own
-pacing lever (EngineLimits.tokens_per_second, what the governor uses), so that a reply lasts long enough
-for a test to kill the process or hang up in the middle of it. 0 = unpaced.
+It is `simmer serve` with one difference: its replies are paced to TOKENS_PER_SECOND by a gate that holds a
+pace as the governor's does (tests/server/fakes.py PaceGate), so that a reply lasts long enough for a test
+to kill the process or hang up in the middle of it. 0 = unpaced.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from models.protocol import EngineLimits
 from server.launch import build_server
 from server.logs import setup_logging
 from server.serving.contracts import NoGate
 from server.settings import Settings
+from tests.server.fakes import PaceGate
 
 
 def main() -> None:
@@ -27,12 +27,10 @@ def main() -> None:
     def load():
         from models.runtime.engine import load_engine
 
-        engine = load_engine(model_dir, variant="q4", threads=1, context_length=256)
-        if pace > 0:
-            engine.apply_limits(EngineLimits(tokens_per_second=pace))
-        return engine
+        return load_engine(model_dir, variant="q4", threads=1, context_length=256)
 
-    build_server(settings, engine_factory=load, governor=NoGate()).run()
+    gate = PaceGate(pace) if pace > 0 else NoGate()
+    build_server(settings, engine_factory=load, governor=gate).run()
 
 
 if __name__ == "__main__":

@@ -20,11 +20,16 @@ from typing import Any
 import httpx
 import pytest
 
+from governor.governor import Governor
+from governor.limits import make_table
 from models.protocol import EngineLimits
 from models.runtime.batch import BatchDecoder, batch_traits
 from models.runtime.engine import DecoderEngine, load_engine
 from models.types import CancelToken
+from server.serving.contracts import Gate
+from server.serving.governor_gate import GovernorGate
 from tests.helpers import sdk
+from tests.server.fakes import PaceGate
 from tests.server.serving.helpers import reference
 from tests.server.serving.helpers import stream as multi_stream
 
@@ -103,7 +108,7 @@ def alike_or_skip(e: DecoderEngine) -> DecoderEngine:
     return e
 
 
-def serve(live, folder, variant: str, max_batch: int, gate: HoldGate | None = None):
+def serve(live, folder, variant: str, max_batch: int, gate: Gate | None = None):
     e = alike_or_skip(engine(folder, variant))
     return live(engine=e, model=e.model_id, max_batch=max_batch, governor=gate), e
 
@@ -213,8 +218,8 @@ def test_batch_when_a_client_leaves_mid_batch_then_its_row_ends_and_the_others_a
     live, tiny_model_dir, passes, padded
 ):
     gate = HoldGate()
-    srv, e = serve(live, tiny_model_dir, "q4-a8", 4, gate)
-    e.apply_limits(EngineLimits(tokens_per_second=200))  # the tiny model is too fast to leave mid-reply
+    # the tiny model is too fast to leave mid-reply: paced as the governor's gate paces a batch
+    srv, _ = serve(live, tiny_model_dir, "q4-a8", 4, PaceGate(200, gate))
     alone = {i: stream(srv, i, max_tokens=40) for i in (0, 2)}
     passes.clear()
     left: dict[int, list] = {}
@@ -252,8 +257,7 @@ def test_batch_when_a_hostile_client_resets_mid_batch_then_the_others_stream_on_
     live, tiny_model_dir, passes, padded
 ):
     gate = HoldGate()
-    srv, e = serve(live, tiny_model_dir, "q4-a8", 4, gate)
-    e.apply_limits(EngineLimits(tokens_per_second=150))
+    srv, _ = serve(live, tiny_model_dir, "q4-a8", 4, PaceGate(150, gate))
     alone = {i: stream(srv, i, max_tokens=48) for i in (0, 3)}
     body = (
         b'{"model": "%s", "stream": true, "max_tokens": 100, "ignore_eos": true, '
@@ -476,28 +480,53 @@ def test_batch_when_memory_pressure_then_batches_of_fewer_rows_and_the_same_repl
     assert pool.rows_cap is None
 
 
+class HeldGovernorGate(GovernorGate):
+    """The real governor's gate, holding the first job as HoldGate does (`together` queues every request
+    behind it)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = threading.Event()
+        self.release.set()
+        self.holding = threading.Event()
+
+    def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
+        self.holding.set()
+        self.release.wait(30)
+        return super().before_job(cancel, enqueued_at)
+
+
+def test_batch_when_the_governor_paces_then_the_gate_alone_holds_the_pace_for_the_whole_batch(
+    live, tiny_model_dir, passes, padded
+):
+    """A pass of n replies makes n tokens, and the governor's gate is the only one that waits for the pace:
+    its sleep here only records, and it records the rest of n / pace after every pass but the last, while
+    the replies take no more wall time than their work (had the batch loop slept for the pace on its own,
+    they would take the pace in wall time)."""
+    pace = 5.0
+    e = alike_or_skip(engine(tiny_model_dir, "q4-a8"))
+    slept: list[float] = []
+    governor = Governor(usable_cpus=1, table=make_table({"nominal": {"tokens_per_second": pace}}))
+    gate = HeldGovernorGate(governor, sleep=slept.append)
+    srv = live(engine=e, model=e.model_id, max_batch=4, governor=gate)
+    passes.clear()
+    t0 = time.monotonic()
+    out = together(srv, gate, [0, 1, 2], max_tokens=12)  # type: ignore[arg-type]
+    wall = time.monotonic() - t0
+    assert [len(out[i]) for i in range(3)] == [12, 12, 12] and max(passes) == 3
+    paced = sum(passes) / pace  # 33 tokens decoded in passes (each reply's first came from its prefill)
+    assert paced - passes[-1] / pace - wall <= sum(slept) <= paced
+    assert wall < 0.5 * paced  # no other wait: the pace is ~6.6 s of wall time
+
+
 def test_bench_concurrency_meter_when_replies_decode_together_then_cost_per_token_of_each_batch_size(
     live, tiny_model_dir, passes, padded
 ):
     """A real governor gate's meter, fed by the worker, shows each batch size's cost on /metrics, and the
     bench reads it (bench/concurrency.py meter_costs): what `simmer bench concurrency` reports."""
     from bench.concurrency import meter_costs
-    from governor.governor import Governor
     from governor.limits import build_ladder
     from server.serving.cost_meter import CostMeter
-    from server.serving.governor_gate import GovernorGate
-
-    class HeldGovernorGate(GovernorGate):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            self.release = threading.Event()
-            self.release.set()
-            self.holding = threading.Event()
-
-        def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
-            self.holding.set()
-            self.release.wait(30)
-            return super().before_job(cancel, enqueued_at)
 
     e = alike_or_skip(engine(tiny_model_dir, "q4-a8"))
     governor = Governor(usable_cpus=1, ladder=build_ladder([(e.model_id, "q4-a8", 0.03, 1.0, 1, 1, 60.0)]))

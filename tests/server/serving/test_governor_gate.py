@@ -192,6 +192,25 @@ def test_decide_step_when_a_pass_makes_several_tokens_then_the_pace_idles_for_al
     assert decision.idle_s == pytest.approx(idle)
 
 
+def test_decide_step_when_only_the_pace_moves_then_no_new_limits_for_the_engine():
+    """The pace controller moves the pace a little on every poll: the gate idles for the pace of now, and
+    the engine, which is not told the pace, gets no new limits (a new limit is a log line and a
+    placement)."""
+    held = Limits(threads=1, tokens_per_second=11.0, spin=False)
+    now = Limits(threads=1, tokens_per_second=10.0, spin=False)
+    decision = decide_step(
+        now,
+        pass_s=0.02,
+        throttle_s=0.0,
+        killed=False,
+        enforce=True,
+        new_job=False,
+        applied=to_engine_limits(held),
+    )
+    assert decision.limits is None
+    assert decision.idle_s == pytest.approx(0.08)
+
+
 def test_before_step_when_the_batch_grows_then_the_governor_paces_more_tokens_for_the_same_cpu():
     """One core of budget: one reply at 20 ms of CPU a token is paced to 50 tokens/s; four replies a pass at
     40 ms of CPU a pass (10 ms a token) to 100, and the gate idles for the pass's four tokens."""
@@ -234,8 +253,8 @@ def test_before_step_when_paced_then_the_gate_idles_the_rest_of_one_over_the_pac
     slept: list[float] = []
     gate = GovernorGate(gov, sleep=slept.append)
     cancel = CancelToken()
-    told = gate.before_job(cancel, time.monotonic()).tokens_per_second
-    assert 1.0 <= told < 1.1  # the engine hears it in 10 % steps, rounded up: the gate holds it exactly
+    told = gate.before_job(cancel, time.monotonic())
+    assert told is not None and told.spin is False  # the engine hears of the pace only: pools quiet
     gate.before_step(cancel)
     time.sleep(0.01)  # "the forward pass"
     gate.before_step(cancel)
@@ -250,12 +269,7 @@ def test_before_step_when_running_then_the_meter_tells_the_governor_the_configur
     gov.tick()
     cancel = CancelToken()
     limits = gate.before_job(cancel, time.monotonic())
-    assert (limits.model_id, limits.variant, limits.threads, limits.tokens_per_second) == (
-        "m",
-        "q4-a8",
-        2,
-        None,
-    )
+    assert (limits.model_id, limits.variant, limits.threads, limits.spin) == ("m", "q4-a8", 2, None)
     gate.before_step(cancel)
     for _ in range(4):
         cpu[0] += 0.025  # 25 ms of process CPU per token
@@ -281,7 +295,7 @@ def test_before_job_when_paced_by_budget_alone_then_the_governor_says_no_spinnin
     gov.tick()
     cancel = CancelToken()
     limits = gate.before_job(cancel, time.monotonic())
-    assert (limits.tokens_per_second, limits.spin, limits.threads) == (None, False, 2)
+    assert gov.limits.tokens_per_second is None and (limits.spin, limits.threads) == (False, 2)
     assert limits.variant is None  # no ladder: the meter has no configuration to key (nothing measured)
     gate.before_step(cancel)
     time.sleep(0.005)
@@ -430,9 +444,72 @@ def test_session_rebuilt_for_a_thread_change_when_governed_then_the_pace_credits
 
 def test_engine_limits_when_built_from_limits_then_every_field_is_the_governors_own():
     """A lever is one field on Limits and one on EngineLimits, of the same name: the engine's limits carry
-    every such field's value, whatever it is."""
-    values = {"threads": 3, "variant": "q4", "context_cap": 512, "max_tokens": 64, "tokens_per_second": 7.5}
-    limits = Limits(**values, spin=False, model_id="m")
+    every such field's value, whatever it is. The pace is not one: the gate holds it (the engine hears only
+    that its pools do not spin)."""
+    values = {"threads": 3, "variant": "q4", "context_cap": 512, "max_tokens": 64}
+    limits = Limits(**values, tokens_per_second=7.5, spin=False, model_id="m")
     engine = to_engine_limits(limits)
     assert {f.name for f in fields(EngineLimits)} <= {f.name for f in fields(Limits)}
     assert engine == EngineLimits(**values, spin=False, model_id="m")
+
+
+def test_generate_when_the_governor_paces_then_only_the_gate_waits_for_the_pace(tiny_model_dir):
+    """The pace has one owner: a reply of the real engine under the real gate, whose sleep only records.
+    The gate idles the pace's whole rest after every pass, and the reply takes no more wall time than its
+    work: had the engine slept for the pace on its own, the reply would take the pace in wall time."""
+    from models.types import FinishEvent, GenerationParams, SamplingParams, TokenEvent
+    from tests.helpers import tiny_engine
+
+    pace, n = 10.0, 20  # n tokens at the pace: about two seconds
+    slept: list[float] = []
+    gate = GovernorGate(
+        Governor(usable_cpus=1, table=make_table({"nominal": {"tokens_per_second": pace}})),
+        sleep=slept.append,
+    )
+    engine = tiny_engine(tiny_model_dir, speculation="off")
+    cancel = CancelToken()
+    limits = gate.before_job(cancel, time.monotonic())
+    assert limits is not None
+    engine.apply_limits(limits)
+    params = GenerationParams(SamplingParams(temperature=0.0), max_tokens=n, ignore_eos=True)
+    t0 = time.monotonic()
+    events = list(
+        engine.generate(
+            engine.text_prompt("once upon a time"),
+            params,
+            cancel=cancel,
+            step_hook=lambda: gate.before_step(cancel),
+        )
+    )
+    wall = time.monotonic() - t0
+    assert sum(isinstance(e, TokenEvent) for e in events) == n and isinstance(events[-1], FinishEvent)
+    # an idle after every pass but the last (a token each; the prompt's one chunk counts as one too)
+    assert len(slept) >= n - 1
+    assert all(1 / pace - wall < s <= 1 / pace for s in slept)  # the rest of 1 / pace after a pass
+    assert wall < 0.5 * (n - 1) / pace  # no other wait: the pace would be ~1.9 s of wall time
+
+
+def test_pace_gate_when_a_reply_runs_then_it_comes_at_the_pace(tiny_model_dir):
+    """The tests' pacing gate (tests/server/fakes.py PaceGate), which slows the tiny model where a test needs
+    a reply to last, holds the pace with the real gate's rule: a reply of n tokens takes at least n - 1
+    intervals of 1 / pace (a lower bound only: a loaded machine is slower, never faster)."""
+    from models.types import GenerationParams, SamplingParams, TokenEvent
+    from tests.helpers import tiny_engine
+    from tests.server.fakes import PaceGate
+
+    pace, n = 50.0, 10
+    gate = PaceGate(pace)
+    engine = tiny_engine(tiny_model_dir, speculation="off")
+    cancel = CancelToken()
+    gate.before_job(cancel, time.monotonic())
+    params = GenerationParams(SamplingParams(temperature=0.0), max_tokens=n, ignore_eos=True)
+    t0 = time.monotonic()
+    events = engine.generate(
+        engine.text_prompt("once upon a time"),
+        params,
+        cancel=cancel,
+        step_hook=lambda: gate.before_step(cancel),
+    )
+    assert sum(isinstance(e, TokenEvent) for e in events) == n
+    assert time.monotonic() - t0 >= (n - 1) / pace
+    assert len(gate.idled) >= n - 1

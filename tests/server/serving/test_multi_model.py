@@ -683,7 +683,7 @@ class PacedGate(SwitchingGate):
     """The governor paces on one quiet thread from the first job on."""
 
     def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
-        return EngineLimits(threads=1, spin=False, tokens_per_second=500.0)
+        return EngineLimits(threads=1, spin=False)  # what the engine hears of a pace: no spinning
 
 
 def test_load_when_the_governor_paces_then_one_session_built_for_its_threads_and_spinning(several, caplog):
