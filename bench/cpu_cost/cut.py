@@ -94,7 +94,7 @@ def capture(model: Any, feed: dict[str, np.ndarray], into: Path) -> dict[str, np
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimized already
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     out_names = [o.name for o in sess.get_outputs()]
-    values = dict(zip(out_names, sess.run(out_names, feed), strict=True))
+    values = {n: np.asarray(v) for n, v in zip(out_names, sess.run(out_names, feed), strict=True)}
     return {**feed, **values}
 
 
@@ -143,7 +143,6 @@ def kinds(model: Any, values: dict[str, np.ndarray]) -> list[Kind]:
 
 def one_node(model: Any, node_name: str, values: dict[str, np.ndarray]) -> tuple[Any, dict[str, np.ndarray]]:
     """A graph of `node_name` alone: its initializers as initializers, its other inputs fed."""
-    import onnx
     from onnx import helper, numpy_helper
 
     index = {n.name or f"{n.op_type}_{i}": n for i, n in enumerate(model.graph.node)}
@@ -189,6 +188,12 @@ def overhead_graph() -> tuple[Any, dict[str, np.ndarray]]:
     }
 
 
+def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """An .npz of named inputs (op_guest.py binds them by name)."""
+    named: dict[str, Any] = dict(arrays)
+    np.savez(path, **named)
+
+
 def out_spec(value: np.ndarray) -> dict[str, Any]:
     return {"shape": list(value.shape), "dtype": str(value.dtype)}
 
@@ -210,7 +215,7 @@ def write_plan(onnx_path: Path, into: Path, past: int = 32, whole: bool = True) 
         ) -> None:
             file = f"{len(entries):02d}-{name}"
             onnx.save(graph, str(into / f"{file}.onnx"))
-            np.savez(into / f"{file}.npz", **inputs)
+            save_arrays(into / f"{file}.npz", inputs)
             outputs = {o.name: out_spec(values[o.name]) for o in graph.graph.output}
             entries.append(
                 {"label": label, "key": key, "calls_per_token": calls, "file": file, "outputs": outputs}
@@ -229,7 +234,7 @@ def write_plan(onnx_path: Path, into: Path, past: int = 32, whole: bool = True) 
                 save_as_external_data=True,
                 location=f"{whole_file}.data",
             )
-            np.savez(into / f"{whole_file}.npz", **feed)
+            save_arrays(into / f"{whole_file}.npz", feed)
             outputs = {o.name: out_spec(values[o.name]) for o in model.graph.output}
             entries.append(
                 {"label": WHOLE, "key": WHOLE, "calls_per_token": 1, "file": whole_file, "outputs": outputs}

@@ -1,6 +1,6 @@
 """bench/cpu_cost/cut.py: a decode graph cut into one-node graphs by kind, and the per-operator arithmetic.
 
-Natively, on the tiny model: no qemu (the counted run is `simmer bench cpu-cost --by-op`, docs/cpu-classes.md).
+Natively, on the tiny model, no qemu (the counted run: `simmer bench cpu-cost --by-op`, docs/cpu-classes.md).
 """
 
 from __future__ import annotations
@@ -98,7 +98,9 @@ def test_one_node_when_run_alone_then_gives_what_the_node_gave_in_the_whole_step
         sess = ort.InferenceSession(cut.SerializeToString(), providers=["CPUExecutionProvider"])
         outs = sess.run(None, feed)
         for out, got in zip(sess.get_outputs(), outs, strict=True):
-            np.testing.assert_allclose(got, values[out.name], rtol=1e-5, atol=1e-5, err_msg=kind.label)
+            np.testing.assert_allclose(
+                np.asarray(got), values[out.name], rtol=1e-5, atol=1e-5, err_msg=kind.label
+            )
 
 
 def test_write_plan_when_tiny_model_then_op_guest_runs_every_entry_natively(
