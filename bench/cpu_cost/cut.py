@@ -278,6 +278,8 @@ def by_op(measured: list[dict[str, Any]]) -> dict[str, Any]:
                 "op": m["label"],
                 "key": m["key"],
                 "insns_per_call": m["insns_per_call"],
+                # the first N calls' mean, raw: beside the last N's, how steady a kind's count is
+                "insns_per_call_first_half_raw": m["insns_per_call_first_half"],
                 "calls_per_token": m["calls_per_token"],
                 "insns_per_token": per_token,
                 "share_of_step": round(per_token / whole["insns_per_call_raw"], 4) if whole else None,
