@@ -198,47 +198,56 @@ def out_spec(value: np.ndarray) -> dict[str, Any]:
     return {"shape": list(value.shape), "dtype": str(value.dtype)}
 
 
+def write_entry(
+    into: Path,
+    entries: list[dict[str, Any]],
+    name: str,
+    label: str,
+    calls: int,
+    graph: Any,
+    *,
+    feed: dict[str, np.ndarray],
+    values: dict[str, np.ndarray],
+    key: str | None = None,
+) -> None:
+    """One plan entry: `graph` (its weights in a file beside it), its inputs in an .npz, and its outputs'
+    shapes and types (from `values`: what they were in the whole step) for op_guest.py to bind."""
+    import onnx
+
+    file = f"{len(entries):02d}-{name}"
+    onnx.save(graph, str(into / f"{file}.onnx"), save_as_external_data=True, location=f"{file}.data")
+    save_arrays(into / f"{file}.npz", feed)
+    outputs = {o.name: out_spec(values[o.name]) for o in graph.graph.output}
+    entry = {"label": label, "key": key or label, "calls_per_token": calls, "file": file, "outputs": outputs}
+    entries.append(entry)
+
+
 def write_plan(onnx_path: Path, into: Path, past: int = 32, whole: bool = True) -> Path:
     """Cut `onnx_path`'s decode graph into `into`: one .onnx and .npz per kind, the run overhead's, the
     optimized whole graph (when `whole`) and plan.json listing them with their calls per token."""
-    import onnx
-
     into.mkdir(parents=True, exist_ok=True)
+    entries: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="cut-", dir=into) as tmp:
         model = optimized(onnx_path, Path(tmp))
         feed = decode_feed(model, past)
         values = capture(model, feed, Path(tmp))
-        entries: list[dict[str, Any]] = []
-
-        def add(
-            name: str, label: str, key: str, calls: int, graph: Any, inputs: dict[str, np.ndarray]
-        ) -> None:
-            file = f"{len(entries):02d}-{name}"
-            onnx.save(graph, str(into / f"{file}.onnx"))
-            save_arrays(into / f"{file}.npz", inputs)
-            outputs = {o.name: out_spec(values[o.name]) for o in graph.graph.output}
-            entries.append(
-                {"label": label, "key": key, "calls_per_token": calls, "file": file, "outputs": outputs}
-            )
-
         graph, inputs = overhead_graph()
-        values = {**values, "y": inputs["x"]}
-        add("overhead", OVERHEAD, OVERHEAD, 0, graph, inputs)
+        write_entry(into, entries, "overhead", OVERHEAD, 0, graph, feed=inputs, values={"y": inputs["x"]})
         for i, kind in enumerate(kinds(model, values)):
-            add(f"kind{i}", kind.label, kind.key, len(kind.nodes), *one_node(model, kind.nodes[0], values))
+            graph, inputs = one_node(model, kind.nodes[0], values)
+            write_entry(
+                into,
+                entries,
+                f"kind{i}",
+                kind.label,
+                len(kind.nodes),
+                graph,
+                feed=inputs,
+                values=values,
+                key=kind.key,
+            )
         if whole:
-            whole_file = f"{len(entries):02d}-whole"
-            onnx.save(
-                model,
-                str(into / f"{whole_file}.onnx"),
-                save_as_external_data=True,
-                location=f"{whole_file}.data",
-            )
-            save_arrays(into / f"{whole_file}.npz", feed)
-            outputs = {o.name: out_spec(values[o.name]) for o in model.graph.output}
-            entries.append(
-                {"label": WHOLE, "key": WHOLE, "calls_per_token": 1, "file": whole_file, "outputs": outputs}
-            )
+            write_entry(into, entries, "whole", WHOLE, 1, model, feed=feed, values=values)
     plan = into / "plan.json"
     plan.write_text(json.dumps({"source": str(onnx_path), "past": past, "entries": entries}, indent=1))
     return plan

@@ -41,28 +41,27 @@ def test_per_call_when_markers_missing_then_error() -> None:
 
 
 def test_by_op_when_kinds_then_per_token_share_and_coverage() -> None:
+    def entry(label: str, calls: int, raw: int, net: int) -> dict[str, object]:
+        return {
+            "label": label,
+            "key": label,
+            "calls_per_token": calls,
+            "insns_per_call_raw": raw,
+            "insns_per_call": net,
+            "insns_per_call_first_half": raw + 5,
+        }
+
     measured = [
-        {
-            "label": OVERHEAD,
-            "key": OVERHEAD,
-            "calls_per_token": 0,
-            "insns_per_call_raw": 10,
-            "insns_per_call": 0,
-        },
-        {"label": "a", "key": "a", "calls_per_token": 30, "insns_per_call": 20, "insns_per_call_raw": 30},
-        {"label": "b", "key": "b", "calls_per_token": 1, "insns_per_call": 200, "insns_per_call_raw": 210},
-        {
-            "label": WHOLE,
-            "key": WHOLE,
-            "calls_per_token": 1,
-            "insns_per_call": 990,
-            "insns_per_call_raw": 1000,
-        },
+        entry(OVERHEAD, 0, 10, 0),
+        entry("a", 30, 30, 20),
+        entry("b", 1, 210, 200),
+        entry(WHOLE, 1, 1000, 990),
     ]
     got = by_op(measured)
     assert [o["op"] for o in got["ops"]] == ["a", "b"]  # most instructions per token first
     assert [o["insns_per_token"] for o in got["ops"]] == [600, 200]
     assert [o["share_of_step"] for o in got["ops"]] == [0.6, 0.2]
+    assert [o["insns_per_call_first_half_raw"] for o in got["ops"]] == [35, 215]
     assert got["coverage"] == 0.8 and got["whole_step_insns"] == 1000 and got["run_overhead_insns"] == 10
 
 
