@@ -80,9 +80,9 @@ def bench_by_op(
     plugin = build("plugin")
     results = []
     with tempfile.TemporaryDirectory(prefix="cpu-cost-by-op-", dir="/var/tmp") as tmp:
-        root = arm64_root
-        if cpu.emulated_arm and root is None:
-            root = unpacked_arm64_root(Path(tmp))
+        root = None  # qemu's -L: an x86 guest runs the host's own files
+        if cpu.emulated_arm:
+            root = arm64_root or unpacked_arm64_root(Path(tmp))
         for variant in variants:
             model_dir = find_variant(model_dirs, variant)
             entry = manifest_variant(model_dir, variant)
