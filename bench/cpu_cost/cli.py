@@ -32,6 +32,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--arm64-root", default=None, help="an unpacked arm64 root (default: unpack the cached one)"
     )
     p.add_argument("--reps", type=int, default=3, help="native: runs per program (medians)")
+    p.add_argument(
+        "--by-op",
+        action="store_true",
+        help="split one decode step by operator kind (one-node graphs cut from the variant's graph)",
+    )
+    p.add_argument("--past", type=int, default=32, help="--by-op: the decode step's past length")
+    p.add_argument(
+        "--calls", type=int, default=8, help="--by-op: runs per kind (N; per call over the last N)"
+    )
     p.add_argument("--json", help="write the report here too")
 
 
@@ -60,6 +69,19 @@ def run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     else:
         variants = sorted(
             {v for d in dirs for v in json.loads((d / "manifest.json").read_text())["variants"]}
+        )
+    if args.by_op:
+        from bench.cpu_cost.by_op import bench_by_op
+
+        if args.cpu == "native":
+            raise SystemExit("--by-op counts: choose an emulated class (avx2, cortex-a76, cortex-a72)")
+        return bench_by_op(
+            args.cpu,
+            dirs,
+            variants,
+            past=args.past,
+            calls=args.calls,
+            arm64_root=Path(args.arm64_root) if args.arm64_root else None,
         )
     return bench_cpu_cost(
         args.cpu,
