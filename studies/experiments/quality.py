@@ -166,6 +166,22 @@ def measure(gguf: Path, model_dir: Path, variants: list[str], threads: int, peer
     return report
 
 
+def with_session_config(entries: dict[str, str]) -> None:
+    """Every session this process opens gets these config entries too: which kernels onnxruntime picks (a
+    session option such as KleidiAI's off switch) is part of what a variant's quality is on a CPU."""
+    from models.runtime import session
+
+    plain = session.session_options
+
+    def options(threads: int, spinning: bool = False) -> Any:
+        so = plain(threads, spinning)
+        for key, value in entries.items():
+            so.add_session_config_entry(key, value)
+        return so
+
+    session.session_options = options
+
+
 def convert_into(gguf: Path, model_dir: Path, variants: list[str], threads: int) -> None:
     """The converter's files without its own measurement (this module measures), manifest last."""
     from models.convert.pipeline import convert
@@ -191,13 +207,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-peer", action="store_true", help="skip llama.cpp even when it is installed")
     p.add_argument("--json", type=Path, help="write the report here too")
+    p.add_argument(
+        "--session-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an onnxruntime session config entry for every variant's session (mlas.disable_kleidiai=1)",
+    )
     args = p.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
+    if args.session_config:
+        with_session_config(dict(kv.split("=", 1) for kv in args.session_config))
     with tempfile.TemporaryDirectory(prefix="simmer-quality-") as tmp:
         model_dir = args.model_dir or Path(tmp)
         if not (model_dir / "manifest.json").exists():
             convert_into(args.gguf, model_dir, variants, args.threads)
         report = measure(args.gguf, model_dir, variants, args.threads, peer=not args.no_peer)
+    report["session_config"] = dict(kv.split("=", 1) for kv in args.session_config)
     text = json.dumps(report, indent=2)
     if args.json:
         args.json.write_text(text + "\n")
