@@ -24,7 +24,7 @@ from pydantic import (
 
 from models.types import FinishEvent, TokenEvent, ToolCallDelta, Usage
 from server.api.common.flow import Submission
-from server.api.common.logprobs import chat_logprobs
+from server.api.common.logprobs import token_logprobs
 from server.api.common.streaming import (
     Batch,
     End,
@@ -58,12 +58,12 @@ def usage_object(usage: Usage) -> dict[str, Any]:
 
 
 def text_part(text: str, tokens: list[TokenEvent] | None = None) -> dict[str, Any]:
-    logprobs = chat_logprobs(tokens or [])
+    logprobs = token_logprobs(tokens or []) or []
     return {
         "type": "output_text",
         "text": text,
         "annotations": [],
-        "logprobs": logprobs["content"] if logprobs else [],
+        "logprobs": [lp.model_dump(exclude_unset=True) for lp in logprobs],
     }
 
 
