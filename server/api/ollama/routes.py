@@ -16,15 +16,17 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from models.errors import ModelNotFound, SimmerError
 from models.store import registry
 from models.store.registry import license_notice
 from server.api.common.flow import respond, start
 from server.api.common.names import model_id
+from server.api.common.reply import reply_response
 from server.api.ollama import requests as wire
 from server.api.ollama.render import NDJSON, Kind, NdjsonRenderer, PullProgress, control, ollama_name
+from server.api.ollama.replies import OllamaProgress
 from server.api.ollama.translate import chat_draft, generate_draft
 from server.http.errors import ApiError
 from server.refusals import ModelLoading
@@ -71,10 +73,10 @@ def _control(request: Request, kind: Kind, body: wire.OllamaTurn) -> Response:
         raise _not_found(rt, body.model)
     if body.keep_alive_s() == 0:  # unload: the worker does it once no job uses the model
         rt.worker.unload_when_idle(body.model_id)
-        return JSONResponse(control(kind, body.model, "unload"))
+        return reply_response(control(kind, body.model, "unload"))
     if rt.worker.state != "ready":
         raise ModelLoading("The model is still loading; retry shortly")
-    return JSONResponse(control(kind, body.model, "load"))
+    return reply_response(control(kind, body.model, "load"))
 
 
 @router.post("/chat")
@@ -302,7 +304,7 @@ async def pull(body: wire.PullRequest, request: Request) -> Response:
     task.add_done_callback(lambda t: _pulled(spec.id, t))
     if not body.stream:
         await asyncio.shield(task)  # a client that leaves does not stop the install (as Ollama resumes)
-        return JSONResponse({"status": "success"})
+        return reply_response(OllamaProgress(status="success"))
     return StreamingResponse(progress.lines(task), media_type=NDJSON)
 
 
