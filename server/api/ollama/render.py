@@ -57,6 +57,13 @@ def created_at() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def iso(timestamp: str) -> str:
+    """A model's modified_at: the ISO 8601 time the store wrote; now when unknown."""
+    if timestamp:
+        return timestamp
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
 PREFIX = "/api/"  # errors under it are Ollama's {"error": ...}
 NDJSON = "application/x-ndjson"
 

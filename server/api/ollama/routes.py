@@ -25,12 +25,12 @@ from server.api.common.flow import respond, start
 from server.api.common.names import model_id
 from server.api.common.reply import reply_response
 from server.api.ollama import requests as wire
-from server.api.ollama.render import NDJSON, Kind, NdjsonRenderer, PullProgress, control, ollama_name
+from server.api.ollama.render import NDJSON, Kind, NdjsonRenderer, PullProgress, control, iso, ollama_name
 from server.api.ollama.replies import OllamaProgress
 from server.api.ollama.translate import chat_draft, generate_draft
 from server.http.errors import ApiError
 from server.refusals import ModelLoading
-from server.serving.catalog import CatalogEntry, installed, iso
+from server.serving.catalog import CatalogEntry, installed
 from server.serving.request import Draft
 
 if TYPE_CHECKING:
