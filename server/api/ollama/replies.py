@@ -100,11 +100,11 @@ class OllamaModel(Reply):
 
     name: str
     model: str
+    modified_at: str = absent()
     size: NonNegativeInt
     digest: str
-    details: OllamaDetails
-    modified_at: str = absent()
     remote_host: str = absent("served only by the upstream")
+    details: OllamaDetails
     size_vram: NonNegativeInt = absent()
     expires_at: str = absent()
     context_length: int | None = absent()
