@@ -31,8 +31,10 @@ class Reply(BaseModel):
 
 def wire(reply: Reply) -> str:
     """The reply as JSON text, as the client receives it: the fields it was built with, in the order its
-    model declares them (compact, non-ASCII as is). Built with validation, a chunk costs about 2 us more
-    than a dict through json.dumps (5 against 3 us, measured on an EPYC core): nothing beside a token."""
+    model declares them (compact, non-ASCII as is; a float that is not finite is null). Validated, a chat
+    chunk costs about 2 us more than its dict did (5 against 3 us, one text chunk on this 2-core EPYC);
+    with five top logprobs a token about twice its dict's cost (29 against 14 us under a load of 11):
+    nothing beside the forward pass that made the token."""
     return reply.model_dump_json(exclude_unset=True)
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi.responses import Response
 
-from models import types
+from models import types as engine_types
 from models.types import FinishEvent, TokenEvent, ToolCallDelta
 from server.api.common.flow import Submission
 from server.api.common.logprobs import token_logprobs, token_text
@@ -76,7 +76,7 @@ Completion = ChatCompletion | TextCompletion
 Chunk = ChatCompletionChunk | TextCompletionChunk
 
 
-def usage_reply(usage: types.Usage) -> Usage:
+def usage_reply(usage: engine_types.Usage) -> Usage:
     fields: dict[str, Any] = {}
     if usage.by_model:  # simmer: which model produced how many tokens (several when the governor moved it)
         fields["models"] = dict(usage.by_model)
@@ -89,7 +89,7 @@ def usage_reply(usage: types.Usage) -> Usage:
     )
 
 
-def timings_reply(t: types.Timings) -> Timings:
+def timings_reply(t: engine_types.Timings) -> Timings:
     return Timings(
         prompt_n=t.prompt_n,
         prompt_ms=round(t.prompt_ms, 3),
