@@ -30,9 +30,10 @@ from server.routing.sides import device_view, local_side
 from server.serving.contracts import Gate, NoGate
 from server.serving.governor_gate import GovernorGate
 from server.serving.grammars import LLGUIDANCE, Grammars
+from server.serving.model_choice import ModelChoice
 from server.serving.model_pool import LoadedView
+from server.serving.model_setup import serve_single
 from server.serving.request import SamplingDefaults
-from server.serving.served import Served, serve_single
 from server.serving.summary import Summarizer, summary_models
 from server.serving.worker import Worker
 from server.settings import Settings, hub_config
@@ -47,16 +48,17 @@ def create_app(
     engine: Engine | None = None,
     *,
     engine_factory: Callable[[], Engine] | None = None,
-    served: Served | None = None,
+    served: ModelChoice | None = None,
     governor: Gate | None = None,
     breaker: Breaker | None = None,
     grammars: Grammars = LLGUIDANCE,
 ) -> FastAPI:
-    """Build the app over what it serves: `served` (serving/served.py: the installed models, their pool and
-    ladder), or one ready `engine`, or an `engine_factory` that the worker thread calls at startup (GET
-    /health answers 503 "loading" until it returns). `governor` is the worker's gate; `breaker` replaces the
-    upstream breaker built from settings (tests pass one on a fake clock); `grammars` the seam every
-    request's grammar is converted and checked through (server/serving/grammars.py)."""
+    """Build the app over what it serves: `served` (serving/model_choice.py: the served models, their pool
+    and ladder; serving/model_setup.py builds it), or one ready `engine`, or an `engine_factory` that the
+    worker thread calls at startup (GET /health answers 503 "loading" until it returns). `governor` is the
+    worker's gate; `breaker` replaces the upstream breaker built from settings (tests pass one on a fake
+    clock); `grammars` the seam every request's grammar is converted and checked through
+    (server/serving/grammars.py)."""
     if sum(x is not None for x in (engine, engine_factory, served)) != 1:
         raise ValueError("pass exactly one of engine, engine_factory or served")
     if served is None:

@@ -24,7 +24,7 @@ from server.http.connections import (
 from server.http.security import check_bind
 from server.logs import setup_logging
 from server.serving.contracts import Gate
-from server.serving.served import Served
+from server.serving.model_choice import ModelChoice
 from server.settings import Settings
 
 log = logging.getLogger("simmer.server")
@@ -64,7 +64,7 @@ def build_server(
     settings: Settings,
     *,
     engine_factory: Callable[[], Engine] | None = None,
-    served: Served | None = None,
+    served: ModelChoice | None = None,
     governor: Gate | None = None,
 ) -> uvicorn.Server:
     """Check the bind address, build the app and a uvicorn server for it (not started). Without
@@ -72,7 +72,7 @@ def build_server(
     on the ladder (SIMMER_LADDER, checked here: a model that is not installed stops the start)."""
     check_bind(settings.host, settings.api_key)
     if engine_factory is None and served is None:
-        from server.serving.served import serve_store  # lazy: heavy (onnxruntime)
+        from server.serving.model_setup import serve_store  # lazy: heavy (onnxruntime)
 
         served = serve_store(settings)
     if governor is None:
@@ -98,7 +98,7 @@ def build_server(
     return _Server(config, on_exit=app.state.runtime.worker.close)
 
 
-def gate_for(settings: Settings, served: Served | None) -> Gate:
+def gate_for(settings: Settings, served: ModelChoice | None) -> Gate:
     """The governor from settings, on the served ladder and its start rung (the memory tier)."""
     from server.serving.governor_setup import build_gate
 

@@ -30,7 +30,7 @@ def _child_main() -> None:
     install_socket_audit(lambda line: os.write(audit_fd, (line + "\n").encode()))
     from server.launch import build_server, gate_for
     from server.logs import setup_logging
-    from server.serving.served import serve_folders, serve_store
+    from server.serving.model_setup import serve_folders, serve_store
 
     settings = Settings()
     setup_logging(settings.log_level, json_lines=False)

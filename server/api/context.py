@@ -14,8 +14,8 @@ from server.http.stream_slots import StreamSlots, stream_limits
 from server.routing.router import Router
 from server.serving.governor_gate import GovernorGate
 from server.serving.grammars import LLGUIDANCE, Grammars
+from server.serving.model_choice import ModelChoice
 from server.serving.request import SamplingDefaults
-from server.serving.served import Served
 from server.serving.summary import Summarizer
 from server.serving.worker import Worker
 
@@ -26,7 +26,7 @@ STORE_THREADS = 2  # pulls and removals at once; more wait in line without holdi
 class Runtime:
     model: str  # the default model (a request that names none)
     worker: Worker
-    served: Served
+    served: ModelChoice
     metrics: Metrics
     governor: GovernorGate | None  # None: no governor (the worker's gate never pauses or limits)
     stream_interval_s: float

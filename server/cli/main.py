@@ -89,7 +89,7 @@ def conversion_memory_free(settings: Settings) -> int | None:
     process holds already, else what the device (cgroup or host) has available less the reserve."""
     import psutil
 
-    from server.serving.served import memory_budget
+    from server.serving.model_setup import memory_budget
 
     budget = memory_budget(settings)
     held = psutil.Process().memory_info().rss if budget.explicit_bytes is not None else 0

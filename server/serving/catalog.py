@@ -1,8 +1,9 @@
-"""Which models there are: every installed model, as facts read from its manifest without loading it.
+"""What can be served, by name: every installed model, as facts read from its manifest without loading it
+(what is loaded now is serving/model_pool.py's; which one a request means, serving/model_choice.py's).
 
 The one owner of a model's facts: the server lists these in /v1/models and Ollama's /api/tags and /api/show,
-resolves a request's `model` to one of them (serving/served.py), builds the governor's ladder from them and
-plans memory with them. Three sources:
+resolves a request's `model` to one of them (serving/model_choice.py), builds the governor's ladder from
+them and plans memory with them. Three sources:
 - `StoreCatalog`: the model store (`simmer serve`); re-read at most every REFRESH_S, so a model pulled while
   the server runs becomes servable without a restart;
 - `FolderCatalog`: converted folders named by id (the benchmarks' --model-dir, tests);
@@ -12,7 +13,6 @@ plans memory with them. Three sources:
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import threading
@@ -287,10 +287,3 @@ def installed(store: ModelStore | None) -> list[CatalogEntry]:
             )
         )
     return out
-
-
-def iso(timestamp: str) -> str:
-    """An ISO 8601 time for the JSON (the store writes them); now when unknown."""
-    if timestamp:
-        return timestamp
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

@@ -1,4 +1,5 @@
-"""The loaded models: load on demand, unload least-recently-used idle ones to make room, keep_alive.
+"""What is loaded now: load on demand, unload least-recently-used idle ones to make room, keep_alive (what
+can be loaded is serving/catalog.py's; which model a job runs on, serving/model_choice.py's).
 
 Only the worker thread loads and unloads (one thread owns every engine); the views (`loaded`,
 `last_served`) are read by the routes from the event loop, under a lock. Before a load the memory planner

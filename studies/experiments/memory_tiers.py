@@ -65,7 +65,7 @@ def measure(model: str, tokens: int) -> dict[str, Any]:
 
 
 def min_budget(total: int, reserve: int, fair: float) -> int:
-    """The smallest budget B with total + max(reserve, fair * B) <= B (serving/served.py's headroom)."""
+    """The smallest budget B with total + max(reserve, fair * B) <= B (serving/model_setup.py's headroom)."""
     return max(total + reserve, math.ceil(total / (1 - fair)))
 
 

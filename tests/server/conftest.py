@@ -108,7 +108,7 @@ def tiny_long_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
     """live(token_delay_s=..., **settings) -> LiveServer with a RecordingEngine(ScriptedEngine), or what
-    `engine=`, `engine_factory=` or `served=` (server/serving/served.py) give."""
+    `engine=`, `engine_factory=` or `served=` (server/serving/model_setup.py builds one) give."""
     servers: list[LiveServer] = []
 
     def make(

@@ -93,7 +93,7 @@ def ui_server(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
         settings = make_settings(tmp_path, **overrides)
         if gate_factory is not None:
             governor = gate_factory(settings)  # as server/launch.py does: the gate from the settings
-        if served_factory is not None:  # several models (server/serving/served.py)
+        if served_factory is not None:  # several models (server/serving/model_setup.py)
             srv = start_server(settings, served=served_factory(settings), governor=governor)
             servers.append(srv)
             return srv

@@ -9,7 +9,7 @@ import pytest
 from governor.governor import Governor
 from governor.limits import DEFAULT_TABLE, LevelLimits, Rung
 from server.serving.governor_gate import GovernorGate
-from server.serving.served import serve_folders
+from server.serving.model_setup import serve_folders
 from tests.ui.conftest import screenshot
 
 pytestmark = pytest.mark.browser

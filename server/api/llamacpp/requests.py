@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -46,17 +46,3 @@ class ApplyTemplateRequest(StrictBody):
 
     def message_dicts(self) -> list[dict[str, str]]:
         return [m.as_dict() for m in self.messages]
-
-
-def piece_json(data: bytes) -> str | list[int]:
-    """A token's piece: its text when the bytes are valid UTF-8, else the bytes (llama.cpp's choice)."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return list(data)
-
-
-def tokens_json(ids: list[int], pieces: list[bytes] | None) -> dict[str, Any]:
-    if pieces is None:
-        return {"tokens": ids}
-    return {"tokens": [{"id": i, "piece": piece_json(p)} for i, p in zip(ids, pieces, strict=True)]}

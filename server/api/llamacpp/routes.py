@@ -10,15 +10,17 @@ The model they are asked about answers with its engine when it is loaded, else w
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from models.errors import InvalidParameter, ModelNotFound
-from server.api.llamacpp.requests import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest, tokens_json
+from server.api.common.reply import Reply, wire
+from server.api.llamacpp.render import applied, detokenized, tokens_reply
+from server.api.llamacpp.replies import Detokenized, Tokens
+from server.api.llamacpp.requests import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
 from server.refusals import ModelLoading
 from server.serving.catalog import CatalogEntry
 from server.serving.tokenizers import TextSide, give_back_if_large
@@ -47,7 +49,7 @@ def _target(rt: Runtime, model: str | None) -> TextSide | CatalogEntry:
 
 
 async def _answer(
-    request: Request, model: str | None, work: Callable[[TextSide], Any], size: int
+    request: Request, model: str | None, work: Callable[[TextSide], Reply], size: int
 ) -> Response:
     """`work` on the model's text side, on the tokenizer thread; its JSON written there too."""
     rt: Runtime = request.app.state.runtime
@@ -55,7 +57,7 @@ async def _answer(
 
     def run() -> bytes:
         side = rt.served.tokenizers.of(target) if isinstance(target, CatalogEntry) else target
-        data = json.dumps(work(side), ensure_ascii=False, separators=(",", ":")).encode()
+        data = wire(work(side)).encode()
         give_back_if_large(size)
         return data
 
@@ -76,7 +78,7 @@ def _check_ids(side: TextSide, ids: list[int], param: str) -> list[bytes]:
     return out
 
 
-def _tokenize(side: TextSide, body: TokenizeRequest) -> dict[str, Any]:
+def _tokenize(side: TextSide, body: TokenizeRequest) -> Tokens:
     parts = [body.content] if isinstance(body.content, str) else body.content
     ids: list[int] = []
     for i, part in enumerate(parts):
@@ -89,7 +91,7 @@ def _tokenize(side: TextSide, body: TokenizeRequest) -> dict[str, Any]:
             _check_ids(side, [part], f"content[{i}]")
             ids.append(part)
     pieces = [side.token_bytes(t) for t in ids] if body.with_pieces else None
-    return tokens_json(ids, pieces)
+    return tokens_reply(ids, pieces)
 
 
 @router.post("/tokenize")
@@ -101,9 +103,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     return await _answer(request, body.model, lambda side: _tokenize(side, body), size)
 
 
-def _detokenize(side: TextSide, ids: list[int]) -> dict[str, str]:
-    data = b"".join(_check_ids(side, ids, "tokens"))
-    return {"content": data.decode("utf-8", errors="replace")}
+def _detokenize(side: TextSide, ids: list[int]) -> Detokenized:
+    return detokenized(b"".join(_check_ids(side, ids, "tokens")))
 
 
 @router.post("/detokenize")
@@ -115,4 +116,4 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
 async def apply_template(body: ApplyTemplateRequest, request: Request) -> Response:
     messages = body.message_dicts()
     size = sum(len(str(m.get("content") or "")) for m in messages)
-    return await _answer(request, body.model, lambda side: {"prompt": side.chat_text(messages)}, size)
+    return await _answer(request, body.model, lambda side: applied(side.chat_text(messages)), size)

@@ -1,5 +1,6 @@
 """Ollama's replies: one object or NDJSON lines for /api/chat and /api/generate (`NdjsonRenderer`,
-`NdjsonEncoder`), built from small functions (`piece`, `final`, `durations`), and a pull's progress lines.
+`NdjsonEncoder`), built from small functions (`piece`, `final`, `durations`), and a pull's progress lines;
+each is replies.py's model, sent as `wire` writes it.
 A reply's calls come back as Ollama's message.tool_calls, each whole once its arguments object is
 (`CallCollector`)."""
 
@@ -12,20 +13,29 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from models.types import FinishEvent, TokenEvent, ToolCallDelta
 from server.api.common.flow import Submission
+from server.api.common.logprobs import token_text
 from server.api.common.names import LATEST, model_id
+from server.api.common.reply import reply_response, wire
 from server.api.common.streaming import Batch, End, Error, JobStreamingResponse, encode
 from server.api.common.tools import assemble_calls, call_deltas
+from server.api.ollama.replies import (
+    OllamaCall,
+    OllamaCallFunction,
+    OllamaChat,
+    OllamaGenerate,
+    OllamaLogprob,
+    OllamaProgress,
+    OllamaReplyMessage,
+    TopLogprob,
+)
 from server.http.errors import error_payload
 from server.serving.events import GovernorUpdate, Started, Switched
-
-if TYPE_CHECKING:
-    pass
 
 
 def ollama_name(model: str) -> str:
@@ -47,26 +57,46 @@ def created_at() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def iso(timestamp: str) -> str:
+    """A model's modified_at: the ISO 8601 time the store wrote; now when unknown."""
+    if timestamp:
+        return timestamp
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
 PREFIX = "/api/"  # errors under it are Ollama's {"error": ...}
 NDJSON = "application/x-ndjson"
 
 
-def line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+OllamaLine = OllamaChat | OllamaGenerate
 
 
-def logprobs_list(tokens: list[TokenEvent]) -> list[dict[str, Any]] | None:
-    """Ollama's logprobs: one object per token, its top alternatives when asked."""
+def line(reply: OllamaLine | OllamaProgress) -> bytes:
+    return wire(reply).encode() + b"\n"
+
+
+def error_line(err: BaseException) -> bytes:
+    body = error_payload(err, PREFIX)[1]
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def logprobs_list(tokens: list[TokenEvent]) -> list[OllamaLogprob] | None:
+    """Ollama's logprobs: one object per token, its top alternatives when asked. Built unvalidated, as
+    api/common/logprobs.py's (an upstream's relayed logprobs may lack one)."""
     if not tokens or all(ev.logprob is None for ev in tokens):
         return None
     out = []
     for ev in tokens:
-        text = ev.token_text if ev.token_text is not None else ev.text
-        entry: dict[str, Any] = {"token": text, "logprob": ev.logprob, "bytes": list(text.encode())}
+        text = token_text(ev)
+        fields: dict[str, Any] = {}
         if ev.top_logprobs:
-            entry["top_logprobs"] = [
-                {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)} for t in ev.top_logprobs
+            fields["top_logprobs"] = [
+                TopLogprob.model_construct(token=t.token, logprob=t.logprob, bytes=list(t.bytes))
+                for t in ev.top_logprobs
             ]
+        entry = OllamaLogprob.model_construct(
+            token=text, logprob=ev.logprob, bytes=list(text.encode()), **fields
+        )
         out.append(entry)
     return out
 
@@ -91,7 +121,7 @@ def done_reason(finish: FinishEvent) -> str:
     return "length" if finish.finish_reason == "length" else "stop"
 
 
-def ollama_calls(deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
+def ollama_calls(deltas: list[ToolCallDelta]) -> list[OllamaCall]:
     """Ollama's message.tool_calls from the engine's call deltas: the calls whose arguments object is
     complete (one cut by num_predict has no object to give, and is left out)."""
     out = []
@@ -101,8 +131,8 @@ def ollama_calls(deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
         except ValueError:
             continue
         if isinstance(arguments, dict):
-            function = {"index": len(out), "name": call["function"]["name"], "arguments": arguments}
-            out.append({"id": call["id"], "function": function})
+            function = OllamaCallFunction(index=len(out), name=call["function"]["name"], arguments=arguments)
+            out.append(OllamaCall(id=call["id"], function=function))
     return out
 
 
@@ -114,7 +144,7 @@ class CallCollector:
         self._deltas: list[ToolCallDelta] = []
         self._sent = 0
 
-    def add(self, deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
+    def add(self, deltas: list[ToolCallDelta]) -> list[OllamaCall]:
         """The calls these deltas completed."""
         if not deltas:
             return []
@@ -127,21 +157,30 @@ class CallCollector:
 Kind = Literal["chat", "generate"]
 
 
-def piece(
-    kind: Kind, model: str, text: str, tokens: list[TokenEvent], calls: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """One streamed object (done: false)."""
-    out: dict[str, Any] = {"model": model, "created_at": created_at()}
-    if kind == "chat":
-        out["message"] = {"role": "assistant", "content": text}
-        if calls:
-            out["message"]["tool_calls"] = calls
-    else:
-        out["response"] = text
-    out["done"] = False
+def _line(
+    kind: Kind,
+    model: str,
+    text: str,
+    tokens: list[TokenEvent],
+    calls: list[OllamaCall] | None,
+    **fields: Any,
+) -> OllamaLine:
+    fields = {"model": model, "created_at": created_at(), **fields}
     if (lp := logprobs_list(tokens)) is not None:
-        out["logprobs"] = lp
-    return out
+        fields["logprobs"] = lp
+    if kind == "chat":
+        message = OllamaReplyMessage(role="assistant", content=text)
+        if calls:
+            message = OllamaReplyMessage(role="assistant", content=text, tool_calls=calls)
+        return OllamaChat(message=message, **fields)
+    return OllamaGenerate(response=text, **fields)
+
+
+def piece(
+    kind: Kind, model: str, text: str, tokens: list[TokenEvent], calls: list[OllamaCall] | None = None
+) -> OllamaLine:
+    """One streamed object (done: false)."""
+    return _line(kind, model, text, tokens, calls, done=False)
 
 
 def final(
@@ -151,24 +190,22 @@ def final(
     tokens: list[TokenEvent],
     finish: FinishEvent,
     stats: dict[str, int],
-    calls: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+    calls: list[OllamaCall] | None = None,
+) -> OllamaLine:
     """The last object: done, done_reason and the statistics (with the whole reply when not streamed), and
     simmer's window flags as the OpenAI bodies have them: truncated (turns were dropped) and summarized
     (the dropped turns came as a summary note)."""
-    out = piece(kind, model, text, tokens, calls)
-    out.update({"done": True, "done_reason": done_reason(finish), **stats})
-    out.update({"truncated": finish.truncated, "summarized": finish.summarized})
+    fields: dict[str, Any] = {"truncated": finish.truncated, "summarized": finish.summarized}
     if finish.usage.by_model:  # simmer: which model produced how many tokens (the governor may move a reply)
-        out["eval_count_by_model"] = {name_as_given(model, m): n for m, n in finish.usage.by_model.items()}
-    return out
+        fields["eval_count_by_model"] = {name_as_given(model, m): n for m, n in finish.usage.by_model.items()}
+    return _line(
+        kind, model, text, tokens, calls, done=True, done_reason=done_reason(finish), **stats, **fields
+    )
 
 
-def control(kind: Kind, model: str, reason: Literal["load", "unload"]) -> dict[str, Any]:
+def control(kind: Kind, model: str, reason: Literal["load", "unload"]) -> OllamaLine:
     """The answer to a load or unload request (no prompt, no messages)."""
-    out = piece(kind, model, "", [])
-    out.update({"done": True, "done_reason": reason})
-    return out
+    return _line(kind, model, "", [], None, done=True, done_reason=reason)
 
 
 @dataclass
@@ -193,7 +230,7 @@ class NdjsonRenderer:
         calls = ollama_calls(call_deltas(tokens, finish))
         name = self.named(finish.model_id)
         body = final(self.kind, name, text, tokens, finish, self.stats(gen, finish), calls)
-        return JSONResponse(body, headers=gen.headers())
+        return reply_response(body, headers=gen.headers())
 
     def stream(self, gen: Submission, started: Started | None) -> Response:
         name = self.named(started.model_id) if started is not None else self.name
@@ -240,7 +277,7 @@ class NdjsonEncoder:
 
     def error(self, item: Error) -> list[bytes]:
         out = [line(piece(self.kind, self.name, item.text, item.events))] if item.events else []
-        return [*out, line(error_payload(item.error, PREFIX)[1])]
+        return [*out, error_line(item.error)]
 
     def started(self, item: Started) -> list[bytes]:
         self.gen.mark_started()
@@ -264,24 +301,24 @@ class PullProgress:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.queue: asyncio.Queue[OllamaProgress] = asyncio.Queue()
         self._last: tuple[str, int] | None = None
 
     def note(self, text: str) -> None:
         with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, {"status": text})
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, OllamaProgress(status=text))
 
     def __call__(self, stage: str, fraction: float) -> None:
         done = round(max(0.0, min(1.0, fraction)) * self.TOTAL)
         if (stage, done) == self._last:
             return
         self._last = (stage, done)
-        item = {"status": stage, "digest": stage, "total": self.TOTAL, "completed": done}
+        item = OllamaProgress(status=stage, digest=stage, total=self.TOTAL, completed=done)
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
     async def lines(self, task: asyncio.Future) -> AsyncIterator[bytes]:
-        yield line({"status": "pulling manifest"})
+        yield line(OllamaProgress(status="pulling manifest"))
         while not (task.done() and self.queue.empty()):
             getter = asyncio.ensure_future(self.queue.get())
             await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
@@ -292,8 +329,8 @@ class PullProgress:
         try:
             installed = task.result()
         except Exception as err:  # the stream has started: the error is its last line
-            yield line(error_payload(err, PREFIX)[1])
+            yield error_line(err)
             return
-        yield line({"status": "verifying sha256 digest"})
-        yield line({"status": f"installed {installed.id} {installed.version}"})
-        yield line({"status": "success"})
+        yield line(OllamaProgress(status="verifying sha256 digest"))
+        yield line(OllamaProgress(status=f"installed {installed.id} {installed.version}"))
+        yield line(OllamaProgress(status="success"))

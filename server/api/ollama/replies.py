@@ -34,13 +34,24 @@ class OllamaReplyMessage(Reply):
     tool_calls: list[OllamaCall] = absent()
 
 
-class _OllamaLine(Window):
-    """One reply (stream: false), or one NDJSON line of a stream; the last has done: true, done_reason,
-    the statistics (nanoseconds) and the window flags."""
+class _Line(Reply):
+    """What every line begins with: the model that produced it and when."""
 
     model: str
     created_at: str
+
+
+class _ChatLine(_Line):
+    message: OllamaReplyMessage
+
+
+class _GenerateLine(_Line):
+    response: str
+
+
+class _Stats(Reply):
     done: bool
+    logprobs: list[OllamaLogprob] = absent()
     done_reason: Literal["stop", "length", "load", "unload"] = absent()
     total_duration: NonNegativeInt = absent()
     load_duration: NonNegativeInt = absent()
@@ -48,16 +59,22 @@ class _OllamaLine(Window):
     prompt_eval_duration: NonNegativeInt = absent()
     eval_count: NonNegativeInt = absent()
     eval_duration: NonNegativeInt = absent()
-    logprobs: list[OllamaLogprob] = absent()
+
+
+class _Ending(Window, _Stats):
+    """One reply (stream: false), or one NDJSON line of a stream; the last has done: true, done_reason,
+    the statistics (nanoseconds) and the window flags. Declared after the line's head (model, created_at,
+    the text), in the order Ollama sends them, which a line built from the model keeps."""
+
     eval_count_by_model: ByModel = absent()
 
 
-class OllamaChat(_OllamaLine):
-    message: OllamaReplyMessage
+class OllamaChat(_Ending, _ChatLine):
+    pass
 
 
-class OllamaGenerate(_OllamaLine):
-    response: str
+class OllamaGenerate(_Ending, _GenerateLine):
+    pass
 
 
 class OllamaProgress(Reply):
@@ -83,11 +100,11 @@ class OllamaModel(Reply):
 
     name: str
     model: str
+    modified_at: str = absent()
     size: NonNegativeInt
     digest: str
-    details: OllamaDetails
-    modified_at: str = absent()
     remote_host: str = absent("served only by the upstream")
+    details: OllamaDetails
     size_vram: NonNegativeInt = absent()
     expires_at: str = absent()
     context_length: int | None = absent()

@@ -16,19 +16,28 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from models.errors import ModelNotFound, SimmerError
 from models.store import registry
 from models.store.registry import license_notice
 from server.api.common.flow import respond, start
 from server.api.common.names import model_id
+from server.api.common.reply import reply_response
 from server.api.ollama import requests as wire
-from server.api.ollama.render import NDJSON, Kind, NdjsonRenderer, PullProgress, control, ollama_name
+from server.api.ollama.render import NDJSON, Kind, NdjsonRenderer, PullProgress, control, iso, ollama_name
+from server.api.ollama.replies import (
+    OllamaDetails,
+    OllamaModel,
+    OllamaModels,
+    OllamaProgress,
+    OllamaShow,
+    OllamaVersion,
+)
 from server.api.ollama.translate import chat_draft, generate_draft
 from server.http.errors import ApiError
 from server.refusals import ModelLoading
-from server.serving.catalog import CatalogEntry, installed, iso
+from server.serving.catalog import CatalogEntry, installed
 from server.serving.request import Draft
 
 if TYPE_CHECKING:
@@ -71,10 +80,10 @@ def _control(request: Request, kind: Kind, body: wire.OllamaTurn) -> Response:
         raise _not_found(rt, body.model)
     if body.keep_alive_s() == 0:  # unload: the worker does it once no job uses the model
         rt.worker.unload_when_idle(body.model_id)
-        return JSONResponse(control(kind, body.model, "unload"))
+        return reply_response(control(kind, body.model, "unload"))
     if rt.worker.state != "ready":
         raise ModelLoading("The model is still loading; retry shortly")
-    return JSONResponse(control(kind, body.model, "load"))
+    return reply_response(control(kind, body.model, "load"))
 
 
 @router.post("/chat")
@@ -98,33 +107,33 @@ async def generate(body: wire.OllamaGenerateRequest, request: Request) -> Respon
 # ---- models -------------------------------------------------------------------------------------------
 
 
-def _details(entry: CatalogEntry, variant: str | None = None) -> dict[str, Any]:
+def _details(entry: CatalogEntry, variant: str | None = None) -> OllamaDetails:
     family = entry.family
-    return {
-        "parent_model": "",
-        "format": "onnx",  # simmer serves ONNX converted from the GGUF
-        "family": family,
-        "families": [family] if family else None,
-        "parameter_size": "",
-        "quantization_level": variant or entry.default_variant or "",
-    }
+    return OllamaDetails(
+        parent_model="",
+        format="onnx",  # simmer serves ONNX converted from the GGUF
+        family=family,
+        families=[family] if family else None,
+        parameter_size="",
+        quantization_level=variant or entry.default_variant or "",
+    )
 
 
-def _tag(entry: CatalogEntry, variant: str | None = None) -> dict[str, Any]:
+def _tag(entry: CatalogEntry, variant: str | None = None) -> OllamaModel:
     name = ollama_name(entry.id)
-    return {
-        "name": name,
-        "model": name,
-        "modified_at": iso(entry.created),
-        "size": entry.size_bytes,
-        "digest": entry.digest,
-        "details": _details(entry, variant),
-    }
+    return OllamaModel(
+        name=name,
+        model=name,
+        modified_at=iso(entry.created),
+        size=entry.size_bytes,
+        digest=entry.digest,
+        details=_details(entry, variant),
+    )
 
 
 @router.head("/tags", include_in_schema=False)
 @router.get("/tags")
-async def tags(request: Request) -> dict[str, Any]:
+async def tags(request: Request) -> Response:
     rt: Runtime = request.app.state.runtime
     local = await asyncio.to_thread(_listing, rt)  # reads the store: off the event loop
     loaded = rt.served.pool.loaded()
@@ -133,17 +142,17 @@ async def tags(request: Request) -> dict[str, Any]:
     for remote in rt.router.remote_models() if rt.router else []:
         name = ollama_name(remote)
         models.append(
-            {
-                "name": name,
-                "model": name,
-                "modified_at": iso(""),
-                "size": 0,
-                "digest": "",
-                "remote_host": "upstream",
-                "details": {"format": "upstream"},
-            }
+            OllamaModel(
+                name=name,
+                model=name,
+                modified_at=iso(""),
+                size=0,
+                digest="",
+                remote_host="upstream",
+                details=OllamaDetails(format="upstream"),
+            )
         )
-    return {"models": models}
+    return reply_response(OllamaModels(models=models))
 
 
 def _listing(rt: Runtime) -> list[CatalogEntry]:
@@ -180,7 +189,7 @@ def _model_info(rt: Runtime, entry: CatalogEntry) -> dict[str, Any]:
 
 
 @router.post("/show")
-async def show(body: wire.ShowRequest, request: Request) -> dict[str, Any]:
+async def show(body: wire.ShowRequest, request: Request) -> Response:
     rt: Runtime = request.app.state.runtime
     entry = await asyncio.to_thread(_find, rt, body.model_id)
     if entry is None:
@@ -190,23 +199,24 @@ async def show(body: wire.ShowRequest, request: Request) -> dict[str, Any]:
     template = await asyncio.to_thread(entry.chat_template)
     # tools: a chat model gets them (models/runtime/tools.py); Ollama's clients check before sending any
     chats = entry.can_chat
-    return {
-        "modelfile": f"# simmer: the chat template is Jinja (see `template`)\nFROM {entry.id}\n",
-        "parameters": f"temperature {d.temperature:g}\ntop_k {d.top_k}\ntop_p {d.top_p:g}\nmin_p {d.min_p:g}",
-        "template": template,
-        "details": _details(entry, loaded.variant if loaded is not None else None),
-        "model_info": _model_info(rt, entry),
-        "capabilities": ["completion", "tools"] if chats else ["completion"],
-        "modified_at": iso(entry.created),
-    }
+    shown = OllamaShow(
+        modelfile=f"# simmer: the chat template is Jinja (see `template`)\nFROM {entry.id}\n",
+        parameters=f"temperature {d.temperature:g}\ntop_k {d.top_k}\ntop_p {d.top_p:g}\nmin_p {d.min_p:g}",
+        template=template,
+        details=_details(entry, loaded.variant if loaded is not None else None),
+        model_info=_model_info(rt, entry),
+        capabilities=["completion", "tools"] if chats else ["completion"],
+        modified_at=iso(entry.created),
+    )
+    return reply_response(shown)
 
 
 @router.get("/ps")
-async def ps(request: Request) -> dict[str, Any]:
+async def ps(request: Request) -> Response:
     """The models in memory (the worker's pool), each with when its keep_alive runs out."""
     rt: Runtime = request.app.state.runtime
     if rt.worker.state != "ready":
-        return {"models": []}
+        return reply_response(OllamaModels(models=[]))
     models = []
     for loaded_id, view in rt.served.pool.loaded().items():
         engine = rt.served.pool.engine(loaded_id)
@@ -216,26 +226,27 @@ async def ps(request: Request) -> dict[str, Any]:
         # "kept until the server stops" as Ollama shows it: centuries ahead
         left = 292 * 365 * 86400.0 if view.expires_in_s is None else view.expires_in_s
         expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=max(0.0, left))
-        tag = _tag(entry, view.variant)
-        tag.pop("modified_at")
-        tag.update(
-            {
-                "size": entry.variant_bytes(view.variant) or entry.size_bytes or view.bytes,
-                "size_vram": 0,  # CPU only
-                "expires_at": expires.isoformat().replace("+00:00", "Z"),
-                "context_length": engine.context_length if engine is not None else None,
-            }
+        name = ollama_name(entry.id)
+        listed = OllamaModel(
+            name=name,
+            model=name,
+            size=entry.variant_bytes(view.variant) or entry.size_bytes or view.bytes,
+            digest=entry.digest,
+            details=_details(entry, view.variant),
+            size_vram=0,  # CPU only
+            expires_at=expires.isoformat().replace("+00:00", "Z"),
+            context_length=engine.context_length if engine is not None else None,
         )
-        models.append(tag)
-    return {"models": models}
+        models.append(listed)
+    return reply_response(OllamaModels(models=models))
 
 
 @router.head("/version", include_in_schema=False)
 @router.get("/version")
-async def version() -> dict[str, str]:
+async def version() -> Response:
     from importlib.metadata import version as package_version
 
-    return {"version": OLLAMA_API_VERSION, "simmer": package_version("simmer")}
+    return reply_response(OllamaVersion(version=OLLAMA_API_VERSION, simmer=package_version("simmer")))
 
 
 @router.delete("/delete")
@@ -302,7 +313,7 @@ async def pull(body: wire.PullRequest, request: Request) -> Response:
     task.add_done_callback(lambda t: _pulled(spec.id, t))
     if not body.stream:
         await asyncio.shield(task)  # a client that leaves does not stop the install (as Ollama resumes)
-        return JSONResponse({"status": "success"})
+        return reply_response(OllamaProgress(status="success"))
     return StreamingResponse(progress.lines(task), media_type=NDJSON)
 
 

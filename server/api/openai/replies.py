@@ -56,10 +56,13 @@ class RouteReport(Reply):
     reason: str
 
 
-class Ending(Window):
-    """What the body that ends a reply carries beside OpenAI's fields."""
-
+class _Timed(Reply):
     timings: Timings = absent()
+
+
+class Ending(Window, _Timed):
+    """What the body that ends a reply carries beside OpenAI's fields (timings, the window flags, route)."""
+
     route: RouteReport = absent()
 
 
@@ -88,16 +91,21 @@ class ChatChoice(Reply):
     finish_reason: Literal["stop", "length", "tool_calls"]
 
 
-class _Completion(Ending):
-    """What every completion body and stream chunk has: the reply's id, time, model and variant."""
+class _Completion(Reply):
+    """What every completion body and stream chunk has: the reply's id, time, model and variant. `object`,
+    `choices` and `usage` are declared here for their place in the body (OpenAI's order, which a body
+    built from the model keeps), and typed by each reply; the `Ending` fields follow them."""
 
     id: str
+    object: str
     created: int
     model: str
     system_fingerprint: str | None = absent()
+    choices: list[Any]
+    usage: Any
 
 
-class ChatCompletion(_Completion):
+class ChatCompletion(Ending, _Completion):
     object: Literal["chat.completion"]
     choices: list[ChatChoice] = Field(min_length=1, max_length=MAX_CHOICES)  # the request's n
     usage: Usage
@@ -130,7 +138,7 @@ class ChunkChoice(Reply):
     finish_reason: Literal["stop", "length", "tool_calls"] | None
 
 
-class ChatCompletionChunk(_Completion):
+class ChatCompletionChunk(Ending, _Completion):
     """One `data:` of a chat stream. The last chunk with choices has the finish_reason and simmer's
     fields; with stream_options.include_usage a last one follows with no choices and the usage."""
 
@@ -146,7 +154,7 @@ class TextChoice(Reply):
     finish_reason: Literal["stop", "length"]
 
 
-class TextCompletion(_Completion):
+class TextCompletion(Ending, _Completion):
     object: Literal["text_completion"]
     choices: list[TextChoice] = Field(min_length=1, max_length=MAX_CHOICES)  # the request's n
     usage: Usage
@@ -159,7 +167,7 @@ class TextChunkChoice(Reply):
     finish_reason: Literal["stop", "length"] | None
 
 
-class TextCompletionChunk(_Completion):
+class TextCompletionChunk(Ending, _Completion):
     """One `data:` of a text completion stream (as OpenAI's, its object is `text_completion` too)."""
 
     object: Literal["text_completion"]

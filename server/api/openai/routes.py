@@ -14,7 +14,9 @@ from models.errors import ModelNotFound
 from models.variant_facts import floor_facts, refused_variants, variant_facts
 from server.api.common.flow import ClientGone, Submission, collect, respond, start, wait_started
 from server.api.common.names import LATEST
+from server.api.common.reply import reply_response
 from server.api.openai.render import OpenAIRenderer
+from server.api.openai.replies import Model, ModelList
 from server.api.openai.requests import ChatCompletionRequest, CompletionRequest
 from server.api.openai.translate import chat_draft, completion_draft
 from server.serving.catalog import CatalogEntry
@@ -80,61 +82,64 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 
 @router.get("/models")
-async def models(request: Request) -> dict:
+async def models(request: Request) -> Response:
     """Every installed model (simmer extras: variants, disk size, context, chat, loaded, memory), then the
     ids served only upstream when the routing policy lets requests leave."""
+    return reply_response(ModelList(object="list", data=await listed(request)))
+
+
+async def listed(request: Request) -> list[Model]:
     rt: Runtime = request.app.state.runtime
     entries = await asyncio.to_thread(rt.served.catalog.entries)  # the store: a few small files
     loaded = rt.served.pool.loaded()
     data = [model_entry(rt, e, loaded.get(e.id)) for e in sorted(entries, key=lambda e: e.id != rt.model)]
     if not data:  # one engine that has not loaded yet
-        data = [_base(rt, rt.model) | {"loaded": False}]
+        data = [Model(**_base(rt, rt.model), loaded=False)]
     remote = [
-        {"id": m, "object": "model", "created": rt.started, "owned_by": "upstream", "remote": True}
+        Model(id=m, object="model", created=rt.started, owned_by="upstream", remote=True)
         for m in (rt.router.remote_models() if rt.router else [])
     ]
-    return {"object": "list", "data": [*data, *remote]}
+    return [*data, *remote]
 
 
 @router.get("/models/{model:path}")
-async def model(model: str, request: Request) -> dict:
+async def model(model: str, request: Request) -> Response:
     """One model as `/v1/models` lists it (client.models.retrieve). An Ollama-style name with the default
     tag (`smollm2-135m-instruct:latest`) names the model listed without it, as every route reads it; an id
     with a slash (an upstream's `org/name`) is one path. Any other name: 404 model_not_found, as OpenAI's."""
-    listed = {entry["id"]: entry for entry in (await models(request))["data"]}
-    found = listed.get(model) or listed.get(model.removesuffix(LATEST))
+    by_id = {entry.id: entry for entry in await listed(request)}
+    found = by_id.get(model) or by_id.get(model.removesuffix(LATEST))
     if found is None:
         raise ModelNotFound(f"The model '{model}' does not exist", param="model")
-    return found
+    return reply_response(found)
 
 
 def _base(rt: Runtime, model_id: str) -> dict[str, Any]:
     return {"id": model_id, "object": "model", "created": rt.started, "owned_by": "simmer"}
 
 
-def model_entry(rt: Runtime, entry: CatalogEntry, loaded: LoadedView | None) -> dict[str, Any]:
+def model_entry(rt: Runtime, entry: CatalogEntry, loaded: LoadedView | None) -> Model:
     served = rt.served
     variant = loaded.variant if loaded else entry.default_variant
     model_ctx = entry.context_length
     context = served.context_length(entry)
     resident = loaded.bytes if loaded else (served.cost(entry, variant).total if served.cost else None)
     rungs = [r.variant for r in served.ladder if r.model_id == entry.id]
-    return _base(rt, entry.id) | {
-        "default": entry.id == rt.model,
-        "variants": entry.variants,
-        "variant": variant,
-        "disk_bytes": entry.disk_bytes,
-        "context_length": context,
-        "max_context_length": model_ctx,
-        "can_chat": entry.can_chat,
-        "loaded": loaded is not None,
-        "keep_alive_s": None
-        if loaded is None or loaded.expires_in_s is None
-        else round(loaded.expires_in_s, 1),
-        "resident_bytes_estimate": resident or None,
-        "ladder_rungs": rungs,
+    return Model(
+        **_base(rt, entry.id),
+        default=entry.id == rt.model,
+        variants=entry.variants,
+        variant=variant,
+        disk_bytes=entry.disk_bytes,
+        context_length=context,
+        max_context_length=model_ctx,
+        can_chat=entry.can_chat,
+        loaded=loaded is not None,
+        keep_alive_s=None if loaded is None or loaded.expires_in_s is None else round(loaded.expires_in_s, 1),
+        resident_bytes_estimate=resident or None,
+        ladder_rungs=rungs,
         # measured at pull time on this machine: quality against the fp32 reference, speed
-        "variant_quality": variant_facts(entry.manifest),
-        "quality_floor": floor_facts(entry.manifest),
-        "refused_variants": refused_variants(entry.manifest),
-    }
+        variant_quality=variant_facts(entry.manifest),
+        quality_floor=floor_facts(entry.manifest),
+        refused_variants=refused_variants(entry.manifest),
+    )

@@ -3,7 +3,9 @@ event that carries it) and its stream of typed events (`EventStream`), as one bo
 (`ResponsesRenderer`).
 
 The reply is one `response` object, or Server-Sent Events named after their `type`
-(response.created ... response.completed, or error + response.failed), without a [DONE] line. A reply the
+(response.created ... response.completed, or error + response.failed), without a [DONE] line. The response
+object and its output items are replies.py's models (an event carries them as the fields they were built
+with); the events around them are plain objects, which replies.py does not declare. A reply the
 governor moves to another model mid-way gets a response.in_progress naming the new model (with simmer's
 `switch`, as chat's `event: governor` has it); the finished response names the model that finished it.
 A stream that asked for `governor_events` also gets chat's `event: governor` events (state changes and
@@ -15,16 +17,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from fastapi.responses import JSONResponse, Response
-from pydantic import (
-    BaseModel,
-)
+from fastapi.responses import Response
+from pydantic import BaseModel
 
 from models.types import FinishEvent, TokenEvent, ToolCallDelta, Usage
 from server.api.common.flow import Submission
-from server.api.common.logprobs import chat_logprobs
+from server.api.common.logprobs import token_logprobs
+from server.api.common.reply import Reply, TokenLogprob, reply_response
 from server.api.common.streaming import (
     Batch,
     End,
@@ -35,53 +36,73 @@ from server.api.common.streaming import (
     switch_report,
 )
 from server.api.common.tools import assemble_calls, call_deltas
+from server.api.responses import replies
+from server.api.responses.replies import (
+    FunctionCallItem,
+    IncompleteDetails,
+    InputTokensDetails,
+    ItemStatus,
+    OutputMessage,
+    OutputText,
+    OutputTokensDetails,
+    ResponseError,
+    ResponseTextConfig,
+    ResponseUsage,
+)
 from server.api.responses.requests import ResponsesRequest
 from server.http.errors import error_payload
 from server.serving.events import GovernorUpdate, Started, Switched
 
+Item = OutputMessage | FunctionCallItem
+Status = Literal["completed", "incomplete", "failed", "in_progress"]
 
-def usage_object(usage: Usage) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "input_tokens": usage.prompt_tokens,
-        # cache_write_tokens: the prompt tokens prefilled this time, which the prefix cache then keeps
-        "input_tokens_details": {
-            "cached_tokens": usage.cached_tokens,
-            "cache_write_tokens": max(0, usage.prompt_tokens - usage.cached_tokens),
-        },
-        "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": usage.total_tokens,
-    }
+
+def plain(reply: Reply) -> dict[str, Any]:
+    """A reply model as an event carries it: the fields it was built with."""
+    return reply.model_dump(exclude_unset=True)
+
+
+def usage_object(usage: Usage) -> ResponseUsage:
+    fields: dict[str, Any] = {}
     if usage.by_model:  # simmer: output tokens per model, as chat's usage.models (the governor moves replies)
-        body["models"] = dict(usage.by_model)
-    return body
+        fields["models"] = dict(usage.by_model)
+    return ResponseUsage(
+        input_tokens=usage.prompt_tokens,
+        # cache_write_tokens: the prompt tokens prefilled this time, which the prefix cache then keeps
+        input_tokens_details=InputTokensDetails(
+            cached_tokens=usage.cached_tokens,
+            cache_write_tokens=max(0, usage.prompt_tokens - usage.cached_tokens),
+        ),
+        output_tokens=usage.completion_tokens,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+        total_tokens=usage.total_tokens,
+        **fields,
+    )
 
 
-def text_part(text: str, tokens: list[TokenEvent] | None = None) -> dict[str, Any]:
-    logprobs = chat_logprobs(tokens or [])
-    return {
-        "type": "output_text",
-        "text": text,
-        "annotations": [],
-        "logprobs": logprobs["content"] if logprobs else [],
-    }
+def logprobs_of(tokens: list[TokenEvent] | None) -> list[TokenLogprob]:
+    return token_logprobs(tokens or []) or []
 
 
-def message_item(item_id: str, status: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": parts}
+def text_part(text: str, tokens: list[TokenEvent] | None = None) -> OutputText:
+    return OutputText(type="output_text", text=text, annotations=[], logprobs=logprobs_of(tokens))
 
 
-def call_item(item_id: str, call: dict[str, Any], status: str) -> dict[str, Any]:
+def message_item(item_id: str, status: ItemStatus, parts: list[OutputText]) -> OutputMessage:
+    return OutputMessage(id=item_id, type="message", status=status, role="assistant", content=parts)
+
+
+def call_item(item_id: str, call: dict[str, Any], status: ItemStatus) -> FunctionCallItem:
     """A function_call output item from an assembled chat call (assemble_calls in api/common/tools.py)."""
     function = call["function"]
-    return {
-        "id": item_id,
-        "type": "function_call",
-        "status": status,
-        "call_id": call["id"],
-        "name": function["name"],
-        "arguments": function["arguments"],
-    }
+    return FunctionCallItem(
+        id=item_id,
+        type="function_call",
+        status=status,
+        call_id=call["id"],
+        name=function["name"],
+        arguments=function["arguments"],
+    )
 
 
 def _complete(arguments: str) -> bool:
@@ -92,10 +113,12 @@ def _complete(arguments: str) -> bool:
         return False
 
 
-def finish_status(finish: FinishEvent) -> tuple[str, dict[str, str] | None]:
+def finish_status(
+    finish: FinishEvent,
+) -> tuple[Literal["completed", "incomplete"], IncompleteDetails | None]:
     """completed, or incomplete (the reply hit max_output_tokens or the context)."""
     if finish.finish_reason == "length":
-        return "incomplete", {"reason": "max_output_tokens"}
+        return "incomplete", IncompleteDetails(reason="max_output_tokens")
     return "completed", None
 
 
@@ -117,58 +140,61 @@ class ResponseObject:
 
     def build(
         self,
-        status: str,
-        output: list[dict[str, Any]],
+        status: Status,
+        output: list[Item],
         *,
         usage: Usage | None = None,
-        incomplete: dict[str, str] | None = None,
-        error: dict[str, str] | None = None,
+        incomplete: IncompleteDetails | None = None,
+        error: ResponseError | None = None,
         finish: FinishEvent | None = None,
-    ) -> dict[str, Any]:
+    ) -> replies.Response:
         """`finish` (the reply's end) adds simmer's window flags, as the OpenAI bodies have them."""
         r = self.request
         choice = r.tool_choice.model_dump() if isinstance(r.tool_choice, BaseModel) else r.tool_choice
-        window = {"truncated": finish.truncated, "summarized": finish.summarized} if finish else {}
-        body: dict[str, Any] = {
-            "id": self.rid,
-            "object": "response",
-            "created_at": self.created_at,
-            "completed_at": int(time.time()) if status in ("completed", "incomplete") else None,
-            "status": status,
-            "error": error,
-            "incomplete_details": incomplete,
-            "model": self.model,
-            "instructions": r.instructions,
-            "output": output,
-            "parallel_tool_calls": r.parallel_tool_calls if r.parallel_tool_calls is not None else True,
-            "previous_response_id": None,
-            "tool_choice": choice or "auto",
-            "tools": [t.echo() for t in r.tools or ()],
-            "temperature": r.temperature,
-            "top_p": r.top_p,
-            "top_logprobs": r.top_logprobs,
-            "max_output_tokens": r.max_output_tokens,
-            "truncation": r.truncation or "disabled",
-            "text": {"format": r.format.echo()},
-            "reasoning": None,
-            "store": False,  # nothing was stored, whatever `store` asked (see the module docstring)
-            "background": False,
-            "metadata": r.metadata or {},
-            "service_tier": r.service_tier or "default",
-            "safety_identifier": r.safety_identifier,
-            "prompt_cache_key": r.prompt_cache_key,
-            **window,
-        }
+        fields: dict[str, Any] = (
+            {"truncated": finish.truncated, "summarized": finish.summarized} if finish else {}
+        )
         # Optional in OpenAI's spec and never null there: left out until known (`user` unless sent).
         if r.user is not None:
-            body["user"] = r.user
+            fields["user"] = r.user
         if usage is not None:
-            body["usage"] = usage_object(usage)
-        return body
+            fields["usage"] = usage_object(usage)
+        return replies.Response(
+            id=self.rid,
+            object="response",
+            created_at=self.created_at,
+            completed_at=int(time.time()) if status in ("completed", "incomplete") else None,
+            status=status,
+            error=error,
+            incomplete_details=incomplete,
+            model=self.model,
+            instructions=r.instructions,
+            output=output,
+            parallel_tool_calls=r.parallel_tool_calls if r.parallel_tool_calls is not None else True,
+            previous_response_id=None,
+            tool_choice=choice or "auto",
+            tools=[t.echo() for t in r.tools or ()],
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_logprobs=r.top_logprobs,
+            max_output_tokens=r.max_output_tokens,
+            truncation=r.truncation or "disabled",
+            text=ResponseTextConfig(format=r.format.echo()),
+            reasoning=None,
+            store=False,  # nothing was stored, whatever `store` asked (see the module docstring)
+            background=False,
+            metadata=r.metadata or {},
+            service_tier=r.service_tier or "default",
+            safety_identifier=r.safety_identifier,
+            prompt_cache_key=r.prompt_cache_key,
+            **fields,
+        )
 
-    def output(self, text: str, tokens: list[TokenEvent], calls: list[dict[str, Any]], status: str) -> list:
+    def output(
+        self, text: str, tokens: list[TokenEvent], calls: list[dict[str, Any]], status: ItemStatus
+    ) -> list[Item]:
         """The output items: the message (when there is text, or nothing else), then one per call."""
-        items = []
+        items: list[Item] = []
         if text or not calls:
             items.append(message_item(self.item_id, status, [text_part(text, tokens)]))
         for i, call in enumerate(calls):
@@ -176,7 +202,7 @@ class ResponseObject:
             items.append(call_item(self.call_id(i), call, done))
         return items
 
-    def final(self, text: str, tokens: list[TokenEvent], finish: FinishEvent) -> dict[str, Any]:
+    def final(self, text: str, tokens: list[TokenEvent], finish: FinishEvent) -> replies.Response:
         self.model = finish.model_id or self.model
         status, incomplete = finish_status(finish)
         calls = assemble_calls(call_deltas(tokens, finish))
@@ -205,7 +231,7 @@ class EventStream:
         self.deltas: list[ToolCallDelta] = []
         self.opened = 0  # output items so far
         self.current: int | None = None  # the output_index of the item open now
-        self.closed: dict[int, dict[str, Any]] = {}  # output_index -> the item as its output_item.done said
+        self.closed: dict[int, Item] = {}  # output_index -> the item as its output_item.done said
 
     def event(self, kind: str, **data: Any) -> dict[str, Any]:
         out = {"type": kind, "sequence_number": self.seq, **data}
@@ -215,8 +241,8 @@ class EventStream:
     def opening(self) -> list[dict[str, Any]]:
         r = self.r
         events = [
-            self.event("response.created", response=r.build("in_progress", [])),
-            self.event("response.in_progress", response=r.build("in_progress", [])),
+            self.event("response.created", response=plain(r.build("in_progress", []))),
+            self.event("response.in_progress", response=plain(r.build("in_progress", []))),
         ]
         if not r.request.tools:
             events += self._open_message()
@@ -230,14 +256,14 @@ class EventStream:
             self.event(
                 "response.output_item.added",
                 output_index=self.message_at,
-                item=message_item(r.item_id, "in_progress", []),
+                item=plain(message_item(r.item_id, "in_progress", [])),
             ),
             self.event(
                 "response.content_part.added",
                 item_id=r.item_id,
                 output_index=self.message_at,
                 content_index=0,
-                part=text_part(""),
+                part=plain(text_part("")),
             ),
         ]
 
@@ -260,7 +286,7 @@ class EventStream:
                     output_index=self.message_at,
                     content_index=0,
                     delta=text,
-                    logprobs=text_part(text, sent)["logprobs"],
+                    logprobs=[plain(lp) for lp in logprobs_of(sent)],
                 )
             )
         for d in deltas:
@@ -272,7 +298,9 @@ class EventStream:
                 call = {"id": d.id, "function": {"name": d.name, "arguments": ""}}
                 item = call_item(self.r.call_id(d.index), call, "in_progress")
                 events.append(
-                    self.event("response.output_item.added", output_index=self.calls[d.index], item=item)
+                    self.event(
+                        "response.output_item.added", output_index=self.calls[d.index], item=plain(item)
+                    )
                 )
             if d.arguments:
                 events.append(
@@ -285,7 +313,7 @@ class EventStream:
                 )
         return events
 
-    def _item(self, index: int, status: str) -> dict[str, Any]:
+    def _item(self, index: int, status: ItemStatus) -> Item:
         """The item at output_index `index` as it stands (a message: `status`; a call: completed when its
         arguments are a whole object)."""
         if index == self.message_at:
@@ -295,7 +323,7 @@ class EventStream:
         done = "completed" if _complete(call["function"]["arguments"]) else "incomplete"
         return call_item(self.r.call_id(call_index), call, done)
 
-    def _close_current(self, status: str) -> list[dict[str, Any]]:
+    def _close_current(self, status: ItemStatus) -> list[dict[str, Any]]:
         """The `.done` events of the item open now (none when none is)."""
         index, self.current = self.current, None
         if index is None:
@@ -306,8 +334,8 @@ class EventStream:
         item = self._item(index, status)
         self.closed[index] = item
         r = self.r
-        if item["type"] == "message":
-            part = self._part()
+        if isinstance(item, OutputMessage):
+            part = plain(self._part())
             events = [
                 self.event(
                     "response.output_text.done",
@@ -329,13 +357,13 @@ class EventStream:
             events = [
                 self.event(
                     "response.function_call_arguments.done",
-                    item_id=item["id"],
+                    item_id=item.id,
                     output_index=index,
-                    name=item["name"],
-                    arguments=item["arguments"],
+                    name=item.name,
+                    arguments=item.arguments,
                 )
             ]
-        return [*events, self.event("response.output_item.done", output_index=index, item=item)]
+        return [*events, self.event("response.output_item.done", output_index=index, item=plain(item))]
 
     def moved(self, model: str | None, switch: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The reply runs on `model` from now on (the worker started it on another model than the one
@@ -345,10 +373,10 @@ class EventStream:
             return []
         self.r.model = model
         extra = {"switch": switch} if switch else {}
-        output = self._output("in_progress")
-        return [self.event("response.in_progress", response=self.r.build("in_progress", output), **extra)]
+        response = plain(self.r.build("in_progress", self._output("in_progress")))
+        return [self.event("response.in_progress", response=response, **extra)]
 
-    def _output(self, status: str) -> list[dict[str, Any]]:
+    def _output(self, status: ItemStatus) -> list[Item]:
         """Every item opened so far, in output order: the closed ones as they were closed, the open one with
         `status`."""
         items = dict(self.closed)
@@ -356,7 +384,7 @@ class EventStream:
             items[self.current] = self._item(self.current, status)
         return [items[i] for i in sorted(items)]
 
-    def _part(self) -> dict[str, Any]:
+    def _part(self) -> OutputText:
         return text_part(self.text, self.tokens)
 
     def closing(self, finish: FinishEvent) -> list[dict[str, Any]]:
@@ -371,17 +399,17 @@ class EventStream:
             status, self._output(status), usage=finish.usage, incomplete=incomplete, finish=finish
         )
         kind = "response.completed" if status == "completed" else "response.incomplete"
-        return [*events, self.event(kind, response=final)]
+        return [*events, self.event(kind, response=plain(final))]
 
     def failure(self, code: str, message: str, param: str | None, kind: str) -> list[dict[str, Any]]:
         """The `error` event names simmer's code; the failed response's `error.code` is one of the codes
         OpenAI's spec lists for it: `invalid_prompt` for a request the server refused, else `server_error`."""
         listed = "invalid_prompt" if kind == "invalid_request_error" else "server_error"
-        error = {"code": listed, "message": message}
+        error = ResponseError(code=listed, message=message)
         failed = self.r.build("failed", self._output("incomplete"), error=error)
         return [
             self.event("error", code=code, message=message, param=param),
-            self.event("response.failed", response=failed),
+            self.event("response.failed", response=plain(failed)),
         ]
 
 
@@ -396,7 +424,7 @@ class ResponsesRenderer:
     def reply(self, gen: Submission, tokens: list[TokenEvent], finish: FinishEvent) -> Response:
         text = "".join(ev.text for ev in tokens) + finish.text
         body = self.response.final(text, tokens, finish)
-        return JSONResponse(body, headers=gen.headers())
+        return reply_response(body, headers=gen.headers())
 
     def stream(self, gen: Submission, started: Started | None) -> Response:
         if started is not None and started.model_id:  # placed on another model than asked for: say so at once

@@ -68,8 +68,8 @@ class ResponseTextConfig(Reply):
     format: dict[str, Any]
 
 
-class Response(Window):
-    """The window flags come once the reply ended (completed, incomplete)."""
+class _ResponseBody(Reply):
+    """The response's fields in the order OpenAI sends them; `Response` adds simmer's and the last two."""
 
     id: str
     object: Literal["response"]
@@ -101,5 +101,10 @@ class Response(Window):
     service_tier: str = absent()
     safety_identifier: str | None = absent()
     prompt_cache_key: str | None = absent()
+
+
+class Response(Window, _ResponseBody):
+    """The window flags come once the reply ended (completed, incomplete)."""
+
     user: str = absent()
     usage: ResponseUsage | None = absent()

@@ -12,7 +12,7 @@ from models.errors import InvalidParameter
 from models.runtime.engine import load_engine
 from server.launch import gate_for
 from server.serving.engine_config import chat_template_override
-from server.serving.served import serve_folders
+from server.serving.model_setup import serve_folders
 from tests import chat_templates
 from tests.server.conftest import make_settings
 from tests.server.fakes import RecordingEngine

@@ -23,7 +23,7 @@ SERVE_FOLDER = textwrap.dedent(
     import sys
     from pathlib import Path
     from server.launch import build_server
-    from server.serving.served import serve_folders
+    from server.serving.model_setup import serve_folders
     from server.settings import Settings
     settings = Settings(port=int(sys.argv[1]), home=sys.argv[2], thermal_source="none", keep_alive_s=-1,
                         threads=1, context_length=128)

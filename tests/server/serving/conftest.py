@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.serving.served import serve_folders
+from server.serving.model_setup import serve_folders
 from tests.server.conftest import make_settings, wait_ready
 
 

@@ -22,7 +22,7 @@ from server.launch import gate_for
 from server.refusals import DevicePaused
 from server.serving.cost_meter import CostMeter
 from server.serving.governor_gate import GovernorGate, decide_step, to_engine_limits
-from server.serving.served import serve_folders
+from server.serving.model_setup import serve_folders
 from tests.server.conftest import make_settings
 
 

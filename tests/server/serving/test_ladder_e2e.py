@@ -16,7 +16,7 @@ from governor.governor import Governor
 from governor.policy import PolicyConfig
 from governor.sensors import TemperatureReading
 from server.serving.governor_gate import GovernorGate
-from server.serving.served import serve_folders
+from server.serving.model_setup import serve_folders
 from tests.server.conftest import make_settings
 
 pytestmark = pytest.mark.slow

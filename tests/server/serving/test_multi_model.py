@@ -15,7 +15,7 @@ from models.protocol import EngineLimits, Prompt
 from models.runtime.engine import load_engine
 from models.types import CancelToken, GenerationParams, SamplingParams, TokenEvent
 from server.serving.memory_plan import MemoryBudget
-from server.serving.served import serve_folders
+from server.serving.model_setup import serve_folders
 from tests.server.conftest import make_settings, responses_events, wait_ready
 from tests.server.serving.helpers import PROMPT, reference, stream
 

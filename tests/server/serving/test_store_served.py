@@ -15,7 +15,7 @@ import pytest
 from models.convert import pipeline
 from models.runtime.tokenizer import Tokenizer
 from models.store.store import Converter, ModelStore
-from server.serving.served import serve_store
+from server.serving.model_setup import serve_store
 from tests.conftest import GEMMA_STYLE_TEMPLATE
 from tests.server.conftest import make_settings, wait_ready
 from tests.tiny_gguf import write_tiny_gguf

@@ -18,7 +18,7 @@ from models.errors import InvalidParameter
 from models.protocol import EngineLimits
 from models.runtime.engine import window_split
 from server.serving.contracts import NoGate
-from server.serving.served import serve_folders
+from server.serving.model_setup import serve_folders
 from server.serving.summary import NOTE_MARK, message_line, prefix_keys, with_note
 from tests.server.conftest import make_settings, wait_ready
 from tests.server.serving.helpers import TEXT_ONLY, conversation

@@ -8,7 +8,7 @@ import pytest
 
 from models.protocol import EngineLimits, Prompt
 from models.types import CancelToken
-from server.serving.served import serve_folders
+from server.serving.model_setup import serve_folders
 from server.serving.summary import (
     MESSAGE_CHARS,
     NOTE_MARK,

@@ -1,5 +1,6 @@
-"""What the server serves, assembled from Settings: the catalog of installed models, the pool that loads
-them, the governor's ladder across them (with its start rung, the memory tier) and the default model.
+"""Settings -> the ModelChoice (serving/model_choice.py) and what it holds: the catalog of a store, of
+converted folders or of one engine, the pool that loads from it, the governor's ladder across it with its
+start rung (the memory tier), and the default model.
 
 `serve_store` is `simmer serve`'s; `serve_folders` serves converted folders (benchmarks, tests);
 `serve_single` one engine handed over ready or by a factory (tests, older callers).
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from governor.limits import Rung
@@ -17,97 +17,15 @@ from governor.policy import PolicyConfig
 from governor.sensors import read_memory
 from models.protocol import Engine, EngineLimits
 from server.serving.catalog import Catalog, CatalogEntry, FolderCatalog, SingleCatalog, StoreCatalog
-from server.serving.contracts import Job
 from server.serving.engine_config import EngineConfig
-from server.serving.ladder import (
-    StartPlan,
-    Target,
-    build_ladder,
-    describe,
-    model_rungs,
-    parse_ladder,
-    pick_start,
-    place,
-)
+from server.serving.ladder import build_ladder, describe, model_rungs, parse_ladder, pick_start, place
 from server.serving.memory_plan import Estimate, MemoryBudget, estimate
+from server.serving.model_choice import ModelChoice
 from server.serving.model_pool import ModelPool, Opener
 from server.serving.tokenizers import Tokenizers
 from server.settings import Settings
 
 log = logging.getLogger("simmer.governor")
-
-
-@dataclass
-class Served:
-    catalog: Catalog
-    pool: ModelPool
-    default_model: str
-    ladder: list[Rung] = field(default_factory=list)
-    start: StartPlan | None = None
-    preload: str | None = None  # loaded at start (/health says "loading" until it is)
-    cost: Callable[[CatalogEntry, str | None], Estimate] | None = None  # the planner's estimate
-    context_cap: int | None = None  # SIMMER_CONTEXT_LENGTH
-    tokenizers: Tokenizers = field(default_factory=Tokenizers)  # tokenizers of models not loaded
-
-    # -- what routing and the routes read: which model a request means ------------------------------------
-    def ids(self) -> set[str]:
-        """Every model id served here."""
-        return {self.default_model, *(e.id for e in self.catalog.entries())}
-
-    def resolve(self, model: str | None) -> CatalogEntry | None:
-        """The model a request means: the one it names (None or "": the default model); None: not served
-        here. Every route asks this, never which engine ran last."""
-        return self.catalog.get(model or self.default_model)
-
-    def entries(self) -> list[CatalogEntry]:
-        """The served models, the default first (also one engine that has not said what it is yet)."""
-        entries = self.catalog.entries()
-        default = self.catalog.get(self.default_model)
-        if default is None:
-            return entries
-        if all(e.id != default.id for e in entries):
-            entries = [default, *entries]
-        return sorted(entries, key=lambda e: e.id != default.id)
-
-    def context_length(self, entry: CatalogEntry) -> int | None:
-        """The context a request on `entry` gets: its loaded engine's, else SIMMER_CONTEXT_LENGTH capped
-        by the model's own."""
-        engine = self.pool.engine(entry.id)
-        if engine is not None:
-            return engine.context_length
-        caps = [x for x in (self.context_cap, entry.context_length) if x]
-        return min(caps) if caps else None
-
-    def can_chat(self, model_id: str) -> bool:
-        entry = self.catalog.get(model_id)
-        return entry is not None and entry.can_chat
-
-    def serves_chat(self, requested: str) -> bool:
-        """A chat request for `requested` lands somewhere: the model itself or a chat rung below it."""
-        target = place(self.ladder, None, requested, self.can_chat)
-        return self.can_chat(target.model_id)
-
-    def ladder_models(self) -> list[str]:
-        return list(dict.fromkeys(r.model_id for r in self.ladder))
-
-    # -- the worker's placement ---------------------------------------------------------------------------
-    def place(self, job: Job, governed: EngineLimits | None, blocked: set[str]) -> Target:
-        requested = self.catalog.get(job.request.model or self.default_model)
-        requested_id = requested.id if requested else (job.request.model or self.default_model)
-        key = requested.tokenizer_key if requested else None
-        chat = job.request.kind == "chat"
-        biased = bool(job.request.params.sampling.logit_bias)
-
-        def usable(model_id: str) -> bool:
-            if model_id in blocked:
-                return False
-            entry = self.catalog.get(model_id)
-            if entry is None:
-                return False
-            return (not chat or entry.can_chat) and (not biased or entry.tokenizer_key == key)
-
-        rung = (governed.model_id, governed.variant) if governed is not None else None
-        return place(self.ladder, rung, requested_id, usable)
 
 
 def default_model(settings: Settings) -> str:
@@ -146,7 +64,7 @@ def _assemble(
     opener: Opener,
     config: EngineConfig,
     budget: MemoryBudget,
-) -> Served:
+) -> ModelChoice:
     cost = cost_function(config)
     pool = ModelPool(catalog, opener, cost, budget, keep_alive_s=keep_alive_default(settings))
     model = default_model(settings)
@@ -156,7 +74,7 @@ def _assemble(
     else:
         entry = catalog.get(model)
         ladder = model_rungs(entry, settings.variant) if entry is not None else []
-    served = Served(
+    choice = ModelChoice(
         catalog,
         pool,
         model,
@@ -171,13 +89,13 @@ def _assemble(
         total = budget.explicit_bytes or (reading.limit_bytes if reading else 0)
         headroom = max(budget.reserve_bytes, int(PolicyConfig().memory_fair_fraction * total))
         free = budget.free(0)
-        served.start = pick_start(ladder, lambda r: cost(_entry(catalog, r), r.variant), free, headroom)
-        log.info("memory tier: %s; ladder %s", served.start.describe(ladder), describe(ladder))
-        start = ladder[served.start.index]
-        served.preload = place(ladder, (start.model_id, start.variant), model, lambda _: True).model_id
+        choice.start = pick_start(ladder, lambda r: cost(_entry(catalog, r), r.variant), free, headroom)
+        log.info("memory tier: %s; ladder %s", choice.start.describe(ladder), describe(ladder))
+        start = ladder[choice.start.index]
+        choice.preload = place(ladder, (start.model_id, start.variant), model, lambda _: True).model_id
     else:
-        served.preload = model
-    return served
+        choice.preload = model
+    return choice
 
 
 def _entry(catalog: Catalog, rung: Rung) -> CatalogEntry:
@@ -191,7 +109,7 @@ def keep_alive_default(settings: Settings) -> float:
     return float("inf") if settings.keep_alive_s < 0 else settings.keep_alive_s
 
 
-def serve_store(settings: Settings, config: EngineConfig | None = None) -> Served:
+def serve_store(settings: Settings, config: EngineConfig | None = None) -> ModelChoice:
     config = config or EngineConfig.from_settings(settings)
     catalog = StoreCatalog(settings.home, chat_override=config.chat_template is not None)
     cleaned = catalog.store.sweep()  # what an install killed mid-way (SIGTERM) left in the store
@@ -204,7 +122,7 @@ def serve_store(settings: Settings, config: EngineConfig | None = None) -> Serve
     return _assemble(settings, catalog, opener, config, memory_budget(settings))
 
 
-def serve_folders(settings: Settings, folders: list[Path], config: EngineConfig | None = None) -> Served:
+def serve_folders(settings: Settings, folders: list[Path], config: EngineConfig | None = None) -> ModelChoice:
     config = config or EngineConfig.from_settings(settings)
     catalog = FolderCatalog(folders, chat_override=config.chat_template is not None)
 
@@ -219,7 +137,7 @@ def serve_folders(settings: Settings, folders: list[Path], config: EngineConfig 
     return _assemble(settings, catalog, opener, config, memory_budget(settings))
 
 
-def serve_single(settings: Settings, load: Callable[[], Engine]) -> Served:
+def serve_single(settings: Settings, load: Callable[[], Engine]) -> ModelChoice:
     """One engine (tests, a factory): pinned in the pool; unloading frees its sessions, not the object."""
     catalog = SingleCatalog(settings.model)
 
@@ -235,4 +153,4 @@ def serve_single(settings: Settings, load: Callable[[], Engine]) -> Served:
         keep_alive_s=keep_alive_default(settings),
         pinned=True,
     )
-    return Served(catalog, pool, settings.model, preload=settings.model)
+    return ModelChoice(catalog, pool, settings.model, preload=settings.model)
