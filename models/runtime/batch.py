@@ -310,10 +310,14 @@ class _Free:
 class BatchDecoder:
     """Up to `slots` replies of one engine decoding together (see the module docstring)."""
 
+    # A decode pass feeds several rows at once: a graph of one sequence cannot run it (a decoder whose
+    # passes each feed one row, models/runtime/turns.py, says False).
+    passes_rows = True
+
     def __init__(self, engine: DecoderEngine, slots: int = 4, *, pad: bool | None = None) -> None:
         if slots < 1:
             raise InvalidParameter(f"slots must be at least 1, not {slots}", param="slots")
-        if engine.io is not None or not batch_traits(engine.session()).rows:
+        if engine.io is not None or (self.passes_rows and not batch_traits(engine.session()).rows):
             why = BatchTraits(rows=False).why_alone(pad=True)
             raise InvalidParameter(
                 f"{engine.model_id}: {why}: convert it again to serve several replies at once", param="model"

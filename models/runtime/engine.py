@@ -43,6 +43,7 @@ from models.runtime.speculative import MAX_DRAFT, RowCost, Speculation
 from models.runtime.text_side import TextSideMixin, read_tokenizer
 from models.runtime.tokenizer import tokenizer_key
 from models.runtime.tools import CallFormat, detect_format, prepare_messages, tool_grammar
+from models.runtime.turns import TurnDecoder
 from models.runtime.window import newest_turns, window_split
 from models.types import (
     NOMINAL_VARIANT,
@@ -366,24 +367,25 @@ class DecoderEngine(TextSideMixin):
         return changed_variant
 
     def batch_decoder(self, slots: int) -> BatchDecoder | None:
-        """The decoder of up to `slots` replies at once (models/runtime/batch.py), built at the first call
-        and kept with its KV rows until unload(); None when its replies run one at a time (logged once per
+        """The decoder of up to `slots` replies at once, built at the first call and kept with its KV rows
+        until unload(): a batch (models/runtime/batch.py) where this session's rows may share a pass, else
+        replies taking turns in one-row passes of their own (models/runtime/turns.py; logged once per
         variant, with BatchTraits.why_alone's reason: a graph of one sequence, rows that this CPU's kernels
-        sum differently beside others, or a lone row that would need padding: see pad_batches)."""
+        sum differently beside others, or a lone row that would need padding: see pad_batches). None for a
+        foreign decoder (its own KV layout): its replies run one at a time."""
         # per session: a variant switch may bring other traits
         why = batch_traits(self.session()).why_alone(self.pad_batches)
-        if why is not None:
-            if self._batch_refused != self.variant:
-                self._batch_refused = self.variant
-                log.info("%s %s: one reply at a time: %s", self.model_id, self.variant, why)
-            return None
-        if isinstance(self._batch, BatchDecoder) and self._batch.slots == slots:
+        if why is not None and self._batch_refused != self.variant:
+            self._batch_refused = self.variant
+            log.info("%s %s: replies take turns, not a batch: %s", self.model_id, self.variant, why)
+        kind = BatchDecoder if why is None else TurnDecoder
+        if type(self._batch) is kind and self._batch.slots == slots:
             return self._batch
         if self._batch is False:
             return None
-        self._batch = None  # another size: the old rows go before the new ones are allocated
+        self._batch = None  # another size or kind: the old rows go before the new ones are allocated
         try:
-            self._batch = BatchDecoder(self, slots)
+            self._batch = kind(self, slots)
         except InvalidParameter:
             self._batch = False
             return None

@@ -18,6 +18,7 @@ from models.protocol import EngineLimits, Prompt
 from models.runtime.batch import BatchDecoder, RowError, batch_traits
 from models.runtime.constraint import json_schema_grammar
 from models.runtime.engine import DecoderEngine, load_engine
+from models.runtime.turns import TurnDecoder
 from models.types import (
     CancelToken,
     FinishEvent,
@@ -53,13 +54,15 @@ SAMPLINGS = [
 def engine(folder: Path, variant: str = "q4-a8", **kw) -> DecoderEngine:
     """The engine, where this CPU's kernels give a batch's row the logits of the row alone (batch_traits).
     Elsewhere a batched reply's text depends on what runs beside it, which every test here compares: the
-    test asserts what the server does there instead (one reply at a time) and skips, saying so."""
+    test asserts what the server does there instead (replies take turns) and skips, saying so."""
     kw = {"threads": 1, "context_length": 128, "speculation": "off", **kw}
     e = load_engine(folder, variant=variant, **kw)
     traits = batch_traits(e.session())
     if traits.rows and not traits.rows_alike:
-        assert e.batch_decoder(4) is None
-        pytest.skip(f"{e.model_id} {variant}: {traits.why_alone(pad=True)}; its replies run one at a time")
+        assert isinstance(e.batch_decoder(4), TurnDecoder)
+        pytest.skip(
+            f"{e.model_id} {variant}: {traits.why_alone(pad=True)}; its replies take turns (test_turns)"
+        )
     return e
 
 

@@ -1,0 +1,200 @@
+"""Replies taking turns (models/runtime/turns.py) on the tiny real model: each reply in one-row passes of its
+own, one token per reply per round. Equality is with the one-reply engine (DecoderEngine.generate) with
+speculation off, token ids and logprobs bit for bit, on every CPU and whatever the batch probe says (run
+under `--batch-rows differ` too: no pass of turns has two rows)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import jsonschema
+import pytest
+
+from models.protocol import Prompt
+from models.runtime import engine as engine_module
+from models.runtime.batch import BatchDecoder, BatchTraits
+from models.runtime.constraint import json_schema_grammar
+from models.runtime.engine import DecoderEngine, load_engine
+from models.runtime.turns import TurnDecoder
+from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams, TokenEvent, ToolUse
+from tests.models.runtime.helpers import PERSON, TIME, WEATHER, Events, calls_of, drive, finish, tokens
+from tests.models.runtime.test_batch import SAMPLINGS, TEXTS, same_events
+
+
+def engine(folder, variant: str = "q4-a8", **kw) -> DecoderEngine:
+    kw = {"threads": 1, "context_length": 128, "speculation": "off", **kw}
+    return load_engine(folder, variant=variant, **kw)
+
+
+def one_reply(e: DecoderEngine, prompt: Prompt, params: GenerationParams) -> Events:
+    e.reset_cache()  # its whole prompt prefilled, as a turn's row that is compared with it
+    return list(e.generate(prompt, params))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("variant", ["f32", "q4", "q4-a8"])
+def test_turns_when_four_replies_take_turns_then_each_is_the_one_reply_engines_bit_for_bit(
+    tiny_model_dir, variant
+):
+    e = engine(tiny_model_dir, variant)
+    replies = {
+        str(i): (e.text_prompt(t), GenerationParams(s, max_tokens=24, ignore_eos=True))
+        for i, (t, s) in enumerate(zip(TEXTS, SAMPLINGS, strict=True))
+    }
+    together = drive(TurnDecoder(e, 4), replies)
+    for key, (prompt, params) in replies.items():
+        same_events(together[key], one_reply(e, prompt, params))
+        assert len(tokens(together[key])) == 24
+
+
+def test_turns_when_stops_grammar_tools_penalties_then_events_of_the_one_reply_engine(tiny_model_dir):
+    e = engine(tiny_model_dir, context_length=256)
+    seeded = SamplingParams(temperature=1.0, seed=3)
+    replies = {
+        "stop": (e.text_prompt("stop words"), GenerationParams(SAMPLINGS[0], max_tokens=30, stop=(" the",))),
+        "json": (
+            e.text_prompt("json"),
+            GenerationParams(seeded, max_tokens=200, grammar=json_schema_grammar(PERSON)),
+        ),
+        "tools": (
+            e.text_prompt("call"),
+            GenerationParams(seeded, max_tokens=200, tools=ToolUse((WEATHER, TIME), choice="required")),
+        ),
+        "logprobs": (
+            e.text_prompt("logprobs"),
+            GenerationParams(replace(SAMPLINGS[1], logprobs=3), max_tokens=12),
+        ),
+    }
+    together = drive(TurnDecoder(e, 4), replies)
+    for key, (prompt, params) in replies.items():
+        same_events(together[key], one_reply(e, prompt, params))
+    jsonschema.validate(
+        json.loads(
+            "".join(t.text for t in together["json"] if isinstance(t, TokenEvent))
+            + finish(together["json"]).text
+        ),
+        PERSON,
+    )
+    fin = finish(together["tools"])
+    assert fin.finish_reason == "tool_calls" and calls_of(together["tools"][:-1], fin)
+
+
+def test_turns_when_a_round_runs_then_one_one_row_pass_per_decoding_reply(tiny_model_dir, monkeypatch):
+    e = engine(tiny_model_dir)
+    widths: list[int] = []
+    sess = e.session()
+    run = sess.run
+
+    def counted(ids, kv, past, *a, **kw):
+        widths.append(kv.arrays[0][0].shape[0])  # the rows the pass's KV holds
+        return run(ids, kv, past, *a, **kw)
+
+    monkeypatch.setattr(sess, "run", counted)
+    td = TurnDecoder(e, 3)
+    params = GenerationParams(SAMPLINGS[0], max_tokens=8, ignore_eos=True)
+    for t in TEXTS[:3]:
+        td.add(e.text_prompt(t), params)
+    while td.prefilling:
+        td.prefill()
+    widths.clear()
+    before = e.positions_run
+    events = td.step()
+    assert widths == [1, 1, 1]  # three passes of one row, none of several
+    assert e.positions_run - before == 3
+    assert sorted(slot for slot, ev in events if isinstance(ev, TokenEvent)) == [0, 1, 2]
+    assert td.last_pass is not None and td.last_pass.replies == 3
+
+
+def test_turns_when_a_short_prompt_joins_three_long_replies_then_its_first_token_after_one_round(
+    tiny_model_dir,
+):
+    """The batch loop's order (server/serving/batch_loop.py): a prefill chunk when one is due, then a round.
+    The newcomer's first token comes after its prefill and at most one token of each running reply."""
+    e = engine(tiny_model_dir, context_length=256)
+    long = GenerationParams(SAMPLINGS[0], max_tokens=60, ignore_eos=True)
+    td = TurnDecoder(e, 4)
+    slots = [td.add(e.text_prompt(t), long) for t in TEXTS[:3]]
+    while td.prefilling:
+        td.prefill()
+    for _ in range(5):
+        td.step()
+    short = td.add(e.text_prompt("hi"), GenerationParams(SAMPLINGS[0], max_tokens=4, ignore_eos=True))
+    made = dict.fromkeys(slots, 0)
+    first = None
+    prefill_next = True
+    while first is None:
+        if td.prefilling and prefill_next:
+            events, prefill_next = td.prefill(), False
+        else:
+            events, prefill_next = td.step(), True
+        for slot, ev in events:
+            if slot == short and isinstance(ev, TokenEvent):
+                first = ev
+            elif isinstance(ev, TokenEvent):
+                made[slot] += 1
+    assert max(made.values()) <= 1
+
+
+def test_turns_when_a_client_leaves_during_anothers_turn_then_it_ends_without_its_pass(
+    tiny_model_dir, monkeypatch
+):
+    e = engine(tiny_model_dir)
+    params = GenerationParams(SAMPLINGS[1], max_tokens=16, ignore_eos=True)
+    replies = {k: (e.text_prompt(t), params) for k, t in zip("abc", TEXTS, strict=False)}
+    alone = {k: tokens(one_reply(e, *r)) for k, r in replies.items()}
+    gone = CancelToken()
+    td = TurnDecoder(e, 3)
+    slots = {td.add(*replies["a"]): "a", td.add(*replies["b"]): "b", td.add(*replies["c"], cancel=gone): "c"}
+    out: dict[str, Events] = {k: [] for k in "abc"}
+    while td.prefilling:
+        for slot, ev in td.prefill():
+            out[slots[slot]].append(ev)
+    for _ in range(3):
+        for slot, ev in td.step():
+            out[slots[slot]].append(ev)
+    sess = e.session()
+    run = sess.run
+    passes: list[int] = []
+
+    def leave_during_a(ids, kv, past, *a, **kw):  # c's client leaves while a's pass runs
+        passes.append(past)
+        gone.cancel()
+        return run(ids, kv, past, *a, **kw)
+
+    monkeypatch.setattr(sess, "run", leave_during_a)
+    events = td.step()
+    monkeypatch.undo()
+    assert len(passes) == 2  # a's and b's; c ended before its own
+    for slot, ev in events:
+        out[slots[slot]].append(ev)
+    assert finish(out["c"]).finish_reason == "cancelled" and td.free == 1
+    while td.active:
+        for slot, ev in td.prefill() if td.prefilling else td.step():
+            out[slots[slot]].append(ev)
+    assert tokens(out["a"]) == alone["a"] and tokens(out["b"]) == alone["b"]
+    assert tokens(out["c"]) == alone["c"][: len(tokens(out["c"]))] and len(tokens(out["c"])) == 4
+
+
+@pytest.mark.parametrize(
+    ("traits", "pad", "kind"),
+    [
+        (BatchTraits(rows=True, rows_alike=True, one_row_exact=True), False, BatchDecoder),
+        (BatchTraits(rows=True, rows_alike=True, one_row_exact=False), True, BatchDecoder),
+        (BatchTraits(rows=True, rows_alike=True, one_row_exact=False), False, TurnDecoder),
+        (BatchTraits(rows=True, rows_alike=False, one_row_exact=False), True, TurnDecoder),
+        (BatchTraits(rows=False), True, TurnDecoder),
+    ],
+)
+def test_engine_when_rows_cannot_share_a_pass_then_it_offers_turns_not_one_at_a_time(
+    tiny_model_dir, monkeypatch, traits, pad, kind
+):
+    e = engine(tiny_model_dir)
+    monkeypatch.setattr(engine_module, "batch_traits", lambda sess: traits)
+    monkeypatch.setattr(e, "pad_batches", pad)
+    decoder = e.batch_decoder(3)
+    assert decoder is not None and type(decoder) is kind and decoder.slots == 3
+    assert e.batch_decoder(3) is decoder  # kept
+    params = GenerationParams(SAMPLINGS[0], max_tokens=3, ignore_eos=True)
+    if kind is TurnDecoder:
+        out = drive(decoder, {"a": (e.text_prompt("hi"), params)})
+        assert isinstance(out["a"][-1], FinishEvent) and len(tokens(out["a"])) == 3
