@@ -42,6 +42,7 @@ from server.serving.contracts import Job, loop_sink
 from server.serving.events import Failed, Started
 from server.serving.grammars import CHECKS, Grammars
 from server.serving.request import Draft, GenerationRequest, SamplingDefaults, check, parse
+from server.serving.turn_order import client_of
 
 if TYPE_CHECKING:
     from server.api.context import Runtime
@@ -208,7 +209,12 @@ async def start(request: Request, draft: Draft, *, rid: str) -> Submission:
         emit=lambda record: write_record(rt, record),
         route=lambda: f"{route.side}/{route.reason}",  # read at the end: a fallback may move it
     )
-    job = Job(id=rid, request=req, sink=loop_sink(loop, events), account=account)
+    client = client_of(
+        api_key_set=rt.api_key_set,
+        authorization=request.headers.get("authorization"),
+        peer=request.client.host if request.client else None,
+    )
+    job = Job(id=rid, request=req, sink=loop_sink(loop, events), account=account, client=client)
     # Instead of worker.submit: local or upstream; busy / loading / closing raise here, before any work.
     rt.router.start(route, job)
     return Submission(rt, job, events, route, route.model, req.show.stream, account, arrived=arrived)
