@@ -198,3 +198,40 @@ def test_engine_when_rows_cannot_share_a_pass_then_it_offers_turns_not_one_at_a_
     if kind is TurnDecoder:
         out = drive(decoder, {"a": (e.text_prompt("hi"), params)})
         assert isinstance(out["a"][-1], FinishEvent) and len(tokens(out["a"])) == 3
+
+
+@pytest.mark.parametrize("variant", ["f32", "q4"])
+def test_turns_when_the_session_speculates_then_each_reply_drafts_as_alone_and_its_tokens_are_its_own(
+    tiny_model_dir, variant
+):
+    """Where the verification pass is exact (rows_exact) a reply speculates in turns as it does alone: the
+    same tokens, logprobs up to summation order (a verification row is the plain one up to it, and draft
+    lengths follow measured costs, so not even two lone runs are bit for bit the same); drafts verified."""
+    e = engine(tiny_model_dir, variant, speculation="auto")
+    if not e.speculates:
+        pytest.skip(f"{e.model_id} {variant}: its verification pass is not exact here: nothing speculates")
+    repeat = "one two three four one two three four one two three four"
+    replies = {
+        str(i): (e.text_prompt(t), GenerationParams(s, max_tokens=40, ignore_eos=True))
+        for i, (t, s) in enumerate(zip([repeat, *TEXTS[:3]], SAMPLINGS, strict=True))
+    }
+    td = TurnDecoder(e, 4)
+    keys = list(replies)
+    slots = {td.add(*replies[k]): k for k in keys[:3]}
+    together: dict[str, Events] = {k: [] for k in keys}
+    for n in range(40):
+        if n == 6:  # a prompt comes: its prefill runs between a reply's verification and its next token
+            slots[td.add(*replies[keys[3]])] = keys[3]
+        for slot, ev in td.prefill() if td.prefilling else td.step():
+            together[slots[slot]].append(ev)
+    while td.active:
+        for slot, ev in td.prefill() if td.prefilling else td.step():
+            together[slots[slot]].append(ev)
+    drafted = 0
+    for key, (prompt, params) in replies.items():
+        alone = one_reply(e, prompt, params)
+        mine, theirs = tokens(together[key]), tokens(alone)
+        assert [t for t, _, _ in mine] == [t for t, _, _ in theirs], key
+        assert all(abs(a - b) < 1e-4 for (_, a, _), (_, b, _) in zip(mine, theirs, strict=True)), key  # type: ignore[operator]
+        drafted += finish(together[key]).timings.draft_n
+    assert drafted > 0  # some reply did verify drafts in its turns
