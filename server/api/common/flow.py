@@ -91,6 +91,9 @@ async def _next_event(events: asyncio.Queue, gone: asyncio.Event, until: float |
     raise TimeoutError
 
 
+BATCH_HEADER = "X-Simmer-Batch"
+
+
 @dataclass
 class Submission:
     """One submitted job: its events, where it runs, and its accounting."""
@@ -112,8 +115,12 @@ class Submission:
         return self.job.id
 
     def headers(self) -> dict[str, str]:
-        """The reply's headers: where it was served (X-Simmer-Route)."""
-        return {ROUTE_HEADER: self.route.header()}
+        """The reply's headers: where it was served (X-Simmer-Route); with SIMMER_BATCH=fast, that a local
+        reply's text may depend on the replies batched beside it (X-Simmer-Batch: fast)."""
+        headers = {ROUTE_HEADER: self.route.header()}
+        if self.rt.batch_fast and self.route.side == "local":
+            headers[BATCH_HEADER] = "fast"
+        return headers
 
     def mark_started(self) -> None:
         if self.started is None:

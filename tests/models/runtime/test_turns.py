@@ -11,6 +11,7 @@ from dataclasses import replace
 import jsonschema
 import pytest
 
+from models.errors import InvalidParameter
 from models.protocol import Prompt
 from models.runtime import engine as engine_module
 from models.runtime.batch import BatchDecoder, BatchTraits
@@ -175,29 +176,47 @@ def test_turns_when_a_client_leaves_during_anothers_turn_then_it_ends_without_it
     assert tokens(out["c"]) == alone["c"][: len(tokens(out["c"]))] and len(tokens(out["c"])) == 4
 
 
+ALIKE = BatchTraits(rows=True, rows_alike=True, one_row_exact=True)
+LONE_INEXACT = BatchTraits(rows=True, rows_alike=True, one_row_exact=False)
+DIFFER = BatchTraits(rows=True, rows_alike=False, one_row_exact=False)
+ONE_SEQUENCE = BatchTraits(rows=False)
+
+
+# What the engine offers (SIMMER_BATCH, pad_batches, the probe's answer):
+#   exact: a batch where rows are alike and a lone row exact (or padded, pad_batches); turns elsewhere
+#   fast:  a batch wherever the graph has rows, unpadded where exact would not batch; turns for one sequence
 @pytest.mark.parametrize(
-    ("traits", "pad", "kind"),
+    ("mode", "traits", "pad_batches", "kind", "pad"),
     [
-        (BatchTraits(rows=True, rows_alike=True, one_row_exact=True), False, BatchDecoder),
-        (BatchTraits(rows=True, rows_alike=True, one_row_exact=False), True, BatchDecoder),
-        (BatchTraits(rows=True, rows_alike=True, one_row_exact=False), False, TurnDecoder),
-        (BatchTraits(rows=True, rows_alike=False, one_row_exact=False), True, TurnDecoder),
-        (BatchTraits(rows=False), True, TurnDecoder),
+        ("exact", ALIKE, False, BatchDecoder, None),
+        ("exact", LONE_INEXACT, True, BatchDecoder, None),
+        ("exact", LONE_INEXACT, False, TurnDecoder, False),
+        ("exact", DIFFER, True, TurnDecoder, False),
+        ("exact", ONE_SEQUENCE, True, TurnDecoder, False),
+        ("fast", ALIKE, False, BatchDecoder, None),
+        ("fast", LONE_INEXACT, False, BatchDecoder, False),
+        ("fast", DIFFER, False, BatchDecoder, False),
+        ("fast", ONE_SEQUENCE, False, TurnDecoder, False),
     ],
 )
 def test_engine_when_rows_cannot_share_a_pass_then_it_offers_turns_not_one_at_a_time(
-    tiny_model_dir, monkeypatch, traits, pad, kind
+    tiny_model_dir, monkeypatch, mode, traits, pad_batches, kind, pad
 ):
-    e = engine(tiny_model_dir)
+    e = engine(tiny_model_dir, batch=mode)
     monkeypatch.setattr(engine_module, "batch_traits", lambda sess: traits)
-    monkeypatch.setattr(e, "pad_batches", pad)
+    monkeypatch.setattr(e, "pad_batches", pad_batches)
     decoder = e.batch_decoder(3)
-    assert decoder is not None and type(decoder) is kind and decoder.slots == 3
+    assert decoder is not None and type(decoder) is kind and decoder.slots == 3 and decoder.pad == pad
     assert e.batch_decoder(3) is decoder  # kept
     params = GenerationParams(SAMPLINGS[0], max_tokens=3, ignore_eos=True)
     if kind is TurnDecoder:
         out = drive(decoder, {"a": (e.text_prompt("hi"), params)})
         assert isinstance(out["a"][-1], FinishEvent) and len(tokens(out["a"])) == 3
+
+
+def test_engine_when_batch_mode_unknown_then_refused(tiny_model_dir):
+    with pytest.raises(InvalidParameter, match="exact or fast"):
+        engine(tiny_model_dir, batch="fastest")
 
 
 @pytest.mark.parametrize("variant", ["f32", "q4"])

@@ -164,3 +164,18 @@ def test_turns_when_a_short_request_comes_behind_three_long_replies_then_its_fir
     first = next(k for k, x in enumerate(log) if k > joined and x == ("token", short_slot))
     between = [x[1] for x in log[joined:first] if x[0] == "token"]
     assert len(set(between)) == len(between) <= 3  # at most one token of each running reply
+
+
+@pytest.mark.parametrize(("mode", "header"), [("exact", None), ("fast", "fast")])
+def test_batch_mode_when_fast_then_each_local_reply_says_so_in_a_header(live, tiny_model_dir, mode, header):
+    """SIMMER_BATCH=fast batches where a reply's text may depend on its neighbours: every local reply says
+    so (X-Simmer-Batch: fast), streamed or not; exact, the default, adds nothing."""
+    e = engine(tiny_model_dir)
+    srv = live(engine=e, model=e.model_id, max_batch=4, batch=mode)
+    body = {"model": e.model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with srv.client() as c:
+        plain = c.post("/v1/chat/completions", json=body)
+        with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as streamed:
+            streamed.read()
+    assert plain.status_code == streamed.status_code == 200
+    assert plain.headers.get("x-simmer-batch") == streamed.headers.get("x-simmer-batch") == header
