@@ -1,6 +1,7 @@
 """One thread owns the engines: it loads them (through the model pool), builds prompts and generates, one
-job at a time, FIFO, or several replies of one model in a batch. This module is the queue, its thread and
-the idle work; the rest of what the worker does lives beside it:
+job at a time, or several replies of one model at once (in a batch, or taking turns); one client's jobs first
+in first out, the next to join rotating over clients (turn_order.py). This module is the queue, its thread
+and the idle work; the rest of what the worker does lives beside it:
 - server/serving/contracts.py: the Job, its Sink and the protocols the worker is driven through (the Gate);
 - server/serving/placement.py: which model a reply runs on, the limits its engine gets, handovers between
   models and memory relief;
