@@ -12,15 +12,34 @@ import jsonschema
 import pytest
 
 from models.errors import InvalidParameter
-from models.protocol import Prompt
+from models.protocol import EngineLimits, Prompt
 from models.runtime import engine as engine_module
 from models.runtime.batch import BatchDecoder, BatchTraits
 from models.runtime.constraint import json_schema_grammar
 from models.runtime.engine import DecoderEngine, load_engine
 from models.runtime.turns import TurnDecoder
-from models.types import CancelToken, FinishEvent, GenerationParams, SamplingParams, TokenEvent, ToolUse
-from tests.models.runtime.helpers import PERSON, TIME, WEATHER, Events, calls_of, drive, finish, tokens
-from tests.models.runtime.test_batch import SAMPLINGS, TEXTS, same_events
+from models.types import (
+    CancelToken,
+    FinishEvent,
+    GenerationParams,
+    Handover,
+    SamplingParams,
+    TokenEvent,
+    ToolUse,
+)
+from tests.models.runtime.helpers import (
+    PERSON,
+    SAMPLINGS,
+    TEXTS,
+    TIME,
+    WEATHER,
+    Events,
+    calls_of,
+    drive,
+    finish,
+    same_events,
+    tokens,
+)
 
 
 def engine(folder, variant: str = "q4-a8", **kw) -> DecoderEngine:
@@ -254,3 +273,37 @@ def test_turns_when_the_session_speculates_then_each_reply_drafts_as_alone_and_i
         assert all(abs(a - b) < 1e-4 for (_, a, _), (_, b, _) in zip(mine, theirs, strict=True)), key  # type: ignore[operator]
         drafted += finish(together[key]).timings.draft_n
     assert drafted > 0  # some reply did verify drafts in its turns
+
+
+@pytest.mark.parametrize("speculation", ["off", "auto"])
+def test_turns_when_handed_over_then_the_reply_goes_on_on_the_other_model_as_alone(
+    tiny_pair_dirs, speculation
+):
+    """The governor moves one reply to a smaller model mid-turns: it goes on there, the one beside it stays,
+    and its tokens are those the one-reply engine's reply makes when handed over at the same token."""
+    big, small = (engine(d, speculation=speculation) for d in tiny_pair_dirs)
+    params = GenerationParams(SamplingParams(temperature=0.0, logprobs=1), max_tokens=12, ignore_eos=True)
+    prompt = big.text_prompt("one two three one two three one two three")
+    made = iter(range(1 << 30))
+
+    def at_five() -> EngineLimits | None:  # the lone reply's step hook, between its tokens
+        return EngineLimits(model_id=small.model_id) if next(made) == 5 else None
+
+    big.reset_cache()
+    lone = list(big.generate(prompt, params, step_hook=at_five))
+    assert isinstance(lone[-1], Handover)
+    lone += list(small.generate(None, params, resume=lone[-1]))
+    td, other = TurnDecoder(big, 2), TurnDecoder(small, 2)
+    slot = td.add(prompt, params)
+    beside = td.add(big.text_prompt(TEXTS[1]), params)
+    seen: list[TokenEvent] = []
+    while len(seen) < 5:
+        events = td.prefill() if td.prefilling else td.step()
+        seen += [ev for s, ev in events if s == slot and isinstance(ev, TokenEvent)]
+    handover = td.hand_over(slot, EngineLimits(model_id=small.model_id))
+    assert handover.generated == 5 and td.active == [beside]
+    rest = drive(other, {"r": (None, params)}, resume=handover)["r"]
+    fin = finish(rest)
+    assert fin.usage.by_model == {big.model_id: 5, small.model_id: 7}
+    ids = [t.token_id for t in [*seen, *rest] if isinstance(t, TokenEvent)]
+    assert ids == [t.token_id for t in lone if isinstance(t, TokenEvent)]
