@@ -307,3 +307,68 @@ def test_turns_when_handed_over_then_the_reply_goes_on_on_the_other_model_as_alo
     assert fin.usage.by_model == {big.model_id: 5, small.model_id: 7}
     ids = [t.token_id for t in [*seen, *rest] if isinstance(t, TokenEvent)]
     assert ids == [t.token_id for t in lone if isinstance(t, TokenEvent)]
+
+
+@pytest.mark.parametrize("speculation", ["off", "auto"])
+def test_turns_when_context_fills_then_window_slides_as_the_one_reply_engine(tiny_model_dir, speculation):
+    e = engine(tiny_model_dir, context_length=48, speculation=speculation)
+    windowed = GenerationParams(SAMPLINGS[0], truncate=True, ignore_eos=True)
+    capped = GenerationParams(SAMPLINGS[3], max_tokens=70, ignore_eos=True)
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    chat = e.chat_prompt([*turns, {"role": "user", "content": "go"}])
+    replies = {
+        "window": (e.text_prompt(TEXTS[1]), windowed),
+        "chat": (chat, windowed),
+        "full": (e.text_prompt(TEXTS[0]), capped),
+    }
+    together = drive(TurnDecoder(e, 3), replies)
+    for key, (prompt, params) in replies.items():
+        alone = one_reply(e, prompt, params)
+        if speculation == "off":
+            same_events(together[key], alone)
+        else:  # greedy: the same tokens (logprobs up to summation order)
+            assert [t for t, _, _ in tokens(together[key])] == [t for t, _, _ in tokens(alone)], key
+    assert finish(together["window"]).truncated and finish(together["chat"]).truncated
+    assert finish(together["full"]).finish_reason == "length" and not finish(together["full"]).truncated
+
+
+def test_turns_when_variant_switched_mid_reply_then_every_reply_prefills_again_and_goes_on(tiny_model_dir):
+    """With speculation on: drafts verified on the old weights are dropped with the keys (as alone)."""
+    e = engine(tiny_model_dir, "q4", speculation="auto")
+    greedy = GenerationParams(SamplingParams(temperature=0.0), max_tokens=16, ignore_eos=True)
+    repeat = "one two three one two three one two three"
+    replies = {k: (e.text_prompt(t), greedy) for k, t in zip("ab", [repeat, TEXTS[1]], strict=True)}
+    plain = drive(TurnDecoder(e, 2), replies)
+    switched: list[list[int]] = []
+
+    def switch(td, out: dict[str, Events]) -> None:
+        if not switched and min(len(v) for v in out.values()) >= 4:
+            switched.append(td.active)
+            assert td.apply_limits(EngineLimits(variant="f32")) == []
+            assert td.prefilling == switched[0] and td.decoding == []  # all of them, on the new weights
+        return None
+
+    out = drive(TurnDecoder(e, 2), replies, switch)
+    assert e.variant == "f32" and all(finish(v).variant == "f32" for v in out.values())
+    # q4 and f32 are both exact on this model: the greedy replies do not change at the switch
+    assert {k: [t for t, _, _ in tokens(v)] for k, v in out.items()} == {
+        k: [t for t, _, _ in tokens(v)] for k, v in plain.items()
+    }
+
+
+def test_turns_when_a_speculating_reply_goes_stale_then_its_verified_drafts_are_dropped(tiny_model_dir):
+    """Rows verified before a variant switch are the old weights' logits: a reply alone drops them when it
+    goes stale (Generation.advance), and so does its turn's prefill."""
+    e = engine(tiny_model_dir, "q4", speculation="auto")
+    td = TurnDecoder(e, 2)
+    slot = td.add(e.text_prompt("one two three one two three one two three"), GenerationParams(SAMPLINGS[0]))
+    row = td.rows[slot]
+    assert row is not None and row.gen.spec is not None
+    for _ in range(40):
+        td.prefill() if td.prefilling else td.step()
+        if row.gen.spec.pending is not None:
+            break
+    assert row.gen.spec.pending is not None  # drafted tokens verified, waiting to be used
+    td.apply_limits(EngineLimits(variant="f32"))
+    td.prefill()
+    assert row.gen.spec.pending is None
