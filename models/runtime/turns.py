@@ -91,8 +91,7 @@ class TurnDecoder(BatchDecoder):
         ran = 0
         for b in live:
             row = self.rows[b]
-            if row is None or not row.decoding:  # ended earlier in this round (cannot today: kept safe)
-                continue
+            assert row is not None  # a reply ends only in its own turn
             gen = row.gen
             if gen.cancel.cancelled:
                 events.append(self._finish(b, "cancelled"))
