@@ -237,8 +237,9 @@ class Engine(Protocol):
         ...
 
     def batch_decoder(self, slots: int) -> BatchDecoding | None:
-        """The decoder of up to `slots` replies at once, kept (with its KV rows) until unload() or
-        shrink_batch(); None when this engine serves its replies one at a time (then generate() them)."""
+        """The decoder of up to `slots` replies at once (in a batch, or taking turns), kept (with its KV
+        rows) until unload() or shrink_batch(); None when this engine serves its replies one at a time (then
+        generate() them)."""
         ...
 
     def shrink_batch(self, slots: int) -> bool:

@@ -144,6 +144,7 @@ def create_app(
         summarizer=summarizer,
         pull_dirs=tuple(settings.pull_dirs),
         api_key_set=bool(settings.api_key),
+        batch_fast=settings.batch == "fast",
         grammars=grammars,
         event_streams=StreamSlots(*stream_limits(fd_budget(settings.max_connections).cap)),
     )

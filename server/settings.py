@@ -77,6 +77,13 @@ class Settings(BaseSettings):
         description="Replies of one model decoded together, one token each per forward pass (each holds a "
         "KV buffer of the whole context); 1: one reply at a time",
     )
+    batch: Literal["exact", "fast"] = Field(
+        "exact",
+        description="exact: replies decode together only where this CPU gives a row of a batch the logits "
+        "it gets alone, and take turns elsewhere (a reply's text never depends on its neighbours); fast: "
+        "batch on every CPU (faster where rows differ, but a reply's text may then depend on the replies "
+        "beside it; each reply says so in its X-Simmer-Batch header)",
+    )
     prefix_cache_slots: int = Field(1, description="KV slots kept for prefix reuse (conversations cached)")
     prefix_cache_mb: int = Field(256, description="Memory budget for prefix-reuse KV slots")
     kv_prefault: bool = Field(

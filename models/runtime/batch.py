@@ -38,12 +38,13 @@ order than the rows of a larger one (~7e-5 apart in the logits; passes of two or
 so there a reply decoding alone is padded to two rows. `pad` None (the default) decides per session from
 that measurement, True or False force it. Measured against the unpadded pass, interleaved, the padded pass
 costs a lone reply 2.3x on q4, so the engine offers no batch decoder for such a session
-(DecoderEngine.batch_decoder, unless its pad_batches is set): its replies run one at a time. On AVX2
+(DecoderEngine.batch_decoder, unless its pad_batches is set): its replies take turns
+(models/runtime/turns.py: one-row passes of their own). On AVX2
 (measured under qemu-x86_64 -cpu Haswell) q4's lone row is not exact either and f32's is, while q4-a8's
 int8 kernels round a lone row otherwise: on the tiny test model within summation order, on SmolLM2 0.42
 apart in the logits, rows not even alike (BatchTraits.rows_alike). Where rows are not alike the engine
-offers no batch decoder at all, and one built directly (not through the engine) decodes replies whose
-text depends on what runs beside them.
+offers turns whatever pad_batches says (unless SIMMER_BATCH=fast), and a batch decoder built directly (not
+through the engine) decodes replies whose text depends on what runs beside them.
 A prefill chunk runs its row alone whatever else is active, so it is the same too; and
 its text does not depend on how much of its prompt a free row held (prefix reuse), as for the one-reply
 engine: a prefill never runs a pass of one position, and reuses only keys a cold prefill would write
@@ -235,8 +236,8 @@ class BatchTraits:
     one_row_exact: bool = False
 
     def why_alone(self, pad: bool) -> str | None:
-        """Why an engine serves such a session's replies one at a time (None: it batches them); `pad`: a
-        lone reply may decode padded to two rows (DecoderEngine.pad_batches)."""
+        """Why an engine does not batch such a session's replies, which take turns instead (None: it
+        batches them); `pad`: a lone reply may decode padded to two rows (DecoderEngine.pad_batches)."""
         if not self.rows:
             return "its graph runs one sequence at a time (converted before batches, or not by simmer)"
         if not self.rows_alike:
@@ -310,10 +311,14 @@ class _Free:
 class BatchDecoder:
     """Up to `slots` replies of one engine decoding together (see the module docstring)."""
 
+    # A decode pass feeds several rows at once: a graph of one sequence cannot run it (a decoder whose
+    # passes each feed one row, models/runtime/turns.py, says False).
+    passes_rows = True
+
     def __init__(self, engine: DecoderEngine, slots: int = 4, *, pad: bool | None = None) -> None:
         if slots < 1:
             raise InvalidParameter(f"slots must be at least 1, not {slots}", param="slots")
-        if engine.io is not None or not batch_traits(engine.session()).rows:
+        if engine.io is not None or (self.passes_rows and not batch_traits(engine.session()).rows):
             why = BatchTraits(rows=False).why_alone(pad=True)
             raise InvalidParameter(
                 f"{engine.model_id}: {why}: convert it again to serve several replies at once", param="model"

@@ -43,6 +43,7 @@ from models.runtime.speculative import MAX_DRAFT, RowCost, Speculation
 from models.runtime.text_side import TextSideMixin, read_tokenizer
 from models.runtime.tokenizer import tokenizer_key
 from models.runtime.tools import CallFormat, detect_format, prepare_messages, tool_grammar
+from models.runtime.turns import TurnDecoder
 from models.runtime.window import newest_turns, window_split
 from models.types import (
     NOMINAL_VARIANT,
@@ -131,6 +132,7 @@ class DecoderEngine(TextSideMixin):
         max_draft: int = MAX_DRAFT,
         window_reply_contexts: int = WINDOW_REPLY_CONTEXTS,
         kv_prefault: bool = False,
+        batch: str = "exact",
         limits: EngineLimits | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
@@ -166,6 +168,11 @@ class DecoderEngine(TextSideMixin):
                 f"speculation must be auto or off, not {speculation!r}", param="speculation"
             )
         self.speculation = speculation
+        if batch not in ("exact", "fast"):
+            raise InvalidParameter(f"batch must be exact or fast, not {batch!r}", param="batch")
+        # SIMMER_BATCH: "exact" batches only where a reply's text cannot depend on its neighbours (elsewhere
+        # they take turns); "fast" batches wherever the graph has rows (batch_decoder)
+        self.batch = batch
         self.max_draft = max(0, max_draft)
         self._row_costs: dict[tuple[str, int, bool], RowCost] = {}  # per session: what a verified row costs
         self.max_sessions = max(1, max_sessions)
@@ -366,24 +373,36 @@ class DecoderEngine(TextSideMixin):
         return changed_variant
 
     def batch_decoder(self, slots: int) -> BatchDecoder | None:
-        """The decoder of up to `slots` replies at once (models/runtime/batch.py), built at the first call
-        and kept with its KV rows until unload(); None when its replies run one at a time (logged once per
+        """The decoder of up to `slots` replies at once, built at the first call and kept with its KV rows
+        until unload(): a batch (models/runtime/batch.py) where this session's rows may share a pass, else
+        replies taking turns in one-row passes of their own (models/runtime/turns.py; logged once per
         variant, with BatchTraits.why_alone's reason: a graph of one sequence, rows that this CPU's kernels
-        sum differently beside others, or a lone row that would need padding: see pad_batches)."""
+        sum differently beside others, or a lone row that would need padding: see pad_batches). With
+        `batch` "fast" (SIMMER_BATCH) a graph of rows batches whatever its rows do, unpadded: a reply's text
+        may then depend on the replies beside it. None for a foreign decoder (its own KV layout): its
+        replies run one at a time."""
         # per session: a variant switch may bring other traits
-        why = batch_traits(self.session()).why_alone(self.pad_batches)
-        if why is not None:
-            if self._batch_refused != self.variant:
-                self._batch_refused = self.variant
-                log.info("%s %s: one reply at a time: %s", self.model_id, self.variant, why)
+        traits = batch_traits(self.session())
+        why = traits.why_alone(self.pad_batches)
+        fast = why is not None and traits.rows and self.batch == "fast"
+        if why is not None and self._batch_refused != self.variant:
+            self._batch_refused = self.variant
+            if fast:
+                log.warning("%s %s: batched anyway (SIMMER_BATCH=fast): %s", self.model_id, self.variant, why)
+            else:
+                log.info("%s %s: replies take turns, not a batch: %s", self.model_id, self.variant, why)
+        kind = TurnDecoder if why is not None and not fast else BatchDecoder
+        pad = False if fast else None  # fast: a lone reply is not padded to two rows either
+        batch = self._batch
+        if type(batch) is kind and batch.slots == slots and (kind is TurnDecoder or batch.pad == pad):
+            return batch
+        if batch is False:
             return None
-        if isinstance(self._batch, BatchDecoder) and self._batch.slots == slots:
-            return self._batch
-        if self._batch is False:
-            return None
-        self._batch = None  # another size: the old rows go before the new ones are allocated
+        self._batch = None  # another size or kind: the old rows go before the new ones are allocated
         try:
-            self._batch = BatchDecoder(self, slots)
+            self._batch = (
+                TurnDecoder(self, slots) if kind is TurnDecoder else BatchDecoder(self, slots, pad=pad)
+            )
         except InvalidParameter:
             self._batch = False
             return None

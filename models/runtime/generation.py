@@ -11,7 +11,8 @@ variant, context cap, max tokens, spinning): a new variant means another session
 token history, so the reply continues coherently.
 The engine (models/runtime/engine.py) holds what outlives a reply: the model, its sessions, its KV slots and
 limits. A batch of replies (models/runtime/batch.py) takes the same steps per row (`forward`, `next_token`,
-`slide_window`, `flush`, `finish_event`, `handover`).
+`slide_window`, `flush`, `finish_event`, `handover`); replies taking turns (models/runtime/turns.py) take
+run()'s own decode step too (`advance`, speculation included, and `end_speculation`).
 """
 
 from __future__ import annotations
@@ -300,7 +301,7 @@ class Generation:
             end = prefill_end(self.pos, len(self.ctx), self.e.prefill_chunk, positions_exact(self.sess))
             logits = self.forward(self.ctx[self.pos : end])
 
-    def _advance(self, token: int, left: int) -> np.ndarray:
+    def advance(self, token: int, left: int) -> np.ndarray:
         """The logits after `token` (just appended to ctx). Speculating, a verified drafted token's row is
         already there; otherwise the token is fed with a new draft of at most left - 1 tokens, in one pass.
         Positions past a rejected draft token are overwritten by the next pass (no copy)."""
@@ -395,7 +396,7 @@ class Generation:
                         break
                     self.slide_window()
                 # normally just the new token (and a draft); all of ctx after a switch
-                self.logits = self._advance(self.ctx[-1], self._cap() - r.generated)
+                self.logits = self.advance(self.ctx[-1], self.cap() - r.generated)
             finish, held_text, end_calls = self.flush(finish)
         except Cancelled:
             finish = "cancelled"
@@ -403,13 +404,13 @@ class Generation:
             finish = "length"
         except _Switch as switch:
             handed_over = True  # the grammar goes on with the next model
-            self._end_speculation()  # before the next model runs: drafting starts afresh there
+            self.end_speculation()  # before the next model runs: drafting starts afresh there
             yield self.handover(switch.limits)
             return
         finally:
             if r.constraint is not None and not handed_over:
                 r.constraint.close()
-            self._end_speculation()
+            self.end_speculation()
         yield self.finish_event(finish, held_text, end_calls)
 
     # -- one token at a time: the steps run() takes, which a batch of replies (batch.py) takes per row ------
@@ -424,7 +425,8 @@ class Generation:
         self.max_tokens = max_tokens
         self.t_decode = time.perf_counter()
 
-    def _cap(self) -> int:
+    def cap(self) -> int:
+        """The most tokens the reply may make now (its bound, and the governor's)."""
         return min(x for x in (self.max_tokens, self.e.max_tokens_limit, 1 << 30) if x is not None)
 
     def next_token(self) -> tuple[TokenEvent | None, FinishReason | None]:
@@ -432,7 +434,7 @@ class Generation:
         ends before one; the finish reason when the reply ends here, else None). The token is appended to
         ctx, so the next forward pass feeds ctx[-1]."""
         e, p, r = self.e, self.params, self.r
-        cap = self._cap()
+        cap = self.cap()
         if r.generated >= cap:
             return None, "length"
         constraint, reader = r.constraint, r.reader
@@ -527,7 +529,7 @@ class Generation:
             model_id=e.model_id,
         )
 
-    def _end_speculation(self) -> None:
+    def end_speculation(self) -> None:
         """Count the drafts into the reply's timings (summed over the models a reply went through) and drop
         verified tokens past the reply's end from the slot, so it holds what a plain decode leaves."""
         if self.spec is None:

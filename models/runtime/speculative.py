@@ -231,6 +231,13 @@ class Speculation:
         self.drafted += len(draft)
         self.pending = Pending(draft, rows) if draft else None
 
+    def keep_rows(self) -> None:
+        """The pending rows are a view of the session's logits buffer, which its next pass overwrites: a
+        reply alone uses them before its next pass, but where replies take turns (models/runtime/turns.py)
+        another reply's pass comes first, so they are copied out."""
+        if self.pending is not None:
+            self.pending.rows = self.pending.rows.copy()
+
 
 def expected_tokens(acceptance: float, k: int) -> float:
     """Tokens one pass with k drafted tokens yields on average (the rejected position's or the bonus

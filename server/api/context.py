@@ -49,6 +49,7 @@ class Runtime:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="simmer-tokenizer")
     )
     api_key_set: bool = False  # SIMMER_API_KEY: the key a request presents is part of its cache scope
+    batch_fast: bool = False  # SIMMER_BATCH=fast: a local reply says so (X-Simmer-Batch)
     grammars: Grammars = LLGUIDANCE  # every grammar a request asks for is converted and checked here
     # endless event streams open at once (GET /v1/thermal/events): well under the connection cap
     event_streams: StreamSlots = field(default_factory=lambda: StreamSlots(*stream_limits(128)))

@@ -1,5 +1,7 @@
 """The passes that generate started replies (worker thread): one reply through engine.generate, or up to
-max_batch replies of one model decoded together, one token each per forward pass.
+max_batch replies of one model at once, one token each per pass: decoded together in one forward pass (a
+batch), or taking turns in one-row passes of their own where a batch's rows cannot share a pass (the engine
+offers either through the same BatchDecoding protocol, and this loop drives both alike).
 
 Between a batch's passes replies of its model join (their prompt a prefill chunk at a time), the governor's
 step runs once for the batch (its idle holds the pace for the whole batch: the loop never sleeps itself) and
@@ -34,7 +36,8 @@ class Lineup(Protocol):
     """The worker's side of a batch: where the next replies come from and where moved ones wait."""
 
     def next_for(self, engine: Engine) -> Reply | None:
-        """The next reply for `engine`, started: a moved one, else the queue's head when it runs there."""
+        """The next reply for `engine`, started: a moved one, else the queue's next (by client) when it runs
+        there."""
         ...
 
     def move(self, reply: Reply) -> None:
@@ -173,8 +176,9 @@ class BatchLoop:
         reply.job.cancel.on_cancel(token.cancel)
 
     def _admit(self, batch: BatchDecoding, rows: dict[int, Reply], token: CancelToken) -> None:
-        """Free rows take replies of the batch's model: moved ones first, then the queue's head while it
-        is placed on this model (and the governor lets new work start)."""
+        """Free rows take replies of the batch's model: moved ones first, then the queue's next (the client
+        with the fewest replies running first) while it is placed on this model (and the governor lets new
+        work start)."""
         engine, placement = batch.engine, self.placement
         while batch.free > 0 and len(batch.active) < placement.rows():  # fewer rows under memory pressure
             reply = self.lineup.next_for(engine)

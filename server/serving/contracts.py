@@ -141,6 +141,7 @@ class Job:
     cancel: CancelToken = field(default_factory=CancelToken)
     enqueued_at: float = field(default_factory=time.monotonic)
     account: RequestAccount | None = None
+    client: str = ""  # who sent it, for its turn beside other clients' replies (serving/turn_order.py)
 
     def worker_done(self) -> None:
         if self.account is not None:

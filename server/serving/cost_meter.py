@@ -19,7 +19,8 @@ class CostMeter:
     device) and wall seconds per pass of each configuration (model, variant, threads, spinning) the engine
     runs, apart for each number of tokens a pass makes: one for the one-reply engine's decode step, k for a
     batch's pass of k replies (a pass of k rows costs less than k passes of one: the weights are read once
-    for all rows). A pass is what lies between two steps without the gate's idle: one decode pass (the
+    for all rows), or k for a round of k replies taking turns (models/runtime/turns.py: k passes of one row,
+    about k times one). A pass is what lies between two steps without the gate's idle: one decode pass (the
     forward pass, the sampling, the hand-off), or now and then a prefill chunk, which the medians over the
     last `window` passes leave out (a batch's prefill chunks make no token: not counted at all). A pass is
     work alone: the gate's idle is the only wait that holds a pace (the engine and the batch loop never

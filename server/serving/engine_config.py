@@ -47,6 +47,7 @@ class EngineConfig:
     window_reply_contexts: int = 1  # SIMMER_WINDOW_REPLY_CONTEXTS: a sliding-window reply's bound
     kv_prefault: bool = True  # SIMMER_KV_PREFAULT: a KV buffer resident when allocated (kv_zeros)
     max_batch: int = 1  # SIMMER_MAX_BATCH: replies of one model decoded together (1: one at a time)
+    batch: str = "exact"  # SIMMER_BATCH: batch only where rows are alike (exact), or everywhere (fast)
 
     @property
     def batch_rows(self) -> int:
@@ -69,6 +70,7 @@ class EngineConfig:
             window_reply_contexts=settings.window_reply_contexts,
             kv_prefault=settings.kv_prefault,
             max_batch=settings.max_batch,
+            batch=settings.batch,
         )
 
     def open(
@@ -99,6 +101,7 @@ class EngineConfig:
             speculation=self.speculation,
             window_reply_contexts=self.window_reply_contexts,
             kv_prefault=self.kv_prefault,
+            batch=self.batch,
             limits=limits,
         )
 

@@ -1,6 +1,7 @@
 """One thread owns the engines: it loads them (through the model pool), builds prompts and generates, one
-job at a time, FIFO, or several replies of one model in a batch. This module is the queue, its thread and
-the idle work; the rest of what the worker does lives beside it:
+job at a time, or several replies of one model at once (in a batch, or taking turns); one client's jobs first
+in first out, the next to join rotating over clients (turn_order.py). This module is the queue, its thread
+and the idle work; the rest of what the worker does lives beside it:
 - server/serving/contracts.py: the Job, its Sink and the protocols the worker is driven through (the Gate);
 - server/serving/placement.py: which model a reply runs on, the limits its engine gets, handovers between
   models and memory relief;
@@ -42,6 +43,7 @@ from server.serving.events import Failed, GovernorUpdate
 from server.serving.model_pool import ModelPool
 from server.serving.placement import Placement, requested_model
 from server.serving.reply import Desk, Held, Reply
+from server.serving.turn_order import next_turn
 
 log = logging.getLogger("simmer.server")
 
@@ -285,7 +287,8 @@ class Worker:
 
     # ---- what a batch draws from (batch_loop.Lineup) --------------------------------------------------
     def next_for(self, engine: Engine) -> Reply | None:
-        """The next reply for `engine`, started: a moved one, else the queue's head when it runs there."""
+        """The next reply for `engine`, started: a moved one, else the queue's next by client
+        (turn_order.next_turn: the client with the fewest replies running first) when it runs there."""
         with self._cond:
             for reply in self._moved:
                 if reply.engine is engine:
@@ -293,16 +296,18 @@ class Worker:
                     return reply
             if self._moved or self.gate.pauses_new:
                 return None  # the moved replies go first; a paused governor holds new work
-            while self._queue and self._queue[0].cancel.cancelled:
-                gone = self._queue.popleft()
+            for gone in [job for job in self._queue if job.cancel.cancelled]:
+                self._queue.remove(gone)
                 gone.worker_done()  # its client left while it was queued
-            if not self._queue:
+            running = collections.Counter(job.client for job in self._held.jobs())
+            turn = next_turn([job.client for job in self._queue], running)
+            if turn is None:
                 return None
-            job = self._queue[0]
+            job = self._queue[turn]
             placement = self.placement
             if placement.place(job, placement.governed, set()).model_id != engine.model_id:
                 return None  # another model's turn comes after this batch
-            self._queue.popleft()
+            del self._queue[turn]
             self._held.hold(job)  # close() fails it from here on
         return placement.start(job)
 

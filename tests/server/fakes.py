@@ -421,6 +421,34 @@ class FakeGovernor:
         return None
 
 
+class HoldGate:
+    """No governor, except that the first job waits until `release` is set: the test queues every request
+    first, so they all run in one batch whatever the machine's timing."""
+
+    memory_pressure = False
+    pauses_new = False
+    rung = None
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.release.set()
+        self.holding = threading.Event()  # a job waits for `release`
+
+    def subscribe(self, callback: Callable[[dict], None]) -> None:
+        return None
+
+    def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
+        self.holding.set()
+        self.release.wait(30)
+        return None
+
+    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        return None
+
+    def note_pass(self, tokens: int) -> None:
+        return None
+
+
 class PaceGate:
     """A gate that holds a tokens/s pace as the governor's gate does, over another gate (`inner`, NoGate
     unless given): after each pass it idles the rest of the pass's tokens / pace (governor_gate.pace_idle:

@@ -42,6 +42,7 @@ from server.serving.contracts import Job, loop_sink
 from server.serving.events import Failed, Started
 from server.serving.grammars import CHECKS, Grammars
 from server.serving.request import Draft, GenerationRequest, SamplingDefaults, check, parse
+from server.serving.turn_order import client_of
 
 if TYPE_CHECKING:
     from server.api.context import Runtime
@@ -90,6 +91,9 @@ async def _next_event(events: asyncio.Queue, gone: asyncio.Event, until: float |
     raise TimeoutError
 
 
+BATCH_HEADER = "X-Simmer-Batch"
+
+
 @dataclass
 class Submission:
     """One submitted job: its events, where it runs, and its accounting."""
@@ -111,8 +115,12 @@ class Submission:
         return self.job.id
 
     def headers(self) -> dict[str, str]:
-        """The reply's headers: where it was served (X-Simmer-Route)."""
-        return {ROUTE_HEADER: self.route.header()}
+        """The reply's headers: where it was served (X-Simmer-Route); with SIMMER_BATCH=fast, that a local
+        reply's text may depend on the replies batched beside it (X-Simmer-Batch: fast)."""
+        headers = {ROUTE_HEADER: self.route.header()}
+        if self.rt.batch_fast and self.route.side == "local":
+            headers[BATCH_HEADER] = "fast"
+        return headers
 
     def mark_started(self) -> None:
         if self.started is None:
@@ -208,7 +216,12 @@ async def start(request: Request, draft: Draft, *, rid: str) -> Submission:
         emit=lambda record: write_record(rt, record),
         route=lambda: f"{route.side}/{route.reason}",  # read at the end: a fallback may move it
     )
-    job = Job(id=rid, request=req, sink=loop_sink(loop, events), account=account)
+    client = client_of(
+        api_key_set=rt.api_key_set,
+        authorization=request.headers.get("authorization"),
+        peer=request.client.host if request.client else None,
+    )
+    job = Job(id=rid, request=req, sink=loop_sink(loop, events), account=account, client=client)
     # Instead of worker.submit: local or upstream; busy / loading / closing raise here, before any work.
     rt.router.start(route, job)
     return Submission(rt, job, events, route, route.model, req.show.stream, account, arrived=arrived)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from models.types import (
     SamplingParams,
     TokenEvent,
     Tool,
+    ToolCallDelta,
 )
 
 
@@ -169,3 +171,35 @@ def tokens(events: Events) -> list[tuple[int, float | None, object]]:
 def finish(events: Events) -> FinishEvent:
     assert isinstance(events[-1], FinishEvent)
     return events[-1]
+
+
+# -- several replies at once: the prompts and samplings they run, and their events compared ------------------
+TEXTS = ["the cat sat on the mat", "once upon a time there was a", "what is the capital", "def fib(n):"]
+SAMPLINGS = [
+    SamplingParams(temperature=0.0, logprobs=2),
+    SamplingParams(temperature=1.0, seed=5, logprobs=2),
+    SamplingParams(temperature=1.3, top_p=0.9, seed=9, logprobs=2),
+    SamplingParams(temperature=0.0, repetition_penalty=1.3, logprobs=2),
+]
+
+
+def anonymous(calls: tuple[ToolCallDelta, ...]) -> tuple[ToolCallDelta, ...]:
+    return tuple(replace(c, id=None) for c in calls)  # a call's id is drawn afresh for each reply
+
+
+def same_events(a: Events, b: Events) -> None:
+    """Two runs of one reply: equal events but for the clocks and the tool calls' ids."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, TokenEvent):
+            assert isinstance(y, TokenEvent)
+            assert replace(x, elapsed_ms=0, tool_calls=anonymous(x.tool_calls)) == replace(
+                y, elapsed_ms=0, tool_calls=anonymous(y.tool_calls)
+            )
+        else:
+            assert isinstance(x, FinishEvent) and isinstance(y, FinishEvent)
+            for field in ("finish_reason", "text", "truncated", "turns_dropped", "variant"):
+                assert getattr(x, field) == getattr(y, field), field
+            assert anonymous(x.tool_calls) == anonymous(y.tool_calls)
+            assert x.usage.completion_tokens == y.usage.completion_tokens
+            assert x.usage.cached_tokens == y.usage.cached_tokens

@@ -18,6 +18,7 @@ from models.protocol import EngineLimits, Prompt
 from models.runtime.batch import BatchDecoder, RowError, batch_traits
 from models.runtime.constraint import json_schema_grammar
 from models.runtime.engine import DecoderEngine, load_engine
+from models.runtime.turns import TurnDecoder
 from models.types import (
     CancelToken,
     FinishEvent,
@@ -25,64 +26,38 @@ from models.types import (
     Handover,
     SamplingParams,
     TokenEvent,
-    ToolCallDelta,
     ToolUse,
 )
 from tests.models.runtime.helpers import (
     PERSON,
+    SAMPLINGS,
+    TEXTS,
     TIME,
     WEATHER,
     Events,
     calls_of,
     drive,
     finish,
+    same_events,
     tokens,
     warm_reuse,
 )
 from tests.reference_llama import ReferenceLlama
 
-TEXTS = ["the cat sat on the mat", "once upon a time there was a", "what is the capital", "def fib(n):"]
-SAMPLINGS = [
-    SamplingParams(temperature=0.0, logprobs=2),
-    SamplingParams(temperature=1.0, seed=5, logprobs=2),
-    SamplingParams(temperature=1.3, top_p=0.9, seed=9, logprobs=2),
-    SamplingParams(temperature=0.0, repetition_penalty=1.3, logprobs=2),
-]
-
 
 def engine(folder: Path, variant: str = "q4-a8", **kw) -> DecoderEngine:
     """The engine, where this CPU's kernels give a batch's row the logits of the row alone (batch_traits).
     Elsewhere a batched reply's text depends on what runs beside it, which every test here compares: the
-    test asserts what the server does there instead (one reply at a time) and skips, saying so."""
+    test asserts what the server does there instead (replies take turns) and skips, saying so."""
     kw = {"threads": 1, "context_length": 128, "speculation": "off", **kw}
     e = load_engine(folder, variant=variant, **kw)
     traits = batch_traits(e.session())
     if traits.rows and not traits.rows_alike:
-        assert e.batch_decoder(4) is None
-        pytest.skip(f"{e.model_id} {variant}: {traits.why_alone(pad=True)}; its replies run one at a time")
+        assert isinstance(e.batch_decoder(4), TurnDecoder)
+        pytest.skip(
+            f"{e.model_id} {variant}: {traits.why_alone(pad=True)}; its replies take turns (test_turns)"
+        )
     return e
-
-
-def anonymous(calls: tuple[ToolCallDelta, ...]) -> tuple[ToolCallDelta, ...]:
-    return tuple(replace(c, id=None) for c in calls)  # a call's id is drawn afresh for each reply
-
-
-def same_events(a: Events, b: Events) -> None:
-    """Two runs of one reply: equal events but for the clocks and the tool calls' ids."""
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        if isinstance(x, TokenEvent):
-            assert isinstance(y, TokenEvent)
-            assert replace(x, elapsed_ms=0, tool_calls=anonymous(x.tool_calls)) == replace(
-                y, elapsed_ms=0, tool_calls=anonymous(y.tool_calls)
-            )
-        else:
-            assert isinstance(x, FinishEvent) and isinstance(y, FinishEvent)
-            for field in ("finish_reason", "text", "truncated", "turns_dropped", "variant"):
-                assert getattr(x, field) == getattr(y, field), field
-            assert anonymous(x.tool_calls) == anonymous(y.tool_calls)
-            assert x.usage.completion_tokens == y.usage.completion_tokens
-            assert x.usage.cached_tokens == y.usage.cached_tokens
 
 
 def one_reply(e: DecoderEngine, prompt: Prompt, params: GenerationParams, **kw) -> Events:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,12 @@ import httpx
 import psutil
 import pytest
 
+from models.runtime import engine as engine_module
+from models.runtime.batch import BatchTraits
 from models.runtime.engine import DecoderEngine, load_engine
+from models.runtime.turns import TurnDecoder
+from models.types import TokenEvent
+from server.serving.contracts import Gate
 from tests.server.api.hostile_cases import (
     BAD,
     CASES,
@@ -38,7 +45,7 @@ from tests.server.api.hostile_cases import (
     raw,
 )
 from tests.server.conftest import LiveServer, make_settings, start_server
-from tests.server.fakes import ScriptedEngine
+from tests.server.fakes import HoldGate, PaceGate, ScriptedEngine
 from tests.server.routing.hostile_upstream import HostileUpstream
 
 
@@ -685,3 +692,202 @@ def test_hostile_upstream_when_slow_replies_fill_the_pool_then_the_next_request_
     assert status == 200, got
     assert got[0]["choices"][0]["message"]["content"] == "hello world"
     assert results == {"drip0": 503, "drip1": 503}
+
+
+# -- clients beside each other where replies take turns (models/runtime/turns.py) ----------------------------
+# The batch probe forced to "rows differ" (AVX2's answer for SmolLM2's q4-a8): the engine offers turns, each
+# reply in one-row passes of its own. Clients are told apart by their peer address (no API key): 127.0.0.2 is
+# another machine's address on the loopback.
+
+
+@pytest.fixture
+def turns_server(live, tiny_model_dir: Path, monkeypatch) -> Callable[..., tuple[LiveServer, list[tuple]]]:
+    """A server whose replies take turns, held at its first job until `release` (HoldGate); and the log of
+    its turn decoder: ("add", slot, max_tokens) as a reply joins, ("token", slot) per token made."""
+    differ = BatchTraits(rows=True, rows_alike=False, one_row_exact=False)
+    monkeypatch.setattr(engine_module, "batch_traits", lambda sess: differ)
+    log: list[tuple] = []
+    add, prefill, step = TurnDecoder.add, TurnDecoder.prefill, TurnDecoder.step
+
+    def added(self, prompt, params, **kw):
+        slot = add(self, prompt, params, **kw)
+        log.append(("add", slot, params.max_tokens))
+        return slot
+
+    def made(events: list) -> list:
+        log.extend(("token", slot) for slot, ev in events if isinstance(ev, TokenEvent))
+        return events
+
+    monkeypatch.setattr(TurnDecoder, "add", added)
+    monkeypatch.setattr(TurnDecoder, "prefill", lambda self, slot=None: made(prefill(self, slot)))
+    monkeypatch.setattr(TurnDecoder, "step", lambda self: made(step(self)))
+
+    def make(max_batch: int, gate: Gate, context_length: int = 128) -> tuple[LiveServer, list[tuple]]:
+        engine = load_engine(tiny_model_dir, variant="q4-a8", threads=1, context_length=context_length)
+        return live(engine=engine, model=engine.model_id, max_batch=max_batch, governor=gate), log
+
+    return make
+
+
+def turn_chat(
+    srv: LiveServer, max_tokens: int, peer: str = "127.0.0.1", stream: bool = False
+) -> httpx.Response:
+    body = {
+        "model": srv.settings.model,
+        "messages": HI,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 1.0,
+        "seed": 7,  # sampled, and the same reply every time
+    }
+    transport = httpx.HTTPTransport(local_address=peer)
+    with httpx.Client(base_url=srv.url, timeout=60, transport=transport) as c:
+        return c.post(CHAT, json={**body, "stream": stream})
+
+
+def wait_queued(srv: LiveServer, gate: HoldGate, n: int) -> None:
+    worker = srv.app.state.runtime.worker
+    deadline = time.monotonic() + 30
+    while not (gate.holding.is_set() and worker.queue_depth == n):
+        assert time.monotonic() < deadline, (gate.holding.is_set(), worker.queue_depth)
+        time.sleep(0.01)
+
+
+def test_turns_when_one_client_sends_ten_and_another_one_then_the_one_is_not_last(turns_server) -> None:
+    """Two places, one client's ten requests queued before another's one: the other's goes at the first
+    place free (its client runs nothing), not after the nine (first in first out would make it last)."""
+    gate = HoldGate()
+    srv, log = turns_server(2, gate)
+    gate.release.clear()
+    gate.holding.clear()
+    codes: dict[str, int] = {}
+
+    def send(name: str, max_tokens: int, peer: str) -> None:
+        codes[name] = turn_chat(srv, max_tokens, peer).status_code
+
+    many = [threading.Thread(target=send, args=(f"a{i}", 6, "127.0.0.1")) for i in range(10)]
+    many[0].start()
+    wait_queued(srv, gate, 0)
+    for i, t in enumerate(many[1:], start=1):
+        t.start()
+        wait_queued(srv, gate, i)
+    one = threading.Thread(target=send, args=("b", 5, "127.0.0.2"))
+    one.start()
+    wait_queued(srv, gate, 10)
+    gate.release.set()
+    for t in [*many, one]:
+        t.join(60)
+    assert sorted(codes.values()) == [200] * 11
+    joined = [x[2] for x in log if x[0] == "add"]
+    assert len(joined) == 11 and joined.index(5) == 1  # beside a's first, before a's other nine
+
+
+def test_turns_when_a_client_never_reads_its_stream_then_the_worker_serves_the_others_and_ends_it(
+    turns_server,
+) -> None:
+    """A client that sends a streaming request and does not read holds its connection, never the worker:
+    the others are served beside it, its reply is made to the end while its stream is unread, and it gets
+    all of it once it reads. (Loopback's socket buffers take the tiny model's whole reply, ~270 kB, so the
+    server's writes here never stall: that the worker does not wait for a stalled write is by design, its
+    sink an unbounded queue on the event loop, not shown by this test.)"""
+    gate = HoldGate()
+    srv, log = turns_server(4, PaceGate(200, gate), context_length=256)  # paced: the others come meanwhile
+    host, port = srv.url.removeprefix("http://").split(":")
+    body = json.dumps(
+        {
+            "model": srv.settings.model,
+            "messages": HI,
+            "max_tokens": 200,
+            "ignore_eos": True,
+            "stream": True,
+            "logprobs": True,
+            "top_logprobs": 20,  # ~1.3 kB a token
+        }
+    ).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    sock.connect((host, int(port)))
+    try:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + srv.host_header.encode() + b"\r\n"
+            b"Content-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        deadline = time.monotonic() + 30
+        while not any(x[0] == "add" and x[2] == 200 for x in log):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        others = [turn_chat(srv, 8, peer) for peer in ("127.0.0.1", "127.0.0.2")]
+        assert [r.status_code for r in others] == [200, 200]
+        assert [r.json()["usage"]["completion_tokens"] for r in others] == [8, 8]
+        slot = next(x[1] for x in log if x[0] == "add" and x[2] == 200)
+        start = log.index(("add", slot, 200))
+        assert [x[2] for x in log[start:] if x[0] == "add"] == [200, 8, 8]
+        other = next(k for k in range(start, len(log)) if log[k][0] == "add" and log[k][2] == 8)
+        assert ("token", slot) in log[other:]  # served beside it
+        worker = srv.app.state.runtime.worker
+        while worker.busy:  # the unread reply is made to its end while its socket stays unread
+            assert time.monotonic() < deadline, "the worker is held by a client that does not read"
+            time.sleep(0.02)
+        assert log[start:].count(("token", slot)) == 200
+        sock.settimeout(30)  # it reads at last: the whole reply, to its end
+        got = b""
+        while b"data: [DONE]" not in got:
+            chunk = sock.recv(1 << 16)
+            assert chunk, "the stream ended early"
+            got += chunk
+        assert got.count(b'"logprob"') >= 200
+    finally:
+        sock.close()
+
+
+def test_turns_when_a_client_resets_during_the_others_turns_then_they_stream_on_unchanged(
+    turns_server,
+) -> None:
+    gate = HoldGate()
+    srv, log = turns_server(4, PaceGate(150, gate))  # paced: the tiny model outruns a client's reset
+    alone = [turn_chat(srv, 40).json()["choices"][0]["message"]["content"]]
+    body = json.dumps(
+        {"model": srv.settings.model, "messages": HI, "max_tokens": 100, "ignore_eos": True, "stream": True}
+    ).encode()
+    host, port = srv.url.removeprefix("http://").split(":")
+
+    def reset() -> None:  # reads the start of its stream and resets the connection (no FIN)
+        s = socket.create_connection((host, int(port)))
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + srv.host_header.encode() + b"\r\n"
+            b"Content-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        got = b""
+        while got.count(b"data:") < 3:
+            got += s.recv(4096)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+
+    gate.release.clear()
+    gate.holding.clear()
+    texts: list[str] = []
+    stay = threading.Thread(
+        target=lambda: texts.append(turn_chat(srv, 40).json()["choices"][0]["message"]["content"])
+    )
+    stay.start()
+    wait_queued(srv, gate, 0)
+    leaver = threading.Thread(target=reset)
+    leaver.start()
+    wait_queued(srv, gate, 1)
+    gate.release.set()
+    stay.join(60)
+    leaver.join(60)
+    assert texts == alone  # the same text as alone, whoever left beside it
+    worker = srv.app.state.runtime.worker
+    deadline = time.monotonic() + 10
+    while worker.busy:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    joined = next(k for k, x in enumerate(log) if x[0] == "add" and x[2] == 100)
+    assert 3 <= log[joined:].count(("token", log[joined][1])) < 100  # it ended when its client left

@@ -6,8 +6,8 @@ text and logprobs token for token.
 What the server does depends on what this CPU's kernels do with a batch (models/runtime/batch.py
 batch_traits, measured at load). The tests of the batch path let a lone reply decode padded to two rows
 (`padded`: DecoderEngine.pad_batches) so that it runs on every CPU where a batch's rows are alike; where they
-are not, the server serves one reply at a time and those tests skip, saying so. What the server does by
-default on this CPU is test_batch_when_served_by_default_then_batched_only_where_a_lone_row_is_exact's."""
+are not, the server's replies take turns (test_turns_serving.py) and those tests skip, saying so. What
+the server does by default on this CPU: the test_batch_when_served_by_default_... test."""
 
 from __future__ import annotations
 
@@ -25,11 +25,12 @@ from governor.limits import make_table
 from models.protocol import EngineLimits
 from models.runtime.batch import BatchDecoder, batch_traits
 from models.runtime.engine import DecoderEngine, load_engine
+from models.runtime.turns import TurnDecoder
 from models.types import CancelToken
 from server.serving.contracts import Gate
 from server.serving.governor_gate import GovernorGate
 from tests.helpers import sdk
-from tests.server.fakes import PaceGate
+from tests.server.fakes import HoldGate, PaceGate
 from tests.server.serving.helpers import reference
 from tests.server.serving.helpers import stream as multi_stream
 
@@ -41,34 +42,6 @@ SAMPLING: list[dict[str, Any]] = [
     {"temperature": 0, "frequency_penalty": 0.5},
     {"temperature": 1.2, "top_p": 0.9, "seed": 9},
 ]
-
-
-class HoldGate:
-    """No governor, except that the first job waits until `release` is set: the test queues every request
-    first, so they all run in one batch whatever the machine's timing."""
-
-    memory_pressure = False
-    pauses_new = False
-    rung = None
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.release.set()
-        self.holding = threading.Event()  # a job waits for `release`
-
-    def subscribe(self, callback: Callable[[dict], None]) -> None:
-        return None
-
-    def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None:
-        self.holding.set()
-        self.release.wait(30)
-        return None
-
-    def before_step(self, cancel: CancelToken) -> EngineLimits | None:
-        return None
-
-    def note_pass(self, tokens: int) -> None:
-        return None
 
 
 @pytest.fixture
@@ -99,12 +72,12 @@ def padded(monkeypatch) -> None:
 
 
 def alike_or_skip(e: DecoderEngine) -> DecoderEngine:
-    """`e`, where a batch's rows get the logits they get alone; elsewhere the server serves one reply at a
-    time (asserted), and the test skips, saying why."""
+    """`e`, where a batch's rows get the logits they get alone; elsewhere the server's replies take turns
+    (asserted; tests/server/serving/test_turns_serving.py), and the test skips, saying why."""
     why = batch_traits(e.session()).why_alone(pad=True)
     if why is not None:
-        assert e.batch_decoder(4) is None
-        pytest.skip(f"{e.model_id} {e.variant}: {why}; its replies run one at a time")
+        assert isinstance(e.batch_decoder(4), TurnDecoder)
+        pytest.skip(f"{e.model_id} {e.variant}: {why}; its replies take turns")
     return e
 
 
@@ -198,7 +171,7 @@ def test_batch_when_served_by_default_then_batched_only_where_a_lone_row_is_exac
     kernels give a batch's rows the logits they get alone and one row the same sums as a batch's rows
     (measured at load: q4-a8 on AVX-512 VNNI). Elsewhere (q4's fp32 kernels; any variant on AVX2) a lone
     reply would decode padded at about twice the cost, or rows would change each other's text: the replies
-    run one at a time on the one-reply engine. The same text either way."""
+    take turns, each in one-row passes of its own (models/runtime/turns.py). The same text either way."""
     gate = HoldGate()
     e = engine(tiny_model_dir, variant)
     traits = batch_traits(e.session())
@@ -210,8 +183,8 @@ def test_batch_when_served_by_default_then_batched_only_where_a_lone_row_is_exac
     if traits.rows_alike and traits.one_row_exact:
         assert max(passes) == 4
     else:
-        assert passes == []  # no batch decoder ran
-        assert e._batch is None
+        assert passes == []  # no batch pass ran: the replies took turns
+        assert isinstance(e._batch, TurnDecoder)
 
 
 def test_batch_when_a_client_leaves_mid_batch_then_its_row_ends_and_the_others_are_unchanged(
