@@ -523,7 +523,7 @@ def smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
         return
     try:
         sess = DecoderSession(Path(model_dir) / variants[name]["file"], shape, 1)
-        kv = KVCache(shape, 16)
+        kv = KVCache(sess.shape, 16)  # the session's: its KV type is the graph's
         logits = sess.run(np.array([1, 2, 3, 4]), kv, 0)
         for pos in range(4, 8):
             if not np.isfinite(logits).all():

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from models.convert.pipeline import convert
+from models.convert.pipeline import convert, smoke_test
 from models.runtime.session import DecoderSession, KVCache
 from tests.helpers import tiny_engine
 
@@ -24,10 +24,11 @@ DECODE = 8
 
 @pytest.fixture(scope="module")
 def fp16_model_dir(tiny_gguf, tmp_path_factory) -> Path:
-    """The tiny GGUF converted as on a core with fp16 arithmetic (not measured: these tests compare)."""
+    """The tiny GGUF converted as on a core with fp16 arithmetic, measured as a pull measures (the
+    segments too take an fp16 cache)."""
     out = tmp_path_factory.mktemp("tiny-kv16") / "tiny-kv16"
     out.mkdir()
-    fragment = convert(tiny_gguf, out, variants=["q4", "q4-a8"], measure=False, threads=1, kv_dtype="float16")
+    fragment = convert(tiny_gguf, out, variants=["q4", "q4-a8"], threads=1, kv_dtype="float16")
     (out / "manifest.json").write_text(json.dumps(fragment | {"id": out.name}))
     return out
 
@@ -110,3 +111,15 @@ def test_batch_when_graph_is_fp16_then_its_rows_are_fp16_and_decode(fp16_model_d
     if decoder is None:
         pytest.skip("this CPU's probe refuses a batch for the tiny q4-a8 (batch_traits)")
     assert {a.dtype for pair in decoder.kv.arrays for a in pair} == {np.dtype(np.float16)}
+
+
+def test_smoke_test_when_the_nominal_variant_has_a_half_cache_then_it_runs(fp16_model_dir) -> None:
+    manifest = json.loads((fp16_model_dir / "manifest.json").read_text())
+    smoke_test(fp16_model_dir, manifest | {"default_variant": "q4-a8"})  # raises VerificationFailed if not
+
+
+def test_convert_when_fp16_then_quality_measured_with_the_half_cache(fp16_model_dir, tiny_model_dir) -> None:
+    half = json.loads((fp16_model_dir / "manifest.json").read_text())["variants"]["q4-a8"]["quality"]
+    full = json.loads((tiny_model_dir / "manifest.json").read_text())["variants"]["q4-a8"]["quality"]
+    assert half["kl_mean"] != full["kl_mean"]  # the same graph but its cache: measured through it
+    assert half["top1_agreement"] >= full["top1_agreement"] - 0.05
