@@ -1,9 +1,9 @@
 """The KV cache's element type a conversion chooses for the CPU it runs on (a pull converts on the device).
 
-onnxruntime's CPU GroupQueryAttention takes an fp16 past and present beside fp32 activations: the cache
-halves (SmolLM2 135M: 60 KiB a token of context instead of 120). On x86 onnxruntime converts the half cache
-to fp32 in software for every step, which costs decode; on an ARM core with fp16 arithmetic its kernels
-read it natively. What it costs there was counted on an emulated Cortex-A76 (docs/arm64.md).
+onnxruntime's CPU GroupQueryAttention (1.32) takes an fp16 past and present beside fp32 query, key, value
+and RoPE caches: the cache halves (SmolLM2 135M: 23 KB a token of context instead of 46). Whether a core
+reads it as cheaply as an fp32 one depends on its fp16 arithmetic; the cost was counted on an emulated
+Cortex-A76 (docs/arm64.md, "An fp16 KV cache").
 """
 
 from __future__ import annotations
