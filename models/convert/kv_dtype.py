@@ -55,10 +55,21 @@ def variant_kv_dtype(cpu_kv_dtype: str, accuracy_level: int) -> str:
     return cpu_kv_dtype if accuracy_level == INT8_ACTIVATIONS else FP32
 
 
-def kv_dtype_here(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """kv_dtype_for this machine; fp32 where /proc/cpuinfo cannot be read."""
+# Counted on an emulated Cortex-A76 (docs/arm64.md): onnxruntime 1.32's half cache costs 1.32x the
+# instructions per decoded token of the fp32 one at 270 positions, more with a longer context, for half
+# the KV memory. Not within a few percent: no CPU gets it unless the conversion asks (convert(kv_dtype=)).
+HALF_KV_DEFAULT = False
+
+
+def kv_dtype_here(
+    cpuinfo: Path = Path("/proc/cpuinfo"), machine: str | None = None, half_kv: bool = HALF_KV_DEFAULT
+) -> str:
+    """The KV type a conversion on this machine gets by default: kv_dtype_for it where `half_kv`, else
+    fp32 (HALF_KV_DEFAULT); fp32 where /proc/cpuinfo cannot be read."""
+    if not half_kv:
+        return FP32
     try:
         text = cpuinfo.read_text()
     except OSError:
         text = ""
-    return kv_dtype_for(platform.machine(), text)
+    return kv_dtype_for(machine or platform.machine(), text)
