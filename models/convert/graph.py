@@ -51,9 +51,8 @@ class VariantSpec:
     min_bits: int = 4  # block formats narrower than this are widened (exactly)
     float_bits: int | None = None  # float matrices quantized symmetrically to this width; None: kept fp32
     requant: Plan | None = None  # matrices re-encoded for the cheapest kernels (convert/fast_plan.py)
-    # The KV cache's element type (numpy's name): "float16" halves it. onnxruntime's CPU
-    # GroupQueryAttention takes an fp16 past and present beside fp32 query, key, value and RoPE caches
-    # (its cache type is its own), so only the graph's declared types change (convert/kv_dtype.py).
+    # The KV cache's element type (numpy's name): "float16" halves it, and GroupQueryAttention then runs in
+    # fp16 between casts (convert/block.py, convert/kv_dtype.py).
     kv_dtype: str = "float32"
 
 

@@ -1,9 +1,10 @@
 """The KV cache's element type a conversion chooses for the CPU it runs on (a pull converts on the device).
 
-onnxruntime's CPU GroupQueryAttention (1.32) takes an fp16 past and present beside fp32 query, key, value
-and RoPE caches: the cache halves (SmolLM2 135M: 23 KB a token of context instead of 46). Whether a core
-reads it as cheaply as an fp32 one depends on its fp16 arithmetic; the cost was counted on an emulated
-Cortex-A76 (docs/arm64.md, "An fp16 KV cache").
+An fp16 cache halves the KV memory (SmolLM2 135M: 23 KB a token of context instead of 46). The graph then
+runs GroupQueryAttention all in fp16 between casts (models/convert/block.py): onnxruntime's fp16 kernel,
+which a core with fp16 arithmetic runs natively. Counted on an emulated Cortex-A76 it costs fewer
+instructions than the fp32 attention, where onnxruntime's fp32 attention over an fp16 cache cost more
+(docs/arm64.md, "An fp16 KV cache"). x86 keeps fp32: no fp16 arithmetic to run it on.
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ def variant_kv_dtype(cpu_kv_dtype: str, accuracy_level: int) -> str:
     return cpu_kv_dtype if accuracy_level == INT8_ACTIVATIONS else FP32
 
 
-# Counted on an emulated Cortex-A76 (docs/arm64.md): onnxruntime 1.32's half cache costs 1.32x the
-# instructions per decoded token of the fp32 one at 270 positions, more with a longer context, for half
-# the KV memory. Not within a few percent: no CPU gets it unless the conversion asks (convert(kv_dtype=)).
-HALF_KV_DEFAULT = False
+# Counted on an emulated Cortex-A76 (docs/arm64.md), SmolLM2 q4-a8 at 270 positions: the fp16 attention
+# 0.82x the fp32 one's instructions per decoded token, 0.93x per prompt token (fp32 attention over an fp16
+# cache: 1.32x). Where kv_dtype_for says a core can, a conversion takes the half cache by default.
+HALF_KV_DEFAULT = True
 
 
 def kv_dtype_here(

@@ -127,8 +127,8 @@ def convert(
     `variants`: build and keep these; by default the nominal variant's candidates are built and the
     nominal one alone is kept (convert/nominal.py).
     `kv_dtype`: the KV cache type of the variants with int8 activations, "float32" or "float16"; by
-    default this CPU's (convert/kv_dtype.py: fp32 everywhere unless HALF_KV_DEFAULT). The exact ones keep
-    fp32 (variant_kv_dtype)."""
+    default this CPU's (convert/kv_dtype.py: fp16 on an aarch64 core with fp16 arithmetic, else fp32). The
+    exact ones keep fp32 (variant_kv_dtype)."""
     report = progress or (lambda stage, frac: None)
     kv = kv_dtype or kv_dtype_here()
     if kv not in KV_TYPES:
@@ -151,7 +151,7 @@ def convert(
             if VARIANTS[n].requant is not None:
                 refused[n] = "not installed: no quality floor was measured (a conversion without measuring)"
     if disk_plan is not None:
-        disk_plan(estimate_output(model, [n for n in names if n not in refused]))
+        disk_plan(estimate_output(model, [n for n in names if n not in refused], kv))
     if memory_plan is not None:
         memory_plan(estimate_memory(model, measure))
 

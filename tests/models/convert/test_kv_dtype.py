@@ -56,11 +56,13 @@ def test_kv_dtype_here_when_cpuinfo_missing_then_fp32(tmp_path) -> None:
     assert kv_dtype_here(tmp_path / "no-cpuinfo", "aarch64", half_kv=True) == FP32
 
 
-def test_kv_dtype_here_when_a76_then_half_only_where_enabled(tmp_path) -> None:
+def test_kv_dtype_here_when_a76_then_half_by_default_and_x86_never(tmp_path) -> None:
     (tmp_path / "cpuinfo").write_text(board("cortex-a76"))
     assert kv_dtype_here(tmp_path / "cpuinfo", "aarch64", half_kv=True) == FP16
-    # the default: counted 1.32x the decode instructions on this core, so off (docs/arm64.md)
-    assert kv_dtype_here(tmp_path / "cpuinfo", "aarch64") == FP32
+    assert kv_dtype_here(tmp_path / "cpuinfo", "aarch64", half_kv=False) == FP32
+    # the default: counted fewer instructions than fp32 on this core (docs/arm64.md)
+    assert kv_dtype_here(tmp_path / "cpuinfo", "aarch64") == FP16
+    assert kv_dtype_here(tmp_path / "cpuinfo", "x86_64") == FP32
 
 
 # | the variant's activations         | this CPU's KV type | the variant's KV type |
