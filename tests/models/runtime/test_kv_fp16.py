@@ -130,3 +130,22 @@ def test_convert_when_fp16_then_quality_measured_with_the_half_cache(fp16_model_
     full = json.loads((tiny_model_dir / "manifest.json").read_text())["variants"]["q4-a8"]["quality"]
     assert half["kl_mean"] != full["kl_mean"]  # the same graph but its cache: measured through it
     assert half["top1_agreement"] >= full["top1_agreement"] - 0.05
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_fp16_cache_when_qk_norm_and_windows_then_within_fp16_of_fp32(family, tmp_path) -> None:
+    """Families whose attention takes q, k and v apart (QK norm) and, for Gemma 3, local windows with
+    their own RoPE cache: the fp16 attention casts each input, and every RoPE cache has its fp16 copy."""
+    from tests.tiny_gguf import write_tiny_gguf
+
+    gguf = write_tiny_gguf(tmp_path / "m.gguf", family=family, matrix_type="Q8_0", seed=3)
+    logits = {}
+    for kv in ("float32", "float16"):
+        out = tmp_path / kv
+        out.mkdir()
+        fragment = convert(gguf, out, variants=["q4-a8"], measure=False, threads=1, kv_dtype=kv)
+        (out / "manifest.json").write_text(json.dumps(fragment | {"id": family}))
+        logits[kv], _ = greedy_logits(out, "q4-a8")
+    want, got = logits["float32"], logits["float16"]
+    assert (want.argmax(-1) == got.argmax(-1)).all()
+    assert 0 < np.abs(got - want).max() < 2e-2 * np.abs(want).max()
