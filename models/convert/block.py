@@ -92,9 +92,9 @@ def attention(g: GraphBuilder, i: int, x: str, seqlens_k: str, total_len: str) -
         qkv_inputs = [q, k, v]
     else:
         qkv_inputs = [g.to_seq(qkv, q_dim + 2 * kv_dim), "", ""]
-    # An fp16 KV cache: GroupQueryAttention all in fp16 (onnxruntime's fp16 kernel, which a core with fp16
-    # arithmetic runs natively), between casts; its fp32-in, fp16-cache form counted 1.32x the decode
-    # instructions on a Cortex-A76 (docs/arm64.md).
+    # An fp16 KV cache: GroupQueryAttention all in fp16 between casts (onnxruntime's fp16 kernel). On a
+    # Cortex-A76 it counted 0.82x the fp32 attention's decode instructions, where fp32 inputs over an fp16
+    # cache (onnxruntime's other form) counted 1.32x (docs/arm64.md).
     half = g.spec.kv_dtype == "float16"
     if half:
         qkv_inputs = [g.node("Cast", [x], to=TensorProto.FLOAT16)[0] if x else "" for x in qkv_inputs]

@@ -1,10 +1,10 @@
 """The KV cache's element type a conversion chooses for the CPU it runs on (a pull converts on the device).
 
 An fp16 cache halves the KV memory (SmolLM2 135M: 23 KB a token of context instead of 46). The graph then
-runs GroupQueryAttention all in fp16 between casts (models/convert/block.py): onnxruntime's fp16 kernel,
-which a core with fp16 arithmetic runs natively. Counted on an emulated Cortex-A76 it costs fewer
-instructions than the fp32 attention, where onnxruntime's fp32 attention over an fp16 cache cost more
-(docs/arm64.md, "An fp16 KV cache"). x86 keeps fp32: no fp16 arithmetic to run it on.
+runs GroupQueryAttention all in fp16 between casts (models/convert/block.py): onnxruntime's fp16 kernel.
+Counted on an emulated Cortex-A76 (fp16 arithmetic) it costs fewer instructions than the fp32 attention,
+where onnxruntime's fp32 attention over an fp16 cache cost more (docs/arm64.md, "An fp16 KV cache"). x86
+keeps fp32: it has no fp16 arithmetic for the kernel (not counted there).
 """
 
 from __future__ import annotations
