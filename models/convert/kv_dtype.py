@@ -4,7 +4,8 @@ An fp16 cache halves the KV memory (SmolLM2 135M: 23 KB a token of context inste
 runs GroupQueryAttention all in fp16 between casts (models/convert/block.py): onnxruntime's fp16 kernel.
 Counted on an emulated Cortex-A76 (fp16 arithmetic) it costs fewer instructions than the fp32 attention,
 where onnxruntime's fp32 attention over an fp16 cache cost more (docs/arm64.md, "An fp16 KV cache"). x86
-keeps fp32: it has no fp16 arithmetic for the kernel (not counted there).
+keeps fp32: there `q4-a8` is the nominal variant within the quality floor, and with the fp16 attention its
+KL on SmolLM2 (0.00340) is above llama.cpp's (0.00313), for 0.92x the decode instructions (AVX2, counted).
 """
 
 from __future__ import annotations
