@@ -86,7 +86,7 @@ def simmer_logits(cfg: dict[str, Any], ids: list[int]) -> np.ndarray:
     manifest = json.loads((model_dir / "manifest.json").read_text())
     shape = ModelShape.from_architecture(manifest["architecture"])
     sess = DecoderSession(model_dir / manifest["variants"][cfg["variant"]]["file"], shape, cfg["threads"])
-    kv = KVCache(shape, len(ids))
+    kv = KVCache(sess.shape, len(ids))  # the session's: its KV type is the graph's
     return np.stack([sess.run(np.array([t]), kv, pos).copy() for pos, t in enumerate(ids)])
 
 

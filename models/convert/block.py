@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from onnx import TensorProto
 
 from models.convert.families import RopeKind
 from models.convert.linear import MS, linear
@@ -37,10 +38,12 @@ def skip_norm(g: GraphBuilder, x: str, residual: str, weight: str) -> tuple[str,
     return out[0], out[3]
 
 
-def rope_cache(g: GraphBuilder, kind: RopeKind) -> tuple[str, str]:
-    """cos/sin [context, head_dim / 2] for one RoPE kind, once per graph (and once in the weights file)."""
+def rope_cache(g: GraphBuilder, kind: RopeKind, half: bool = False) -> tuple[str, str]:
+    """cos/sin [context, head_dim / 2] for one RoPE kind, once per graph (and once in the weights file);
+    in fp16 for an attention that runs in fp16 (`half`)."""
     cfg = g.cfg
     name = "rope" if kind.name == "global" else f"rope_{kind.name}"
+    name += "_fp16" if half else ""
     if f"{name}.cos" in g.inits:
         return f"{name}.cos", f"{name}.sin"
     factors = g.dequantized("rope_freqs.weight") if kind.uses_freq_factors else None
@@ -50,9 +53,10 @@ def rope_cache(g: GraphBuilder, kind: RopeKind) -> tuple[str, str]:
         return np.outer(np.arange(cfg.context_length, dtype=np.float64), inv)
 
     shape = (cfg.context_length, cfg.head_dim // 2)
+    dtype = np.float16 if half else np.float32
     return (
-        g.init(f"{name}.cos", g.planned(shape, lambda: np.cos(angles()).astype(np.float32))),
-        g.init(f"{name}.sin", g.planned(shape, lambda: np.sin(angles()).astype(np.float32))),
+        g.init(f"{name}.cos", g.planned(shape, lambda: np.cos(angles()).astype(dtype), dtype)),
+        g.init(f"{name}.sin", g.planned(shape, lambda: np.sin(angles()).astype(dtype), dtype)),
     )
 
 
@@ -88,7 +92,13 @@ def attention(g: GraphBuilder, i: int, x: str, seqlens_k: str, total_len: str) -
         qkv_inputs = [q, k, v]
     else:
         qkv_inputs = [g.to_seq(qkv, q_dim + 2 * kv_dim), "", ""]
-    cos, sin = rope_cache(g, cfg.layer_rope(i))
+    # An fp16 KV cache: GroupQueryAttention all in fp16 between casts (onnxruntime's fp16 kernel). On a
+    # Cortex-A76 it counted 0.82x the fp32 attention's decode instructions, where fp32 inputs over an fp16
+    # cache (onnxruntime's other form) counted 1.32x (docs/arm64.md).
+    half = g.spec.kv_dtype == "float16"
+    if half:
+        qkv_inputs = [g.node("Cast", [x], to=TensorProto.FLOAT16)[0] if x else "" for x in qkv_inputs]
+    cos, sin = rope_cache(g, cfg.layer_rope(i), half)
     window: dict[str, Any] = {"local_window_size": cfg.sliding_window} if cfg.is_sliding(i) else {}
     attn = g.node(
         "GroupQueryAttention",
@@ -111,6 +121,8 @@ def attention(g: GraphBuilder, i: int, x: str, seqlens_k: str, total_len: str) -
     )[0]
     # GQA's outputs 1 and 2 are the presents: name them as graph outputs
     g.nodes[-1].output.extend([f"present.{i}.key", f"present.{i}.value"])
+    if half:
+        attn = g.node("Cast", [attn], to=TensorProto.FLOAT)[0]
     attn2 = g.node("Reshape", [attn, g.const(f"to_2d_{q_dim}", np.array([-1, q_dim], np.int64))])[0]
     out, _ = linear(g, attn2, p + "attn_output", [p + "attn_output.weight"])
     if fam.sandwich_norms:

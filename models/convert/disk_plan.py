@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from models.convert.fast_plan import PLANS
-from models.convert.graph import VARIANTS, GraphBuilder, SplitWeights, WeightFile
+from models.convert.graph import VARIANTS, GraphBuilder, SplitWeights, VariantSpec, WeightFile
+from models.convert.kv_dtype import FP32, variant_kv_dtype
 from models.convert.model import GGUFModel
 
 WEIGHTS_FILE = "weights.data"  # pipeline.WEIGHTS_FILE (the pipeline imports this module)
@@ -37,19 +39,23 @@ def _tokenizer_bytes(model: GGUFModel) -> int:
     return 3 * (token_bytes + merge_bytes) + 24 * (n_tokens + n_merges) + (64 << 10)
 
 
-def estimate_output(model: GGUFModel, names: list[str]) -> dict[str, int]:
-    """Bytes per file the converter will write for these variants of an opened GGUF, in this order."""
+def estimate_output(model: GGUFModel, names: list[str], kv_dtype: str = FP32) -> dict[str, int]:
+    """Bytes per file the converter will write for these variants of an opened GGUF, in this order, with
+    `kv_dtype` as convert() takes it (an fp16 attention adds its fp16 RoPE caches)."""
     weights = WeightFile(Path(WEIGHTS_FILE), dry=True)
     out: dict[str, int] = {}
+
+    def spec(name: str, **changes: Any) -> VariantSpec:
+        kv = variant_kv_dtype(kv_dtype, VARIANTS[name].accuracy_level)
+        return replace(VARIANTS[name], kv_dtype=kv, **changes)
+
     for name in [n for n in names if VARIANTS[n].requant is None]:
-        out[f"{name}.onnx"] = GraphBuilder(model, VARIANTS[name], weights).build().ByteSize()
+        out[f"{name}.onnx"] = GraphBuilder(model, spec(name), weights).build().ByteSize()
     # a re-encoded variant is built plan by plan until one is kept: the largest plan bounds it
     for name in [n for n in names if VARIANTS[n].requant is not None]:
         for plan in PLANS:
             own = WeightFile(Path(f"{name}.data"), dry=True)
-            graph = GraphBuilder(
-                model, replace(VARIANTS[name], requant=plan), SplitWeights(weights, own)
-            ).build()
+            graph = GraphBuilder(model, spec(name, requant=plan), SplitWeights(weights, own)).build()
             out[f"{name}.onnx"] = max(out.get(f"{name}.onnx", 0), graph.ByteSize())
             out[own.path.name] = max(out.get(own.path.name, 0), own.size)
     out[WEIGHTS_FILE] = weights.size

@@ -2,12 +2,13 @@
 
 I/O follows onnxruntime-genai's decoder convention:
   inputs  input_ids int64 [batch, seq], attention_mask int64 [batch, total],
-          past_key_values.N.key / .value float32 [batch, kv_heads, past, head_dim]
+          past_key_values.N.key / .value float32 (or float16: VariantSpec.kv_dtype) [batch, kv_heads, past,
+          head_dim]
           num_logits_to_keep int64 scalar, optional: how many of the last positions get logits; 0 (the
           default, as in Hugging Face's logits_to_keep) means all of them
   outputs logits float32 [batch, positions kept, vocab] (simmer's prefill asks for the last one; a
           speculative verification pass for one per drafted token and one more),
-          present.N.key / .value float32 [batch, kv_heads, total (or the shared buffer length), head_dim]
+          present.N.key / .value as the pasts [batch, kv_heads, total (or the shared buffer length), head_dim]
 Per layer (convert/block.py, the family's flags decide the optional parts): fused QKV projection (+ bias)
 (-> per-head Q/K norm) -> GroupQueryAttention (rotary inside, the family's pairing and the layer's RoPE
 cache and window; past and present may share one buffer) -> output projection (-> post norm) ->
@@ -35,6 +36,7 @@ from models.gguf.quant import Packing, packing
 from models.gguf.reader import Tensor, dequantize_rows
 
 OPSET = 17
+KV_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}  # VariantSpec.kv_dtype
 
 ALIGN = 64
 
@@ -49,6 +51,9 @@ class VariantSpec:
     min_bits: int = 4  # block formats narrower than this are widened (exactly)
     float_bits: int | None = None  # float matrices quantized symmetrically to this width; None: kept fp32
     requant: Plan | None = None  # matrices re-encoded for the cheapest kernels (convert/fast_plan.py)
+    # The KV cache's element type (numpy's name): "float16" halves it, and GroupQueryAttention then runs in
+    # fp16 between casts (convert/block.py, convert/kv_dtype.py).
+    kv_dtype: str = "float32"
 
 
 VARIANTS = {
@@ -442,14 +447,15 @@ class GraphBuilder:
                 embd_packed = self.packed(TABLE)  # a tied head's codes, written by the whole graph
         if seg.hi > seg.lo:
             seqlens_k, total_len = self._sequence_lengths()
+        kv_type = KV_TYPES[spec.kv_dtype]
         for i in range(seg.lo, seg.hi):
             kv_dims = ["batch", cfg.n_kv_heads, "past", cfg.head_dim]
             for n in (f"past_key_values.{i}.key", f"past_key_values.{i}.value"):
-                inputs.append(helper.make_tensor_value_info(n, TensorProto.FLOAT, kv_dims))
+                inputs.append(helper.make_tensor_value_info(n, kv_type, kv_dims))
             for n in (f"present.{i}.key", f"present.{i}.value"):
                 outputs.append(
                     helper.make_tensor_value_info(
-                        n, TensorProto.FLOAT, ["batch", cfg.n_kv_heads, "present", cfg.head_dim]
+                        n, kv_type, ["batch", cfg.n_kv_heads, "present", cfg.head_dim]
                     )
                 )
             a = attention(self, i, x_norm, seqlens_k, total_len)
@@ -496,6 +502,7 @@ class BuiltVariant:
     # the same per file ({location: spans}): a re-encoded variant's own file holds some too
     copied_by_file: dict[str, list[list[int]]]
     fp32_inputs: int = 0  # matrices whose MatMulNBits take fp32 activations where the variant's take int8
+    kv_dtype: str = "float32"  # the KV cache's element type (VariantSpec.kv_dtype)
 
 
 def build_variant(model: GGUFModel, spec: VariantSpec, weights: Weights, out: Path) -> BuiltVariant:
@@ -516,4 +523,5 @@ def build_variant(model: GGUFModel, spec: VariantSpec, weights: Weights, out: Pa
         by_file.get(shared.path.name, []),
         by_file,
         builder.fp32_inputs,
+        spec.kv_dtype,
     )

@@ -37,7 +37,14 @@ from models.convert.graph import (
 from models.convert.heap import trim_heap
 from models.convert.model import GGUFModel
 from models.convert.quality import METHOD, Comparison
-from models.runtime.session import WEIGHTS_FILE, KVCache, ModelShape, release_copied, session_options
+from models.runtime.session import (
+    WEIGHTS_FILE,
+    KVCache,
+    ModelShape,
+    graph_kv_dtype,
+    release_copied,
+    session_options,
+)
 
 # GGUF bytes of one measured segment: its weights prepacked take about twice that in memory
 SEGMENT_BYTES = 160 << 20
@@ -121,8 +128,10 @@ class _SegmentSession:
         self.keeps_logits = "num_logits_to_keep" in self.inputs | overridable
 
     def new_kv(self, capacity: int) -> KVCache:
-        shape = ModelShape(self.segment.hi - self.segment.lo, self.shape.n_kv_heads, self.shape.head_dim, 1)
-        return KVCache(shape, capacity)
+        layers = self.segment.hi - self.segment.lo
+        # the segment's own KV type, so a half cache's error is in what is measured
+        kv = graph_kv_dtype(self.sess, f"past_key_values.{self.segment.lo}.key") if layers else "float32"
+        return KVCache(ModelShape(layers, self.shape.n_kv_heads, self.shape.head_dim, 1, kv), capacity)
 
     def run(self, feeds: dict[str, np.ndarray], kv: KVCache, past_len: int) -> dict[str, np.ndarray]:
         n = next(iter(feeds.values())).shape[-2 if "input_ids" not in feeds else -1]

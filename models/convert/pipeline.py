@@ -19,7 +19,17 @@ from models.convert import nominal
 from models.convert.consolidate import consolidate
 from models.convert.disk_plan import estimate_output
 from models.convert.fast_plan import PLANS
-from models.convert.graph import VARIANTS, BuiltVariant, Segment, SplitWeights, WeightFile, build_variant
+from models.convert.graph import (
+    KV_TYPES,
+    VARIANTS,
+    BuiltVariant,
+    Segment,
+    SplitWeights,
+    VariantSpec,
+    WeightFile,
+    build_variant,
+)
+from models.convert.kv_dtype import kv_dtype_here, variant_kv_dtype
 from models.convert.linear import FLOAT_TYPES
 from models.convert.measure import measure_variant, plan_segments, write_segments
 from models.convert.memory_need import estimate_memory
@@ -103,6 +113,7 @@ def convert(
     disk_plan: Callable[[dict[str, int]], None] | None = None,
     memory_plan: Callable[[dict[str, int]], None] | None = None,
     floor: dict[str, Any] | None = None,
+    kv_dtype: str | None = None,
 ) -> dict[str, Any]:
     """Write the variants into `out_dir` (existing, empty) and return the manifest fragment.
 
@@ -114,8 +125,18 @@ def convert(
     default it is measured: llama.cpp's KL on the same GGUF when llama-cpp-python is installed, else the
     int8 reference's (llama.cpp's arithmetic computed in numpy).
     `variants`: build and keep these; by default the nominal variant's candidates are built and the
-    nominal one alone is kept (convert/nominal.py)."""
+    nominal one alone is kept (convert/nominal.py).
+    `kv_dtype`: the KV cache type of the variants with int8 activations, "float32" or "float16"; by
+    default this CPU's (convert/kv_dtype.py: fp16 on an aarch64 core with fp16 arithmetic, else fp32). The
+    exact ones keep fp32 (variant_kv_dtype)."""
     report = progress or (lambda stage, frac: None)
+    kv = kv_dtype or kv_dtype_here()
+    if kv not in KV_TYPES:
+        raise InvalidParameter(f"unknown KV type {kv!r}; known: {', '.join(KV_TYPES)}", param="kv_dtype")
+
+    def spec(name: str) -> VariantSpec:
+        return replace(VARIANTS[name], kv_dtype=variant_kv_dtype(kv, VARIANTS[name].accuracy_level))
+
     out_dir = Path(out_dir)
     report("reading GGUF", 0.0)
     model = GGUFModel(Path(gguf_path))
@@ -130,7 +151,7 @@ def convert(
             if VARIANTS[n].requant is not None:
                 refused[n] = "not installed: no quality floor was measured (a conversion without measuring)"
     if disk_plan is not None:
-        disk_plan(estimate_output(model, [n for n in names if n not in refused]))
+        disk_plan(estimate_output(model, [n for n in names if n not in refused], kv))
     if memory_plan is not None:
         memory_plan(estimate_memory(model, measure))
 
@@ -151,10 +172,8 @@ def convert(
     try:
         for i, name in enumerate(exact):
             report(f"building {name}", 0.1 + 0.3 * i / len(names))
-            variant = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
-            segment_files = (
-                write_segments(model, VARIANTS[name], weights, out_dir, segments) if measure else []
-            )
+            variant = build_variant(model, spec(name), weights, out_dir / f"{name}.onnx")
+            segment_files = write_segments(model, spec(name), weights, out_dir, segments) if measure else []
             built[name] = Built(variant, segment_files)
             entries[name] = variant_entry(out_dir, name, variant)
         weights.flush()  # measured below while the re-encoded variants still write to it
@@ -175,7 +194,7 @@ def convert(
         for name in (n for n in names if n not in exact and n not in refused):
             assert floor is not None  # measured: refused above otherwise
             got, why = build_reencoded(
-                model, name, out_dir, weights, shape, segments, ids, ref_logits, floor, threads, report
+                model, spec(name), out_dir, weights, shape, segments, ids, ref_logits, floor, threads, report
             )
             if got is None:
                 refused[name] = f"not installed: {why}"
@@ -194,8 +213,8 @@ def convert(
         if measure and exact_possible and nominal.needs_exact(installed, entries, floor):
             name = nominal.EXACT
             report(f"building {name}: no candidate within the floor", 0.92)
-            variant = build_variant(model, VARIANTS[name], weights, out_dir / f"{name}.onnx")
-            built[name] = Built(variant, write_segments(model, VARIANTS[name], weights, out_dir, segments))
+            variant = build_variant(model, spec(name), weights, out_dir / f"{name}.onnx")
+            built[name] = Built(variant, write_segments(model, spec(name), weights, out_dir, segments))
             weights.flush()
             entries[name] = variant_entry(out_dir, name, variant)
             entries[name] |= built[name].measure(segments, shape, ids, ref_logits, threads)
@@ -233,7 +252,7 @@ def convert(
         "refused_variants": refused,
         "tokenizer": "tokenizer.json",
         "chat_template": CHAT_TEMPLATE_FILE if tokenizer.chat_template else None,
-        "kv_bytes_per_token": shape.kv_bytes_per_token(),
+        "kv_bytes_per_token": shape.kv_bytes_per_token(),  # fp32's: a variant's `kv_dtype` may halve it
     }
 
 
@@ -271,12 +290,13 @@ def variant_entry(out_dir: Path, name: str, variant: BuiltVariant) -> dict[str, 
         "onnx_bytes": onnx_file.stat().st_size,
         "quant_map": variant.quant_map,
         "copied_at_load": variant.copied_at_load,
+        "kv_dtype": variant.kv_dtype,
     }
 
 
 def build_reencoded(
     model: GGUFModel,
-    name: str,
+    variant_spec: VariantSpec,
     out_dir: Path,
     weights: WeightFile,
     shape: ModelShape,
@@ -292,10 +312,11 @@ def build_reencoded(
     attempt leaves nothing behind: its graph, its segments and its own weights file are removed, and what
     it shares in the shared file are exact initializers q4-a8 writes under the same names."""
     attempts: list[dict[str, Any]] = []
+    name = variant_spec.name
     for plan in PLANS:
         report(f"building {name} ({plan.name} plan)", 0.75)
         own = WeightFile(out_dir / own_data_file(name))
-        spec = replace(VARIANTS[name], requant=plan)
+        spec = replace(variant_spec, requant=plan)
         split = SplitWeights(weights, own)
         try:
             variant = build_variant(model, spec, split, out_dir / f"{name}.onnx")
@@ -503,7 +524,7 @@ def smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
         return
     try:
         sess = DecoderSession(Path(model_dir) / variants[name]["file"], shape, 1)
-        kv = KVCache(shape, 16)
+        kv = KVCache(sess.shape, 16)  # the session's: its KV type is the graph's
         logits = sess.run(np.array([1, 2, 3, 4]), kv, 0)
         for pos in range(4, 8):
             if not np.isfinite(logits).all():

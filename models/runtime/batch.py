@@ -131,7 +131,7 @@ class BatchKV:
         self.prefault = prefault
         dims = (rows, shape.n_kv_heads, capacity, shape.head_dim)
         self.arrays = [
-            (kv_zeros(dims, np.float32, False), kv_zeros(dims, np.float32, False))
+            (kv_zeros(dims, shape.kv_dtype, False), kv_zeros(dims, shape.kv_dtype, False))
             for _ in range(shape.n_layers)
         ]
         self.mapped = [False] * rows  # a reply took the row once: its pages are (or come) in
@@ -330,7 +330,8 @@ class BatchDecoder:
         # only where written: a throwaway key a pass)
         rows = slots if pad is False else max(slots, PAD_ROWS)
         # the configured context: the governor's cap only ever lowers it (DecoderEngine.apply_limits)
-        self.kv = BatchKV(engine.shape, rows, engine.configured_context, engine.kv_prefault)
+        # the session's shape: its KV type is the graph's
+        self.kv = BatchKV(engine.session().shape, rows, engine.configured_context, engine.kv_prefault)
         self.rows: list[_Row | None] = [None] * rows
         self.free_rows = [_Free() for _ in range(rows)]
         self._pass: BatchPass | None = None
@@ -411,7 +412,7 @@ class BatchDecoder:
         exact, whole = positions_exact(sess), passes_exact(sess)
         e = self.e
         keep = kv_slot_count(
-            self.kv.capacity, e.shape.kv_bytes_per_token(), e.prefix_slots, e.prefix_budget_bytes
+            self.kv.capacity, sess.shape.kv_bytes_per_token(), e.prefix_slots, e.prefix_budget_bytes
         )
         spread = sum(self.kv.mapped) < keep  # room for another conversation's keys: a new row
         best: tuple[int, bool, bool, float, int] | None = None

@@ -269,10 +269,10 @@ class DecoderEngine(TextSideMixin):
         return evicted
 
     def new_cache(self, capacity: int) -> Any:
-        """A KV cache of the layout the model needs (ours: one shared fp32 buffer), its pages written now
-        when `kv_prefault` (see kv_zeros)."""
+        """A KV cache of the layout the model needs (ours: one shared buffer, of the graph's KV type), its
+        pages written now when `kv_prefault` (see kv_zeros)."""
         if self.io is None:
-            return KVCache(self.shape, capacity, self.kv_prefault)
+            return KVCache(self.session().shape, capacity, self.kv_prefault)
         sess = self.session()
         assert isinstance(sess, GeneralDecoderSession)  # a folder's decoder I/O: the general path
         return sess.new_cache(capacity, self.kv_prefault)
@@ -333,7 +333,7 @@ class DecoderEngine(TextSideMixin):
             if n > best_n or best is None:
                 best, best_n = slot, n
         fits_another = len(self._slots) < kv_slot_count(
-            self.context_length, self.shape.kv_bytes_per_token(), self.prefix_slots, self.prefix_budget_bytes
+            self.context_length, sess.shape.kv_bytes_per_token(), self.prefix_slots, self.prefix_budget_bytes
         )
         if best is None or (best_n == 0 and fits_another):
             if fits_another:

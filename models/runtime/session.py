@@ -26,17 +26,18 @@ import onnxruntime as ort
 from models.errors import InvalidModelFile
 from models.runtime.measured import remembered
 
-KV_DTYPE = np.dtype(np.float32)
+KV_DTYPE = np.dtype(np.float32)  # the graph's KV type unless it declares another (graph_kv_dtype)
 WEIGHTS_FILE = "weights.data"  # the converter's (models/convert/pipeline.py)
 KEEP_INPUT = "num_logits_to_keep"  # the graph input saying how many of the last positions get logits
 ROWS_ATOL = 1e-3  # logits of one position fed alone and in a batch: summation order only
 
 
-def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int) -> int:
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, kv_dtype: str = KV_DTYPE.name) -> int:
     """The one KV-size formula (memory planning, manifests, the engine's slots): a key and a value of
-    head_dim fp32 per KV head per layer, exactly what KVCache allocates. Sliding-window layers keep the full
-    context too (as llama.cpp's "full-size SWA cache"): GroupQueryAttention masks by position."""
-    return 2 * n_layers * n_kv_heads * head_dim * KV_DTYPE.itemsize
+    head_dim elements of `kv_dtype` (fp32, or fp16 where the graph's cache is) per KV head per layer,
+    exactly what KVCache allocates. Sliding-window layers keep the full context too (as llama.cpp's
+    "full-size SWA cache"): GroupQueryAttention masks by position."""
+    return 2 * n_layers * n_kv_heads * head_dim * np.dtype(kv_dtype).itemsize
 
 
 def kv_slot_count(context_length: int, per_token: int, prefix_slots: int, prefix_budget_bytes: int) -> int:
@@ -52,6 +53,7 @@ class ModelShape:
     n_kv_heads: int
     head_dim: int
     vocab: int
+    kv_dtype: str = KV_DTYPE.name  # numpy's name of the cache's element type: the graph's (graph_kv_dtype)
 
     @classmethod
     def from_architecture(cls, arch: Mapping[str, Any]) -> ModelShape:
@@ -59,7 +61,7 @@ class ModelShape:
         return cls(int(arch["n_layers"]), int(arch["n_kv_heads"]), int(arch["head_dim"]), int(arch["vocab"]))
 
     def kv_bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim)
+        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, self.kv_dtype)
 
 
 def kv_zeros(dims: tuple[int, ...], dtype: Any, prefault: bool) -> np.ndarray:
@@ -90,15 +92,16 @@ def kv_zeros(dims: tuple[int, ...], dtype: Any, prefault: bool) -> np.ndarray:
 
 
 class KVCache:
-    """Per-layer key/value buffers [1, kv_heads, capacity, head_dim], wrapped once as OrtValues."""
+    """Per-layer key/value buffers [1, kv_heads, capacity, head_dim] of the shape's KV type (a session's
+    shape carries its graph's), wrapped once as OrtValues."""
 
     def __init__(self, shape: ModelShape, capacity: int, prefault: bool = False) -> None:
         self.shape = shape
         self.capacity = capacity
         dims = (1, shape.n_kv_heads, capacity, shape.head_dim)
+        dtype = np.dtype(shape.kv_dtype)
         self.arrays = [
-            (kv_zeros(dims, KV_DTYPE, prefault), kv_zeros(dims, KV_DTYPE, prefault))
-            for _ in range(shape.n_layers)
+            (kv_zeros(dims, dtype, prefault), kv_zeros(dims, dtype, prefault)) for _ in range(shape.n_layers)
         ]
         self.ortvalues = [
             (ort.OrtValue.ortvalue_from_numpy(k), ort.OrtValue.ortvalue_from_numpy(v)) for k, v in self.arrays
@@ -342,6 +345,21 @@ def release_copied(
     return released
 
 
+_ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def graph_kv_dtype(sess: ort.InferenceSession, past_input: str) -> str:
+    """The KV cache's element type as the graph declares its past input (numpy's name): the buffers are
+    allocated in it, never assumed. fp32, or fp16 where the converter chose a half cache
+    (models/convert/kv_dtype.py)."""
+    kv_type = next((i.type for i in sess.get_inputs() if i.name == past_input), None)
+    if kv_type not in _ORT_DTYPES:
+        raise InvalidModelFile(
+            f"the graph's {past_input} is of type {kv_type}: a KV cache of fp32 or fp16 is supported"
+        )
+    return np.dtype(_ORT_DTYPES[kv_type]).name
+
+
 def new_run_options() -> ort.RunOptions:
     return ort.RunOptions()
 
@@ -384,6 +402,10 @@ class DecoderSession:
         )
         released = release_copied(self.path.parent / WEIGHTS_FILE, copied_at_load)
         prefault_mappings(self.path.parent, skip=set(before) | released)
+        if shape.n_layers:  # the caches this session binds are of its graph's KV type
+            self.shape = dataclasses.replace(
+                shape, kv_dtype=graph_kv_dtype(self.sess, "past_key_values.0.key")
+            )
         # Graphs from converter 7 on take num_logits_to_keep (an input with a default, which onnxruntime
         # lists as an overridable initializer); older folders give the last position only.
         self.multi_logits = any(
@@ -531,7 +553,6 @@ class DecoderSession:
 # KV and logits dtype come from the session's own inputs and outputs (fp32 or fp16), and its logits may cover
 # every position ([batch, seq, vocab]) or the last one ([batch, 1, vocab]): the last row is what we use.
 
-_ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _ORT_INT_DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
 
@@ -627,6 +648,7 @@ class GeneralDecoderSession:
                 f"{self.path.name}: KV cache of type {kv_type} is not supported (fp32, fp16)"
             )
         self.kv_dtype = _ORT_DTYPES[kv_type]
+        self.shape = dataclasses.replace(self.shape, kv_dtype=np.dtype(self.kv_dtype).name)
         self.ids_dtype = _ORT_INT_DTYPES.get(ins[io.input_ids], np.int64)
         self.mask_name = io.attention_mask if io.attention_mask in ins else None
         positions = io.position_ids or "position_ids"

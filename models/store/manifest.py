@@ -86,8 +86,12 @@ def memory_estimate(fragment: dict[str, Any], files: dict[str, dict[str, Any]]) 
     if layers and kv_heads and head_dim:
         kv_per_token = kv_bytes_per_token(layers, kv_heads, head_dim)
     context = fragment.get("context_length") or 0
+    # the fp32 figure; a variant with a half cache (its `kv_dtype`) counts its own below
     out: dict[str, Any] = {"kv_bytes_per_token": kv_per_token, "context_length": context, "variants": {}}
     for name, variant in (fragment.get("variants") or {}).items():
+        per_token = kv_per_token
+        if layers and kv_heads and head_dim and variant.get("kv_dtype"):
+            per_token = kv_bytes_per_token(layers, kv_heads, head_dim, str(variant["kv_dtype"]))
         weights = variant.get("weights_bytes")
         if not isinstance(weights, int):
             rels = set(variant.get("files") or []) | ({variant["file"]} if variant.get("file") else set())
@@ -97,7 +101,7 @@ def memory_estimate(fragment: dict[str, Any], files: dict[str, dict[str, Any]]) 
         out["variants"][name] = {
             "weights_bytes": weights,
             "load_bytes": load,
-            "estimate_bytes": load + (kv_per_token or 0) * context,
+            "estimate_bytes": load + (per_token or 0) * context,
         }
     return out
 

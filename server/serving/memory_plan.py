@@ -16,7 +16,7 @@ from typing import Any
 
 from governor.sensors import MemoryReading
 from models.errors import InsufficientMemory
-from models.runtime.session import kv_bytes_per_token, kv_slot_count
+from models.runtime.session import KV_DTYPE, kv_bytes_per_token, kv_slot_count
 
 log = logging.getLogger("simmer.memory")
 
@@ -66,12 +66,19 @@ def mib(n: int | None) -> str:
     return "unknown" if n is None else f"{n / MiB:.0f} MiB"
 
 
-def kv_per_token(manifest: Mapping[str, Any]) -> int:
-    """KV bytes per token of context, from the architecture (the manifest's own number for folders that
-    give no shape)."""
+def kv_per_token(manifest: Mapping[str, Any], variant: str | None = None) -> int:
+    """KV bytes per token of context for `variant`, from the architecture and the KV type its conversion
+    chose (an fp16 cache halves it; a variant that does not say is fp32), or the manifest's own number
+    for folders that give no shape."""
     arch = manifest.get("architecture") or {}
+    entry = (manifest.get("variants") or {}).get(variant) or {}
     try:
-        return kv_bytes_per_token(int(arch["n_layers"]), int(arch["n_kv_heads"]), int(arch["head_dim"]))
+        return kv_bytes_per_token(
+            int(arch["n_layers"]),
+            int(arch["n_kv_heads"]),
+            int(arch["head_dim"]),
+            str(entry.get("kv_dtype") or KV_DTYPE.name),
+        )
     except (KeyError, TypeError, ValueError):
         value = manifest.get("kv_bytes_per_token")
         return int(value) if isinstance(value, int) else 0
@@ -95,7 +102,7 @@ def estimate(
     if not isinstance(weights, int):
         weights = int((entry.get("memory") or {}).get("total_bytes") or 0)
     ctx = min(context_length, int(manifest.get("context_length") or context_length))
-    per_token = kv_per_token(manifest)
+    per_token = kv_per_token(manifest, variant)
     slots = kv_slot_count(ctx, per_token, prefix_slots, prefix_budget_bytes) + batch_rows
     files = manifest.get("files") or {}
     tokenizer = int((files.get("tokenizer.json") or {}).get("size") or 0) * TOKENIZER_FACTOR

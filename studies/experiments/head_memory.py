@@ -123,7 +123,7 @@ def probe(path: Path, threads: int) -> dict:
     sess = DecoderSession(path, shape, threads)
     peak = vm_hwm()
     rss_load = proc.memory_info().rss
-    sess.run(np.array([5]), KVCache(shape, 16), 0)
+    sess.run(np.array([5]), KVCache(sess.shape, 16), 0)
     rss_step = proc.memory_info().rss
     mb = 1 << 20
     return {

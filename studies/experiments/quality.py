@@ -86,7 +86,7 @@ def variant_step(model_dir: Path, variant: str, threads: int) -> Callable[[int, 
     manifest = json.loads((model_dir / "manifest.json").read_text())
     shape = ModelShape.from_architecture(manifest["architecture"])
     sess = DecoderSession(model_dir / manifest["variants"][variant]["file"], shape, threads)
-    kv = KVCache(shape, QUALITY_POSITIONS + 8)
+    kv = KVCache(sess.shape, QUALITY_POSITIONS + 8)  # the session's: its KV type is the graph's
     return lambda token, pos: sess.run(np.array([token]), kv, pos).copy()
 
 

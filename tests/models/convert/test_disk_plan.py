@@ -130,3 +130,14 @@ def test_plan_when_smollm2_then_exact_weights_and_within_one_percent(smollm2_ggu
     actual = {n: s for n, s in _sizes(smollm2_model_dir).items() if n != "manifest.json"}
     _check(plan, actual)
     assert sum(actual.values()) <= sum(plan.values()) <= sum(actual.values()) * 1.01
+
+
+def test_plan_when_fp16_kv_then_exact_with_its_rope_caches(tmp_path, tiny_gguf) -> None:
+    seen: list[dict[str, int]] = []
+    out = tmp_path / "out"
+    out.mkdir()
+    convert(
+        tiny_gguf, out, variants=["q4", "q4-a8"], measure=False, disk_plan=seen.append, kv_dtype="float16"
+    )
+    _check(seen[0], _sizes(out))
+    assert seen[0][WEIGHTS_FILE] > estimate_output(GGUFModel(tiny_gguf), ["q4", "q4-a8"])[WEIGHTS_FILE]

@@ -109,7 +109,7 @@ def test_general_session_when_any_layout_then_logits_match_the_fast_path(install
     io = DecoderIO.from_dict(model.variants["genai"]["genai"])
     general = GeneralDecoderSession(model.path / io.filename, io, 1)
     fast = DecoderSession(tiny_model_dir / io.filename, general.shape, 1)
-    kv, ref_kv = general.new_cache(64), KVCache(general.shape, 64)
+    kv, ref_kv = general.new_cache(64), KVCache(fast.shape, 64)  # each its own session's KV type
     assert isinstance(kv, SharedKV if kind == "shared" else GrowingKV)
     assert kv.arrays[0][0].dtype == np.float32 if kind == "shared" else kv.dtype == general.kv_dtype
     got, want = general.run(np.array(PROMPTS[1]), kv, 0), fast.run(np.array(PROMPTS[1]), ref_kv, 0).copy()

@@ -153,3 +153,22 @@ def test_plan_load_when_short_even_one_reply_at_a_time_then_refused_with_its_num
         plan_load("new", batched(300), 200 * MiB, [idle("a", 100, 1.0, busy=True)])
     assert "needs ~300 MiB" in err.value.message and "one reply at a time" in err.value.message
     assert err.value.numbers["needed_bytes"] == 300 * MiB
+
+
+def test_estimate_when_the_variant_has_a_half_cache_then_half_the_kv_and_the_others_unchanged():
+    manifest = {**MANIFEST, "variants": {**MANIFEST["variants"], "fast": {"weights_bytes": 120 * MiB}}}
+    manifest["variants"]["q4-a8"] = {**manifest["variants"]["q4-a8"], "kv_dtype": "float16"}
+    half = estimate(manifest, "q4-a8", context_length=2048, prefix_slots=2, prefix_budget_bytes=1 << 30)
+    full = estimate(manifest, "fast", context_length=2048, prefix_slots=2, prefix_budget_bytes=1 << 30)
+    assert half.kv_bytes == kv_bytes_per_token(30, 3, 64, "float16") * 2048 * 2
+    assert 2 * half.kv_bytes == full.kv_bytes == kv_bytes_per_token(30, 3, 64) * 2048 * 2
+    assert half.row_bytes * 2 == full.row_bytes
+
+
+def test_estimate_when_half_cache_then_the_budget_holds_twice_the_prefix_slots():
+    half = {**MANIFEST, "variants": {"q4-a8": {**MANIFEST["variants"]["q4-a8"], "kv_dtype": "float16"}}}
+    slot = kv_bytes_per_token(30, 3, 64) * 2048  # one fp32 slot
+    e32 = estimate(MANIFEST, "q4-a8", context_length=2048, prefix_slots=4, prefix_budget_bytes=2 * slot)
+    e16 = estimate(half, "q4-a8", context_length=2048, prefix_slots=4, prefix_budget_bytes=2 * slot)
+    assert e16.row_bytes * 2 == e32.row_bytes
+    assert e16.kv_bytes == e32.kv_bytes  # four half slots in the budget of two fp32 ones
