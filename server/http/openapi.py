@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from server.api.llamacpp.replies import AppliedTemplate, Detokenized, Tokens
+from server.api.ollama.embeddings import OllamaEmbed, OllamaEmbedding
 from server.api.ollama.replies import (
     OllamaChat,
     OllamaGenerate,
@@ -122,8 +123,8 @@ _ANSWERS: dict[str, tuple[dict[str, Any] | None, set[int]]] = {
     "/api/show": (_json(OllamaShow), {404}),
     "/api/version": (_json(OllamaVersion), set()),
     "/api/delete": ({}, {404}),
-    "/api/embed": (None, {404}),
-    "/api/embeddings": (None, {404}),
+    "/api/embed": (_json(OllamaEmbed), _GENERATES),
+    "/api/embeddings": (_json(OllamaEmbedding), _GENERATES),
     "/tokenize": (_json(Tokens), _GENERATES),
     "/detokenize": (_json(Detokenized), _GENERATES),
     "/apply-template": (_json(AppliedTemplate), _GENERATES),
@@ -138,6 +139,8 @@ REPLIES: tuple[type[BaseModel], ...] = (
     ModelList,
     Model,
     EmbeddingList,
+    OllamaEmbed,
+    OllamaEmbedding,
     Response,
     Health,
     ThermalState,

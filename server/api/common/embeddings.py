@@ -10,6 +10,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
+from pydantic_core import PydanticCustomError
 
 from models.errors import InvalidParameter, ModelNotFound, WrongModelKind
 from models.types import KIND_EMBEDDING
@@ -27,27 +28,40 @@ if TYPE_CHECKING:
 _SHAPES = "a string, a list of strings, a list of token ids or a list of lists of token ids"
 
 
-def embedding_inputs(value: Any, field: str = "input") -> list[str] | list[list[int]]:
+def parse_inputs(value: Any, field: str = "input") -> list[str] | list[list[int]]:
     """A request's `input` as the worker takes it: strings, or rows of token ids (one list of ids is one
-    row). One clear error for the first thing wrong: empty, too many, or a shape none of the four."""
-    if isinstance(value, str):
-        value = [value]
-    elif isinstance(value, list) and value and all(type(x) in (int, float) for x in value):
-        value = [checked_ids(value, field)]
-    if not isinstance(value, list):
-        raise invalid(f"{field} must be {_SHAPES}", field)
-    if not value:
-        raise invalid(f"{field} must not be empty", field)
-    if len(value) > MAX_EMBED_INPUTS:
-        raise invalid(f"{field} has {len(value)} items; at most {MAX_EMBED_INPUTS} per request", field)
-    if all(isinstance(x, str) for x in value):
-        for i, text in enumerate(value):
-            if not text:
-                raise invalid(f"{field}[{i}] is an empty string", field)
-        return list(value)
-    if all(isinstance(x, list) for x in value):
-        return [checked_ids(row, f"{field}[{i}]") for i, row in enumerate(value)]
-    raise invalid(f"{field} must be {_SHAPES}", field)
+    row). One clear InvalidParameter for the first thing wrong: empty, too many, or none of the shapes."""
+    try:
+        if isinstance(value, str):
+            value = [value]
+        elif isinstance(value, list) and value and all(type(x) in (int, float) for x in value):
+            value = [checked_ids(value, field)]
+        if not isinstance(value, list):
+            raise InvalidParameter(f"{field} must be {_SHAPES}", param=field)
+        if not value:
+            raise InvalidParameter(f"{field} must not be empty", param=field)
+        if len(value) > MAX_EMBED_INPUTS:
+            raise InvalidParameter(
+                f"{field} has {len(value)} items; at most {MAX_EMBED_INPUTS} per request", param=field
+            )
+        if all(isinstance(x, str) for x in value):
+            for i, text in enumerate(value):
+                if not text:
+                    raise InvalidParameter(f"{field}[{i}] is an empty string", param=field)
+            return list(value)
+        if all(isinstance(x, list) for x in value):
+            return [checked_ids(row, f"{field}[{i}]") for i, row in enumerate(value)]
+    except PydanticCustomError as err:  # checked_ids's refusal, worded for a validator
+        raise InvalidParameter(err.message(), param=str((err.context or {}).get("param") or field)) from None
+    raise InvalidParameter(f"{field} must be {_SHAPES}", param=field)
+
+
+def embedding_inputs(value: Any, field: str = "input") -> list[str] | list[list[int]]:
+    """parse_inputs as a pydantic validator (its refusal a 400 naming the field, as every body's)."""
+    try:
+        return parse_inputs(value, field)
+    except InvalidParameter as err:
+        raise invalid(err.message, err.param) from None
 
 
 def embedding_model(rt: Runtime, model: str | None) -> CatalogEntry:

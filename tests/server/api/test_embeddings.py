@@ -190,3 +190,57 @@ def test_chat_when_embeddings_served_then_chat_still_answers(srv):
         timeout=60,
     )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+# ---- Ollama's /api/embed and /api/embeddings ------------------------------------------------------------
+
+
+def test_ollama_embed_when_inputs_then_the_openai_vectors(srv):
+    texts = ["the cat sat", "hello world"]
+    want = np.array([d["embedding"] for d in post(srv, {"model": ENCODER, "input": texts}).json()["data"]])
+    r = httpx.post(srv.url + "/api/embed", json={"model": f"{ENCODER}:latest", "input": texts}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == f"{ENCODER}:latest" and body["prompt_eval_count"] == 9
+    assert body["total_duration"] > 0
+    assert np.abs(np.array(body["embeddings"]) - want).max() < 1e-6
+    legacy = httpx.post(srv.url + "/api/embeddings", json={"model": ENCODER, "prompt": texts[0]}, timeout=60)
+    assert legacy.status_code == 200 and np.abs(np.array(legacy.json()["embedding"]) - want[0]).max() < 1e-6
+
+
+def test_ollama_embed_when_empty_input_then_no_vectors_and_no_work(srv):
+    r = httpx.post(srv.url + "/api/embed", json={"model": ENCODER, "input": []}, timeout=60)
+    assert r.status_code == 200 and r.json() == {"model": ENCODER, "embeddings": []}
+    r = httpx.post(srv.url + "/api/embeddings", json={"model": ENCODER, "prompt": ""}, timeout=60)
+    assert r.status_code == 200 and r.json() == {"embedding": []}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "words"),
+    [
+        ("/api/embed", {"input": ["a", ""]}, 400, "input[1] is an empty string"),
+        ("/api/embed", {"input": ["cat"] * (MAX_EMBED_INPUTS + 1)}, 400, f"at most {MAX_EMBED_INPUTS}"),
+        ("/api/embed", {"input": " ".join(["cat"] * 20)}, 400, "maximum context length is 16 tokens"),
+        ("/api/embeddings", {"prompt": " ".join(["cat"] * 20)}, 400, "maximum context length is 16 tokens"),
+        ("/api/embed", {"model": "nope", "input": "x"}, 404, "not found"),
+    ],
+)
+def test_ollama_embed_when_bad_request_then_ollama_error(srv, path, body, status, words):
+    r = httpx.post(srv.url + path, json={"model": ENCODER, **body}, timeout=60)
+    assert r.status_code == status, r.text
+    assert words in r.json()["error"]
+
+
+def test_ollama_embed_when_chat_model_then_400_naming_its_kind(srv):
+    r = httpx.post(srv.url + "/api/embed", json={"model": srv.chat_model, "input": "x"}, timeout=60)
+    assert r.status_code == 400 and "a generation model: it has no embeddings" in r.json()["error"]
+
+
+def test_ollama_client_when_embed_then_same_vectors(srv):
+    ollama = pytest.importorskip("ollama", reason="the ollama client is not installed")
+    client = ollama.Client(host=srv.url)
+    want = post(srv, {"model": ENCODER, "input": ["a big dog"]}).json()["data"][0]["embedding"]
+    got = client.embed(model=ENCODER, input="a big dog")
+    assert np.abs(np.array(got.embeddings[0]) - np.array(want)).max() < 1e-6
+    legacy = client.embeddings(model=ENCODER, prompt="a big dog")
+    assert np.abs(np.array(legacy.embedding) - np.array(want)).max() < 1e-6
