@@ -5,21 +5,23 @@ openai SDK, and each refusal with its status, code and param."""
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
-import json
+import shutil
 
 import httpx
 import numpy as np
 import pytest
 
+from models.convert import pipeline
 from models.convert.safetensors_file import read_safetensors
 from models.runtime.embedder import MAX_BATCH
 from models.store import registry
 from models.store.encoder_install import ENCODER_INSTALLER
 from models.store.sources import PyPIWheel
-from models.store.store import ModelStore
+from models.store.store import Converter, ModelStore
 from server.serving.embedding import MAX_EMBED_INPUTS
-from server.serving.served import serve_folders
+from server.serving.served import serve_store
 from tests.helpers import sdk
 from tests.models.store.helpers import build_dist_wheel
 from tests.reference_bert import reference_embed, write_tiny_bert, zipped_folder
@@ -30,9 +32,15 @@ DIST = "simmer_test_tiny_encoder"
 CONTEXT = 16
 
 
+CONVERTER = Converter(
+    functools.partial(pipeline.convert, measure=False, threads=1), pipeline.smoke_test, 1, plans_disk=True
+)
+
+
 @pytest.fixture(scope="module")
-def encoder(tmp_path_factory):
-    """(installed folder, source folder, config.json) of a tiny encoder pulled through the store."""
+def home(tmp_path_factory, tiny_gguf):
+    """(store home, encoder source folder, its config.json): a store with a tiny chat model, tiny-a, and a
+    tiny encoder pulled from a wheel, as `simmer pull` installs them."""
     root = tmp_path_factory.mktemp("encoder")
     cfg = write_tiny_bert(root / "src", context=CONTEXT)
     data = zipped_folder(root / "src")
@@ -45,22 +53,30 @@ def encoder(tmp_path_factory):
         pip_args=("--no-index", "--find-links", str(root / "wheelhouse")),
         archive=True,
     )
+    store = ModelStore(root / "home", converter=CONVERTER)
+    shutil.copy(tiny_gguf, root / "tiny-a.gguf")
+    store.pull(str(root / "tiny-a.gguf"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(
-            registry.KNOWN_MODELS, ENCODER, registry.ModelSpec(ENCODER, source, installer=ENCODER_INSTALLER)
-        )
-        model = ModelStore(root / "home").pull(ENCODER)
-    return model.path, root / "src", cfg
+        spec = registry.ModelSpec(ENCODER, source, installer=ENCODER_INSTALLER)
+        mp.setitem(registry.KNOWN_MODELS, ENCODER, spec)
+        store.pull(ENCODER)
+    return root / "home", root / "src", cfg
 
 
 @pytest.fixture
-def srv(live, tmp_path, tiny_model_dir, encoder):
-    chat_model = json.loads((tiny_model_dir / "manifest.json").read_text())["id"]
-    overrides = {"model": chat_model, "context_length": 128}
-    served = serve_folders(make_settings(tmp_path, **overrides), [tiny_model_dir, encoder[0]])
-    server = live(served=served, **overrides)
+def encoder(home):
+    return home
+
+
+@pytest.fixture
+def srv(live, tmp_path, home):
+    """A live server over a copy of the store (`simmer serve`'s serve_store), tiny-a the default."""
+    copy = tmp_path / "home"
+    shutil.copytree(home[0], copy)
+    overrides = {"home": copy, "model": "tiny-a", "context_length": 128, "threads": 1}
+    server = live(served=serve_store(make_settings(tmp_path, **overrides)), **overrides)
     wait_ready(server)
-    server.chat_model = chat_model
+    server.chat_model = "tiny-a"
     return server
 
 
@@ -244,3 +260,10 @@ def test_ollama_client_when_embed_then_same_vectors(srv):
     assert np.abs(np.array(got.embeddings[0]) - np.array(want)).max() < 1e-6
     legacy = client.embeddings(model=ENCODER, prompt="a big dog")
     assert np.abs(np.array(legacy.embedding) - np.array(want)).max() < 1e-6
+
+
+def test_model_lists_when_encoder_installed_then_listed_and_cannot_chat(srv):
+    listed = {m["id"]: m for m in httpx.get(srv.url + "/v1/models", timeout=60).json()["data"]}
+    assert listed[ENCODER]["can_chat"] is False and listed[ENCODER]["context_length"] == CONTEXT
+    tags = {m["name"] for m in httpx.get(srv.url + "/api/tags", timeout=60).json()["models"]}
+    assert f"{ENCODER}:latest" in tags
