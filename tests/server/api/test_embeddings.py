@@ -16,7 +16,7 @@ import pytest
 
 from models.convert import pipeline
 from models.convert.safetensors_file import read_safetensors
-from models.errors import SimmerError
+from models.errors import SimmerError, WrongModelKind
 from models.runtime.embedder import MAX_BATCH, Embedder
 from models.store import registry
 from models.store.encoder_install import ENCODER_INSTALLER
@@ -296,3 +296,10 @@ def test_embeddings_when_all_minilm_served_then_reference_vectors_through_the_sd
     want = reference_embed(read_safetensors(src / "model.safetensors"), cfg, rows, cfg["layer_norm_eps"])
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert got.shape == (3, 384) and cos.min() >= 0.9999
+
+
+def test_serve_when_default_model_is_an_encoder_then_refused_by_name(home, tmp_path):
+    copy = tmp_path / "home"
+    shutil.copytree(home[0], copy)
+    with pytest.raises(WrongModelKind, match="SIMMER_MODEL names 'tiny-encoder', an embedding model"):
+        serve_store(make_settings(tmp_path, home=copy, model=ENCODER))
