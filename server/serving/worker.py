@@ -125,6 +125,8 @@ class Worker:
                 raise ShuttingDown("The server is shutting down")
             if self.state == "loading":
                 raise ModelLoading("The model is still loading; retry shortly")
+            if self.state == "failed":  # the thread has ended: nothing would take the job
+                raise ModelLoading(f"The model failed to load: {self.load_error}")
             if self._waiting() >= self.max_queue:
                 raise ServerBusy(f"The server is busy ({self.max_queue} requests waiting); retry shortly")
             self._embeds.append(job)

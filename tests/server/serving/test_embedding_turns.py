@@ -10,7 +10,9 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 
+from server.refusals import ModelLoading
 from server.serving.embedding import Embedded, EmbedJob, EncoderShelf
 
 
@@ -72,3 +74,18 @@ def test_embedding_when_generation_arrives_mid_job_then_it_runs_between_batches(
     assert len(answers) == 1 and isinstance(answers[0], Embedded)
     # pass 1 before the chat began; the chat ran before pass 2 (not after the job's last pass)
     assert job.seen == [0, 1, 1]
+
+
+def test_embedding_when_the_worker_failed_to_load_then_refused_at_once(live):
+    def broken():
+        raise RuntimeError("no weights")
+
+    srv = live(engine_factory=broken)
+    worker = srv.app.state.runtime.worker
+    for _ in range(500):
+        if worker.state == "failed":
+            break
+        time.sleep(0.01)
+    job = EmbedJob(id="embd-test", model_id="unused", path=Path("unused"), inputs=["x"], sink=lambda _: None)
+    with pytest.raises(ModelLoading, match="failed to load: no weights"):
+        worker.submit_embedding(job)
