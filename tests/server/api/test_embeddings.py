@@ -161,6 +161,11 @@ def test_embeddings_when_openai_sdk_then_same_vectors(srv):
         ({"input": [2, -1, 3]}, 400, "invalid_parameter", "input[1]", "token id"),
         ({"input": [1, "a"]}, 400, "invalid_parameter", "input", "a string, a list of strings"),
         ({"input": {"a": 1}}, 400, "invalid_parameter", "input", "a string, a list of strings"),
+        ({"input": None}, 400, "invalid_parameter", "input", "a string, a list of strings"),
+        ({"input": [[2, 3], "a"]}, 400, "invalid_parameter", "input", "a string, a list of strings"),
+        ({"input": [2, 1.5]}, 400, "invalid_parameter", "input[1]", "token id"),
+        ({"input": [[2, True]]}, 400, "invalid_parameter", "input[0][1]", "token id"),
+        ({"input": [True]}, 400, "invalid_parameter", "input", "a string, a list of strings"),
         (
             {"input": " ".join(["cat"] * 20)},
             400,
