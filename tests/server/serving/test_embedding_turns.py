@@ -14,6 +14,7 @@ import pytest
 
 from server.refusals import ModelLoading
 from server.serving.embedding import Embedded, EmbedJob, EncoderShelf
+from tests.server.conftest import wait_ready
 
 
 @dataclass
@@ -28,7 +29,7 @@ class CountingEmbedJob(EmbedJob):
 
     def step(self, shelf: EncoderShelf) -> bool:
         if not self.seen:
-            self.queued.wait(10)
+            self.queued.wait(60)
         self.seen.append(len(self.engine_generations))
         if len(self.seen) < self.batches:
             return False
@@ -38,6 +39,7 @@ class CountingEmbedJob(EmbedJob):
 
 def test_embedding_when_generation_arrives_mid_job_then_it_runs_between_batches(live):
     srv = live()
+    wait_ready(srv)  # the worker takes jobs once its model is loaded
     worker = srv.app.state.runtime.worker
     answers: list[object] = []
     job = CountingEmbedJob(
@@ -60,16 +62,16 @@ def test_embedding_when_generation_arrives_mid_job_then_it_runs_between_batches(
         )
     )
     chat.start()
-    for _ in range(500):  # the chat job is in the queue behind the running embedding pass
-        if worker.queue_depth >= 1:
-            break
-        time.sleep(0.01)
+    deadline = time.monotonic() + 60  # a robust bound: the machine may be loaded
+    while worker.queue_depth < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the chat job waits in the queue behind the running embedding pass
+    queued = worker.queue_depth >= 1
     job.queued.set()
     chat.join(60)
-    for _ in range(500):
-        if answers:
-            break
+    deadline = time.monotonic() + 60
+    while not answers and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert queued, "the chat job never reached the queue"
     assert reply and reply[0].status_code == 200
     assert len(answers) == 1 and isinstance(answers[0], Embedded)
     # pass 1 before the chat began; the chat ran before pass 2 (not after the job's last pass)
@@ -82,9 +84,8 @@ def test_embedding_when_the_worker_failed_to_load_then_refused_at_once(live):
 
     srv = live(engine_factory=broken)
     worker = srv.app.state.runtime.worker
-    for _ in range(500):
-        if worker.state == "failed":
-            break
+    deadline = time.monotonic() + 60
+    while worker.state != "failed" and time.monotonic() < deadline:
         time.sleep(0.01)
     job = EmbedJob(id="embd-test", model_id="unused", path=Path("unused"), inputs=["x"], sink=lambda _: None)
     with pytest.raises(ModelLoading, match="failed to load: no weights"):
