@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from models.errors import ModelNotFound, SimmerError
 from models.store import registry
 from models.store.registry import license_notice
+from models.types import KIND_EMBEDDING
 from server.api.common.embeddings import embed as common_embed
 from server.api.common.embeddings import embedding_model, parse_inputs
 from server.api.common.flow import respond, start
@@ -201,7 +202,9 @@ async def show(body: wire.ShowRequest, request: Request) -> dict[str, Any]:
         "template": template,
         "details": _details(entry, loaded.variant if loaded is not None else None),
         "model_info": _model_info(rt, entry),
-        "capabilities": ["completion", "tools"] if chats else ["completion"],
+        "capabilities": ["embedding"]
+        if entry.kind == KIND_EMBEDDING
+        else (["completion", "tools"] if chats else ["completion"]),
         "modified_at": iso(entry.created),
     }
 

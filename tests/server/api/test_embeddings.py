@@ -274,6 +274,10 @@ def test_model_lists_when_encoder_installed_then_listed_and_cannot_chat(srv):
     assert listed[ENCODER]["can_chat"] is False and listed[ENCODER]["context_length"] == CONTEXT
     tags = {m["name"] for m in httpx.get(srv.url + "/api/tags", timeout=60).json()["models"]}
     assert f"{ENCODER}:latest" in tags
+    shown = httpx.post(srv.url + "/api/show", json={"model": ENCODER}, timeout=60)
+    assert shown.status_code == 200 and shown.json()["capabilities"] == ["embedding"]
+    chat = httpx.post(srv.url + "/api/show", json={"model": srv.chat_model}, timeout=60).json()
+    assert "completion" in chat["capabilities"]
 
 
 @pytest.mark.slow
