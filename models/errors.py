@@ -52,6 +52,20 @@ class ModelNotChat(SimmerError):
         )
 
 
+class WrongModelKind(SimmerError):
+    """An embedding model asked to generate, or a generative model asked for embeddings."""
+
+    code = "wrong_model_kind"
+
+    @classmethod
+    def for_model(cls, model_id: str, kind: str) -> WrongModelKind:
+        if kind == "embedding":
+            what = "an embedding model: it answers embeddings requests only (/v1/embeddings, /api/embed)"
+        else:
+            what = f"a {kind} model: it has no embeddings; name an embedding model (e.g. all-minilm-l6-v2)"
+        return cls(f"The model '{model_id}' is {what}", param="model")
+
+
 class UnsupportedArchitecture(UnsupportedModel):
     """A GGUF whose `general.architecture` has no family in models/convert/families."""
 

@@ -13,6 +13,11 @@ NOMINAL_VARIANT = "q4-a8"
 
 FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]
 
+# What an installed model does (its manifest's "kind"): a generative model answers chats and completions,
+# an embedding model (a sentence encoder) answers embeddings only.
+KIND_GENERATION = "generation"
+KIND_EMBEDDING = "embedding"
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -28,6 +28,7 @@ from server.routing.metrics import RoutingCollector
 from server.routing.router import build_router
 from server.routing.sides import device_view, local_side
 from server.serving.contracts import Gate, NoGate
+from server.serving.engine_config import engine_threads
 from server.serving.governor_gate import GovernorGate
 from server.serving.grammars import LLGUIDANCE, Grammars
 from server.serving.model_choice import ModelChoice
@@ -91,6 +92,7 @@ def create_app(
         window=summarizer,
         ladder=served.ladder,
         max_batch=settings.max_batch,
+        encoder_threads=engine_threads(settings),
     )
     if summarizer is not None:
         worker.add_idle_work(summarizer)

@@ -15,11 +15,17 @@ from models.runtime.session import kv_bytes_per_token
 from models.store import integrity, registry
 from models.store.durable import fsync_dir as _fsync_dir
 from models.store.sources import FetchedFile, Progress, sha256_file
+from models.types import KIND_GENERATION
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
 # The store writes these (and loads write measured.py's facts); a converter must not.
 STORE_FILES = frozenset({MANIFEST, integrity.VERIFIED, integrity.BAD, MEASURED})
+
+
+def model_kind(manifest: dict[str, Any]) -> str:
+    """A manifest written before kinds existed is a generative model's."""
+    return str(manifest.get("kind", KIND_GENERATION))
 
 
 def build_manifest(
@@ -61,6 +67,8 @@ def build_manifest(
         "converter_version": fragment.get("converter_version"),
         "tokenizer": fragment.get("tokenizer"),
         "chat_template": fragment.get("chat_template"),
+        # what the model does: "generation" (every GGUF and onnxruntime-genai folder) or "embedding"
+        "kind": fragment.get("kind", KIND_GENERATION),
         "files": files,
         "memory": memory_estimate(fragment, files),
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

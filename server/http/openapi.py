@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from server.api.llamacpp.replies import AppliedTemplate, Detokenized, Tokens
+from server.api.ollama.embeddings import OllamaEmbed, OllamaEmbedding
 from server.api.ollama.replies import (
     OllamaChat,
     OllamaGenerate,
@@ -25,6 +26,7 @@ from server.api.ollama.replies import (
     OllamaShow,
     OllamaVersion,
 )
+from server.api.openai.embeddings import EmbeddingList
 from server.api.openai.replies import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -105,6 +107,7 @@ _ANSWERS: dict[str, tuple[dict[str, Any] | None, set[int]]] = {
     "/v1/chat/completions": ({**_json(ChatCompletion), **_SSE}, _GENERATES),
     "/v1/completions": ({**_json(TextCompletion), **_SSE}, _GENERATES),
     "/v1/responses": ({**_json(Response), **_SSE}, _GENERATES),
+    "/v1/embeddings": (_json(EmbeddingList), _GENERATES),
     "/v1/models": (_json(ModelList), set()),
     "/v1/models/{model}": (_json(Model), {404}),
     "/health": (_json(Health), set()),
@@ -120,8 +123,8 @@ _ANSWERS: dict[str, tuple[dict[str, Any] | None, set[int]]] = {
     "/api/show": (_json(OllamaShow), {404}),
     "/api/version": (_json(OllamaVersion), set()),
     "/api/delete": ({}, {404}),
-    "/api/embed": (None, {404}),
-    "/api/embeddings": (None, {404}),
+    "/api/embed": (_json(OllamaEmbed), _GENERATES),
+    "/api/embeddings": (_json(OllamaEmbedding), _GENERATES),
     "/tokenize": (_json(Tokens), _GENERATES),
     "/detokenize": (_json(Detokenized), _GENERATES),
     "/apply-template": (_json(AppliedTemplate), _GENERATES),
@@ -135,6 +138,9 @@ REPLIES: tuple[type[BaseModel], ...] = (
     TextCompletionChunk,
     ModelList,
     Model,
+    EmbeddingList,
+    OllamaEmbed,
+    OllamaEmbedding,
     Response,
     Health,
     ThermalState,

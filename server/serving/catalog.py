@@ -26,6 +26,7 @@ from models.errors import SimmerError
 from models.protocol import Engine
 from models.runtime.engine import nominal_variant, variant_order
 from models.runtime.tokenizer import TOKENIZER_CONFIG, tokenizer_key
+from models.store.manifest import model_kind
 from models.store.store import ModelStore
 
 log = logging.getLogger("simmer.server")
@@ -59,6 +60,11 @@ class CatalogEntry:
             "context_length"
         )
         return int(value) if value else None
+
+    @property
+    def kind(self) -> str:
+        """What the model does: "generation" or "embedding" (models/types.py)."""
+        return model_kind(dict(self.manifest))
 
     @property
     def architecture(self) -> dict[str, Any]:

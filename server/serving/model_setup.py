@@ -15,7 +15,9 @@ from pathlib import Path
 from governor.limits import Rung
 from governor.policy import PolicyConfig
 from governor.sensors import read_memory
+from models.errors import WrongModelKind
 from models.protocol import Engine, EngineLimits
+from models.types import KIND_GENERATION
 from server.serving.catalog import Catalog, CatalogEntry, FolderCatalog, SingleCatalog, StoreCatalog
 from server.serving.engine_config import EngineConfig
 from server.serving.ladder import build_ladder, describe, model_rungs, parse_ladder, pick_start, place
@@ -68,6 +70,14 @@ def _assemble(
     cost = cost_function(config)
     pool = ModelPool(catalog, opener, cost, budget, keep_alive_s=keep_alive_default(settings))
     model = default_model(settings)
+    default = catalog.get(model)
+    if default is not None and default.kind != KIND_GENERATION:
+        # the worker preloads the default model as a generative engine; an encoder is opened per request
+        raise WrongModelKind(
+            f"SIMMER_MODEL names '{model}', an embedding model: the default model must generate. Serve a "
+            "generative model and name the embedding model in embeddings requests",
+            param="model",
+        )
     spec = parse_ladder(settings.ladder)
     if spec:
         ladder = build_ladder(spec, catalog, preferred_variant=settings.variant)

@@ -39,6 +39,7 @@ from models.types import CancelToken
 from server.refusals import ModelLoading, ServerBusy, ShuttingDown
 from server.serving.batch_loop import BatchLoop
 from server.serving.contracts import Gate, IdleWork, Job, NoGate, Placer, Window, WorkerMetrics, reply_tokens
+from server.serving.embedding import EmbedJob, EncoderShelf
 from server.serving.events import Failed, GovernorUpdate
 from server.serving.model_pool import ModelPool
 from server.serving.placement import Placement, requested_model
@@ -66,6 +67,7 @@ class Worker:
         window: Window | None = None,
         ladder: Sequence[Rung] = (),
         max_batch: int = 1,
+        encoder_threads: int = 1,
     ) -> None:
         self.pool = pool
         self.max_batch = max(1, max_batch)  # replies of one model decoded together (batch_loop.py)
@@ -79,6 +81,10 @@ class Worker:
         self._held = Held(self._cond)  # the jobs the worker runs now (several in a batch)
         # replies moved to another model mid-batch: they go on there once the batch they left is done
         self._moved: collections.deque[Reply] = collections.deque()
+        # embedding jobs (server/serving/embedding.py), a batch per turn, alternating with generation jobs
+        self._embeds: collections.deque[EmbedJob] = collections.deque()
+        self._embeds_turn = False
+        self._encoders = EncoderShelf(encoder_threads)
         self._idle_work: list[IdleWork] = []
         self._idle_due = True
         self._idle_cancel = CancelToken()
@@ -112,6 +118,21 @@ class Worker:
                 raise ServerBusy(f"The server is busy ({self.max_queue} requests waiting); retry shortly")
             self._queue.append(job)
             self._idle_cancel.cancel()  # idle work yields to the job between its steps
+            self._cond.notify()
+
+    def submit_embedding(self, job: EmbedJob) -> None:
+        """Queue an embedding job or raise at once, as submit() does."""
+        with self._cond:
+            if self.state == "closed":
+                raise ShuttingDown("The server is shutting down")
+            if self.state == "loading":
+                raise ModelLoading("The model is still loading; retry shortly")
+            if self.state == "failed":  # the thread has ended: nothing would take the job
+                raise ModelLoading(f"The model failed to load: {self.load_error}")
+            if self._waiting() >= self.max_queue:
+                raise ServerBusy(f"The server is busy ({self.max_queue} requests waiting); retry shortly")
+            self._embeds.append(job)
+            self._idle_cancel.cancel()
             self._cond.notify()
 
     def add_idle_work(self, work: IdleWork) -> None:
@@ -180,7 +201,9 @@ class Worker:
             self.state = "closed"
             queued = list(self._queue)
             jobs = queued + self._held.jobs()
+            embeds = list(self._embeds)
             self._queue.clear()
+            self._embeds.clear()
             self._idle_cancel.cancel()
             self._cond.notify_all()
         for job in jobs:
@@ -188,6 +211,9 @@ class Worker:
             job.cancel.cancel()
         for job in queued:  # never started; the running one is ended by the worker thread
             job.worker_done()
+        for embed in embeds:
+            embed.sink(Failed(ShuttingDown("The server is shutting down")))
+            embed.cancel.cancel()
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread.is_alive():
@@ -197,7 +223,8 @@ class Worker:
 
     def _waiting(self) -> int:
         # Cancelled jobs still in the deque (client left while queued) do not hold a slot.
-        return sum(1 for job in self._queue if not job.cancel.cancelled)
+        waiting = sum(1 for job in self._queue if not job.cancel.cancelled)
+        return waiting + sum(1 for job in self._embeds if not job.cancel.cancelled)
 
     def _run(self) -> None:
         try:
@@ -220,7 +247,7 @@ class Worker:
             log.info("model ready: %s (%s)", ready.model_id, ready.variant)
         while True:
             with self._cond:
-                while not self._queue and not self._moved and self.state != "closed":
+                while not self._queue and not self._moved and not self._embeds and self.state != "closed":
                     if self._idle_due and any(w.pending() for w in self._idle_work):
                         break
                     if self.placement.rung_moved():
@@ -235,11 +262,23 @@ class Worker:
                     self._moved.clear()
                     break
                 moved_reply = self._moved.popleft() if self._moved else None
-                job = self._queue.popleft() if self._queue and moved_reply is None else None
+                embed = None
+                if moved_reply is None and self._embeds and (not self._queue or self._embeds_turn):
+                    embed = self._embeds.popleft()
+                self._embeds_turn = embed is None  # with both waiting, they take turns
+                job = self._queue.popleft() if self._queue and moved_reply is None and embed is None else None
                 if job is not None:
                     self._held.hold(job)
-                if job is None and moved_reply is None:
+                if job is None and moved_reply is None and embed is None:
                     self._idle_cancel = CancelToken()
+            if embed is not None:
+                if not embed.step(self._encoders):
+                    with self._cond:
+                        if self.state == "closed":
+                            embed.sink(Failed(ShuttingDown("The server is shutting down")))
+                        else:
+                            self._embeds.append(embed)  # its next batch after what waits now
+                continue
             if moved_reply is not None:
                 try:
                     self._batches.serve(moved_reply)

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from fastapi import Request
 from fastapi.responses import Response
 
-from models.errors import Cancelled, ModelNotChat, ModelNotFound
+from models.errors import Cancelled, ModelNotChat, ModelNotFound, WrongModelKind
 from models.runtime.sampling import validate as validate_sampling
-from models.types import FinishEvent, TokenEvent
+from models.types import KIND_GENERATION, FinishEvent, TokenEvent
 from server.api.common.streaming import Item, coalesced
 from server.logs import RequestRecord, log_request
 from server.refusals import ShuttingDown
@@ -201,6 +201,9 @@ async def start(request: Request, draft: Draft, *, rid: str) -> Submission:
     if route.side == "local":
         if rt.served.resolve(model) is None:  # known a moment ago, removed from the store since
             raise ModelNotFound(f"The model '{model}' is not installed", param="model")
+        entry = rt.served.resolve(model)
+        if entry is not None and entry.kind != KIND_GENERATION:  # an embedding model makes no text
+            raise WrongModelKind.for_model(entry.id, entry.kind)
         # at once, before any queue: a chat request needs a model (or a ladder rung below it) that chats
         if req.kind == "chat" and not rt.served.serves_chat(model):
             raise ModelNotChat.for_model(model)

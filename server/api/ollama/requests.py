@@ -328,7 +328,7 @@ class PullRequest(ModelRequest):
 
 
 class EmbedRequest(StrictBody):
-    """/api/embed and /api/embeddings: answered with an error (simmer serves no embedding model)."""
+    """/api/embed (`input`) and the legacy /api/embeddings (`prompt`); server/api/ollama/embeddings.py."""
 
     model_config = _model_required()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -21,10 +22,14 @@ from fastapi.responses import Response, StreamingResponse
 from models.errors import ModelNotFound, SimmerError
 from models.store import registry
 from models.store.registry import license_notice
+from models.types import KIND_EMBEDDING
+from server.api.common.embeddings import embed as common_embed
+from server.api.common.embeddings import embedding_model, parse_inputs
 from server.api.common.flow import respond, start
 from server.api.common.names import model_id
 from server.api.common.reply import reply_response
 from server.api.ollama import requests as wire
+from server.api.ollama.embeddings import embed_body, embedding_body, inputs_of
 from server.api.ollama.render import NDJSON, Kind, NdjsonRenderer, PullProgress, control, iso, ollama_name
 from server.api.ollama.replies import (
     OllamaDetails,
@@ -38,6 +43,7 @@ from server.api.ollama.translate import chat_draft, generate_draft
 from server.http.errors import ApiError
 from server.refusals import ModelLoading
 from server.serving.catalog import CatalogEntry, installed
+from server.serving.embedding import Embedded
 from server.serving.request import Draft
 
 if TYPE_CHECKING:
@@ -205,7 +211,9 @@ async def show(body: wire.ShowRequest, request: Request) -> Response:
         template=template,
         details=_details(entry, loaded.variant if loaded is not None else None),
         model_info=_model_info(rt, entry),
-        capabilities=["completion", "tools"] if chats else ["completion"],
+        capabilities=["embedding"]
+        if entry.kind == KIND_EMBEDDING
+        else (["completion", "tools"] if chats else ["completion"]),
         modified_at=iso(entry.created),
     )
     return reply_response(shown)
@@ -330,21 +338,32 @@ def _pulled(model: str, task: asyncio.Future) -> None:
 
 @router.post("/embed")
 async def embed(body: wire.EmbedRequest, request: Request) -> Response:
-    return _no_embeddings(request, body)
+    arrived = time.monotonic_ns()
+    entry = _embedding_model(request, body.model)
+    texts = inputs_of(body.input)
+    got = await _vectors(request, entry, texts) if texts else None
+    if texts and got is None:
+        return Response(status_code=499)  # the client left; uvicorn needs an answer
+    content = await asyncio.to_thread(embed_body, body.model, got, time.monotonic_ns() - arrived)
+    return Response(content, media_type="application/json")
 
 
 @router.post("/embeddings")
 async def embeddings(body: wire.EmbedRequest, request: Request) -> Response:
-    return _no_embeddings(request, body)
+    entry = _embedding_model(request, body.model)
+    text = body.prompt or ""
+    got = await _vectors(request, entry, [text]) if text else None
+    if text and got is None:
+        return Response(status_code=499)
+    return Response(await asyncio.to_thread(embedding_body, got), media_type="application/json")
 
 
-def _no_embeddings(request: Request, body: wire.EmbedRequest) -> Response:
+def _embedding_model(request: Request, name: str) -> CatalogEntry:
     rt: Runtime = request.app.state.runtime
-    if model_id(body.model) not in rt.served.ids():
-        raise _not_found(rt, body.model)
-    raise ApiError(
-        400,
-        "invalid_parameter",
-        f"'{body.model}' does not support embeddings: simmer serves no embedding model",
-        param="model",
-    )
+    if model_id(name) not in rt.served.ids():
+        raise _not_found(rt, name)
+    return embedding_model(rt, model_id(name))
+
+
+async def _vectors(request: Request, entry: CatalogEntry, texts: list[str]) -> Embedded | None:
+    return await common_embed(request, entry, parse_inputs(texts))

@@ -12,9 +12,11 @@ from fastapi.responses import Response
 
 from models.errors import ModelNotFound
 from models.variant_facts import floor_facts, refused_variants, variant_facts
+from server.api.common.embeddings import check_dimensions, embed, embedding_model
 from server.api.common.flow import ClientGone, Submission, collect, respond, start, wait_started
 from server.api.common.names import LATEST
 from server.api.common.reply import reply_response
+from server.api.openai.embeddings import EmbeddingRequest, embedding_body
 from server.api.openai.render import OpenAIRenderer
 from server.api.openai.replies import Model, ModelList
 from server.api.openai.requests import ChatCompletionRequest, CompletionRequest
@@ -79,6 +81,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 @router.post("/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     return await complete(request, completion_draft(body), body.n)
+
+
+@router.post("/embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    rt: Runtime = request.app.state.runtime
+    entry = embedding_model(rt, body.model)
+    check_dimensions(entry, body.dimensions)
+    got = await embed(request, entry, body.input)
+    if got is None:
+        return Response(status_code=499)  # the client left; uvicorn needs an answer
+    content = await asyncio.to_thread(embedding_body, entry.id, got, body.encoding_format)
+    return Response(content, media_type="application/json")
 
 
 @router.get("/models")

@@ -79,8 +79,8 @@ def test_cli_verify_when_file_corrupted_then_exit_1_naming_file(settings, gguf, 
     [
         (
             ["pull", "nosuchmodel"],
-            "error: unknown model 'nosuchmodel'; known models: gemma3-270m, qwen2.5-coder-0.5b, "
-            "qwen2.5-coder-1.5b, smollm2-135m-instruct",
+            "error: unknown model 'nosuchmodel'; known models: all-minilm-l6-v2, gemma3-270m, "
+            "qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m-instruct",
         ),
         (["rm", "tiny-llama"], "error: model 'tiny-llama' is not installed"),
         (["verify", "tiny-llama"], "error: model 'tiny-llama' is not installed"),

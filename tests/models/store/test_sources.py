@@ -158,7 +158,8 @@ def test_registry_when_near_miss_then_not_found_no_fuzzy_match(name: str) -> Non
     with pytest.raises(
         ModelNotFound,
         match=re.escape(
-            "known models: gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m-instruct"
+            "known models: all-minilm-l6-v2, gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, "
+            "smollm2-135m-instruct"
         ),
     ):
         registry.resolve(name)

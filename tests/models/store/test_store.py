@@ -198,7 +198,7 @@ def test_pull_when_converter_rejects_then_nothing_installed(tmp_path: Path, gguf
 def test_pull_when_unknown_id_then_lists_known_ids(tmp_path: Path) -> None:
     with pytest.raises(
         ModelNotFound,
-        match=r"unknown model 'smollm2'.*known models: gemma3-270m, qwen2\.5-coder-0\.5b, "
+        match=r"unknown model 'smollm2'.*known models: all-minilm-l6-v2, gemma3-270m, qwen2\.5-coder-0\.5b, "
         r"qwen2\.5-coder-1\.5b, smollm2-135m-instruct",
     ):
         make_store(tmp_path / "home").pull("smollm2")

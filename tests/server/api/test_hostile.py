@@ -470,6 +470,7 @@ def test_hostile_cases_cover_every_error_code_the_request_path_can_send() -> Non
         "device_paused",
         "cancelled",
         "model_not_chat",  # the tiny model has a template: tests/server/api/test_chat_template.py
+        "wrong_model_kind",  # needs an embedding model installed: tests/server/api/test_embeddings.py
         "upstream_not_allowed",  # routing: tests/server/routing/
         "upstream_error",
         "upstream_unavailable",

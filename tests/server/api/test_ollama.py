@@ -327,8 +327,8 @@ def test_unknown_model_when_chat_then_404_in_ollamas_words(live) -> None:
         ("/api/generate", {"model": MODEL, "prompt": "x", "options": {"stop": [""]}}, 400, "options.stop[0]"),
         ("/api/show", {}, 400, "model is required"),
         ("/api/show", {"model": "nope"}, 404, "model 'nope' not found"),
-        ("/api/embed", {"model": MODEL, "input": "x"}, 400, "does not support embeddings"),
-        ("/api/embeddings", {"model": MODEL, "prompt": "x"}, 400, "does not support embeddings"),
+        ("/api/embed", {"model": MODEL, "input": "x"}, 400, "it has no embeddings"),
+        ("/api/embeddings", {"model": MODEL, "prompt": "x"}, 400, "it has no embeddings"),
         ("/api/embed", {"model": "nope", "input": "x"}, 404, "not found"),
     ],
 )

@@ -1,0 +1,97 @@
+"""Run a converted sentence encoder (models/convert/encoder_convert.py): texts -> token ids -> one padded
+batch per `embed` call -> unit vectors.
+
+`embed` is one forward pass over the rows it is given, padded to the longest; whoever calls it bounds the
+rows (the server splits a request into batches of at most `MAX_BATCH`, so the worker can run other work
+between them). Token ids are checked here, where the vocabulary and the context are known: an id outside
+the vocabulary or a row over the context is refused with the row's index, never run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import tokenizers
+
+from models.convert.encoder_config import EncoderConfig
+from models.convert.encoder_convert import ENCODER_CONFIG, TOKENIZER
+from models.convert.encoder_graph import GRAPH, OUTPUT
+from models.errors import ContextLengthExceeded, InvalidModelFile, InvalidParameter
+from models.runtime.session import session_options
+
+# Rows per forward pass. Attention is quadratic in the longest row and the batch is padded to it: 32 rows
+# of a 256-token context is ~100 MB of scores for a 12-head model, a bound a phone can carry.
+MAX_BATCH = 32
+
+
+def is_encoder_folder(folder: Path) -> bool:
+    return (Path(folder) / ENCODER_CONFIG).is_file()
+
+
+class Embedder:
+    def __init__(self, folder: Path, threads: int = 1) -> None:
+        folder = Path(folder)
+        try:
+            self.config = EncoderConfig.from_json(
+                json.loads((folder / ENCODER_CONFIG).read_text(encoding="utf-8"))
+            )
+            self._tokenizer = tokenizers.Tokenizer.from_file(str(folder / TOKENIZER))
+        except (OSError, ValueError) as err:
+            raise InvalidModelFile(f"{folder} is not an encoder folder: {err}") from err
+        self._session = ort.InferenceSession(
+            str(folder / GRAPH), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
+        )
+
+    @property
+    def dimensions(self) -> int:
+        return self.config.hidden
+
+    @property
+    def context(self) -> int:
+        return self.config.context
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text as the model reads it ([CLS] ... [SEP]); no truncation (see check)."""
+        return [list(enc.ids) for enc in self._tokenizer.encode_batch(list(texts))]
+
+    def check(self, rows: Sequence[Sequence[int]], param: str = "input") -> None:
+        """Refuse what the graph must not run: no rows, an empty row, an id outside the vocabulary, a row
+        longer than the context."""
+        if not rows:
+            raise InvalidParameter("nothing to embed", param=param)
+        for i, row in enumerate(rows):
+            if not row:
+                raise InvalidParameter(f"input {i} is empty", param=param)
+            if len(row) > self.context:
+                raise ContextLengthExceeded(
+                    f"input {i} has {len(row)} tokens; this model's context is {self.context}",
+                    param=param,
+                    context_length=self.context,
+                    prompt_tokens=len(row),
+                )
+            low, high = min(row), max(row)
+            if low < 0 or high >= self.config.vocab:
+                bad = low if low < 0 else high
+                raise InvalidParameter(
+                    f"input {i} has token id {bad}, outside this model's vocabulary"
+                    f" (0..{self.config.vocab - 1})",
+                    param=param,
+                )
+
+    def embed(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
+        """[len(rows), dimensions] float32: one forward pass, rows padded to the longest."""
+        self.check(rows)
+        if len(rows) > MAX_BATCH:
+            raise InvalidParameter(f"{len(rows)} rows in one pass; at most {MAX_BATCH}", param="input")
+        width = max(len(r) for r in rows)
+        ids = np.full((len(rows), width), self.config.pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        (out,) = self._session.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})
+        return np.asarray(out, dtype=np.float32)

