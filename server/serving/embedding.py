@@ -56,6 +56,7 @@ class EmbedJob:
     path: Path  # the model's installed folder
     inputs: list[str] | list[list[int]]
     sink: Sink
+    param: str = "input"  # the request's name for the inputs, which a refusal names
     cancel: CancelToken = field(default_factory=CancelToken)
     enqueued_at: float = field(default_factory=time.monotonic)
     rows: list[list[int]] | None = None  # tokenized and checked, on the worker
@@ -78,7 +79,7 @@ class EmbedJob:
                     if texts
                     else [list(x) for x in self.inputs if not isinstance(x, str)]
                 )
-                encoder.check(rows)
+                encoder.check(rows, param=self.param)
                 self.rows = rows
             start = self.done_rows
             self.parts.append(encoder.embed(self.rows[start : start + MAX_BATCH]))

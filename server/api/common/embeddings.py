@@ -90,7 +90,7 @@ def check_dimensions(entry: CatalogEntry, asked: int | None, param: str = "dimen
 
 
 async def embed(
-    request: Request, entry: CatalogEntry, inputs: list[str] | list[list[int]]
+    request: Request, entry: CatalogEntry, inputs: list[str] | list[list[int]], field: str = "input"
 ) -> Embedded | None:
     """The vectors of `inputs` in order; None when the client left first (the job stops at its next batch)."""
     rt: Runtime = request.app.state.runtime
@@ -101,6 +101,7 @@ async def embed(
         model_id=entry.id,
         path=entry.path,
         inputs=inputs,
+        param=field,
         sink=loop_sink(asyncio.get_running_loop(), events),
     )
     rt.worker.submit_embedding(job)  # busy / loading / closing raise here, before any work

@@ -22,3 +22,10 @@ class Detokenized(Reply):
 
 class AppliedTemplate(Reply):
     prompt: str
+
+
+class EmbeddingItem(Reply):
+    """One input's answer from /embedding; the reply is a JSON array of these (embeddings.py builds it)."""
+
+    index: int
+    embedding: list[list[float]] = Field(description="the input's pooled vector, in a list of one")

@@ -7,17 +7,22 @@
         token ids, as llama.cpp's tokenize_mixed takes it.
     POST /detokenize  {"tokens": [ids]} -> {"content": "..."} (the pieces joined, special tokens as text)
     POST /apply-template  {"messages": [...]} -> {"prompt": "..."} (the chat template + generation prompt)
+    POST /embedding, /embeddings  {"content" or "input", "embd_normalize": 2}
+        -> [{"index": i, "embedding": [[floats]]}] (one pooled vector per input, in a list of one, as
+        llama.cpp's non-OpenAI reply has it); server/api/llamacpp/embeddings.py
 
 `model` picks the served model when several are served (today one; another id is 404).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from functools import partial
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
 
-from server.api.common.fields import MAX_MESSAGES, MAX_TOKEN_IDS, StrictBody, token_ids
+from server.api.common.embeddings import embedding_inputs
+from server.api.common.fields import MAX_MESSAGES, MAX_TOKEN_IDS, StrictBody, invalid, token_ids
 from server.api.common.messages import ChatMessage
 
 
@@ -46,3 +51,44 @@ class ApplyTemplateRequest(StrictBody):
 
     def message_dicts(self) -> list[dict[str, str]]:
         return [m.as_dict() for m in self.messages]
+
+
+_EMBEDDING_SCHEMA = WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array"}]})
+# `content` / `input` of /embedding: a string, a list of ids, or a list of strings or of id lists
+# (server/api/common/embeddings.py parse_inputs; its refusal a 400 naming the field)
+EmbeddingContent = Annotated[
+    list[str] | list[list[int]],
+    BeforeValidator(partial(embedding_inputs, field="content")),
+    _EMBEDDING_SCHEMA,
+]
+EmbeddingInput = Annotated[
+    list[str] | list[list[int]], BeforeValidator(partial(embedding_inputs, field="input")), _EMBEDDING_SCHEMA
+]
+
+
+class EmbeddingRequest(StrictBody):
+    """POST /embedding (and /embeddings): `content` (llama.cpp's own) or `input` (taken first when both
+    are sent, as llama.cpp does), and `embd_normalize` (2, Euclidean, by default)."""
+
+    # a list of ids may be long (the context bounds it later); a list of inputs is bounded by parse_inputs
+    COUNTS: ClassVar[dict[str, int]] = {"content": MAX_TOKEN_IDS, "input": MAX_TOKEN_IDS}
+
+    model: str | None = None
+    content: EmbeddingContent | None = None
+    input: EmbeddingInput | None = None
+    # -1 none, 0 max absolute (int16 range), 1 taxicab, 2 Euclidean, > 2 p-norm; see embeddings.py
+    embd_normalize: Annotated[int, Field(ge=-1, le=2**31 - 1)] = 2
+    encoding_format: Literal["float", "base64"] = "float"  # read and checked by llama.cpp, used by /v1 only
+
+    @model_validator(mode="after")
+    def _has_input(self) -> EmbeddingRequest:
+        if self.input is None and self.content is None:
+            raise invalid('"input" or "content" must be provided', "content")
+        return self
+
+    def inputs(self) -> tuple[list[str] | list[list[int]], str]:
+        """The inputs, and the field they came in (which a refusal names)."""
+        if self.input is not None:
+            return self.input, "input"
+        assert self.content is not None
+        return self.content, "content"

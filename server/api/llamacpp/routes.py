@@ -1,5 +1,8 @@
-"""llama.cpp server's /tokenize, /detokenize and /apply-template (server/api/llamacpp/requests.py has
-the JSON).
+"""llama.cpp server's /tokenize, /detokenize, /apply-template and /embedding (server/api/llamacpp/requests.py
+has the JSON).
+
+/embedding (and /embeddings, its alias in llama.cpp) shares the embedding path of every dialect
+(server/api/common/embeddings.py): it runs on the worker, as the other dialects' embeddings do.
 
 The tokenizer is read-only and needs no weights: these run on a thread of their own (serving/tokenizers.py),
 not on the worker (so they do not queue behind a generation, as llama.cpp answers them while its slots are
@@ -17,10 +20,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from models.errors import InvalidParameter, ModelNotFound
+from server.api.common.embeddings import embed, embedding_model
 from server.api.common.reply import Reply, wire
+from server.api.llamacpp.embeddings import check_normalize, embedding_body
 from server.api.llamacpp.render import applied, detokenized, tokens_reply
 from server.api.llamacpp.replies import Detokenized, Tokens
-from server.api.llamacpp.requests import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
+from server.api.llamacpp.requests import (
+    ApplyTemplateRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
 from server.refusals import ModelLoading
 from server.serving.catalog import CatalogEntry
 from server.serving.tokenizers import TextSide, give_back_if_large
@@ -117,3 +127,16 @@ async def apply_template(body: ApplyTemplateRequest, request: Request) -> Respon
     messages = body.message_dicts()
     size = sum(len(str(m.get("content") or "")) for m in messages)
     return await _answer(request, body.model, lambda side: applied(side.chat_text(messages)), size)
+
+
+@router.post("/embedding")
+@router.post("/embeddings")
+async def embedding(body: EmbeddingRequest, request: Request) -> Response:
+    rt: Runtime = request.app.state.runtime
+    entry = embedding_model(rt, body.model)
+    check_normalize(body.embd_normalize, bool(entry.architecture.get("normalize", True)))
+    got = await embed(request, entry, *body.inputs())
+    if got is None:
+        return Response(status_code=499)  # the client left; uvicorn needs an answer
+    content = await asyncio.to_thread(embedding_body, got, body.embd_normalize)
+    return Response(content, media_type="application/json")

@@ -312,3 +312,75 @@ def test_serve_when_default_model_is_an_encoder_then_refused_by_name(home, tmp_p
     shutil.copytree(home[0], copy)
     with pytest.raises(WrongModelKind, match="SIMMER_MODEL names 'tiny-encoder', an embedding model"):
         serve_store(make_settings(tmp_path, home=copy, model=ENCODER))
+
+
+# ---- llama-server's /embedding and /embeddings ---------------------------------------------------------
+
+
+def _llamacpp(srv, body: dict, path: str = "/embedding") -> httpx.Response:
+    return httpx.post(srv.url + path, json={"model": ENCODER, **body}, timeout=60)
+
+
+def test_llamacpp_embedding_when_content_then_indexed_rows_of_the_openai_vectors(srv):
+    texts = ["the cat sat", "hello world"]
+    want = np.array([d["embedding"] for d in post(srv, {"model": ENCODER, "input": texts}).json()["data"]])
+    r = _llamacpp(srv, {"content": texts[0]})
+    assert r.status_code == 200, r.text
+    (item,) = r.json()
+    assert item["index"] == 0 and len(item["embedding"]) == 1  # one pooled vector, in a list of one
+    assert np.abs(np.array(item["embedding"][0]) - want[0]).max() < 1e-6
+    both = _llamacpp(srv, {"content": texts}, path="/embeddings").json()
+    assert [x["index"] for x in both] == [0, 1]
+    assert np.abs(np.array([x["embedding"][0] for x in both]) - want).max() < 1e-6
+    ids = _llamacpp(srv, {"content": [2, 5, 6, 7, 3]}).json()  # [CLS] the cat sat [SEP]
+    assert np.abs(np.array(ids[0]["embedding"][0]) - want[0]).max() < 1e-6
+    # `input` is read first when both are sent, as llama.cpp reads it
+    first = _llamacpp(srv, {"input": texts[1], "content": texts[0]}).json()
+    assert np.abs(np.array(first[0]["embedding"][0]) - want[1]).max() < 1e-6
+
+
+@pytest.mark.parametrize("how", [0, 1, 2, 3, 50])
+def test_llamacpp_embedding_when_embd_normalize_then_that_norm(srv, how):
+    unit = np.array(post(srv, {"model": ENCODER, "input": "the cat sat"}).json()["data"][0]["embedding"])
+    # llama.cpp's common_embd_normalize, written out on the unit vector (each is invariant to its scale)
+    if how == 0:
+        norm = np.abs(unit).max() / 32760.0
+    elif how == 1:
+        norm = np.abs(unit).sum()
+    else:  # 2 is the p-norm with p = 2
+        norm = (np.abs(unit) ** how).sum() ** (1.0 / how)
+    got = np.array(
+        _llamacpp(srv, {"content": "the cat sat", "embd_normalize": how}).json()[0]["embedding"][0]
+    )
+    assert np.abs(got - unit / norm).max() <= 1e-5 * max(1.0, float(np.abs(unit / norm).max()))
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param", "words"),
+    [
+        ({}, 400, "invalid_parameter", "content", '"input" or "content" must be provided'),
+        ({"content": ""}, 400, "invalid_parameter", "content", "empty string"),
+        ({"content": []}, 400, "invalid_parameter", "content", "must not be empty"),
+        ({"content": [2, 999, 3]}, 400, "invalid_parameter", "content", "token id 999"),
+        ({"input": [1, "a"]}, 400, "invalid_parameter", "input", "a string, a list of strings"),
+        ({"content": "x", "embd_normalize": -1}, 400, "invalid_parameter", "embd_normalize", "normalised"),
+        ({"content": "x", "embd_normalize": -2}, 400, "invalid_parameter", "embd_normalize", ""),
+        ({"content": "x", "encoding_format": "int8"}, 400, "invalid_parameter", "encoding_format", ""),
+        ({"content": " ".join(["cat"] * 20)}, 400, "context_length_exceeded", "content", "16 tokens"),
+        ({"content": "x", "model": "no-such-model"}, 404, "model_not_found", "model", "no-such-model"),
+    ],
+)
+def test_llamacpp_embedding_when_bad_request_then_openai_shaped_refusal(
+    srv, body, status, code, param, words
+):
+    r = httpx.post(srv.url + "/embedding", json={"model": ENCODER, **body}, timeout=60)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
+    assert words in error["message"]
+
+
+def test_llamacpp_embedding_when_chat_model_then_400_naming_its_kind(srv):
+    r = httpx.post(srv.url + "/embedding", json={"content": "hello"}, timeout=60)  # the default: tiny-a
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "wrong_model_kind"
