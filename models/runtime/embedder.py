@@ -54,9 +54,15 @@ class Embedder:
     def context(self) -> int:
         return self.config.context
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Each text as the model reads it ([CLS] ... [SEP]); no truncation (see check)."""
-        return [list(enc.ids) for enc in self._tokenizer.encode_batch(list(texts))]
+    def tokenize(self, texts: Sequence[str], fit: bool = False) -> list[list[int]]:
+        """Each text as the model reads it ([CLS] ... [SEP]). Without `fit` nothing is cut (check refuses a
+        row over the context); with it such a row keeps its first tokens and its closing [SEP], as
+        sentence-transformers cuts a text to the model's length (the model was trained on rows that end in
+        [SEP])."""
+        rows = [list(enc.ids) for enc in self._tokenizer.encode_batch(list(texts))]
+        if fit:
+            rows = [r if len(r) <= self.context else r[: self.context - 1] + r[-1:] for r in rows]
+        return rows
 
     def check(self, rows: Sequence[Sequence[int]], param: str = "input") -> None:
         """Refuse what the graph must not run: no rows, an empty row, an id outside the vocabulary, a row

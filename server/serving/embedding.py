@@ -57,6 +57,7 @@ class EmbedJob:
     inputs: list[str] | list[list[int]]
     sink: Sink
     param: str = "input"  # the request's name for the inputs, which a refusal names
+    fit: bool = False  # texts over the context cut to fit (Ollama's truncate) rather than refused
     cancel: CancelToken = field(default_factory=CancelToken)
     enqueued_at: float = field(default_factory=time.monotonic)
     rows: list[list[int]] | None = None  # tokenized and checked, on the worker
@@ -75,7 +76,7 @@ class EmbedJob:
             if self.rows is None:
                 texts = [x for x in self.inputs if isinstance(x, str)]
                 rows = (
-                    encoder.tokenize(texts)
+                    encoder.tokenize(texts, fit=self.fit)
                     if texts
                     else [list(x) for x in self.inputs if not isinstance(x, str)]
                 )

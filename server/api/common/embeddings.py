@@ -90,9 +90,14 @@ def check_dimensions(entry: CatalogEntry, asked: int | None, param: str = "dimen
 
 
 async def embed(
-    request: Request, entry: CatalogEntry, inputs: list[str] | list[list[int]], field: str = "input"
+    request: Request,
+    entry: CatalogEntry,
+    inputs: list[str] | list[list[int]],
+    field: str = "input",
+    fit: bool = False,
 ) -> Embedded | None:
-    """The vectors of `inputs` in order; None when the client left first (the job stops at its next batch)."""
+    """The vectors of `inputs` in order; None when the client left first (the job stops at its next batch).
+    With `fit` a text over the model's context is cut to fit (Embedder.tokenize) rather than refused."""
     rt: Runtime = request.app.state.runtime
     assert entry.path is not None
     events: asyncio.Queue = asyncio.Queue()
@@ -102,6 +107,7 @@ async def embed(
         path=entry.path,
         inputs=inputs,
         param=field,
+        fit=fit,
         sink=loop_sink(asyncio.get_running_loop(), events),
     )
     rt.worker.submit_embedding(job)  # busy / loading / closing raise here, before any work

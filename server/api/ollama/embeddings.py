@@ -3,8 +3,9 @@ worker's inputs, once, and the answers, built from the reply models below. Kept 
 replies.py: nothing of the generating routes is shared.
 
 An empty input answers no vectors without any work, as Ollama does (its clients send one to load a model).
-Ollama's `truncate` (default true: an input over the context is cut) is not applied: such an input is
-refused with context_length_exceeded.
+/api/embed's `truncate` (default true, as in Ollama) cuts an input over the context to fit, keeping its
+first tokens and its closing [SEP]; `truncate: false` refuses it with context_length_exceeded. The legacy
+/api/embeddings has no `truncate`: such a prompt is refused.
 """
 
 from __future__ import annotations

@@ -337,6 +337,8 @@ class EmbedRequest(StrictBody):
     model: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})] = ""
     input: str | list[str] | None = None
     prompt: str | None = None
+    # Ollama's default: an input over the context is cut to fit; false refuses it (a 400)
+    truncate: bool = True
 
     @model_validator(mode="after")
     def _named(self) -> EmbedRequest:

@@ -341,7 +341,7 @@ async def embed(body: wire.EmbedRequest, request: Request) -> Response:
     arrived = time.monotonic_ns()
     entry = _embedding_model(request, body.model)
     texts = inputs_of(body.input)
-    got = await _vectors(request, entry, texts) if texts else None
+    got = await _vectors(request, entry, texts, fit=body.truncate) if texts else None
     if texts and got is None:
         return Response(status_code=499)  # the client left; uvicorn needs an answer
     content = await asyncio.to_thread(embed_body, body.model, got, time.monotonic_ns() - arrived)
@@ -365,5 +365,7 @@ def _embedding_model(request: Request, name: str) -> CatalogEntry:
     return embedding_model(rt, model_id(name))
 
 
-async def _vectors(request: Request, entry: CatalogEntry, texts: list[str]) -> Embedded | None:
-    return await common_embed(request, entry, parse_inputs(texts))
+async def _vectors(
+    request: Request, entry: CatalogEntry, texts: list[str], fit: bool = False
+) -> Embedded | None:
+    return await common_embed(request, entry, parse_inputs(texts), fit=fit)

@@ -22,6 +22,7 @@ from models.store import registry
 from models.store.encoder_install import ENCODER_INSTALLER
 from models.store.sources import PyPIWheel
 from models.store.store import Converter, ModelStore
+from server.api.llamacpp.replies import EmbeddingItem
 from server.serving.embedding import MAX_EMBED_INPUTS
 from server.serving.model_setup import serve_store
 from tests.helpers import sdk
@@ -243,7 +244,13 @@ def test_ollama_embed_when_empty_input_then_no_vectors_and_no_work(srv):
     [
         ("/api/embed", {"input": ["a", ""]}, 400, "input[1] is an empty string"),
         ("/api/embed", {"input": ["cat"] * (MAX_EMBED_INPUTS + 1)}, 400, f"at most {MAX_EMBED_INPUTS}"),
-        ("/api/embed", {"input": " ".join(["cat"] * 20)}, 400, "maximum context length is 16 tokens"),
+        (
+            "/api/embed",
+            {"input": " ".join(["cat"] * 20), "truncate": False},
+            400,
+            "maximum context length is 16 tokens",
+        ),
+        ("/api/embed", {"input": "x", "truncate": "yes"}, 400, "truncate"),
         ("/api/embeddings", {"prompt": " ".join(["cat"] * 20)}, 400, "maximum context length is 16 tokens"),
         ("/api/embed", {"model": "nope", "input": "x"}, 404, "not found"),
     ],
@@ -252,6 +259,23 @@ def test_ollama_embed_when_bad_request_then_ollama_error(srv, path, body, status
     r = httpx.post(srv.url + path, json={"model": ENCODER, **body}, timeout=60)
     assert r.status_code == status, r.text
     assert words in r.json()["error"]
+
+
+def test_ollama_embed_when_input_over_the_context_then_cut_to_fit_by_default(srv):
+    long = " ".join(["cat"] * 20)  # [CLS] + 20 x cat + [SEP] = 22 tokens; the context is 16
+    r = httpx.post(
+        srv.url + "/api/embed", json={"model": ENCODER, "input": ["the cat sat", long]}, timeout=60
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["prompt_eval_count"] == 5 + CONTEXT
+    # the first 15 tokens and the closing [SEP], as sentence-transformers cuts a text
+    cut = post(srv, {"model": ENCODER, "input": [[2] + [6] * (CONTEXT - 2) + [3]]}).json()["data"][0]
+    assert np.abs(np.array(body["embeddings"][1]) - np.array(cut["embedding"])).max() < 1e-6
+    short = post(srv, {"model": ENCODER, "input": "the cat sat"}).json()["data"][0]["embedding"]
+    assert np.abs(np.array(body["embeddings"][0]) - np.array(short)).max() < 1e-6
+    # OpenAI's endpoint keeps its refusal
+    assert post(srv, {"model": ENCODER, "input": long}).json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_ollama_embed_when_chat_model_then_400_naming_its_kind(srv):
@@ -328,6 +352,7 @@ def test_llamacpp_embedding_when_content_then_indexed_rows_of_the_openai_vectors
     assert r.status_code == 200, r.text
     (item,) = r.json()
     assert item["index"] == 0 and len(item["embedding"]) == 1  # one pooled vector, in a list of one
+    EmbeddingItem.model_validate(item)  # the declared reply
     assert np.abs(np.array(item["embedding"][0]) - want[0]).max() < 1e-6
     both = _llamacpp(srv, {"content": texts}, path="/embeddings").json()
     assert [x["index"] for x in both] == [0, 1]
