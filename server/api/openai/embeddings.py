@@ -16,6 +16,8 @@ from server.api.common.fields import NonEmpty, StrictBody
 from server.api.common.reply import Reply
 from server.serving.embedding import MAX_EMBED_INPUTS, Embedded
 
+MAX_DIMENSIONS = 65_536
+
 _INPUT_SCHEMA = {
     "anyOf": [
         {"type": "string", "minLength": 1},
@@ -44,8 +46,9 @@ class EmbeddingRequest(StrictBody):
     model: NonEmpty
     input: EmbeddingInput
     encoding_format: Literal["float", "base64"] = "float"
-    # only the model's own width: see server/api/common/embeddings.py check_dimensions
-    dimensions: Annotated[int, Field(ge=1)] | None = None
+    # only the model's own width: see server/api/common/embeddings.py check_dimensions. The bound (wider
+    # than any embedding model) refuses a huge value with the body, before a model is looked up.
+    dimensions: Annotated[int, Field(ge=1, le=MAX_DIMENSIONS)] | None = None
     user: str | None = None
 
 

@@ -35,9 +35,15 @@ class Case:
 
 RESP = "/v1/responses"
 
+EMB = "/v1/embeddings"
+
 
 def resp(**fields: Any) -> dict:
     return {"input": "hi", "max_output_tokens": 2, **fields}
+
+
+def emb(**fields: Any) -> dict:
+    return {"model": "any", "input": "hi", **fields}
 
 
 def chat(**fields: Any) -> dict:
@@ -667,5 +673,28 @@ CASES = [
         "model_not_found",
         "model",
         "/apply-template",
+    ),
+    # embeddings: each refused while the body is validated, before a model is looked up or the worker
+    # asked (this server has no embedding model: a request that got that far would be wrong_model_kind)
+    Case("embeddings: empty input", emb(input=[]), BAD, IP, "input", EMB),
+    Case("embeddings: empty string", emb(input=""), BAD, IP, "input", EMB),
+    Case("embeddings: 100,000 inputs", emb(input=["a"] * 100_000), BAD, IP, "input", EMB),
+    Case("embeddings: 100,000 rows of ids", emb(input=[[1]] * 100_000), BAD, IP, "input", EMB),
+    Case("embeddings: a 1 MB input", emb(input="word " * 200_000), 413, "request_too_large", path=EMB),
+    Case("embeddings: a negative token id", emb(input=[1, -1]), BAD, IP, "input[1]", EMB),
+    Case("embeddings: a token id past int32", emb(input=[[1, 2**31]]), BAD, IP, "input[0][1]", EMB),
+    Case("embeddings: dimensions 0", emb(dimensions=0), BAD, IP, "dimensions", EMB),
+    Case("embeddings: dimensions 10**30", emb(dimensions=10**30), BAD, IP, "dimensions", EMB),
+    Case("embeddings: encoding_format int8", emb(encoding_format="int8"), BAD, IP, "encoding_format", EMB),
+    Case("embedding: 100,000 contents", {"content": ["a"] * 100_000}, BAD, IP, "content", "/embedding"),
+    Case("embedding: no content", {"model": "x"}, BAD, IP, "content", "/embedding"),
+    Case("embedding: 150k ids", {"content": [1] * 150_000}, BAD, IP, "content", "/embedding"),
+    Case(
+        "embedding: embd_normalize -2",
+        {"content": "a", "embd_normalize": -2},
+        BAD,
+        IP,
+        "embd_normalize",
+        "/embedding",
     ),
 ]

@@ -176,7 +176,8 @@ def test_embeddings_when_openai_sdk_then_same_vectors(srv):
             "Please reduce the length of the input.",
         ),
         ({"input": "x", "dimensions": 0}, 400, "invalid_parameter", "dimensions", ""),
-        ({"input": "x", "dimensions": 100000}, 400, "invalid_parameter", "dimensions", "cannot be shortened"),
+        ({"input": "x", "dimensions": 1000}, 400, "invalid_parameter", "dimensions", "cannot be shortened"),
+        ({"input": "x", "dimensions": 100000}, 400, "invalid_parameter", "dimensions", "65536"),
         ({"input": "x", "encoding_format": "int8"}, 400, "invalid_parameter", "encoding_format", ""),
         ({"input": "x", "model": "no-such-model"}, 404, "model_not_found", "model", "no-such-model"),
     ],
@@ -276,6 +277,22 @@ def test_ollama_embed_when_input_over_the_context_then_cut_to_fit_by_default(srv
     assert np.abs(np.array(body["embeddings"][0]) - np.array(short)).max() < 1e-6
     # OpenAI's endpoint keeps its refusal
     assert post(srv, {"model": ENCODER, "input": long}).json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_embeddings_when_an_input_near_the_body_limit_then_refused_or_cut_and_health_answers(srv):
+    """A 990 KB text (under SIMMER_MAX_BODY_BYTES, 198,000 tokens) is tokenized on the worker, not the event
+    loop: refused where nothing is cut, cut to the context by Ollama's truncate; the server still serves."""
+    big = "cat " * 247_500
+    r = post(srv, {"model": ENCODER, "input": big})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:300]
+    assert "247502 tokens" in r.json()["error"]["message"]
+    r = httpx.post(srv.url + "/embedding", json={"model": ENCODER, "content": big}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "content", r.text[:300]
+    r = httpx.post(srv.url + "/api/embed", json={"model": ENCODER, "input": big}, timeout=60)
+    assert r.status_code == 200 and r.json()["prompt_eval_count"] == CONTEXT, r.text[:300]
+    ids = post(srv, {"model": ENCODER, "input": [2] + [6] * 131_000 + [3]})  # one row of ids
+    assert ids.status_code == 400 and ids.json()["error"]["code"] == "context_length_exceeded"
+    assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
 
 
 def test_ollama_embed_when_chat_model_then_400_naming_its_kind(srv):

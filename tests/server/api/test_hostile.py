@@ -395,6 +395,25 @@ OLLAMA_CASES = [
     OllamaCase("150k context ids", "/api/generate", ogen(context=[1] * 150_000), BAD, "at most", IP),
     OllamaCase("2 MB body", "/api/generate", ogen(prompt="x" * 2_000_000), 413, "over", "request_too_large"),
     OllamaCase(
+        "embed: 100,000 inputs", "/api/embed", {"model": "m", "input": ["a"] * 100_000}, BAD, "at most", IP
+    ),
+    OllamaCase(
+        "embed: truncate a string",
+        "/api/embed",
+        {"model": "m", "input": "a", "truncate": "no"},
+        BAD,
+        "truncate",
+        IP,
+    ),
+    OllamaCase(
+        "embed: a 1 MB input",
+        "/api/embed",
+        {"model": "m", "input": "word " * 200_000},
+        413,
+        "over",
+        "request_too_large",
+    ),
+    OllamaCase(
         "foreign Host",
         "/api/tags",
         None,
