@@ -42,6 +42,12 @@ if TYPE_CHECKING:
 class Gate(Protocol):
     def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None: ...
     def before_step(self, cancel: CancelToken) -> EngineLimits | None: ...
+    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> None:
+        """Before each batch of an embedding job (pass_s: the job's last pass, None before its first): the
+        governor's pause, the device's state and the CPU budget's idle, but never new limits (those are
+        the generation engine's; taken here, they would not reach it)."""
+        ...
+
     def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> Any:
         """`callback(state)` on every governor change (the worker forwards it to streams)."""
         ...
@@ -79,6 +85,9 @@ class NoGate:
         return None
 
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        return None
+
+    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> None:
         return None
 
     def note_pass(self, tokens: int) -> None:

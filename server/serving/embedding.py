@@ -18,7 +18,7 @@ import numpy as np
 
 from models.runtime.embedder import MAX_BATCH, Embedder
 from models.types import CancelToken
-from server.serving.contracts import Sink
+from server.serving.contracts import Gate, Sink
 from server.serving.events import Failed
 
 # Inputs per request. Each is checked and tokenized before the first pass, and every vector is held until
@@ -62,6 +62,8 @@ class EmbedJob:
     enqueued_at: float = field(default_factory=time.monotonic)
     rows: list[list[int]] | None = None  # tokenized and checked, on the worker
     parts: list[np.ndarray] = field(default_factory=list)
+    batches_run: int = 0  # gated_step counts them
+    pass_s: float | None = None  # the last batch's forward pass, for the governor's CPU budget
 
     @property
     def done_rows(self) -> int:
@@ -83,7 +85,9 @@ class EmbedJob:
                 encoder.check(rows, param=self.param)
                 self.rows = rows
             start = self.done_rows
+            began = time.monotonic()
             self.parts.append(encoder.embed(self.rows[start : start + MAX_BATCH]))
+            self.pass_s = time.monotonic() - began
         except Exception as err:  # a refusal (SimmerError) or the engine's own failure: the job's answer
             self.sink(Failed(err))
             return True
@@ -91,3 +95,16 @@ class EmbedJob:
             return False
         self.sink(Embedded(np.concatenate(self.parts), sum(len(r) for r in self.rows)))
         return True
+
+
+def gated_step(job: EmbedJob, shelf: EncoderShelf, gate: Gate) -> bool:
+    """The job's next batch behind the governor's gate (Gate.before_batch): paused while the governor
+    pauses (new work before the first batch, running work after), idled after a pass for the CPU budget,
+    failed when the pause outlasts its timeout or the device stopped the app. True when the job is over."""
+    try:
+        gate.before_batch(job.cancel, job.enqueued_at, job.pass_s if job.batches_run else None)
+    except Exception as err:  # device_paused, device_overheated, cancelled: the job's answer
+        job.sink(Failed(err))
+        return True
+    job.batches_run += 1
+    return job.step(shelf)

@@ -83,6 +83,23 @@ class StepDecision:
 #              part: to_engine_limits; the pace is not in it, so a pace moving on every poll is no new limit)
 # Applied in that order (_apply): idle (the client leaving wakes it), killed -> device_overheated,
 # pause -> wait (bounded; then killed is looked at again), limits -> returned to the worker.
+def decide_batch(
+    limits: Limits, *, pass_s: float | None, throttle_s: float, killed: bool, enforce: bool
+) -> StepDecision:
+    """decide_step for a batch of an embedding job: it makes no tokens, so a tokens/s pace does not
+    measure it; the CPU budget's idle (Limits.pace_delay of the pass) does, and the device's throttling,
+    its killing the app and the pause apply as to a reply (pause_new before the job's first batch). The
+    limits are never handed out here: they are for the generation engine, which takes them at its next
+    step (the gate's `applied` stays what that engine has)."""
+    return StepDecision(
+        idle_s=max(throttle_s, limits.pace_delay(pass_s) if enforce and pass_s is not None else 0.0),
+        throttle_s=throttle_s,
+        killed=killed,
+        pause=limits.pause_new if pass_s is None else limits.pause_running,
+        limits=None,
+    )
+
+
 def decide_step(
     limits: Limits,
     *,
@@ -227,6 +244,23 @@ class GovernorGate:
         self._last_step = time.monotonic()
         return limits
 
+    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> None:
+        """An embedding batch's gate (decide_batch). The job's passes are not metered: the meter prices the
+        generation engine's configurations, and an encoder's pass is none of them. The generation job's
+        step state (its last step, its wake) is left as it is: a batch runs between jobs."""
+        governor = self.governor
+        decision = decide_batch(
+            governor.limits,
+            pass_s=pass_s,
+            throttle_s=governor.throttle_delay(pass_s) if pass_s is not None else 0.0,
+            killed=governor.device_killed,
+            enforce=governor.enforce,
+        )
+        wake = threading.Event()
+        cancel.on_cancel(wake.set)
+        deadline = enqueued_at + self.pause_timeout_s if pass_s is None else None
+        self._apply(decision, cancel, deadline, wake=wake, hand_out=False)
+
     def _measure(self, cpu_s: float, wall_s: float, tokens: int = 1) -> None:
         """One step of the configuration the engine runs (the limits last handed out), which made `tokens`
         tokens, into the meter."""
@@ -267,20 +301,30 @@ class GovernorGate:
         )
 
     def _apply(
-        self, decision: StepDecision, cancel: CancelToken, deadline: float | None
+        self,
+        decision: StepDecision,
+        cancel: CancelToken,
+        deadline: float | None,
+        *,
+        wake: threading.Event | None = None,
+        hand_out: bool = True,
     ) -> EngineLimits | None:
-        """The one place a decision is acted on (the rule table over decide_step)."""
+        """The one place a decision is acted on (the rule table over decide_step). `wake` ends the idle
+        early (the job's own; by default the generation job's); without `hand_out` no limits are handed
+        out, not even after a pause (an embedding batch's: decide_batch)."""
         if decision.idle_s > 0 and not cancel.cancelled:
             self.throttled_seconds += decision.throttle_s
             if self._sleep is not None:
                 self._sleep(decision.idle_s)
             else:
-                self._job_wake.wait(decision.idle_s)  # wakes early when the client leaves
+                (wake or self._job_wake).wait(decision.idle_s)  # wakes early when the client leaves
         if decision.killed:
             self._raise_killed()
         if decision.pause:
             new = deadline is not None
             self._wait_unpaused(cancel, deadline if new else time.monotonic() + self.pause_timeout_s, new=new)
+            if not hand_out:
+                return None
             decision = self._decide(None, new_job=new)  # what holds after the pause
         if decision.limits is None:
             return None

@@ -39,7 +39,7 @@ from models.types import CancelToken
 from server.refusals import ModelLoading, ServerBusy, ShuttingDown
 from server.serving.batch_loop import BatchLoop
 from server.serving.contracts import Gate, IdleWork, Job, NoGate, Placer, Window, WorkerMetrics, reply_tokens
-from server.serving.embedding import EmbedJob, EncoderShelf
+from server.serving.embedding import EmbedJob, EncoderShelf, gated_step
 from server.serving.events import Failed, GovernorUpdate
 from server.serving.model_pool import ModelPool
 from server.serving.placement import Placement, requested_model
@@ -272,7 +272,7 @@ class Worker:
                 if job is None and moved_reply is None and embed is None:
                     self._idle_cancel = CancelToken()
             if embed is not None:
-                if not embed.step(self._encoders):
+                if not gated_step(embed, self._encoders, self.gate):
                     with self._cond:
                         if self.state == "closed":
                             embed.sink(Failed(ShuttingDown("The server is shutting down")))

@@ -417,6 +417,9 @@ class FakeGovernor:
             return EngineLimits(threads=1)
         return None
 
+    def before_batch(self, cancel, enqueued_at, pass_s) -> None:
+        return None
+
     def note_pass(self, tokens: int) -> None:
         return None
 
@@ -443,6 +446,9 @@ class HoldGate:
         return None
 
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
+        return None
+
+    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> None:
         return None
 
     def note_pass(self, tokens: int) -> None:
@@ -496,6 +502,9 @@ class PaceGate:
     def note_pass(self, tokens: int) -> None:
         self._tokens = tokens
         self.inner.note_pass(tokens)
+
+    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> None:
+        self.inner.before_batch(cancel, enqueued_at, pass_s)  # the pace is for tokens: a batch makes none
 
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
         if cancel is not self._cancel:  # a job's token, or a batch's (a fresh one after a row left)

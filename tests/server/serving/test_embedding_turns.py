@@ -24,11 +24,13 @@ class CountingEmbedJob(EmbedJob):
 
     batches: int = 3
     queued: threading.Event = field(default_factory=threading.Event)
+    running: threading.Event = field(default_factory=threading.Event)  # its first pass has begun
     seen: list[int] = field(default_factory=list)
     engine_generations: list = field(default_factory=list)
 
     def step(self, shelf: EncoderShelf) -> bool:
         if not self.seen:
+            self.running.set()
             self.queued.wait(60)
         self.seen.append(len(self.engine_generations))
         if len(self.seen) < self.batches:
@@ -61,6 +63,8 @@ def test_embedding_when_generation_arrives_mid_job_then_it_runs_between_batches(
             )
         )
     )
+    # the job must be off the queue first: queue_depth counts a waiting embedding job too
+    assert job.running.wait(60), "the embedding job never began"
     chat.start()
     deadline = time.monotonic() + 60  # a robust bound: the machine may be loaded
     while worker.queue_depth < 1 and time.monotonic() < deadline:

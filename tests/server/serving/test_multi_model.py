@@ -202,6 +202,9 @@ class SwitchingGate:
             return EngineLimits(model_id=self.target, variant="f32")
         return None
 
+    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> None:
+        return None
+
     def note_pass(self, tokens: int) -> None:
         return None
 
