@@ -16,7 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from server.api.llamacpp.replies import AppliedTemplate, Detokenized, Tokens
+from server.api.llamacpp.replies import AppliedTemplate, Detokenized, EmbeddingItem, Tokens
 from server.api.ollama.embeddings import OllamaEmbed, OllamaEmbedding
 from server.api.ollama.replies import (
     OllamaChat,
@@ -70,6 +70,11 @@ _SSE = {"text/event-stream": {"schema": _SSE_EVENT}}
 
 def _json(model: type[BaseModel]) -> dict[str, Any]:
     return {"application/json": {"schema": {"$ref": _REF + model.__name__}}}
+
+
+def _json_array(model: type[BaseModel]) -> dict[str, Any]:
+    """A JSON array of `model` (llama.cpp's /embedding answers one item per input)."""
+    return {"application/json": {"schema": {"type": "array", "items": {"$ref": _REF + model.__name__}}}}
 
 
 def _ndjson(model: type[BaseModel]) -> dict[str, Any]:
@@ -128,6 +133,8 @@ _ANSWERS: dict[str, tuple[dict[str, Any] | None, set[int]]] = {
     "/tokenize": (_json(Tokens), _GENERATES),
     "/detokenize": (_json(Detokenized), _GENERATES),
     "/apply-template": (_json(AppliedTemplate), _GENERATES),
+    "/embedding": (_json_array(EmbeddingItem), _GENERATES),
+    "/embeddings": (_json_array(EmbeddingItem), _GENERATES),
 }
 
 # Every reply model, for the document's components (the stream chunks are named by the SSE description).
@@ -153,6 +160,7 @@ REPLIES: tuple[type[BaseModel], ...] = (
     Tokens,
     Detokenized,
     AppliedTemplate,
+    EmbeddingItem,
     Error,
     OllamaError,
 )

@@ -66,7 +66,7 @@ EmbeddingInput = Annotated[
 ]
 
 
-class EmbeddingRequest(StrictBody):
+class LlamaEmbeddingRequest(StrictBody):
     """POST /embedding (and /embeddings): `content` (llama.cpp's own) or `input` (taken first when both
     are sent, as llama.cpp does), and `embd_normalize` (2, Euclidean, by default)."""
 
@@ -81,7 +81,7 @@ class EmbeddingRequest(StrictBody):
     encoding_format: Literal["float", "base64"] = "float"  # read and checked by llama.cpp, used by /v1 only
 
     @model_validator(mode="after")
-    def _has_input(self) -> EmbeddingRequest:
+    def _has_input(self) -> LlamaEmbeddingRequest:
         if self.input is None and self.content is None:
             raise invalid('"input" or "content" must be provided', "content")
         return self

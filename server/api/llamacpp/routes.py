@@ -28,7 +28,7 @@ from server.api.llamacpp.replies import Detokenized, Tokens
 from server.api.llamacpp.requests import (
     ApplyTemplateRequest,
     DetokenizeRequest,
-    EmbeddingRequest,
+    LlamaEmbeddingRequest,
     TokenizeRequest,
 )
 from server.refusals import ModelLoading
@@ -131,7 +131,7 @@ async def apply_template(body: ApplyTemplateRequest, request: Request) -> Respon
 
 @router.post("/embedding")
 @router.post("/embeddings")
-async def embedding(body: EmbeddingRequest, request: Request) -> Response:
+async def embedding(body: LlamaEmbeddingRequest, request: Request) -> Response:
     rt: Runtime = request.app.state.runtime
     entry = embedding_model(rt, body.model)
     check_normalize(body.embd_normalize, bool(entry.architecture.get("normalize", True)))

@@ -426,3 +426,11 @@ def test_llamacpp_embedding_when_chat_model_then_400_naming_its_kind(srv):
     r = httpx.post(srv.url + "/embedding", json={"content": "hello"}, timeout=60)  # the default: tiny-a
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "wrong_model_kind"
+
+
+def test_llamacpp_embedding_when_documented_then_an_array_of_the_declared_items(srv):
+    doc = httpx.get(srv.url + "/openapi.json", timeout=60).json()
+    for path in ("/embedding", "/embeddings"):
+        schema = doc["paths"][path]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+        assert schema == {"type": "array", "items": {"$ref": "#/components/schemas/EmbeddingItem"}}
+    assert "embd_normalize" in doc["components"]["schemas"]["LlamaEmbeddingRequest"]["properties"]
