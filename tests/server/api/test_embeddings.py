@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from governor.governor import Governor
 from models.convert import pipeline
 from models.convert.safetensors_file import read_safetensors
 from models.errors import SimmerError, WrongModelKind
@@ -24,6 +25,7 @@ from models.store.sources import PyPIWheel
 from models.store.store import Converter, ModelStore
 from server.api.llamacpp.replies import EmbeddingItem
 from server.serving.embedding import MAX_EMBED_INPUTS
+from server.serving.governor_gate import GovernorGate
 from server.serving.model_setup import serve_store
 from tests.helpers import sdk
 from tests.models.store.helpers import build_dist_wheel
@@ -434,3 +436,22 @@ def test_llamacpp_embedding_when_documented_then_an_array_of_the_declared_items(
         schema = doc["paths"][path]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
         assert schema == {"type": "array", "items": {"$ref": "#/components/schemas/EmbeddingItem"}}
     assert "embd_normalize" in doc["components"]["schemas"]["LlamaEmbeddingRequest"]["properties"]
+
+
+def test_embeddings_when_the_governor_pauses_then_device_paused_and_health_answers(live, tmp_path, home):
+    """The embedding job waits behind the governor's pause as a generation job does (Gate.before_batch),
+    then fails with device_paused once the pause outlasts its timeout; /health answers meanwhile."""
+    copy = tmp_path / "home"
+    shutil.copytree(home[0], copy)
+    overrides = {"home": copy, "model": "tiny-a", "context_length": 128, "threads": 1}
+    governor = Governor()
+    gate = GovernorGate(governor, pause_timeout_s=0.5)
+    srv = live(served=serve_store(make_settings(tmp_path, **overrides)), governor=gate, **overrides)
+    wait_ready(srv)
+    assert post(srv, {"model": ENCODER, "input": "the cat sat"}).status_code == 200
+    governor.set_lifecycle("background")  # pauses new and running work
+    r = post(srv, {"model": ENCODER, "input": "the cat sat"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "device_paused", r.text
+    assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+    governor.set_lifecycle("foreground")
+    assert post(srv, {"model": ENCODER, "input": "the cat sat"}).status_code == 200
