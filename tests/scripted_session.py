@@ -27,8 +27,9 @@ class ScriptedSession:
 
     rows_exact = False  # no speculation on a script
 
-    def __init__(self, script: list[int], vocab: int, eos: int) -> None:
+    def __init__(self, script: list[int], vocab: int, eos: int, shape: Any) -> None:
         self.script = script
+        self.shape = shape  # the real session's (its KV type is the graph's): caches are sized from it
         self.vocab = vocab
         self.eos = eos
         self.seq: list[int] = []
@@ -53,7 +54,7 @@ class ScriptedEngine(DecoderEngine):
         super().__init__(Path(model_dir), manifest, **kwargs)
         eos = min(self.tokenizer.eos_ids)
         script = self.tokenizer.encode(reply, add_special_tokens=False, parse_special=False)
-        self.scripted = ScriptedSession(script, self.vocab_size, eos)
+        self.scripted = ScriptedSession(script, self.vocab_size, eos, super().session().shape)
 
     def session(self) -> Any:
         if not hasattr(self, "scripted"):  # the load check in DecoderEngine.__init__: a real session

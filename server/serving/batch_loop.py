@@ -54,7 +54,11 @@ class BatchLoop:
     def serve(self, reply: Reply) -> None:
         """A started reply: in a batch with the replies of its model that follow it, or alone when its
         engine cannot batch."""
-        batch = batch_decoder(reply.engine, self.placement.rows())
+        try:
+            batch = batch_decoder(reply.engine, self.placement.rows())
+        except Exception as err:  # a decoder that cannot be built fails this reply, never the worker thread
+            reply.fail(err)
+            return
         if batch is None:
             self.generate_alone(reply)
         else:

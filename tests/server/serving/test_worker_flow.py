@@ -236,3 +236,28 @@ def test_worker_tokens_ahead_when_a_reply_runs_and_two_wait_then_what_is_left_of
     for t in queued:
         t.join(30)
     assert wait_until(lambda: worker.tokens_ahead() == 0)
+
+
+class UnbatchableEngine(ScriptedEngine):
+    """An engine whose batch decoder cannot be built (a bug of its own): the worker must answer and go on."""
+
+    def __init__(self) -> None:
+        super().__init__(model_id=MODEL)
+        self.broken = True
+
+    def batch_decoder(self, slots: int):
+        if self.broken:
+            self.broken = False
+            raise AttributeError("a bug in building the batch decoder")
+        return None
+
+
+def test_worker_when_the_batch_decoder_cannot_be_built_then_that_reply_fails_and_the_next_is_served(
+    live,
+) -> None:
+    srv = live(engine=UnbatchableEngine())
+    with srv.client() as c:
+        failed = c.post("/v1/chat/completions", json=chat(4), timeout=20)
+        served = c.post("/v1/chat/completions", json=chat(4), timeout=20)
+    assert failed.status_code == 500 and failed.json()["error"]["type"]
+    assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 4
