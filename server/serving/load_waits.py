@@ -17,6 +17,7 @@ import functools
 import threading
 from collections.abc import Callable
 
+from models.errors import InsufficientMemory
 from models.protocol import Engine, EngineLimits
 from server.serving.contracts import Job
 from server.serving.ladder import Target
@@ -32,11 +33,13 @@ class LoadWaits:
         *,
         load_limits: Callable[[Target], EngineLimits | None],
         fail: Callable[[Job, BaseException], None],
+        busy: Callable[[], bool],
     ) -> None:
         self.pool = pool
         self._lock = lock
         self._load_limits = load_limits  # what a model loaded for a target opens with (placement's)
         self._fail = fail  # ends a job that never started with an error (placement's)
+        self._busy = busy  # the worker runs or has queued jobs for loaded models (its lock held)
         self._waiting: dict[str, list[tuple[Job, Target]]] = {}  # by model, in the order they came
         self._building: Pending | None = None  # the load whose sessions the loader builds now
         self._ready: list[Job] = []  # jobs whose model is loaded now, for the head of the queue
@@ -105,11 +108,20 @@ class LoadWaits:
             # its keep_alive runs from now: every job that waited for it may have left meanwhile
             self.pool.install(pending, result, expires=True)
             ready += jobs
-        self._next()
+        if not ready:  # else the next build waits until they are in the queue (the busy rule below)
+            self._next()
         ready += self._ready
         self._ready = []
         return ready
 
+    # A load planned while the worker serves loaded models (rule table, first match):
+    #   fits as it is                              -> built now, beside the worker
+    #   needs rows capped or models unloaded, or
+    #   does not fit at all, and the worker runs
+    #   or has queued jobs for loaded models       -> waits (asked again between passes, until they are idle)
+    #   otherwise                                  -> planned: room made, or refused (its jobs fail)
+    # so a load never unloads the model that the jobs just put back at the head of the queue wait for, and
+    # is refused only where the worker, loading it in its turn, refused it too.
     def _next(self) -> None:
         """Start the next model's build when none runs: the memory plan first, which may refuse it (its jobs
         fail with insufficient_memory, and nothing was unloaded) or make room (idle models unloaded)."""
@@ -124,6 +136,16 @@ class LoadWaits:
                 if self.pool.is_ready(model_id):  # loaded meanwhile (a handover loads on the worker)
                     self._ready += [job for job, _ in self._waiting.pop(model_id)]
                     continue
+            try:
+                room = self.pool.preview(model_id, target.variant)
+            except InsufficientMemory:
+                room = None
+            except Exception:
+                room = None  # plan() below raises it again, for the jobs
+            if room is None or room.evict or room.rows is not None:
+                with self._lock:
+                    if self._busy():
+                        return  # its room comes from models in use now or soon: it waits until they are idle
             try:
                 pending = self.pool.plan(model_id, target.variant, self._load_limits(target))
             except Exception as err:

@@ -27,7 +27,7 @@ from models.protocol import Engine, EngineLimits
 from models.runtime.engine import DecoderEngine, release_freed_memory
 from server.serving.catalog import Catalog, CatalogEntry
 from server.serving.keep_alive import describe as describe_keep_alive
-from server.serving.memory_plan import Estimate, MemoryBudget, Resident, mib, plan_load
+from server.serving.memory_plan import Estimate, LoadPlan, MemoryBudget, Resident, mib, plan_load
 
 log = logging.getLogger("simmer.pool")
 
@@ -318,6 +318,17 @@ class ModelPool:
             return False
         with self._lock:
             return entry.id in self._loaded or entry.id in self._kept
+
+    def preview(self, model_id: str, variant: str | None) -> LoadPlan:
+        """What a load of `model_id` would do now (rows capped, models unloaded), doing none of it. Raises
+        ModelNotFound or InsufficientMemory, as plan() would."""
+        entry = self.catalog.get(model_id)
+        if entry is None:
+            raise ModelNotFound(f"The model '{model_id}' is not installed", param="model")
+        need = self._estimate(entry, variant or entry.default_variant)
+        residents = self._residents()
+        free = self.budget.free(sum(r.bytes for r in residents))
+        return plan_load(entry.id, need, free, residents, budget=self.budget.describe())
 
     def plan(self, model_id: str, variant: str | None, limits: EngineLimits | None) -> Pending:
         """Room for a load of `model_id` (batch rows capped, idle models unloaded) and the load marked in

@@ -103,7 +103,11 @@ class Worker:
             max_batch=self.max_batch,
         )
         self._loads = LoadWaits(
-            pool, self._cond, load_limits=self.placement.load_limits, fail=self.placement.fail
+            pool,
+            self._cond,
+            load_limits=self.placement.load_limits,
+            fail=self.placement.fail,
+            busy=lambda: bool(self._queue) or bool(self._held) or bool(self._moved),
         )
         self.placement.waits_for_load = self._wait_for_load
         self._batches = BatchLoop(self.placement, self.gate, self)

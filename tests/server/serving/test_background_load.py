@@ -12,6 +12,7 @@ import time
 import httpx
 
 from models.errors import ModelNotFound
+from server.serving.memory_plan import MemoryBudget
 from tests.server.serving.helpers import PROMPT
 
 LOAD_S = 2.0
@@ -129,3 +130,25 @@ def test_load_when_it_fails_with_a_bug_then_500_as_on_the_worker(several):
     assert results[0].status_code == 500  # not ours: a generic 500, its traceback logged
     assert results[0].json()["error"]["code"] == "internal_error"
     assert "tiny-big" not in served.pool.loaded_ids() and not served.pool.loaded()["tiny-small"].busy
+
+
+def test_load_when_memory_holds_one_model_then_two_cold_models_are_served_in_turn(several):
+    """Each load must unload the model the other just loaded: the second waits until the first one's job
+    is done (as it did when the worker loaded in its turn), rather than unloading it before it served."""
+    srv, served = several()
+    costs = [
+        served.cost(e, e.default_variant).total for e in map(served.catalog.get, ("tiny-big", "tiny-spm"))
+    ]
+    served.pool.budget = MemoryBudget(max(costs) * 3 // 2, 0)
+    opened, started, _ = slow_loads(served)
+    results: list[httpx.Response] = []
+    first = complete(srv, "tiny-big", results)
+    assert started.wait(10)
+    second = complete(srv, "tiny-spm", results)
+    first.join(30)
+    second.join(30)
+    assert sorted((r.status_code, r.json()["model"]) for r in results) == [
+        (200, "tiny-big"),
+        (200, "tiny-spm"),
+    ]
+    assert opened == ["tiny-big", "tiny-spm"]
