@@ -44,6 +44,11 @@ class Lineup(Protocol):
         """The reply goes on on another model once the running batch is done."""
         ...
 
+    def between_passes(self) -> None:
+        """The worker's chores between two passes: an engine built beside it goes into the pool, and jobs
+        whose model is not loaded start waiting for its load (serving/load_waits.py)."""
+        ...
+
 
 class BatchLoop:
     def __init__(self, placement: Placement, gate: Gate, lineup: Lineup) -> None:
@@ -82,6 +87,7 @@ class BatchLoop:
                         handover = event
                         break
                     reply.deliver(event)
+                    self.lineup.between_passes()
                 if handover is None:
                     break
                 # the old model's generation holds its session: gone first, so that unloading the model
@@ -115,6 +121,7 @@ class BatchLoop:
         try:
             self._join(batch, first, rows, token)
             while rows:
+                self.lineup.between_passes()
                 self._admit(batch, rows, token)
                 events = placement.take_batch_events() + self._sweep(batch, rows)
                 if token.cancelled:  # those rows are gone: a fresh token for the ones left

@@ -178,8 +178,9 @@ class GovernorGate:
         return self.governor.set_lifecycle(state, client, ttl_s)  # type: ignore[arg-type]
 
     def loading(self, model_id: str | None) -> AbstractContextManager[None]:
-        """Wraps a model load (the pool's, on the worker thread): the pace controller credits none of it, and
-        the governor measures its heat (not with None: a loaded engine building another session)."""
+        """Wraps a model load (the pool's, on the loader thread or the worker's): the pace controller
+        credits none of it, and the governor measures its heat (not with None: a loaded engine building
+        another session)."""
         return self.governor.loading(model_id)
 
     def models_loaded(self, models: frozenset[str]) -> None:

@@ -1,7 +1,8 @@
 """What is loaded now: load on demand, unload least-recently-used idle ones to make room, keep_alive (what
 can be loaded is serving/catalog.py's; which model a job runs on, serving/model_choice.py's).
 
-Only the worker thread loads and unloads (one thread owns every engine); the views (`loaded`,
+Only the worker thread plans loads, puts engines in the pool and unloads (one thread owns every engine);
+the sessions of a load may be built beside it (`build`, on serving/loader.py's thread). The views (`loaded`,
 `last_served`) are read by the routes from the event loop, under a lock. Before a load the memory planner
 (serving/memory_plan.py) decides what must go: batch rows first (`rows_cap`: every model serves batches of
 fewer replies), then idle models; a refusal unloads nothing and raises insufficient_memory.
@@ -26,7 +27,7 @@ from models.protocol import Engine, EngineLimits
 from models.runtime.engine import DecoderEngine, release_freed_memory
 from server.serving.catalog import Catalog, CatalogEntry
 from server.serving.keep_alive import describe as describe_keep_alive
-from server.serving.memory_plan import Estimate, MemoryBudget, Resident, mib, plan_load
+from server.serving.memory_plan import Estimate, LoadPlan, MemoryBudget, Resident, mib, plan_load
 
 log = logging.getLogger("simmer.pool")
 
@@ -46,6 +47,18 @@ class _Loaded:
     @property
     def busy(self) -> bool:
         return self.users > 0
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A load planned (its room made) and not yet in the pool: the planner counts it as a busy model."""
+
+    entry: CatalogEntry
+    variant: str | None
+    limits: EngineLimits | None
+    need_bytes: int
+    free_bytes: int | None
+    t0: float
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,7 @@ class ModelPool:
         # A delete and a load of one model exclude each other: a model's files deleted while its session
         # was built failed that load with a 500 ("External data path validation failed").
         self._opening: set[str] = set()  # models being loaded now
+        self._pending: dict[str, Pending] = {}  # loads planned, not yet installed (maybe built beside)
         self._deleting: set[str] = set()  # models whose files are being deleted now
         self.loads = 0
         self.unloads = 0
@@ -259,10 +273,13 @@ class ModelPool:
     def _residents(self) -> list[Resident]:
         with self._lock:
             items = list(self._loaded.items())
+            pending = list(self._pending.values())
         out = []
         for m, i in items:
             est = self._estimate(i.entry, i.engine.variant)
             out.append(Resident(m, est.total, i.last_used, i.busy, est.rows, est.row_bytes))
+        # a load in progress holds its memory (or soon will): never unloaded to make room, counted in full
+        out += [Resident(p.entry.id, p.need_bytes, self.clock(), True) for p in pending]
         return out
 
     def cap_rows(self, rows: int | None, reason: str) -> None:
@@ -288,13 +305,38 @@ class ModelPool:
         residents = self._residents()
         with self._lock:
             entries = [(i.entry, i.engine.variant) for i in self._loaded.values()]
-        more = sum(self.cost(e, v).with_rows(rows).total for e, v in entries) - sum(
-            r.bytes for r in residents
-        )
+        more = sum(self.cost(e, v).with_rows(rows).total - self._estimate(e, v).total for e, v in entries)
         free = self.budget.free(sum(r.bytes for r in residents))
         return free is None or more <= free
 
-    def _load(self, entry: CatalogEntry, variant: str | None, limits: EngineLimits | None) -> _Loaded:
+    # -- a load: planned and installed on the worker, built on it or beside it (serving/loader.py) -------
+    def is_ready(self, model_id: str) -> bool:
+        """Whether acquire(model_id) builds nothing (loaded, or a pinned engine kept): False for a model
+        that must load, or that is not installed (plan() says which)."""
+        entry = self.catalog.get(model_id)
+        if entry is None:
+            return False
+        with self._lock:
+            return entry.id in self._loaded or entry.id in self._kept
+
+    def preview(self, model_id: str, variant: str | None) -> LoadPlan:
+        """What a load of `model_id` would do now (rows capped, models unloaded), doing none of it. Raises
+        ModelNotFound or InsufficientMemory, as plan() would."""
+        entry = self.catalog.get(model_id)
+        if entry is None:
+            raise ModelNotFound(f"The model '{model_id}' is not installed", param="model")
+        need = self._estimate(entry, variant or entry.default_variant)
+        residents = self._residents()
+        free = self.budget.free(sum(r.bytes for r in residents))
+        return plan_load(entry.id, need, free, residents, budget=self.budget.describe())
+
+    def plan(self, model_id: str, variant: str | None, limits: EngineLimits | None) -> Pending:
+        """Room for a load of `model_id` (batch rows capped, idle models unloaded) and the load marked in
+        progress: the planner counts it from now on, as a busy model, until install() or abandon(). Raises
+        ModelNotFound or InsufficientMemory (then nothing was unloaded)."""
+        entry = self.catalog.get(model_id)
+        if entry is None:
+            raise ModelNotFound(f"The model '{model_id}' is not installed", param="model")
         model_id = entry.id
         need = self._estimate(entry, variant or entry.default_variant)
         residents = self._residents()
@@ -304,25 +346,45 @@ class ModelPool:
             self.cap_rows(plan.rows, f"room for {model_id}")
         for victim in plan.evict:
             self.unload(victim, f"least recently used: room for {model_id}")
-        t0 = time.perf_counter()
-        engine = self._kept.get(model_id)
-        if engine is None:
-            with self._lock:
+        with self._lock:
+            if model_id not in self._kept:
                 if model_id in self._deleting:
                     raise ModelNotFound(f"The model '{model_id}' is being deleted", param="model")
                 self._opening.add(model_id)
-            try:
-                with self.loading(model_id):
-                    engine = self.opener(entry, variant, limits)
-            finally:
-                with self._lock:
-                    self._opening.discard(model_id)
+            pending = Pending(entry, variant, limits, plan.need_bytes, plan.free_bytes, time.perf_counter())
+            self._pending[model_id] = pending
+        return pending
+
+    def build(self, pending: Pending) -> Engine:
+        """The engine of a planned load: its sessions built (any thread: the worker's, or the loader's)."""
+        model_id = pending.entry.id
+        engine = self._kept.get(model_id)
+        if engine is not None:
+            return engine
+        with self.loading(model_id):
+            return self.opener(pending.entry, pending.variant, pending.limits)
+
+    def abandon(self, pending: Pending) -> None:
+        """A planned load that failed: no longer counted, the model may be deleted again."""
+        with self._lock:
+            self._opening.discard(pending.entry.id)
+            self._pending.pop(pending.entry.id, None)
+
+    def install(self, pending: Pending, engine: Engine, *, expires: bool = False) -> _Loaded:
+        """The built engine into the pool (worker thread). `expires`: its keep_alive runs from now, for an
+        engine built beside the worker whose waiting jobs may all have left meanwhile."""
+        self.abandon(pending)
+        model_id = pending.entry.id
         if isinstance(engine, DecoderEngine):
             engine.building = lambda: self.loading(None)
         if self.pinned:
             self._kept[model_id] = engine
-        entry = self.catalog.get(engine.model_id) or entry  # a factory's engine names itself once loaded
+        entry = (
+            self.catalog.get(engine.model_id) or pending.entry
+        )  # a factory's engine names itself once loaded
         item = _Loaded(entry, engine, self.clock())
+        if expires and self.keep_alive_s != math.inf:
+            item.expires_at = item.last_used + self.keep_alive_s
         with self._lock:
             self._loaded[engine.model_id] = item
         self.loads += 1
@@ -331,10 +393,19 @@ class ModelPool:
             "loaded %s/%s in %.2f s: ~%s of %s free (%s); keep_alive %s",
             model_id,
             engine.variant,
-            time.perf_counter() - t0,
-            mib(plan.need_bytes),
-            mib(plan.free_bytes),
+            time.perf_counter() - pending.t0,
+            mib(pending.need_bytes),
+            mib(pending.free_bytes),
             self.budget.describe(),
             describe_keep_alive(self.keep_alive_s),
         )
         return item
+
+    def _load(self, entry: CatalogEntry, variant: str | None, limits: EngineLimits | None) -> _Loaded:
+        pending = self.plan(entry.id, variant, limits)
+        try:
+            engine = self.build(pending)
+        except BaseException:
+            self.abandon(pending)
+            raise
+        return self.install(pending, engine)

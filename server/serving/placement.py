@@ -59,6 +59,9 @@ class Placement:
         self.batch: BatchDecoding | None = None  # the decoder running a batch now
         self.batch_events: list[BatchEvent] = []  # what applying limits to it ended (sync_limits)
         self._rung_seen: str | None = None  # the governor's rung the worker last shed models for
+        # takes a job whose model must load to wait for it beside the worker (True: the job is no longer
+        # held), instead of loading it here, on the worker thread (the worker's, serving/load_waits.py)
+        self.waits_for_load: Callable[[Job, Target], bool] = lambda job, target: False
 
     def take_batch_events(self) -> list[BatchEvent]:
         events, self.batch_events = self.batch_events, []
@@ -67,7 +70,8 @@ class Placement:
     # -- a job starts --------------------------------------------------------------------------------
     def start(self, job: Job) -> Reply | None:
         """The job's model acquired and limited, its prompt built and Started sent: its Reply, or None
-        when it ended here (its client left, or it failed: Failed sent; the worker is done with it)."""
+        when it ended here (its client left, or it failed: Failed sent; the worker is done with it), or
+        waits for its model's load (waits_for_load)."""
         self.desk.held.hold(job)
         key = id(job)  # what the worker holds it by (a summarized job is replaced by a copy below)
         started = time.monotonic()
@@ -82,6 +86,8 @@ class Placement:
             if job.cancel.cancelled:
                 raise Gone
             target = self.place(job, self.governed, blocked)
+            if self.waits_for_load(job, target):  # no longer held: it starts again once its model is loaded
+                return None
             engine = self.pool.acquire(target.model_id, target.variant, self.load_limits(target))
             self.sync_limits(engine, target)
             self.relieve_memory(engine)
@@ -111,6 +117,24 @@ class Placement:
             job.sink(Failed(err))
         Reply(job, engine, None, job.request.payload, blocked, started, None, key, self.desk).close()
         return None
+
+    def expected(self, job: Job) -> Target:
+        """Where `job` would run now, without waiting for the gate (whose before_job may hold it): the
+        governor's latest limits, on its rung as it stands now (the rung may have moved since they came)."""
+        governed, rung = self.governed, self.gate.rung
+        if rung is not None and (governed is None or governed.model_id != rung):
+            governed = replace(governed or EngineLimits(), model_id=rung, variant=None)
+        return self.place(job, governed, set())
+
+    def fail(self, job: Job, err: BaseException) -> None:
+        """End a job that never started with `err` (its model's load failed beside the worker), as start()
+        ends one whose load failed on the worker: Failed to its client unless it left, its account closed."""
+        self.desk.held.hold(job)
+        reply = Reply(job, None, None, job.request.payload, set(), time.monotonic(), None, id(job), self.desk)
+        if job.cancel.cancelled:
+            reply.close()
+        else:
+            reply.fail(err)
 
     def start_model(self, preload: str | None) -> str | None:
         """The model loaded at start: the memory tier's pick, or the governor's rung where that is a model

@@ -81,7 +81,7 @@ class Reply:
     job: Job
     engine: Engine | None
     windowed: Windowed | None
-    requested: list[dict] | str  # the payload as the client sent it (the summary keys on it)
+    requested: list[dict] | str | tuple[int, ...]  # the payload as the client sent it (summaries key on it)
     blocked: set[str]
     started: float
     prompt: Prompt | None

@@ -1,4 +1,5 @@
-"""One thread owns the engines: it loads them (through the model pool), builds prompts and generates, one
+"""One thread owns the engines: it puts them in the model pool and takes them out, builds prompts and
+generates, one
 job at a time, or several replies of one model at once (in a batch, or taking turns); one client's jobs first
 in first out, the next to join rotating over clients (turn_order.py). This module is the queue, its thread
 and the idle work; the rest of what the worker does lives beside it:
@@ -6,7 +7,9 @@ and the idle work; the rest of what the worker does lives beside it:
 - server/serving/placement.py: which model a reply runs on, the limits its engine gets, handovers between
   models and memory relief;
 - server/serving/batch_loop.py: the passes (one reply alone, or a batch);
-- server/serving/reply.py: one started reply, which delivers, closes and fails itself.
+- server/serving/reply.py: one started reply, which delivers, closes and fails itself;
+- server/serving/load_waits.py: jobs whose model is not loaded wait there while its sessions are built
+  beside the worker (serving/loader.py), and the worker goes on serving the loaded models.
 
 The event loop never touches the engine. It submits a `Job` (cheap: no tokenizing, so a full queue is
 rejected before any real work) and reads the job's events from an asyncio.Queue that the worker fills
@@ -41,6 +44,8 @@ from server.serving.batch_loop import BatchLoop
 from server.serving.contracts import Gate, IdleWork, Job, NoGate, Placer, Window, WorkerMetrics, reply_tokens
 from server.serving.embedding import EmbedJob, EncoderShelf, gated_step
 from server.serving.events import Failed, GovernorUpdate
+from server.serving.ladder import Target
+from server.serving.load_waits import LoadWaits
 from server.serving.model_pool import ModelPool
 from server.serving.placement import Placement, requested_model
 from server.serving.reply import Desk, Held, Reply
@@ -97,6 +102,14 @@ class Worker:
             ladder=ladder,
             max_batch=self.max_batch,
         )
+        self._loads = LoadWaits(
+            pool,
+            self._cond,
+            load_limits=self.placement.load_limits,
+            fail=self.placement.fail,
+            busy=lambda: bool(self._queue) or bool(self._held) or bool(self._moved),
+        )
+        self.placement.waits_for_load = self._wait_for_load
         self._batches = BatchLoop(self.placement, self.gate, self)
         self._thread = threading.Thread(target=self._run, name="simmer-worker", daemon=True)
 
@@ -150,7 +163,7 @@ class Worker:
         """Tokens still to generate before a job submitted now starts: an upper bound for routing's wait
         estimate (each reply runs to its max_tokens; one without counts UNBOUNDED_REPLY_TOKENS)."""
         with self._cond:
-            queued = sum(reply_tokens(job) for job in self._queue if not job.cancel.cancelled)
+            queued = sum(reply_tokens(job) for job in self._waiters() if not job.cancel.cancelled)
             held = self._held.made()
         return queued + sum(max(0, reply_tokens(job) - done) for job, done in held)
 
@@ -181,7 +194,8 @@ class Worker:
             try:
                 self._queue.remove(job)
             except ValueError:
-                return False
+                if not self._loads.remove(job):
+                    return False
         job.worker_done()
         return True
 
@@ -190,16 +204,19 @@ class Worker:
         withdraw(), the worker is not done with it for the account (the other side ends it). False when the
         worker already has it, or its client left."""
         with self._cond:
-            if job.cancel.cancelled or not any(j is job for j in self._queue):
+            if job.cancel.cancelled:
                 return False
-            self._queue.remove(job)
-        return True
+            if any(j is job for j in self._queue):
+                self._queue.remove(job)
+                return True
+            return self._loads.remove(job)  # waiting for its model's load: not started either
 
     def close(self) -> None:
         """Stop taking work; fail every open job with server_shutting_down and cancel it. Any thread."""
+        waited = self._loads.close()
         with self._cond:
             self.state = "closed"
-            queued = list(self._queue)
+            queued = list(self._queue) + waited
             jobs = queued + self._held.jobs()
             embeds = list(self._embeds)
             self._queue.clear()
@@ -221,9 +238,13 @@ class Worker:
 
     # ---- worker thread ------------------------------------------------------------------------
 
+    def _waiters(self) -> list[Job]:
+        """The queue's jobs and those waiting for their model's load (worker's lock held)."""
+        return [*self._queue, *self._loads.jobs()]
+
     def _waiting(self) -> int:
         # Cancelled jobs still in the deque (client left while queued) do not hold a slot.
-        waiting = sum(1 for job in self._queue if not job.cancel.cancelled)
+        waiting = sum(1 for job in self._waiters() if not job.cancel.cancelled)
         return waiting + sum(1 for job in self._embeds if not job.cancel.cancelled)
 
     def _run(self) -> None:
@@ -246,8 +267,11 @@ class Worker:
         if ready is not None:
             log.info("model ready: %s (%s)", ready.model_id, ready.variant)
         while True:
+            self.between_passes()
             with self._cond:
                 while not self._queue and not self._moved and not self._embeds and self.state != "closed":
+                    if self._loads.built():
+                        break
                     if self._idle_due and any(w.pending() for w in self._idle_work):
                         break
                     if self.placement.rung_moved():
@@ -307,9 +331,48 @@ class Worker:
             reply.close()
 
     def _queued(self) -> list[Job]:
-        """The queue's jobs whose client is still there."""
+        """The queue's jobs whose client is still there (those waiting for a load too)."""
         with self._cond:
-            return [job for job in self._queue if not job.cancel.cancelled]
+            return [job for job in self._waiters() if not job.cancel.cancelled]
+
+    # ---- loads beside the worker (serving/load_waits.py) ------------------------------------------------
+    def between_passes(self) -> None:
+        """A built engine goes into the pool and its jobs to the head of the queue; queued jobs whose model
+        is not loaded leave the queue to wait for it (its load starts): the others go on meanwhile."""
+        with self._cond:
+            for job in [job for job in self._queue if not job.cancel.cancelled]:
+                cold = self._cold(job)
+                if cold is not None:
+                    self._queue.remove(job)
+                    self._loads.add(job, *cold)
+        self._tend_loads()
+
+    def _tend_loads(self) -> None:
+        ready = self._loads.tend()
+        if ready:
+            with self._cond:
+                self._queue.extendleft(reversed(ready))  # they came before the jobs queued behind them
+
+    def _cold(self, job: Job) -> tuple[str, Target] | None:
+        """The model `job` waits for (and where it was placed), or None when it can start now."""
+        target = self.placement.expected(job)
+        model = self._loads.cold(job, target)
+        return None if model is None else (model, target)
+
+    def _wait_for_load(self, job: Job, target: Target) -> bool:
+        """A job starting on a model that is not loaded waits for it (True) instead of loading it on the
+        worker thread (placement.start asks, once the gate gave the job its limits: the load opens with
+        them)."""
+        model = self._loads.cold(job, target)
+        if model is None:
+            return False
+        with self._cond:
+            if self.state == "closed":
+                return False  # close() failed it while held: start() ends it
+            self._held.let_go(id(job))  # it leaves the worker's hands and waits in one step
+            self._loads.add(job, model, target)
+        self._tend_loads()  # its load starts
+        return True
 
     def _run_idle_work(self) -> None:
         cancel = self._idle_cancel

@@ -293,3 +293,30 @@ def test_deleting_when_the_model_loads_then_refused_and_no_load_starts_while_its
         with p.deleting("b") as again:
             assert again == "being deleted"
     assert p.acquire("b").model_id == "b"  # the delete is over: it loads again
+
+
+# -- a load built beside the worker: planned first, counted while it is built ----------------------------
+def test_plan_when_a_load_is_being_built_then_it_counts_and_is_never_unloaded_for_the_next():
+    p, _, opened, unloaded = pool(budget_mib=250, a=200, b=100)
+    building = p.plan("a", None, None)  # its sessions built beside the worker: not in the pool yet
+    assert opened == [] and set(p.loaded()) == set()
+    with pytest.raises(InsufficientMemory) as err:
+        p.plan("b", None, None)
+    assert "in use: a ~200 MiB" in err.value.message and unloaded == []
+    engine = p.build(building)
+    p.install(building, engine, expires=True)
+    assert opened == ["a"] and p.engine("a") is engine
+    assert p.loaded()["a"].expires_in_s == 300.0  # its waiting jobs may all have left: keep_alive runs
+    p.plan("b", None, None)  # a is idle: unloaded to make room, as before
+    assert unloaded == ["a"]
+
+
+def test_abandon_when_a_build_failed_then_not_counted_and_deletable():
+    p, _, _, _ = pool(budget_mib=250, a=200, b=100)
+    failed = p.plan("a", None, None)
+    with p.deleting("a") as why:
+        assert why == "loading"
+    p.abandon(failed)
+    p.plan("b", None, None)  # the room a's load held is free again
+    with p.deleting("a") as why:
+        assert why is None
