@@ -345,7 +345,9 @@ def release_copied(
     return released
 
 
-_ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+# The converter writes fp32 or fp16 caches; an int8 one (a quantized cache, with its scales in the graph)
+# is bound the same way, its bytes counted by its element size.
+_ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8}
 
 
 def graph_kv_dtype(sess: ort.InferenceSession, past_input: str) -> str:
@@ -355,7 +357,7 @@ def graph_kv_dtype(sess: ort.InferenceSession, past_input: str) -> str:
     kv_type = next((i.type for i in sess.get_inputs() if i.name == past_input), None)
     if kv_type not in _ORT_DTYPES:
         raise InvalidModelFile(
-            f"the graph's {past_input} is of type {kv_type}: a KV cache of fp32 or fp16 is supported"
+            f"the graph's {past_input} is of type {kv_type}: a KV cache of fp32, fp16 or int8 is supported"
         )
     return np.dtype(_ORT_DTYPES[kv_type]).name
 
