@@ -14,7 +14,7 @@ from pydantic_core import PydanticCustomError
 
 from models.errors import InvalidParameter, ModelNotFound, WrongModelKind
 from models.types import KIND_EMBEDDING
-from server.api.common.fields import checked_ids, invalid
+from server.api.common.fields import MAX_TOKEN_ID, MAX_TOKEN_IDS, checked_ids, invalid
 from server.api.common.flow import DISCONNECT_POLL_S
 from server.serving.catalog import CatalogEntry
 from server.serving.contracts import loop_sink
@@ -26,6 +26,28 @@ if TYPE_CHECKING:
 
 
 _SHAPES = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+
+_ID = {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}
+# The shapes parse_inputs takes, as its documents publish them (every dialect's `input`; llama.cpp's
+# `content` too). The model's own vocabulary and context bound the ids further, per model.
+INPUT_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "minItems": 1,
+            "maxItems": MAX_EMBED_INPUTS,
+        },
+        {"type": "array", "items": _ID, "minItems": 1, "maxItems": MAX_TOKEN_IDS},
+        {
+            "type": "array",
+            "items": {"type": "array", "items": _ID, "minItems": 1, "maxItems": MAX_TOKEN_IDS},
+            "minItems": 1,
+            "maxItems": MAX_EMBED_INPUTS,
+        },
+    ]
+}
 
 
 def parse_inputs(value: Any, field: str = "input") -> list[str] | list[list[int]]:

@@ -251,6 +251,13 @@ RepetitionPenalty = Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=MAX_REP
 MaxTokens = integer(ge=1)  # max_tokens, max_completion_tokens, max_output_tokens
 TopLogprobs = integer(ge=0, le=MAX_TOP_LOGPROBS)  # top_logprobs; completions' logprobs
 ContextLength = integer(ge=1)  # Ollama's num_ctx (accepted, not applied)
+# ---- embeddings --------------------------------------------------------------------------------------------
+# `dimensions`: the bound is wider than any embedding model's width, so a huge value is refused with the
+# body, before a model is looked up (server/api/common/embeddings.py checks the model's own width).
+MAX_DIMENSIONS = 65_536
+Dimensions = integer(ge=1, le=MAX_DIMENSIONS)
+# llama.cpp's embd_normalize: -1 none, 0 max absolute (int16 range), 1 taxicab, 2 Euclidean, > 2 p-norm
+Normalize = integer(ge=-1, le=2**31 - 1)
 RouteMode = Mode  # where to serve it (or the X-Simmer-Route header)
 
 

@@ -19,10 +19,18 @@ from __future__ import annotations
 from functools import partial
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
-from server.api.common.embeddings import embedding_inputs
-from server.api.common.fields import MAX_MESSAGES, MAX_TOKEN_IDS, StrictBody, invalid, token_ids
+from server.api.common.embeddings import INPUT_SCHEMA, embedding_inputs
+from server.api.common.fields import (
+    MAX_MESSAGES,
+    MAX_TOKEN_IDS,
+    STRICT,
+    Normalize,
+    StrictBody,
+    invalid,
+    token_ids,
+)
 from server.api.common.messages import ChatMessage
 
 
@@ -53,7 +61,7 @@ class ApplyTemplateRequest(StrictBody):
         return [m.as_dict() for m in self.messages]
 
 
-_EMBEDDING_SCHEMA = WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array"}]})
+_EMBEDDING_SCHEMA = WithJsonSchema(INPUT_SCHEMA)
 # `content` / `input` of /embedding: a string, a list of ids, or a list of strings or of id lists
 # (server/api/common/embeddings.py parse_inputs; its refusal a 400 naming the field)
 EmbeddingContent = Annotated[
@@ -70,6 +78,17 @@ class LlamaEmbeddingRequest(StrictBody):
     """POST /embedding (and /embeddings): `content` (llama.cpp's own) or `input` (taken first when both
     are sent, as llama.cpp does), and `embd_normalize` (2, Euclidean, by default)."""
 
+    # the document says what _has_input checks: one of the two is there and not null
+    model_config = ConfigDict(
+        **STRICT,
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["content"], "properties": {"content": INPUT_SCHEMA}},
+                {"required": ["input"], "properties": {"input": INPUT_SCHEMA}},
+            ]
+        },
+    )
+
     # a list of ids may be long (the context bounds it later); a list of inputs is bounded by parse_inputs
     COUNTS: ClassVar[dict[str, int]] = {"content": MAX_TOKEN_IDS, "input": MAX_TOKEN_IDS}
 
@@ -77,7 +96,7 @@ class LlamaEmbeddingRequest(StrictBody):
     content: EmbeddingContent | None = None
     input: EmbeddingInput | None = None
     # -1 none, 0 max absolute (int16 range), 1 taxicab, 2 Euclidean, > 2 p-norm; see embeddings.py
-    embd_normalize: Annotated[int, Field(ge=-1, le=2**31 - 1)] = 2
+    embd_normalize: Normalize = 2
     encoding_format: Literal["float", "base64"] = "float"  # read and checked by llama.cpp, used by /v1 only
 
     @model_validator(mode="after")

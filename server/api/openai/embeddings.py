@@ -6,49 +6,28 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BeforeValidator, Field, NonNegativeInt, WithJsonSchema
 
-from server.api.common.embeddings import embedding_inputs
-from server.api.common.fields import NonEmpty, StrictBody
+from server.api.common.embeddings import INPUT_SCHEMA, embedding_inputs
+from server.api.common.fields import MAX_TOKEN_IDS, Dimensions, NonEmpty, StrictBody
 from server.api.common.reply import Reply
-from server.serving.embedding import MAX_EMBED_INPUTS, Embedded
-
-MAX_DIMENSIONS = 65_536
-
-_INPUT_SCHEMA = {
-    "anyOf": [
-        {"type": "string", "minLength": 1},
-        {
-            "type": "array",
-            "items": {"type": "string", "minLength": 1},
-            "minItems": 1,
-            "maxItems": MAX_EMBED_INPUTS,
-        },
-        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-        {
-            "type": "array",
-            "items": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-            "minItems": 1,
-            "maxItems": MAX_EMBED_INPUTS,
-        },
-    ]
-}
+from server.serving.embedding import Embedded
 
 EmbeddingInput = Annotated[
-    list[str] | list[list[int]], BeforeValidator(embedding_inputs), WithJsonSchema(_INPUT_SCHEMA)
+    list[str] | list[list[int]], BeforeValidator(embedding_inputs), WithJsonSchema(INPUT_SCHEMA)
 ]
 
 
 class EmbeddingRequest(StrictBody):
+    COUNTS: ClassVar[dict[str, int]] = {"input": MAX_TOKEN_IDS}  # parse_inputs bounds a list of inputs
+
     model: NonEmpty
     input: EmbeddingInput
     encoding_format: Literal["float", "base64"] = "float"
-    # only the model's own width: see server/api/common/embeddings.py check_dimensions. The bound (wider
-    # than any embedding model) refuses a huge value with the body, before a model is looked up.
-    dimensions: Annotated[int, Field(ge=1, le=MAX_DIMENSIONS)] | None = None
+    dimensions: Dimensions | None = None  # only the model's own width (common/embeddings.py)
     user: str | None = None
 
 
