@@ -12,6 +12,11 @@ from models.store.store import ModelStore
 from server.settings import Settings
 
 
+def _pair(text: str) -> tuple[int, int]:
+    long, short = (int(x) for x in text.split(","))
+    return long, short
+
+
 def _write(report: dict, path: str | None) -> None:
     text = json.dumps(report, indent=2)
     if path:
@@ -122,6 +127,15 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     c.add_argument("--requests", type=int, default=2, help="streamed replies per client, one after another")
     c.add_argument("--max-tokens", type=int, default=128)
     c.add_argument("--rounds", type=int, default=3)
+    c.add_argument(
+        "--fast", action="store_true", help="also simmer with SIMMER_BATCH=fast (batches where rows differ)"
+    )
+    c.add_argument(
+        "--long-short",
+        default=None,
+        metavar="LONG,SHORT",
+        help="also: clients-1 streams of LONG tokens, and one SHORT reply asked 1 s later (its wait)",
+    )
     c.add_argument("--json")
     from bench.cpu_cost import cli as cpu_cost
 
@@ -153,6 +167,8 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             requests=args.requests,
             max_tokens=args.max_tokens,
             rounds=args.rounds,
+            fast=args.fast,
+            long_short=_pair(args.long_short) if args.long_short else None,
         )
         _write(report, args.json)
         return 0

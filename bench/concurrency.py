@@ -1,5 +1,6 @@
 """`simmer bench concurrency`: N clients at once, each sending R streamed chat completions one after another,
-over HTTP, against simmer with SIMMER_MAX_BATCH=N (replies decoded together), simmer with SIMMER_MAX_BATCH=1
+over HTTP, against simmer with SIMMER_MAX_BATCH=N (replies decoded together where rows allow, in turns
+elsewhere), with `--fast` also SIMMER_BATCH=fast (batched on every CPU), simmer with SIMMER_MAX_BATCH=1
 (one reply at a time, as before batches) and, when given, llama.cpp's own `llama-server --parallel N`
 (continuous batching) on the same GGUF, or llama-cpp-python's server (one reply at a time), or any
 OpenAI-compatible peer URL. The systems take turns, round
@@ -155,6 +156,40 @@ def run_round(url: str, model: str | None, clients: int, requests: int, max_toke
     }
 
 
+def run_long_short(
+    url: str, model: str | None, *, long_clients: int, long_tokens: int, short_tokens: int, lead_s: float
+) -> dict[str, Any]:
+    """`long_clients` clients each stream one `long_tokens` reply; `lead_s` after they start, one more
+    client asks for a short reply: how long its first token waits behind the others (and its whole reply)."""
+    got: dict[str, Request] = {}
+
+    def one(key: str, tokens: int, prompt: str) -> None:
+        with httpx.Client(base_url=url, timeout=1800) as http:
+            got[key] = stream_once(http, model, prompt, tokens)
+
+    longs = [
+        threading.Thread(target=one, args=(f"long{c}", long_tokens, PROMPTS[c % len(PROMPTS)]))
+        for c in range(long_clients)
+    ]
+    t0 = time.perf_counter()
+    for t in longs:
+        t.start()
+    time.sleep(lead_s)
+    one("short", short_tokens, "Say hello.")
+    short_done = time.perf_counter()
+    for t in longs:
+        t.join()
+    short = got["short"]
+    errors = [r.error for r in got.values() if r.error]
+    return {
+        "short_ttft_s": round(short.ttft_s, 3) if short.ttft_s is not None else None,
+        "short_total_s": round(short_done - short.sent, 3),
+        "long_tokens": sum(got[k].tokens for k in got if k != "short"),
+        "wall_s": round(time.perf_counter() - t0, 3),
+        "errors": errors[:5],
+    }
+
+
 def meter_costs(metrics: str) -> list[dict[str, Any]]:
     """The cost meter's table from a /metrics text (server/http/metrics.py): one entry per configuration
     and batch size, fewest rows first."""
@@ -268,6 +303,8 @@ def bench_concurrency(
     requests: int = 2,
     max_tokens: int = 128,
     rounds: int = 3,
+    fast: bool = False,
+    long_short: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     threads = settings.threads or min(2, os.cpu_count() or 1)
     base = settings.model_copy(
@@ -283,10 +320,12 @@ def bench_concurrency(
     )
     with contextlib.ExitStack() as stack:
         systems: dict[str, tuple[str, None]] = {}
-        for name, batch in (("simmer_batched", clients), ("simmer_one_at_a_time", 1)):
-            srv = stack.enter_context(
-                server_process(base.model_copy(update={"max_batch": batch}), model_dir=model_dir)
-            )
+        simmers = [("simmer_batched", clients, "exact"), ("simmer_one_at_a_time", 1, "exact")]
+        if fast:
+            simmers.append(("simmer_fast", clients, "fast"))
+        for name, batch, mode in simmers:
+            update = {"max_batch": batch, "batch": mode}
+            srv = stack.enter_context(server_process(base.model_copy(update=update), model_dir=model_dir))
             systems[name] = (srv.url, None)
         with httpx.Client(base_url=systems["simmer_batched"][0], timeout=30) as c:
             thermal = c.get("/v1/thermal").json()
@@ -314,8 +353,24 @@ def bench_concurrency(
                 url, _ = systems[name]
                 model = served_model if name.startswith("simmer") else None
                 results[name].append(run_round(url, model, clients, requests, max_tokens))
+        long_short_raw: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        for i in range(rounds if long_short else 0):
+            assert long_short is not None
+            order = names[i % len(names) :] + names[: i % len(names)]
+            for name in order:
+                model = served_model if name.startswith("simmer") else None
+                long_short_raw[name].append(
+                    run_long_short(
+                        systems[name][0],
+                        model,
+                        long_clients=clients - 1,
+                        long_tokens=long_short[0],
+                        short_tokens=long_short[1],
+                        lead_s=1.0,
+                    )
+                )
         meter = {}
-        for name in ("simmer_batched", "simmer_one_at_a_time"):
+        for name in [n for n, _, _ in simmers]:
             with httpx.Client(base_url=systems[name][0], timeout=30) as c:
                 meter[name] = meter_costs(c.get("/metrics").text)
 
@@ -337,6 +392,16 @@ def bench_concurrency(
         for name in names
     }
     peer = next((n for n in ("llama_server", "llama_cpp_python", "peer") if n in summary), None)
+
+    def median_of(rs: list[dict[str, Any]], key: str) -> float | None:
+        xs = [r[key] for r in rs if r[key] is not None]
+        return round(statistics.median(xs), 3) if xs else None
+
+    long_short_summary = {
+        name: {key: median_of(rs, key) for key in ("short_ttft_s", "short_total_s")}
+        for name, rs in long_short_raw.items()
+        if rs
+    }
 
     def ratio(a: str, b: str | None, key: str) -> float | None:
         x, y = summary[a][key], summary[b][key] if b is not None else None
@@ -361,7 +426,18 @@ def bench_concurrency(
             "batched_vs_peer_tok_s": ratio("simmer_batched", peer, "aggregate_tok_s"),
             "one_at_a_time_vs_peer_tok_s": ratio("simmer_one_at_a_time", peer, "aggregate_tok_s"),
             "batched_vs_peer_itl_p50": ratio("simmer_batched", peer, "itl_p50_ms"),
+            "fast_vs_peer_tok_s": ratio("simmer_fast", peer, "aggregate_tok_s") if fast else None,
         },
+        "long_short": {
+            "long_tokens": long_short[0],
+            "short_tokens": long_short[1],
+            "long_clients": clients - 1,
+            "lead_s": 1.0,
+            "summary": long_short_summary,
+            "raw": long_short_raw,
+        }
+        if long_short
+        else None,
         "meter": meter,
         "rounds_raw": results,
     }

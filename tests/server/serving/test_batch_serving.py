@@ -319,6 +319,17 @@ def test_bench_concurrency_round_when_clients_stream_at_once_then_every_token_co
     assert 0 < round_["ttft_p50_s"] <= round_["ttft_p95_s"]
 
 
+def test_bench_concurrency_long_short_when_run_then_the_short_reply_is_timed(live, tiny_model_dir):
+    from bench.concurrency import run_long_short
+
+    srv, _ = serve(live, tiny_model_dir, "q4-a8", 4)
+    got = run_long_short(
+        srv.url, srv.settings.model, long_clients=2, long_tokens=24, short_tokens=4, lead_s=0.05
+    )
+    assert got["errors"] == [] and got["long_tokens"] == 2 * 24
+    assert 0 < got["short_ttft_s"] <= got["short_total_s"] <= got["wall_s"]
+
+
 class HoldThenLimitGate(HoldGate):
     """Holds the first job (HoldGate), then after `after` steps hands out `limits` once."""
 
