@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from governor.background import BackgroundWork, background_work
 from governor.lifecycle import Lease, expire, lifecycle_of, report
 from governor.limits import DEFAULT_TABLE, ConfigCost, LevelLimits, Limits, Rung, resolve_limits
 from governor.load_heat import LoadHeat, with_priors
@@ -44,6 +45,9 @@ from governor.sensors import (
 log = logging.getLogger("simmer.governor")
 
 
+UNDECIDED = BackgroundWork(True, "not decided yet")  # before the first poll
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything /v1/thermal shows; immutable, so it can be handed to any thread."""
@@ -66,6 +70,7 @@ class Snapshot:
     transitions: tuple[Transition, ...]
     leases: tuple[tuple[str, float], ...] = ()  # (client, seconds left) when the snapshot was taken
     pace_setpoint_c: float | None = None  # where the pace holds the device (None: no pace control)
+    background: BackgroundWork = UNDECIDED
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON body of GET /v1/thermal."""
@@ -99,6 +104,7 @@ class Snapshot:
                 else {"some_avg10": m.psi_some_avg10, "full_avg10": m.psi_full_avg10},
             },
             "battery": None if self.battery is None else asdict(self.battery),
+            "background_work": {"runs": self.background.runs, "why": self.background.why},
             "lifecycle": self.lifecycle,
             "leases": [{"client": c, "expires_in": round(left, 1)} for c, left in self.leases],
             "limits": asdict(self.limits),
@@ -289,6 +295,13 @@ class Governor:
             pace_setpoint_c=None
             if state.throttle_c is None or state.pace_cores is None
             else state.throttle_c - pace_margin_c(state, self.config),
+            background=background_work(
+                level=state.level,
+                lifecycle=readings.lifecycle,
+                battery=readings.battery,
+                mode=self.config.background_work,
+                min_battery_percent=self.config.background_min_battery_percent,
+            ),
         )
 
     # -- for the server ----------------------------------------------------------------------------------
@@ -462,6 +475,10 @@ class Governor:
                 # Wake up now and then to look at cancel_check even if nothing changes.
                 self._changed.wait(0.1 if remaining is None else min(remaining, 0.1))
 
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
     def throttle_delay(self, pass_seconds: float) -> float:
         """Seconds to idle after a forward pass: the simulated device's own throttling (0 on real ones,
         where the hardware does it)."""
@@ -494,13 +511,22 @@ def _holders(leases: tuple[Lease, ...]) -> str:
 
 def _differs(a: Snapshot, b: Snapshot) -> bool:
     """A change worth telling subscribers: not a lease renewal (only who holds one)."""
-    return (a.level, _coarse(a.limits), a.lifecycle, a.device_killed, a.cause, _clients(a)) != (
+    return (
+        a.level,
+        _coarse(a.limits),
+        a.lifecycle,
+        a.device_killed,
+        a.cause,
+        _clients(a),
+        a.background.runs,
+    ) != (
         b.level,
         _coarse(b.limits),
         b.lifecycle,
         b.device_killed,
         b.cause,
         _clients(b),
+        b.background.runs,
     )
 
 

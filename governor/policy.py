@@ -91,6 +91,9 @@ class PolicyConfig:
     psi_full_critical: float = 20.0
     # battery and lifecycle
     battery_low_percent: float = 20.0
+    # heavy work nobody waits for (governor/background.py): "always" runs it whatever the device's state
+    background_work: Literal["auto", "always"] = "auto"
+    background_min_battery_percent: float = 50.0  # below this, unplugged, it waits for the charger
     background_action: Literal["pause", "low_priority"] = "pause"
     lifecycle_ttl_s: float = 30.0  # a background report's lease (governor/lifecycle.py): default and maximum
     max_leases: int = 64  # distinct clients holding background leases at once

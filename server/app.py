@@ -70,14 +70,12 @@ def create_app(
     worker_box: list[Worker] = []
     metrics = Metrics(queue_depth=lambda: worker_box[0].queue_depth if worker_box else 0)
 
-    # The sliding window's summary: the smallest loaded chat model of the ladder writes it, in idle time only.
-    def calm() -> bool:  # a summary is optional work: only while the governor is at nominal
-        return governed is None or governed.snapshot().level == "nominal"
-
+    # The sliding window's summary: the smallest loaded chat model of the ladder writes it, in idle time only,
+    # and only while the governor lets heavy background work run (nominal, foreground, charged or plugged in).
     summarizer = (
         Summarizer(
             lambda: summary_models(served.ladder_models(), served.default_model, served.can_chat),
-            allowed=calm,
+            allowed=lambda: gate.background.runs,
         )
         if settings.summary
         else None

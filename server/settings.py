@@ -152,6 +152,15 @@ class Settings(BaseSettings):
     governor: bool = Field(True, description="Apply governor limits (False: observe only)")
     governor_poll_s: float = Field(1.0, description="Governor polling interval (wall seconds)")
     background_action: str = Field("pause", description="pause | low_priority: what 'background' does")
+    background_work: Literal["auto", "always"] = Field(
+        "auto",
+        description="auto: a pull's conversion (over /api/pull) and chat summaries wait while the device is "
+        "on battery below background_min_battery_percent, not nominal, or the app is in the background; "
+        "always: they run at once",
+    )
+    background_min_battery_percent: float = Field(
+        50.0, ge=0.0, le=100.0, description="On battery below this, heavy background work waits for a charger"
+    )
     pace_control: bool = Field(
         True, description="Hold the thermal envelope by pace (false: the level table, pausing at throttle)"
     )

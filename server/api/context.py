@@ -12,6 +12,7 @@ from models.store.store import ModelStore
 from server.http.metrics import Metrics
 from server.http.stream_slots import StreamSlots, stream_limits
 from server.routing.router import Router
+from server.serving.deferred import Deferred
 from server.serving.governor_gate import GovernorGate
 from server.serving.grammars import LLGUIDANCE, Grammars
 from server.serving.model_choice import ModelChoice
@@ -48,6 +49,7 @@ class Runtime:
     tokenizer_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="simmer-tokenizer")
     )
+    deferred: Deferred = field(default_factory=Deferred)  # heavy work waiting for the governor's leave
     api_key_set: bool = False  # SIMMER_API_KEY: the key a request presents is part of its cache scope
     batch_fast: bool = False  # SIMMER_BATCH=fast: a local reply says so (X-Simmer-Batch)
     grammars: Grammars = LLGUIDANCE  # every grammar a request asks for is converted and checked here

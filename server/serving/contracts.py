@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from governor.background import BackgroundWork
 from models.protocol import Engine, EngineLimits
 from models.types import CancelToken, ToolUse
 
@@ -70,6 +71,11 @@ class Gate(Protocol):
         """The model of the governor's rung now (None: no ladder, no governor). Read from any thread."""
         ...
 
+    @property
+    def background(self) -> BackgroundWork:
+        """Whether heavy work nobody waits for (a summary, a pull's conversion) may run now, and why."""
+        ...
+
 
 class NoGate:
     """The default gate: never pauses, never changes limits."""
@@ -77,6 +83,7 @@ class NoGate:
     memory_pressure = False
     pauses_new = False
     rung = None
+    background = BackgroundWork(True, "no governor")
 
     def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:
         return None
@@ -114,7 +121,11 @@ class Window(Protocol):
 
 
 class IdleWork(Protocol):
-    """Work for an idle worker (never on a reply's critical path)."""
+    """Work for an idle worker (never on a reply's critical path), heavy enough to wait while the governor
+    says background work waits (Gate.background)."""
+
+    @property
+    def name(self) -> str: ...  # what /v1/thermal lists while it waits
 
     def pending(self) -> bool: ...
     def run(self, pool: ModelPool, cancel: CancelToken) -> None:

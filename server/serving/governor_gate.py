@@ -32,6 +32,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from typing import Any
 
+from governor.background import BackgroundWork
 from governor.governor import Governor, Snapshot
 from governor.limits import Limits, Rung, merge_cost
 from models.errors import Cancelled, DeviceOverheated
@@ -203,6 +204,10 @@ class GovernorGate:
     def rung(self) -> str | None:
         """The model of the governor's rung now (the worker unloads idle models above it)."""
         return self.governor.limits.model_id
+
+    @property
+    def background(self) -> BackgroundWork:
+        return self.governor.snapshot().background
 
     @property
     def ladder(self) -> list[Rung]:

@@ -12,7 +12,8 @@ from governor.governor import Governor
 from governor.limits import Rung
 from governor.load_heat import LoadHeat
 from governor.policy import PolicyConfig
-from governor.sensors import ThermalSource, make_thermal_source, read_battery, read_memory
+from governor.power import battery_reader
+from governor.sensors import ThermalSource, make_thermal_source, read_memory
 from models.errors import InvalidParameter
 from models.store.durable import replace_text
 from server.serving.governor_gate import GovernorGate
@@ -46,11 +47,13 @@ def build_governor(
         background_action=settings.background_action,  # type: ignore[arg-type]
         pace_control=settings.pace_control,
         lifecycle_ttl_s=settings.lifecycle_ttl_s,
+        background_work=settings.background_work,
+        background_min_battery_percent=settings.background_min_battery_percent,
     )
     return Governor(
         thermal=thermal,
         read_memory=lambda: read_memory(settings.cgroup_root, settings.proc_root),
-        read_battery=read_battery,
+        read_battery=battery_reader(settings.sysfs_root),
         config=config,
         usable_cpus=threads,
         ladder=ladder,

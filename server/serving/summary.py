@@ -183,6 +183,8 @@ class Summarizer:
     `run`). `models()` names the chat models that may write, preferred (smallest) first; none: the plain
     window stays."""
 
+    name = "summary"  # as idle work
+
     def __init__(
         self,
         models: Callable[[], list[str]],
@@ -193,8 +195,8 @@ class Summarizer:
         allowed: Callable[[], bool] = lambda: True,
     ) -> None:
         self.models = models
-        # The governor's say (app.py: only while its level is nominal): a summary is optional work, and heat
-        # or a paused (background) app leave the device alone; the work waits for a cooler idle moment.
+        # The governor's say (app.py: Gate.background): a summary is optional work, and heat, a battery
+        # running low or a backgrounded app leave the device alone; the work waits for a better moment.
         self.allowed = allowed
         self.store = store or SummaryStore()
         self.max_tokens = max_tokens

@@ -272,7 +272,7 @@ class Worker:
                 while not self._queue and not self._moved and not self._embeds and self.state != "closed":
                     if self._loads.built():
                         break
-                    if self._idle_due and any(w.pending() for w in self._idle_work):
+                    if self._idle_due and self._idle_work_runs():
                         break
                     if self.placement.rung_moved():
                         break
@@ -374,8 +374,21 @@ class Worker:
         self._tend_loads()  # its load starts
         return True
 
+    def _idle_work_runs(self) -> bool:
+        """Idle work waits and the governor lets it run (a governor change wakes the worker to look)."""
+        return any(w.pending() for w in self._idle_work) and self.gate.background.runs
+
+    def deferred_work(self) -> list[str]:
+        """What idle work waits for the governor's leave (on battery, hot, backgrounded), by name."""
+        with self._cond:
+            if self.gate.background.runs:
+                return []
+            return [w.name for w in self._idle_work if w.pending()]
+
     def _run_idle_work(self) -> None:
         cancel = self._idle_cancel
+        if not self._idle_work_runs():
+            return  # _idle_due stays: the governor's next change wakes the worker, which looks again
         self._idle_due = False
         for work in list(self._idle_work):
             if cancel.cancelled:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from governor.background import BackgroundWork
 from models.errors import Cancelled, ContextLengthExceeded
 from models.protocol import BatchDecoding, Engine, EngineLimits, Prompt, StepHook
 from models.types import (
@@ -399,6 +400,7 @@ class FakeGovernor:
     memory_pressure = False
     pauses_new = False
     rung = None
+    background = NoGate.background
 
     def __init__(self) -> None:
         self.steps = 0
@@ -431,6 +433,7 @@ class HoldGate:
     memory_pressure = False
     pauses_new = False
     rung = None
+    background = NoGate.background
 
     def __init__(self) -> None:
         self.release = threading.Event()
@@ -490,6 +493,10 @@ class PaceGate:
     @property
     def rung(self) -> str | None:
         return self.inner.rung
+
+    @property
+    def background(self) -> BackgroundWork:
+        return self.inner.background
 
     def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> Any:
         return self.inner.subscribe(callback)

@@ -43,6 +43,7 @@ from server.api.ollama.translate import chat_draft, generate_draft
 from server.http.errors import ApiError
 from server.refusals import ModelLoading
 from server.serving.catalog import CatalogEntry, installed
+from server.serving.deferred import wait_for_background
 from server.serving.embedding import Embedded
 from server.serving.request import Draft
 
@@ -316,8 +317,14 @@ async def pull(body: wire.PullRequest, request: Request) -> Response:
             progress.note(notice)
         return store.pull(name, progress, local_dirs=rt.pull_dirs)
 
-    # its own threads: a pull may wait for the model's lock (another pull, `simmer pull --force`)
-    task = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(rt.store_executor, install))
+    async def when_the_device_allows() -> Any:
+        # converting and measuring take every core for minutes: on the charger, cool, in the foreground
+        governor = rt.governor.governor if rt.governor is not None else None
+        await wait_for_background(governor, rt.deferred, f"pull {spec.id}", progress.note)
+        # its own threads: a pull may wait for the model's lock (another pull, `simmer pull --force`)
+        return await asyncio.get_running_loop().run_in_executor(rt.store_executor, install)
+
+    task = asyncio.ensure_future(when_the_device_allows())
     task.add_done_callback(lambda t: _pulled(spec.id, t))
     if not body.stream:
         await asyncio.shield(task)  # a client that leaves does not stop the install (as Ollama resumes)

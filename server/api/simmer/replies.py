@@ -45,6 +45,15 @@ class Rung(Reply):
     current: bool
 
 
+class BackgroundWorkState(Reply):
+    """Whether heavy work nobody waits for (a pull's conversion, a summary) runs now
+    (governor/background.py)."""
+
+    runs: bool
+    why: str
+    waiting: list[str] = absent("what waits now, e.g. `pull <model>`, `summary` (not in the event stream)")
+
+
 class ThermalState(Reply):
     """The governor's snapshot (docs/governor.md), what runs now and the gate's counters."""
 
@@ -57,6 +66,7 @@ class ThermalState(Reply):
     forecast: float | None
     memory: dict[str, Any] | None
     battery: dict[str, Any] | None
+    background_work: BackgroundWorkState
     lifecycle: Literal["foreground", "background"]
     leases: list[Lease]
     limits: dict[str, Any]

@@ -212,6 +212,11 @@ export class DevicePanel {
       const plug = b.plugged === true ? ", plugged in" : b.plugged === false ? ", on battery" : "";
       text(els.battery, `${Math.round(b.percent)} %${plug}`);
     }
+    const work = state.background_work;
+    if (work && !work.runs) {
+      // conversions and summaries wait for a charger, a cool device or the foreground
+      text(els.battery, `${els.battery.textContent}; background work waits (${work.why})`);
+    }
     if (state.lifecycle === "background") {
       // Background while any client's lease holds: say whose, so a stray one is easy to spot.
       const holders = (state.leases || []).map((lease) => lease.client).join(", ");

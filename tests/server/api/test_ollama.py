@@ -16,6 +16,8 @@ import httpx
 import ollama
 import pytest
 
+from governor.governor import Governor
+from governor.sensors import BatteryReading
 from models.types import GenerationParams
 from server.serving.contracts import Job
 from server.serving.governor_gate import GovernorGate
@@ -449,6 +451,53 @@ def test_pull_when_local_gguf_then_progress_lines_then_listed_then_deleted(live,
     with pytest.raises(ollama.ResponseError) as err:
         c.delete("tiny-pull")
     assert err.value.status_code == 404
+
+
+def test_pull_when_on_battery_then_it_waits_for_the_charger_holding_no_store_thread(
+    live, tiny_gguf, tmp_path
+) -> None:
+    """A pull (its conversion and quality measurement) waits for the governor's leave: the stream says why,
+    /v1/thermal lists it, nothing is installed, and the store's threads stay free (more waiting pulls than
+    threads, and a delete still runs at once); the charger lets them finish."""
+    battery = [BatteryReading(35.0, True)]
+    gate = GovernorGate(Governor(usable_cpus=1, poll_s=0.05, read_battery=lambda: battery[0]))
+    srv = live(pull_dirs=[tmp_path], governor=gate)
+    ggufs = {}
+    for name in ("tiny-keep", "tiny-wait", "tiny-wait-1", "tiny-wait-2", "tiny-wait-3"):
+        ggufs[name] = tmp_path / f"{name}.gguf"
+        shutil.copy(tiny_gguf, ggufs[name])
+    assert client(srv).pull(str(ggufs["tiny-keep"]), stream=False).status == "success"  # plugged in: at once
+    battery[0] = BatteryReading(35.0, False)
+    time.sleep(0.3)  # the governor's next polls
+    parts = client(srv).pull(str(ggufs["tiny-wait"]), stream=True)
+    statuses = []
+    for part in parts:
+        statuses.append(part.status)
+        if part.status.startswith("waiting"):
+            break
+    assert statuses[-1] == "waiting for the device: on battery at 35 % (below 50 %)", statuses
+    for name in ("tiny-wait-1", "tiny-wait-2", "tiny-wait-3"):  # more than the store's two threads
+        next(iter(client(srv).pull(str(ggufs[name]), stream=True)))
+    time.sleep(0.3)
+    thermal = httpx.get(srv.url + "/v1/thermal").json()["background_work"]
+    assert thermal["runs"] is False and thermal["waiting"] == [
+        "pull tiny-wait",
+        "pull tiny-wait-1",
+        "pull tiny-wait-2",
+        "pull tiny-wait-3",
+    ]
+    assert "tiny-wait:latest" not in [m.model for m in client(srv).list().models]
+    t0 = time.monotonic()
+    assert client(srv).delete("tiny-keep").status == "success"  # a store thread was free
+    assert time.monotonic() - t0 < 5.0
+    battery[0] = BatteryReading(35.0, True)
+    rest = [part.status for part in parts]
+    assert rest[-1] == "success" and not [s for s in rest if s.startswith("waiting")]
+    assert "tiny-wait:latest" in [m.model for m in client(srv).list().models]
+    deadline = time.monotonic() + 60
+    while httpx.get(srv.url + "/v1/thermal").json()["background_work"]["waiting"]:
+        assert time.monotonic() < deadline, "the other pulls did not run once plugged in"
+        time.sleep(0.1)
 
 
 def test_pull_when_unknown_name_then_404_before_any_stream(live) -> None:

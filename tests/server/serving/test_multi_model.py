@@ -14,6 +14,7 @@ import pytest
 from models.protocol import EngineLimits, Prompt
 from models.runtime.engine import load_engine
 from models.types import CancelToken, GenerationParams, SamplingParams, TokenEvent
+from server.serving.contracts import NoGate
 from server.serving.memory_plan import MemoryBudget
 from server.serving.model_setup import serve_folders
 from tests.server.conftest import make_settings, responses_events, wait_ready
@@ -182,6 +183,7 @@ class SwitchingGate:
 
     memory_pressure = False
     pauses_new = False
+    background = NoGate.background
 
     def __init__(self, target: str, after: int) -> None:
         self.target = target

@@ -14,10 +14,13 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from governor.governor import Governor
+from governor.sensors import BatteryReading
 from models.errors import InvalidParameter
 from models.protocol import EngineLimits
 from models.runtime.engine import window_split
 from server.serving.contracts import NoGate
+from server.serving.governor_gate import GovernorGate
 from server.serving.model_setup import serve_folders
 from server.serving.summary import NOTE_MARK, message_line, prefix_keys, with_note
 from tests.server.conftest import make_settings, wait_ready
@@ -211,6 +214,31 @@ def test_summary_when_setting_off_then_never(start_pair_server):
     time.sleep(0.5)  # an idle moment
     final = chat_stream_last(srv, messages)
     assert (final["truncated"], final["summarized"]) == (True, False)
+
+
+def test_summary_when_on_battery_then_it_waits_for_the_charger_and_thermal_says_so(start_pair_server):
+    """35 % unplugged leaves the level nominal (the battery makes it fair below 20 %), but a summary is heavy
+    work nobody waits for: it waits, /v1/thermal names it, and plugging in runs it."""
+    battery = [BatteryReading(35.0, False)]
+    governor = Governor(usable_cpus=1, poll_s=0.05, read_battery=lambda: battery[0])
+    srv = start_pair_server(governor=GovernorGate(governor))
+    rt = srv.app.state.runtime
+    messages = conversation()
+    assert chat(srv, messages)["summarized"] is False
+    time.sleep(0.5)  # idle moments pass
+    thermal = httpx.get(srv.url + "/v1/thermal").json()
+    assert thermal["level"] == "nominal"
+    assert thermal["background_work"] == {
+        "runs": False,
+        "why": "on battery at 35 % (below 50 %)",
+        "waiting": ["summary"],
+    }
+    assert rt.summarizer.pending() and rt.summarizer.written == 0
+    battery[0] = BatteryReading(35.0, True)  # the next poll sees the charger and wakes the worker
+    wait_idle(srv)
+    assert rt.summarizer.written >= 1
+    assert httpx.get(srv.url + "/v1/thermal").json()["background_work"]["waiting"] == []
+    assert chat(srv, messages)["summarized"] is True
 
 
 def test_summary_when_no_chat_model_in_ladder_then_never(start_pair_server):
