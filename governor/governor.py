@@ -273,6 +273,8 @@ class Governor:
             loaded=self._models,
             room=room,
             rises=rises,
+            # on battery, tokens per CPU-second (the charge), not per second
+            frugal=self.enforce and readings.battery is not None and readings.battery.plugged is False,
         )
         return Snapshot(
             time=now,

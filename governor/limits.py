@@ -292,6 +292,7 @@ def pick_config(
     budget_cores: float | None,
     current: tuple[str, int] | None = None,
     hold: bool = False,
+    frugal: bool = False,
 ) -> tuple[ConfigCost, float | None]:
     """The configuration that makes the most tokens per second within budget_cores (None: no budget), and
     the pace (tokens/s) that keeps it within the budget (None: no budget).
@@ -306,14 +307,18 @@ def pick_config(
       `hold`: the running configuration stays whatever the others make (it changed moments ago: a budget
       swinging across the band must not rebuild the session every few seconds); the pace still keeps it
       within the budget
+    `frugal` (on battery): rate = tokens per CPU-second (1 / cpu_s_per_token) whatever the budget, and
+      spinning pools do not compete: a charge buys tokens, not speed; the rest of the table is the same
     Where the budget binds every configuration, the highest rate IS the least CPU per token.
     """
     if not configs:
         raise ValueError("pick_config needs at least one configuration")
-    if budget_cores is not None:
+    if budget_cores is not None or frugal:
         configs = [c for c in configs if not c.spinning] or list(configs)
 
     def rate(c: ConfigCost) -> float:
+        if frugal:
+            return 1.0 / c.cpu_s_per_token
         return c.tok_s if budget_cores is None else min(c.tok_s, budget_cores / c.cpu_s_per_token)
 
     top = max(rate(c) for c in configs)
@@ -334,6 +339,7 @@ def pick_config(
 # pass) spends envelope on no token. Measured (q4-a8 decode, Gemma 3 270M and SmolLM2, a shared 2-core
 # host): two spinning threads made 0.49-0.58x the tokens per CPU-second of one thread, two quiet threads
 # 0.80-0.86x.
+#   on battery (resolve_limits' `frugal`)              -> False: the charge buys tokens, not speed
 #   a CPU budget (the pace controller's or the row's) -> False
 #   a tokens/s pace (the row's own)                   -> False
 #   neither: unpaced (nominal, a cool device, an ungoverned server: the limits are not enforced, so no
@@ -358,6 +364,7 @@ def resolve_limits(
     loaded: Collection[str] | None = None,
     room: LoadRoom | None = None,
     rises: Mapping[str, float] | None = None,
+    frugal: bool = False,
 ) -> Limits:
     """The concrete Limits for a level on this machine and ladder.
 
@@ -373,7 +380,8 @@ def resolve_limits(
     to cheaper variants by their measured CPU per token, and a variant switch mid-reply costs a re-prefill
     of the history, so it is not chased on a few per cent of measurement noise. Without a measured cost
     the worker paces by cpu_budget_cores alone (Limits.pace_delay). Paced, the pools do not spin
-    (pool_spin)."""
+    (pool_spin). `frugal` (on battery): the configuration with the most tokens per CPU-second, and no
+    spinning pool (a spinning thread burns the charge while it waits for work)."""
     row = table[level]
     max_threads = max(1, math.floor(usable_cpus * row.thread_fraction))
     named = min(start_rung + row.rung_step, len(ladder) - 1) if ladder else -1
@@ -390,7 +398,7 @@ def resolve_limits(
     if rung is not None:
         configs = config_costs(rung, max_threads, costs)
         if configs:
-            best, pace = pick_config(configs, budget, current, hold)
+            best, pace = pick_config(configs, budget, current, hold, frugal)
             threads = best.threads
     if row.tokens_per_second is not None:
         pace = row.tokens_per_second if pace is None else min(pace, row.tokens_per_second)
@@ -404,6 +412,6 @@ def resolve_limits(
         pause_new=row.pause_new,
         pause_running=row.pause_running,
         cpu_budget_cores=budget,
-        spin=pool_spin(budget, pace),
+        spin=False if frugal else pool_spin(budget, pace),
         rung_held=rung_index != named,
     )

@@ -176,6 +176,36 @@ def test_pick_config_when_held_then_the_running_configuration_stays_within_the_b
     assert got_pace == pytest.approx(pace)
 
 
+@pytest.mark.parametrize(
+    ("budget", "current", "chosen"),
+    [
+        (None, None, ONE),  # unbudgeted, the fastest would be TWO_SPIN: on battery the most tokens a CPU-s
+        (1.5, None, ONE),  # a budget two quiet threads would use better: still the cheapest per token
+        (None, ("v", 2), ONE),  # 62.5 against the running one's 50 tokens a CPU-s: worth a new session
+    ],
+)
+def test_pick_config_when_frugal_then_most_tokens_per_cpu_second_and_no_spinning(budget, current, chosen):
+    best, _ = pick_config(TABLE, budget, current, frugal=True)
+    assert best == chosen
+
+
+def test_pick_config_when_frugal_and_the_running_one_nearly_as_cheap_then_it_stays():
+    # 57.1 tokens a CPU-s against one thread's 62.5: not within 5 %, but under 1.1x: no new session for it
+    close = ConfigCost("v", 2, False, 0.0175, 90.0)
+    assert pick_config([TABLE[0], close], None, ("v", 2), frugal=True)[0] == close
+    assert pick_config([TABLE[0], TABLE[1]], None, ("v", 2), frugal=True)[0] == TABLE[0]  # 62.5 vs 50
+    assert pick_config([TABLE[2]], None, None, frugal=True)[0] == TABLE[2]  # only a spinning one known
+
+
+def test_resolve_limits_when_frugal_then_no_spinning_pool_and_the_cheapest_configuration():
+    rung = Rung("m", "v", 0.016, 1.0, 1, threads=2, decode_tok_s=90.0)
+    costs = TABLE
+    plugged = resolve_limits("nominal", usable_cpus=2, ladder=[rung], costs=costs)
+    assert (plugged.threads, plugged.spin) == (2, None)  # unpaced: the fastest, spinning as it likes
+    on_battery = resolve_limits("nominal", usable_cpus=2, ladder=[rung], costs=costs, frugal=True)
+    assert (on_battery.threads, on_battery.spin) == (1, False)
+
+
 def test_pick_config_when_empty_then_value_error():
     with pytest.raises(ValueError):
         pick_config([], 1.0)
