@@ -124,6 +124,9 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     )
     c.add_argument("--peer-url", default=None, help="or an OpenAI-compatible server already running")
     c.add_argument("--clients", type=int, default=4)
+    c.add_argument(
+        "--max-batch", type=int, default=None, help="simmer's SIMMER_MAX_BATCH (default: --clients)"
+    )
     c.add_argument("--requests", type=int, default=2, help="streamed replies per client, one after another")
     c.add_argument("--max-tokens", type=int, default=128)
     c.add_argument("--rounds", type=int, default=3)
@@ -169,6 +172,7 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             rounds=args.rounds,
             fast=args.fast,
             long_short=_pair(args.long_short) if args.long_short else None,
+            max_batch=args.max_batch,
         )
         _write(report, args.json)
         return 0

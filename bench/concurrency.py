@@ -305,6 +305,7 @@ def bench_concurrency(
     rounds: int = 3,
     fast: bool = False,
     long_short: tuple[int, int] | None = None,
+    max_batch: int | None = None,
 ) -> dict[str, Any]:
     threads = settings.threads or min(2, os.cpu_count() or 1)
     base = settings.model_copy(
@@ -320,9 +321,10 @@ def bench_concurrency(
     )
     with contextlib.ExitStack() as stack:
         systems: dict[str, tuple[str, None]] = {}
-        simmers = [("simmer_batched", clients, "exact"), ("simmer_one_at_a_time", 1, "exact")]
+        rows = max_batch or clients  # --clients 1 --max-batch 4: a lone reply through the batch loop
+        simmers = [("simmer_batched", rows, "exact"), ("simmer_one_at_a_time", 1, "exact")]
         if fast:
-            simmers.append(("simmer_fast", clients, "fast"))
+            simmers.append(("simmer_fast", rows, "fast"))
         for name, batch, mode in simmers:
             update = {"max_batch": batch, "batch": mode}
             srv = stack.enter_context(server_process(base.model_copy(update=update), model_dir=model_dir))
@@ -414,6 +416,7 @@ def bench_concurrency(
         "threads": threads,
         "context_length": settings.context_length,
         "clients": clients,
+        "max_batch": max_batch or clients,
         "requests_per_client": requests,
         "max_tokens": max_tokens,
         "rounds": rounds,
