@@ -16,6 +16,9 @@ from governor.governor import Governor
 from server.refusals import ShuttingDown
 
 POLL_S = 0.25  # a snapshot read: cheap enough to look this often
+# Pulls that may wait at once: a waiting pull outlives its client (as an install does), so without a bound a
+# client could leave thousands behind, each a task and a line of /v1/thermal.
+MAX_WAITING = 8
 
 
 class Deferred:
@@ -40,6 +43,10 @@ class Deferred:
     def names(self) -> list[str]:
         with self._lock:
             return sorted(self._waiting.elements())
+
+    def full(self) -> bool:
+        with self._lock:
+            return sum(self._waiting.values()) >= MAX_WAITING
 
 
 async def wait_for_background(

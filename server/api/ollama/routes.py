@@ -41,9 +41,9 @@ from server.api.ollama.replies import (
 )
 from server.api.ollama.translate import chat_draft, generate_draft
 from server.http.errors import ApiError
-from server.refusals import ModelLoading
+from server.refusals import ModelLoading, ServerBusy
 from server.serving.catalog import CatalogEntry, installed
-from server.serving.deferred import wait_for_background
+from server.serving.deferred import MAX_WAITING, wait_for_background
 from server.serving.embedding import Embedded
 from server.serving.request import Draft
 
@@ -317,9 +317,18 @@ async def pull(body: wire.PullRequest, request: Request) -> Response:
             progress.note(notice)
         return store.pull(name, progress, local_dirs=rt.pull_dirs)
 
+    governor = rt.governor.governor if rt.governor is not None else None
+    if governor is not None and not governor.snapshot().background.runs:
+        # an app that pulls its model at every start, on battery, gets its answer at once when it is there
+        present = await asyncio.to_thread(installed, store)
+        if any(m.id == spec.id for m in present):
+            governor = None
+    if governor is not None and not governor.snapshot().background.runs and rt.deferred.full():
+        why = governor.snapshot().background.why
+        raise ServerBusy(f"{MAX_WAITING} pulls already wait for the device ({why}); retry once it allows")
+
     async def when_the_device_allows() -> Any:
         # converting and measuring take every core for minutes: on the charger, cool, in the foreground
-        governor = rt.governor.governor if rt.governor is not None else None
         await wait_for_background(governor, rt.deferred, f"pull {spec.id}", progress.note)
         # its own threads: a pull may wait for the model's lock (another pull, `simmer pull --force`)
         return await asyncio.get_running_loop().run_in_executor(rt.store_executor, install)

@@ -487,6 +487,17 @@ def test_pull_when_on_battery_then_it_waits_for_the_charger_holding_no_store_thr
         "pull tiny-wait-3",
     ]
     assert "tiny-wait:latest" not in [m.model for m in client(srv).list().models]
+    for i in range(4, 8):  # up to MAX_WAITING (8) wait; the ninth is refused at once
+        ggufs[f"tiny-wait-{i}"] = tmp_path / f"tiny-wait-{i}.gguf"
+        shutil.copy(tiny_gguf, ggufs[f"tiny-wait-{i}"])
+        next(iter(client(srv).pull(str(ggufs[f"tiny-wait-{i}"]), stream=True)))
+    time.sleep(0.3)
+    ggufs["tiny-ninth"] = tmp_path / "tiny-ninth.gguf"
+    shutil.copy(tiny_gguf, ggufs["tiny-ninth"])
+    refused = httpx.post(srv.url + "/api/pull", json={"model": str(ggufs["tiny-ninth"])}, timeout=10)
+    assert refused.status_code == 503 and "8 pulls already wait for the device" in refused.text
+    # a model already installed answers at once, waiting for nothing
+    assert client(srv).pull(str(ggufs["tiny-keep"]), stream=False).status == "success"
     t0 = time.monotonic()
     assert client(srv).delete("tiny-keep").status == "success"  # a store thread was free
     assert time.monotonic() - t0 < 5.0
