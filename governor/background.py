@@ -44,8 +44,9 @@ def background_work(
         return BackgroundWork(True, "no battery")
     if battery.plugged is True:
         return BackgroundWork(True, f"plugged in ({battery.percent:.0f} %)")
+    where = "on battery" if battery.plugged is False else "battery, charger unknown,"
     if battery.percent < min_battery_percent:
         return BackgroundWork(
-            False, f"on battery at {battery.percent:.0f} % (below {min_battery_percent:.0f} %)"
+            False, f"{where} at {battery.percent:.0f} % (below {min_battery_percent:.0f} %)"
         )
-    return BackgroundWork(True, f"on battery at {battery.percent:.0f} %")
+    return BackgroundWork(True, f"{where} at {battery.percent:.0f} %")

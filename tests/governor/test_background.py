@@ -24,7 +24,7 @@ UNKNOWN_LOW = BatteryReading(35.0, None)
         ("auto", "fair", "foreground", CHARGING, False, "the device is fair"),
         ("auto", "serious", "foreground", None, False, "the device is serious"),
         ("auto", "nominal", "foreground", ON_BATTERY_LOW, False, "on battery at 35 % (below 50 %)"),
-        ("auto", "nominal", "foreground", UNKNOWN_LOW, False, "on battery at 35 %"),  # the OS does not say
+        ("auto", "nominal", "foreground", UNKNOWN_LOW, False, "battery, charger unknown, at 35 % (below"),
         ("auto", "nominal", "foreground", ON_BATTERY_HIGH, True, "on battery at 80 %"),
         ("auto", "nominal", "foreground", CHARGING, True, "plugged in (10 %)"),
         ("auto", "nominal", "foreground", None, True, "no battery"),
