@@ -41,9 +41,19 @@ class Metrics:
         self.summarized = Counter(
             "simmer_summarized_replies", "Replies whose dropped turns came as a summary note", registry=r
         )
+        self.embedded_inputs = Counter(
+            "simmer_embedding_inputs", "Inputs embedded (a vector each), by model", ["model"], registry=r
+        )
+        self.embedded_tokens = Counter(
+            "simmer_embedding_tokens", "Tokens run through an embedding model", ["model"], registry=r
+        )
         self.queue = Gauge("simmer_queue_depth", "Requests waiting for the worker", registry=r)
         if queue_depth is not None:
             self.queue.set_function(queue_depth)
+
+    def count_embedded(self, model: str, inputs: int, tokens: int) -> None:
+        self.embedded_inputs.labels(model=model).inc(inputs)
+        self.embedded_tokens.labels(model=model).inc(tokens)
 
     # WorkerMetrics (called on the worker thread; prometheus-client is thread-safe)
     def observe_ttft(self, seconds: float) -> None:

@@ -148,4 +148,5 @@ async def embed(
     if isinstance(item, Failed):
         raise item.error
     assert isinstance(item, Embedded)
+    rt.metrics.count_embedded(entry.id, len(item.vectors), item.prompt_tokens)
     return item

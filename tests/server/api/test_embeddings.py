@@ -25,6 +25,7 @@ from tests.helpers import sdk
 from tests.reference_bert import minilm_folder, reference_embed
 from tests.server.api.embedding_store import CONTEXT, ENCODER, encoder_home, encoder_server
 from tests.server.conftest import make_settings, wait_ready
+from tests.server.helpers import metric
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,18 @@ def test_embeddings_when_more_inputs_than_a_batch_then_in_order(srv):
     assert [d["index"] for d in body["data"]] == list(range(len(texts)))
     got = np.array([d["embedding"] for d in body["data"]])
     assert np.abs(got[9] - got[0]).max() < 1e-6 and np.abs(got[1] - got[0]).max() > 1e-3
+
+
+def test_embeddings_when_served_then_metrics_count_inputs_and_tokens_per_model(srv):
+    assert httpx.get(srv.url + "/metrics").text.count("simmer_embedding_inputs_total{") == 0
+    first = post(srv, {"model": ENCODER, "input": ["the cat sat", "hello world", "a red mat"]}).json()
+    body = {"model": ENCODER, "input": ["the dog ran", "hi"]}
+    r = httpx.post(srv.url + "/api/embed", json=body, timeout=60)
+    assert r.status_code == 200
+    assert metric(srv, "simmer_embedding_inputs_total") == 5
+    tokens = first["usage"]["prompt_tokens"] + r.json()["prompt_eval_count"]
+    assert metric(srv, "simmer_embedding_tokens_total") == tokens
+    assert f'simmer_embedding_inputs_total{{model="{ENCODER}"}} 5.0' in httpx.get(srv.url + "/metrics").text
 
 
 def test_embeddings_when_base64_then_the_float_vector(srv):
