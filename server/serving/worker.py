@@ -121,14 +121,7 @@ class Worker:
     def submit(self, job: Job) -> None:
         """Queue `job` or raise at once (loading, busy, closing). Never blocks on the engine."""
         with self._cond:
-            if self.state == "closed":
-                raise ShuttingDown("The server is shutting down")
-            if self.state == "loading":
-                raise ModelLoading("The model is still loading; retry shortly")
-            if self.state == "failed":
-                raise ModelLoading(f"The model failed to load: {self.load_error}")
-            if self._waiting() >= self.max_queue:
-                raise ServerBusy(f"The server is busy ({self.max_queue} requests waiting); retry shortly")
+            self._admit()
             self._queue.append(job)
             self._idle_cancel.cancel()  # idle work yields to the job between its steps
             self._cond.notify()
@@ -136,17 +129,21 @@ class Worker:
     def submit_embedding(self, job: EmbedJob) -> None:
         """Queue an embedding job or raise at once, as submit() does."""
         with self._cond:
-            if self.state == "closed":
-                raise ShuttingDown("The server is shutting down")
-            if self.state == "loading":
-                raise ModelLoading("The model is still loading; retry shortly")
-            if self.state == "failed":  # the thread has ended: nothing would take the job
-                raise ModelLoading(f"The model failed to load: {self.load_error}")
-            if self._waiting() >= self.max_queue:
-                raise ServerBusy(f"The server is busy ({self.max_queue} requests waiting); retry shortly")
+            self._admit()
             self._embeds.append(job)
             self._idle_cancel.cancel()
             self._cond.notify()
+
+    def _admit(self) -> None:
+        """Raise unless a new job may queue now (the worker's lock held)."""
+        if self.state == "closed":
+            raise ShuttingDown("The server is shutting down")
+        if self.state == "loading":
+            raise ModelLoading("The model is still loading; retry shortly")
+        if self.state == "failed":  # the thread has ended: nothing would take the job
+            raise ModelLoading(f"The model failed to load: {self.load_error}")
+        if self._waiting() >= self.max_queue:
+            raise ServerBusy(f"The server is busy ({self.max_queue} requests waiting); retry shortly")
 
     def add_idle_work(self, work: IdleWork) -> None:
         with self._cond:

@@ -318,14 +318,15 @@ async def pull(body: wire.PullRequest, request: Request) -> Response:
         return store.pull(name, progress, local_dirs=rt.pull_dirs)
 
     governor = rt.governor.governor if rt.governor is not None else None
-    if governor is not None and not governor.snapshot().background.runs:
+    verdict = governor.snapshot().background if governor is not None else None
+    if verdict is not None and not verdict.runs:
         # an app that pulls its model at every start, on battery, gets its answer at once when it is there
-        present = await asyncio.to_thread(installed, store)
-        if any(m.id == spec.id for m in present):
+        if any(m.id == spec.id for m in await asyncio.to_thread(installed, store)):
             governor = None
-    if governor is not None and not governor.snapshot().background.runs and rt.deferred.full():
-        why = governor.snapshot().background.why
-        raise ServerBusy(f"{MAX_WAITING} pulls already wait for the device ({why}); retry once it allows")
+        elif rt.deferred.full():
+            raise ServerBusy(
+                f"{MAX_WAITING} pulls already wait for the device ({verdict.why}); retry once it allows"
+            )
 
     async def when_the_device_allows() -> Any:
         # converting and measuring take every core for minutes: on the charger, cool, in the foreground
