@@ -232,6 +232,11 @@ class Engine(Protocol):
         the step hook instead)."""
         ...
 
+    def session_build(self, limits: EngineLimits) -> Callable[[], None] | None:
+        """What applying `limits` would build (a session for other threads, spinning or variant), as a call
+        to make on another thread first, or None when they build nothing. Applies nothing."""
+        ...
+
     def unload(self) -> None:
         """Free sessions and KV buffers (keep_alive expiry); the next generate() loads again."""
         ...

@@ -191,6 +191,8 @@ class DecoderEngine(TextSideMixin):
         # `chat_template` (the operator's, SIMMER_CHAT_TEMPLATE) replaces the model's; None: no chat
         self.template = ChatTemplate.from_tokenizer(self.tokenizer, chat_template)
         self._sessions: dict[tuple[str, int, bool], DecoderSession | GeneralDecoderSession] = {}
+        self._fresh: set[tuple[str, int, bool]] = set()  # built beside the worker, not used yet
+        self._unloads = 0
         # Wraps every session built once the engine is open (another thread count, spinning or variant, or
         # after unload()): seconds of full CPU, like a load, that the server's governor must not take for
         # paced work (server/serving/model_pool.py sets it).
@@ -240,18 +242,54 @@ class DecoderEngine(TextSideMixin):
             release_freed_memory()
         else:
             self._sessions[key] = sess  # most recently used last
+            if key in self._fresh:  # built beside the worker (session_build), in use from now on
+                self._fresh.discard(key)
+                self._evict(self.max_sessions)
         return sess
 
-    def _build_session(self, spinning: bool) -> DecoderSession | GeneralDecoderSession:
-        entry = self.manifest["variants"][self.variant]
-        if self.io is not None:
-            return GeneralDecoderSession(
-                self.model_dir / entry["file"], self.io, self.threads, spinning=spinning
+    def session_build(self, limits: EngineLimits) -> Callable[[], None] | None:
+        """The session `limits` would run on (other threads, spinning or variant), as a build to run on
+        another thread before they apply, so that the reply they come to never waits for it; None when that
+        session exists. Nothing is applied: the engine runs on its limits until apply_limits. The build only
+        adds its session (a key no running reply uses), so the worker's own use of the others goes on."""
+        variant = limits.variant if limits.variant in self.variants else self.variant
+        threads = limits.threads if limits.threads is not None and limits.threads >= 1 else self.threads
+        key = (variant, threads, pool_spins(self.spin, limits.spin, threads))
+        if key in self._sessions:
+            return None
+        unloads = self._unloads
+
+        def build() -> None:
+            t0 = time.perf_counter()
+            with self.building():
+                sess = self._open_session(*key)
+            if self._unloads != unloads:
+                return  # unloaded meanwhile: its memory goes back with it
+            self._fresh.add(key)  # kept from eviction until its first use (session())
+            self._sessions.setdefault(key, sess)
+            log.info(
+                "built %s/%s with %d threads beside the worker in %.2f s",
+                self.model_id,
+                variant,
+                threads,
+                time.perf_counter() - t0,
             )
+
+        return build
+
+    def _build_session(self, spinning: bool) -> DecoderSession | GeneralDecoderSession:
+        return self._open_session(self.variant, self.threads, spinning)
+
+    def _open_session(
+        self, variant: str, threads: int, spinning: bool
+    ) -> DecoderSession | GeneralDecoderSession:
+        entry = self.manifest["variants"][variant]
+        if self.io is not None:
+            return GeneralDecoderSession(self.model_dir / entry["file"], self.io, threads, spinning=spinning)
         sess = DecoderSession(
             self.model_dir / entry["file"],
             self.shape,
-            self.threads,
+            threads,
             spinning=spinning,
             copied_at_load=entry.get("copied_at_load") or (),
         )
@@ -263,10 +301,13 @@ class DecoderEngine(TextSideMixin):
     def _evict(self, keep: int) -> bool:
         """Drop the least recently used sessions down to `keep`; True if any went."""
         evicted = False
-        while len(self._sessions) > max(0, keep):
-            self._sessions.pop(next(iter(self._sessions)))
+        while True:
+            # one built beside the worker and not used yet stays: limits about to apply need it
+            old = [k for k in self._sessions if k not in self._fresh]
+            if len(old) <= max(0, keep - (len(self._sessions) - len(old))):
+                return evicted
+            self._sessions.pop(old[0])
             evicted = True
-        return evicted
 
     def new_cache(self, capacity: int) -> Any:
         """A KV cache of the layout the model needs (ours: one shared buffer, of the graph's KV type), its
@@ -422,6 +463,8 @@ class DecoderEngine(TextSideMixin):
 
     def unload(self) -> None:
         self._batch = None
+        self._unloads += 1  # a session being built beside the worker is dropped when done
+        self._fresh.clear()
         self._sessions.clear()
         self._slots.clear()
         release_freed_memory()

@@ -242,6 +242,9 @@ class ScriptedEngine:
     def apply_limits(self, limits: EngineLimits) -> None:
         self.applied_limits.append(limits)
 
+    def session_build(self, limits: EngineLimits) -> Callable[[], None] | None:
+        return None  # no sessions to build
+
     def unload(self) -> None:
         self._last_prompt = []
 
@@ -339,6 +342,9 @@ class RecordingEngine:
 
     def apply_limits(self, limits: EngineLimits) -> None:
         self.inner.apply_limits(limits)
+
+    def session_build(self, limits: EngineLimits) -> Callable[[], None] | None:
+        return self.inner.session_build(limits)
 
     def unload(self) -> None:
         self.inner.unload()
