@@ -96,6 +96,12 @@ class Settings(BaseSettings):
         description="Seconds an idle model stays loaded (0 = unload after each reply, negative = keep); "
         "a request's keep_alive overrides it",
     )
+    cold_start: Literal["stand_in", "wait"] = Field(
+        "stand_in",
+        description="A request whose model is still loading: stand_in starts the reply on a loaded smaller "
+        "model of the ladder and hands it over once the model is loaded (at start that smaller model loads "
+        "first); wait: it waits for the load (a request's wait_for_model: true waits too)",
+    )
     window_reply_contexts: int = Field(
         1,
         ge=1,

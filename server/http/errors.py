@@ -62,6 +62,8 @@ STATUS: dict[str, tuple[int, str]] = {
     "model_loading": (503, "server_error"),
     "server_shutting_down": (503, "server_error"),
     "insufficient_memory": (503, "server_error"),
+    # a model whose files changed after they were verified: unavailable until `simmer pull --force` fixes it
+    "verification_failed": (503, "server_error"),
     # 507 Insufficient Storage (RFC 4918): a full disk is not a load spike that a retry after a pause
     # clears (503 + Retry-After would invite one); it needs someone to free space.
     "insufficient_disk": (507, "server_error"),

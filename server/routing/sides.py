@@ -30,9 +30,12 @@ def local_side(worker: Any, served_ids: Callable[[], set[str]], default_model: s
     """A LocalSide over the worker (server/serving/worker.py)."""
 
     def state() -> LocalState:
-        if worker.state == "failed":
-            return "no_memory" if isinstance(worker.load_error, InsufficientMemory) else "failed"
-        return worker.state
+        if worker.state == "closed":
+            return "closed"
+        start, error = worker.start_load()
+        if start == "failed":
+            return "no_memory" if isinstance(error, InsufficientMemory) else "failed"
+        return start
 
     return LocalSide(
         served_ids=served_ids,

@@ -133,7 +133,11 @@ class BatchLoop:
                         governed = self.gate.before_step(token)
                     except Cancelled:
                         governed = None  # a client left during a pause or an idle: its row ends next
-                    if governed is not None:
+                    if (
+                        governed is not None
+                        or self._stand_ins_over(rows)
+                        or placement.held_back(batch.engine)
+                    ):
                         events += self._govern(batch, rows, governed, token)
                 if rows and not token.cancelled:
                     if batch.prefilling and (prefill_next or self._may_stall(batch, rows, chunk_s)):
@@ -209,17 +213,24 @@ class BatchLoop:
         """Rows whose client left end now (their slot free for the next reply)."""
         return [(slot, batch.cancel(slot)) for slot, r in list(rows.items()) if r.job.cancel.cancelled]
 
+    def _stand_ins_over(self, rows: dict[int, Reply]) -> bool:
+        """A row runs on a stand-in whose awaited model is loaded now (placement.stand_in_over)."""
+        over = self.placement.stand_in_over
+        return any(over(r.job, r.engine, r.blocked) for r in rows.values() if r.engine is not None)
+
     def _govern(
-        self, batch: BatchDecoding, rows: dict[int, Reply], governed: EngineLimits, token: CancelToken
+        self, batch: BatchDecoding, rows: dict[int, Reply], governed: EngineLimits | None, token: CancelToken
     ) -> list[BatchEvent]:
-        """The governor's new limits for every row: a row placed on another model is handed over (it goes
-        on there after this batch), the others get the limits together (a variant switch re-prefills them)."""
+        """The governor's new limits for every row (None: unchanged, a stand-in's model is loaded): a row
+        placed on another model is handed over (it goes on there after this batch), the others get the
+        limits together (a variant switch re-prefills them)."""
         placement = self.placement
-        placement.governed = governed
+        if governed is not None:
+            placement.governed = governed
         engine = batch.engine
         stay: Target | None = None
         for slot, reply in list(rows.items()):
-            target = placement.place(reply.job, governed, reply.blocked)
+            target = placement.placed(reply.job, placement.governed, reply.blocked)
             if target.model_id == engine.model_id:
                 stay = stay or target
                 continue

@@ -171,6 +171,10 @@ class Job:
 # (job, the governor's latest limits, models this job could not move to) -> where the job runs
 Placer = Callable[[Job, EngineLimits | None, set[str]], "Target"]
 
+# (job, where it was placed, models it could not move to, whether a model is loaded or will be before the
+# placed one) -> a rung that starts the job while its model loads
+StandIn = Callable[[Job, "Target", set[str], Callable[[str], bool]], "Target | None"]
+
 UNBOUNDED_REPLY_TOKENS = 256  # a reply without max_tokens, for estimates (the prompt's reserve uses it too)
 
 

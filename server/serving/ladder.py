@@ -196,6 +196,10 @@ def _why(i: int, start: int, floor: int) -> str:
 # The rule table, for each loaded model (what the worker unloads; the governor only moved its rung):
 #
 #   no governor rung, or its model is not on the ladder       -> keep (keep_alive decides)
+#   memory to spare (no memory pressure, and the budget keeps
+#   its headroom with every loaded model in it)                -> keep (keep_alive decides): idle, the bigger
+#                                                                 model costs no heat, and the rung's step
+#                                                                 back up is a swap, not a load
 #   the model is the rung's, below it, or not on the ladder   -> keep (keep_alive decides)
 #   above the rung's model on the ladder:
 #     serving a reply (busy)                                   -> keep: the reply moves down by a handover,
@@ -206,10 +210,17 @@ def _why(i: int, start: int, floor: int) -> str:
 #                                                                 back at once, not when its keep_alive ends
 # A request that names the bigger model is placed on the rung (never above it) and keeps nothing loaded.
 def shed_above(
-    ladder: Sequence[Rung], rung_model: str | None, busy: Mapping[str, bool], wanted: Collection[str]
+    ladder: Sequence[Rung],
+    rung_model: str | None,
+    busy: Mapping[str, bool],
+    wanted: Collection[str],
+    *,
+    spare: bool = False,
 ) -> list[str]:
     """The loaded models (`busy`: model -> serving now) to unload now that the governor's rung is
-    `rung_model`'s; `wanted`: the models queued requests are placed on."""
+    `rung_model`'s; `wanted`: the models queued requests are placed on; `spare`: memory to spare."""
+    if spare:
+        return []
     first: dict[str, int] = {}
     for i, rung in enumerate(ladder):
         first.setdefault(rung.model_id, i)
@@ -221,3 +232,39 @@ def shed_above(
         for model, serving in busy.items()
         if model in first and first[model] < floor and not serving and model not in wanted
     ]
+
+
+# -- a stand-in while the placed model loads ----------------------------------------------------------------
+# The rule table, for a job placed on a model that is not loaded yet (first match; the caller has already
+# left out the jobs that wait for their model: SIMMER_COLD_START=wait, or the request's wait_for_model):
+#
+#   the placed model is not on the ladder                        -> none: the job waits for its load
+#   a rung below the placed model's first rung, of another
+#   model, usable for the job and ready (loaded, or loading
+#   ahead of the placed model: the stand-in loaded at start)     -> the first such rung stands in: the reply
+#                                                                   starts there and hands over once the
+#                                                                   placed model is loaded
+#   otherwise                                                    -> none: the job waits
+# Below only: a reply never starts on a bigger model than the one it was placed on (the governor's rung or
+# the client's choice caps it), and a stand-in must cost less to run than the wait it saves.
+def stand_in(
+    ladder: Sequence[Rung], placed: Target, ready: Callable[[str], bool], usable: Callable[[str], bool]
+) -> Target | None:
+    own = [i for i, r in enumerate(ladder) if r.model_id == placed.model_id]
+    if not own:
+        return None
+    for rung in ladder[own[0] + 1 :]:
+        if rung.model_id != placed.model_id and usable(rung.model_id) and ready(rung.model_id):
+            return Target(rung.model_id, rung.variant, f"stands in while {placed.model_id} loads")
+    return None
+
+
+def start_stand_in(ladder: Sequence[Rung], start: str | None, usable: Callable[[str], bool]) -> str | None:
+    """The model to load before `start` at the server's start, so that a first request finds a stand-in:
+    the cheapest usable rung of another model below it (loading it takes a fraction of the big one's time).
+    None when `start` is not on the ladder or nothing below it is of another model."""
+    own = [i for i, r in enumerate(ladder) if r.model_id == start]
+    if not own:
+        return None
+    below = [r.model_id for r in ladder[own[0] + 1 :] if r.model_id != start and usable(r.model_id)]
+    return below[-1] if below else None

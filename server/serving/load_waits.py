@@ -1,4 +1,6 @@
 """The jobs that wait for their model to load, and that model's build beside the worker (serving/loader.py).
+A model may also be asked for with no job waiting (`warm`): the server's start, a model a reply stands in for
+(serving/ladder.py stand_in), Ollama's load request.
 
 A job whose model is not loaded leaves the queue and waits here, so the worker goes on serving the models
 that are loaded (running replies, and queued jobs behind it). Loads go one at a time, in the order their
@@ -41,6 +43,8 @@ class LoadWaits:
         self._fail = fail  # ends a job that never started with an error (placement's)
         self._busy = busy  # the worker runs or has queued jobs for loaded models (its lock held)
         self._waiting: dict[str, list[tuple[Job, Target]]] = {}  # by model, in the order they came
+        self._warm: dict[str, Target] = {}  # models to load though no job waits for them (in _waiting too)
+        self.failed: dict[str, BaseException] = {}  # each model's last failed load, until one succeeds
         self._building: Pending | None = None  # the load whose sessions the loader builds now
         self._ready: list[Job] = []  # jobs whose model is loaded now, for the head of the queue
         self._loader: Loader[Engine] = Loader(self._wake)
@@ -64,6 +68,39 @@ class LoadWaits:
                         return True
         return False
 
+    def loading(self, model_id: str) -> bool:
+        """`model_id` is being built, or waits for its build."""
+        with self._lock:
+            building = self._building is not None and self._building.entry.id == model_id
+            return building or model_id in self._waiting
+
+    def sooner(self, model_id: str, than: str) -> bool:
+        """`model_id` will be loaded before `than`: it is being built, or waits ahead of it while `than` is
+        not being built (a stand-in loaded at start, before the start model)."""
+        with self._lock:
+            building = self._building.entry.id if self._building is not None else None
+            if building in (model_id, than):
+                return building == model_id
+            order = list(self._waiting)
+            return model_id in order and (than not in order or order.index(model_id) < order.index(than))
+
+    def warm(self, model_id: str, target: Target) -> None:
+        """Load `model_id` though no job waits for it (any thread, the worker's lock held or not): after the
+        loads asked for before it, unless it is loaded or on its way already. The worker's next `tend`
+        starts it."""
+        if self.pool.is_ready(model_id):
+            return
+        with self._lock:
+            if model_id not in self._waiting:
+                self._waiting[model_id] = []
+                self._warm[model_id] = target
+            self._lock.notify_all()
+
+    def due(self) -> bool:
+        """A load waits to start and none is being built (the idle worker's next `tend` starts it)."""
+        with self._lock:
+            return self._building is None and bool(self._waiting)
+
     def built(self) -> bool:
         """A build is done: the worker has an engine to put in the pool (or jobs to fail)."""
         return self._loader.has_done()
@@ -74,6 +111,7 @@ class LoadWaits:
         with self._lock:
             jobs = [job for waiting in self._waiting.values() for job, _ in waiting]
             self._waiting.clear()
+            self._warm.clear()
         return jobs
 
     # -- the worker thread ---------------------------------------------------------------------------------
@@ -100,11 +138,14 @@ class LoadWaits:
             assert pending is not None and pending.entry.id == model_id
             with self._lock:
                 jobs = [job for job, _ in self._waiting.pop(model_id, [])]
+                self._warm.pop(model_id, None)
             if isinstance(result, BaseException):
                 self.pool.abandon(pending)
+                self.failed[model_id] = result
                 for job in jobs:
                     self._fail(job, result)
                 continue
+            self.failed.pop(model_id, None)
             # its keep_alive runs from now: every job that waited for it may have left meanwhile
             self.pool.install(pending, result, expires=True)
             ready += jobs
@@ -127,14 +168,16 @@ class LoadWaits:
         fail with insufficient_memory, and nothing was unloaded) or make room (idle models unloaded)."""
         while self._building is None:
             with self._lock:
-                for gone in [m for m, waiting in self._waiting.items() if not waiting]:
+                for gone in [m for m, w in self._waiting.items() if not w and m not in self._warm]:
                     del self._waiting[gone]  # every job that waited for it left
                 model_id = next(iter(self._waiting), None)
                 if model_id is None:
                     return
-                target = self._waiting[model_id][0][1]
+                waiting = self._waiting[model_id]
+                target = waiting[0][1] if waiting else self._warm[model_id]
                 if self.pool.is_ready(model_id):  # loaded meanwhile (a handover loads on the worker)
                     self._ready += [job for job, _ in self._waiting.pop(model_id)]
+                    self._warm.pop(model_id, None)
                     continue
             try:
                 room = self.pool.preview(model_id, target.variant)
@@ -151,6 +194,8 @@ class LoadWaits:
             except Exception as err:
                 with self._lock:
                     jobs = [job for job, _ in self._waiting.pop(model_id, [])]
+                    self._warm.pop(model_id, None)
+                self.failed[model_id] = err
                 for job in jobs:
                     self._fail(job, err)
                 continue

@@ -18,7 +18,7 @@ from governor.limits import Rung
 from models.protocol import EngineLimits
 from server.serving.catalog import Catalog, CatalogEntry
 from server.serving.contracts import Job
-from server.serving.ladder import StartPlan, Target, place
+from server.serving.ladder import StartPlan, Target, place, stand_in, start_stand_in
 from server.serving.memory_plan import Estimate
 from server.serving.model_pool import ModelPool
 from server.serving.tokenizers import Tokenizers
@@ -81,6 +81,26 @@ class ModelChoice:
     def place(self, job: Job, governed: EngineLimits | None, blocked: set[str]) -> Target:
         requested = self.catalog.get(job.request.model or self.default_model)
         requested_id = requested.id if requested else (job.request.model or self.default_model)
+        rung = (governed.model_id, governed.variant) if governed is not None else None
+        return place(self.ladder, rung, requested_id, self._usable(job, blocked))
+
+    def stand_in(
+        self, job: Job, placed: Target, blocked: set[str], ready: Callable[[str], bool]
+    ) -> Target | None:
+        """A smaller rung for `job` while `placed`'s model loads (serving/ladder.py stand_in; `ready`: loaded,
+        or loading ahead of it), or None when the job waits for it (the request said so, or none is)."""
+        if job.request.wait_for_model:
+            return None
+        return stand_in(self.ladder, placed, ready, self._usable(job, blocked))
+
+    def start_stand_in(self, start: str | None) -> str | None:
+        """The model loaded before `start` at the server's start, to stand in for it (chat requests)."""
+        return start_stand_in(self.ladder, start, self.can_chat)
+
+    def _usable(self, job: Job, blocked: set[str]) -> Callable[[str], bool]:
+        """The models that can serve `job`: a chat needs a chat template; logit_bias needs the requested
+        model's vocabulary (its token ids mean nothing in another)."""
+        requested = self.catalog.get(job.request.model or self.default_model)
         key = requested.tokenizer_key if requested else None
         chat = job.request.kind == "chat"
         biased = bool(job.request.params.sampling.logit_bias)
@@ -93,5 +113,4 @@ class ModelChoice:
                 return False
             return (not chat or entry.can_chat) and (not biased or entry.tokenizer_key == key)
 
-        rung = (governed.model_id, governed.variant) if governed is not None else None
-        return place(self.ladder, rung, requested_id, usable)
+        return usable

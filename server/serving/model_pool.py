@@ -319,6 +319,23 @@ class ModelPool:
         with self._lock:
             return entry.id in self._loaded or entry.id in self._kept
 
+    def spare(self, headroom_bytes: int) -> bool:
+        """Whether the budget keeps `headroom_bytes` free with every loaded model in it (False when it is
+        unknown: what is spare cannot be said)."""
+        free = self.budget.free(sum(r.bytes for r in self._residents()))
+        return free is not None and free >= headroom_bytes
+
+    def session_room(self, engine: Engine, limits: EngineLimits) -> bool:
+        """Whether memory holds another session of `engine` (for `limits`' variant) beside the one it runs:
+        its weights once more, packed (True when the budget is unknown, as the planner has it)."""
+        entry = self.catalog.get(engine.model_id)
+        if entry is None:
+            return False
+        residents = self._residents()
+        free = self.budget.free(sum(r.bytes for r in residents))
+        need = self.cost(entry, limits.variant or engine.variant).weights_bytes
+        return free is None or need <= free
+
     def preview(self, model_id: str, variant: str | None) -> LoadPlan:
         """What a load of `model_id` would do now (rows capped, models unloaded), doing none of it. Raises
         ModelNotFound or InsufficientMemory, as plan() would."""
@@ -387,6 +404,8 @@ class ModelPool:
             item.expires_at = item.last_used + self.keep_alive_s
         with self._lock:
             self._loaded[engine.model_id] = item
+            if self._current is None:  # the device's view before any request: what loaded (at start)
+                self._current = engine
         self.loads += 1
         self.on_loaded(self.loaded_ids())
         log.info(

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from governor.limits import Rung
 from models.errors import Cancelled, SimmerError
 from models.protocol import BatchDecoding, Engine, EngineLimits, Prompt
-from models.types import BatchEvent, Handover
-from server.serving.contracts import Gate, Job, Placer, reply_tokens
+from models.types import BatchEvent, CancelToken, Handover
+from server.serving.contracts import Gate, Job, Placer, StandIn, reply_tokens
 from server.serving.events import Failed, Started, Switched
 from server.serving.ladder import Target, shed_above
 from server.serving.model_pool import ModelPool
 from server.serving.reply import Desk, Gone, Reply
+from server.serving.session_builds import SessionBuilds
 from server.serving.summary import Windowed
 
 log = logging.getLogger("simmer.server")
@@ -62,6 +64,20 @@ class Placement:
         # takes a job whose model must load to wait for it beside the worker (True: the job is no longer
         # held), instead of loading it here, on the worker thread (the worker's, serving/load_waits.py)
         self.waits_for_load: Callable[[Job, Target], bool] = lambda job, target: False
+        # a loaded smaller rung for a job while the model it is placed on loads (None: jobs wait for their
+        # model, SIMMER_COLD_START=wait), and what asks for that load beside the worker (the worker's)
+        self.stand_in: StandIn | None = None
+        self.warm: Callable[[Target], None] = lambda target: None
+        # whether a model will be loaded before the target's (a stand-in loading at start: the job waits
+        # for it, the shorter wait)
+        self.sooner: Callable[[str, Target], bool] = lambda model, target: False
+        # the model each reply on a stand-in waits for, by its job's cancel token (gone with the job)
+        self._stood_in: weakref.WeakKeyDictionary[CancelToken, str] = weakref.WeakKeyDictionary()
+        # new limits whose session is built beside the worker first (None: applied at once, built inside)
+        self.builds: SessionBuilds | None = None
+        # the memory headroom above which idle models above the rung stay loaded (None: never kept)
+        self.keep_warm: int | None = None
+        self._held_back: set[int] = set()  # engines (id()) whose new limits wait for that build
 
     def take_batch_events(self) -> list[BatchEvent]:
         events, self.batch_events = self.batch_events, []
@@ -85,7 +101,7 @@ class Placement:
                 self.governed = limits
             if job.cancel.cancelled:
                 raise Gone
-            target = self.place(job, self.governed, blocked)
+            target = self.placed(job, self.governed, blocked)
             if self.waits_for_load(job, target):  # no longer held: it starts again once its model is loaded
                 return None
             engine = self.pool.acquire(target.model_id, target.variant, self.load_limits(target))
@@ -118,13 +134,32 @@ class Placement:
         Reply(job, engine, None, job.request.payload, blocked, started, None, key, self.desk).close()
         return None
 
+    def placed(self, job: Job, governed: EngineLimits | None, blocked: set[str]) -> Target:
+        """Where `job` runs now: place(), or a loaded smaller rung standing in while the model it is placed
+        on loads beside the worker (that load asked for here, once)."""
+        target = self.place(job, governed, blocked)
+        if self.stand_in is None or self.pool.is_ready(target.model_id):
+            return target
+        other = self.stand_in(job, target, blocked, lambda m: self.pool.is_ready(m) or self.sooner(m, target))
+        if other is None:
+            return target
+        self.warm(target)
+        self._stood_in[job.cancel] = target.model_id
+        return other
+
+    def stand_in_over(self, job: Job, engine: Engine, blocked: set[str]) -> bool:
+        """`job` runs on a stand-in (`engine`) and the model it was placed on is loaded now: it hands over
+        at its next step, without waiting for the governor to change anything."""
+        awaited = self._stood_in.get(job.cancel)
+        return awaited is not None and awaited != engine.model_id and self.pool.is_ready(awaited)
+
     def expected(self, job: Job) -> Target:
         """Where `job` would run now, without waiting for the gate (whose before_job may hold it): the
         governor's latest limits, on its rung as it stands now (the rung may have moved since they came)."""
         governed, rung = self.governed, self.gate.rung
         if rung is not None and (governed is None or governed.model_id != rung):
             governed = replace(governed or EngineLimits(), model_id=rung, variant=None)
-        return self.place(job, governed, set())
+        return self.placed(job, governed, set())
 
     def fail(self, job: Job, err: BaseException) -> None:
         """End a job that never started with `err` (its model's load failed beside the worker), as start()
@@ -192,11 +227,26 @@ class Placement:
         else:
             limits = self.limits_for(target)
         if self._applied.get(id(engine)) != limits:
+            if not self._session_ready(engine, limits):
+                return  # the engine keeps its limits until their session is built beside the worker
             if self.batch is not None and self.batch.engine is engine:  # every row of the batch gets them
                 self.batch_events += self.batch.apply_limits(limits)
             else:
                 engine.apply_limits(limits)
             self._applied[id(engine)] = limits
+
+    def _session_ready(self, engine: Engine, limits: EngineLimits) -> bool:
+        """Whether `limits` apply to `engine` now; else their session is being built beside the worker and
+        the engine is held back (held_back) until it is."""
+        if self.builds is None or self.builds.ready(engine, limits):
+            self._held_back.discard(id(engine))
+            return True
+        self._held_back.add(id(engine))
+        return False
+
+    def held_back(self, engine: Engine) -> bool:
+        """`engine`'s new limits wait for a session built beside the worker: look again at the next step."""
+        return id(engine) in self._held_back
 
     def step_hook(self, job: Job, engine: Engine, blocked: set[str]) -> Callable[[], EngineLimits | None]:
         """The gate's step for a reply that runs alone, as the engine's step hook: new limits on the job's
@@ -207,9 +257,11 @@ class Placement:
             if job.cancel.cancelled:
                 raise Cancelled("request cancelled")
             if governed is None:
-                return None
-            self.governed = governed
-            target = self.place(job, governed, blocked)
+                if not self.stand_in_over(job, engine, blocked) and not self.held_back(engine):
+                    return None
+            else:
+                self.governed = governed
+            target = self.placed(job, self.governed, blocked)
             limits = self.limits_for(target)
             if target.model_id != engine.model_id:
                 log.info(
@@ -217,7 +269,10 @@ class Placement:
                 )
                 return limits  # the engine hands over (a Handover event)
             if self._applied.get(id(engine)) == limits:
+                self._held_back.discard(id(engine))
                 return None
+            if not self._session_ready(engine, limits):
+                return None  # the reply goes on as it is; the limits apply once their session is built
             self._applied[id(engine)] = limits
             log.info("%s: applying governor limits mid-reply: %s", job.id, describe(limits))
             return limits
@@ -250,7 +305,7 @@ class Placement:
             )
         self.relieve_memory(engine)
         self.shed_above_rung()  # the model the reply left, idle now, is above the rung: its memory goes
-        target = self.place(job, self.governed, blocked)
+        target = self.placed(job, self.governed, blocked)
         if target.model_id != engine.model_id:  # moved on again meanwhile: the next step hands over again
             target = Target(engine.model_id, handover.variant, "handover")
         self.sync_limits(engine, target)
@@ -261,7 +316,12 @@ class Placement:
             if same
             else "another tokenizer: the text so far re-tokenized"
         )
-        reason = f"the governor's rung ({describe(self.governed) if self.governed else 'no limits'}); {how}"
+        if self._stood_in.get(job.cancel) == engine.model_id:
+            del self._stood_in[job.cancel]
+            why = f"{engine.model_id} is loaded ({old.model_id} stood in while it loaded)"
+        else:
+            why = f"the governor's rung ({describe(self.governed) if self.governed else 'no limits'})"
+        reason = f"{why}; {how}"
         log.info("%s: %s -> %s/%s: %s", job.id, old_name, engine.model_id, engine.variant, reason)
         job.sink(Switched(old_name, engine.model_id, engine.variant, reason, handover.generated))
         return engine, prompt
@@ -304,7 +364,10 @@ class Placement:
         governed = replace(self.governed or EngineLimits(), model_id=rung, variant=None)
         wanted = {self.place(job, governed, set()).model_id for job in self._queued()}
         busy = {model_id: view.busy for model_id, view in self.pool.loaded().items()}
-        for model_id in shed_above(self.ladder, rung, busy, wanted):
+        spare = (
+            self.keep_warm is not None and not self.gate.memory_pressure and self.pool.spare(self.keep_warm)
+        )
+        for model_id in shed_above(self.ladder, rung, busy, wanted, spare=spare):
             try:
                 self.pool.unload(model_id, f"idle above the governor's rung ({rung})")
             except Exception:  # the worker must go on serving; keep_alive tries again later

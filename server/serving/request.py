@@ -86,6 +86,7 @@ class Draft:
     asked: Asked = field(default_factory=Asked)
     route: Mode | None = None  # the body's route (the X-Simmer-Route header is the flow's)
     keep_alive_s: float | None = None  # parsed; None: SIMMER_KEEP_ALIVE_S
+    wait_for_model: bool = False  # no stand-in while its model loads (serving/ladder.py stand_in)
     cache_salt: str | None = None
     show: Show = field(default_factory=Show)
     # The client's explicit generation fields as an OpenAI upstream spells them (name, value); the upstream
@@ -113,6 +114,7 @@ class GenerationRequest:
     keep_alive_s: float | None
     show: Show
     upstream: tuple[tuple[str, Any], ...]
+    wait_for_model: bool = False  # the reply waits for its model's load, on no smaller stand-in
 
     @property
     def payload(self) -> list[dict[str, Any]] | str | tuple[int, ...]:
@@ -205,6 +207,7 @@ def parse(
         keep_alive_s=draft.keep_alive_s,
         show=draft.show,
         upstream=draft.upstream,
+        wait_for_model=draft.wait_for_model,
     )
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from governor.limits import Rung
@@ -41,7 +41,17 @@ from models.protocol import Engine
 from models.types import CancelToken
 from server.refusals import ModelLoading, ServerBusy, ShuttingDown
 from server.serving.batch_loop import BatchLoop
-from server.serving.contracts import Gate, IdleWork, Job, NoGate, Placer, Window, WorkerMetrics, reply_tokens
+from server.serving.contracts import (
+    Gate,
+    IdleWork,
+    Job,
+    NoGate,
+    Placer,
+    StandIn,
+    Window,
+    WorkerMetrics,
+    reply_tokens,
+)
 from server.serving.embedding import EmbedJob, EncoderShelf, gated_step
 from server.serving.events import Failed, GovernorUpdate
 from server.serving.ladder import Target
@@ -49,11 +59,13 @@ from server.serving.load_waits import LoadWaits
 from server.serving.model_pool import ModelPool
 from server.serving.placement import Placement, requested_model
 from server.serving.reply import Desk, Held, Reply
+from server.serving.session_builds import SessionBuilds
 from server.serving.turn_order import next_turn
 
 log = logging.getLogger("simmer.server")
 
-State = Literal["loading", "ready", "failed", "closed"]
+State = Literal["loading", "ready", "closed"]  # the queue: "loading" until start(), "ready" until close()
+StartState = Literal["loading", "ready", "failed"]  # the model loaded at start
 
 
 class Worker:
@@ -73,6 +85,9 @@ class Worker:
         ladder: Sequence[Rung] = (),
         max_batch: int = 1,
         encoder_threads: int = 1,
+        stand_in: StandIn | None = None,
+        stand_in_at_start: Callable[[str], str | None] = lambda start: None,
+        keep_warm: int | None = None,
     ) -> None:
         self.pool = pool
         self.max_batch = max(1, max_batch)  # replies of one model decoded together (batch_loop.py)
@@ -80,7 +95,8 @@ class Worker:
         self.gate: Gate = gate or NoGate()
         self._preload = preload
         self.state: State = "loading"
-        self.load_error: BaseException | None = None
+        self.start_model: str | None = None  # the model loaded at start (placement.start_model)
+        self._stand_in_at_start = stand_in_at_start
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._held = Held(self._cond)  # the jobs the worker runs now (several in a batch)
@@ -110,13 +126,40 @@ class Worker:
             busy=lambda: bool(self._queue) or bool(self._held) or bool(self._moved),
         )
         self.placement.waits_for_load = self._wait_for_load
+        self.placement.stand_in = stand_in
+        self.placement.keep_warm = keep_warm
+        room = lambda engine, limits: self.pool.session_room(engine, limits)  # noqa: E731 (the pool's now)
+        self.placement.builds = self._builds = SessionBuilds(self._wake, room)
+        self.placement.warm = lambda target: self._loads.warm(target.model_id, target)
+        self.placement.sooner = lambda model, target: self._loads.sooner(model, target.model_id)
         self._batches = BatchLoop(self.placement, self.gate, self)
         self._thread = threading.Thread(target=self._run, name="simmer-worker", daemon=True)
 
     # ---- event-loop side ------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Take jobs from now on; the models loaded at start are built beside the worker meanwhile (a job for
+        one waits for it, or starts on a stand-in)."""
+        with self._cond:
+            if self.state == "loading":
+                self.state = "ready"
+        self._start_loads()
         self._thread.start()
+
+    def start_load(self) -> tuple[StartState, BaseException | None]:
+        """How the load of the model loaded at start went (any thread): loading, ready (or none asked, or
+        unloaded since), or failed (with its error) until a later load of it succeeds."""
+        model = self.start_model
+        if model is None:
+            return ("loading", None) if self.state == "loading" else ("ready", None)
+        if self._loads.loading(model):
+            return "loading", None
+        error = self._loads.failed.get(model)
+        return ("failed", error) if error is not None else ("ready", None)
+
+    def warm(self, model_id: str) -> None:
+        """Load `model_id` beside the worker though no job asks for it yet (Ollama's load request)."""
+        self._loads.warm(model_id, Target(model_id, None, "asked to load"))
 
     def submit(self, job: Job) -> None:
         """Queue `job` or raise at once (loading, busy, closing). Never blocks on the engine."""
@@ -138,12 +181,14 @@ class Worker:
         """Raise unless a new job may queue now (the worker's lock held)."""
         if self.state == "closed":
             raise ShuttingDown("The server is shutting down")
-        if self.state == "loading":
-            raise ModelLoading("The model is still loading; retry shortly")
-        if self.state == "failed":  # the thread has ended: nothing would take the job
-            raise ModelLoading(f"The model failed to load: {self.load_error}")
+        if self.state == "loading":  # not started yet: nothing would take the job
+            raise ModelLoading("The server is starting; retry shortly")
         if self._waiting() >= self.max_queue:
             raise ServerBusy(f"The server is busy ({self.max_queue} requests waiting); retry shortly")
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def add_idle_work(self, work: IdleWork) -> None:
         with self._cond:
@@ -211,6 +256,7 @@ class Worker:
     def close(self) -> None:
         """Stop taking work; fail every open job with server_shutting_down and cancel it. Any thread."""
         waited = self._loads.close()
+        self._builds.close()
         with self._cond:
             self.state = "closed"
             queued = list(self._queue) + waited
@@ -245,29 +291,11 @@ class Worker:
         return waiting + sum(1 for job in self._embeds if not job.cancel.cancelled)
 
     def _run(self) -> None:
-        try:
-            preload = self.placement.start_model(self._preload)
-            if preload is not None:
-                engine = self.pool.acquire(preload)
-                self.pool.release(engine.model_id)
-        except BaseException as err:  # the worker must report, not die silently
-            log.exception("model load failed")
-            with self._cond:
-                self.load_error = err
-                if self.state != "closed":
-                    self.state = "failed"
-            return
-        with self._cond:
-            if self.state == "loading":
-                self.state = "ready"
-        ready = self.pool.last_served()
-        if ready is not None:
-            log.info("model ready: %s (%s)", ready.model_id, ready.variant)
         while True:
             self.between_passes()
             with self._cond:
                 while not self._queue and not self._moved and not self._embeds and self.state != "closed":
-                    if self._loads.built():
+                    if self._loads.built() or self._loads.due():
                         break
                     if self._idle_due and self._idle_work_runs():
                         break
@@ -333,6 +361,22 @@ class Worker:
             return [job for job in self._waiters() if not job.cancel.cancelled]
 
     # ---- loads beside the worker (serving/load_waits.py) ------------------------------------------------
+    def _start_loads(self) -> None:
+        """The model loaded at start, built beside the worker; before it, a smaller model of the ladder to
+        stand in for it (a fraction of its load time), so that a first request is answered at once. Called
+        by start(), before the thread runs: /health sees the load from the first request on."""
+        start = self.start_model = self.placement.start_model(self._preload)
+        if start is None:
+            return
+        # a preload: it waits, as heavy background work does, on battery, hot or in the background
+        first = self._stand_in_at_start(start) if self.gate.background.runs else None
+        if first is not None:
+            self._loads.warm(
+                first, Target(first, self._rung_variant(first), f"stands in while {start} loads")
+            )
+        self._loads.warm(start, Target(start, self._rung_variant(start), "loaded at start"))
+        log.info("loading %s beside the worker%s", start, f" (after {first}, its stand-in)" if first else "")
+
     def between_passes(self) -> None:
         """A built engine goes into the pool and its jobs to the head of the queue; queued jobs whose model
         is not loaded leave the queue to wait for it (its load starts): the others go on meanwhile."""
@@ -355,6 +399,11 @@ class Worker:
         target = self.placement.expected(job)
         model = self._loads.cold(job, target)
         return None if model is None else (model, target)
+
+    def _rung_variant(self, model_id: str) -> str | None:
+        """The variant of `model_id`'s first rung on the ladder (None: its own), so that the session a load
+        builds is the one its first reply runs on."""
+        return next((r.variant for r in self.placement.ladder if r.model_id == model_id), None)
 
     def _wait_for_load(self, job: Job, target: Target) -> bool:
         """A job starting on a model that is not loaded waits for it (True) instead of loading it on the
@@ -417,7 +466,7 @@ class Worker:
                 return None
             job = self._queue[turn]
             placement = self.placement
-            if placement.place(job, placement.governed, set()).model_id != engine.model_id:
+            if placement.placed(job, placement.governed, set()).model_id != engine.model_id:
                 return None  # another model's turn comes after this batch
             del self._queue[turn]
             self._held.hold(job)  # close() fails it from here on

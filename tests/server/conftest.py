@@ -151,9 +151,10 @@ def live(tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
 
 
 def wait_ready(srv) -> None:
-    """Until the live server's model is ready (/health 200)."""
+    """Until the live server's start model is loaded (/health 200 says "ok": it is 200 from the start)."""
     for _ in range(500):
-        if httpx.get(srv.url + "/health").status_code == 200:
+        r = httpx.get(srv.url + "/health")
+        if r.status_code == 200 and r.json()["status"] == "ok":
             return
         time.sleep(0.02)
     raise AssertionError(httpx.get(srv.url + "/health").text)

@@ -89,7 +89,8 @@ def _control(request: Request, kind: Kind, body: wire.OllamaTurn) -> Response:
         rt.worker.unload_when_idle(body.model_id)
         return reply_response(control(kind, body.model, "unload"))
     if rt.worker.state != "ready":
-        raise ModelLoading("The model is still loading; retry shortly")
+        raise ModelLoading("The server is not taking requests now; retry shortly")
+    rt.worker.warm(body.model_id)  # built beside the worker; a request for it meanwhile waits for it
     return reply_response(control(kind, body.model, "load"))
 
 

@@ -123,6 +123,8 @@ class GenerationBody(StrictBody):
     truncate: bool = False  # sliding-window truncation instead of context_length_exceeded
     ignore_eos: bool = False  # llama.cpp's: generate exactly max_tokens (benchmarks)
     governor_events: bool = False  # opt in to `event: governor` SSE events (SDKs would choke on them)
+    # while the model loads, no smaller model of the ladder starts the reply in its place: it waits
+    wait_for_model: bool = False
     # Ollama's: how long the model stays loaded after this request ("5m", seconds; 0 unloads it after the
     # reply, negative keeps it). Default: SIMMER_KEEP_ALIVE_S.
     keep_alive: Annotated[

@@ -68,6 +68,7 @@ _NOT_FORWARDED = {
     "keep_alive",
     "route",
     "governor_events",
+    "wait_for_model",
     "truncate",
     "model",
     "stream",
@@ -124,6 +125,7 @@ def _draft(
         route=body.route,
         keep_alive_s=parse_keep_alive(body.keep_alive),
         cache_salt=body.cache_salt,
+        wait_for_model=body.wait_for_model,
         show=show,
         upstream=_upstream(body),
     )

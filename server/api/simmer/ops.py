@@ -1,4 +1,5 @@
-"""Operational endpoints: /health (llama.cpp-style loading state) and /metrics (Prometheus)."""
+"""Operational endpoints: /health (healthy at once, "loading" while the start model loads) and /metrics
+(Prometheus)."""
 
 from __future__ import annotations
 
@@ -31,36 +32,39 @@ def model_problem(rt: Runtime) -> dict[str, Any] | None:
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
+    """200 from the start on: the model loaded at start is built beside the worker and requests queue for
+    it meanwhile (or start on a smaller stand-in), so the server is healthy while `status` says "loading",
+    as Ollama answers while its runner loads. 503 once that load failed (until one succeeds) and at
+    shutdown."""
     rt: Runtime = request.app.state.runtime
     worker = rt.worker
+    if worker.state == "closed":
+        return JSONResponse({"status": "shutting_down"}, status_code=503)
+    start, error = worker.start_load()
+    if start == "failed":
+        body = {"status": "error", "error": str(error), "model_problem": model_problem(rt)}
+        retry = {"Retry-After": str(RETRY_AFTER_S["model_loading"])}
+        return JSONResponse(body, status_code=503, headers=retry)
     last = rt.served.pool.last_served()  # the device's view: what ran last, warm now
-    if worker.state == "ready":  # models load on demand: none loaded (keep_alive ran out) is fine too
-        body: dict = {
-            "status": "ok",
-            "model": last.model_id if last is not None else rt.model,
-            "variant": last.variant if last is not None else None,
-            "loaded": sorted(rt.served.pool.loaded()),
-            "queue_depth": worker.queue_depth,
-            "busy": worker.busy,
-            "model_problem": model_problem(rt),
+    body: dict = {
+        "status": "loading" if start == "loading" else "ok",
+        "model": last.model_id if last is not None else rt.model,
+        "variant": last.variant if last is not None else None,
+        "loaded": sorted(rt.served.pool.loaded()),
+        "queue_depth": worker.queue_depth,
+        "busy": worker.busy,
+        "model_problem": model_problem(rt),
+    }
+    if rt.governor is not None:
+        snap = rt.governor.snapshot()
+        body["governor"] = {
+            "level": snap.level,
+            "reason": snap.reason,
+            "enforced": snap.enforced,
+            "paused": snap.limits.pause_running or snap.limits.pause_new,
+            "device_killed": snap.device_killed,
         }
-        if rt.governor is not None:
-            snap = rt.governor.snapshot()
-            body["governor"] = {
-                "level": snap.level,
-                "reason": snap.reason,
-                "enforced": snap.enforced,
-                "paused": snap.limits.pause_running or snap.limits.pause_new,
-                "device_killed": snap.device_killed,
-            }
-        return JSONResponse(body)
-    retry = {"Retry-After": str(RETRY_AFTER_S["model_loading"])}
-    if worker.state == "loading":
-        return JSONResponse({"status": "loading"}, status_code=503, headers=retry)
-    if worker.state == "failed":
-        body = {"status": "error", "error": str(worker.load_error), "model_problem": model_problem(rt)}
-        return JSONResponse(body, status_code=503)
-    return JSONResponse({"status": "shutting_down"}, status_code=503)
+    return JSONResponse(body)
 
 
 @router.get("/metrics")

@@ -497,6 +497,7 @@ def test_hostile_cases_cover_every_error_code_the_request_path_can_send() -> Non
         "too_many_leases",  # 64 background leases first: tests/server/api/test_lifecycle_route.py
         "too_many_streams",  # open event streams first: tests/server/serving/test_governor_e2e.py
         "model_busy",  # a delete while the model loads: tests/server/serving/test_model_pool.py
+        "verification_failed",  # changed files: tests/server/serving/test_model_integrity.py
         # a pull of a GGUF the converter refuses, or from a source that cannot be reached: tests/models/
         "unsupported_model",
         "unsupported_architecture",

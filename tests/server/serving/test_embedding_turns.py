@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 
 from server.refusals import ModelLoading
 from server.serving.embedding import Embedded, EmbedJob, EncoderShelf
+from server.serving.events import Failed
 from tests.server.conftest import wait_ready
 
 
@@ -82,15 +82,20 @@ def test_embedding_when_generation_arrives_mid_job_then_it_runs_between_batches(
     assert job.seen == [0, 1, 1]
 
 
-def test_embedding_when_the_worker_failed_to_load_then_refused_at_once(live):
+def test_embedding_when_the_start_model_failed_to_load_then_the_worker_still_serves(live):
     def broken():
         raise RuntimeError("no weights")
 
     srv = live(engine_factory=broken)
     worker = srv.app.state.runtime.worker
     deadline = time.monotonic() + 60
-    while worker.state != "failed" and time.monotonic() < deadline:
+    while worker.start_load()[0] != "failed" and time.monotonic() < deadline:
         time.sleep(0.01)
-    job = EmbedJob(id="embd-test", model_id="unused", path=Path("unused"), inputs=["x"], sink=lambda _: None)
-    with pytest.raises(ModelLoading, match="failed to load: no weights"):
-        worker.submit_embedding(job)
+    assert str(worker.start_load()[1]) == "no weights"
+    assert httpx.get(srv.url + "/health").json()["status"] == "error"
+    answers: list = []
+    job = EmbedJob(id="embd-test", model_id="unused", path=Path("unused"), inputs=["x"], sink=answers.append)
+    worker.submit_embedding(job)  # a failed start load ends no thread: the encoder is another model
+    while not answers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert answers and isinstance(answers[0], Failed) and not isinstance(answers[0].error, ModelLoading)

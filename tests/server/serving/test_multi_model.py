@@ -384,6 +384,48 @@ def test_rung_when_it_moves_below_an_idle_bigger_model_then_the_worker_unloads_i
     assert loaded_now(srv) == {"tiny-big", "tiny-small"} and served.pool.unloads == 1
 
 
+def test_rung_when_it_moves_below_an_idle_bigger_model_with_memory_to_spare_then_it_stays_for_a_swap_back(
+    several,
+):
+    """Memory to spare (the budget keeps the start's headroom with both models in it): the idle bigger model
+    stays loaded when the rung moves below it, so the step back up is a swap, not a load."""
+    gate = RungGate()
+    ladder = "tiny-big:f32,tiny-small:f32"
+    srv, served = several(
+        governor=gate, ladder=ladder, model="tiny-big", keep_warm=True, memory_budget_mb=4096
+    )
+    assert complete(srv, "tiny-small").status_code == 200
+    assert loaded_now(srv) == {"tiny-big", "tiny-small"}
+    loads = served.pool.loads
+    gate.move("tiny-small")
+    assert complete(srv, "tiny-big").json()["model"] == "tiny-small"  # placed on the rung
+    time.sleep(0.2)  # the worker looked at the rung (it did for the request above too)
+    assert loaded_now(srv) == {"tiny-big", "tiny-small"} and served.pool.unloads == 0
+    gate.move("tiny-big")
+    assert complete(srv, "tiny-big").json()["model"] == "tiny-big"
+    assert served.pool.loads == loads  # a swap: nothing loaded again
+
+
+def test_rung_when_it_moves_below_an_idle_bigger_model_without_memory_to_spare_then_it_goes(several) -> None:
+    """The same with a budget that both models fill to within the headroom: the bigger one is unloaded."""
+    gate = RungGate()
+    probe, served = several(ladder="tiny-big:f32,tiny-small:f32", model="tiny-big", keep_warm=True)
+    both = sum(served.cost(served.catalog.get(m), "f32").total for m in ("tiny-big", "tiny-small"))
+    probe.stop()
+    budget_mb = both // MiB + 8  # both fit, with 8 MiB left: less than any headroom
+    srv, served = several(
+        governor=gate,
+        ladder="tiny-big:f32,tiny-small:f32",
+        model="tiny-big",
+        keep_warm=True,
+        memory_budget_mb=budget_mb,
+    )
+    assert complete(srv, "tiny-small").status_code == 200
+    assert loaded_now(srv) == {"tiny-big", "tiny-small"}
+    gate.move("tiny-small")
+    wait_loaded(srv, {"tiny-small"})
+
+
 def test_start_when_the_governor_is_already_on_a_lower_rung_then_only_that_model_loads(several):
     """The governor's first reading comes before the worker's first load: where it already put the ladder
     on a cheaper rung (a hot device), the memory tier's bigger pick is not loaded only to be left."""
@@ -768,7 +810,9 @@ def test_rung_when_the_device_is_past_its_throttling_point_then_a_move_that_must
     from server.serving.governor_gate import GovernorGate
     from tests.governor.fakes import FakeSensor
 
+    # what loads at start is part of the setup: no stand-in (tested on its own)
     overrides = {"model": "tiny-big", "ladder": "tiny-big:f32,tiny-small:f32", "context_length": 128}
+    overrides["cold_start"] = "wait"
     settings = make_settings(tmp_path, **overrides)
     served = serve_folders(settings, list(tiny_pair_dirs))
     sensor = FakeSensor(30.0, throttle_c=43.0, critical_c=48.0)  # cool: the bigger model loads at start
@@ -781,6 +825,7 @@ def test_rung_when_the_device_is_past_its_throttling_point_then_a_move_that_must
         poll_s=0.02,
     )
     srv = live(served=served, governor=GovernorGate(governor), **overrides)
+    srv.app.state.runtime.worker.placement.keep_warm = None  # the move down sheds the bigger model
     wait_ready(srv)
     assert loaded_now(srv) == {"tiny-big"}
     sensor.celsius = 44.0  # past T_throttle: serious, whose rung is tiny-small
@@ -813,7 +858,9 @@ def test_start_when_the_biggest_models_load_is_known_to_overheat_the_device_then
     from server.serving.governor_setup import LOAD_HEAT_FILE, kept_load_heat
     from tests.governor.fakes import FakeSensor
 
+    # what loads at start is part of the setup: no stand-in (tested on its own)
     overrides = {"model": "tiny-big", "ladder": "tiny-big:f32,tiny-small:f32", "context_length": 128}
+    overrides["cold_start"] = "wait"
     settings = make_settings(tmp_path, **overrides)
     kept = settings.home / LOAD_HEAT_FILE
     kept.write_text(json.dumps({"psutil:fake": {"tiny-big": 10.0}}))
@@ -841,7 +888,9 @@ def test_start_when_the_kept_load_heat_is_damaged_then_it_is_measured_again(
     from server.serving.governor_setup import LOAD_HEAT_FILE, kept_load_heat
     from tests.governor.fakes import FakeSensor
 
+    # what loads at start is part of the setup: no stand-in (tested on its own)
     overrides = {"model": "tiny-big", "ladder": "tiny-big:f32,tiny-small:f32", "context_length": 128}
+    overrides["cold_start"] = "wait"
     settings = make_settings(tmp_path, **overrides)
     kept = settings.home / LOAD_HEAT_FILE
     kept.write_bytes(text)

@@ -49,7 +49,8 @@ def start_pair_server(live, tmp_path, tiny_pair_dirs, tiny_base_model_dir):
     """start(**settings) -> a live server over tiny-big, tiny-small and tiny-base (context 256)."""
 
     def start(governor=None, **overrides):
-        overrides = {"model": "tiny-small", "context_length": 256, **overrides}
+        # which models are loaded is part of what these tests set up: no stand-in loads at start
+        overrides = {"model": "tiny-small", "context_length": 256, "cold_start": "wait", **overrides}
         settings = make_settings(tmp_path, **overrides)
         served = serve_folders(settings, [*tiny_pair_dirs, tiny_base_model_dir])
         srv = live(served=served, governor=governor, **overrides)
