@@ -19,6 +19,12 @@ CONFIG = "config.json"
 MODULES = "modules.json"
 SENTENCE_CONFIG = "sentence_bert_config.json"
 WEIGHTS = "model.safetensors"
+# A converted encoder's folder, as the converter writes it and the runtime reads it (named here, where
+# neither needs onnx: importing it costs the server's start most of a second)
+ENCODER_CONFIG = "encoder.json"
+TOKENIZER = "tokenizer.json"
+GRAPH = "encoder.onnx"
+OUTPUT = "sentence_embedding"
 _NORMALIZE = "sentence_transformers.models.Normalize"
 _POOLING = "sentence_transformers.models.Pooling"
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from models.convert.encoder_config import WEIGHTS, EncoderConfig, read_encoder_config
+from models.convert.encoder_config import (
+    ENCODER_CONFIG,
+    TOKENIZER,
+    WEIGHTS,
+    EncoderConfig,
+    read_encoder_config,
+)
 from models.convert.encoder_graph import build_encoder, save_encoder
 from models.convert.safetensors_file import read_safetensors
 from models.errors import InvalidModelFile
-
-ENCODER_CONFIG = "encoder.json"
-TOKENIZER = "tokenizer.json"
 
 
 def convert_encoder(source: Path, out: Path) -> EncoderConfig:

@@ -18,12 +18,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from models.convert.encoder_config import EncoderConfig
+from models.convert.encoder_config import GRAPH, OUTPUT, EncoderConfig
 from models.errors import InvalidModelFile
 
 OPSET = 17
-GRAPH = "encoder.onnx"
-OUTPUT = "sentence_embedding"
 # Added to the scores of padded keys: exp() of it underflows to exactly 0 next to any real score.
 _MASKED = -1e9
 

@@ -17,9 +17,7 @@ import numpy as np
 import onnxruntime as ort
 import tokenizers
 
-from models.convert.encoder_config import EncoderConfig
-from models.convert.encoder_convert import ENCODER_CONFIG, TOKENIZER
-from models.convert.encoder_graph import GRAPH, OUTPUT
+from models.convert.encoder_config import ENCODER_CONFIG, GRAPH, OUTPUT, TOKENIZER, EncoderConfig
 from models.errors import ContextLengthExceeded, InvalidModelFile, InvalidParameter
 from models.runtime.session import session_options
 
