@@ -1,5 +1,5 @@
-"""`simmer bench engine | server | sustained | soak | json | concurrency | cpu-cost`: benchmarks that print
-JSON (and a peer)."""
+"""`simmer bench engine | server | sustained | soak | json | concurrency | cpu-cost | cold-start`: benchmarks
+that print JSON (and a peer)."""
 
 from __future__ import annotations
 
@@ -140,12 +140,36 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
         help="also: clients-1 streams of LONG tokens, and one SHORT reply asked 1 s later (its wait)",
     )
     c.add_argument("--json")
+    o = sub.add_parser(
+        "cold-start", help="a cold server's first chat: a small model standing in vs waiting for the load"
+    )
+    o.add_argument("--model", required=True, help="the big model (installed)")
+    o.add_argument("--stand-in", required=True, help="the small model below it on the ladder (installed)")
+    o.add_argument("--rounds", type=int, default=3)
+    o.add_argument("--max-tokens", type=int, default=128)
+    o.add_argument(
+        "--stall", action="store_true", help="also: a stream's longest gap while another model loads"
+    )
+    o.add_argument("--json")
     from bench.cpu_cost import cli as cpu_cost
 
     cpu_cost.add_arguments(
         sub.add_parser("cpu-cost", help="guest instructions per token on an emulated CPU class")
     )
     args = p.parse_args(argv)
+    if args.what == "cold-start":
+        from bench.cold_start import bench_cold_start
+
+        report = bench_cold_start(
+            settings,
+            model=args.model,
+            stand_in=args.stand_in,
+            rounds=args.rounds,
+            max_tokens=args.max_tokens,
+            stall=args.stall,
+        )
+        _write(report, args.json)
+        return 0
     if args.what == "cpu-cost":
         _write(cpu_cost.run(args, settings), args.json)
         return 0

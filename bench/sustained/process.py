@@ -86,9 +86,11 @@ class ServerProcess:
 
 @contextlib.contextmanager
 def server_process(
-    settings: Settings, *, model_dir: Path | None = None, ready_timeout_s: float = 120.0
+    settings: Settings, *, model_dir: Path | None = None, ready_timeout_s: float = 120.0, loaded: bool = True
 ) -> Iterator[ServerProcess]:
-    """Start `simmer serve` (with a socket audit) on a free loopback port; wait until /health is ok."""
+    """Start `simmer serve` (with a socket audit) on a free loopback port; wait until /health answers 200
+    and, with `loaded`, says "ok" (the start model loaded: it answers 200 "loading" from the start).
+    `cold_start_s`: how long that took."""
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": free_port()})
     tmp = Path(tempfile.mkdtemp(prefix="simmer-bench-"))
     audit_path = tmp / "audit.log"
@@ -108,7 +110,7 @@ def server_process(
         r = httpx.get(url + "/health", timeout=2)
         if r.status_code != 200 and r.json().get("status") == "error":
             raise RuntimeError(f"the model failed to load: {r.json().get('error')}")
-        return r.status_code == 200
+        return r.status_code == 200 and (not loaded or r.json().get("status") == "ok")
 
     try:
         wait_until_ready(proc, healthy, "the server", tmp / "server.log", ready_timeout_s, poll_s=0.05)
