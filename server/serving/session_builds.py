@@ -28,6 +28,7 @@ class SessionBuilds:
         self._room = room  # whether memory holds the new session beside the running one
         self._building: str | None = None  # the key of the build under way
         self._failed: set[str] = set()  # builds that raised: those limits apply inside the reply
+        self.beside = 0  # sessions built here
         self.inside = 0  # limits applied with a session built inside a reply (no room beside it)
 
     def ready(self, engine: Engine, limits: EngineLimits) -> bool:
@@ -52,6 +53,7 @@ class SessionBuilds:
             )
             return True
         self._building = key
+        self.beside += 1
         self._loader.start(key, build)
         return False
 
@@ -65,6 +67,10 @@ class SessionBuilds:
                 self._failed.add(key)
             if key == self._building:
                 self._building = None
+
+    def counts(self) -> dict[str, int | bool]:
+        """For /v1/thermal: sessions built beside the worker, inside replies, and whether one builds now."""
+        return {"beside": self.beside, "inside": self.inside, "building": self._building is not None}
 
     def close(self) -> None:
         self._loader.close()

@@ -157,6 +157,10 @@ class Worker:
         error = self._loads.failed.get(model)
         return ("failed", error) if error is not None else ("ready", None)
 
+    def session_builds(self) -> dict[str, int | bool]:
+        """Sessions new limits needed: built beside the worker, or inside a reply (any thread)."""
+        return self._builds.counts()
+
     def warm(self, model_id: str) -> None:
         """Load `model_id` beside the worker though no job asks for it yet (Ollama's load request)."""
         self._loads.warm(model_id, Target(model_id, None, "asked to load"))

@@ -341,6 +341,7 @@ class ResponsesRequest(StrictBody):
     repeat_penalty: RepetitionPenalty | None = None
     route: RouteMode | None = None
     governor_events: bool = False  # opt in to chat's `event: governor` SSE events (SDKs would choke on them)
+    wait_for_model: bool = False  # while the model loads, no smaller model of the ladder starts the reply
     cache_salt: str | None = Field(
         None, min_length=1, max_length=256
     )  # as chat's (server/serving/cache_scope.py)

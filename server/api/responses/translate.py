@@ -64,6 +64,7 @@ def draft(body: ResponsesRequest) -> Draft:
         asked=asked,
         route=body.route,
         cache_salt=body.cache_salt,
+        wait_for_model=body.wait_for_model,
         show=Show(stream=body.stream, governor_events=body.governor_events),
         upstream=tuple((k, v) for k, v in upstream.items() if v is not None),
     )

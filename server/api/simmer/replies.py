@@ -54,6 +54,15 @@ class BackgroundWorkState(Reply):
     waiting: list[str] = absent("what waits now, e.g. `pull <model>`, `summary` (not in the event stream)")
 
 
+class SessionBuildsState(Reply):
+    """Sessions that new limits of a loaded model needed (a thread change): built beside the worker before
+    they applied, or inside the reply they came to (no room for two sessions in the memory budget)."""
+
+    beside: int
+    inside: int
+    building: bool
+
+
 class ThermalState(Reply):
     """The governor's snapshot (docs/governor.md), what runs now and the gate's counters."""
 
@@ -67,6 +76,7 @@ class ThermalState(Reply):
     memory: dict[str, Any] | None
     battery: dict[str, Any] | None
     background_work: BackgroundWorkState
+    session_builds: SessionBuildsState | None = absent("since the start (not in the event stream)")
     lifecycle: Literal["foreground", "background"]
     leases: list[Lease]
     limits: dict[str, Any]

@@ -60,6 +60,7 @@ def thermal_state(rt: Runtime, snap: Snapshot) -> dict[str, Any]:
     body["routing"] = rt.router.state() if rt.router else None  # where new work goes (server/routing/)
     # what heavy work waits for the governor's leave now (a pull's conversion, the summary)
     body["background_work"]["waiting"] = rt.deferred.names() + rt.worker.deferred_work()
+    body["session_builds"] = rt.worker.session_builds()
     return body
 
 

@@ -84,6 +84,8 @@ def test_threads_when_the_governor_changes_them_mid_reply_then_the_session_is_bu
     assert max(gaps) < BUILD_S / 3, max(gaps)  # no token waited for the build
     assert engine.threads == gate.threads  # the limits applied once it was built, within the reply
     assert served.pool.engine("tiny-small") is engine
+    counts = srv.app.state.runtime.worker.session_builds()
+    assert counts == {"beside": 1, "inside": 0, "building": False}
 
 
 def test_threads_when_there_is_no_room_for_a_second_session_then_built_inside_the_reply(several) -> None:

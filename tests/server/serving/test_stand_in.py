@@ -176,3 +176,20 @@ def test_cold_start_when_two_clients_stream_then_both_stand_in_and_both_hand_ove
         assert text == reference(
             tiny_spm_dir, big_dir, switches[0]["tokens_before"], REPLY, same_tokenizer=False
         )
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_wait_for_model_when_asked_in_each_openai_dialect_then_the_internal_request_carries_it(wait) -> None:
+    from server.api.openai.requests import ChatCompletionRequest, CompletionRequest
+    from server.api.openai.translate import chat_draft, completion_draft
+    from server.api.responses.requests import ResponsesRequest
+    from server.api.responses.translate import draft
+
+    chat = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], "wait_for_model": wait}
+    )
+    text = CompletionRequest.model_validate({"prompt": "hi", "wait_for_model": wait})
+    responses = ResponsesRequest.model_validate({"input": "hi", "wait_for_model": wait})
+    assert chat_draft(chat).wait_for_model is wait
+    assert completion_draft(text).wait_for_model is wait
+    assert draft(responses).wait_for_model is wait
