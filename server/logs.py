@@ -88,3 +88,23 @@ def log_request(record: RequestRecord) -> None:
     if record.route:
         text += f" route={record.route}"
     log.info(text, extra={"fields": asdict(record)})
+
+
+@dataclass
+class EmbeddingRecord:
+    id: str
+    endpoint: str  # the route's path: /v1/embeddings, /api/embed, /api/embeddings, /embedding(s)
+    model: str
+    inputs: int
+    tokens: int  # the inputs' tokens the encoder ran (0 when it never ran)
+    outcome: str  # "ok", an error code (server_busy ...), or "client_gone"
+    duration_ms: float
+
+
+def log_embedding(record: EmbeddingRecord) -> None:
+    """One line per embedding request, as per completion: numbers only, never the texts."""
+    log.info(
+        f"{record.id} embeddings {record.endpoint} model={record.model} inputs={record.inputs} "
+        f"tokens={record.tokens} outcome={record.outcome} duration_ms={record.duration_ms:.0f}",
+        extra={"fields": asdict(record)},
+    )

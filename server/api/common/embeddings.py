@@ -6,16 +6,18 @@ back. Embeddings are served here only: the upstream router does not relay them."
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 from pydantic_core import PydanticCustomError
 
-from models.errors import InvalidParameter, ModelNotFound, WrongModelKind
+from models.errors import InvalidParameter, ModelNotFound, SimmerError, WrongModelKind
 from models.types import KIND_EMBEDDING
 from server.api.common.fields import MAX_TOKEN_ID, MAX_TOKEN_IDS, checked_ids, invalid
 from server.api.common.flow import DISCONNECT_POLL_S
+from server.logs import EmbeddingRecord, log_embedding
 from server.serving.catalog import CatalogEntry
 from server.serving.contracts import loop_sink
 from server.serving.embedding import MAX_EMBED_INPUTS, Embedded, EmbedJob
@@ -132,21 +134,42 @@ async def embed(
         fit=fit,
         sink=loop_sink(asyncio.get_running_loop(), events),
     )
-    rt.worker.submit_embedding(job)  # busy / loading / closing raise here, before any work
-    got = asyncio.ensure_future(events.get())
+    started, outcome, tokens = time.monotonic(), "client_gone", 0
     try:
-        while True:
-            done, _ = await asyncio.wait({got}, timeout=DISCONNECT_POLL_S * 4)
-            if done:
-                break
-            if await request.is_disconnected():
-                job.cancel.cancel()
-                return None
+        rt.worker.submit_embedding(job)  # busy / loading / closing raise here, before any work
+        got = asyncio.ensure_future(events.get())
+        try:
+            while True:
+                done, _ = await asyncio.wait({got}, timeout=DISCONNECT_POLL_S * 4)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    job.cancel.cancel()
+                    return None
+        finally:
+            got.cancel()
+        item = got.result()
+        if isinstance(item, Failed):
+            raise item.error
+        assert isinstance(item, Embedded)
+        outcome, tokens = "ok", item.prompt_tokens
+        rt.metrics.count_embedded(entry.id, len(item.vectors), item.prompt_tokens)
+        return item
+    except SimmerError as err:
+        outcome = err.code
+        raise
+    except Exception:
+        outcome = "internal_error"
+        raise
     finally:
-        got.cancel()
-    item = got.result()
-    if isinstance(item, Failed):
-        raise item.error
-    assert isinstance(item, Embedded)
-    rt.metrics.count_embedded(entry.id, len(item.vectors), item.prompt_tokens)
-    return item
+        log_embedding(
+            EmbeddingRecord(
+                job.id,
+                request.url.path,
+                entry.id,
+                len(inputs),
+                tokens,
+                outcome,
+                (time.monotonic() - started) * 1000,
+            )
+        )
