@@ -1,5 +1,5 @@
-"""`simmer bench engine | server | sustained | soak | json | concurrency | cpu-cost | cold-start`: benchmarks
-that print JSON (and a peer)."""
+"""`simmer bench engine | server | sustained | soak | json | concurrency | cpu-cost | cold-start | embed`:
+benchmarks that print JSON (and a peer)."""
 
 from __future__ import annotations
 
@@ -140,6 +140,15 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
         help="also: clients-1 streams of LONG tokens, and one SHORT reply asked 1 s later (its wait)",
     )
     c.add_argument("--json")
+    m = sub.add_parser("embed", help="all-MiniLM-L6-v2 sentences/s and tokens per CPU-second vs llama.cpp")
+    m.add_argument("--threads", type=int, default=2)
+    m.add_argument("--rounds", type=int, default=3)
+    m.add_argument("--sentences", type=int, default=256)
+    m.add_argument(
+        "--source", default=None, help="a sentence-transformers folder (default: the pull's archive)"
+    )
+    m.add_argument("--dtype", choices=["f32", "f16"], default="f32", help="llama.cpp's GGUF")
+    m.add_argument("--json")
     o = sub.add_parser(
         "cold-start", help="a cold server's first chat: a small model standing in vs waiting for the load"
     )
@@ -167,6 +176,19 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             rounds=args.rounds,
             max_tokens=args.max_tokens,
             stall=args.stall,
+        )
+        _write(report, args.json)
+        return 0
+    if args.what == "embed":
+        from bench.embed_bench import bench_embed
+
+        report = bench_embed(
+            threads=args.threads,
+            rounds=args.rounds,
+            n_sentences=args.sentences,
+            source=Path(args.source) if args.source else None,
+            downloads=ModelStore(settings.home).downloads_dir,
+            dtype=args.dtype,
         )
         _write(report, args.json)
         return 0

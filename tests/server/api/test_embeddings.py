@@ -86,6 +86,24 @@ def test_embeddings_when_more_inputs_than_a_batch_then_in_order(srv):
     assert np.abs(got[9] - got[0]).max() < 1e-6 and np.abs(got[1] - got[0]).max() > 1e-3
 
 
+def test_embeddings_when_mixed_lengths_over_several_batches_then_each_vector_as_its_input_alone(srv):
+    """The worker batches a request's inputs by length (server/serving/embedding.py): both dialects still
+    answer in the request's order."""
+    words = ["the", "cat", "sat", "on", "mat", "dog"]
+    texts = [
+        " ".join(words[(i + k) % len(words)] for k in range(1 + (i * 5) % 13)) for i in range(MAX_BATCH + 9)
+    ]
+    alone = np.array(
+        [post(srv, {"model": ENCODER, "input": t}).json()["data"][0]["embedding"] for t in texts]
+    )
+    body = post(srv, {"model": ENCODER, "input": texts}).json()
+    assert [d["index"] for d in body["data"]] == list(range(len(texts)))
+    assert np.abs(np.array([d["embedding"] for d in body["data"]]) - alone).max() < 1e-5
+    r = httpx.post(srv.url + "/api/embed", json={"model": ENCODER, "input": texts}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert np.abs(np.array(r.json()["embeddings"]) - alone).max() < 1e-5
+
+
 def test_embeddings_when_served_then_metrics_count_inputs_and_tokens_per_model(srv):
     assert httpx.get(srv.url + "/metrics").text.count("simmer_embedding_inputs_total{") == 0
     first = post(srv, {"model": ENCODER, "input": ["the cat sat", "hello world", "a red mat"]}).json()
