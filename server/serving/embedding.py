@@ -7,11 +7,14 @@ The inputs are tokenized (strings) and checked (every row: ids in the vocabulary
 the worker before the first pass, so a request is answered whole or refused whole. The batches are then cut
 from the rows ordered by length (`by_length`), as a batch is padded to its longest row, and each vector is
 put back at its input's index: the answer keeps the request's order. The worker keeps one embedding model
-open (`EncoderShelf`), beside the model pool; it is not in the pool's memory plan.
+open (`EncoderShelf`), beside the model pool, with a keep_alive as the pool's models have; the pool's memory
+plan counts it as a model in use (it is not unloaded to make room: it goes when idle past its keep_alive).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,9 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from models.runtime.embedder import MAX_BATCH, Embedder
+from models.runtime.engine import release_freed_memory
 from models.types import CancelToken
 from server.serving.contracts import Gate, Sink
 from server.serving.events import Failed
+
+log = logging.getLogger("simmer.pool")
 
 # Inputs per request. Each is checked and tokenized before the first pass, and every vector is held until
 # the last batch: 256 inputs of 384 floats is 400 KB; at 32 rows a pass, 8 turns of the worker.
@@ -45,19 +51,62 @@ class Embedded:
     prompt_tokens: int
 
 
-class EncoderShelf:
-    """The embedding model the worker has open: opened on first use, replaced when another is asked for.
-    Worker thread only."""
+@dataclass(frozen=True)
+class EncoderView:
+    """The open embedding model, as /api/ps and the memory plan see it."""
 
-    def __init__(self, threads: int = 1) -> None:
+    model_id: str
+    bytes: int  # its files on disk: the weights a session holds (fp32, read whole)
+    expires_in_s: float | None  # None: kept until the server stops
+
+
+class EncoderShelf:
+    """The embedding model the worker has open: opened on first use, replaced when another is asked for, and
+    closed once idle past its keep_alive (the request's, else SIMMER_KEEP_ALIVE_S; 0: after the request), as
+    a generation model is. Worker thread only, except `view` (any thread: one tuple read)."""
+
+    def __init__(self, threads: int = 1, keep_alive_s: float = math.inf, clock=time.monotonic) -> None:
         self.threads = threads
-        self._open: tuple[str, Path, Embedder] | None = None
+        self.keep_alive_s = keep_alive_s
+        self._clock = clock
+        self._open: tuple[str, Path, Embedder, int] | None = None
+        self._expires_at = math.inf  # while a job uses it, and for ever by default
 
     def get(self, model_id: str, path: Path) -> Embedder:
         if self._open is None or self._open[:2] != (model_id, path):
             self._open = None  # the old session goes before the new one loads
-            self._open = (model_id, path, Embedder(path, threads=self.threads))
+            size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+            self._open = (model_id, path, Embedder(path, threads=self.threads), size)
+        self._expires_at = math.inf  # not while it serves
         return self._open[2]
+
+    def done(self, keep_alive_s: float | None) -> None:
+        """A job is over: the model stays open for its keep_alive (None: the default; 0 closes it now)."""
+        keep = self.keep_alive_s if keep_alive_s is None else keep_alive_s
+        if keep <= 0:
+            self.close("keep_alive 0: closed after the request")
+        elif self._open is not None:
+            self._expires_at = self._clock() + keep if keep != math.inf else math.inf
+
+    def next_expiry(self) -> float | None:
+        return None if self._open is None or self._expires_at == math.inf else self._expires_at
+
+    def expire(self) -> None:
+        if self._open is not None and self._expires_at <= self._clock():
+            self.close("idle past its keep_alive")
+
+    def close(self, reason: str) -> None:
+        if self._open is not None:
+            log.info("closed the embedding model %s: %s", self._open[0], reason)
+        self._open = None
+        release_freed_memory()
+
+    def view(self) -> EncoderView | None:
+        opened, expires_at = self._open, self._expires_at
+        if opened is None:
+            return None
+        left = None if expires_at == math.inf else max(0.0, expires_at - self._clock())
+        return EncoderView(opened[0], opened[3], left)
 
 
 @dataclass
@@ -69,6 +118,7 @@ class EmbedJob:
     sink: Sink
     param: str = "input"  # the request's name for the inputs, which a refusal names
     fit: bool = False  # texts over the context cut to fit (Ollama's truncate) rather than refused
+    keep_alive_s: float | None = None  # how long the model stays open after it (None: SIMMER_KEEP_ALIVE_S)
     cancel: CancelToken = field(default_factory=CancelToken)
     enqueued_at: float = field(default_factory=time.monotonic)
     rows: list[list[int]] | None = None  # tokenized and checked, on the worker; in the request's order

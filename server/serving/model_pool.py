@@ -89,6 +89,8 @@ class ModelPool:
     # hears which models are loaded after every load and unload (the governor's rung counts on them: a
     # rung whose model must load waits for room on a hot device, governor/limits.py choose_rung)
     on_loaded: Callable[[frozenset[str]], object] = lambda models: None
+    # models open outside the pool, (id, bytes), whose memory the plan counts (the worker's encoder)
+    outside: Callable[[], list[tuple[str, int]]] = lambda: []
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -280,6 +282,8 @@ class ModelPool:
             out.append(Resident(m, est.total, i.last_used, i.busy, est.rows, est.row_bytes))
         # a load in progress holds its memory (or soon will): never unloaded to make room, counted in full
         out += [Resident(p.entry.id, p.need_bytes, self.clock(), True) for p in pending]
+        # models outside the pool (the worker's open encoder): counted, never unloaded from here
+        out += [Resident(m, size, self.clock(), True) for m, size in self.outside()]
         return out
 
     def cap_rows(self, rows: int | None, reason: str) -> None:

@@ -52,7 +52,7 @@ from server.serving.contracts import (
     WorkerMetrics,
     reply_tokens,
 )
-from server.serving.embedding import EmbedJob, EncoderShelf, gated_step
+from server.serving.embedding import EmbedJob, EncoderShelf, EncoderView, gated_step
 from server.serving.events import Failed, GovernorUpdate
 from server.serving.ladder import Target
 from server.serving.load_waits import LoadWaits
@@ -105,7 +105,8 @@ class Worker:
         # embedding jobs (server/serving/embedding.py), a batch per turn, alternating with generation jobs
         self._embeds: collections.deque[EmbedJob] = collections.deque()
         self._embeds_turn = False
-        self._encoders = EncoderShelf(encoder_threads)
+        self._encoders = EncoderShelf(encoder_threads, pool.keep_alive_s, pool.clock)
+        pool.outside = self._open_encoder
         self._idle_work: list[IdleWork] = []
         self._idle_due = True
         self._idle_cancel = CancelToken()
@@ -156,6 +157,14 @@ class Worker:
             return "loading", None
         error = self._loads.failed.get(model)
         return ("failed", error) if error is not None else ("ready", None)
+
+    def encoder(self) -> EncoderView | None:
+        """The embedding model open now, for /api/ps (any thread)."""
+        return self._encoders.view()
+
+    def _open_encoder(self) -> list[tuple[str, int]]:
+        view = self._encoders.view()
+        return [] if view is None else [(view.model_id, view.bytes)]
 
     def session_builds(self) -> dict[str, int | bool]:
         """Sessions new limits needed: built beside the worker, or inside a reply (any thread)."""
@@ -305,7 +314,8 @@ class Worker:
                         break
                     if self.placement.rung_moved():
                         break
-                    expiry = self.pool.next_expiry()
+                    expiries = [t for t in (self.pool.next_expiry(), self._encoders.next_expiry()) if t]
+                    expiry = min(expiries) if expiries else None
                     timeout = None if expiry is None else max(0.0, expiry - self.pool.clock())
                     if timeout == 0.0:
                         break
@@ -331,6 +341,8 @@ class Worker:
                             embed.sink(Failed(ShuttingDown("The server is shutting down")))
                         else:
                             self._embeds.append(embed)  # its next batch after what waits now
+                else:
+                    self._encoders.done(embed.keep_alive_s)
                 continue
             if moved_reply is not None:
                 try:
@@ -342,6 +354,7 @@ class Worker:
                 continue
             if job is None:
                 self.pool.expire()  # keep_alive: idle models past their time go, and free their memory
+                self._encoders.expire()
                 self.placement.shed_above_rung()
                 self._run_idle_work()
                 continue

@@ -119,6 +119,7 @@ async def embed(
     inputs: list[str] | list[list[int]],
     field: str = "input",
     fit: bool = False,
+    keep_alive_s: float | None = None,
 ) -> Embedded | None:
     """The vectors of `inputs` in order; None when the client left first (the job stops at its next batch).
     With `fit` a text over the model's context is cut to fit (Embedder.tokenize) rather than refused."""
@@ -132,6 +133,7 @@ async def embed(
         inputs=inputs,
         param=field,
         fit=fit,
+        keep_alive_s=keep_alive_s,
         sink=loop_sink(asyncio.get_running_loop(), events),
     )
     started, outcome, tokens = time.monotonic(), "client_gone", 0

@@ -339,12 +339,23 @@ class EmbedRequest(StrictBody):
     prompt: str | None = None
     # Ollama's default: an input over the context is cut to fit; false refuses it (a 400)
     truncate: bool = True
+    # how long the embedding model stays open after the request (0 closes it at once; negative keeps it)
+    keep_alive: Annotated[int | float | str | None, WithJsonSchema(_KEEP_ALIVE)] = None
+    options: OllamaOptions | None = None  # accepted as Ollama does; an encoder samples nothing
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, value: float | str | None) -> float | str | None:
+        return valid_keep_alive(value)
 
     @model_validator(mode="after")
     def _named(self) -> EmbedRequest:
         if not self.model:
             raise invalid("model is required", "model")
         return self
+
+    def keep_alive_s(self) -> float | None:
+        return parse_keep_alive(self.keep_alive)
 
 
 # ---- replies ------------------------------------------------------------------------------------------

@@ -223,7 +223,8 @@ async def show(body: wire.ShowRequest, request: Request) -> Response:
 
 @router.get("/ps")
 async def ps(request: Request) -> Response:
-    """The models in memory (the worker's pool), each with when its keep_alive runs out."""
+    """The models in memory (the worker's pool, and its open embedding model), each with when its keep_alive
+    runs out."""
     rt: Runtime = request.app.state.runtime
     if rt.worker.state != "ready":
         return reply_response(OllamaModels(models=[]))
@@ -233,22 +234,32 @@ async def ps(request: Request) -> Response:
         entry = _find(rt, loaded_id) or CatalogEntry(
             loaded_id, None, {}, can_chat=False, tokenizer_key=loaded_id
         )
-        # "kept until the server stops" as Ollama shows it: centuries ahead
-        left = 292 * 365 * 86400.0 if view.expires_in_s is None else view.expires_in_s
-        expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=max(0.0, left))
-        name = ollama_name(entry.id)
-        listed = OllamaModel(
-            name=name,
-            model=name,
-            size=entry.variant_bytes(view.variant) or entry.size_bytes or view.bytes,
-            digest=entry.digest,
-            details=_details(entry, view.variant),
-            size_vram=0,  # CPU only
-            expires_at=expires.isoformat().replace("+00:00", "Z"),
-            context_length=engine.context_length if engine is not None else None,
-        )
-        models.append(listed)
+        size = entry.variant_bytes(view.variant) or entry.size_bytes or view.bytes
+        context = engine.context_length if engine is not None else None
+        models.append(_running(entry, view.variant, size, view.expires_in_s, context))
+    encoder = rt.worker.encoder()  # the embedding model the worker has open, beside the pool
+    if encoder is not None and (entry := _find(rt, encoder.model_id)) is not None:
+        models.append(_running(entry, None, encoder.bytes, encoder.expires_in_s, entry.context_length))
     return reply_response(OllamaModels(models=models))
+
+
+def _running(
+    entry: CatalogEntry, variant: str | None, size: int, expires_in_s: float | None, context: int | None
+) -> OllamaModel:
+    # "kept until the server stops" as Ollama shows it: centuries ahead
+    left = 292 * 365 * 86400.0 if expires_in_s is None else expires_in_s
+    expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=max(0.0, left))
+    name = ollama_name(entry.id)
+    return OllamaModel(
+        name=name,
+        model=name,
+        size=size,
+        digest=entry.digest,
+        details=_details(entry, variant),
+        size_vram=0,  # CPU only
+        expires_at=expires.isoformat().replace("+00:00", "Z"),
+        context_length=context,
+    )
 
 
 @router.head("/version", include_in_schema=False)
@@ -359,7 +370,11 @@ async def embed(body: wire.EmbedRequest, request: Request) -> Response:
     arrived = time.monotonic_ns()
     entry = _embedding_model(request, body.model)
     texts = inputs_of(body.input)
-    got = await _vectors(request, entry, texts, fit=body.truncate) if texts else None
+    got = (
+        await _vectors(request, entry, texts, fit=body.truncate, keep_alive_s=body.keep_alive_s())
+        if texts
+        else None
+    )
     if texts and got is None:
         return Response(status_code=499)  # the client left; uvicorn needs an answer
     content = await asyncio.to_thread(embed_body, body.model, got, time.monotonic_ns() - arrived)
@@ -370,7 +385,7 @@ async def embed(body: wire.EmbedRequest, request: Request) -> Response:
 async def embeddings(body: wire.EmbedRequest, request: Request) -> Response:
     entry = _embedding_model(request, body.model)
     text = body.prompt or ""
-    got = await _vectors(request, entry, [text]) if text else None
+    got = await _vectors(request, entry, [text], keep_alive_s=body.keep_alive_s()) if text else None
     if text and got is None:
         return Response(status_code=499)
     return Response(await asyncio.to_thread(embedding_body, got), media_type="application/json")
@@ -384,6 +399,10 @@ def _embedding_model(request: Request, name: str) -> CatalogEntry:
 
 
 async def _vectors(
-    request: Request, entry: CatalogEntry, texts: list[str], fit: bool = False
+    request: Request,
+    entry: CatalogEntry,
+    texts: list[str],
+    fit: bool = False,
+    keep_alive_s: float | None = None,
 ) -> Embedded | None:
-    return await common_embed(request, entry, parse_inputs(texts), fit=fit)
+    return await common_embed(request, entry, parse_inputs(texts), fit=fit, keep_alive_s=keep_alive_s)
