@@ -8,7 +8,7 @@ the worker before the first pass, so a request is answered whole or refused whol
 from the rows ordered by length (`by_length`), as a batch is padded to its longest row, and each vector is
 put back at its input's index: the answer keeps the request's order. The worker keeps one embedding model
 open (`EncoderShelf`), beside the model pool, with a keep_alive as the pool's models have; the pool's memory
-plan counts it as a model in use (it is not unloaded to make room: it goes when idle past its keep_alive).
+plan counts it as a loaded model (idle, it may be closed to make room for a load, as an idle model is).
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ class EncoderView:
     model_id: str
     bytes: int  # its files on disk: the weights a session holds (fp32, read whole)
     expires_in_s: float | None  # None: kept until the server stops
+    last_used: float  # on the pool's clock
+    busy: bool  # a job uses it now
 
 
 class EncoderShelf:
@@ -71,6 +73,8 @@ class EncoderShelf:
         self._clock = clock
         self._open: tuple[str, Path, Embedder, int] | None = None
         self._expires_at = math.inf  # while a job uses it, and for ever by default
+        self._busy = False
+        self._last_used = clock()
 
     def get(self, model_id: str, path: Path) -> Embedder:
         if self._open is None or self._open[:2] != (model_id, path):
@@ -78,11 +82,13 @@ class EncoderShelf:
             size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
             self._open = (model_id, path, Embedder(path, threads=self.threads), size)
         self._expires_at = math.inf  # not while it serves
+        self._busy, self._last_used = True, self._clock()
         return self._open[2]
 
     def done(self, keep_alive_s: float | None) -> None:
         """A job is over: the model stays open for its keep_alive (None: the default; 0 closes it now)."""
         keep = self.keep_alive_s if keep_alive_s is None else keep_alive_s
+        self._busy, self._last_used = False, self._clock()
         if keep <= 0:
             self.close("keep_alive 0: closed after the request")
         elif self._open is not None:
@@ -106,7 +112,7 @@ class EncoderShelf:
         if opened is None:
             return None
         left = None if expires_at == math.inf else max(0.0, expires_at - self._clock())
-        return EncoderView(opened[0], opened[3], left)
+        return EncoderView(opened[0], opened[3], left, self._last_used, self._busy)
 
 
 @dataclass

@@ -89,8 +89,10 @@ class ModelPool:
     # hears which models are loaded after every load and unload (the governor's rung counts on them: a
     # rung whose model must load waits for room on a hot device, governor/limits.py choose_rung)
     on_loaded: Callable[[frozenset[str]], object] = lambda models: None
-    # models open outside the pool, (id, bytes), whose memory the plan counts (the worker's encoder)
-    outside: Callable[[], list[tuple[str, int]]] = lambda: []
+    # models open outside the pool, (id, bytes, last used, busy), whose memory the plan counts (the worker's
+    # encoder), and what closes one the plan unloads to make room (worker thread)
+    outside: Callable[[], list[tuple[str, int, float, bool]]] = lambda: []
+    close_outside: Callable[[str, str], None] = lambda model_id, reason: None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -249,6 +251,9 @@ class ModelPool:
             if item is not None and self._current is item.engine and not self.pinned:
                 self._current = None
         if item is None:
+            if any(m == model_id for m, *_ in self.outside()):
+                self.close_outside(model_id, reason)
+                return True
             return False
         item.engine.unload()  # sessions and KV buffers
         self.unloads += 1
@@ -282,8 +287,8 @@ class ModelPool:
             out.append(Resident(m, est.total, i.last_used, i.busy, est.rows, est.row_bytes))
         # a load in progress holds its memory (or soon will): never unloaded to make room, counted in full
         out += [Resident(p.entry.id, p.need_bytes, self.clock(), True) for p in pending]
-        # models outside the pool (the worker's open encoder): counted, never unloaded from here
-        out += [Resident(m, size, self.clock(), True) for m, size in self.outside()]
+        # models outside the pool (the worker's open encoder): counted; an idle one may be closed for room
+        out += [Resident(m, size, used, busy) for m, size, used, busy in self.outside()]
         return out
 
     def cap_rows(self, rows: int | None, reason: str) -> None:

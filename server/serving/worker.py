@@ -107,6 +107,7 @@ class Worker:
         self._embeds_turn = False
         self._encoders = EncoderShelf(encoder_threads, pool.keep_alive_s, pool.clock)
         pool.outside = self._open_encoder
+        pool.close_outside = lambda model_id, reason: self._encoders.close(reason)
         self._idle_work: list[IdleWork] = []
         self._idle_due = True
         self._idle_cancel = CancelToken()
@@ -162,9 +163,9 @@ class Worker:
         """The embedding model open now, for /api/ps (any thread)."""
         return self._encoders.view()
 
-    def _open_encoder(self) -> list[tuple[str, int]]:
+    def _open_encoder(self) -> list[tuple[str, int, float, bool]]:
         view = self._encoders.view()
-        return [] if view is None else [(view.model_id, view.bytes)]
+        return [] if view is None else [(view.model_id, view.bytes, view.last_used, view.busy)]
 
     def session_builds(self) -> dict[str, int | bool]:
         """Sessions new limits needed: built beside the worker, or inside a reply (any thread)."""

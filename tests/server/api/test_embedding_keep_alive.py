@@ -40,7 +40,8 @@ def test_encoder_when_used_then_listed_by_ps_counted_by_the_plan_and_closed_by_k
     assert ENCODER in listed
     shown = running(srv)[listed[ENCODER]]
     assert shown["size"] > 0 and shown["expires_at"]
-    assert pool.outside() == [(ENCODER, shown["size"])]  # what the memory plan counts beside the pool
+    [(model, size, _, busy)] = pool.outside()  # what the memory plan counts beside the pool
+    assert (model, size, busy) == (ENCODER, shown["size"], False)
 
     embed(srv, keep_alive=0)  # closed once the request is answered
     assert ENCODER not in {m.split(":")[0] for m in running(srv)} and pool.outside() == []
@@ -58,3 +59,24 @@ def test_encoder_keep_alive_when_malformed_then_ollama_400(live, tmp_path, home,
     srv = encoder_server(live, tmp_path, home[0])
     r = httpx.post(srv.url + "/api/embed", json={"model": ENCODER, "input": "x", "keep_alive": keep_alive})
     assert r.status_code == 400 and "keep_alive" in r.json()["error"]
+
+
+def test_encoder_when_idle_and_a_load_needs_its_room_then_closed_for_it(live, tmp_path, home) -> None:
+    from server.serving.memory_plan import MemoryBudget
+
+    srv = encoder_server(live, tmp_path, home[0])
+    served = srv.app.state.runtime.served
+    unload = {"model": "tiny-a", "messages": [], "keep_alive": 0}
+    assert httpx.post(srv.url + "/api/chat", json=unload).status_code == 200
+    deadline = time.monotonic() + 10
+    while "tiny-a" in served.pool.loaded_ids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    embed(srv)
+    [(_, encoder_bytes, _, _)] = served.pool.outside()
+    entry = served.catalog.get("tiny-a")
+    need = served.cost(entry, entry.default_variant).with_rows(1).total  # its least: one reply at a time
+    served.pool.budget = MemoryBudget(need + encoder_bytes // 2, 0)  # the chat model fits only without it
+    chat = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=chat, timeout=60)
+    assert r.status_code == 200, r.text
+    assert served.pool.outside() == []  # the idle encoder went, least recently used, to make room
