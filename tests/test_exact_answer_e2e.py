@@ -80,7 +80,8 @@ def serve(home: Path) -> Iterator[str]:
                 proc.stderr.read().decode(errors="replace")[-3000:] if proc.stderr else ""
             )
             try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                r = httpx.get(url + "/health", timeout=5)
+                if r.status_code == 200 and r.json()["status"] == "ok":  # the model loaded
                     break
             except httpx.TransportError:
                 pass

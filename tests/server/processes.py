@@ -20,7 +20,8 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the server exited before it was ready"
         try:
-            if httpx.get(url + "/health").status_code == 200:
+            r = httpx.get(url + "/health")
+            if r.status_code == 200 and r.json()["status"] == "ok":  # 200 "loading" from the start
                 return
         except httpx.TransportError:
             pass

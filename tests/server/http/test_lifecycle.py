@@ -40,7 +40,8 @@ def test_serve_when_sigterm_during_stream_then_error_chunk_done_and_exit_within_
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                if httpx.get(url + "/health").status_code == 200:
+                r = httpx.get(url + "/health")
+                if r.status_code == 200 and r.json()["status"] == "ok":
                     break
             except httpx.TransportError:
                 pass

@@ -95,7 +95,8 @@ def start_upstream(model_dir: Path, home: Path, *, pace: float, key: str = UPSTR
         if proc.poll() is not None:
             raise RuntimeError(f"the upstream exited: {log_path.read_text()[-2000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(upstream.url + "/health", timeout=2).status_code == 200:
+            r = httpx.get(upstream.url + "/health", timeout=2)
+            if r.status_code == 200 and r.json()["status"] == "ok":  # its model loaded
                 return upstream
         if time.monotonic() > deadline:
             upstream.stop()

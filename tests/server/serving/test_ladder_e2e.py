@@ -69,7 +69,7 @@ def test_ladder_when_device_heats_mid_reply_then_reply_moves_to_smollm2_and_back
     )
     srv = live(served=served, governor=GovernorGate(governor, pause_timeout_s=120.0), **overrides)
     for _ in range(600):  # Gemma loads at start (/health says loading until it is in)
-        if httpx.get(srv.url + "/health").status_code == 200:
+        if httpx.get(srv.url + "/health").json()["status"] == "ok":
             break
         time.sleep(0.1)
 
