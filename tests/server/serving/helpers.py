@@ -4,6 +4,7 @@ reference reply and a stream for the several-models tests."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import httpx
@@ -34,6 +35,12 @@ PROMPT = "The quick brown fox"
 
 
 def stream(srv, model: str, max_tokens: int) -> tuple[str, list[str], list[dict], dict]:
+    """A greedy streamed completion: (its text, each chunk's model, the switches, the usage)."""
+    return timed_stream(srv, model, max_tokens)[1:]
+
+
+def timed_stream(srv, model: str, max_tokens: int, **extra) -> tuple[float, str, list[str], list[dict], dict]:
+    """stream(), with when its first text arrived (time.monotonic) in front; `extra`: more body fields."""
     body = {
         "model": model,
         "prompt": PROMPT,
@@ -43,8 +50,9 @@ def stream(srv, model: str, max_tokens: int) -> tuple[str, list[str], list[dict]
         "stream": True,
         "stream_options": {"include_usage": True},
         "governor_events": True,
+        **extra,
     }
-    text, names, switches, usage, event = "", [], [], {}, None
+    first, text, names, switches, usage, event = None, "", [], [], {}, None
     with httpx.Client(base_url=srv.url, timeout=30) as c, c.stream("POST", "/v1/completions", json=body) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
@@ -57,10 +65,14 @@ def stream(srv, model: str, max_tokens: int) -> tuple[str, list[str], list[dict]
                 elif data.get("usage"):
                     usage = data["usage"]
                 else:
-                    text += "".join(ch["text"] for ch in data["choices"])
+                    chunk = "".join(ch["text"] for ch in data["choices"])
+                    if chunk and first is None:
+                        first = time.monotonic()
+                    text += chunk
                     names.append(data["model"])
                 event = None
-    return text, names, switches, usage
+    assert first is not None
+    return first, text, names, switches, usage
 
 
 def reference(first_dir, second_dir, n_first: int, total: int, same_tokenizer: bool) -> str:

@@ -49,6 +49,20 @@ class ThreadGate:
         return None
 
 
+def slow_builds(engine) -> list[int]:
+    """Every session `engine` builds from now takes BUILD_S more (the engine's own seam); the thread counts
+    built, in order."""
+    opened, original = [], engine._open_session
+
+    def slow(variant: str, threads: int, spinning: bool):
+        opened.append(threads)
+        time.sleep(BUILD_S)
+        return original(variant, threads, spinning)
+
+    engine._open_session = slow
+    return opened
+
+
 def timed_stream(srv, max_tokens: int) -> list[float]:
     """When the request was sent, then when each streamed chunk of text arrived."""
     body = {"model": "tiny-small", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0}
@@ -69,14 +83,7 @@ def test_threads_when_the_governor_changes_them_mid_reply_then_the_session_is_bu
     engine = served.pool.engine("tiny-small")
     assert engine is not None
     gate.threads = 1 if engine.threads != 1 else 2  # another thread count: another session
-    opened, original = [], engine._open_session
-
-    def slow(variant: str, threads: int, spinning: bool):
-        opened.append(threads)
-        time.sleep(BUILD_S)
-        return original(variant, threads, spinning)
-
-    engine._open_session = slow  # type: ignore[method-assign]
+    opened = slow_builds(engine)
     times = timed_stream(srv, 60)
 
     gaps = [b - a for a, b in itertools.pairwise(times[1:])]
@@ -95,14 +102,7 @@ def test_threads_when_there_is_no_room_for_a_second_session_then_built_inside_th
     assert engine is not None
     gate.threads = 1 if engine.threads != 1 else 2
     served.pool.session_room = lambda engine, limits: False  # type: ignore[method-assign]
-    opened, original = [], engine._open_session
-
-    def slow(variant: str, threads: int, spinning: bool):
-        opened.append(threads)
-        time.sleep(BUILD_S)
-        return original(variant, threads, spinning)
-
-    engine._open_session = slow  # type: ignore[method-assign]
+    opened = slow_builds(engine)
     times = timed_stream(srv, 30)
     gaps = [b - a for a, b in itertools.pairwise(times[1:])]
     assert opened == [gate.threads] and max(gaps) >= BUILD_S * 0.9  # as before: the reply waited

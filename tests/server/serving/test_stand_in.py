@@ -6,7 +6,6 @@ phone's shape (a bigger model, then one of another tokenizer)."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -18,7 +17,8 @@ from server.serving.ladder import Target, stand_in, start_stand_in
 from server.serving.model_setup import serve_folders
 from tests.server.conftest import make_settings
 from tests.server.fakes import PaceGate
-from tests.server.serving.helpers import PROMPT, reference
+from tests.server.serving import helpers
+from tests.server.serving.helpers import reference
 
 LOAD_S = 1.5  # the big model's load: an order of magnitude above a tiny model's first token
 PACE = 25.0  # tokens/s: a 60-token reply outlives the load (2.4 s)
@@ -88,29 +88,9 @@ def start_cold(live, tmp_path, dirs, **extra):
 
 
 def timed_stream(srv, max_tokens: int, **extra) -> tuple[float, str, list[str], list[dict], dict]:
-    """(when the first text arrived, the text, each chunk's model, the switches, the usage)."""
-    body = {"model": "tiny-big", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0}
-    body |= {"ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    body |= {"governor_events": True, **extra}
-    first, text, names, switches, usage, event = None, "", [], [], {}, None
-    with httpx.Client(base_url=srv.url, timeout=30) as c, c.stream("POST", "/v1/completions", json=body) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                event = line.removeprefix("event: ")
-            elif line.startswith("data: ") and line != "data: [DONE]":
-                data = json.loads(line.removeprefix("data: "))
-                if event == "governor":
-                    switches.append(data["switch"])
-                elif data.get("usage"):
-                    usage = data["usage"]
-                elif data["choices"][0]["text"]:
-                    first = first or time.monotonic()
-                    text += data["choices"][0]["text"]
-                    names.append(data["model"])
-                event = None
-    assert first is not None
-    return first, text, names, switches, usage
+    """A greedy stream for tiny-big: (when its first text came, the text, each chunk's model, the switches,
+    the usage)."""
+    return helpers.timed_stream(srv, "tiny-big", max_tokens, **extra)
 
 
 @pytest.mark.parametrize("max_batch", [4, 1], ids=["batch-loop", "alone"])
