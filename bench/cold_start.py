@@ -36,16 +36,21 @@ LOADED = re.compile(r"loaded (\S+?)/(\S+) in ([0-9.]+) s")
 QUESTION = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
 
 
-def stream_chat(url: str, model: str, max_tokens: int) -> dict[str, Any]:
-    """One streamed chat sent now: when its first token came, when it switched model, when it ended."""
-    body = {
+def chat_body(model: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    """The benchmark's one question, streamed, greedy."""
+    return {
         "model": model,
         "messages": [{"role": "user", "content": QUESTION}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
-        "governor_events": True,
+        **extra,
     }
+
+
+def stream_chat(url: str, model: str, max_tokens: int) -> dict[str, Any]:
+    """One streamed chat sent now: when its first token came, when it switched model, when it ended."""
+    body = chat_body(model, max_tokens, governor_events=True)
     sent = time.monotonic()
     first = switched = None
     models: list[str] = []
@@ -79,14 +84,7 @@ def stream_chat(url: str, model: str, max_tokens: int) -> dict[str, Any]:
 
 def token_times(url: str, model: str, max_tokens: int, out: list[float]) -> None:
     """Stream one reply of `max_tokens` (ignore_eos), appending when each token's chunk arrived."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": QUESTION}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
+    body = chat_body(model, max_tokens, ignore_eos=True)
     with httpx.Client(timeout=300) as c, c.stream("POST", url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
