@@ -1,4 +1,5 @@
-"""`simmer bench engine | server | sustained | soak | json | concurrency | cpu-cost | cold-start | embed`:
+"""`simmer bench engine | server | sustained | soak | json | concurrency | cpu-cost | cold-start | embed |
+embed-chat`:
 benchmarks that print JSON (and a peer)."""
 
 from __future__ import annotations
@@ -149,6 +150,14 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     )
     m.add_argument("--dtype", choices=["f32", "f16"], default="f32", help="llama.cpp's GGUF")
     m.add_argument("--json")
+    e = sub.add_parser(
+        "embed-chat", help="a chat's inter-token gaps alone and beside a large embedding request"
+    )
+    e.add_argument("--model", default=None, help="the chat model (default: the server's)")
+    e.add_argument("--sentences", type=int, default=5000)
+    e.add_argument("--rounds", type=int, default=3)
+    e.add_argument("--max-tokens", type=int, default=3000, help="the chat's length (ignore_eos)")
+    e.add_argument("--json")
     o = sub.add_parser(
         "cold-start", help="a cold server's first chat: a small model standing in vs waiting for the load"
     )
@@ -176,6 +185,18 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             rounds=args.rounds,
             max_tokens=args.max_tokens,
             stall=args.stall,
+        )
+        _write(report, args.json)
+        return 0
+    if args.what == "embed-chat":
+        from bench.embed_chat import bench_embed_chat
+
+        report = bench_embed_chat(
+            settings,
+            model=args.model,
+            n_sentences=args.sentences,
+            rounds=args.rounds,
+            max_tokens=args.max_tokens,
         )
         _write(report, args.json)
         return 0

@@ -62,12 +62,12 @@ class Embedder:
             rows = [r if len(r) <= self.context else r[: self.context - 1] + r[-1:] for r in rows]
         return rows
 
-    def check(self, rows: Sequence[Sequence[int]], param: str = "input") -> None:
+    def check(self, rows: Sequence[Sequence[int]], param: str = "input", first: int = 0) -> None:
         """Refuse what the graph must not run: no rows, an empty row, an id outside the vocabulary, a row
-        longer than the context."""
+        longer than the context. `first`: the first row's index in the request, which a refusal names."""
         if not rows:
             raise InvalidParameter("nothing to embed", param=param)
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rows, start=first):
             if not row:
                 raise InvalidParameter(f"input {i} is empty", param=param)
             if len(row) > self.context:

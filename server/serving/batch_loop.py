@@ -49,6 +49,11 @@ class Lineup(Protocol):
         whose model is not loaded start waiting for its load (serving/load_waits.py)."""
         ...
 
+    def between_tokens(self) -> None:
+        """Other work that waits, in a slice about as long as one of the running replies' passes (an
+        embedding job's next rows)."""
+        ...
+
 
 class BatchLoop:
     def __init__(self, placement: Placement, gate: Gate, lineup: Lineup) -> None:
@@ -88,6 +93,7 @@ class BatchLoop:
                         break
                     reply.deliver(event)
                     self.lineup.between_passes()
+                    self.lineup.between_tokens()
                 if handover is None:
                     break
                 # the old model's generation holds its session: gone first, so that unloading the model
@@ -122,6 +128,7 @@ class BatchLoop:
             self._join(batch, first, rows, token)
             while rows:
                 self.lineup.between_passes()
+                self.lineup.between_tokens()
                 self._admit(batch, rows, token)
                 events = placement.take_batch_events() + self._sweep(batch, rows)
                 if token.cancelled:  # those rows are gone: a fresh token for the ones left

@@ -66,6 +66,11 @@ class Gate(Protocol):
         the gate's meter and pace; a gate never told counts a step as one token."""
         ...
 
+    def note_aside(self, wall_s: float, cpu_s: float) -> None:
+        """Work between two steps that is not the engine's (an embedding slice): the pace counts its time,
+        the meter leaves it out of the step's cost."""
+        ...
+
     @property
     def rung(self) -> str | None:
         """The model of the governor's rung now (None: no ladder, no governor). Read from any thread."""
@@ -98,6 +103,9 @@ class NoGate:
         return None
 
     def note_pass(self, tokens: int) -> None:
+        return None
+
+    def note_aside(self, wall_s: float, cpu_s: float) -> None:
         return None
 
 

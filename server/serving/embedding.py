@@ -1,20 +1,28 @@
 """Embeddings on the worker thread: an `EmbedJob` is a request's inputs for one embedding model, run a
-bounded batch (models/runtime/embedder.py's MAX_BATCH rows) per turn of the worker, which puts the job
-back at the end of its embedding queue between batches and alternates it with generation jobs, so a large
-request never holds the worker for more than one batch while others wait.
+bounded step at a time, so a large request never holds the worker for long while others wait:
+- between generation jobs, a step is a batch of at most models/runtime/embedder.py's MAX_BATCH rows (or a
+  chunk of inputs tokenized); the worker puts the job back at the end of its embedding queue and
+  alternates it with generation jobs;
+- while replies stream, a step runs between two of their passes (a slice) and is sized to last about as
+  long as one of those passes (`PassGaps` measures them; `rows_within` sizes the batch from the job's own
+  measured cost per token), so a reader's next token waits at most about twice its usual gap.
 
 The inputs are tokenized (strings) and checked (every row: ids in the vocabulary, within the context) on
-the worker before the first pass, so a request is answered whole or refused whole. The batches are then cut
-from the rows ordered by length (`by_length`), as a batch is padded to its longest row, and each vector is
-put back at its input's index: the answer keeps the request's order. The worker keeps one embedding model
-open (`EncoderShelf`), beside the model pool, with a keep_alive as the pool's models have; the pool's memory
-plan counts it as a loaded model (idle, it may be closed to make room for a load, as an idle model is).
+the worker before the first pass, a chunk per step, so a request is answered whole or refused whole. The
+batches are then cut from the rows ordered by length (`by_length`), as a batch is padded to its longest
+row, and each vector is put back at its input's index: the answer keeps the request's order. The worker
+keeps one embedding model open (`EncoderShelf`), beside the model pool, with a keep_alive as the pool's
+models have; the pool's memory plan counts it as a loaded model (idle, it may be closed to make room for a
+load, as an idle model is).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
+import statistics
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,8 +39,16 @@ from server.serving.events import Failed
 log = logging.getLogger("simmer.pool")
 
 # Inputs per request. Each is checked and tokenized before the first pass, and every vector is held until
-# the last batch: 256 inputs of 384 floats is 400 KB; at 32 rows a pass, 8 turns of the worker.
-MAX_EMBED_INPUTS = 256
+# the last batch: 8,192 inputs of 384 floats is 12.6 MB (their JSON about 60 MB, built a row at a time off
+# the event loop); the request body's own cap (SIMMER_MAX_BODY_BYTES) usually bounds it first.
+MAX_EMBED_INPUTS = 8192
+# Texts tokenized per step between jobs: 512 short sentences are a few milliseconds of WordPiece. In a slice
+# as many as its budget allows at the job's measured cost per text (SLICE_TEXTS while that is unknown).
+TOKENIZE_CHUNK = 512
+SLICE_TEXTS = 32
+# A slice between two passes of running replies lasts about this share of their median pass: the reader's
+# next token then waits under 2x its usual gap.
+SLICE_SHARE = 0.6
 
 
 def by_length(rows: Sequence[Sequence[int]]) -> list[int]:
@@ -65,7 +81,9 @@ class EncoderView:
 class EncoderShelf:
     """The embedding model the worker has open: opened on first use, replaced when another is asked for, and
     closed once idle past its keep_alive (the request's, else SIMMER_KEEP_ALIVE_S; 0: after the request), as
-    a generation model is. Worker thread only, except `view` (any thread: one tuple read)."""
+    a generation model is. While replies stream, `ready` opens it beside the worker (building a session is
+    not inference; the reader's tokens go on meanwhile). Worker thread only, except `view` (any thread: one
+    tuple read) and the opening thread's hand-over (under the lock)."""
 
     def __init__(self, threads: int = 1, keep_alive_s: float = math.inf, clock=time.monotonic) -> None:
         self.threads = threads
@@ -75,15 +93,51 @@ class EncoderShelf:
         self._expires_at = math.inf  # while a job uses it, and for ever by default
         self._busy = False
         self._last_used = clock()
+        self._lock = threading.Lock()
+        self._opening: tuple[str, Path] | None = None  # opened beside the worker now
+        self._opened: tuple[str, Path, Embedder | BaseException] | None = None  # and done, not taken yet
 
     def get(self, model_id: str, path: Path) -> Embedder:
         if self._open is None or self._open[:2] != (model_id, path):
             self._open = None  # the old session goes before the new one loads
             size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-            self._open = (model_id, path, Embedder(path, threads=self.threads), size)
+            self._open = (model_id, path, self._take(model_id, path), size)
         self._expires_at = math.inf  # not while it serves
         self._busy, self._last_used = True, self._clock()
         return self._open[2]
+
+    def ready(self, model_id: str, path: Path) -> bool:
+        """Whether `get` would answer without opening the model on the worker: it is open, or was opened
+        beside it (or failed to: `get` then raises the error). Else its opening starts beside the worker."""
+        if self._open is not None and self._open[:2] == (model_id, path):
+            return True
+        with self._lock:
+            if self._opened is not None and self._opened[:2] == (model_id, path):
+                return True
+            if self._opening is None:
+                self._opening = (model_id, path)
+                threading.Thread(
+                    target=self._open_beside, args=(model_id, path), name="simmer-encoder-open", daemon=True
+                ).start()
+        return False
+
+    def _open_beside(self, model_id: str, path: Path) -> None:
+        try:
+            opened: Embedder | BaseException = Embedder(path, threads=self.threads)
+        except Exception as err:  # the job that asked gets it from get()
+            opened = err
+        with self._lock:
+            self._opening, self._opened = None, (model_id, path, opened)
+
+    def _take(self, model_id: str, path: Path) -> Embedder:
+        """The model opened beside the worker if that is the one, else opened here."""
+        with self._lock:
+            opened, self._opened = self._opened, None
+        if opened is not None and opened[:2] == (model_id, path):
+            if isinstance(opened[2], BaseException):
+                raise opened[2]
+            return opened[2]
+        return Embedder(path, threads=self.threads)
 
     def done(self, keep_alive_s: float | None) -> None:
         """A job is over: the model stays open for its keep_alive (None: the default; 0 closes it now)."""
@@ -105,6 +159,8 @@ class EncoderShelf:
         if self._open is not None:
             log.info("closed the embedding model %s: %s", self._open[0], reason)
         self._open = None
+        with self._lock:
+            self._opened = None  # one opened beside the worker and not taken yet goes too
         release_freed_memory()
 
     def view(self) -> EncoderView | None:
@@ -113,6 +169,49 @@ class EncoderShelf:
             return None
         left = None if expires_at == math.inf else max(0.0, expires_at - self._clock())
         return EncoderView(opened[0], opened[3], left, self._last_used, self._busy)
+
+
+def rows_within(widths: Sequence[int], budget_s: float | None, s_per_token: float | None) -> int:
+    """How many of the next rows (their lengths, shortest first) one pass takes: MAX_BATCH without a budget;
+    with one, as many as fit it at the job's measured cost per padded token (a pass pads every row to the
+    last one's length), at least one; one row while the cost is unknown (the first pass measures it)."""
+    if budget_s is None:
+        return min(MAX_BATCH, len(widths))
+    if s_per_token is None:
+        return 1
+    n = 1
+    while n < min(MAX_BATCH, len(widths)) and (n + 1) * widths[n] * s_per_token <= budget_s:
+        n += 1
+    return n
+
+
+class PassGaps:
+    """The time between two passes of the replies running now, which sizes an embedding slice (worker
+    thread). A slice's own time is not a gap: `restart` after it. `clear` when other replies start (another
+    model's passes take another time)."""
+
+    def __init__(self, keep: int = 9, least: int = 3) -> None:
+        self._gaps: collections.deque[float] = collections.deque(maxlen=keep)
+        self._least = least  # gaps seen before a slice runs: the first ones hold a prefill
+        self._since: float | None = None
+
+    def note(self, now: float) -> None:
+        if self._since is not None:
+            self._gaps.append(now - self._since)
+        self._since = now
+
+    def restart(self, now: float) -> None:
+        self._since = now
+
+    def clear(self) -> None:
+        self._gaps.clear()
+        self._since = None
+
+    def budget(self) -> float | None:
+        """SLICE_SHARE of the median gap; None until `least` gaps were seen."""
+        if len(self._gaps) < self._least:
+            return None
+        return SLICE_SHARE * statistics.median(self._gaps)
 
 
 @dataclass
@@ -127,37 +226,41 @@ class EmbedJob:
     keep_alive_s: float | None = None  # how long the model stays open after it (None: SIMMER_KEEP_ALIVE_S)
     cancel: CancelToken = field(default_factory=CancelToken)
     enqueued_at: float = field(default_factory=time.monotonic)
-    rows: list[list[int]] | None = None  # tokenized and checked, on the worker; in the request's order
+    rows: list[list[int]] = field(default_factory=list)  # tokenized and checked so far, in request order
     order: list[int] = field(default_factory=list)  # the rows' indices in the order the batches take them
     parts: list[np.ndarray] = field(default_factory=list)  # each batch's vectors, rows in `order`
     batches_run: int = 0  # gated_step counts them
     pass_s: float | None = None  # the last batch's forward pass, for the governor's CPU budget
+    s_per_token: float | None = None  # the last pass's seconds per padded token: sizes a slice
+    s_per_text: float | None = None  # the last chunk's seconds of tokenizing per text: sizes a slice
 
     @property
     def done_rows(self) -> int:
         return sum(len(p) for p in self.parts)
 
-    def step(self, shelf: EncoderShelf) -> bool:
-        """One batch on the worker thread. True when the job is over: answered, failed or its client gone."""
+    @property
+    def tokenized(self) -> bool:
+        return len(self.rows) == len(self.inputs)
+
+    def step(self, shelf: EncoderShelf, budget_s: float | None = None) -> bool:
+        """One step on the worker thread: a chunk of inputs tokenized and checked, else one batch (as many
+        rows as `budget_s` allows: rows_within). True when the job is over: answered, failed or its client
+        gone."""
         if self.cancel.cancelled:
             return True
         try:
             encoder = shelf.get(self.model_id, self.path)
-            if self.rows is None:
-                texts = [x for x in self.inputs if isinstance(x, str)]
-                rows = (
-                    encoder.tokenize(texts, fit=self.fit)
-                    if texts
-                    else [list(x) for x in self.inputs if not isinstance(x, str)]
-                )
-                encoder.check(rows, param=self.param)  # in the request's order: a refusal names its index
-                self.order = by_length(rows)
-                self.rows = rows
+            if not self.tokenized:
+                self._tokenize(encoder, budget_s)
+                return False
             start = self.done_rows
-            batch = [self.rows[i] for i in self.order[start : start + MAX_BATCH]]
+            take = self.order[start : start + MAX_BATCH]
+            n = rows_within([len(self.rows[i]) for i in take], budget_s, self.s_per_token)
+            batch = [self.rows[i] for i in take[:n]]
             began = time.monotonic()
             self.parts.append(encoder.embed(batch))
             self.pass_s = time.monotonic() - began
+            self.s_per_token = self.pass_s / (len(batch) * len(batch[-1]))
         except Exception as err:  # a refusal (SimmerError) or the engine's own failure: the job's answer
             self.sink(Failed(err))
             return True
@@ -168,6 +271,28 @@ class EmbedJob:
         vectors[self.order] = ordered  # each vector back at its input's index
         self.sink(Embedded(vectors, sum(len(r) for r in self.rows)))
         return True
+
+    def _tokenize(self, encoder: Embedder, budget_s: float | None) -> None:
+        """The next inputs as rows (TOKENIZE_CHUNK of them, or what a slice's budget allows), checked (a
+        refusal names the input's index in the request); once all are, the order the batches take them in."""
+        first = len(self.rows)
+        n = TOKENIZE_CHUNK
+        if budget_s is not None:
+            n = SLICE_TEXTS if self.s_per_text is None else int(budget_s / self.s_per_text)
+            n = max(1, min(TOKENIZE_CHUNK, n))
+        chunk = self.inputs[first : first + n]
+        began = time.monotonic()
+        texts = [x for x in chunk if isinstance(x, str)]
+        rows = (
+            encoder.tokenize(texts, fit=self.fit)
+            if texts
+            else [list(x) for x in chunk if not isinstance(x, str)]
+        )
+        encoder.check(rows, param=self.param, first=first)
+        self.s_per_text = (time.monotonic() - began) / len(chunk)
+        self.rows.extend(rows)
+        if self.tokenized:
+            self.order = by_length(self.rows)
 
 
 def gated_step(job: EmbedJob, shelf: EncoderShelf, gate: Gate) -> bool:

@@ -154,6 +154,7 @@ class GovernorGate:
         self._job_wake = threading.Event()
         self._last_step: float | None = None
         self._pass_tokens = 1  # what the pass before the next step made (note_pass)
+        self._aside = (0.0, 0.0)  # wall and CPU seconds of other work since the last step (note_aside)
         self.pauses = 0  # times the governor entered a pause
         self.paused_seconds = 0.0  # worker time spent waiting out pauses
         self.throttled_seconds = 0.0  # worker time spent idling for the device's own throttling
@@ -226,12 +227,19 @@ class GovernorGate:
         cancel.on_cancel(wake.set)
         self._last_step = None
         self._pass_tokens = 1
+        self._aside = (0.0, 0.0)
         return self._apply(self._decide(None, new_job=True), cancel, enqueued_at + self.pause_timeout_s)
 
     def note_pass(self, tokens: int) -> None:
         """The worker's word on the pass before the next step: it made `tokens` tokens (a batch's pass of
         that many replies; 0: a prefill chunk). Unsaid, a step is one token (the one-reply engine's)."""
         self._pass_tokens = tokens
+
+    def note_aside(self, wall_s: float, cpu_s: float) -> None:
+        """Other work ran since the last step (an embedding slice): the meter prices the engine's
+        configuration, so the step's cost leaves it out; the pace does not (its CPU is the budget's too)."""
+        wall, cpu = self._aside
+        self._aside = (wall + wall_s, cpu + cpu_s)
 
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
         if cancel is not self._job:  # a caller that skipped before_job (engine used directly)
@@ -240,8 +248,11 @@ class GovernorGate:
         now = time.monotonic()
         pass_s = None if self._last_step is None else now - self._last_step
         tokens, self._pass_tokens = self._pass_tokens, 1
+        (aside_wall, aside_cpu), self._aside = self._aside, (0.0, 0.0)
         if pass_s is not None:
-            self._measure(self._cpu_time() - self._last_cpu, pass_s, tokens)
+            self._measure(
+                self._cpu_time() - self._last_cpu - aside_cpu, max(0.0, pass_s - aside_wall), tokens
+            )
         decision = self._decide(pass_s, new_job=False, tokens=tokens)
         limits = self._apply(decision, cancel, None)
         # the next call measures the forward pass alone; the CPU clock is read first, so the pass measured

@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -52,7 +53,7 @@ from server.serving.contracts import (
     WorkerMetrics,
     reply_tokens,
 )
-from server.serving.embedding import EmbedJob, EncoderShelf, EncoderView, gated_step
+from server.serving.embedding import EmbedJob, EncoderShelf, EncoderView, PassGaps, gated_step
 from server.serving.events import Failed, GovernorUpdate
 from server.serving.ladder import Target
 from server.serving.load_waits import LoadWaits
@@ -105,6 +106,7 @@ class Worker:
         # embedding jobs (server/serving/embedding.py), a batch per turn, alternating with generation jobs
         self._embeds: collections.deque[EmbedJob] = collections.deque()
         self._embeds_turn = False
+        self._gaps = PassGaps()  # the running replies' passes, which size an embedding slice between them
         self._encoders = EncoderShelf(encoder_threads, pool.keep_alive_s, pool.clock)
         pool.outside = self._open_encoder
         pool.close_outside = lambda model_id, reason: self._encoders.close(reason)
@@ -336,15 +338,9 @@ class Worker:
                 if job is None and moved_reply is None and embed is None:
                     self._idle_cancel = CancelToken()
             if embed is not None:
-                if not gated_step(embed, self._encoders, self.gate):
-                    with self._cond:
-                        if self.state == "closed":
-                            embed.sink(Failed(ShuttingDown("The server is shutting down")))
-                        else:
-                            self._embeds.append(embed)  # its next batch after what waits now
-                else:
-                    self._encoders.done(embed.keep_alive_s)
+                self._after_embed_step(embed, gated_step(embed, self._encoders, self.gate))
                 continue
+            self._gaps.clear()  # replies start: their passes, not the last ones', size the slices
             if moved_reply is not None:
                 try:
                     self._batches.serve(moved_reply)
@@ -489,6 +485,40 @@ class Worker:
             del self._queue[turn]
             self._held.hold(job)  # close() fails it from here on
         return placement.start(job)
+
+    def between_tokens(self) -> None:
+        """Between two passes of running replies: a slice of the first embedding job waiting, sized to last
+        about as long as one of their passes (embedding.PassGaps, rows_within). Not while the governor holds
+        new work back, nor while the job's model is still opening beside the worker. The slice's time counts
+        in the replies' pace (the CPU it takes is the budget's too) but not in their configuration's cost
+        (gate.note_aside)."""
+        self._gaps.note(time.monotonic())
+        budget = self._gaps.budget()
+        with self._cond:
+            job = (
+                self._embeds[0] if self._embeds and budget is not None and not self.gate.pauses_new else None
+            )
+        if job is None or (not job.cancel.cancelled and not self._encoders.ready(job.model_id, job.path)):
+            return
+        with self._cond:
+            if not self._embeds or self._embeds[0] is not job:
+                return  # the server closed meanwhile
+            self._embeds.popleft()
+        wall, cpu = time.monotonic(), time.process_time()
+        done = job.step(self._encoders, budget)
+        self.gate.note_aside(time.monotonic() - wall, time.process_time() - cpu)
+        self._after_embed_step(job, done)
+        self._gaps.restart(time.monotonic())
+
+    def _after_embed_step(self, job: EmbedJob, done: bool) -> None:
+        if done:
+            self._encoders.done(job.keep_alive_s)
+            return
+        with self._cond:
+            if self.state == "closed":
+                job.sink(Failed(ShuttingDown("The server is shutting down")))
+            else:
+                self._embeds.append(job)  # its next step after what waits now
 
     def move(self, reply: Reply) -> None:
         """The reply goes on on another model once the running batch is done."""

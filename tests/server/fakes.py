@@ -431,6 +431,9 @@ class FakeGovernor:
     def note_pass(self, tokens: int) -> None:
         return None
 
+    def note_aside(self, wall_s: float, cpu_s: float) -> None:
+        return None
+
 
 class HoldGate:
     """No governor, except that the first job waits until `release` is set: the test queues every request
@@ -461,6 +464,9 @@ class HoldGate:
         return None
 
     def note_pass(self, tokens: int) -> None:
+        return None
+
+    def note_aside(self, wall_s: float, cpu_s: float) -> None:
         return None
 
 
@@ -515,6 +521,9 @@ class PaceGate:
     def note_pass(self, tokens: int) -> None:
         self._tokens = tokens
         self.inner.note_pass(tokens)
+
+    def note_aside(self, wall_s: float, cpu_s: float) -> None:
+        self.inner.note_aside(wall_s, cpu_s)
 
     def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> None:
         self.inner.before_batch(cancel, enqueued_at, pass_s)  # the pace is for tokens: a batch makes none

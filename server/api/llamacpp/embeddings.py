@@ -10,11 +10,10 @@ the graph's normalisation, which the graph does not give: it is refused (a 400) 
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from models.errors import InvalidParameter
+from server.api.common.embeddings import rows_json
 from server.serving.embedding import Embedded
 
 NO_NORMALISATION = -1
@@ -53,6 +52,7 @@ def normalised(rows: np.ndarray, how: int) -> np.ndarray:
 
 def embedding_body(got: Embedded, how: int) -> bytes:
     """The JSON reply (a thread's work, as for the other dialects)."""
-    rows = normalised(got.vectors, how)
-    body = [{"index": i, "embedding": [[float(v) for v in row]]} for i, row in enumerate(rows)]
-    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+    rows = rows_json(normalised(got.vectors, how))  # a vector at a time, as for the other dialects
+    return (
+        "[" + ",".join(f'{{"index":{i},"embedding":[{row}]}}' for i, row in enumerate(rows)) + "]"
+    ).encode()

@@ -11,11 +11,10 @@ first tokens and its closing [SEP]; `truncate: false` refuses it with context_le
 from __future__ import annotations
 
 import json
-from typing import Any
 
-import numpy as np
 from pydantic import NonNegativeInt
 
+from server.api.common.embeddings import rows_json
 from server.api.common.reply import Reply, absent
 from server.serving.embedding import Embedded
 
@@ -40,16 +39,14 @@ def inputs_of(value: str | list[str] | None) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-def _floats(rows: np.ndarray) -> list[list[float]]:
-    return [[float(x) for x in row] for row in rows]
-
-
 def embed_body(model: str, got: Embedded | None, total_ns: int) -> bytes:
-    body: dict[str, Any] = {"model": model, "embeddings": _floats(got.vectors) if got else []}
-    if got is not None:
-        body |= {"total_duration": total_ns, "prompt_eval_count": got.prompt_tokens}
-    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+    """The JSON reply, a vector at a time (rows_json)."""
+    rows = ",".join(rows_json(got.vectors)) if got is not None else ""
+    counts = (
+        f',"total_duration":{total_ns},"prompt_eval_count":{got.prompt_tokens}' if got is not None else ""
+    )
+    return f'{{"model":{json.dumps(model)},"embeddings":[{rows}]{counts}}}'.encode()
 
 
 def embedding_body(got: Embedded | None) -> bytes:
-    return json.dumps({"embedding": _floats(got.vectors)[0] if got else []}, separators=(",", ":")).encode()
+    return f'{{"embedding":{rows_json(got.vectors[:1])[0] if got else "[]"}}}'.encode()

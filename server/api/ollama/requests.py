@@ -45,6 +45,7 @@ from server.api.common.fields import (
 )
 from server.api.common.names import model_id
 from server.api.common.tools import NamedToolChoice, ToolSpec, check_openai_tools
+from server.serving.embedding import MAX_EMBED_INPUTS
 from server.serving.keep_alive import PATTERN as KEEP_ALIVE_PATTERN
 from server.serving.keep_alive import parse_keep_alive
 
@@ -332,7 +333,7 @@ class EmbedRequest(StrictBody):
 
     model_config = _model_required()
 
-    COUNTS: ClassVar[dict[str, int]] = {"input": MAX_INPUTS}
+    COUNTS: ClassVar[dict[str, int]] = {"input": MAX_EMBED_INPUTS}
 
     model: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})] = ""
     input: str | list[str] | None = None

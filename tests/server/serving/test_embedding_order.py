@@ -14,7 +14,7 @@ from models.convert.encoder_convert import convert_encoder
 from models.errors import ContextLengthExceeded
 from models.runtime.embedder import MAX_BATCH, Embedder
 from server.serving.contracts import NoGate
-from server.serving.embedding import Embedded, EmbedJob, EncoderShelf, by_length, gated_step
+from server.serving.embedding import TOKENIZE_CHUNK, Embedded, EmbedJob, EncoderShelf, by_length, gated_step
 from server.serving.events import Failed
 from tests.reference_bert import minilm_folder
 
@@ -46,8 +46,8 @@ class RecordingShelf(EncoderShelf):
     def tokenize(self, texts: Sequence[str], fit: bool = False) -> list[list[int]]:
         return self.inner.tokenize(texts, fit=fit)
 
-    def check(self, rows: Sequence[Sequence[int]], param: str = "input") -> None:
-        self.inner.check(rows, param=param)
+    def check(self, rows: Sequence[Sequence[int]], param: str = "input", first: int = 0) -> None:
+        self.inner.check(rows, param=param, first=first)
 
     def embed(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
         self.batches.append([list(r) for r in rows])
@@ -63,8 +63,8 @@ class WordEncoder:
     def tokenize(self, texts: Sequence[str], fit: bool = False) -> list[list[int]]:
         return [[len(t)] + [7] * len(t.split()) for t in texts]
 
-    def check(self, rows: Sequence[Sequence[int]], param: str = "input") -> None:
-        for i, row in enumerate(rows):
+    def check(self, rows: Sequence[Sequence[int]], param: str = "input", first: int = 0) -> None:
+        for i, row in enumerate(rows, start=first):
             if len(row) > self.context:
                 raise ContextLengthExceeded(f"input {i} is too long", param=param)
 
@@ -93,7 +93,8 @@ def test_embed_job_when_mixed_lengths_then_batches_by_length_and_vectors_in_requ
     rows = WordEncoder().tokenize(texts)
     assert answer.vectors.tolist() == [[r[0], len(r)] for r in rows]  # each at its input's index
     assert answer.prompt_tokens == sum(map(len, rows))
-    assert [len(b) for b in shelf.batches] == [32, 32, 32, 4] and job.batches_run == 4
+    # one step tokenizes (100 texts are one chunk), then four batches
+    assert [len(b) for b in shelf.batches] == [32, 32, 32, 4] and job.batches_run == 5
     lengths = [len(r) for b in shelf.batches for r in b]
     assert lengths == sorted(lengths)  # each batch's rows as long as the next batch's shortest, or shorter
     in_request_order = [rows[i : i + MAX_BATCH] for i in range(0, len(rows), MAX_BATCH)]
@@ -111,12 +112,22 @@ def test_embed_job_when_an_input_is_over_the_context_then_refused_by_its_request
     assert isinstance(answer, Failed) and "input 5 " in str(answer.error)
 
 
+def test_embed_job_when_the_input_over_the_context_is_in_a_later_chunk_then_refused_by_its_request_index():
+    late = TOKENIZE_CHUNK + 88
+    texts = [*mixed_texts(late), " ".join(["cat"] * 80), *mixed_texts(20)]
+    shelf = RecordingShelf(WordEncoder())
+    (answer,) = run(job_of(texts), shelf)
+    assert isinstance(answer, Failed) and f"input {late} " in str(answer.error)
+    assert not shelf.batches  # refused whole: no pass ran before every input was checked
+
+
 def test_embed_job_when_cancelled_between_batches_then_no_further_batch():
     shelf = RecordingShelf(WordEncoder())
     job = job_of(mixed_texts(70))
     got: list[object] = []
     job.sink = got.append
-    assert gated_step(job, shelf, NoGate()) is False
+    assert gated_step(job, shelf, NoGate()) is False  # tokenized
+    assert gated_step(job, shelf, NoGate()) is False  # the first batch
     job.cancel.cancel()
     assert job.step(shelf) is True
     assert len(shelf.batches) == 1 and not got

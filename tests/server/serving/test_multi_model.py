@@ -210,6 +210,9 @@ class SwitchingGate:
     def note_pass(self, tokens: int) -> None:
         return None
 
+    def note_aside(self, wall_s: float, cpu_s: float) -> None:
+        return None
+
 
 @pytest.mark.parametrize("second", ["tiny-small", "tiny-spm"])
 def test_switch_when_governor_moves_the_rung_mid_reply_then_model_field_changes_and_text_continues(

@@ -48,6 +48,9 @@ class ThreadGate:
     def note_pass(self, tokens: int) -> None:
         return None
 
+    def note_aside(self, wall_s: float, cpu_s: float) -> None:
+        return None
+
 
 def slow_builds(engine) -> list[int]:
     """Every session `engine` builds from now takes BUILD_S more (the engine's own seam); the thread counts
