@@ -28,19 +28,23 @@ TEXTS = [
 
 def test_phantom_when_word_or_continuation_then_llama_cpp_spelling():
     assert (phantom("cat"), phantom("##s")) == ("\u2581cat", "s")
+    assert phantom("[CLS]", 3) == "[CLS]"  # CONTROL: as it is
+    assert phantom("[unused0]") == "\u2581[unused0]"  # a vocabulary entry that only looks special
 
 
 def test_vocabulary_when_specials_and_gaps_then_control_unused_and_normal():
     tokenizer = {
-        "model": {"type": "WordPiece", "vocab": {"[PAD]": 0, "[CLS]": 1, "cat": 2, "##s": 3}},
+        "model": {"type": "WordPiece", "vocab": {"[PAD]": 0, "[CLS]": 1, "cat": 2, "##s": 3, "hi": 5}},
         "added_tokens": [
             {"id": 0, "content": "[PAD]", "special": True},
             {"id": 1, "content": "[CLS]", "special": True},
+            {"id": 5, "content": "hi", "special": False},
         ],
     }
-    tokens, types = vocabulary(tokenizer, 5)
-    assert tokens == ["[PAD]", "[CLS]", "\u2581cat", "s", "[PAD4]"]
-    assert types == [3, 3, 1, 1, 5]  # CONTROL, CONTROL, NORMAL, NORMAL, UNUSED
+    tokens, types = vocabulary(tokenizer, 6)
+    # a non-special added token is respelled like any word (convert_hf_to_gguf.py keeps CONTROL alone)
+    assert tokens == ["[PAD]", "[CLS]", "\u2581cat", "s", "[PAD4]", "\u2581hi"]
+    assert types == [3, 3, 1, 1, 5, 4]  # CONTROL, CONTROL, NORMAL, NORMAL, UNUSED, USER_DEFINED
 
 
 def test_cpu_class_when_flags_then_the_best_class(tmp_path):
