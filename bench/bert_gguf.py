@@ -7,8 +7,10 @@ What llama.cpp's convert_hf_to_gguf.py writes for `BertModel` (conversion/bert.p
 - hyperparameters from config.json (the context is `max_positions`: llama.cpp sizes the position
   embeddings by it), non-causal attention, the pooling of 1_Pooling/config.json;
 - the WordPiece vocabulary in llama.cpp's "phantom space" spelling: a word-initial piece gets a leading
-  U+2581, a `##` continuation loses its `##`, a special token stays as it is;
-- the tensors renamed by gguf-py's name map for `bert`; the pooler and masked-LM heads left out.
+  U+2581, a `##` continuation loses its `##`, a control (special) token stays as it is;
+- the tensors renamed by gguf-py's name map for `bert`; the pooler and masked-LM heads left out;
+- `--outtype`'s rule for the matrices (f32, f16, or q8_0 with an f16 fallback for a row that is not
+  whole blocks), vectors, norms and the rows added to activations kept in f32.
 """
 
 from __future__ import annotations
@@ -24,8 +26,12 @@ from models.convert.safetensors_file import read_safetensors
 from models.errors import InvalidModelFile
 
 TOKENIZER = "tokenizer.json"
-DTYPES = ("f32", "f16")
-_FILE_TYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}
+DTYPES = ("f32", "f16", "q8_0")
+_FILE_TYPES = {
+    "f32": gguf.LlamaFileType.ALL_F32,
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+}
 # convert_hf_to_gguf.py names a pre-tokenizer by hashing the ids of a fixed text: bert-base-uncased's
 # vocabulary (all-MiniLM-L6-v2's) hashes to the name it gives bge-small-en-v1.5. llama.cpp's WordPiece
 # tokenizer reads no pre-tokenizer, so the name is informative only.
@@ -38,8 +44,10 @@ _SKIPPED = ("embeddings.position_ids", "pooler.", "cls.")
 _F32_ALWAYS = {gguf.MODEL_TENSOR.POS_EMBD, gguf.MODEL_TENSOR.TOKEN_TYPES}
 
 
-def phantom(token: str) -> str:
-    """A vocabulary entry as llama.cpp's WordPiece tokenizer looks it up."""
+def phantom(token: str, token_type: int = gguf.TokenType.NORMAL) -> str:
+    """A vocabulary entry as llama.cpp's WordPiece tokenizer looks it up (a control token as it is)."""
+    if token_type == gguf.TokenType.CONTROL:
+        return token
     return token[2:] if token.startswith("##") else "\u2581" + token
 
 
@@ -54,9 +62,9 @@ def vocabulary(tokenizer: dict, size: int) -> tuple[list[str], list[int]]:
     types: list[int] = []
     for i in range(size):
         if i in added:
-            tokens.append(added[i]["content"])
             special = added[i].get("special", False)
             types.append(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)
+            tokens.append(phantom(added[i]["content"], types[-1]))
         elif i in by_id:
             tokens.append(phantom(by_id[i]))
             types.append(gguf.TokenType.NORMAL)
@@ -87,11 +95,23 @@ def tensors(weights: dict[str, np.ndarray], layers: int) -> list[tuple[str, gguf
     return out
 
 
-def _stored(kind: gguf.MODEL_TENSOR, name: str, data: np.ndarray, dtype: str) -> np.ndarray:
-    # convert_hf_to_gguf.py's rule: 1-D tensors and norms stay float32 (llama.cpp's kernels for them are
-    # float32-only), as do the rows added to activations; other matrices take the file's type.
+def _stored(
+    kind: gguf.MODEL_TENSOR, name: str, data: np.ndarray, dtype: str
+) -> tuple[np.ndarray, gguf.GGMLQuantizationType | None]:
+    """(data, its block type or None for a float array). convert_hf_to_gguf.py's rule: 1-D tensors and
+    norms stay float32 (llama.cpp's kernels for them are float32-only), as do the rows added to
+    activations; other matrices take the file's type, Q8_0 falling back to F16 where rows are not whole
+    blocks."""
     keep = data.ndim <= 1 or name.endswith("_norm.weight") or kind in _F32_ALWAYS
-    return data.astype(np.float32 if keep or dtype == "f32" else np.float16)
+    if keep or dtype == "f32":
+        return data.astype(np.float32), None
+    if dtype == "q8_0":
+        q8 = gguf.GGMLQuantizationType.Q8_0
+        try:
+            return gguf.quants.quantize(data.astype(np.float32), q8), q8
+        except gguf.QuantError:
+            pass
+    return data.astype(np.float16), None
 
 
 def write_bert_gguf(source: Path, out: Path, dtype: str = "f32") -> EncoderConfig:
@@ -123,7 +143,8 @@ def write_bert_gguf(source: Path, out: Path, dtype: str = "f32") -> EncoderConfi
     gguf.SpecialVocab(source, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
 
     for name, kind, data in tensors(read_safetensors(source / WEIGHTS), cfg.layers):
-        writer.add_tensor(name, _stored(kind, name, data, dtype))
+        stored, raw_dtype = _stored(kind, name, data, dtype)
+        writer.add_tensor(name, stored, raw_dtype=raw_dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -169,8 +169,15 @@ def write_tiny_bert(
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
     )
+    tok.add_special_tokens(TINY_SPECIALS)  # matched in text as the specials, as upstream files have them
     tok.enable_truncation(8)  # upstream files carry one; the converter must drop it
     tok.save(str(folder / "tokenizer.json"))
+    names = ("pad", "unk", "cls", "sep", "mask")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {f"{n}_token": t for n, t in zip(names, TINY_SPECIALS, strict=True)} | {"do_lower_case": True}
+        )
+    )
     return cfg
 
 

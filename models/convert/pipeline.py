@@ -2,6 +2,8 @@
 manifest fragment (sizes, quality against the fp32 numpy reference, decode speed, memory).
 
 numpy + onnx only (no torch). The governor orders its ladder of variants by the measured numbers.
+A GGUF of a sentence encoder (llama.cpp's `bert`) goes to the encoder converter instead
+(models/convert/encoder_convert.py): one exact fp32 graph, manifest kind "embedding".
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import numpy as np
 from models.convert import nominal
 from models.convert.consolidate import consolidate
 from models.convert.disk_plan import estimate_output
+from models.convert.encoder_convert import convert_gguf_install, encoder_smoke_test
+from models.convert.encoder_gguf import is_encoder_gguf
 from models.convert.fast_plan import PLANS
 from models.convert.graph import (
     KV_TYPES,
@@ -47,6 +51,7 @@ from models.convert.tokenizer_gguf import metadata_from_reader, tokenizer_from_m
 from models.errors import InvalidParameter, VerificationFailed
 from models.gguf.reader import SUPPORTED_TYPES
 from models.runtime.session import DecoderSession, KVCache, ModelShape
+from models.types import KIND_EMBEDDING
 
 # 9: every large head on MatMulNBits sliced by rows (untied ones too); SentencePiece vocabularies also
 # written as tokenizer.spm.npz (the compact tokenizer simmer loads)
@@ -129,6 +134,15 @@ def convert(
     `kv_dtype`: the KV cache type of the variants with int8 activations, "float32" or "float16"; by
     default this CPU's (convert/kv_dtype.py: fp16 on an aarch64 core with fp16 arithmetic, else fp32). The
     exact ones keep fp32 (variant_kv_dtype)."""
+    if is_encoder_gguf(Path(gguf_path)):  # a sentence encoder: its own graph, its one exact variant
+        return convert_gguf_install(
+            gguf_path,
+            out_dir,
+            variants=variants,
+            progress=progress,
+            disk_plan=disk_plan,
+            memory_plan=memory_plan,
+        )
     report = progress or (lambda stage, frac: None)
     kv = kv_dtype or kv_dtype_here()
     if kv not in KV_TYPES:
@@ -502,7 +516,11 @@ def write_genai_config(out_dir: Path, model: GGUFModel, variant: str, tokenizer:
 
 
 def smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
-    """A new install must load and generate, and each variant must agree with the reference well enough."""
+    """A new install must load and generate, and each variant must agree with the reference well enough
+    (a sentence encoder's: load and embed)."""
+    if manifest.get("kind") == KIND_EMBEDDING:
+        encoder_smoke_test(model_dir, manifest)
+        return
     variants = manifest.get("variants", {})
     if not variants:
         raise VerificationFailed("the model has no variants")

@@ -16,14 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from models.errors import InvalidModelFile, InvalidParameter, SimmerError, VerificationFailed
+from models.errors import InvalidModelFile
 from models.store.paths import inside
 from models.store.sources import Progress
-from models.types import KIND_EMBEDDING
 
-VARIANT = "f32"
+VARIANT = "f32"  # models/convert/encoder_convert.py's (not imported here: onnx costs the server's start)
 # An encoder checkpoint unpacks to about its zip's size; more than this many times it is no model folder.
 _MAX_UNPACKED_RATIO = 4
 
@@ -59,13 +56,9 @@ def convert_archive(
     variants: list[str] | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    from models.convert.encoder_convert import convert_encoder
-    from models.convert.encoder_graph import GRAPH
+    from models.convert.encoder_convert import check_variants, convert_encoder, encoder_fragment
 
-    if variants and set(variants) != {VARIANT}:
-        raise InvalidParameter(
-            f"a sentence encoder has one variant, {VARIANT!r}, not {', '.join(variants)}", param="variants"
-        )
+    check_variants(variants)
     with tempfile.TemporaryDirectory(dir=Path(out_dir).parent, prefix=".tmp-unpack-") as tmp:
         if progress:
             progress("unpack", 0.0)
@@ -75,38 +68,13 @@ def convert_archive(
         cfg = convert_encoder(_model_root(Path(tmp)), Path(out_dir))
         if progress:
             progress("convert", 1.0)
-    files = [GRAPH, f"{GRAPH}.data"]
-    return {
-        "kind": KIND_EMBEDDING,
-        "architecture": {"name": "bert", **cfg.to_json()},
-        "context_length": cfg.context,
-        "variants": {
-            VARIANT: {
-                "file": GRAPH,
-                "files": files,
-                "weights_bytes": sum((Path(out_dir) / rel).stat().st_size for rel in files),
-            }
-        },
-        "default_variant": VARIANT,
-        "tokenizer": "tokenizer.json",
-        "chat_template": None,
-    }
+    return encoder_fragment(cfg, Path(out_dir))
 
 
 def smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
-    from models.runtime.embedder import Embedder
+    from models.convert.encoder_convert import encoder_smoke_test
 
-    try:
-        emb = Embedder(Path(model_dir))
-        vec = emb.embed(emb.tokenize(["hello world"]))
-    except SimmerError as err:
-        raise VerificationFailed(err.message) from err
-    except Exception as err:  # onnxruntime's own error types
-        raise VerificationFailed(f"the encoder failed to run: {err}") from err
-    if vec.shape != (1, emb.dimensions) or not np.isfinite(vec).all():
-        raise VerificationFailed(f"the encoder gave a {vec.shape} output with non-finite values")
-    if emb.config.normalize and abs(float(np.linalg.norm(vec)) - 1.0) > 1e-3:
-        raise VerificationFailed(f"the encoder's output has norm {float(np.linalg.norm(vec))}, not 1")
+    encoder_smoke_test(model_dir, manifest)
 
 
 @dataclass(frozen=True)

