@@ -418,6 +418,7 @@ class Router:
         decision = decide_route(inputs)
         if decision.side != "upstream":
             return False
+        log.info("embeddings: local refused (%s); going upstream (%s)", type(error).__name__, decision.reason)
         route.side, route.reason, route.fallback, route.inputs = "upstream", decision.reason, False, inputs
         return True
 

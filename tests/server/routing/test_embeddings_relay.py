@@ -11,7 +11,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from server.refusals import UpstreamError, UpstreamUnavailable
+from models.errors import ContextLengthExceeded, InvalidParameter
+from server.refusals import ServerBusy, UpstreamError, UpstreamUnavailable
 from server.routing.breaker import Breaker
 from server.routing.embeddings import (
     MAX_DIMENSIONS,
@@ -182,3 +183,25 @@ def test_router_embeddings_when_cancelled_then_the_probe_is_freed() -> None:
 
     aio.run(scenario())
     assert breaker.state == "half_open"
+
+
+@pytest.mark.parametrize(
+    ("policy", "error", "moves"),
+    [
+        ("auto", ServerBusy("busy"), ("upstream", "queue")),
+        ("auto", ContextLengthExceeded("long"), None),  # the same model refuses it upstream too
+        ("auto", InvalidParameter("bad"), None),  # not a refusal the policy learns from
+        ("local", ServerBusy("busy"), None),  # nothing leaves
+    ],
+)
+def test_reroute_embeddings_when_local_refuses_then_decided_again(policy, error, moves) -> None:
+    async def scenario():
+        r = router(policy, {"m", "enc"}, Breaker(5, 10.0))
+        route = r.plan_embeddings("enc", None, None)
+        assert route.side == "local"
+        moved = r.reroute_embeddings(route, error)
+        await r.aclose()
+        return moved, (route.side, route.reason)
+
+    moved, where = aio.run(scenario())
+    assert moved is (moves is not None) and (moves is None or where == moves)
