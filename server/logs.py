@@ -99,12 +99,16 @@ class EmbeddingRecord:
     tokens: int  # the inputs' tokens the encoder ran (0 when it never ran)
     outcome: str  # "ok", an error code (server_busy ...), or "client_gone"
     duration_ms: float
+    route: str | None = None  # where it was served, as a completion's: "upstream/model", "local/policy"
 
 
 def log_embedding(record: EmbeddingRecord) -> None:
-    """One line per embedding request, as per completion: numbers only, never the texts."""
-    log.info(
+    """One line per embedding request, as per completion: numbers only, never the texts. `tokens` is the
+    upstream's count for an answer it gave (0 when it reports none)."""
+    text = (
         f"{record.id} embeddings {record.endpoint} model={record.model} inputs={record.inputs} "
-        f"tokens={record.tokens} outcome={record.outcome} duration_ms={record.duration_ms:.0f}",
-        extra={"fields": asdict(record)},
+        f"tokens={record.tokens} outcome={record.outcome} duration_ms={record.duration_ms:.0f}"
     )
+    if record.route:
+        text += f" route={record.route}"
+    log.info(text, extra={"fields": asdict(record)})

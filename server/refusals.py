@@ -41,7 +41,8 @@ class UpstreamUnavailable(SimmerError):
 
 
 class UpstreamError(SimmerError):
-    """The upstream failed in a way a retry will not fix by itself (credentials) or mid-reply."""
+    """The upstream failed in a way a retry will not fix by itself (credentials), mid-reply, or with an
+    answer that is not usable (embeddings of the wrong count or width, NaN)."""
 
     code = "upstream_error"
 

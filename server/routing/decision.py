@@ -17,6 +17,8 @@ Side = Literal["local", "upstream"]
 # The local model: ready, loading, no variant fits the memory budget, failed to load otherwise, shut down.
 LocalState = Literal["ready", "loading", "no_memory", "failed", "closed"]
 MODES: tuple[Mode, ...] = ("local", "auto", "upstream")
+# What the request asks of a side: a reply to generate (chat, completions, Responses) or vectors to embed.
+Work = Literal["generate", "embed"]
 
 # Refusals, as error codes of the server's vocabulary (server/http/errors.py).
 NOT_ALLOWED = "upstream_not_allowed"
@@ -54,6 +56,8 @@ class RouteInputs:
     pace_slow: bool = False  # pace_slow(): the local pace is below SIMMER_ROUTE_MIN_LOCAL_TOK_S (hysteresis)
     local_tokens_ahead: int = 0  # tokens the local worker generates before a new job starts (upper bound)
     max_local_wait_s: float = 0.0  # SIMMER_ROUTE_MAX_LOCAL_WAIT_S; 0: no bound
+    # embed: the rows about the generation model (`local`), the pace and the context do not apply
+    work: Work = "generate"
 
 
 @dataclass(frozen=True)
@@ -99,10 +103,18 @@ def strictest(*modes: Mode | None) -> Mode | None:
 #             local model still loading                             -> want upstream   loading
 #             local queue full (overflow instead of 503)            -> want upstream   queue
 #             otherwise                                             -> local           offline_first
+#   auto, work embed (the model rows first, as above):
+#             device killed, critical, or new work paused           -> want upstream   thermal (or ...)
+#             local queue full                                      -> want upstream   queue
+#             otherwise                                             -> local           offline_first
+#     `local` (the generation model's load state) is not the encoder's: an embedding job opens its encoder
+#     on the worker when it runs. A batch makes no tokens, so the pace rows say nothing of it; an input over
+#     the context is the same model's refusal on either side, so the context row does not send it away.
 #
 #   "want upstream": upstream with that reason when the upstream is available; otherwise local with reason
 #   breaker_open when the model is local, else refused upstream_unavailable. A wanted upstream falls back
-#   to local if it fails before the first token, when the model is local and the local model can load.
+#   to local if it fails before the first token (embed: before its answer), when the model is local and the
+#   local model can load (embed: is installed).
 def decide_route(i: RouteInputs) -> Decision:
     if i.policy == "local":
         if i.requested == "upstream":
@@ -136,13 +148,15 @@ def _auto(i: RouteInputs) -> Decision:
         return Decision(None, "model", refusal=NOT_FOUND)
     if not i.model_upstream:  # a local model the upstream does not serve: nothing to offload to
         return Decision("local", "offline_first")
-    if i.local == "no_memory":
+    if i.work == "generate" and i.local == "no_memory":
         return _want_upstream(i, "memory")
-    if i.local == "failed":
+    if i.work == "generate" and i.local == "failed":
         return _want_upstream(i, "local_failed")
     device = i.device
     if device is not None and (device.killed or device.paused or device.level == "critical"):
         return _want_upstream(i, _device_reason(device))
+    if i.work == "embed":
+        return _want_upstream(i, "queue") if i.queue_full else Decision("local", "offline_first")
     pace = device.pace_tok_s if device is not None else None
     if pace is not None and (
         i.pace_slow or 0 < i.max_local_wait_s < local_wait_s(i.local_tokens_ahead, pace)
@@ -166,7 +180,8 @@ def _device_reason(device: DeviceState) -> str:
 
 
 def _want_upstream(i: RouteInputs, reason: str) -> Decision:
-    local_can_serve = i.model_local and i.local not in ("no_memory", "failed", "closed")
+    loads = i.work == "embed" or i.local not in ("no_memory", "failed", "closed")
+    local_can_serve = i.model_local and loads
     if i.upstream_available:
         return Decision("upstream", reason, fallback=local_can_serve)
     if i.model_local:

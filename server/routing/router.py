@@ -63,14 +63,18 @@ from server.routing.decision import (
     DeviceState,
     RouteInputs,
     Side,
+    Work,
     decide_route,
     pace_slow,
     strictest,
 )
+from server.routing.embeddings import embeddings_body, embeddings_error
+from server.routing.embeddings import fetch as fetch_embeddings
 from server.routing.relay import ChunkReader, relay
 from server.routing.sides import LocalSide
 from server.routing.upstream import Endpoint, UpstreamClient, UpstreamFailure, forward_body, to_simmer_error
 from server.serving.contracts import Job
+from server.serving.embedding import Embedded
 from server.serving.events import Failed, Started
 from server.serving.request import Mode
 from server.settings import Settings
@@ -205,6 +209,23 @@ class Router:
     def plan(
         self, model: str | None, body_route: Mode | None, header_route: str | None, *, truncate: bool
     ) -> Route:
+        return self._plan(model, body_route, header_route, truncate=truncate, work="generate")
+
+    def plan_embeddings(self, model: str | None, body_route: Mode | None, header_route: str | None) -> Route:
+        """Where an embeddings request is served: the same policy, for work that makes no tokens
+        (decision.py's embed rows). The generation model's load state is not asked: asking starts its
+        load, and the encoder opens in the job anyway."""
+        return self._plan(model, body_route, header_route, truncate=False, work="embed")
+
+    def _plan(
+        self,
+        model: str | None,
+        body_route: Mode | None,
+        header_route: str | None,
+        *,
+        truncate: bool,
+        work: Work,
+    ) -> Route:
         requested = strictest(body_route, _parse_header(header_route))
         model = model or None  # "" names no model, as before routing: the served one
         local_ids = self.local.served_ids()
@@ -217,10 +238,11 @@ class Router:
             upstream_available=configured and self.breaker.available(),
             model_local=model_local,
             model_upstream=configured and (model_local or name in self.upstream_models),
-            local=self.local.state(),
+            local=self.local.state() if work == "generate" else "ready",
             queue_full=self.local.queue_full(),
             truncate=truncate,
             max_local_wait_s=self.max_local_wait_s,
+            work=work,
             **self._device_inputs(),
         )
         decision = decide_route(inputs)
@@ -285,7 +307,7 @@ class Router:
             if not self._reroute(route, job, err):
                 raise
             return
-        self._count(route)
+        self.count(route)
 
     def _watch_local_start(
         self, route: Route, job: Job, original: Callable[[object], None]
@@ -381,10 +403,63 @@ class Router:
         self._start_upstream(route, job)
         return True
 
+    # -- embeddings: one answer, no events (server/routing/embeddings.py) --------------------------------
+    def reroute_embeddings(self, route: Route, error: BaseException) -> bool:
+        """The local side refused an embeddings request before answering it (busy, paused, overheated):
+        decide again with what that taught, as for a generation. True: `route` now says upstream."""
+        hint = _hint(error)
+        if hint is None or self.upstream is None or self._closing or route.side != "local":
+            return False
+        inputs = replace(
+            route.inputs,
+            upstream_available=self.breaker.available(),
+            **{**self._device_inputs(), **hint},
+        )
+        decision = decide_route(inputs)
+        if decision.side != "upstream":
+            return False
+        log.info("embeddings: local refused (%s); going upstream (%s)", type(error).__name__, decision.reason)
+        route.side, route.reason, route.fallback, route.inputs = "upstream", decision.reason, False, inputs
+        return True
+
+    async def embeddings(
+        self,
+        rid: str,
+        route: Route,
+        inputs: list[str] | list[list[int]],
+        *,
+        dimensions: int | None,
+        width: int | None,
+    ) -> Embedded | None:
+        """The upstream's vectors for `inputs` (`width` each when known). None: it failed before its answer
+        and the decision allows the local side, which `route` now names (upstream_failed). Raises the
+        refusal otherwise. The whole answer is bounded by the read timeout (it is one piece, as a token is
+        in a stream) within the reply timeout."""
+        assert self.upstream is not None and route.upstream_model is not None
+        probe = self.breaker.begin()
+        self.count(route)
+        body = embeddings_body(route.upstream_model, inputs, dimensions)
+        timeout_s = min(self.upstream_stall_s, self.upstream_deadline_s)
+        try:
+            got = await fetch_embeddings(self.upstream, body, len(inputs), width, timeout_s=timeout_s)
+        except UpstreamFailure as failure:
+            self._failed(failure, probe, rid)
+            if route.fallback and not self._closing:
+                route.side, route.reason, route.fallback = "local", "upstream_failed", False
+                log.info("%s: embedding locally after the upstream failed", rid)
+                self.count(route)
+                return None
+            raise embeddings_error(failure, self.breaker.view().retry_in_s or None) from None
+        except BaseException:  # the client left (cancelled), or a bug: no verdict on the upstream
+            self.breaker.abandon(probe)
+            raise
+        self.breaker.success(probe)
+        return got
+
     def _start_upstream(self, route: Route, job: Job) -> None:
         assert self.upstream is not None and route.upstream_model is not None
         probe = self.breaker.begin()
-        self._count(route)
+        self.count(route)
         request = forward_body(job.request, route.upstream_model)
         loop = asyncio.get_running_loop()
         task = loop.create_task(self._run_upstream(route, job, job.request.kind, request, probe))
@@ -431,7 +506,7 @@ class Router:
                 deadline_s=self.upstream_deadline_s,
             )
         except UpstreamFailure as failure:
-            self._failed(failure, probe, job)
+            self._failed(failure, probe, job.id)
             if reader.started:
                 job.sink(Failed(to_simmer_error(failure, mid_reply=True, retry_in_s=None)))
             elif route.fallback and not self._closing:
@@ -443,7 +518,7 @@ class Router:
             self.breaker.success(probe)
         return False
 
-    def _failed(self, failure: UpstreamFailure, probe: bool, job: Job) -> None:
+    def _failed(self, failure: UpstreamFailure, probe: bool, rid: str) -> None:
         self.failures[failure.kind] += 1
         if failure.counts:
             self.breaker.failure(failure.kind, failure.retry_after_s, probe)
@@ -452,7 +527,7 @@ class Router:
         # Kind and status only: an upstream's message may quote the request.
         log.warning(
             "%s: upstream failed: %s%s (breaker %s)",
-            job.id,
+            rid,
             failure.kind,
             f" HTTP {failure.status}" if failure.status else "",
             self.breaker.state,
@@ -469,10 +544,11 @@ class Router:
         except SimmerError as err:
             job.sink(Failed(err))
             return False
-        self._count(route)
+        self.count(route)
         return True
 
-    def _count(self, route: Route) -> None:
+    def count(self, route: Route) -> None:
+        """A request started on its side (routing's counters; a fallback counts on both)."""
         self.requests[(route.side, route.reason)] += 1
         log.debug("routed %s (%s)", route.side, route.reason)
 

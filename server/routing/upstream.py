@@ -348,5 +348,24 @@ class UpstreamClient:
         except LineTooLong as err:
             raise UpstreamFailure("bad_response", str(err)) from err
 
+    async def answer(self, path: str, body: dict, max_bytes: int) -> bytes:
+        """One answer that is not streamed (POST `path`, e.g. /embeddings): its body, read to at most
+        `max_bytes`; a longer one is a bad_response and the rest is never read. Raises UpstreamFailure.
+        httpx's timeouts apply to each read; the caller bounds the whole exchange."""
+        try:
+            async with self._client.stream("POST", path.lstrip("/"), json=body) as response:
+                if response.status_code != 200:
+                    failure = failure_from_response(
+                        response.status_code, await _read_at_most(response, MAX_ERROR_BYTES), response.headers
+                    )
+                    failure.message = self.scrub(failure.message)
+                    raise failure
+                got = await _read_at_most(response, max_bytes + 1)
+        except httpx.HTTPError as err:
+            raise classify(err) from err
+        if len(got) > max_bytes:
+            raise UpstreamFailure("bad_response", f"the answer is over {max_bytes} bytes")
+        return got
+
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -1,8 +1,13 @@
-"""An embeddings request, for every dialect: the model it names must be an embedding model (else a 400
-naming its kind), the job goes to the worker's embedding queue (server/serving/embedding.py), and the
-answer (or the refusal the worker raised: an input over the context, an id outside the vocabulary) comes
-back. Embeddings are served here only: the upstream router does not relay them. A reply's JSON is built off
-the event loop, a vector at a time (`rows_json`)."""
+"""An embeddings request, for every dialect: the model it names, when installed here, must be an embedding
+model (else a 400 naming its kind); the router decides where it is served (`embedding_target`, the same
+policy as a generation: server/routing/decision.py); locally the job goes to the worker's embedding queue
+(server/serving/embedding.py), upstream it is one POST (server/routing/embeddings.py). Either way the
+answer is the worker's `Embedded` (or a refusal: an input over the context, an id outside the vocabulary,
+the upstream's), which each dialect renders; the header X-Simmer-Route says where it was served.
+
+An upstream that fails before its answer hands the request to the local encoder when the decision allows
+(upstream_failed); a local refusal before the answer (busy, paused, overheated) may send it upstream.
+A reply's JSON is built off the event loop, a vector at a time (`rows_json`)."""
 
 from __future__ import annotations
 
@@ -10,7 +15,9 @@ import asyncio
 import json
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from fastapi import Request
@@ -19,12 +26,15 @@ from pydantic_core import PydanticCustomError
 from models.errors import InvalidParameter, ModelNotFound, SimmerError, WrongModelKind
 from models.types import KIND_EMBEDDING
 from server.api.common.fields import MAX_TOKEN_ID, MAX_TOKEN_IDS, checked_ids, invalid
-from server.api.common.flow import DISCONNECT_POLL_S
+from server.api.common.flow import DISCONNECT_POLL_S, ClientGone
 from server.logs import EmbeddingRecord, log_embedding
+from server.routing.router import HEADER as ROUTE_HEADER
+from server.routing.router import Route
 from server.serving.catalog import CatalogEntry
 from server.serving.contracts import loop_sink
 from server.serving.embedding import MAX_EMBED_INPUTS, Embedded, EmbedJob
 from server.serving.events import Failed
+from server.serving.request import Mode
 
 if TYPE_CHECKING:
     from server.api.context import Runtime
@@ -97,13 +107,35 @@ def embedding_inputs(value: Any, field: str = "input") -> list[str] | list[list[
         raise invalid(err.message, err.param) from None
 
 
-def embedding_model(rt: Runtime, model: str | None) -> CatalogEntry:
+@dataclass(frozen=True)
+class EmbedTarget:
+    """Where an embeddings request is served: its route (a fallback moves it), and the installed encoder
+    (None for a model served only upstream)."""
+
+    route: Route
+    entry: CatalogEntry | None
+
+    @property
+    def model(self) -> str:
+        """The id the answer names: the encoder's, else the one the client asked for."""
+        return self.entry.id if self.entry is not None else self.route.model
+
+    def headers(self) -> dict[str, str]:
+        """Where it was served and why (read after the answer: a fallback may have moved it)."""
+        return {ROUTE_HEADER: self.route.header()}
+
+
+def embedding_target(request: Request, model: str | None, route: Mode | None) -> EmbedTarget:
+    """The request's model and route: a model installed here that makes no embeddings is a 400 naming its
+    kind wherever it would be served; then the router decides (an unknown model, a forbidden or
+    unavailable upstream refuse here, before any work)."""
+    rt: Runtime = request.app.state.runtime
+    assert rt.router is not None
     entry = rt.served.resolve(model)
-    if entry is None:
-        raise ModelNotFound(f"The model '{model}' does not exist", param="model")
-    if entry.kind != KIND_EMBEDDING:
+    if entry is not None and entry.kind != KIND_EMBEDDING:
         raise WrongModelKind.for_model(entry.id, entry.kind)
-    return entry
+    planned = rt.router.plan_embeddings(model, route, request.headers.get(ROUTE_HEADER))
+    return EmbedTarget(planned, entry)
 
 
 def dimensions_of(entry: CatalogEntry) -> int | None:
@@ -111,8 +143,11 @@ def dimensions_of(entry: CatalogEntry) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def check_dimensions(entry: CatalogEntry, asked: int | None, param: str = "dimensions") -> None:
-    """The model's own width only: a model not trained to be cut (Matryoshka) loses quality when cut."""
+def check_dimensions(entry: CatalogEntry | None, asked: int | None, param: str = "dimensions") -> None:
+    """The model's own width only: a model not trained to be cut (Matryoshka) loses quality when cut. An
+    upstream-only model (None) is the upstream's to check; its answer is then held to `asked`."""
+    if entry is None:
+        return
     width = dimensions_of(entry)
     if asked is not None and asked != width:
         raise InvalidParameter(
@@ -124,48 +159,27 @@ def check_dimensions(entry: CatalogEntry, asked: int | None, param: str = "dimen
 
 async def embed(
     request: Request,
-    entry: CatalogEntry,
+    target: EmbedTarget,
     inputs: list[str] | list[list[int]],
     field: str = "input",
     fit: bool = False,
     keep_alive_s: float | None = None,
+    dimensions: int | None = None,
 ) -> Embedded | None:
-    """The vectors of `inputs` in order; None when the client left first (the job stops at its next batch).
-    With `fit` a text over the model's context is cut to fit (Embedder.tokenize) rather than refused."""
+    """The vectors of `inputs` in order; None when the client left first (a local job stops at its next
+    batch, an upstream request is closed). With `fit` a text over the model's context is cut to fit
+    (Embedder.tokenize) rather than refused (locally: an upstream gets the inputs as they are)."""
     rt: Runtime = request.app.state.runtime
-    assert entry.path is not None
-    events: asyncio.Queue = asyncio.Queue()
-    job = EmbedJob(
-        id=f"embd-{uuid.uuid4().hex[:24]}",
-        model_id=entry.id,
-        path=entry.path,
-        inputs=inputs,
-        param=field,
-        fit=fit,
-        keep_alive_s=keep_alive_s,
-        sink=loop_sink(asyncio.get_running_loop(), events),
-    )
+    rid = f"embd-{uuid.uuid4().hex[:24]}"
+    route = target.route
     started, outcome, tokens = time.monotonic(), "client_gone", 0
     try:
-        rt.worker.submit_embedding(job)  # busy / loading / closing raise here, before any work
-        got = asyncio.ensure_future(events.get())
-        try:
-            while True:
-                done, _ = await asyncio.wait({got}, timeout=DISCONNECT_POLL_S * 4)
-                if done:
-                    break
-                if await request.is_disconnected():
-                    job.cancel.cancel()
-                    return None
-        finally:
-            got.cancel()
-        item = got.result()
-        if isinstance(item, Failed):
-            raise item.error
-        assert isinstance(item, Embedded)
-        outcome, tokens = "ok", item.prompt_tokens
-        rt.metrics.count_embedded(entry.id, len(item.vectors), item.prompt_tokens)
-        return item
+        got = await _served(request, rid, target, inputs, field, fit, keep_alive_s, dimensions)
+        outcome, tokens = "ok", got.prompt_tokens
+        rt.metrics.count_embedded(target.model, len(got.vectors), got.prompt_tokens)
+        return got
+    except ClientGone:
+        return None
     except SimmerError as err:
         outcome = err.code
         raise
@@ -175,12 +189,94 @@ async def embed(
     finally:
         log_embedding(
             EmbeddingRecord(
-                job.id,
+                rid,
                 request.url.path,
-                entry.id,
+                target.model,
                 len(inputs),
                 tokens,
                 outcome,
                 (time.monotonic() - started) * 1000,
+                route=f"{route.side}/{route.reason}",
             )
         )
+
+
+async def _served(
+    request: Request,
+    rid: str,
+    target: EmbedTarget,
+    inputs: list[str] | list[list[int]],
+    field: str,
+    fit: bool,
+    keep_alive_s: float | None,
+    dimensions: int | None,
+) -> Embedded:
+    """The answer from the side the route names, moving once if that side refuses before answering."""
+    rt: Runtime = request.app.state.runtime
+    assert rt.router is not None
+    route = target.route
+    if route.side == "local":
+        try:
+            return await _local(request, rid, target, inputs, field, fit, keep_alive_s)
+        except SimmerError as err:
+            if not rt.router.reroute_embeddings(route, err):
+                raise
+    width = dimensions_of(target.entry) if target.entry is not None else dimensions
+    relayed = rt.router.embeddings(rid, route, inputs, dimensions=dimensions, width=width)
+    got = await _answered(request, relayed, lambda: None)
+    if got is not None:
+        return got
+    return await _local(request, rid, target, inputs, field, fit, keep_alive_s)  # the upstream failed
+
+
+async def _local(
+    request: Request,
+    rid: str,
+    target: EmbedTarget,
+    inputs: list[str] | list[list[int]],
+    field: str,
+    fit: bool,
+    keep_alive_s: float | None,
+) -> Embedded:
+    rt: Runtime = request.app.state.runtime
+    assert rt.router is not None
+    entry = target.entry
+    if entry is None or entry.path is None:  # known to the router a moment ago, removed from the store since
+        raise ModelNotFound(f"The model '{target.model}' is not installed", param="model")
+    events: asyncio.Queue = asyncio.Queue()
+    job = EmbedJob(
+        id=rid,
+        model_id=entry.id,
+        path=entry.path,
+        inputs=inputs,
+        param=field,
+        fit=fit,
+        keep_alive_s=keep_alive_s,
+        sink=loop_sink(asyncio.get_running_loop(), events),
+    )
+    rt.worker.submit_embedding(job)  # busy / loading / closing raise here, before any work
+    rt.router.count(target.route)
+    item = await _answered(request, events.get(), job.cancel.cancel)
+    if isinstance(item, Failed):
+        raise item.error
+    assert isinstance(item, Embedded)
+    return item
+
+
+T = TypeVar("T")
+
+
+async def _answered(request: Request, work: Awaitable[T], on_gone: Callable[[], None]) -> T:
+    """`work`'s result, or ClientGone (after `on_gone`) when the client leaves first; `work` is cancelled
+    unless it finished."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S * 4)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                on_gone()
+                raise ClientGone
+    finally:
+        task.cancel()

@@ -27,6 +27,7 @@ from server.api.common.fields import (
     MAX_TOKEN_IDS,
     STRICT,
     Normalize,
+    RouteMode,
     StrictBody,
     invalid,
     token_ids,
@@ -98,6 +99,7 @@ class LlamaEmbeddingRequest(StrictBody):
     # -1 none, 0 max absolute (int16 range), 1 taxicab, 2 Euclidean, > 2 p-norm; see embeddings.py
     embd_normalize: Normalize = 2
     encoding_format: Literal["float", "base64"] = "float"  # read and checked by llama.cpp, used by /v1 only
+    route: RouteMode | None = None  # simmer's: where to serve it (or the X-Simmer-Route header)
 
     @model_validator(mode="after")
     def _has_input(self) -> LlamaEmbeddingRequest:

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from models.errors import InvalidParameter, ModelNotFound
-from server.api.common.embeddings import embed, embedding_model
+from server.api.common.embeddings import embed, embedding_target
 from server.api.common.reply import Reply, wire
 from server.api.llamacpp.embeddings import check_normalize, embedding_body
 from server.api.llamacpp.render import applied, detokenized, tokens_reply
@@ -132,11 +132,11 @@ async def apply_template(body: ApplyTemplateRequest, request: Request) -> Respon
 @router.post("/embedding")
 @router.post("/embeddings")
 async def embedding(body: LlamaEmbeddingRequest, request: Request) -> Response:
-    rt: Runtime = request.app.state.runtime
-    entry = embedding_model(rt, body.model)
-    check_normalize(body.embd_normalize, bool(entry.architecture.get("normalize", True)))
-    got = await embed(request, entry, *body.inputs())
+    target = embedding_target(request, body.model, body.route)
+    if target.entry is not None:  # an upstream-only model's vectors are normalised as they come
+        check_normalize(body.embd_normalize, bool(target.entry.architecture.get("normalize", True)))
+    got = await embed(request, target, *body.inputs())
     if got is None:
         return Response(status_code=499)  # the client left; uvicorn needs an answer
     content = await asyncio.to_thread(embedding_body, got, body.embd_normalize)
-    return Response(content, media_type="application/json")
+    return Response(content, media_type="application/json", headers=target.headers())

@@ -343,6 +343,7 @@ class EmbedRequest(StrictBody):
     # how long the embedding model stays open after the request (0 closes it at once; negative keeps it)
     keep_alive: Annotated[int | float | str | None, WithJsonSchema(_KEEP_ALIVE)] = None
     options: OllamaOptions | None = None  # accepted as Ollama does; an encoder samples nothing
+    route: RouteMode | None = None  # simmer's: where to serve it (or the X-Simmer-Route header)
 
     @field_validator("keep_alive")
     @classmethod

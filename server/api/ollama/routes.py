@@ -23,8 +23,8 @@ from models.errors import ModelNotFound, SimmerError
 from models.store import registry
 from models.store.registry import license_notice
 from models.types import KIND_EMBEDDING
+from server.api.common.embeddings import EmbedTarget, embedding_target, parse_inputs
 from server.api.common.embeddings import embed as common_embed
-from server.api.common.embeddings import embedding_model, parse_inputs
 from server.api.common.flow import respond, start
 from server.api.common.names import model_id
 from server.api.common.reply import reply_response
@@ -368,41 +368,44 @@ def _pulled(model: str, task: asyncio.Future) -> None:
 @router.post("/embed")
 async def embed(body: wire.EmbedRequest, request: Request) -> Response:
     arrived = time.monotonic_ns()
-    entry = _embedding_model(request, body.model)
+    target = _embedding_target(request, body)
     texts = inputs_of(body.input)
     got = (
-        await _vectors(request, entry, texts, fit=body.truncate, keep_alive_s=body.keep_alive_s())
+        await _vectors(request, target, texts, fit=body.truncate, keep_alive_s=body.keep_alive_s())
         if texts
         else None
     )
     if texts and got is None:
         return Response(status_code=499)  # the client left; uvicorn needs an answer
     content = await asyncio.to_thread(embed_body, body.model, got, time.monotonic_ns() - arrived)
-    return Response(content, media_type="application/json")
+    return Response(content, media_type="application/json", headers=target.headers())
 
 
 @router.post("/embeddings")
 async def embeddings(body: wire.EmbedRequest, request: Request) -> Response:
-    entry = _embedding_model(request, body.model)
+    target = _embedding_target(request, body)
     text = body.prompt or ""
-    got = await _vectors(request, entry, [text], keep_alive_s=body.keep_alive_s()) if text else None
+    got = await _vectors(request, target, [text], keep_alive_s=body.keep_alive_s()) if text else None
     if text and got is None:
         return Response(status_code=499)
-    return Response(await asyncio.to_thread(embedding_body, got), media_type="application/json")
+    content = await asyncio.to_thread(embedding_body, got)
+    return Response(content, media_type="application/json", headers=target.headers())
 
 
-def _embedding_model(request: Request, name: str) -> CatalogEntry:
+def _embedding_target(request: Request, body: wire.EmbedRequest) -> EmbedTarget:
+    """The route of an embeddings request; an unknown model in Ollama's words."""
     rt: Runtime = request.app.state.runtime
-    if model_id(name) not in rt.served.ids():
-        raise _not_found(rt, name)
-    return embedding_model(rt, model_id(name))
+    try:
+        return embedding_target(request, model_id(body.model), body.route)
+    except ModelNotFound:
+        raise _not_found(rt, body.model) from None
 
 
 async def _vectors(
     request: Request,
-    entry: CatalogEntry,
+    target: EmbedTarget,
     texts: list[str],
     fit: bool = False,
     keep_alive_s: float | None = None,
 ) -> Embedded | None:
-    return await common_embed(request, entry, parse_inputs(texts), fit=fit, keep_alive_s=keep_alive_s)
+    return await common_embed(request, target, parse_inputs(texts), fit=fit, keep_alive_s=keep_alive_s)

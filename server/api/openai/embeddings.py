@@ -12,7 +12,7 @@ import numpy as np
 from pydantic import BeforeValidator, Field, NonNegativeInt, WithJsonSchema
 
 from server.api.common.embeddings import INPUT_SCHEMA, embedding_inputs, rows_json
-from server.api.common.fields import MAX_TOKEN_IDS, Dimensions, NonEmpty, StrictBody
+from server.api.common.fields import MAX_TOKEN_IDS, Dimensions, NonEmpty, RouteMode, StrictBody
 from server.api.common.reply import Reply
 from server.serving.embedding import Embedded
 
@@ -28,7 +28,8 @@ class EmbeddingRequest(StrictBody):
     input: EmbeddingInput
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Dimensions | None = None  # only the model's own width (common/embeddings.py)
-    user: str | None = None
+    user: str | None = None  # never forwarded to an upstream
+    route: RouteMode | None = None  # simmer's: where to serve it (or the X-Simmer-Route header)
 
 
 class EmbeddingData(Reply):

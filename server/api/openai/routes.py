@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from models.errors import ModelNotFound
 from models.variant_facts import floor_facts, refused_variants, variant_facts
-from server.api.common.embeddings import check_dimensions, embed, embedding_model
+from server.api.common.embeddings import check_dimensions, embed, embedding_target
 from server.api.common.flow import ClientGone, Submission, collect, respond, start, wait_started
 from server.api.common.names import LATEST
 from server.api.common.reply import reply_response
@@ -85,14 +85,13 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 @router.post("/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-    rt: Runtime = request.app.state.runtime
-    entry = embedding_model(rt, body.model)
-    check_dimensions(entry, body.dimensions)
-    got = await embed(request, entry, body.input)
+    target = embedding_target(request, body.model, body.route)
+    check_dimensions(target.entry, body.dimensions)
+    got = await embed(request, target, body.input, dimensions=body.dimensions)
     if got is None:
         return Response(status_code=499)  # the client left; uvicorn needs an answer
-    content = await asyncio.to_thread(embedding_body, entry.id, got, body.encoding_format)
-    return Response(content, media_type="application/json")
+    content = await asyncio.to_thread(embedding_body, target.model, got, body.encoding_format)
+    return Response(content, media_type="application/json", headers=target.headers())
 
 
 @router.get("/models")

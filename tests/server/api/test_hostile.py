@@ -627,6 +627,7 @@ def hostile_upstream(tmp_path_factory):
         upstream_reply_timeout_s=DEADLINE_S,
         upstream_max_connections=2,
         upstream_breaker_failures=10_000,  # every row meets the upstream, however the last one went
+        upstream_models={REMOTE_ENCODER: REMOTE_ENCODER},  # an embedding model served only upstream
     )
     srv = start_server(settings, engine=ScriptedEngine())
     yield srv, upstream
@@ -690,6 +691,56 @@ def test_hostile_upstream_when_a_gigabyte_then_rss_does_not_grow(hostile_upstrea
     status, got = upstream_chat(srv, behaviour)
     assert status in (200, 502, 503), got
     assert rss_mb() - before < 100
+
+
+# Embeddings relayed (server/routing/embeddings.py): one answer, read bounded and checked whole. An answer
+# that is not usable is a 502 naming what is wrong; no answer in the read timeout a 503; never a 500.
+REMOTE_ENCODER = "remote-encoder"
+EMBED_CASES = [
+    # (id, the first input: the behaviour, fields, status, code, words in the message)
+    ("a gigabyte of numbers", "gigabyte", {}, 502, "upstream_error", "is over 278784 bytes"),
+    ("NaN", "nan", {}, 502, "upstream_error", "NaN"),
+    ("1e400 and 400 digits", "overflow", {}, 502, "upstream_error", "out of range"),
+    ("two vectors for one input", "two-vectors", {}, 502, "upstream_error", "2 vectors for 1 inputs"),
+    ("2 dimensions, 3 asked", "two-dimensions", {"dimensions": 3}, 502, "upstream_error", "not 3"),
+    ("strings and a bool", "strings", {}, 502, "upstream_error", "other than numbers"),
+    ("not JSON", "not-json", {}, 502, "upstream_error", "not JSON"),
+    ("a byte at a time forever", "drip", {}, 503, "upstream_unavailable", f"no answer in {STALL_S:g} s"),
+    ("HTTP 500 with a 1 GB body", "error-gb", {}, 503, "upstream_unavailable", "HTTP 500"),
+    ("a good answer", "ok", {}, 200, None, ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "fields", "status", "code", "words"),
+    [c[1:] for c in EMBED_CASES],
+    ids=[c[0] for c in EMBED_CASES],
+)
+def test_hostile_upstream_when_embeddings_relayed_then_checked_and_never_a_500(
+    hostile_upstream, behaviour: str, fields: dict, status: int, code: str | None, words: str
+) -> None:
+    srv, _ = hostile_upstream
+    before = rss_mb()
+    body = {"model": REMOTE_ENCODER, "input": [behaviour], **fields}
+    with srv.client() as client:
+        r = client.post("/v1/embeddings", json=body, timeout=60)
+        assert r.status_code == status, r.text
+        if code is None:
+            assert r.headers["x-simmer-route"] == "upstream; reason=policy"
+            assert r.json()["data"][0]["embedding"] == [0.5, -0.25, 1.0]
+            assert r.json()["model"] == REMOTE_ENCODER and r.json()["usage"]["prompt_tokens"] == 3
+        else:
+            error = r.json()["error"]
+            assert error["code"] == code and words in error["message"], error
+        assert client.get("/health").status_code == 200
+    assert rss_mb() - before < 100
+
+
+def test_hostile_upstream_when_ollama_embed_gets_nan_then_502_in_ollamas_shape(hostile_upstream) -> None:
+    srv, _ = hostile_upstream
+    with srv.client() as client:
+        r = client.post("/api/embed", json={"model": REMOTE_ENCODER, "input": "nan"}, timeout=60)
+    assert r.status_code == 502 and "NaN" in r.json()["error"], r.text
 
 
 def test_hostile_upstream_when_slow_replies_fill_the_pool_then_the_next_request_is_still_served(

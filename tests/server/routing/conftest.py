@@ -67,23 +67,35 @@ class UpstreamProcess:
                 self.kill()
 
 
-def start_upstream(model_dir: Path, home: Path, *, pace: float, key: str = UPSTREAM_KEY) -> UpstreamProcess:
+def start_upstream(
+    model_dir: Path | None,
+    home: Path,
+    *,
+    pace: float = 0.0,
+    key: str = UPSTREAM_KEY,
+    model: str = MODEL,
+    **settings: str,
+) -> UpstreamProcess:
+    """A second simmer on the tiny model at `model_dir` (paced), or with `model_dir` None on the store at
+    `home` (`model` its default; `settings` more SIMMER_* variables, by their lower-case names)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIMMER_") or k == "SIMMER_TEST_CACHE"}
     env.update(
         {
             "SIMMER_HOME": str(home),
-            "SIMMER_MODEL": MODEL,
+            "SIMMER_MODEL": model,
             "SIMMER_HOST": "127.0.0.1",
             "SIMMER_PORT": str(port),
             "SIMMER_API_KEY": key,
             "SIMMER_KEEP_ALIVE_S": "0",
             "SIMMER_LOG_LEVEL": "info",
+            **{f"SIMMER_{name.upper()}": value for name, value in settings.items()},
         }
     )
     log_path = home / f"upstream-{port}.log"
+    args = ["store"] if model_dir is None else [str(model_dir), str(pace)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.server.routing.upstream_child", str(model_dir), str(pace)],
+        [sys.executable, "-m", "tests.server.routing.upstream_child", *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -2,7 +2,8 @@
 starts `python -m tests.server.routing.hostile_upstream PORT`: what it streams must not share the GIL with
 the server under test) that answers each request as its last user message names it (`_behaviour`): a
 gigabyte of valid chunks or of error body, a 100 MB line, comment pings or one byte at a time forever,
-tokens slower than any deadline, absurd numbers."""
+tokens slower than any deadline, absurd numbers. Its /v1/embeddings answers as the first input names it
+(`_embedding_behaviour`): a gigabyte of JSON, NaN, the wrong number of vectors or of dimensions."""
 
 from __future__ import annotations
 
@@ -90,16 +91,63 @@ def _behaviour(name: str) -> Response:
     return Response(json.dumps({"error": {"message": f"unknown behaviour {name!r}"}}), status_code=400)
 
 
+def vectors(*rows: list) -> bytes:
+    data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+    usage = {"prompt_tokens": 3, "total_tokens": 3}
+    return json.dumps({"object": "list", "data": data, "model": "m", "usage": usage}).encode()
+
+
+def _embedding_behaviour(name: str) -> Response:
+    def answer(body: bytes | AsyncIterator[bytes]) -> Response:
+        if isinstance(body, bytes):
+            return Response(body, media_type="application/json")
+        return StreamingResponse(body, media_type="application/json")
+
+    if name == "ok":
+        return answer(vectors([0.5, -0.25, 1.0]))
+    if name == "gigabyte":  # a valid start, then a gigabyte of numbers
+        head = b'{"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5'
+        return answer(_after(head, gigabyte_of(b", 0.123456789")))
+    if name == "nan":  # Python's JSON reads NaN; no other JSON does
+        return answer(b'{"data": [{"index": 0, "embedding": [NaN, 0.5, 1.0]}]}')
+    if name == "overflow":  # 1e400 is an infinity to a JSON parser; 400 digits are no float
+        return answer(b'{"data": [{"index": 0, "embedding": [1e400, -' + b"9" * 400 + b", 1.0]}]}")
+    if name == "two-vectors":  # one input, two vectors
+        return answer(vectors([0.5, 0.5, 0.5], [1.0, 1.0, 1.0]))
+    if name == "two-dimensions":  # the client asked for 3
+        return answer(vectors([0.5, 0.5]))
+    if name == "strings":
+        return answer(vectors(["0.5", "0.5", True]))
+    if name == "not-json":
+        return answer(b"<html>hello</html>")
+    if name == "drip":  # one byte at a time, forever
+        return answer(forever(b" ", 0.2))
+    if name == "error-gb":
+        return StreamingResponse(gigabyte_of(b"e" * 1024), status_code=500, media_type="text/plain")
+    return Response(json.dumps({"error": {"message": f"unknown behaviour {name!r}"}}), status_code=400)
+
+
+async def _after(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield head
+    async for piece in rest:
+        yield piece
+
+
 def app() -> Starlette:
     async def handle(request: Request) -> Response:
         body = await request.json()
         name = body["messages"][-1]["content"] if "messages" in body else body["prompt"]
         return _behaviour(str(name))
 
+    async def embeddings(request: Request) -> Response:
+        inputs = (await request.json())["input"]
+        return _embedding_behaviour(str(inputs[0] if isinstance(inputs, list) else inputs))
+
     return Starlette(
         routes=[
             Route("/v1/chat/completions", handle, methods=["POST"]),
             Route("/v1/completions", handle, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
         ]
     )
 

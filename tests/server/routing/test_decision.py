@@ -261,3 +261,49 @@ def test_pace_slow_when_pace_wobbles_around_the_floor_then_one_change_each_way()
 )
 def test_local_wait_s(ahead, tok_s, expected) -> None:
     assert local_wait_s(ahead, tok_s) == expected
+
+
+# -- embeddings: the same policy, for work that makes no tokens ------------------------------------------
+EMBED = replace(AUTO, work="embed")
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({}, ("local", "offline_first", False, None)),
+        # the model rows: an encoder installed only upstream goes there (nothing to fall back to)
+        ({"model_local": False}, ("upstream", "model", False, None)),
+        ({"model_local": False, "upstream_available": False}, (None, "model", False, "upstream_unavailable")),
+        ({"model_local": False, "model_upstream": False}, (None, "model", False, "model_not_found")),
+        ({"model_upstream": False, "device": HOT}, ("local", "offline_first", False, None)),
+        # the device rows, as for generation, with the installed encoder as the fallback
+        ({"device": HOT}, ("upstream", "thermal", True, None)),
+        ({"device": DeviceState("nominal", killed=True)}, ("upstream", "thermal", True, None)),
+        ({"device": BACKGROUND}, ("upstream", "background", True, None)),
+        ({"device": HOT, "upstream_available": False}, ("local", "breaker_open", False, None)),
+        ({"queue_full": True}, ("upstream", "queue", True, None)),
+        # the generation model's state is not the encoder's: it neither sends vectors away nor stops the
+        # fallback
+        ({"local": "no_memory"}, ("local", "offline_first", False, None)),
+        ({"local": "failed"}, ("local", "offline_first", False, None)),
+        ({"local": "loading"}, ("local", "offline_first", False, None)),
+        ({"local": "no_memory", "device": HOT}, ("upstream", "thermal", True, None)),
+        # a batch makes no tokens: the pace rows do not fire
+        ({"device": paced(1.0), "pace_slow": True}, ("local", "offline_first", False, None)),
+        (
+            {"device": paced(20.0), "local_tokens_ahead": 10**6, "max_local_wait_s": 5.0},
+            ("local", "offline_first", False, None),
+        ),
+        ({"prompt_over_context": True}, ("local", "offline_first", False, None)),
+        # the policy and request rows are the same table
+        ({"policy": "local", "requested": "upstream"}, (None, "policy", False, "upstream_not_allowed")),
+        ({"policy": "local", "model_local": False}, (None, "policy", False, "model_not_found")),
+        ({"requested": "local", "device": HOT}, ("local", "request", False, None)),
+        ({"requested": "upstream"}, ("upstream", "request", False, None)),
+        ({"policy": "upstream"}, ("upstream", "policy", True, None)),
+        ({"policy": "upstream", "local": "no_memory"}, ("upstream", "policy", True, None)),
+        ({"policy": "upstream", "model_local": False}, ("upstream", "policy", False, None)),
+    ],
+)
+def test_embed_rules(changes, expected) -> None:
+    assert row(decide_route(replace(EMBED, **changes))) == expected
