@@ -43,10 +43,11 @@ if TYPE_CHECKING:
 class Gate(Protocol):
     def before_job(self, cancel: CancelToken, enqueued_at: float) -> EngineLimits | None: ...
     def before_step(self, cancel: CancelToken) -> EngineLimits | None: ...
-    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> None:
+    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> int | None:
         """Before each batch of an embedding job (pass_s: the job's last pass, None before its first): the
-        governor's pause, the device's state and the CPU budget's idle, but never new limits (those are
-        the generation engine's; taken here, they would not reach it)."""
+        governor's pause, the device's state and the CPU budget's idle, but never new engine limits (those
+        are the generation engine's; taken here, they would not reach it). Returns the governor's thread
+        limit now, for the encoder's pass (None: no limit)."""
         ...
 
     def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> Any:
@@ -99,7 +100,7 @@ class NoGate:
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
         return None
 
-    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> None:
+    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> int | None:
         return None
 
     def note_pass(self, tokens: int) -> None:

@@ -86,21 +86,33 @@ class EncoderShelf:
     tuple read) and the opening thread's hand-over (under the lock)."""
 
     def __init__(self, threads: int = 1, keep_alive_s: float = math.inf, clock=time.monotonic) -> None:
-        self.threads = threads
+        self.max_threads = self.threads = threads  # the setting's; the governor's limit may lower `threads`
         self.keep_alive_s = keep_alive_s
         self._clock = clock
         self._open: tuple[str, Path, Embedder, int] | None = None
+        self._open_threads = threads  # the open session's pool (onnxruntime fixes it when it builds one)
         self._expires_at = math.inf  # while a job uses it, and for ever by default
         self._busy = False
         self._last_used = clock()
         self._lock = threading.Lock()
         self._opening: tuple[str, Path] | None = None  # opened beside the worker now
         self._opened: tuple[str, Path, Embedder | BaseException] | None = None  # and done, not taken yet
+        self._opened_threads = threads
+
+    def limit_threads(self, limit: int | None) -> None:
+        """The governor's thread limit (None: none): the encoder's next session uses no more, and the open
+        one is built again at the next `get` when its pool differs (a few hundred milliseconds for MiniLM,
+        and the limit moves rarely: the governor holds a thread count for a while)."""
+        self.threads = self.max_threads if limit is None else max(1, min(self.max_threads, limit))
 
     def get(self, model_id: str, path: Path) -> Embedder:
+        if self._open is not None and self._open_threads != self.threads:
+            log.info("the embedding model %s goes to %d threads", self._open[0], self.threads)
+            self._open = None
         if self._open is None or self._open[:2] != (model_id, path):
             self._open = None  # the old session goes before the new one loads
             size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+            self._open_threads = self.threads
             self._open = (model_id, path, self._take(model_id, path), size)
         self._expires_at = math.inf  # not while it serves
         self._busy, self._last_used = True, self._clock()
@@ -109,21 +121,29 @@ class EncoderShelf:
     def ready(self, model_id: str, path: Path) -> bool:
         """Whether `get` would answer without opening the model on the worker: it is open, or was opened
         beside it (or failed to: `get` then raises the error). Else its opening starts beside the worker."""
-        if self._open is not None and self._open[:2] == (model_id, path):
+        if (
+            self._open is not None
+            and self._open[:2] == (model_id, path)
+            and self._open_threads == self.threads
+        ):
             return True
         with self._lock:
             if self._opened is not None and self._opened[:2] == (model_id, path):
                 return True
             if self._opening is None:
                 self._opening = (model_id, path)
+                self._opened_threads = self.threads
                 threading.Thread(
-                    target=self._open_beside, args=(model_id, path), name="simmer-encoder-open", daemon=True
+                    target=self._open_beside,
+                    args=(model_id, path, self.threads),
+                    name="simmer-encoder-open",
+                    daemon=True,
                 ).start()
         return False
 
-    def _open_beside(self, model_id: str, path: Path) -> None:
+    def _open_beside(self, model_id: str, path: Path, threads: int) -> None:
         try:
-            opened: Embedder | BaseException = Embedder(path, threads=self.threads)
+            opened: Embedder | BaseException = Embedder(path, threads=threads)
         except Exception as err:  # the job that asked gets it from get()
             opened = err
         with self._lock:
@@ -133,7 +153,7 @@ class EncoderShelf:
         """The model opened beside the worker if that is the one, else opened here."""
         with self._lock:
             opened, self._opened = self._opened, None
-        if opened is not None and opened[:2] == (model_id, path):
+        if opened is not None and opened[:2] == (model_id, path) and self._opened_threads == self.threads:
             if isinstance(opened[2], BaseException):
                 raise opened[2]
             return opened[2]
@@ -298,11 +318,13 @@ class EmbedJob:
 def gated_step(job: EmbedJob, shelf: EncoderShelf, gate: Gate) -> bool:
     """The job's next batch behind the governor's gate (Gate.before_batch): paused while the governor
     pauses (new work before the first batch, running work after), idled after a pass for the CPU budget,
-    failed when the pause outlasts its timeout or the device stopped the app. True when the job is over."""
+    failed when the pause outlasts its timeout or the device stopped the app, and run on no more threads
+    than the governor's limit. True when the job is over."""
     try:
-        gate.before_batch(job.cancel, job.enqueued_at, job.pass_s if job.batches_run else None)
+        threads = gate.before_batch(job.cancel, job.enqueued_at, job.pass_s if job.batches_run else None)
     except Exception as err:  # device_paused, device_overheated, cancelled: the job's answer
         job.sink(Failed(err))
         return True
+    shelf.limit_threads(threads)
     job.batches_run += 1
     return job.step(shelf)

@@ -261,7 +261,7 @@ class GovernorGate:
         self._last_step = time.monotonic()
         return limits
 
-    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> None:
+    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> int | None:
         """An embedding batch's gate (decide_batch). The job's passes are not metered: the meter prices the
         generation engine's configurations, and an encoder's pass is none of them. The generation job's
         step state (its last step, its wake) is left as it is: a batch runs between jobs."""
@@ -277,6 +277,7 @@ class GovernorGate:
         cancel.on_cancel(wake.set)
         deadline = enqueued_at + self.pause_timeout_s if pass_s is None else None
         self._apply(decision, cancel, deadline, wake=wake, hand_out=False)
+        return governor.limits.threads  # after a pause: what holds now
 
     def _measure(self, cpu_s: float, wall_s: float, tokens: int = 1) -> None:
         """One step of the configuration the engine runs (the limits last handed out), which made `tokens`

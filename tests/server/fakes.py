@@ -525,8 +525,8 @@ class PaceGate:
     def note_aside(self, wall_s: float, cpu_s: float) -> None:
         self.inner.note_aside(wall_s, cpu_s)
 
-    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> None:
-        self.inner.before_batch(cancel, enqueued_at, pass_s)  # the pace is for tokens: a batch makes none
+    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> int | None:
+        return self.inner.before_batch(cancel, enqueued_at, pass_s)  # the pace is for tokens: not a batch
 
     def before_step(self, cancel: CancelToken) -> EngineLimits | None:
         if cancel is not self._cancel:  # a job's token, or a batch's (a fresh one after a row left)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from governor.governor import Governor
@@ -102,3 +103,54 @@ def test_gated_step_when_the_gate_refuses_then_the_job_fails_without_a_pass():
     (item,) = got
     assert isinstance(item, Failed) and isinstance(item.error, DevicePaused)
     assert job.batches_run == 0 and not job.parts
+
+
+def test_before_batch_when_the_governor_limits_threads_then_it_returns_the_limit():
+    gov = Governor(usable_cpus=4, config=PolicyConfig(background_action="low_priority"))
+    gate = GovernorGate(gov)
+    assert gate.before_batch(CancelToken(), time.monotonic(), None) in (None, 4)  # nominal: all of them
+    gov.set_lifecycle("background")  # low priority: one thread
+    assert gate.before_batch(CancelToken(), time.monotonic(), 0.01) == 1
+
+
+class ThreadsGate(NoGate):
+    def __init__(self) -> None:
+        self.limit: int | None = None
+
+    def before_batch(self, cancel: CancelToken, enqueued_at: float, pass_s: float | None) -> int | None:
+        return self.limit
+
+
+def test_gated_step_when_the_thread_limit_moves_then_the_encoder_is_built_again_with_it(monkeypatch):
+    built: list[int] = []
+
+    class CountingEmbedder:
+        def __init__(self, folder: Path, threads: int = 1) -> None:
+            built.append(threads)
+
+        def tokenize(self, texts, fit=False):
+            return [[1, 2] for _ in texts]
+
+        def check(self, rows, param="input", first=0) -> None:
+            return None
+
+        def embed(self, rows):
+            return np.zeros((len(rows), 4), np.float32)
+
+    monkeypatch.setattr("server.serving.embedding.Embedder", CountingEmbedder)
+    folder = Path(__file__).parent  # any folder: its files' sizes are the model's bytes
+    shelf, gate, got = EncoderShelf(threads=4), ThreadsGate(), []
+
+    def run(texts: list[str]) -> None:
+        job = EmbedJob(id="e", model_id="m", path=folder, inputs=texts, sink=got.append)
+        while not gated_step(job, shelf, gate):
+            pass
+
+    run(["a", "b"])
+    gate.limit = 1  # the governor lowered the threads
+    run(["a"])
+    run(["b"])  # the same limit: the same session
+    gate.limit = 16  # above the setting: the setting's
+    run(["c"])
+    assert built == [4, 1, 4]
+    assert len(got) == 4
