@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from models.runtime.embedder import MAX_BATCH, Embedder
+from models.convert.encoder_config import GRAPHS
+from models.runtime.embedder import MAX_BATCH, Embedder, opened_variant
 from models.runtime.engine import release_freed_memory
 from models.types import CancelToken
 from server.serving.contracts import Gate, Sink
@@ -56,7 +57,7 @@ class EncoderView:
     """The open embedding model, as /api/ps and the memory plan see it."""
 
     model_id: str
-    bytes: int  # its files on disk: the weights a session holds (fp32, read whole)
+    bytes: int  # its files on disk but the other variants' graphs: the weights its session holds, read whole
     expires_in_s: float | None  # None: kept until the server stops
     last_used: float  # on the pool's clock
     busy: bool  # a job uses it now
@@ -67,8 +68,16 @@ class EncoderShelf:
     closed once idle past its keep_alive (the request's, else SIMMER_KEEP_ALIVE_S; 0: after the request), as
     a generation model is. Worker thread only, except `view` (any thread: one tuple read)."""
 
-    def __init__(self, threads: int = 1, keep_alive_s: float = math.inf, clock=time.monotonic) -> None:
+    def __init__(
+        self,
+        threads: int = 1,
+        keep_alive_s: float = math.inf,
+        clock=time.monotonic,
+        variant: str | None = None,
+    ) -> None:
         self.threads = threads
+        # SIMMER_VARIANT: each model opens on it where it has it (models/runtime/embedder.py's opened_variant)
+        self.variant = variant
         self.keep_alive_s = keep_alive_s
         self._clock = clock
         self._open: tuple[str, Path, Embedder, int] | None = None
@@ -79,8 +88,11 @@ class EncoderShelf:
     def get(self, model_id: str, path: Path) -> Embedder:
         if self._open is None or self._open[:2] != (model_id, path):
             self._open = None  # the old session goes before the new one loads
-            size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-            self._open = (model_id, path, Embedder(path, threads=self.threads), size)
+            emb = Embedder(path, threads=self.threads, variant=opened_variant(path, self.variant))
+            # the folder may hold both variants' graphs; the session reads only the one it opened
+            others = {f"{g}{tail}" for v, g in GRAPHS.items() if v != emb.variant for tail in ("", ".data")}
+            size = sum(f.stat().st_size for f in path.iterdir() if f.is_file() and f.name not in others)
+            self._open = (model_id, path, emb, size)
         self._expires_at = math.inf  # not while it serves
         self._busy, self._last_used = True, self._clock()
         return self._open[2]

@@ -85,6 +85,7 @@ class Worker:
         ladder: Sequence[Rung] = (),
         max_batch: int = 1,
         encoder_threads: int = 1,
+        encoder_variant: str | None = None,
         stand_in: StandIn | None = None,
         stand_in_at_start: Callable[[str], str | None] = lambda start: None,
         keep_warm: int | None = None,
@@ -105,7 +106,7 @@ class Worker:
         # embedding jobs (server/serving/embedding.py), a batch per turn, alternating with generation jobs
         self._embeds: collections.deque[EmbedJob] = collections.deque()
         self._embeds_turn = False
-        self._encoders = EncoderShelf(encoder_threads, pool.keep_alive_s, pool.clock)
+        self._encoders = EncoderShelf(encoder_threads, pool.keep_alive_s, pool.clock, encoder_variant)
         pool.outside = self._open_encoder
         pool.close_outside = lambda model_id, reason: self._encoders.close(reason)
         self._idle_work: list[IdleWork] = []
