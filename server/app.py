@@ -91,6 +91,7 @@ def create_app(
         ladder=served.ladder,
         max_batch=settings.max_batch,
         encoder_threads=engine_threads(settings),
+        encoder_variant=settings.variant,
         stand_in=served.stand_in if settings.cold_start == "stand_in" else None,
         stand_in_at_start=served.start_stand_in if settings.cold_start == "stand_in" else lambda start: None,
         # idle bigger models stay loaded above the rung while memory keeps the start's headroom

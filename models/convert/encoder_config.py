@@ -24,6 +24,11 @@ WEIGHTS = "model.safetensors"
 ENCODER_CONFIG = "encoder.json"
 TOKENIZER = "tokenizer.json"
 GRAPH = "encoder.onnx"
+# The variants: `f32` the exact graph; `int8` its linear layers on MatMulNBits (8-bit weights per block of
+# 32, int8 activations), embeddings, LayerNorm and attention left in fp32 (models/convert/encoder_int8.py)
+F32 = "f32"
+INT8 = "int8"
+GRAPHS = {F32: GRAPH, INT8: "encoder-int8.onnx"}
 OUTPUT = "sentence_embedding"
 _NORMALIZE = "sentence_transformers.models.Normalize"
 _POOLING = "sentence_transformers.models.Pooling"

@@ -1,6 +1,7 @@
 """A sentence encoder's source -> simmer's encoder folder: encoder.onnx (+ its weights), tokenizer.json and
 encoder.json (the EncoderConfig the runtime reads; models/runtime/embedder.py), and the manifest fragment
-that says so.
+that says so; `convert_int8` writes the int8 variant's graph beside them (encoder-int8.onnx + its weights;
+models/convert/encoder_int8.py), from a sentence-transformers folder.
 
 Two sources, one folder: a sentence-transformers folder (`convert_encoder`) and a GGUF of llama.cpp's
 `bert` (`convert_encoder_gguf`, read by convert/encoder_gguf.py into the folder's names). Both end in
@@ -19,28 +20,32 @@ from typing import Any
 
 import numpy as np
 
+from models.convert import encoder_quality
 from models.convert.encoder_config import (
     ENCODER_CONFIG,
-    GRAPH,
+    F32,
+    GRAPHS,
+    INT8,
     TOKENIZER,
     WEIGHTS,
     EncoderConfig,
     read_encoder_config,
 )
 from models.convert.encoder_gguf import encoder_plan, read_encoder_gguf
-from models.convert.encoder_graph import build_encoder, save_encoder
+from models.convert.encoder_graph import build_encoder, build_traced, save_encoder
+from models.convert.encoder_int8 import INT8_ACTIVATIONS, outlier_channels
 from models.convert.safetensors_file import read_safetensors
 from models.errors import InvalidModelFile, InvalidParameter, SimmerError, VerificationFailed
 from models.types import KIND_EMBEDDING
 
-VARIANT = "f32"  # the exact graph, the encoder's one variant
-FILES = [GRAPH, f"{GRAPH}.data"]
 
-
-def check_variants(variants: list[str] | None) -> None:
-    if variants and set(variants) != {VARIANT}:
+def check_variants(variants: list[str] | None, allowed: tuple[str, ...] = (F32,)) -> None:
+    """The variants a pull asks for, within what this source can build (int8 is calibrated on a
+    sentence-transformers folder's weights: a GGUF gives f32 alone)."""
+    if variants and not set(variants) <= set(allowed):
         raise InvalidParameter(
-            f"a sentence encoder has one variant, {VARIANT!r}, not {', '.join(variants)}", param="variants"
+            f"this sentence encoder's variants are {', '.join(allowed)}, not {', '.join(variants)}",
+            param="variants",
         )
 
 
@@ -73,20 +78,46 @@ def convert_encoder_gguf(source: Path, out: Path) -> EncoderConfig:
     return model.config
 
 
-def encoder_fragment(cfg: EncoderConfig, out: Path) -> dict[str, Any]:
-    """The manifest fragment of a converted encoder in `out`."""
+def convert_int8(source: Path, out: Path, accuracy_level: int = INT8_ACTIVATIONS) -> list[str]:
+    """The int8 variant's graph (its MatMulNBits at `accuracy_level`) into `out`; returns the files written.
+    Its outlier channels come from the f32 graph, built again here in memory (a second of work for MiniLM)
+    rather than read back from `out`: the calibration needs the weights inside the model."""
+    source, out = Path(source), Path(out)
+    cfg = read_encoder_config(source)
+    weights = read_safetensors(source / WEIGHTS)
+    model, linear_inputs = build_traced(weights, cfg)
+    outliers = outlier_channels(model, linear_inputs, cfg.vocab, cfg.context)
+    del model
+    return save_encoder(build_encoder(weights, cfg, outliers, accuracy_level), out, GRAPHS[INT8])
+
+
+def encoder_fragment(
+    cfg: EncoderConfig,
+    out: Path,
+    entries: dict[str, dict[str, Any]] | None = None,
+    refused: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The manifest fragment of a converted encoder in `out`: each variant's files and what was measured of
+    it (`entries`; by default f32 alone, exact), those refused and why, and the floor int8 was held to when
+    it was built or tried."""
+    entries = entries if entries is not None else {F32: {"quality": {"exact": True}}}
+    refused = refused or {}
+    variants: dict[str, dict[str, Any]] = {}
+    for name in GRAPHS:
+        if name in entries:
+            files = [GRAPHS[name], f"{GRAPHS[name]}.data"]
+            weights = sum((Path(out) / rel).stat().st_size for rel in files)
+            variants[name] = {"file": files[0], "files": files, "weights_bytes": weights, **entries[name]}
+    measured = INT8 in entries or INT8 in refused
     return {
         "kind": KIND_EMBEDDING,
         "architecture": {"name": "bert", **cfg.to_json()},
         "context_length": cfg.context,
-        "variants": {
-            VARIANT: {
-                "file": GRAPH,
-                "files": list(FILES),
-                "weights_bytes": sum((Path(out) / rel).stat().st_size for rel in FILES),
-            }
-        },
-        "default_variant": VARIANT,
+        "variants": variants,
+        "default_variant": encoder_quality.NOMINAL,
+        "default_variant_reason": encoder_quality.NOMINAL_REASON,
+        "quality_floor": {"source": F32, "min_cosine": encoder_quality.FLOOR} if measured else None,
+        "refused_variants": refused,
         "tokenizer": TOKENIZER,
         "chat_template": None,
     }
@@ -117,11 +148,17 @@ def convert_gguf_install(
 
 
 def encoder_smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
-    """A new install must load, embed a sentence, and give a finite (unit, when normalised) vector."""
+    """A new install must load, embed a sentence, and give a finite (unit, when normalised) vector, with
+    each of its variants."""
+    for variant in manifest.get("variants") or {}:
+        _smoke_one(Path(model_dir), variant)
+
+
+def _smoke_one(model_dir: Path, variant: str) -> None:
     from models.runtime.embedder import Embedder
 
     try:
-        emb = Embedder(Path(model_dir))
+        emb = Embedder(model_dir, variant=variant)
         vec = emb.embed(emb.tokenize(["hello world"]))
     except SimmerError as err:
         raise VerificationFailed(err.message) from err

@@ -5,7 +5,9 @@ I/O: inputs  input_ids int64 [batch, seq], attention_mask int64 [batch, seq] (1 
      output  sentence_embedding float32 [batch, hidden] (sentence-transformers' name for it)
 Every input is a single sentence, so its token types are all 0: that row of the token-type table is added
 to the position table once here instead of gathered per token. The weights stay fp32 (the exact variant);
-plain ONNX ops, which onnxruntime's optimizer fuses (attention, LayerNorm with skip, GELU) at load.
+plain ONNX ops, which onnxruntime's optimizer fuses (attention, LayerNorm with skip, GELU) at load. With
+`outliers` (the int8 variant) the linear layers run on MatMulNBits instead, each outlier input channel
+beside it in fp32 (models/convert/encoder_int8.py); the rest is the same.
 """
 
 from __future__ import annotations
@@ -19,17 +21,28 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from models.convert.encoder_config import GRAPH, OUTPUT, EncoderConfig
+from models.convert.encoder_int8 import BLOCK, INT8_ACTIVATIONS, Outliers, pack_int8
 from models.errors import InvalidModelFile
 
 OPSET = 17
 # Added to the scores of padded keys: exp() of it underflows to exactly 0 next to any real score.
 _MASKED = -1e9
+MS = "com.microsoft"
 
 
 class _Builder:
-    def __init__(self, weights: dict[str, np.ndarray], cfg: EncoderConfig) -> None:
+    def __init__(
+        self,
+        weights: dict[str, np.ndarray],
+        cfg: EncoderConfig,
+        outliers: Outliers | None,
+        accuracy_level: int = INT8_ACTIVATIONS,
+    ) -> None:
         self.w = weights
         self.cfg = cfg
+        self.outliers = outliers
+        self.accuracy_level = accuracy_level
+        self.linear_inputs: dict[str, str] = {}  # each linear layer's input (the calibration reads them)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[TensorProto] = []
         self._n = 0
@@ -55,10 +68,30 @@ class _Builder:
         return out
 
     def linear(self, x: str, prefix: str) -> str:
-        # torch's Linear stores (out, in): the graph multiplies by its transpose.
-        w = self.init(f"{prefix}.weight", self.weight(f"{prefix}.weight").T.astype(np.float32))
+        self.linear_inputs[prefix] = x
         b = self.init(f"{prefix}.bias", self.weight(f"{prefix}.bias").astype(np.float32))
+        weight = self.weight(f"{prefix}.weight").astype(np.float32)
+        if self.outliers is not None:
+            return self.op("Add", [self.linear_int8(x, prefix, weight, self.outliers.get(prefix, [])), b])
+        # torch's Linear stores (out, in): the graph multiplies by its transpose.
+        w = self.init(f"{prefix}.weight", weight.T)
         return self.op("Add", [self.op("MatMul", [x, w]), b])
+
+    def linear_int8(self, x: str, prefix: str, weight: np.ndarray, outliers: list[int]) -> str:
+        """x @ weight.T on MatMulNBits (it reads torch's (out, in) layout as it is), the `outliers` input
+        channels zeroed there and multiplied in fp32 beside it (their int8 scale would flatten the block)."""
+        n, k = weight.shape
+        if outliers:
+            keep = np.ones(k, dtype=np.float32)
+            keep[outliers] = 0.0
+            side = self.op("Gather", [x, self.const(np.array(outliers, dtype=np.int64))], axis=2)
+            exact = self.init(f"{prefix}.outliers", np.ascontiguousarray(weight[:, outliers].T))
+            x = self.op("Mul", [x, self.const(keep)])
+        codes, scales = pack_int8(weight)
+        inputs = [x, self.init(f"{prefix}.codes", codes), self.init(f"{prefix}.scales", scales)]
+        attrs = {"K": k, "N": n, "bits": 8, "block_size": BLOCK, "accuracy_level": self.accuracy_level}
+        y = self.op("MatMulNBits", inputs, domain=MS, **attrs)
+        return self.op("Add", [y, self.op("MatMul", [side, exact])]) if outliers else y
 
     def layer_norm(self, x: str, prefix: str) -> str:
         g = self.init(f"{prefix}.weight", self.weight(f"{prefix}.weight").astype(np.float32))
@@ -144,19 +177,35 @@ class _Builder:
             [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["batch", cfg.hidden])],
             self.inits,
         )
-        return helper.make_model(
-            graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="simmer"
-        )
+        opsets = [helper.make_opsetid("", OPSET)]
+        if self.outliers is not None:
+            opsets.append(helper.make_opsetid(MS, 1))
+        return helper.make_model(graph, opset_imports=opsets, producer_name="simmer")
 
 
-def build_encoder(weights: dict[str, np.ndarray], cfg: EncoderConfig) -> onnx.ModelProto:
-    return _Builder(weights, cfg).build()
+def build_encoder(
+    weights: dict[str, np.ndarray],
+    cfg: EncoderConfig,
+    outliers: Outliers | None = None,
+    accuracy_level: int = INT8_ACTIVATIONS,
+) -> onnx.ModelProto:
+    """The f32 graph; the int8 one with `outliers` ({} when none are kept in fp32), its MatMulNBits at
+    `accuracy_level` (models/convert/encoder_int8.py's PLANS)."""
+    return _Builder(weights, cfg, outliers, accuracy_level).build()
 
 
-def save_encoder(model: onnx.ModelProto, folder: Path) -> list[str]:
+def build_traced(
+    weights: dict[str, np.ndarray], cfg: EncoderConfig
+) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The f32 graph and each linear layer's input tensor ({prefix: name}), for calibration."""
+    builder = _Builder(weights, cfg, None)
+    return builder.build(), builder.linear_inputs
+
+
+def save_encoder(model: onnx.ModelProto, folder: Path, graph: str = GRAPH) -> list[str]:
     """The graph and its weights (one external-data file beside it); returns the files written."""
-    data = f"{GRAPH}.data"
+    data = f"{graph}.data"
     onnx.save_model(
-        model, str(Path(folder) / GRAPH), save_as_external_data=True, location=data, size_threshold=1024
+        model, str(Path(folder) / graph), save_as_external_data=True, location=data, size_threshold=1024
     )
-    return [GRAPH, data]
+    return [graph, data]

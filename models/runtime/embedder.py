@@ -5,6 +5,10 @@ batch per `embed` call -> unit vectors.
 rows (the server splits a request into batches of at most `MAX_BATCH`, so the worker can run other work
 between them). Token ids are checked here, where the vocabulary and the context are known: an id outside
 the vocabulary or a row over the context is refused with the row's index, never run.
+
+It opens the variant it is given, else the one the folder's manifest names as nominal (f32 for every pull:
+models/convert/encoder_quality.py), else `f32` (a folder converted without the store has no manifest).
+`opened_variant` is the server's rule: SIMMER_VARIANT where the folder has it, else the nominal one.
 """
 
 from __future__ import annotations
@@ -17,22 +21,58 @@ import numpy as np
 import onnxruntime as ort
 import tokenizers
 
-from models.convert.encoder_config import ENCODER_CONFIG, GRAPH, OUTPUT, TOKENIZER, EncoderConfig
+from models.convert.encoder_config import ENCODER_CONFIG, F32, GRAPHS, OUTPUT, TOKENIZER, EncoderConfig
 from models.errors import ContextLengthExceeded, InvalidModelFile, InvalidParameter
 from models.runtime.session import session_options
 
 # Rows per forward pass. Attention is quadratic in the longest row and the batch is padded to it: 32 rows
 # of a 256-token context is ~100 MB of scores for a 12-head model, a bound a phone can carry.
 MAX_BATCH = 32
+MANIFEST = "manifest.json"  # the store's (models/store/manifest.py), named here to keep the store unimported
 
 
 def is_encoder_folder(folder: Path) -> bool:
     return (Path(folder) / ENCODER_CONFIG).is_file()
 
 
+def _manifest(folder: Path) -> dict:
+    try:
+        manifest = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def nominal_variant(folder: Path) -> str:
+    """The manifest's default_variant, or f32 where there is no manifest (or it names no encoder variant)."""
+    chosen = _manifest(folder).get("default_variant")
+    return chosen if chosen in GRAPHS else F32
+
+
+def installed_variants(folder: Path) -> list[str]:
+    """The variants the manifest lists; without a manifest, those whose graph is in the folder."""
+    listed = _manifest(folder).get("variants")
+    if isinstance(listed, dict):
+        return [v for v in GRAPHS if v in listed]
+    return [v for v, graph in GRAPHS.items() if (Path(folder) / graph).is_file()]
+
+
+def opened_variant(folder: Path, preferred: str | None) -> str:
+    """`preferred` where the folder has it (SIMMER_VARIANT names a variant for every model that has one), else
+    the nominal one."""
+    return preferred if preferred in installed_variants(folder) else nominal_variant(folder)
+
+
 class Embedder:
-    def __init__(self, folder: Path, threads: int = 1) -> None:
+    def __init__(self, folder: Path, threads: int = 1, variant: str | None = None) -> None:
         folder = Path(folder)
+        self.variant = variant or nominal_variant(folder)
+        if self.variant not in installed_variants(folder):
+            raise InvalidParameter(
+                f"{folder.name} has no encoder variant {self.variant!r} (installed: "
+                f"{', '.join(installed_variants(folder)) or 'none'})",
+                param="variant",
+            )
         try:
             self.config = EncoderConfig.from_json(
                 json.loads((folder / ENCODER_CONFIG).read_text(encoding="utf-8"))
@@ -40,8 +80,11 @@ class Embedder:
             self._tokenizer = tokenizers.Tokenizer.from_file(str(folder / TOKENIZER))
         except (OSError, ValueError) as err:
             raise InvalidModelFile(f"{folder} is not an encoder folder: {err}") from err
+        self.graph = GRAPHS[self.variant]
         self._session = ort.InferenceSession(
-            str(folder / GRAPH), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
+            str(folder / self.graph),
+            sess_options=session_options(threads),
+            providers=["CPUExecutionProvider"],
         )
 
     @property

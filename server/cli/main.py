@@ -189,6 +189,8 @@ def _variant_lines(m: ModelInfo) -> list[str]:
     f = m.floor or {}
     if isinstance(f.get("kl_mean"), float | int) and isinstance(f.get("kl_p99"), float | int):
         head += f"; quality floor ({f.get('source')}): KL {f['kl_mean']:.2g} (p99 {f['kl_p99']:.2g})"
+    if isinstance(f.get("min_cosine"), float | int):
+        head += f"; quality floor ({f.get('source')}): min cosine {f['min_cosine']}"
     width = max(len(n) for n in [*m.variants, *m.refused]) if m.variants or m.refused else 0
     lines = [head]
     lines += ["  " + describe(name.ljust(width), m.facts.get(name, {})) for name in m.variants]

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from models.runtime.embedder import MAX_BATCH, Embedder
+from models.convert.encoder_config import GRAPHS
+from models.runtime.embedder import MAX_BATCH, Embedder, opened_variant
 from models.runtime.engine import release_freed_memory
 from models.types import CancelToken
 from server.serving.contracts import Gate, Sink
@@ -72,7 +73,7 @@ class EncoderView:
     """The open embedding model, as /api/ps and the memory plan see it."""
 
     model_id: str
-    bytes: int  # its files on disk: the weights a session holds (fp32, read whole)
+    bytes: int  # its files on disk but the other variants' graphs: the weights its session holds, read whole
     expires_in_s: float | None  # None: kept until the server stops
     last_used: float  # on the pool's clock
     busy: bool  # a job uses it now
@@ -85,8 +86,16 @@ class EncoderShelf:
     not inference; the reader's tokens go on meanwhile). Worker thread only, except `view` (any thread: one
     tuple read) and the opening thread's hand-over (under the lock)."""
 
-    def __init__(self, threads: int = 1, keep_alive_s: float = math.inf, clock=time.monotonic) -> None:
+    def __init__(
+        self,
+        threads: int = 1,
+        keep_alive_s: float = math.inf,
+        clock=time.monotonic,
+        variant: str | None = None,
+    ) -> None:
         self.max_threads = self.threads = threads  # the setting's; the governor's limit may lower `threads`
+        # SIMMER_VARIANT: each model opens on it where it has it (models/runtime/embedder.py's opened_variant)
+        self.variant = variant
         self.keep_alive_s = keep_alive_s
         self._clock = clock
         self._open: tuple[str, Path, Embedder, int] | None = None
@@ -111,9 +120,12 @@ class EncoderShelf:
             self._open = None
         if self._open is None or self._open[:2] != (model_id, path):
             self._open = None  # the old session goes before the new one loads
-            size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
             self._open_threads = self.threads
-            self._open = (model_id, path, self._take(model_id, path), size)
+            emb = self._take(model_id, path)
+            # the folder may hold both variants' graphs; the session reads only the one it opened
+            others = {f"{g}{tail}" for v, g in GRAPHS.items() if v != emb.variant for tail in ("", ".data")}
+            size = sum(f.stat().st_size for f in path.iterdir() if f.is_file() and f.name not in others)
+            self._open = (model_id, path, emb, size)
         self._expires_at = math.inf  # not while it serves
         self._busy, self._last_used = True, self._clock()
         return self._open[2]
@@ -143,7 +155,7 @@ class EncoderShelf:
 
     def _open_beside(self, model_id: str, path: Path, threads: int) -> None:
         try:
-            opened: Embedder | BaseException = Embedder(path, threads=threads)
+            opened: Embedder | BaseException = self._embedder(path, threads)
         except Exception as err:  # the job that asked gets it from get()
             opened = err
         with self._lock:
@@ -157,7 +169,10 @@ class EncoderShelf:
             if isinstance(opened[2], BaseException):
                 raise opened[2]
             return opened[2]
-        return Embedder(path, threads=self.threads)
+        return self._embedder(path, self.threads)
+
+    def _embedder(self, path: Path, threads: int) -> Embedder:
+        return Embedder(path, threads=threads, variant=opened_variant(path, self.variant))
 
     def done(self, keep_alive_s: float | None) -> None:
         """A job is over: the model stays open for its keep_alive (None: the default; 0 closes it now)."""

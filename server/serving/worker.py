@@ -86,6 +86,7 @@ class Worker:
         ladder: Sequence[Rung] = (),
         max_batch: int = 1,
         encoder_threads: int = 1,
+        encoder_variant: str | None = None,
         stand_in: StandIn | None = None,
         stand_in_at_start: Callable[[str], str | None] = lambda start: None,
         keep_warm: int | None = None,
@@ -107,7 +108,7 @@ class Worker:
         self._embeds: collections.deque[EmbedJob] = collections.deque()
         self._embeds_turn = False
         self._gaps = PassGaps()  # the running replies' passes, which size an embedding slice between them
-        self._encoders = EncoderShelf(encoder_threads, pool.keep_alive_s, pool.clock)
+        self._encoders = EncoderShelf(encoder_threads, pool.keep_alive_s, pool.clock, encoder_variant)
         pool.outside = self._open_encoder
         pool.close_outside = lambda model_id, reason: self._encoders.close(reason)
         self._idle_work: list[IdleWork] = []

