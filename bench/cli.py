@@ -1,5 +1,5 @@
 """`simmer bench engine | server | sustained | soak | json | concurrency | cpu-cost | cold-start | embed |
-embed-chat`:
+embed-chat | governor-moves`:
 benchmarks that print JSON (and a peer)."""
 
 from __future__ import annotations
@@ -158,6 +158,14 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
     e.add_argument("--rounds", type=int, default=3)
     e.add_argument("--max-tokens", type=int, default=3000, help="the chat's length (ignore_eos)")
     e.add_argument("--json")
+    g = sub.add_parser(
+        "governor-moves", help="a running reply's longest gap at a thread change and a ladder step up"
+    )
+    g.add_argument("--model", required=True, help="the model (installed); BIG of the step up")
+    g.add_argument("--small", default=None, help="SMALL of the step up (installed; none: no step up)")
+    g.add_argument("--rounds", type=int, default=3)
+    g.add_argument("--max-tokens", type=int, default=400)
+    g.add_argument("--json")
     o = sub.add_parser(
         "cold-start", help="a cold server's first chat: a small model standing in vs waiting for the load"
     )
@@ -185,6 +193,14 @@ def cli_bench(argv: list[str], settings: Settings) -> int:
             rounds=args.rounds,
             max_tokens=args.max_tokens,
             stall=args.stall,
+        )
+        _write(report, args.json)
+        return 0
+    if args.what == "governor-moves":
+        from bench.governor_moves import bench_governor_moves
+
+        report = bench_governor_moves(
+            settings, model=args.model, small=args.small, rounds=args.rounds, max_tokens=args.max_tokens
         )
         _write(report, args.json)
         return 0
