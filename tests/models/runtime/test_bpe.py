@@ -8,6 +8,7 @@ path simmer used before (the converter's tokenizer.json), which is what must not
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -33,7 +34,7 @@ from models.runtime.bpe import VOCAB_FILE, BytePairEncoding, byte_chars
 from models.runtime.pretokenize import PreTokenizer
 from models.runtime.tokenizer import TOKENIZER_JSON, IncrementalDetokenizer, Tokenizer
 from tests.fixtures.make_unicode_classes import CLASSES, tables
-from tests.tiny_vocab import CONTROL, FAMILIES, USER_DEFINED, Family, family_metadata
+from tests.tiny_vocab import CONTROL, FAMILIES, FIXTURES, USER_DEFINED, Family, family_metadata
 
 BPE_FAMILIES = sorted(n for n, f in FAMILIES.items() if f.model == "gpt2")
 
@@ -210,6 +211,22 @@ def test_decode_when_encoded_then_same_bytes_text_and_stream_as_tokenizers(famil
         assert tok.decode(ids) == ref.decode(ids)
         detok = IncrementalDetokenizer(tok)
         assert "".join(detok.feed(i) for i in ids) + detok.flush() == ref.decode(ids)
+
+
+def test_encode_when_byte_has_no_token_then_dropped_like_tokenizers() -> None:
+    """Without an unknown token, `tokenizers` drops a byte the vocabulary lacks (its neighbours then meet)."""
+    meta = family_metadata(FAMILIES["qwen2"])
+    gone = {byte_chars()[b] for b in (0x01, 0x7F)}  # U+0001 and DEL
+    assert not any(set(m.split(" ")) & gone for m in meta["tokenizer.ggml.merges"])
+    keep = [i for i, t in enumerate(meta["tokenizer.ggml.tokens"]) if t not in gone]
+    meta = meta | {
+        "tokenizer.ggml.tokens": [meta["tokenizer.ggml.tokens"][i] for i in keep],
+        "tokenizer.ggml.token_type": [meta["tokenizer.ggml.token_type"][i] for i in keep],
+    }
+    tok = tokenizer_from_metadata(meta)
+    assert tok.bpe is not None and tok.token_to_id(byte_chars()[0x01]) is None
+    texts = ["a\x01b", "\x01\x01 x\x7f", "caf\x7fé \x7f", *TRICKY]
+    assert mismatches(tok, through_tokenizers(tok), texts) == []
 
 
 def test_encode_when_caches_overflow_then_same_ids(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -389,3 +406,7 @@ def test_encode_when_real_qwen25_then_same_ids_as_tokenizers(qwen_coder_05b_gguf
     assert mismatches(tok, through_tokenizers(tok), TRICKY + mixed_texts(tok, 6, 300)) == []
     text = (Path(__file__).parents[3] / "models" / "runtime" / "session.py").read_text()[:9000]
     assert tok.encode(text) == through_tokenizers(tok).encode(text)
+    # and llama.cpp's own ids for its chat prompts (tests/fixtures/make_llamacpp_fixtures.py)
+    doc = json.loads((FIXTURES / "qwen2.5_coder_0.5b_llamacpp.json").read_text(encoding="utf-8"))
+    for case in doc["cases"]:
+        assert tok.encode(case["prompt"], add_special_tokens=False) == case["prompt_ids"]
