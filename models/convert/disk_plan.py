@@ -5,7 +5,7 @@ variant's graph is built exactly as `build_variant` builds it, over a dry Weight
 with its shape before its values are computed (graph.Planned, quant.Layout), so the dry build names, aligns
 and deduplicates the same initializers at the same offsets as the real one without computing any: the
 weights file and each .onnx file are predicted exactly, and a real build checks every array it computes
-against its declared shape. Only the tokenizer and the small files are bounds (JSON encoding).
+against its declared shape. Only the tokenizer files and the small files are bounds (JSON, zip headers).
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from models.convert.fast_plan import PLANS
 from models.convert.graph import VARIANTS, GraphBuilder, SplitWeights, VariantSpec, WeightFile
 from models.convert.kv_dtype import FP32, variant_kv_dtype
 from models.convert.model import GGUFModel
+from models.runtime import bpe, spm
 
 WEIGHTS_FILE = "weights.data"  # pipeline.WEIGHTS_FILE (the pipeline imports this module)
 SMALL_FILES = 64 << 10  # chat template, tokenizer_config.json, genai_config.json
+NPZ_HEADERS = 16 << 10  # a compact tokenizer's zip and .npy headers, and its pre-tokenizer's JSON
 
 
 def _string_array(model: GGUFModel, key: str) -> tuple[int, int]:
@@ -37,6 +39,20 @@ def _tokenizer_bytes(model: GGUFModel) -> int:
     n_tokens, token_bytes = _string_array(model, "tokenizer.ggml.tokens")
     n_merges, merge_bytes = _string_array(model, "tokenizer.ggml.merges")
     return 3 * (token_bytes + merge_bytes) + 24 * (n_tokens + n_merges) + (64 << 10)
+
+
+def _compact_tokenizer(model: GGUFModel) -> dict[str, int]:
+    """The compact vocabulary file simmer loads (tokenizer.bpe.npz or tokenizer.spm.npz), bounded from its
+    arrays: the token texts, a few bytes per token and per merge, and the .npz's own headers."""
+    field = model.reader.fields.get("tokenizer.ggml.model")
+    kind = field.contents() if field is not None else None
+    n_tokens, token_bytes = _string_array(model, "tokenizer.ggml.tokens")
+    if kind == "gpt2":  # lengths, sorted ids (int32 each), types (a byte); a merge's key, rank and id
+        n_merges, _ = _string_array(model, "tokenizer.ggml.merges")
+        return {bpe.VOCAB_FILE: token_bytes + 9 * n_tokens + 16 * n_merges + NPZ_HEADERS}
+    if kind == "llama":  # lengths, scores, types; at most one pair of characters per byte of text
+        return {spm.VOCAB_FILE: 9 * token_bytes + 9 * n_tokens + NPZ_HEADERS}
+    return {}
 
 
 def estimate_output(model: GGUFModel, names: list[str], kv_dtype: str = FP32) -> dict[str, int]:
@@ -60,5 +76,6 @@ def estimate_output(model: GGUFModel, names: list[str], kv_dtype: str = FP32) ->
             out[own.path.name] = max(out.get(own.path.name, 0), own.size)
     out[WEIGHTS_FILE] = weights.size
     out["tokenizer.json"] = _tokenizer_bytes(model)
+    out |= _compact_tokenizer(model)
     out["small files"] = SMALL_FILES
     return out

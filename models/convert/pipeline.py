@@ -68,7 +68,9 @@ from models.types import KIND_EMBEDDING
 # SmolLM2's default is `fast`, not `q4`
 # 13: the block sums of a format with a min over a wide input (k > 2,896) by Reshape + ReduceSum, not
 # a MatMul with a 0/1 indicator (Qwen2.5 1.5B: +5 % decode; the indicator read 10 MB a call in ffn_down)
-CONVERTER_VERSION = 13
+# 14: byte-level BPE vocabularies also written as tokenizer.bpe.npz (the compact tokenizer simmer loads
+# without holding the GIL for the quarter second `tokenizers` takes to parse Qwen 2.5's tokenizer.json)
+CONVERTER_VERSION = 14
 WEIGHTS_FILE = "weights.data"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 SPEED_ROUNDS = 3  # the nominal variant's candidates timed in alternation

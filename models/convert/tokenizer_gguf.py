@@ -26,6 +26,8 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 
 from models.errors import InvalidModelFile, UnsupportedModel
 from models.gguf.reader import read_kv_section
+from models.runtime.bpe import BytePairEncoding
+from models.runtime.pretokenize import STEP_DIGITS, STEP_REGEX, Step
 from models.runtime.spm import (
     SPACE,
     TOKEN_CONTROL,
@@ -423,6 +425,15 @@ def _byte_level_pre_tokenizer(pre: PreTokenizer) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence(steps)
 
 
+def pre_tokenizer_steps(pre: PreTokenizer) -> list[Step]:
+    """The steps of _byte_level_pre_tokenizer's `tokenizers` pre-tokenizer, for models/runtime/pretokenize.py:
+    ByteLevel's own regex is GPT-2's, so GPT-2 and SmolLM have it as their last step."""
+    steps: list[Step] = [(STEP_DIGITS, "1")] if pre.digits else []
+    for r in pre.regexes:
+        steps.append((STEP_DIGITS, "") if r == r"\p{N}+" else (STEP_REGEX, r))
+    return steps
+
+
 def _post_processor(vocab: Vocabulary) -> processors.PostProcessor | None:
     parts, specials = [], []
     if vocab.add_bos and vocab.bos_id is not None:
@@ -441,10 +452,20 @@ def _post_processor(vocab: Vocabulary) -> processors.PostProcessor | None:
 
 def tokenizer_from_metadata(meta: dict[str, Any], *, compact: bool = True) -> Tokenizer:
     """The runtime Tokenizer for a GGUF's tokenizer keys (see metadata_from_gguf). A SentencePiece
-    vocabulary encodes with models.runtime.spm unless `compact` is False; its `tokenizers` tokenizer is
-    built either way, for the tokenizer.json other runtimes read."""
+    vocabulary encodes with models.runtime.spm, a byte-level BPE with models.runtime.bpe, unless `compact` is
+    False; the `tokenizers` tokenizer is built either way, for the tokenizer.json other runtimes read."""
     vocab = read_vocabulary(meta)
-    spm = None
+    hf = _build(vocab, meta)  # first: its errors name what does not fit
+    spm, bpe = None, None
+    if compact and vocab.model == "gpt2":
+        pre = pre_tokenizer_for(meta)
+        bpe = BytePairEncoding.from_tokens(
+            vocab.tokens,
+            vocab.types,
+            _gguf_merges(meta.get("tokenizer.ggml.merges") or []),
+            steps=pre_tokenizer_steps(pre),
+            ignore_merges=pre.ignore_merges,
+        )
     if compact and vocab.model == "llama":
         spm = SentencePiece.from_tokens(
             vocab.tokens,
@@ -454,8 +475,9 @@ def tokenizer_from_metadata(meta: dict[str, Any], *, compact: bool = True) -> To
             unk_id=vocab.unk_id,
         )
     return Tokenizer(
-        _build(vocab, meta),
+        hf,
         spm=spm,
+        bpe=bpe,
         kind=KIND_BYTE_LEVEL if vocab.model == "gpt2" else KIND_SENTENCEPIECE,
         bos_id=vocab.bos_id,
         eos_id=vocab.eos_id,

@@ -61,7 +61,7 @@ def _code_points(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype=np.uint32)
 
 
-def _trie_pattern(texts: Sequence[str]) -> str:
+def trie_pattern(texts: Sequence[str]) -> str:
     """One regex matching any of `texts` at a position, longest first (a trie: a flat alternation of
     thousands of literals is tried branch by branch at every position)."""
     trie: dict = {}
@@ -306,7 +306,7 @@ class SentencePiece:
             return [(0, len(text))]
         if self._find_specials is None:
             texts = sorted(self._special_rank)
-            self._find_specials = re.compile(f"(?=({_trie_pattern(texts)}))")
+            self._find_specials = re.compile(f"(?=({trie_pattern(texts)}))")
         found: dict[int, list[int]] = {}
         rank_of, prefixes = self._special_rank, self._prefixes
         for m in self._find_specials.finditer(text):

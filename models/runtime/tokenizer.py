@@ -3,9 +3,10 @@
 The conversion (models/convert/tokenizer_gguf.py) builds it from a GGUF so that its ids equal
 llama.cpp's and saves tokenizer.json plus a Hugging Face style tokenizer_config.json (which also
 records what the engine needs: the token kind, the end-of-generation ids, the chat template).
-onnxruntime-genai reads those two files. `Tokenizer.load(folder)` reads them back with Hugging Face
-`tokenizers`, except for a SentencePiece vocabulary, which has a compact file of its own
-(tokenizer.spm.npz, see spm.py): its tokenizer.json is ~100 MB resident once loaded.
+onnxruntime-genai reads those two files. Simmer itself reads a compact file of its own when the converter
+wrote one: tokenizer.spm.npz for a SentencePiece vocabulary (spm.py: its tokenizer.json is ~100 MB resident
+once loaded), tokenizer.bpe.npz for a byte-level BPE (bpe.py: parsing its tokenizer.json holds the GIL for
+a quarter of a second). Folders without one are read back with Hugging Face `tokenizers`.
 
 Two kinds of vocabulary: byte-level BPE (GPT-2's printable stand-ins for bytes) and SentencePiece
 (U+2581 for spaces, <0xXX> tokens for raw bytes). `token_bytes` gives the raw bytes of any token, the
@@ -28,6 +29,8 @@ from pathlib import Path
 import tokenizers
 
 from models.errors import InvalidModelFile
+from models.runtime import bpe as bpe_file
+from models.runtime.bpe import BytePairEncoding, byte_chars
 from models.runtime.spm import TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, VOCAB_FILE, SentencePiece
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -58,19 +61,7 @@ def tokenizer_key(folder: str | Path) -> str:
 @lru_cache(maxsize=1)
 def byte_decoder() -> dict[str, int]:
     """GPT-2's table from the printable characters byte-level BPE uses back to raw bytes."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    chars = list(printable)
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+    return {c: b for b, c in enumerate(byte_chars())}
 
 
 def infer_kind(hf: tokenizers.Tokenizer) -> str:
@@ -96,6 +87,7 @@ class Tokenizer:
         hf: tokenizers.Tokenizer | None,
         *,
         spm: SentencePiece | None = None,
+        bpe: BytePairEncoding | None = None,
         bos_id: int | None,
         eos_id: int | None,
         eos_ids: Iterable[int] = (),
@@ -109,15 +101,20 @@ class Tokenizer:
     ) -> None:
         if spm is not None:
             kind = KIND_SENTENCEPIECE
+        elif bpe is not None:
+            kind = KIND_BYTE_LEVEL
         elif hf is None:
-            raise ValueError("a Tokenizer needs a tokenizers.Tokenizer or a SentencePiece vocabulary")
+            raise ValueError("a Tokenizer needs a tokenizers.Tokenizer or a compact vocabulary")
         else:
             kind = kind or infer_kind(hf)
         if kind not in KINDS:
             raise InvalidModelFile(f"unknown tokenizer kind {kind!r} (known: {', '.join(KINDS)})")
-        # With `spm`, encoding and the vocabulary are its own; `hf` (if any) only writes tokenizer.json.
+        # With `spm` or `bpe`, encoding and the vocabulary are its own; `hf` (if any) only writes
+        # tokenizer.json.
         self.hf = hf
         self.spm = spm
+        self.bpe = bpe
+        self._compact: SentencePiece | BytePairEncoding | None = spm if spm is not None else bpe
         self.kind = kind
         self.bos_id = bos_id
         self.eos_id = eos_id
@@ -129,9 +126,9 @@ class Tokenizer:
         self.chat_template = chat_template or None
         # Every id that ends generation; always contains eos_id.
         self.eos_ids: frozenset[int] = frozenset({*eos_ids, *([eos_id] if eos_id is not None else [])})
-        if spm is not None:
-            self.vocab_size = spm.vocab_size
-            types = spm.types
+        if self._compact is not None:
+            self.vocab_size = self._compact.vocab_size
+            types = self._compact.types
             self.added_ids: frozenset[int] = frozenset(
                 i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)
             )
@@ -152,28 +149,28 @@ class Tokenizer:
         return None if token_id is None else self.id_to_token(token_id)
 
     def id_to_token(self, token_id: int) -> str | None:
-        if self.spm is not None:
-            return self.spm.id_to_token(token_id) if 0 <= token_id < self.vocab_size else None
+        if self._compact is not None:
+            return self._compact.id_to_token(token_id) if 0 <= token_id < self.vocab_size else None
         assert self.hf is not None
         return self.hf.id_to_token(token_id)
 
     def token_to_id(self, text: str) -> int | None:
-        if self.spm is not None:
-            return self.spm.token_to_id(text)
+        if self._compact is not None:
+            return self._compact.token_to_id(text)
         assert self.hf is not None
         return self.hf.token_to_id(text)
 
     # -- files ---------------------------------------------------------------------------------------
 
     def save(self, folder: str | Path) -> None:
-        """Write tokenizer.json, a Hugging Face style tokenizer_config.json (plus our own facts) and, for
-        a SentencePiece vocabulary, its compact file."""
+        """Write tokenizer.json, a Hugging Face style tokenizer_config.json (plus our own facts) and the
+        compact file of a SentencePiece or byte-level BPE vocabulary."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         if self.hf is not None:
             self.hf.save(str(folder / TOKENIZER_JSON))
-        if self.spm is not None:
-            self.spm.save(folder)
+        if self._compact is not None:
+            self._compact.save(folder)
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": self.text_of(self.bos_id),
@@ -201,10 +198,12 @@ class Tokenizer:
             config = json.loads((folder / TOKENIZER_CONFIG).read_text())
         except (OSError, ValueError) as e:
             raise InvalidModelFile(f"cannot load the tokenizer from {folder}: {e}") from e
-        hf, spm = None, None
+        hf, spm, bpe = None, None, None
         if (folder / VOCAB_FILE).is_file():  # converter 9 on: tokenizer.json is not read at all
             prefix = bool(config.get("add_space_prefix"))
             spm = SentencePiece.load(folder, add_space_prefix=prefix, unk_token=config.get("unk_token"))
+        elif (folder / bpe_file.VOCAB_FILE).is_file():  # converter 14 on: nor here
+            bpe = BytePairEncoding.load(folder)
         else:
             try:
                 hf = tokenizers.Tokenizer.from_file(str(folder / TOKENIZER_JSON))
@@ -215,15 +214,18 @@ class Tokenizer:
         with contextlib.suppress(OSError, AttributeError):  # not glibc
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
+        own = spm if spm is not None else bpe
+
         def tid(key: str) -> int | None:
             t = config.get(key)
             if t is None:
                 return None
-            return spm.token_to_id(t) if spm is not None else hf.token_to_id(t) if hf is not None else None
+            return own.token_to_id(t) if own is not None else hf.token_to_id(t) if hf is not None else None
 
         return cls(
             hf,
             spm=spm,
+            bpe=bpe,
             bos_id=tid("bos_token"),
             eos_id=tid("eos_token"),
             eos_ids=config.get("eos_token_ids") or (),
@@ -253,8 +255,8 @@ class Tokenizer:
         <|im_start|> become those tokens; without, they are ordinary text. `literal_spans` keeps
         parsing them everywhere except inside these (start, end) character ranges, which hold text
         from an untrusted source (chat message content)."""
-        if self.spm is not None:
-            ids = self.spm.encode(text, parse_special=parse_special, literal_spans=literal_spans)
+        if self._compact is not None:
+            ids = self._compact.encode(text, parse_special=parse_special, literal_spans=literal_spans)
             return self._add_specials(ids) if add_special_tokens else ids
         assert self.hf is not None
         with self._lock:

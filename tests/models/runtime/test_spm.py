@@ -98,11 +98,11 @@ def test_load_when_sentencepiece_then_compact_file_and_no_tokenizer_json(family:
     ]
 
 
-def test_load_when_byte_level_then_no_compact_file(tmp_path: Path) -> None:
+def test_load_when_byte_level_then_no_sentencepiece_file(tmp_path: Path) -> None:
     tok = tokenizer_from_metadata(family_metadata(FAMILIES["llama3"]))
     tok.save(tmp_path)
     assert not (tmp_path / VOCAB_FILE).exists()
-    assert Tokenizer.load(tmp_path).hf is not None
+    assert Tokenizer.load(tmp_path).spm is None  # its own compact file: test_bpe.py
 
 
 def test_load_when_compact_file_broken_then_invalid_model_file(tmp_path: Path) -> None:
