@@ -18,6 +18,7 @@ against the median gap before it (SMALL's) and after it (BIG's).
 from __future__ import annotations
 
 import itertools
+import re
 import statistics
 import threading
 import time
@@ -32,6 +33,8 @@ from models.store.store import ModelStore
 from server.settings import Settings
 
 CLIENT = "bench"
+# the server's log lines that say what a move did
+_MOVES = re.compile(r"applying governor limits|no room to build|the governor moves the reply| -> \S+/\S+: ")
 
 
 def _lifecycle(url: str, state: str) -> None:
@@ -67,33 +70,42 @@ def thread_change(settings: Settings, model: str, max_tokens: int, budget_mb: in
     with server_process(settings.model_copy(update=update)) as srv:
         token_times(srv.url, model, 16, [])  # warm
         before = _builds(srv.url)
+        level = httpx.get(srv.url + "/v1/thermal", timeout=10).json().get("level")
         times, moved = _stream_with_move(srv.url, model, max_tokens, "background", 1.5)
         after = _builds(srv.url)
         _lifecycle(srv.url, "foreground")
-    gaps_after = [b - a for a, b in itertools.pairwise(times) if b > moved]
+        logged = [line.split(": ", 2)[-1] for line in srv.log_lines() if _MOVES.search(line)]
+    pairs = [(a, b) for a, b in itertools.pairwise(times) if b > moved]
+    gaps_after = [b - a for a, b in pairs]
     settled = gaps_after[len(gaps_after) // 2 :]
     worst, median = (max(gaps_after) if gaps_after else None), _median(settled)
+    at = pairs[gaps_after.index(worst)][0] - moved if worst is not None else None
     return {
         "memory_budget_mb": budget_mb,
+        "level_before_move": level,
         "tokens": len(times),
         "median_gap_before_ms": _ms(_median([b - a for a, b in itertools.pairwise(times) if b <= moved])),
         "median_gap_after_ms": _ms(median),
         "max_gap_after_move_ms": _ms(worst),
         "max_over_median": round(worst / median, 2) if worst and median else None,
+        "max_gap_begins_s_after_move": None if at is None else round(at, 2),
         "session_builds": {k: after.get(k, 0) - before.get(k, 0) for k in ("beside", "inside")},
+        "logged": logged[-6:],
     }
 
 
 def no_room_budget_mb(settings: Settings, model: str) -> int:
-    """A budget that holds the model loaded but not a second session of its weights: the model's
-    resident estimate as /api/ps shows it, plus half its weights."""
+    """A budget that holds the model loaded but not a second session of its weights (the memory plan's
+    test: its weights once more within what the budget leaves): the model's resident estimate as /api/ps
+    shows it, plus nine tenths of its weights, which keeps over a fifth of the budget free (the governor's
+    memory level stays nominal, so the move is the lifecycle's alone)."""
     with server_process(settings) as srv:
         token_times(srv.url, model, 4, [])
         ps = httpx.get(srv.url + "/api/ps", timeout=10).json()["models"]
     size = next(m["size"] for m in ps if m["name"].split(":")[0] == model)
     manifest = ModelStore(settings.home).load(model).manifest
     weights = manifest["variants"][manifest["default_variant"]]["weights_bytes"]
-    return int((size + weights // 2) / 2**20)
+    return int((size + 0.9 * weights) / 2**20)
 
 
 def step_up(settings: Settings, big: str, small: str, max_tokens: int) -> dict[str, Any]:
@@ -103,9 +115,7 @@ def step_up(settings: Settings, big: str, small: str, max_tokens: int) -> dict[s
         token_times(srv.url, big, 4, [])
         before = _builds(srv.url)
         times, moved = _stream_with_move(srv.url, big, max_tokens, "foreground", 1.5)
-        switches = [
-            line for line in srv.log_lines() if "the governor moves the reply" in line or " -> " in line
-        ]
+        switches = [line.split(": ", 2)[-1] for line in srv.log_lines() if _MOVES.search(line)]
         after = _builds(srv.url)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     after_move = [g for (a, b), g in zip(itertools.pairwise(times), gaps, strict=True) if b > moved]
@@ -118,7 +128,7 @@ def step_up(settings: Settings, big: str, small: str, max_tokens: int) -> dict[s
         "median_gap_last_half_ms": _ms(_median(last)),
         "max_gap_after_foreground_ms": _ms(worst),
         "max_over_small_median": round(worst / _median(before_gaps), 2) if worst and before_gaps else None,
-        "moves_logged": len(switches),
+        "logged": switches[-6:],
         "session_builds": {k: after.get(k, 0) - before.get(k, 0) for k in ("beside", "inside")},
     }
 
