@@ -237,6 +237,12 @@ class Engine(Protocol):
         to make on another thread first, or None when they build nothing. Applies nothing."""
         ...
 
+    def retire_sessions(self) -> bool:
+        """Drop the sessions kept past a swap: a session built beside the worker replaced the one a reply
+        ran on, and the old one stays until this is called between replies, because its teardown holds the
+        GIL (85 ms for a 1.5B model's) and a running reply would wait for it. True when any went."""
+        ...
+
     def unload(self) -> None:
         """Free sessions and KV buffers (keep_alive expiry); the next generate() loads again."""
         ...

@@ -242,10 +242,16 @@ class DecoderEngine(TextSideMixin):
             release_freed_memory()
         else:
             self._sessions[key] = sess  # most recently used last
-            if key in self._fresh:  # built beside the worker (session_build), in use from now on
-                self._fresh.discard(key)
-                self._evict(self.max_sessions)
+            # built beside the worker (session_build), in use from now on; the one it replaces stays until
+            # retire_sessions(): its teardown here would stop the reply for as long
+            self._fresh.discard(key)
         return sess
+
+    def retire_sessions(self) -> bool:
+        if not self._evict(self.max_sessions):
+            return False
+        release_freed_memory()
+        return True
 
     def session_build(self, limits: EngineLimits) -> Callable[[], None] | None:
         """The session `limits` would run on (other threads, spinning or variant), as a build to run on
@@ -255,7 +261,9 @@ class DecoderEngine(TextSideMixin):
         variant = limits.variant if limits.variant in self.variants else self.variant
         threads = limits.threads if limits.threads is not None and limits.threads >= 1 else self.threads
         key = (variant, threads, pool_spins(self.spin, limits.spin, threads))
-        if key in self._sessions:
+        if key in self._sessions or len(self._sessions) > self.max_sessions:
+            # built, or a replaced session is still kept (retire_sessions): the memory plan counted room for
+            # one more session, not two
             return None
         unloads = self._unloads
 

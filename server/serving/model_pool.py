@@ -237,6 +237,15 @@ class ModelPool:
             item.expires_at = self.clock()
             return True
 
+    def retire_sessions(self) -> None:
+        """Idle models drop the sessions they kept past a swap (Engine.retire_sessions): worker thread,
+        between replies (a busy model's reply would wait for the teardown)."""
+        with self._lock:
+            idle = [i.engine for i in self._loaded.values() if not i.busy]
+        for engine in idle:
+            if engine.retire_sessions():
+                log.info("%s: dropped the session a swap replaced", engine.model_id)
+
     def expire(self) -> None:
         """Unload every idle model past its keep_alive."""
         now = self.clock()
@@ -364,6 +373,7 @@ class ModelPool:
         if entry is None:
             raise ModelNotFound(f"The model '{model_id}' is not installed", param="model")
         model_id = entry.id
+        self.retire_sessions()  # the plan counts one session a model: extras kept past a swap go first
         need = self._estimate(entry, variant or entry.default_variant)
         residents = self._residents()
         free = self.budget.free(sum(r.bytes for r in residents))

@@ -348,6 +348,7 @@ class Worker:
                 finally:
                     with self._cond:
                         self._idle_due = True
+                    self.pool.retire_sessions()  # the batch is over: a replaced session's teardown stops none
                     self.placement.shed_above_rung()
                 continue
             if job is None:
@@ -365,6 +366,7 @@ class Worker:
             finally:
                 with self._cond:
                     self._idle_due = True
+                self.pool.retire_sessions()  # the reply is over: a replaced session's teardown stops none
                 self.placement.shed_above_rung()  # a reply that moved down left the bigger model idle
         for reply in moved:  # the server closes: replies waiting to go on on another model end here
             reply.job.sink(Failed(ShuttingDown("The server is shutting down")))

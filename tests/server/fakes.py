@@ -245,6 +245,9 @@ class ScriptedEngine:
     def session_build(self, limits: EngineLimits) -> Callable[[], None] | None:
         return None  # no sessions to build
 
+    def retire_sessions(self) -> bool:
+        return False
+
     def unload(self) -> None:
         self._last_prompt = []
 
@@ -345,6 +348,9 @@ class RecordingEngine:
 
     def session_build(self, limits: EngineLimits) -> Callable[[], None] | None:
         return self.inner.session_build(limits)
+
+    def retire_sessions(self) -> bool:
+        return self.inner.retire_sessions()
 
     def unload(self) -> None:
         self.inner.unload()

@@ -110,3 +110,29 @@ def test_threads_when_there_is_no_room_for_a_second_session_then_built_inside_th
     gaps = [b - a for a, b in itertools.pairwise(times[1:])]
     assert opened == [gate.threads] and max(gaps) >= BUILD_S * 0.9  # as before: the reply waited
     assert srv.app.state.runtime.worker.placement.builds.inside == 1
+
+
+def test_threads_when_the_new_session_is_in_use_then_the_one_it_replaced_goes_after_the_reply(several):
+    gate = ThreadGate(threads=0, after=10)
+    srv, served = several(governor=PaceGate(PACE, gate), max_batch=1, stream_interval_ms=0)
+    engine = served.pool.engine("tiny-small")
+    assert engine is not None
+    gate.threads = 1 if engine.threads != 1 else 2
+    dropped: list[float] = []
+
+    def slow_teardown(self) -> None:  # as an onnxruntime session's, which holds the GIL throughout
+        time.sleep(BUILD_S)
+        dropped.append(time.monotonic())
+
+    old = engine.session()
+    old.__class__ = type("SlowTeardown", (type(old),), {"__del__": slow_teardown})
+    del old
+    times = timed_stream(srv, 60)
+
+    gaps = [b - a for a, b in itertools.pairwise(times[1:])]
+    assert engine.threads == gate.threads  # the new session took over within the reply
+    assert max(gaps) < BUILD_S / 3, max(gaps)  # and no token waited for the old one's teardown
+    deadline = time.monotonic() + 30
+    while not dropped and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dropped and dropped[0] > times[-1]  # dropped once the reply was over, not kept for good
