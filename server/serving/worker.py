@@ -65,6 +65,11 @@ from server.serving.turn_order import next_turn
 
 log = logging.getLogger("simmer.server")
 
+# How long the worker waits, idle, after a reply before it drops the sessions a swap replaced: their
+# teardown (85 ms for a 1.5B model's, and a full collection) holds the GIL, and the reply's last chunks and
+# the next request's parsing need it first.
+RETIRE_AFTER_S = 0.5
+
 State = Literal["loading", "ready", "closed"]  # the queue: "loading" until start(), "ready" until close()
 StartState = Literal["loading", "ready", "failed"]  # the model loaded at start
 
@@ -114,6 +119,9 @@ class Worker:
         self._idle_work: list[IdleWork] = []
         self._idle_due = True
         self._idle_cancel = CancelToken()
+        # when the sessions a swap replaced may go (Engine.retire_sessions): once the worker is idle a moment
+        # after a reply, so that the reply's last chunks are out before the teardown takes the GIL
+        self._retire_at: float | None = None
         self.placement = Placement(
             pool,
             self.gate,
@@ -307,6 +315,10 @@ class Worker:
         waiting = sum(1 for job in self._waiters() if not job.cancel.cancelled)
         return waiting + sum(1 for job in self._embeds if not job.cancel.cancelled)
 
+    def _retire_later(self) -> None:
+        with self._cond:
+            self._retire_at = self.pool.clock() + RETIRE_AFTER_S
+
     def _run(self) -> None:
         while True:
             self.between_passes()
@@ -318,7 +330,8 @@ class Worker:
                         break
                     if self.placement.rung_moved():
                         break
-                    expiries = [t for t in (self.pool.next_expiry(), self._encoders.next_expiry()) if t]
+                    due = (self.pool.next_expiry(), self._encoders.next_expiry(), self._retire_at)
+                    expiries = [t for t in due if t]
                     expiry = min(expiries) if expiries else None
                     timeout = None if expiry is None else max(0.0, expiry - self.pool.clock())
                     if timeout == 0.0:
@@ -348,10 +361,13 @@ class Worker:
                 finally:
                     with self._cond:
                         self._idle_due = True
-                    self.pool.retire_sessions()  # the batch is over: a replaced session's teardown stops none
+                    self._retire_later()
                     self.placement.shed_above_rung()
                 continue
             if job is None:
+                if self._retire_at is not None and self._retire_at <= self.pool.clock():
+                    self._retire_at = None
+                    self.pool.retire_sessions()  # no reply runs: a replaced session's teardown stops none
                 self.pool.expire()  # keep_alive: idle models past their time go, and free their memory
                 self._encoders.expire()
                 self.placement.shed_above_rung()
@@ -366,7 +382,7 @@ class Worker:
             finally:
                 with self._cond:
                     self._idle_due = True
-                self.pool.retire_sessions()  # the reply is over: a replaced session's teardown stops none
+                self._retire_later()
                 self.placement.shed_above_rung()  # a reply that moved down left the bigger model idle
         for reply in moved:  # the server closes: replies waiting to go on on another model end here
             reply.job.sink(Failed(ShuttingDown("The server is shutting down")))
