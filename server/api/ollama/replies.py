@@ -105,6 +105,7 @@ class OllamaModel(Reply):
     digest: str
     remote_host: str = absent("served only by the upstream")
     details: OllamaDetails
+    capabilities: list[str] = absent("what the model does: embedding, or completion (and tools)")
     size_vram: NonNegativeInt = absent()
     expires_at: str = absent()
     context_length: int | None = absent()

@@ -127,6 +127,13 @@ def _details(entry: CatalogEntry, variant: str | None = None) -> OllamaDetails:
     )
 
 
+def _capabilities(entry: CatalogEntry) -> list[str]:
+    """As Ollama's /api/show says them; tools only where the model chats (models/runtime/tools.py)."""
+    if entry.kind == KIND_EMBEDDING:
+        return ["embedding"]
+    return ["completion", "tools"] if entry.can_chat else ["completion"]
+
+
 def _tag(entry: CatalogEntry, variant: str | None = None) -> OllamaModel:
     name = ollama_name(entry.id)
     return OllamaModel(
@@ -136,6 +143,7 @@ def _tag(entry: CatalogEntry, variant: str | None = None) -> OllamaModel:
         size=entry.size_bytes,
         digest=entry.digest,
         details=_details(entry, variant),
+        capabilities=_capabilities(entry),
     )
 
 
@@ -205,17 +213,13 @@ async def show(body: wire.ShowRequest, request: Request) -> Response:
     d = rt.sampling_defaults
     loaded = rt.served.pool.loaded().get(entry.id)
     template = await asyncio.to_thread(entry.chat_template)
-    # tools: a chat model gets them (models/runtime/tools.py); Ollama's clients check before sending any
-    chats = entry.can_chat
     shown = OllamaShow(
         modelfile=f"# simmer: the chat template is Jinja (see `template`)\nFROM {entry.id}\n",
         parameters=f"temperature {d.temperature:g}\ntop_k {d.top_k}\ntop_p {d.top_p:g}\nmin_p {d.min_p:g}",
         template=template,
         details=_details(entry, loaded.variant if loaded is not None else None),
         model_info=_model_info(rt, entry),
-        capabilities=["embedding"]
-        if entry.kind == KIND_EMBEDDING
-        else (["completion", "tools"] if chats else ["completion"]),
+        capabilities=_capabilities(entry),
         modified_at=iso(entry.created),
     )
     return reply_response(shown)

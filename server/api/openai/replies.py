@@ -190,6 +190,9 @@ class Model(Reply):
     context_length: int | None = absent()
     max_context_length: int | None = absent()
     can_chat: bool = absent()
+    kind: Literal["generation", "embedding"] = absent(
+        "what the model does (an embedding model: /v1/embeddings)"
+    )
     loaded: bool = absent()
     keep_alive_s: float | None = absent("seconds until an idle loaded model unloads (null: kept)")
     resident_bytes_estimate: int | None = absent()

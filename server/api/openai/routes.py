@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from models.errors import ModelNotFound
+from models.types import KIND_EMBEDDING
 from models.variant_facts import floor_facts, refused_variants, variant_facts
 from server.api.common.embeddings import check_dimensions, embed, embedding_target
 from server.api.common.flow import ClientGone, Submission, collect, respond, start, wait_started
@@ -147,6 +148,7 @@ def model_entry(rt: Runtime, entry: CatalogEntry, loaded: LoadedView | None) -> 
         context_length=context,
         max_context_length=model_ctx,
         can_chat=entry.can_chat,
+        kind="embedding" if entry.kind == KIND_EMBEDDING else "generation",
         loaded=loaded is not None,
         keep_alive_s=None if loaded is None or loaded.expires_in_s is None else round(loaded.expires_in_s, 1),
         resident_bytes_estimate=resident or None,

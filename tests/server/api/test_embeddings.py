@@ -303,8 +303,10 @@ def test_ollama_client_when_embed_then_same_vectors(srv):
 def test_model_lists_when_encoder_installed_then_listed_and_cannot_chat(srv):
     listed = {m["id"]: m for m in httpx.get(srv.url + "/v1/models", timeout=60).json()["data"]}
     assert listed[ENCODER]["can_chat"] is False and listed[ENCODER]["context_length"] == CONTEXT
-    tags = {m["name"] for m in httpx.get(srv.url + "/api/tags", timeout=60).json()["models"]}
-    assert f"{ENCODER}:latest" in tags
+    assert listed[ENCODER]["kind"] == "embedding" and listed[srv.chat_model]["kind"] == "generation"
+    tags = {m["name"]: m for m in httpx.get(srv.url + "/api/tags", timeout=60).json()["models"]}
+    assert tags[f"{ENCODER}:latest"]["capabilities"] == ["embedding"]
+    assert "completion" in tags[f"{srv.chat_model}:latest"]["capabilities"]
     shown = httpx.post(srv.url + "/api/show", json={"model": ENCODER}, timeout=60)
     assert shown.status_code == 200 and shown.json()["capabilities"] == ["embedding"]
     chat = httpx.post(srv.url + "/api/show", json={"model": srv.chat_model}, timeout=60).json()
