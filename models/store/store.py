@@ -265,7 +265,8 @@ class ModelStore:
         source from pip's cache). A file the user named (`simmer pull ./x.gguf`) is never touched."""
         if fetched.path.is_relative_to(self.downloads_dir):
             fetched.path.unlink(missing_ok=True)
-            self.log(f"removed the downloaded GGUF ({mb(fetched.size)}): the converted files replace it")
+            name, size = fetched.path.name, mb(fetched.size)
+            self.log(f"removed the download, {name} ({size}): the converted files replace it")
 
     def _already_installed(
         self, model_id: str, version: str, variants: list[str] | None
