@@ -512,6 +512,8 @@ class Worker:
         in the replies' pace (the CPU it takes is the budget's too) but not in their configuration's cost
         (gate.note_aside)."""
         self._gaps.note(time.monotonic())
+        if not self._embeds:  # the common case, once a token: no median to take, no lock
+            return
         budget = self._gaps.budget()
         with self._cond:
             job = (
